@@ -1,0 +1,147 @@
+package agentapi
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
+)
+
+// ErrUnsupported means the agent's protocol version lacks the RPC asked for.
+var ErrUnsupported = errors.New("the guest agent is too old for this operation")
+
+// Limits on what the host accepts from a guest.
+const (
+	// DefaultMaxMessageBytes caps one protobuf message from the guest.
+	DefaultMaxMessageBytes = 4 << 20
+	// MaxHeaderBytes caps the HTTP/2 header block of one response.
+	MaxHeaderBytes = 64 << 10
+	// ChunkSize is the size of data chunks the host sends (stdin, files).
+	ChunkSize = 256 << 10
+)
+
+// Options configures a host-side Client.
+type Options struct {
+	// MaxMessageBytes caps each message from the guest (default 4 MiB).
+	MaxMessageBytes int
+}
+
+// Client is the host side of one agent session. Safe for concurrent use.
+type Client struct {
+	// Info is the agent's answer to Info at connection time. Guest data:
+	// informational, never trusted for decisions beyond version gating.
+	Info *agentv1.InfoResponse
+
+	Agent agentv1connect.AgentServiceClient
+	Exec  agentv1connect.ExecServiceClient
+	Files agentv1connect.FileServiceClient
+
+	conn net.Conn
+	cc   *http2.ClientConn
+}
+
+// Dial performs the host side of the handshake on conn: it waits for the
+// banner, starts HTTP/2, and calls Info. On success the Client owns conn;
+// on failure conn is left open for the caller to close.
+func Dial(ctx context.Context, conn net.Conn, opts Options) (*Client, error) {
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	bc, err := waitBanner(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	tr := &http2.Transport{
+		AllowHTTP:         true,
+		MaxHeaderListSize: MaxHeaderBytes,
+		MaxReadFrameSize:  1 << 20,
+		// The guest never gets to pick compression.
+		DisableCompression: true,
+	}
+	cc, err := tr.NewClientConn(bc)
+	if err != nil {
+		return nil, fmt.Errorf("start http2: %w", err)
+	}
+	c := NewClient(&http.Client{Transport: cc}, "http://agent", opts)
+	c.conn, c.cc = conn, cc
+	info, err := c.Agent.Info(ctx, connect.NewRequest(&agentv1.InfoRequest{}))
+	if err != nil {
+		_ = cc.Close()
+		return nil, fmt.Errorf("agent info: %w", err)
+	}
+	c.Info = info.Msg
+	if c.Info.GetProtocolVersion() < 1 {
+		_ = cc.Close()
+		return nil, fmt.Errorf("%w: protocol version %d", ErrUnsupported, c.Info.GetProtocolVersion())
+	}
+	return c, nil
+}
+
+// NewClient builds a Client over an existing HTTP client (used by the CLI
+// to talk to a shim, which relays the same services). Info is nil.
+func NewClient(hc connect.HTTPClient, baseURL string, opts Options) *Client {
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	o := []connect.ClientOption{connect.WithReadMaxBytes(opts.MaxMessageBytes)}
+	return &Client{
+		Agent: agentv1connect.NewAgentServiceClient(hc, baseURL, o...),
+		Exec:  agentv1connect.NewExecServiceClient(hc, baseURL, o...),
+		Files: agentv1connect.NewFileServiceClient(hc, baseURL, o...),
+	}
+}
+
+// Require returns ErrUnsupported if the agent's protocol version is below v.
+func (c *Client) Require(v uint32, what string) error {
+	if c.Info != nil && c.Info.GetProtocolVersion() < v {
+		return fmt.Errorf("%w: %s needs protocol %d, agent has %d", ErrUnsupported, what, v, c.Info.GetProtocolVersion())
+	}
+	return nil
+}
+
+// Sync sets the guest clock from the host and reseeds its RNG with fresh
+// host entropy. Call it after every boot and restore.
+func (c *Client) Sync(ctx context.Context, hostname string, growRoot bool) (*agentv1.SyncResponse, error) {
+	seed := make([]byte, 64)
+	if _, err := rand.Read(seed); err != nil {
+		return nil, fmt.Errorf("host entropy: %w", err)
+	}
+	resp, err := c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{
+		UnixNano: time.Now().UnixNano(),
+		Entropy:  seed,
+		Hostname: hostname,
+		GrowRoot: growRoot,
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("agent sync: %w", err)
+	}
+	return resp.Msg, nil
+}
+
+// Done is closed when the HTTP/2 session is unusable (guest gone).
+func (c *Client) Alive() bool {
+	return c.cc != nil && c.cc.CanTakeNewRequest()
+}
+
+// Close ends the session and closes the underlying conn.
+func (c *Client) Close() error {
+	var errs []error
+	if c.cc != nil {
+		errs = append(errs, c.cc.Close())
+	}
+	if c.conn != nil {
+		if err := c.conn.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,115 @@
+// Package agentapi is the host<->guest protocol: generated Connect code for
+// proto/airlock/agent/v1 (in agentv1/), the guest-side Serve and the host-side
+// Client that treats every byte from the guest as hostile.
+//
+// Wire: on each host connection the guest writes Banner, then serves HTTP/2
+// without TLS on the rest of the byte stream. The host reads the banner
+// (skipping at most MaxPreBanner bytes of leftovers from an earlier session),
+// then is the HTTP/2 client. Only the host opens streams.
+package agentapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
+)
+
+// Banner is the first thing the guest writes on every new host connection.
+const Banner = "\nAIRLOCK-AGENT/1 READY\n"
+
+// ProtocolVersion is the version this build speaks. Bump it when an RPC is
+// added, and record in minVersion which version introduced it.
+const ProtocolVersion = 1
+
+// MaxPreBanner caps the bytes the host discards while looking for the
+// banner (bytes a previous session left in the channel).
+const MaxPreBanner = 64 << 10
+
+// ErrNoBanner means the guest did not send the banner: not an airlock
+// agent, a protocol mismatch, or a hostile guest.
+var ErrNoBanner = errors.New("agent did not announce itself")
+
+// NewHandler returns the guest's HTTP handler serving the three services.
+func NewHandler(agent agentv1connect.AgentServiceHandler, exec agentv1connect.ExecServiceHandler, files agentv1connect.FileServiceHandler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(agent))
+	mux.Handle(agentv1connect.NewExecServiceHandler(exec))
+	mux.Handle(agentv1connect.NewFileServiceHandler(files))
+	return mux
+}
+
+// Serve is the guest side of one host connection: it writes the banner, then
+// serves h as HTTP/2 on conn until the connection ends or ctx is done. It
+// returns when the session is over; the caller closes conn.
+func Serve(ctx context.Context, conn net.Conn, h http.Handler) error {
+	if _, err := io.WriteString(conn, Banner); err != nil {
+		return fmt.Errorf("write banner: %w", err)
+	}
+	srv := &http2.Server{
+		MaxConcurrentStreams: 256,
+		MaxReadFrameSize:     1 << 20,
+		IdleTimeout:          0,
+	}
+	srv.ServeConn(conn, &http2.ServeConnOpts{Context: ctx, Handler: h})
+	return nil
+}
+
+// readBanner consumes bytes from r up to and including the banner.
+func readBanner(r *bufio.Reader) error {
+	want := []byte(Banner)
+	var window []byte
+	for n := 0; n < MaxPreBanner+len(want); n++ {
+		b, err := r.ReadByte()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrNoBanner, err)
+		}
+		window = append(window, b)
+		if len(window) > len(want) {
+			window = window[1:]
+		}
+		if bytes.Equal(window, want) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: no banner in the first %d bytes", ErrNoBanner, MaxPreBanner)
+}
+
+// bufferedConn is a net.Conn whose reads go through a bufio.Reader that may
+// hold bytes read past the banner.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// waitBanner reads the banner from conn, honouring ctx, and returns a conn
+// that yields the bytes after it.
+func waitBanner(ctx context.Context, conn net.Conn) (net.Conn, error) {
+	br := bufio.NewReaderSize(conn, 4096)
+	done := make(chan error, 1)
+	go func() { done <- readBanner(br) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return nil, err
+		}
+	case <-ctx.Done():
+		// Unblock the reader, then wait for it so no goroutine outlives us.
+		_ = conn.SetReadDeadline(time.Unix(1, 0))
+		<-done
+		_ = conn.SetReadDeadline(time.Time{})
+		return nil, fmt.Errorf("wait for agent: %w", context.Cause(ctx))
+	}
+	return &bufferedConn{Conn: conn, r: br}, nil
+}

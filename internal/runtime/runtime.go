@@ -1,0 +1,143 @@
+// Package runtime defines the isolation backends behind airlock sandboxes.
+//
+// A Runtime creates Instances (one guest each). The shim owns an Instance for
+// the sandbox's whole life; nothing here is tied to a request's context.
+// Optional abilities (snapshots for fast start) are separate interfaces found
+// by type assertion, never stubs that return "unsupported".
+package runtime
+
+import (
+	"context"
+	"errors"
+	"net"
+)
+
+// Runtime is an isolation backend (qemu, later gvisor).
+type Runtime interface {
+	// Name is the backend's short name ("qemu", "fake").
+	Name() string
+	// Probe reports what this host can do. It may take a few seconds the
+	// first time (the qemu runtime boots a probe guest to test KVM) and
+	// caches its answer. Safe for concurrent use.
+	Probe(ctx context.Context) (Capabilities, error)
+	// Create prepares an instance for spec without starting it. The caller
+	// owns the Instance and must call Stop or Kill, then Wait, to release
+	// it. Create does not create the root disk; spec.RootDisk must exist.
+	Create(ctx context.Context, spec Spec) (Instance, error)
+}
+
+// Capabilities describes a host as seen by one Runtime.
+type Capabilities struct {
+	// Accel is the acceleration in use: "kvm", "tcg" or "none".
+	Accel string
+	// AccelReason says why (e.g. why KVM was not used). One line.
+	AccelReason string
+	// VMMVersion is the hypervisor's version string, if any.
+	VMMVersion string
+	// Snapshots is true if instances implement Snapshotter and Specs with
+	// RestoreFrom are accepted.
+	Snapshots bool
+}
+
+// Spec describes one guest. It is plain data; every path is host-side and
+// chosen by airlock, never by a guest or an API caller.
+type Spec struct {
+	// ID names the instance in logs and process titles.
+	ID string
+	// CPUs is the number of vCPUs (>= 1).
+	CPUs int
+	// MemoryMiB is guest RAM in MiB (>= 64).
+	MemoryMiB int
+	// Kernel is the guest kernel (an uncompressed PVH vmlinux for qemu).
+	Kernel string
+	// Initrd is the initramfs holding the agent and modules.
+	Initrd string
+	// KernelArgs are appended to the runtime's own kernel command line.
+	KernelArgs []string
+	// RootDisk is the sandbox's writable root disk (a qcow2 overlay).
+	RootDisk string
+	// RootDiskFormat is "qcow2" (default) or "raw".
+	RootDiskFormat string
+	// RunDir is a private directory for this instance's runtime files
+	// (console log, memory file). It exists and is owned by the caller.
+	RunDir string
+	// RestoreFrom, if set, is a snapshot directory written by
+	// Snapshotter.SaveSnapshot; the instance resumes from it instead of
+	// booting. Every other field must equal the snapshotted instance's,
+	// except ID, RunDir and RootDisk.
+	RestoreFrom string
+	// Snapshottable asks for an instance whose memory can be snapshotted
+	// (for a template). Only meaningful if Capabilities.Snapshots.
+	Snapshottable bool
+}
+
+// Validate checks the fields every runtime relies on.
+func (s Spec) Validate() error {
+	switch {
+	case s.ID == "":
+		return errors.New("spec: empty ID")
+	case s.CPUs < 1 || s.CPUs > 64:
+		return errors.New("spec: cpus must be between 1 and 64")
+	case s.MemoryMiB < 64 || s.MemoryMiB > 1<<20:
+		return errors.New("spec: memory must be between 64 MiB and 1 TiB")
+	case s.Kernel == "" || s.Initrd == "":
+		return errors.New("spec: kernel and initrd are required")
+	case s.RootDisk == "":
+		return errors.New("spec: root disk is required")
+	case s.RunDir == "":
+		return errors.New("spec: run dir is required")
+	case s.RootDiskFormat != "" && s.RootDiskFormat != "qcow2" && s.RootDiskFormat != "raw":
+		return errors.New("spec: root disk format must be qcow2 or raw")
+	}
+	return nil
+}
+
+// Instance is one guest.
+type Instance interface {
+	// ID returns Spec.ID.
+	ID() string
+	// Start boots (or restores) the guest and returns once the VMM runs;
+	// it does not wait for the agent. On error everything Start acquired
+	// is released. Start may be called once.
+	Start(ctx context.Context) error
+	// AgentConn returns the host end of the agent channel. It may be called
+	// once after Start; the caller owns and closes the conn. The guest may
+	// not have connected yet: the first bytes arrive when it does.
+	AgentConn(ctx context.Context) (net.Conn, error)
+	// Wait blocks until the VMM has exited and all its resources are
+	// released, and returns how it ended. Safe to call from many goroutines
+	// and after exit.
+	Wait(ctx context.Context) (ExitStatus, error)
+	// Stop asks the guest to power off and kills it if it has not after
+	// the context's deadline. Idempotent; safe after exit.
+	Stop(ctx context.Context) error
+	// Kill ends the VMM at once. Idempotent; safe after exit.
+	Kill() error
+}
+
+// ExitStatus says how a VMM ended.
+type ExitStatus struct {
+	// Code is the VMM's exit code, or -1 if it was killed by a signal.
+	Code int
+	// Signal is the name of the signal that killed it, if any.
+	Signal string
+	// Reason is a one-line explanation for a user, e.g. the guest kernel's
+	// panic message from the console log. Empty for a requested stop.
+	Reason string
+	// Requested is true if the exit followed Stop or Kill.
+	Requested bool
+}
+
+// Snapshotter is implemented by instances that can save their memory and
+// device state so that later instances start from it (templates, fast
+// start). Instances created with Spec.Snapshottable implement it.
+type Snapshotter interface {
+	// SaveSnapshot writes the running guest's state into dir (which must
+	// exist and be empty), leaving the instance stopped. The caller has
+	// closed the agent connection first. The root disk must be treated as
+	// frozen from then on: restored instances use it as their backing file.
+	SaveSnapshot(ctx context.Context, dir string) error
+}
+
+// ErrNotRunning is returned by operations that need a running instance.
+var ErrNotRunning = errors.New("instance is not running")

@@ -1,0 +1,105 @@
+// Package sandbox is the sandbox manager: it creates sandboxes by starting a
+// shim per sandbox, finds and reconciles them through the catalog, builds the
+// booted templates clones start from, and talks to shims for the CLI.
+//
+// No daemon: every CLI command is a short-lived manager over the state dir.
+// A shim holds an exclusive flock on its sandbox's shim.lock for its whole
+// life, so "is the shim alive" is answered without PIDs (no reuse races):
+// if the lock can be taken, the shim is gone.
+package sandbox
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+)
+
+// Layout names every path in a state dir.
+type Layout struct{ Root string }
+
+func (l Layout) Catalog() string           { return filepath.Join(l.Root, "catalog.db") }
+func (l Layout) Sandboxes() string         { return filepath.Join(l.Root, "sandboxes") }
+func (l Layout) Dir(id string) string      { return filepath.Join(l.Root, "sandboxes", id) }
+func (l Layout) Socket(id string) string   { return filepath.Join(l.Dir(id), "shim.sock") }
+func (l Layout) ShimLock(id string) string { return filepath.Join(l.Dir(id), "shim.lock") }
+func (l Layout) ShimLog(id string) string  { return filepath.Join(l.Dir(id), "shim.log") }
+func (l Layout) RootDisk(id string) string { return filepath.Join(l.Dir(id), "root.qcow2") }
+func (l Layout) RunDir(id string) string   { return filepath.Join(l.Dir(id), "run") }
+func (l Layout) Console(id string) string  { return filepath.Join(l.RunDir(id), "console.log") }
+func (l Layout) Templates() string         { return filepath.Join(l.Root, "templates") }
+func (l Layout) BootConfig() string        { return filepath.Join(l.Root, "boot.json") }
+
+// idRe matches sandbox IDs: 12 lowercase base32 characters.
+var idRe = regexp.MustCompile(`^[a-z2-7]{12}$`)
+
+// NewID returns a fresh random sandbox ID.
+func NewID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz234567"
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[b[i]&31]
+	}
+	return string(b)
+}
+
+// ValidateID rejects anything that is not a sandbox ID, so user input never
+// becomes a path component unchecked.
+func ValidateID(id string) error {
+	if !idRe.MatchString(id) {
+		return fmt.Errorf("%w: %q is not a sandbox id (12 characters a-z, 2-7; see `airlock ls`)", errdefs.ErrInvalid, id)
+	}
+	return nil
+}
+
+// BootConfig is what `airlock setup` prepared: the guest kernel and the
+// initramfs holding the agent. Stored as boot.json in the state dir so a
+// create does not re-hash anything.
+type BootConfig struct {
+	Kernel        string `json:"kernel"`         // uncompressed PVH vmlinux
+	KernelRelease string `json:"kernel_release"` // e.g. 6.1.0-NN-cloud-amd64
+	Initrd        string `json:"initrd"`         // content-addressed cpio
+}
+
+// ErrNotSetUp means the state dir lacks the kernel, initramfs or image.
+var ErrNotSetUp = errors.New("airlock is not set up on this host")
+
+// LoadBootConfig reads boot.json.
+func (l Layout) LoadBootConfig() (BootConfig, error) {
+	var bc BootConfig
+	b, err := os.ReadFile(l.BootConfig())
+	if errors.Is(err, os.ErrNotExist) {
+		return bc, fmt.Errorf("%w: no guest kernel prepared in %s (run `airlock setup`, or `make demo`)", ErrNotSetUp, l.Root)
+	}
+	if err != nil {
+		return bc, fmt.Errorf("read boot config: %w", err)
+	}
+	if err := json.Unmarshal(b, &bc); err != nil {
+		return bc, fmt.Errorf("read boot config %s: %w", l.BootConfig(), err)
+	}
+	for _, p := range []string{bc.Kernel, bc.Initrd} {
+		if _, err := os.Stat(p); err != nil {
+			return bc, fmt.Errorf("%w: %s is missing (run `airlock setup`)", ErrNotSetUp, p)
+		}
+	}
+	return bc, nil
+}
+
+// SaveBootConfig writes boot.json atomically.
+func (l Layout) SaveBootConfig(bc BootConfig) error {
+	b, err := json.MarshalIndent(bc, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := l.BootConfig() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("write boot config: %w", err)
+	}
+	return os.Rename(tmp, l.BootConfig())
+}

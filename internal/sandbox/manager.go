@@ -1,0 +1,352 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Limits on create options.
+const (
+	MinMemoryMiB   = 128
+	MaxMemoryMiB   = 64 << 10
+	MaxCPUs        = 32
+	MaxDiskMiB     = 1 << 20
+	MaxTimeout     = 24 * time.Hour
+	DefaultTimeout = 15 * time.Minute
+)
+
+// CreateOptions are the user's choices for a new sandbox.
+type CreateOptions struct {
+	Image     string
+	CPUs      int
+	MemoryMiB int
+	DiskMiB   int // 0: the image size plus 1 GiB, at least 2 GiB
+	Timeout   time.Duration
+	Metadata  map[string]string
+}
+
+// Manager creates and finds sandboxes in one state dir.
+type Manager struct {
+	L     Layout
+	Store *store.Store
+	Log   *slog.Logger
+	// Exe is the airlock binary the shim is started from (default: this
+	// process's executable).
+	Exe string
+	// ShimArgs are extra flags for the shim (e.g. --accel).
+	ShimArgs []string
+}
+
+// ImagePath returns the blob path of an image digest ("sha256:<hex>").
+func (l Layout) ImagePath(digest string) string {
+	return l.Root + "/images/blobs/" + strings.Replace(digest, ":", "-", 1) + ".ext4"
+}
+
+func (o *CreateOptions) validate(imageSize int64) error {
+	if o.Image == "" {
+		o.Image = "base"
+	}
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 512
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	imgMiB := int((imageSize + (1<<20 - 1)) >> 20)
+	if o.DiskMiB == 0 {
+		o.DiskMiB = max(2048, imgMiB+1024)
+	}
+	switch {
+	case o.CPUs < 1 || o.CPUs > MaxCPUs:
+		return fmt.Errorf("%w: --cpus must be between 1 and %d", errdefs.ErrInvalid, MaxCPUs)
+	case o.MemoryMiB < MinMemoryMiB || o.MemoryMiB > MaxMemoryMiB:
+		return fmt.Errorf("%w: --memory must be between %d MiB and %d GiB", errdefs.ErrInvalid, MinMemoryMiB, MaxMemoryMiB>>10)
+	case o.DiskMiB < imgMiB:
+		return fmt.Errorf("%w: --disk %dM is smaller than image %q (%d MiB)", errdefs.ErrInvalid, o.DiskMiB, o.Image, imgMiB)
+	case o.DiskMiB > MaxDiskMiB:
+		return fmt.Errorf("%w: --disk must be at most 1 TiB", errdefs.ErrInvalid)
+	case o.Timeout < time.Second || o.Timeout > MaxTimeout:
+		return fmt.Errorf("%w: --timeout must be between 1s and %s", errdefs.ErrInvalid, MaxTimeout)
+	}
+	for k, v := range o.Metadata {
+		if k == "" || len(k) > 64 || len(v) > 1024 {
+			return fmt.Errorf("%w: metadata keys must be 1-64 bytes and values at most 1024", errdefs.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// Create records a sandbox, starts its shim and waits until the guest
+// answers. On failure nothing is left behind.
+func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, error) {
+	if o.Image == "" {
+		o.Image = "base"
+	}
+	img, err := m.Store.GetImage(ctx, o.Image)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return store.Sandbox{}, fmt.Errorf("%w: unknown image %q (see `airlock image ls`; build the default with `airlock image build base`)", errdefs.ErrNotFound, o.Image)
+		}
+		return store.Sandbox{}, err
+	}
+	if err := o.validate(img.Size); err != nil {
+		return store.Sandbox{}, err
+	}
+	if _, err := m.L.LoadBootConfig(); err != nil {
+		return store.Sandbox{}, err
+	}
+	now := time.Now()
+	sb := store.Sandbox{
+		ID: NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
+		CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskMiB: o.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
+		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata,
+	}
+	if err := os.MkdirAll(m.L.Dir(sb.ID), 0o700); err != nil {
+		return sb, fmt.Errorf("create sandbox dir: %w", err)
+	}
+	if err := m.Store.CreateSandbox(ctx, sb); err != nil {
+		_ = os.RemoveAll(m.L.Dir(sb.ID))
+		return sb, err
+	}
+	if err := m.startShim(ctx, sb.ID); err != nil {
+		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
+		return sb, err
+	}
+	return m.Store.GetSandbox(ctx, sb.ID)
+}
+
+// startShim starts `airlock shim` detached and waits for its verdict on a
+// pipe: "ok" once the guest answers, or "error: ..." with the reason.
+func (m *Manager) startShim(ctx context.Context, id string) error {
+	exe := m.Exe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return fmt.Errorf("find airlock binary: %w", err)
+		}
+	}
+	logf, err := os.OpenFile(m.L.ShimLog(id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("shim log: %w", err)
+	}
+	defer logf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer pr.Close()
+	args := append([]string{"shim", "--state-dir", m.L.Root, "--id", id}, m.ShimArgs...)
+	cmd := exec.Command(exe, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{pw} // fd 3: readiness
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Env = os.Environ()
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		return fmt.Errorf("start shim: %w", err)
+	}
+	pw.Close()
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }() // reaps it if it dies while we wait
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(io.LimitReader(pr, 4096)).ReadString('\n')
+		line <- strings.TrimSpace(s)
+	}()
+	select {
+	case s := <-line:
+		switch {
+		case s == "ok":
+			return nil
+		case strings.HasPrefix(s, "error: "):
+			return fmt.Errorf("%w: %s", errdefs.ErrUnavailable, strings.TrimPrefix(s, "error: "))
+		default:
+			return fmt.Errorf("%w: the sandbox's shim exited before it was ready (see %s)", errdefs.ErrUnavailable, m.L.ShimLog(id))
+		}
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("wait for sandbox: %w", ctx.Err())
+	}
+}
+
+// shimAlive reports whether the shim of id holds its lock.
+func (m *Manager) shimAlive(id string) bool {
+	f, err := os.OpenFile(m.L.ShimLock(id), os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return true
+	}
+	_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
+}
+
+// Reconcile marks a sandbox failed if the catalog says it is alive but its
+// shim is gone, and returns the fresh row.
+func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox {
+	switch sb.State {
+	case store.StateRunning, store.StateStopping, store.StateCreating:
+	default:
+		return sb
+	}
+	if sb.State == store.StateCreating && time.Since(sb.CreatedAt) < 10*time.Second {
+		return sb // the shim may not have taken its lock yet
+	}
+	if m.shimAlive(sb.ID) {
+		return sb
+	}
+	reason := "the sandbox's supervisor (shim) exited unexpectedly; its VM was stopped"
+	if ok, _ := m.Store.SetState(ctx, sb.ID, store.StateFailed, reason, sb.State); ok {
+		sb.State, sb.Reason = store.StateFailed, reason
+	}
+	return sb
+}
+
+// Get returns a reconciled sandbox.
+func (m *Manager) Get(ctx context.Context, id string) (store.Sandbox, error) {
+	if err := ValidateID(id); err != nil {
+		return store.Sandbox{}, err
+	}
+	sb, err := m.Store.GetSandbox(ctx, id)
+	if err != nil {
+		return sb, err
+	}
+	return m.Reconcile(ctx, sb), nil
+}
+
+// List returns all reconciled sandboxes.
+func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
+	sbs, err := m.Store.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range sbs {
+		sbs[i] = m.Reconcile(ctx, sbs[i])
+	}
+	return sbs, nil
+}
+
+// Connect returns a client for a running sandbox's shim. The caller closes
+// it with CloseShimClient... via the returned close func.
+func (m *Manager) Connect(ctx context.Context, id string) (*agentapi.Client, func(), error) {
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sb.State != store.StateRunning {
+		msg := fmt.Sprintf("sandbox %s is %s", id, sb.State)
+		if sb.Reason != "" {
+			msg += ": " + sb.Reason
+		}
+		return nil, nil, fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, msg)
+	}
+	c, closeFn := ShimClient(m.L.Socket(id))
+	return c, closeFn, nil
+}
+
+// ShimClient returns an agent-protocol client for a shim socket.
+func ShimClient(sock string) (*agentapi.Client, func()) {
+	tr := &http2.Transport{
+		AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}
+	hc := &http.Client{Transport: tr}
+	return agentapi.NewClient(hc, "http://shim", agentapi.Options{MaxMessageBytes: 8 << 20}), tr.CloseIdleConnections
+}
+
+// Remove stops a sandbox (through its shim when alive) and deletes every
+// trace of it: shim, VMM, files, catalog row. Removing twice is fine.
+func (m *Manager) Remove(ctx context.Context, id string) error {
+	if err := ValidateID(id); err != nil {
+		return err
+	}
+	if _, err := m.Store.GetSandbox(ctx, id); err != nil {
+		if _, serr := os.Stat(m.L.Dir(id)); serr != nil {
+			return err
+		}
+	}
+	if m.shimAlive(id) {
+		c, closeFn := ShimClient(m.L.Socket(id))
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := c.Agent.Shutdown(sctx, connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true}))
+		cancel()
+		closeFn()
+		if err != nil {
+			m.Log.Warn("shim shutdown failed; killing it", "sandbox_id", id, "err", err)
+		}
+		if err := m.waitShimGone(ctx, id, 10*time.Second); err != nil {
+			return err
+		}
+	}
+	if err := os.RemoveAll(m.L.Dir(id)); err != nil {
+		return fmt.Errorf("remove sandbox files: %w", err)
+	}
+	return m.Store.DeleteSandbox(ctx, id)
+}
+
+// waitShimGone waits until the shim's lock is free, killing the shim (and
+// with it, by parent-death signal, its VMM) if it lingers.
+func (m *Manager) waitShimGone(ctx context.Context, id string, grace time.Duration) error {
+	deadline := time.Now().Add(grace)
+	for m.shimAlive(id) {
+		if time.Now().After(deadline) {
+			if pid := m.shimPID(id); pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			deadline = time.Now().Add(5 * time.Second)
+			grace = 0
+			if !m.shimAlive(id) {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if grace == 0 && time.Now().After(deadline) {
+			return fmt.Errorf("%w: the shim of %s did not exit", errdefs.ErrUnavailable, id)
+		}
+	}
+	return nil
+}
+
+// shimPID reads the PID the shim wrote into its lock file.
+func (m *Manager) shimPID(id string) int {
+	b, err := os.ReadFile(m.L.ShimLock(id))
+	if err != nil {
+		return 0
+	}
+	var pid int
+	_, _ = fmt.Sscanf(string(b), "%d", &pid)
+	return pid
+}

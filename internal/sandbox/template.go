@@ -1,0 +1,263 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+)
+
+// templateFormat changes whenever the template layout or the VM's device set
+// changes, so old templates are never restored into a new device layout.
+const templateFormat = "v1"
+
+// TemplateKey is everything a restored clone must share with its template.
+type TemplateKey struct {
+	Format      string `json:"format"`
+	ImageDigest string `json:"image_digest"`
+	ImagePath   string `json:"image_path"`
+	Kernel      string `json:"kernel"`
+	Initrd      string `json:"initrd"`
+	CPUs        int    `json:"cpus"`
+	MemoryMiB   int    `json:"memory_mib"`
+	Runtime     string `json:"runtime"`
+	Accel       string `json:"accel"`
+	VMM         string `json:"vmm"`
+}
+
+// ID is the key's content hash (first 16 bytes, hex).
+func (k TemplateKey) ID() string {
+	k.Format = templateFormat
+	b, _ := json.Marshal(k)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
+}
+
+// Template is a booted, snapshotted guest that sandboxes are cloned from.
+type Template struct {
+	Dir      string
+	Disk     string // frozen qcow2 the clones' overlays are backed by
+	Snapshot string // directory for runtime.Spec.RestoreFrom
+	Key      TemplateKey
+	Built    bool          // true if this call built it
+	BuildDur time.Duration // how long the build took, if Built
+}
+
+type templateMeta struct {
+	Key       TemplateKey `json:"key"`
+	CreatedAt time.Time   `json:"created_at"`
+}
+
+// EnsureTemplate returns the template for key, building it first if needed
+// (a cold boot plus a snapshot, a few seconds under TCG). Concurrent callers
+// in any process build it once: a flock on the template's lock file
+// serialises builders, and meta.json, written last, marks it complete.
+func EnsureTemplate(ctx context.Context, l Layout, rt runtime.Runtime, key TemplateKey, log *slog.Logger) (Template, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	key.Format = templateFormat
+	id := key.ID()
+	t := Template{
+		Dir:      filepath.Join(l.Templates(), id),
+		Key:      key,
+		Disk:     filepath.Join(l.Templates(), id, "disk.qcow2"),
+		Snapshot: filepath.Join(l.Templates(), id, "snap"),
+	}
+	meta := filepath.Join(t.Dir, "meta.json")
+	if _, err := os.Stat(meta); err == nil {
+		return t, nil
+	}
+	if err := os.MkdirAll(l.Templates(), 0o755); err != nil {
+		return t, fmt.Errorf("template dir: %w", err)
+	}
+	lf, err := os.OpenFile(filepath.Join(l.Templates(), id+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return t, fmt.Errorf("template lock: %w", err)
+	}
+	defer lf.Close()
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
+		return t, fmt.Errorf("template lock: %w", err)
+	}
+	defer unix.Flock(int(lf.Fd()), unix.LOCK_UN)
+	if _, err := os.Stat(meta); err == nil {
+		return t, nil // another process built it while we waited
+	}
+	start := time.Now()
+	log.Info("building template", "template", id, "memory_mib", key.MemoryMiB, "cpus", key.CPUs)
+	if err := buildTemplate(ctx, t, rt, log); err != nil {
+		_ = os.RemoveAll(t.Dir)
+		return t, fmt.Errorf("build template: %w", err)
+	}
+	b, _ := json.MarshalIndent(templateMeta{Key: key, CreatedAt: time.Now().UTC()}, "", "  ")
+	if err := os.WriteFile(meta, b, 0o444); err != nil {
+		_ = os.RemoveAll(t.Dir)
+		return t, fmt.Errorf("write template meta: %w", err)
+	}
+	t.Built, t.BuildDur = true, time.Since(start)
+	log.Info("template ready", "template", id, "took", t.BuildDur.Round(time.Millisecond))
+	return t, nil
+}
+
+func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slog.Logger) error {
+	_ = os.RemoveAll(t.Dir) // a build that died half way
+	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
+		return err
+	}
+	if err := CreateOverlay(ctx, t.Disk, t.Key.ImagePath, "raw", 0); err != nil {
+		return err
+	}
+	runDir := filepath.Join(t.Dir, "run")
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(runDir)
+	inst, err := rt.Create(ctx, runtime.Spec{
+		ID:             "tmpl-" + t.Key.ID()[:8],
+		CPUs:           t.Key.CPUs,
+		MemoryMiB:      t.Key.MemoryMiB,
+		Kernel:         t.Key.Kernel,
+		Initrd:         t.Key.Initrd,
+		RootDisk:       t.Disk,
+		RootDiskFormat: "qcow2",
+		RunDir:         runDir,
+		Snapshottable:  true,
+	})
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = inst.Kill()
+			_, _ = inst.Wait(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := inst.Start(ctx); err != nil {
+		return err
+	}
+	conn, err := inst.AgentConn(ctx)
+	if err != nil {
+		return err
+	}
+	bootCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	c, err := DialAgent(bootCtx, inst, conn)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Sync(bootCtx, "airlock", false); err != nil {
+		c.Close()
+		return err
+	}
+	// Warm the guest page cache and TCG with what most sandboxes run first;
+	// the template's RAM (page cache included) is shared by every clone.
+	for _, argv := range [][]string{{"true"}, {"sh", "-c", "command -v python3 >/dev/null && python3 -c 'import sys' || true"}} {
+		if _, err := Exec(bootCtx, c, &agentv1.ExecStart{Argv: argv, TimeoutMs: 60000}, ExecIO{}); err != nil {
+			log.Warn("template warm-up", "argv", argv, "err", err)
+		}
+	}
+	// Close the agent session, then give the guest a moment to see the
+	// disconnect, so clones start with the agent waiting for a new host.
+	c.Close()
+	time.Sleep(200 * time.Millisecond)
+	snap, isSnap := inst.(runtime.Snapshotter)
+	if !isSnap {
+		return errors.New("runtime cannot snapshot")
+	}
+	if err := os.MkdirAll(t.Snapshot, 0o755); err != nil {
+		return err
+	}
+	if err := snap.SaveSnapshot(ctx, t.Snapshot); err != nil {
+		return err
+	}
+	ok = true
+	_ = inst.Kill()
+	if _, err := inst.Wait(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	// Frozen from now on: clones' overlays are backed by it.
+	return os.Chmod(t.Disk, 0o444)
+}
+
+// DialAgent waits for the agent on conn, failing early with the VMM's exit
+// reason if the guest dies while booting. On failure conn is closed.
+func DialAgent(ctx context.Context, inst runtime.Instance, conn net.Conn) (*agentapi.Client, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited := make(chan runtime.ExitStatus, 1)
+	go func() {
+		if st, err := inst.Wait(ctx); err == nil {
+			exited <- st
+		}
+	}()
+	type result struct {
+		c   *agentapi.Client
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		c, err := agentapi.Dial(ctx, conn, agentapi.Options{})
+		res <- result{c, err}
+	}()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			conn.Close()
+		}
+		return r.c, r.err
+	case st := <-exited:
+		cancel()
+		if r := <-res; r.c != nil {
+			r.c.Close()
+		}
+		conn.Close()
+		return nil, fmt.Errorf("guest stopped while booting: %s", exitText(st))
+	}
+}
+
+func exitText(st runtime.ExitStatus) string {
+	if st.Reason != "" {
+		return st.Reason
+	}
+	if st.Signal != "" {
+		return "VMM killed by " + st.Signal
+	}
+	return "VMM exited with code " + strconv.Itoa(st.Code)
+}
+
+// CreateOverlay creates a qcow2 overlay at path backed by backing (format
+// "raw" or "qcow2"). sizeMiB 0 keeps the backing file's size.
+func CreateOverlay(ctx context.Context, path, backing, backingFmt string, sizeMiB int) error {
+	args := []string{"create", "-q", "-f", "qcow2", "-o", "backing_file=" + backing + ",backing_fmt=" + backingFmt, path}
+	if sizeMiB > 0 {
+		args = append(args, strconv.Itoa(sizeMiB)+"M")
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img create: %w: %s", err, bytesTrim(out))
+	}
+	return nil
+}
+
+func bytesTrim(b []byte) string {
+	if len(b) > 512 {
+		b = b[:512]
+	}
+	return string(b)
+}

@@ -1,0 +1,335 @@
+// Package shim is the per-sandbox supervisor (`airlock shim`, hidden). It
+// owns the sandbox's VMM and agent channel for the sandbox's whole life and
+// outlives the CLI that started it.
+//
+// Contract with the manager (internal/sandbox):
+//   - start: the manager creates the catalog row (state creating) and the
+//     sandbox dir, then starts the shim detached with fd 3 a pipe. The shim
+//     takes an exclusive flock on shim.lock (held until it exits), boots or
+//     restores the guest, serves the agent services on shim.sock, marks the
+//     row running and writes "ok\n" to fd 3; on failure it marks the row
+//     failed and writes "error: <reason>\n".
+//   - delete: AgentService.Shutdown on shim.sock stops the guest; the shim
+//     exits and the manager removes the files and the row.
+//   - lifetime: at the row's expires_at the shim stops the guest and deletes
+//     the sandbox itself.
+//   - crash: if the VMM dies, the row becomes failed with the reason from
+//     the guest console; the disk is freed, logs are kept until `rm`. If the
+//     shim dies, its VMM dies with it (parent-death signal) and the manager
+//     marks the row failed when it finds the lock free.
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Config is one shim's configuration.
+type Config struct {
+	StateDir string
+	ID       string
+	// Ready receives "ok\n" or "error: ...\n" once; may be nil.
+	Ready io.WriteCloser
+	// Runtime runs the guest.
+	Runtime runtime.Runtime
+	Log     *slog.Logger
+}
+
+type shim struct {
+	cfg   Config
+	l     sandbox.Layout
+	st    *store.Store
+	log   *slog.Logger
+	inst  runtime.Instance
+	agent *agentapi.Client
+	srv   *http.Server
+
+	stopOnce sync.Once
+	stopReq  chan struct{}
+}
+
+// Run is the shim's whole life. It returns when the sandbox is gone.
+func Run(ctx context.Context, cfg Config) (err error) {
+	if err := sandbox.ValidateID(cfg.ID); err != nil {
+		return err
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &shim{cfg: cfg, l: sandbox.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{})}
+	ready := func(msg string) {
+		if cfg.Ready != nil {
+			_, _ = io.WriteString(cfg.Ready, msg+"\n")
+			_ = cfg.Ready.Close()
+			cfg.Ready = nil
+		}
+	}
+	defer func() {
+		if err != nil {
+			ready("error: " + oneLine(err.Error()))
+		}
+	}()
+
+	lock, err := os.OpenFile(s.l.ShimLock(cfg.ID), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("shim lock: %w", err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("another shim runs sandbox %s", cfg.ID)
+	}
+	_ = lock.Truncate(0)
+	_, _ = lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+
+	s.st, err = store.Open(ctx, s.l.Catalog())
+	if err != nil {
+		return err
+	}
+	defer s.st.Close()
+	sb, err := s.st.GetSandbox(ctx, cfg.ID)
+	if err != nil {
+		return err
+	}
+	if sb.State != store.StateCreating {
+		return fmt.Errorf("sandbox %s is %s, not creating", cfg.ID, sb.State)
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	if err := s.start(ctx, sb); err != nil {
+		s.fail(context.WithoutCancel(ctx), "start: "+err.Error())
+		s.teardown(context.WithoutCancel(ctx), false)
+		return err
+	}
+	ready("ok")
+	s.log.Info("sandbox running")
+
+	exited := make(chan runtime.ExitStatus, 1)
+	go func() {
+		st, _ := s.inst.Wait(context.Background())
+		exited <- st
+	}()
+	expiry := time.NewTimer(time.Until(sb.ExpiresAt))
+	defer expiry.Stop()
+
+	bg := context.WithoutCancel(ctx)
+	select {
+	case st := <-exited:
+		reason := "guest stopped unexpectedly: " + exitText(st)
+		s.log.Error("vmm exited", "reason", reason)
+		s.fail(bg, reason)
+		s.teardown(bg, false)
+	case <-s.stopReq:
+		s.log.Info("stop requested")
+		s.teardown(bg, true)
+	case <-expiry.C:
+		s.log.Info("lifetime timeout reached; removing sandbox")
+		s.teardown(bg, true)
+		_ = os.RemoveAll(s.l.Dir(cfg.ID))
+		_ = s.st.DeleteSandbox(bg, cfg.ID)
+	case sig := <-sigs:
+		s.log.Warn("terminated by signal", "signal", sig.String())
+		s.fail(bg, "supervisor terminated by "+sig.String())
+		s.teardown(bg, false)
+	}
+	return nil
+}
+
+func (s *shim) fail(ctx context.Context, reason string) {
+	if _, err := s.st.SetState(ctx, s.cfg.ID, store.StateFailed, oneLine(reason)); err != nil {
+		s.log.Error("record failure", "err", err)
+	}
+}
+
+func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
+	bc, err := s.l.LoadBootConfig()
+	if err != nil {
+		return err
+	}
+	caps, err := s.cfg.Runtime.Probe(ctx)
+	if err != nil {
+		return fmt.Errorf("probe runtime: %w", err)
+	}
+	imgPath := s.l.ImagePath(sb.ImageDigest)
+	if _, err := os.Stat(imgPath); err != nil {
+		return fmt.Errorf("image %q is missing its file (rebuild or re-import it): %w", sb.Image, err)
+	}
+	spec := runtime.Spec{
+		ID:             sb.ID,
+		CPUs:           sb.CPUs,
+		MemoryMiB:      sb.MemoryMiB,
+		Kernel:         bc.Kernel,
+		Initrd:         bc.Initrd,
+		RootDisk:       s.l.RootDisk(sb.ID),
+		RootDiskFormat: "qcow2",
+		RunDir:         s.l.RunDir(sb.ID),
+	}
+	mode := "cold"
+	if caps.Snapshots {
+		t, err := sandbox.EnsureTemplate(ctx, s.l, s.cfg.Runtime, sandbox.TemplateKey{
+			ImageDigest: sb.ImageDigest, ImagePath: imgPath, Kernel: bc.Kernel, Initrd: bc.Initrd,
+			CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, Runtime: s.cfg.Runtime.Name(), Accel: caps.Accel, VMM: caps.VMMVersion,
+		}, s.log)
+		if err != nil {
+			return err
+		}
+		if err := sandbox.CreateOverlay(ctx, spec.RootDisk, t.Disk, "qcow2", sb.DiskMiB); err != nil {
+			return err
+		}
+		spec.RestoreFrom = t.Snapshot
+		mode = "template"
+	} else if err := sandbox.CreateOverlay(ctx, spec.RootDisk, imgPath, "raw", sb.DiskMiB); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(spec.RunDir, 0o755); err != nil {
+		return err
+	}
+	inst, err := s.cfg.Runtime.Create(ctx, spec)
+	if err != nil {
+		return err
+	}
+	s.inst = inst
+	if err := inst.Start(ctx); err != nil {
+		return err
+	}
+	conn, err := inst.AgentConn(ctx)
+	if err != nil {
+		return err
+	}
+	bootCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	s.agent, err = sandbox.DialAgent(bootCtx, inst, conn)
+	if err != nil {
+		return err
+	}
+	if _, err := s.agent.Sync(bootCtx, "airlock", true); err != nil {
+		return err
+	}
+	if err := s.st.SetRuntimeInfo(ctx, sb.ID, caps.Accel, s.agent.Info.GetKernelRelease(), mode); err != nil {
+		return err
+	}
+	if err := s.serve(); err != nil {
+		return err
+	}
+	if ok, err := s.st.SetState(ctx, sb.ID, store.StateRunning, "", store.StateCreating); err != nil || !ok {
+		return fmt.Errorf("mark running: %v (changed=%v)", err, ok)
+	}
+	return nil
+}
+
+// serve listens on shim.sock and relays the agent services.
+func (s *shim) serve() error {
+	sock := s.l.Socket(s.cfg.ID)
+	_ = os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", filepath.Base(sock), err)
+	}
+	_ = os.Chmod(sock, 0o600)
+	r := &relay{agent: s.agent, shutdown: func(context.Context) error {
+		s.stopOnce.Do(func() { close(s.stopReq) })
+		return nil
+	}}
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(r))
+	mux.Handle(agentv1connect.NewExecServiceHandler(r))
+	mux.Handle(agentv1connect.NewFileServiceHandler(r))
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	s.srv = &http.Server{Handler: mux, Protocols: &p, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("shim socket", "err", err)
+		}
+	}()
+	return nil
+}
+
+// teardown stops the guest and frees everything but the logs. If clean, the
+// guest is asked to power off first.
+func (s *shim) teardown(ctx context.Context, clean bool) {
+	if clean {
+		_, _ = s.st.SetState(ctx, s.cfg.ID, store.StateStopping, "", store.StateRunning)
+	}
+	if s.srv != nil {
+		_ = s.srv.Close()
+		_ = os.Remove(s.l.Socket(s.cfg.ID))
+	}
+	if s.agent != nil {
+		if clean {
+			sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			_, _ = s.agent.Agent.Shutdown(sctx, connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true}))
+			cancel()
+		}
+		_ = s.agent.Close()
+	}
+	if s.inst != nil {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := s.inst.Stop(sctx); err != nil {
+			_ = s.inst.Kill()
+		}
+		cancel()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if _, err := s.inst.Wait(wctx); err != nil {
+			s.log.Error("vmm did not exit", "err", err)
+		}
+		cancel()
+	}
+	_ = os.Remove(s.l.RootDisk(s.cfg.ID))
+	// Keep console.log; drop anything else the runtime left (memory files).
+	if entries, err := os.ReadDir(s.l.RunDir(s.cfg.ID)); err == nil {
+		for _, e := range entries {
+			if e.Name() != "console.log" {
+				_ = os.RemoveAll(filepath.Join(s.l.RunDir(s.cfg.ID), e.Name()))
+			}
+		}
+	}
+}
+
+func exitText(st runtime.ExitStatus) string {
+	switch {
+	case st.Reason != "":
+		return st.Reason
+	case st.Signal != "":
+		return "VMM killed by " + st.Signal
+	default:
+		return "VMM exited with code " + strconv.Itoa(st.Code)
+	}
+}
+
+func oneLine(s string) string {
+	for i, r := range s {
+		if r == '\n' || r == '\r' {
+			s = s[:i]
+			break
+		}
+	}
+	if len(s) > 512 {
+		s = s[:512]
+	}
+	return s
+}

@@ -1,0 +1,293 @@
+// Package store is airlock's catalog: one SQLite database (modernc.org/sqlite,
+// no cgo) in the state dir, shared by the CLI and every shim. It records
+// images (name -> content digest) and sandboxes with their lifecycle state.
+//
+// Concurrency: many processes open the same file; WAL mode and a busy
+// timeout make that safe. Every write is a single statement or a short
+// transaction.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	_ "modernc.org/sqlite" // database/sql driver "sqlite"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+)
+
+// State is a sandbox lifecycle state.
+type State string
+
+// Lifecycle states (DESIGN.md: creating, running, paused, stopped, failed).
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StateStopping State = "stopping"
+	StateFailed   State = "failed"
+)
+
+// Sandbox is one catalog row.
+type Sandbox struct {
+	ID          string
+	State       State
+	Reason      string // why it failed, one line
+	Image       string // image name as asked
+	ImageDigest string
+	CPUs        int
+	MemoryMiB   int
+	DiskMiB     int
+	TimeoutSec  int
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+	Accel       string // "kvm" or "tcg", set by the shim
+	Kernel      string // guest kernel release
+	StartMode   string // "template" or "cold"
+	Metadata    map[string]string
+}
+
+// ImageRecord maps an image name to its content-addressed blob.
+type ImageRecord struct {
+	Name    string
+	Digest  string
+	Size    int64
+	Created time.Time
+	Source  string
+}
+
+// Store is the catalog. Safe for concurrent use.
+type Store struct {
+	db *sql.DB
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS images (
+	name TEXT PRIMARY KEY,
+	digest TEXT NOT NULL,
+	size INTEGER NOT NULL,
+	created INTEGER NOT NULL,
+	source TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sandboxes (
+	id TEXT PRIMARY KEY,
+	state TEXT NOT NULL,
+	reason TEXT NOT NULL DEFAULT '',
+	image TEXT NOT NULL,
+	image_digest TEXT NOT NULL,
+	cpus INTEGER NOT NULL,
+	memory_mib INTEGER NOT NULL,
+	disk_mib INTEGER NOT NULL,
+	timeout_s INTEGER NOT NULL,
+	created_at INTEGER NOT NULL,
+	expires_at INTEGER NOT NULL,
+	accel TEXT NOT NULL DEFAULT '',
+	kernel TEXT NOT NULL DEFAULT '',
+	start_mode TEXT NOT NULL DEFAULT '',
+	metadata TEXT NOT NULL DEFAULT '{}'
+);
+PRAGMA user_version = 1;
+`
+
+// Open opens (creating if needed) the catalog at path.
+func Open(ctx context.Context, path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("open catalog: %w", err)
+	}
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open catalog: %w", err)
+	}
+	db.SetMaxOpenConns(4)
+	var version int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open catalog %s: %w", path, err)
+	}
+	switch {
+	case version == 0:
+		if _, err := db.ExecContext(ctx, schema); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("create catalog schema: %w", err)
+		}
+	case version > 1:
+		db.Close()
+		return nil, fmt.Errorf("%w: catalog schema version %d is newer than this airlock (1)", errdefs.ErrFailedPrecondition, version)
+	}
+	_ = os.Chmod(path, 0o600)
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// PutImage inserts or replaces an image name.
+func (s *Store) PutImage(ctx context.Context, r ImageRecord) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO images(name,digest,size,created,source) VALUES(?,?,?,?,?)
+		ON CONFLICT(name) DO UPDATE SET digest=excluded.digest,size=excluded.size,created=excluded.created,source=excluded.source`,
+		r.Name, r.Digest, r.Size, r.Created.UnixNano(), r.Source)
+	if err != nil {
+		return fmt.Errorf("put image %q: %w", r.Name, err)
+	}
+	return nil
+}
+
+// GetImage returns the image called name, or an error wrapping ErrNotFound.
+func (s *Store) GetImage(ctx context.Context, name string) (ImageRecord, error) {
+	var r ImageRecord
+	var created int64
+	err := s.db.QueryRowContext(ctx, `SELECT name,digest,size,created,source FROM images WHERE name=?`, name).
+		Scan(&r.Name, &r.Digest, &r.Size, &created, &r.Source)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, fmt.Errorf("%w: image %q", errdefs.ErrNotFound, name)
+	}
+	if err != nil {
+		return r, fmt.Errorf("get image %q: %w", name, err)
+	}
+	r.Created = time.Unix(0, created)
+	return r, nil
+}
+
+// ListImages returns all images by name.
+func (s *Store) ListImages(ctx context.Context) ([]ImageRecord, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name,digest,size,created,source FROM images ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list images: %w", err)
+	}
+	defer rows.Close()
+	var out []ImageRecord
+	for rows.Next() {
+		var r ImageRecord
+		var created int64
+		if err := rows.Scan(&r.Name, &r.Digest, &r.Size, &created, &r.Source); err != nil {
+			return nil, fmt.Errorf("list images: %w", err)
+		}
+		r.Created = time.Unix(0, created)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// DeleteImage removes an image name (not its blob).
+func (s *Store) DeleteImage(ctx context.Context, name string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM images WHERE name=?`, name)
+	if err != nil {
+		return fmt.Errorf("delete image %q: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: image %q", errdefs.ErrNotFound, name)
+	}
+	return nil
+}
+
+const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata`
+
+// CreateSandbox inserts a new sandbox row.
+func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
+	md, err := json.Marshal(sb.Metadata)
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
+		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md))
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+type scanner interface{ Scan(...any) error }
+
+func scanSandbox(r scanner) (Sandbox, error) {
+	var sb Sandbox
+	var state, md string
+	var created, expires int64
+	err := r.Scan(&sb.ID, &state, &sb.Reason, &sb.Image, &sb.ImageDigest, &sb.CPUs, &sb.MemoryMiB, &sb.DiskMiB,
+		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md)
+	if err != nil {
+		return sb, err
+	}
+	sb.State = State(state)
+	sb.CreatedAt, sb.ExpiresAt = time.Unix(0, created), time.Unix(0, expires)
+	_ = json.Unmarshal([]byte(md), &sb.Metadata)
+	return sb, nil
+}
+
+// GetSandbox returns one sandbox, or an error wrapping ErrNotFound.
+func (s *Store) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	sb, err := scanSandbox(s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sb, fmt.Errorf("%w: no sandbox %q (see `airlock ls`)", errdefs.ErrNotFound, id)
+	}
+	if err != nil {
+		return sb, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// ListSandboxes returns all sandboxes, oldest first.
+func (s *Store) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at`)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// SetState moves a sandbox to state with reason. If from is non-empty the
+// update only happens when the current state is one of from; it reports
+// whether a row changed.
+func (s *Store) SetState(ctx context.Context, id string, state State, reason string, from ...State) (bool, error) {
+	q := `UPDATE sandboxes SET state=?, reason=? WHERE id=?`
+	args := []any{string(state), reason, id}
+	if len(from) > 0 {
+		q += ` AND state IN (`
+		for i, f := range from {
+			if i > 0 {
+				q += ","
+			}
+			q += "?"
+			args = append(args, string(f))
+		}
+		q += `)`
+	}
+	res, err := s.db.ExecContext(ctx, q, args...)
+	if err != nil {
+		return false, fmt.Errorf("set sandbox %s state: %w", id, err)
+	}
+	n, _ := res.RowsAffected()
+	return n > 0, nil
+}
+
+// SetRuntimeInfo records what the shim learned while starting the sandbox.
+func (s *Store) SetRuntimeInfo(ctx context.Context, id, accel, kernel, startMode string) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET accel=?, kernel=?, start_mode=? WHERE id=?`, accel, kernel, startMode, id)
+	if err != nil {
+		return fmt.Errorf("set sandbox %s runtime info: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteSandbox removes a sandbox row. Deleting a missing row is not an error.
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}

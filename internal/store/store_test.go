@@ -1,0 +1,84 @@
+package store
+
+import (
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+)
+
+func TestSandboxLifecycle(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now().Truncate(time.Millisecond)
+	sb := Sandbox{ID: "abc", State: StateCreating, Image: "base", ImageDigest: "sha256:00", CPUs: 1, MemoryMiB: 512,
+		DiskMiB: 2048, TimeoutSec: 900, CreatedAt: now, ExpiresAt: now.Add(15 * time.Minute), Metadata: map[string]string{"k": "v"}}
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, sb); err == nil {
+		t.Fatal("duplicate id accepted")
+	}
+	ok, err := s.SetState(ctx, "abc", StateRunning, "", StateCreating)
+	if err != nil || !ok {
+		t.Fatalf("SetState = %v, %v", ok, err)
+	}
+	ok, _ = s.SetState(ctx, "abc", StateFailed, "x", StateCreating)
+	if ok {
+		t.Fatal("conditional SetState changed a row in the wrong state")
+	}
+	got, err := s.GetSandbox(ctx, "abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != StateRunning || got.Metadata["k"] != "v" || !got.ExpiresAt.Equal(sb.ExpiresAt) {
+		t.Fatalf("got %+v", got)
+	}
+	if err := s.DeleteSandbox(ctx, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetSandbox(ctx, "abc"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+}
+
+func TestConcurrentProcessesShareCatalog(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "catalog.db")
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Go(func() {
+			s, err := Open(ctx, path)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			errs <- s.PutImage(ctx, ImageRecord{Name: "img" + string(rune('a'+i)), Digest: "sha256:1", Created: time.Now()})
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, _ := Open(ctx, path)
+	defer s.Close()
+	imgs, err := s.ListImages(ctx)
+	if err != nil || len(imgs) != 8 {
+		t.Fatalf("images = %d, %v", len(imgs), err)
+	}
+	if err := s.DeleteImage(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("delete missing: %v", err)
+	}
+}

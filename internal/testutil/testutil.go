@@ -1,0 +1,68 @@
+// Package testutil holds the gates for airlock's test tiers and small shared
+// test helpers.
+//
+// Tiers (see docs/TESTING.md):
+//   - unit: Go only; always on; `go test -short ./...` runs only these.
+//   - host: needs root; opt-in with AIRLOCK_TEST_ROOT=1.
+//   - vm: boots real guests with QEMU; opt-in with AIRLOCK_TEST_VM=1 and not
+//     under -short. AIRLOCK_TEST_ACCEL=kvm|tcg|auto picks the accelerator.
+//
+// A gate skips with one actionable message when its tier was not requested,
+// and fails the test when it was requested but the host cannot provide it.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// RequireRoot skips t unless AIRLOCK_TEST_ROOT=1, and fails it if the tier
+// was requested but the test does not run as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Getenv("AIRLOCK_TEST_ROOT") != "1" {
+		t.Skip("host tier: set AIRLOCK_TEST_ROOT=1 and run as root (make test-host)")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("AIRLOCK_TEST_ROOT=1 but the test is not running as root")
+	}
+}
+
+// RequireVM skips t under -short or unless AIRLOCK_TEST_VM=1, and fails it if
+// the tier was requested but QEMU is missing.
+func RequireVM(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("vm tier: not under -short")
+	}
+	if os.Getenv("AIRLOCK_TEST_VM") != "1" {
+		t.Skip("vm tier: set AIRLOCK_TEST_VM=1 (make test-vm) to boot real guests")
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Fatal("AIRLOCK_TEST_VM=1 but qemu-system-x86_64 is not installed (run: make deps)")
+	}
+}
+
+// Accel returns the accelerator the vm tier asked for: "kvm", "tcg" or
+// "auto" (the default).
+func Accel() string {
+	switch a := os.Getenv("AIRLOCK_TEST_ACCEL"); a {
+	case "kvm", "tcg":
+		return a
+	default:
+		return "auto"
+	}
+}
+
+// StateDir returns the state dir the vm tier shares between tests
+// (AIRLOCK_TEST_STATE_DIR), so the guest kernel, images and templates are
+// built once. It fails the test if the variable is unset.
+func StateDir(t testing.TB) string {
+	t.Helper()
+	d := os.Getenv("AIRLOCK_TEST_STATE_DIR")
+	if d == "" {
+		t.Fatal("vm tier needs AIRLOCK_TEST_STATE_DIR (a state dir prepared by `airlock setup`; make test-vm sets it)")
+	}
+	return d
+}
