@@ -261,3 +261,20 @@ func bytesTrim(b []byte) string {
 	}
 	return string(b)
 }
+
+// RemoveTemplates deletes every template booted from the image digest.
+func RemoveTemplates(l Layout, imageDigest string) error {
+	metas, _ := filepath.Glob(filepath.Join(l.Templates(), "*", "meta.json"))
+	var errs []error
+	for _, mp := range metas {
+		b, err := os.ReadFile(mp)
+		if err != nil {
+			continue
+		}
+		var m templateMeta
+		if json.Unmarshal(b, &m) == nil && m.Key.ImageDigest == imageDigest {
+			errs = append(errs, os.RemoveAll(filepath.Dir(mp)))
+		}
+	}
+	return errors.Join(errs...)
+}
