@@ -92,7 +92,12 @@ func NewClient(hc connect.HTTPClient, baseURL string, opts Options) *Client {
 	if opts.MaxMessageBytes <= 0 {
 		opts.MaxMessageBytes = DefaultMaxMessageBytes
 	}
-	o := []connect.ClientOption{connect.WithReadMaxBytes(opts.MaxMessageBytes)}
+	o := []connect.ClientOption{
+		connect.WithReadMaxBytes(opts.MaxMessageBytes),
+		// Never offer compression: the guest must not send decompression
+		// bombs, and gzip made TCG guests CPU-bound.
+		connect.WithAcceptCompression("gzip", nil, nil),
+	}
 	return &Client{
 		Agent: agentv1connect.NewAgentServiceClient(hc, baseURL, o...),
 		Exec:  agentv1connect.NewExecServiceClient(hc, baseURL, o...),

@@ -58,7 +58,13 @@ func Serve(ctx context.Context, conn net.Conn, h http.Handler) error {
 	srv := &http2.Server{
 		MaxConcurrentStreams: 256,
 		MaxReadFrameSize:     1 << 20,
-		IdleTimeout:          0,
+		// If the host vanished without the guest seeing EOF (a close and a
+		// reconnect too close together for virtio_console to report), the
+		// dead session is detected by a missed PING and the agent goes back
+		// to announcing itself. Generous, so a starved guest (fork bomb
+		// under TCG) does not drop a live host.
+		ReadIdleTimeout: 15 * time.Second,
+		PingTimeout:     15 * time.Second,
 	}
 	srv.ServeConn(conn, &http2.ServeConnOpts{Context: ctx, Handler: h})
 	return nil

@@ -293,6 +293,12 @@ func (s *Store) lock() (func(), error) {
 // stagingDir makes a fresh directory under images/tmp for one build. The
 // caller removes it with removeAll.
 func (s *Store) stagingDir(prefix string) (string, error) {
+	// images/ is traverse-only for everyone: the unprivileged VMM uids open
+	// blobs (as qcow2 backing files) by path, but need not list them.
+	if err := os.MkdirAll(s.dir, 0o711); err != nil {
+		return "", err
+	}
+	_ = os.Chmod(s.dir, 0o711)
 	t := filepath.Join(s.dir, tmpDir)
 	if err := os.MkdirAll(t, 0o700); err != nil {
 		return "", err

@@ -49,17 +49,25 @@ type Spec struct {
 	// MemoryMiB is guest RAM in MiB (>= 64).
 	MemoryMiB int
 	// Kernel is the guest kernel (an uncompressed PVH vmlinux for qemu).
+	// qemu opens it by path as an unprivileged uid: it must be
+	// world-readable in traversable directories.
 	Kernel string
-	// Initrd is the initramfs holding the agent and modules.
+	// Initrd is the initramfs holding the agent and modules (same
+	// permissions as Kernel).
 	Initrd string
 	// KernelArgs are appended to the runtime's own kernel command line.
+	// Each is one word: no spaces or control characters.
 	KernelArgs []string
-	// RootDisk is the sandbox's writable root disk (a qcow2 overlay).
+	// RootDisk is the sandbox's writable root disk (a qcow2 overlay). The
+	// runtime opens it itself (root may own it, mode 0600); its backing
+	// chain is opened by path by the VMM, read-only, so backing files must
+	// be world-readable in traversable directories.
 	RootDisk string
 	// RootDiskFormat is "qcow2" (default) or "raw".
 	RootDiskFormat string
 	// RunDir is a private directory for this instance's runtime files
-	// (console log, memory file). It exists and is owned by the caller.
+	// (qemu: console.log, qemu.log, and mem.raw for a Snapshottable
+	// instance). It exists and is owned by the caller; it may be 0700.
 	RunDir string
 	// RestoreFrom, if set, is a snapshot directory written by
 	// Snapshotter.SaveSnapshot; the instance resumes from it instead of
@@ -67,7 +75,8 @@ type Spec struct {
 	// except ID, RunDir and RootDisk.
 	RestoreFrom string
 	// Snapshottable asks for an instance whose memory can be snapshotted
-	// (for a template). Only meaningful if Capabilities.Snapshots.
+	// (for a template). Only meaningful if Capabilities.Snapshots. A
+	// restored instance cannot be Snapshottable (qemu).
 	Snapshottable bool
 }
 
@@ -92,26 +101,35 @@ func (s Spec) Validate() error {
 	return nil
 }
 
-// Instance is one guest.
+// Instance is one guest. All methods are safe for concurrent use.
+//
+// Lifecycle: Create -> Start -> (running) -> exited. Stop or Kill before
+// Start ends the instance without running anything: Wait then returns at
+// once with Requested set, and Start fails with ErrNotRunning. A failed
+// Start also ends the instance (Wait returns at once, Reason says why).
 type Instance interface {
 	// ID returns Spec.ID.
 	ID() string
 	// Start boots (or restores) the guest and returns once the VMM runs;
-	// it does not wait for the agent. On error everything Start acquired
+	// it does not wait for the agent. ctx bounds only the start itself:
+	// the VMM's life is not tied to it. On error everything Start acquired
 	// is released. Start may be called once.
 	Start(ctx context.Context) error
 	// AgentConn returns the host end of the agent channel. It may be called
 	// once after Start; the caller owns and closes the conn. The guest may
-	// not have connected yet: the first bytes arrive when it does.
+	// not have connected yet: the first bytes arrive when it does. It fails
+	// with ErrNotRunning before Start and after exit.
 	AgentConn(ctx context.Context) (net.Conn, error)
 	// Wait blocks until the VMM has exited and all its resources are
 	// released, and returns how it ended. Safe to call from many goroutines
-	// and after exit.
+	// and after exit. The error is only ever ctx's.
 	Wait(ctx context.Context) (ExitStatus, error)
 	// Stop asks the guest to power off and kills it if it has not after
-	// the context's deadline. Idempotent; safe after exit.
+	// the context's deadline (a runtime default if it has none); it returns
+	// once the VMM has exited. Idempotent; safe after exit.
 	Stop(ctx context.Context) error
-	// Kill ends the VMM at once. Idempotent; safe after exit.
+	// Kill ends the VMM at once, without waiting for it (use Wait).
+	// Idempotent; safe after exit.
 	Kill() error
 }
 
@@ -130,12 +148,18 @@ type ExitStatus struct {
 
 // Snapshotter is implemented by instances that can save their memory and
 // device state so that later instances start from it (templates, fast
-// start). Instances created with Spec.Snapshottable implement it.
+// start). Instances created with Spec.Snapshottable implement it (others
+// may too, and fail with errdefs.ErrFailedPrecondition).
 type Snapshotter interface {
 	// SaveSnapshot writes the running guest's state into dir (which must
-	// exist and be empty), leaving the instance stopped. The caller has
-	// closed the agent connection first. The root disk must be treated as
-	// frozen from then on: restored instances use it as their backing file.
+	// exist and be empty), leaving the instance ended: Wait then reports
+	// Requested. The caller has closed the agent connection first. The
+	// root disk must be treated as frozen from then on: restored instances
+	// use it as their backing file, so it must stay readable by the
+	// runtime's VMM processes (qemu: world-readable, in traversable
+	// directories). The files in dir are read-only afterwards; the
+	// directory is opaque to callers except for being copied or removed
+	// as a whole.
 	SaveSnapshot(ctx context.Context, dir string) error
 }
 

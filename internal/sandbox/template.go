@@ -172,10 +172,9 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 			log.Warn("template warm-up", "argv", argv, "err", err)
 		}
 	}
-	// Close the agent session, then give the guest a moment to see the
+	// Close the agent session; SaveSnapshot waits for the guest to see the
 	// disconnect, so clones start with the agent waiting for a new host.
 	c.Close()
-	time.Sleep(200 * time.Millisecond)
 	snap, isSnap := inst.(runtime.Snapshotter)
 	if !isSnap {
 		return errors.New("runtime cannot snapshot")

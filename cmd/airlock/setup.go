@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-sandbox/airlock/internal/bootfiles"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shim"
+)
+
+// agentPath finds the guest agent binary: --agent, else next to airlock.
+func agentPath(flag string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(filepath.Dir(exe), "airlock-agent")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%w: guest agent not found at %s (run `make build`, or pass --agent)", errdefs.ErrFailedPrecondition, p)
+	}
+	return p, nil
+}
+
+// newRuntime builds the qemu runtime for this state dir.
+func newRuntime(g *globals, bc sandbox.BootConfig) (*qemu.Runtime, error) {
+	return qemu.New(qemu.Config{
+		StateDir:    g.stateDir,
+		Accel:       g.accel,
+		ProbeKernel: bc.Kernel,
+		ProbeInitrd: bc.Initrd,
+		Logger:      g.log,
+	})
+}
+
+func setupCmd(g *globals) *cobra.Command {
+	var agent string
+	var noImage bool
+	cmd := &cobra.Command{
+		Use:   "setup",
+		Short: "Prepare this host: guest kernel, initramfs with the agent, default image",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			start := time.Now()
+			l := sandbox.Layout{Root: g.stateDir}
+			if err := os.MkdirAll(g.stateDir, 0o755); err != nil {
+				return err
+			}
+			_ = os.Chmod(g.stateDir, 0o755) // the unprivileged VMM reads kernel and images below it
+			k, err := bootfiles.EnsureKernel(ctx, g.stateDir, "cloud", os.Stderr)
+			if err != nil {
+				return fmt.Errorf("guest kernel: %w", err)
+			}
+			ap, err := agentPath(agent)
+			if err != nil {
+				return err
+			}
+			initrd, err := bootfiles.BuildInitramfs(ctx, g.stateDir, k, ap)
+			if err != nil {
+				return fmt.Errorf("initramfs: %w", err)
+			}
+			bc := sandbox.BootConfig{Kernel: k.Vmlinux, KernelRelease: k.Release, Initrd: initrd}
+			if err := l.SaveBootConfig(bc); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "setup: guest kernel %s, initramfs %s\n", k.Release, filepath.Base(initrd))
+			if !noImage {
+				images, done, err := g.images(ctx)
+				if err != nil {
+					return err
+				}
+				defer done()
+				if _, err := images.Get(ctx, "base"); err != nil {
+					fmt.Fprintln(os.Stderr, "setup: building the default image \"base\" (Debian bookworm + python3 + nodejs; about 2 minutes)")
+					if _, err := images.BuildBase(ctx, "base", os.Stderr); err != nil {
+						return fmt.Errorf("build image base: %w", err)
+					}
+				}
+			}
+			rt, err := newRuntime(g, bc)
+			if err != nil {
+				return err
+			}
+			caps, err := rt.Probe(ctx)
+			if err != nil {
+				return err
+			}
+			warnAccel(caps)
+			fmt.Fprintf(os.Stderr, "setup: ready in %s (state dir %s)\n", time.Since(start).Round(100*time.Millisecond), g.stateDir)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&agent, "agent", "", "guest agent binary (default: airlock-agent next to airlock)")
+	cmd.Flags().BoolVar(&noImage, "no-image", false, "do not build the default image")
+	return cmd
+}
+
+func warnAccel(c runtime.Capabilities) {
+	if c.Accel != "kvm" {
+		fmt.Fprintf(os.Stderr, "airlock: warning: no usable KVM, guests run under TCG software emulation (slow): %s\n", c.AccelReason)
+	}
+}
+
+func doctorCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "doctor",
+		Short: "Say what this host can do: KVM or TCG, QEMU, guest kernel, images",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			defer tw.Flush()
+			problems := 0
+			row := func(ok bool, what, detail string) {
+				mark := "ok"
+				if !ok {
+					mark = "MISSING"
+					problems++
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", what, mark, detail)
+			}
+			row(true, "state dir", g.stateDir)
+			if p, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+				row(false, "qemu", "qemu-system-x86_64 not found: run `make deps` (apt-get install qemu-system-x86 qemu-utils)")
+			} else {
+				out, _ := exec.Command(p, "--version").Output()
+				row(true, "qemu", strings.SplitN(string(out), "\n", 2)[0])
+			}
+			if _, err := exec.LookPath("qemu-img"); err != nil {
+				row(false, "qemu-img", "not found: apt-get install qemu-utils")
+			} else {
+				row(true, "qemu-img", "found")
+			}
+			if fi, err := os.Stat("/dev/kvm"); err != nil {
+				row(true, "/dev/kvm", "absent (guests will use TCG)")
+			} else {
+				row(true, "/dev/kvm", "present ("+fi.Mode().String()+"); a probe guest decides whether it is usable")
+			}
+			l := sandbox.Layout{Root: g.stateDir}
+			bc, err := l.LoadBootConfig()
+			if err != nil {
+				row(false, "guest kernel", err.Error())
+			} else {
+				row(true, "guest kernel", bc.KernelRelease+" ("+bc.Kernel+")")
+				row(true, "initramfs", bc.Initrd)
+				if rt, err := newRuntime(g, bc); err != nil {
+					row(false, "runtime", err.Error())
+				} else if caps, err := rt.Probe(ctx); err != nil {
+					row(false, "acceleration", err.Error())
+				} else {
+					row(true, "acceleration", caps.Accel+": "+caps.AccelReason)
+				}
+			}
+			if images, done, err := g.images(ctx); err == nil {
+				list, _ := images.List(ctx)
+				names := make([]string, 0, len(list))
+				for _, im := range list {
+					names = append(names, im.Name)
+				}
+				if len(names) == 0 {
+					row(false, "images", "none: run `airlock image build base`")
+				} else {
+					row(true, "images", strings.Join(names, ", "))
+				}
+				done()
+			}
+			if problems > 0 {
+				tw.Flush()
+				return &exitError{code: 1, msg: fmt.Sprintf("%d problem(s); `make deps` and `airlock setup` fix most", problems)}
+			}
+			return nil
+		},
+	}
+}
+
+func shimCmd(g *globals) *cobra.Command {
+	var id string
+	cmd := &cobra.Command{
+		Use:    "shim --id ID",
+		Short:  "Per-sandbox supervisor (started by airlock itself)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ready := os.NewFile(3, "ready")
+			l := sandbox.Layout{Root: g.stateDir}
+			bc, err := l.LoadBootConfig()
+			if err != nil {
+				if ready != nil {
+					fmt.Fprintf(ready, "error: %s\n", err)
+				}
+				return err
+			}
+			rt, err := newRuntime(g, bc)
+			if err != nil {
+				if ready != nil {
+					fmt.Fprintf(ready, "error: %s\n", err)
+				}
+				return err
+			}
+			// The shim must outlive the CLI's signals; it stops on its own
+			// terms (rm, lifetime, VMM exit, SIGTERM handled in shim.Run).
+			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
+				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, Log: g.log.With("component", "shim"),
+			})
+		},
+	}
+	cmd.Flags().StringVar(&id, "id", "", "sandbox id")
+	return cmd
+}

@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+)
+
+func TestInfo(t *testing.T) {
+	t.Parallel()
+	info := newTestEnv(t).c.Info // Dial calls Info
+	if info.GetProtocolVersion() != agentapi.ProtocolVersion || info.GetAgentVersion() != "test" {
+		t.Errorf("versions = %d %q", info.GetProtocolVersion(), info.GetAgentVersion())
+	}
+	if info.GetKernelRelease() == "" || info.GetMemTotalBytes() == 0 || info.GetCpus() == 0 || info.GetUptimeSeconds() <= 0 {
+		t.Errorf("info = %v", info)
+	}
+}
+
+func TestSync(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t)
+	ctx := t.Context()
+	seed := bytes.Repeat([]byte{7}, 64)
+	host := time.Now().Add(time.Hour)
+	resp, err := env.c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{
+		UnixNano: host.UnixNano(), Entropy: seed, Hostname: "box-1", GrowRoot: true,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(time.Unix(0, resp.Msg.GetGuestUnixNanoBefore())); d < 0 || d > time.Minute {
+		t.Errorf("guest_unix_nano_before is %v off", d)
+	}
+	if resp.Msg.GetRootSizeBytes() != 1<<30 {
+		t.Errorf("root size = %d", resp.Msg.GetRootSizeBytes())
+	}
+	s := env.sys
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.clock.Equal(time.Unix(0, host.UnixNano())) || !bytes.Equal(s.entropy, seed) || s.hostname != "box-1" || !s.grown {
+		t.Errorf("system got clock=%v entropy=%d hostname=%q grown=%v", s.clock, len(s.entropy), s.hostname, s.grown)
+	}
+
+	for name, req := range map[string]*agentv1.SyncRequest{
+		"short entropy": {UnixNano: host.UnixNano(), Entropy: make([]byte, 31)},
+		"long entropy":  {UnixNano: host.UnixNano(), Entropy: make([]byte, 513)},
+		"old clock":     {UnixNano: time.Date(2019, 12, 31, 0, 0, 0, 0, time.UTC).UnixNano(), Entropy: seed},
+		"bad hostname":  {UnixNano: host.UnixNano(), Entropy: seed, Hostname: "a.b"},
+	} {
+		_, err := env.c.Agent.Sync(ctx, connect.NewRequest(req))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("%s: err = %v, want InvalidArgument", name, err)
+		}
+	}
+}
+
+func TestShutdownRepliesThenPowersOff(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t)
+	if _, err := env.c.Agent.Shutdown(t.Context(), connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true})); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-env.sys.powerOff:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no power off after Shutdown")
+	}
+	// A second Shutdown is answered and does not power off twice.
+	if _, err := env.c.Agent.Shutdown(t.Context(), connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true})); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-env.sys.powerOff:
+		t.Fatal("powered off twice")
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+func TestCountCPUList(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]uint32{"0": 1, "0-3": 4, "0-1,4,6-7": 5} {
+		if got, err := countCPUList(in); err != nil || got != want {
+			t.Errorf("countCPUList(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "a", "3-1", "1-"} {
+		if _, err := countCPUList(in); err == nil {
+			t.Errorf("countCPUList(%q) succeeded", in)
+		}
+	}
+}

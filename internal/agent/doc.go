@@ -1,0 +1,18 @@
+// Package agent is airlock-agent, the guest's PID 1: it boots the guest
+// (package boot), then serves the agentapi services (AgentService,
+// ExecService, FileService) on the virtio-serial control channel (package
+// vport), forever.
+//
+// Processes run in their own session and exec cgroup (package cgroup), and
+// every child of the agent is reaped by one reaper (package reaper); the
+// agent never calls wait itself.
+//
+// A Server also runs outside a guest ("host mode"), which is how the unit
+// tests drive it over net.Pipe: the reaper waits only for its own pids, no
+// cgroups are used (timeouts kill the process group), and Sync and Shutdown
+// leave the host's clock, RNG, hostname and power alone. The file service
+// works on absolute paths of whatever root the agent runs in.
+//
+// Errors sent to the host are connect errors whose code follows the errno
+// and whose short text never carries a path or argv.
+package agent

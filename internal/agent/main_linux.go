@@ -1,0 +1,160 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/agent/boot"
+	"github.com/airlock-sandbox/airlock/internal/agent/cgroup"
+	"github.com/airlock-sandbox/airlock/internal/agent/reaper"
+	"github.com/airlock-sandbox/airlock/internal/agent/vport"
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+)
+
+// PortName is the name of the control channel's virtio-serial port.
+const PortName = "airlock"
+
+// Main runs the agent as the guest's PID 1: boot, then serve the control
+// channel forever. It returns only if the process is not PID 1. level, if
+// set, is raised to Debug when the kernel command line has airlock.debug=1.
+func Main(log *slog.Logger, level *slog.LevelVar, version string) error {
+	if os.Getpid() != 1 {
+		return errors.New("airlock-agent runs only as PID 1 inside an airlock guest")
+	}
+	started := uptime()
+	holdSignals(log)
+	rp := reaper.New(reaper.Options{Logger: log, All: true})
+
+	res := boot.Guest(log)
+	if level != nil && res.Cmdline.Debug {
+		level.Set(slog.LevelDebug)
+	}
+	// Size the user subtree from what is free now, after the kernel, the
+	// initramfs and the agent took theirs: sized from MemTotal, user work
+	// could exhaust the guest before its own limit and set off the global
+	// OOM killer (seen with a 256 MiB guest).
+	memTotal, memAvail := memTotal(), meminfo("MemAvailable")
+	cg, err := cgroup.Setup(cgroup.Options{Logger: log, Memory: cmp.Or(memAvail, memTotal), TaskLimit: taskLimit()})
+	if err != nil {
+		log.Error("cgroups: execs run without limits", "err", err)
+		cg = nil
+	}
+	pids := res.Cmdline.Pids
+	if cg != nil && cg.SubtreePidsMax() > 0 && uint64(pids) > cg.SubtreePidsMax() {
+		pids = uint32(cg.SubtreePidsMax())
+	}
+	srv, err := NewServer(Options{
+		Logger:           log,
+		Version:          version,
+		Reaper:           rp,
+		Cgroups:          cg,
+		DefaultPidsLimit: pids,
+		Guest:            true,
+		RootDevice:       res.RootDevice,
+	})
+	if err != nil {
+		log.Error("agent", "err", err) // cannot happen: options are complete
+		select {}
+	}
+	log.Info("booted",
+		"init_ms", started.Milliseconds(),
+		"uptime_ms", uptime().Milliseconds(),
+		"version", version,
+		"modules", res.Modules,
+		"root", res.RootDevice,
+		"probe", res.Cmdline.Probe,
+		"mem_total", memTotal,
+		"mem_available", memAvail,
+		"pids_default", pids,
+	)
+	serveForever(log, srv)
+	return nil
+}
+
+// serveForever finds and opens the control port, then serves one host
+// connection after another on it.
+func serveForever(log *slog.Logger, srv *Server) {
+	ctx := context.Background()
+	var port *vport.Port
+	for port == nil {
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		dev, err := vport.Find(fctx, "/sys/class/virtio-ports", "/dev", PortName)
+		cancel()
+		if err != nil {
+			log.Error("control channel not found, still looking", "err", err)
+			continue
+		}
+		if port, err = vport.Open(dev); err != nil {
+			log.Error("open control channel", "dev", dev, "err", err)
+			time.Sleep(time.Second)
+			continue
+		}
+		log.Debug("control channel", "dev", dev, "uptime_ms", uptime().Milliseconds())
+	}
+	for {
+		start := time.Now()
+		conn := port.Conn()
+		err := agentapi.Serve(ctx, conn, srv.Handler())
+		_ = conn.Close()
+		log.Debug("host session ended", "took", time.Since(start), "err", err)
+		if err != nil && time.Since(start) < 100*time.Millisecond {
+			time.Sleep(100 * time.Millisecond) // do not spin on a broken port
+		}
+	}
+}
+
+// holdSignals keeps signals that would end the Go runtime from reaching it:
+// the kernel delivers to PID 1 only signals it has a handler for, and Go
+// installs handlers whose default is to exit (or, for a SIGSEGV, SIGBUS,
+// SIGFPE or SIGILL sent with kill, to crash). Notified signals get a handler
+// that only logs here, and unlike SIG_IGN it is not inherited by exec'd
+// children. Real faults still panic as usual.
+func holdSignals(log *slog.Logger) {
+	c := make(chan os.Signal, 8)
+	signal.Notify(c,
+		syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTRAP, syscall.SIGABRT,
+		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGTERM,
+		syscall.SIGSTKFLT, syscall.SIGVTALRM, syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGPWR,
+		syscall.SIGSYS, syscall.SIGSEGV, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGILL,
+	)
+	go func() { // lives as long as the process
+		for s := range c {
+			log.Debug("signal ignored", "signal", s.String())
+		}
+	}()
+}
+
+// taskLimit is how many tasks the kernel can have: min(pid_max, threads-max).
+func taskLimit() uint64 {
+	read := func(p string) uint64 {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return 0
+		}
+		n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	a, b := read("/proc/sys/kernel/pid_max"), read("/proc/sys/kernel/threads-max")
+	if a == 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
+}
+
+func uptime() time.Duration {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}

@@ -1,0 +1,462 @@
+package fake
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+)
+
+// file is one entry of the fake guest's filesystem.
+type file struct {
+	dir   bool
+	data  []byte
+	mode  uint32
+	mtime time.Time
+}
+
+// fs is the fake guest's filesystem: absolute clean paths to entries.
+type fs struct {
+	mu    sync.Mutex
+	files map[string]*file
+}
+
+func newFS() *fs {
+	return &fs{files: map[string]*file{"/": {dir: true, mode: 0o755, mtime: time.Now()}}}
+}
+
+// clone deep-copies the filesystem (a snapshot).
+func (f *fs) clone() *fs {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := &fs{files: make(map[string]*file, len(f.files))}
+	for p, e := range f.files {
+		cp := *e
+		cp.data = bytes.Clone(e.data)
+		c.files[p] = &cp
+	}
+	return c
+}
+
+// agent is the fake guest agent: AgentService, ExecService and FileService
+// over an in-memory filesystem, with a tiny command set for Exec.
+type agent struct {
+	fs       *fs
+	cpus     int
+	memBytes uint64
+	booted   time.Time
+	// powerOff is called (once, after the reply) by Shutdown.
+	powerOff func()
+
+	mu      sync.Mutex
+	nextPID int32
+}
+
+// --- AgentService ---
+
+func (a *agent) Info(context.Context, *connect.Request[agentv1.InfoRequest]) (*connect.Response[agentv1.InfoResponse], error) {
+	return connect.NewResponse(&agentv1.InfoResponse{
+		ProtocolVersion: agentapi.ProtocolVersion,
+		AgentVersion:    "fake",
+		KernelRelease:   "fake",
+		UptimeSeconds:   time.Since(a.booted).Seconds(),
+		MemTotalBytes:   a.memBytes,
+		Cpus:            uint32(a.cpus),
+	}), nil
+}
+
+func (a *agent) Sync(_ context.Context, req *connect.Request[agentv1.SyncRequest]) (*connect.Response[agentv1.SyncResponse], error) {
+	if n := len(req.Msg.GetEntropy()); n < 32 || n > 512 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("entropy must be 32..512 bytes"))
+	}
+	return connect.NewResponse(&agentv1.SyncResponse{
+		GuestUnixNanoBefore: time.Now().UnixNano(),
+		RootSizeBytes:       1 << 30,
+	}), nil
+}
+
+func (a *agent) Shutdown(context.Context, *connect.Request[agentv1.ShutdownRequest]) (*connect.Response[agentv1.ShutdownResponse], error) {
+	// Reply first, then power off, like the real agent.
+	time.AfterFunc(10*time.Millisecond, a.powerOff)
+	return connect.NewResponse(&agentv1.ShutdownResponse{}), nil
+}
+
+// --- ExecService ---
+
+// Exec runs one of: true, false, echo ARGS, exit N, cat (stdin to stdout),
+// sleep SECONDS, sh -c 'exit N' and sh -c 'echo ARGS'. Anything else exits
+// 127 with "command not found" on stderr.
+func (a *agent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse]) error {
+	first, err := st.Receive()
+	if err != nil {
+		return err
+	}
+	start := first.GetStart()
+	if start == nil || len(start.GetArgv()) == 0 {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("first request must be start with an argv"))
+	}
+	a.mu.Lock()
+	a.nextPID++
+	pid := 100 + a.nextPID
+	a.mu.Unlock()
+	if err := st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Started{Started: &agentv1.ExecStarted{Pid: pid}}}); err != nil {
+		return err
+	}
+	t0 := time.Now()
+
+	// Requests after start: stdin, close_stdin, signal.
+	stdin := make(chan []byte, 16)
+	signals := make(chan int32, 4)
+	procCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		stdinOpen := true
+		defer func() {
+			if stdinOpen {
+				close(stdin)
+			}
+		}()
+		for {
+			req, err := st.Receive()
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					cancel() // the client went away: kill
+				}
+				return
+			}
+			switch m := req.GetMsg().(type) {
+			case *agentv1.ExecRequest_Stdin:
+				if !stdinOpen {
+					continue
+				}
+				select {
+				case stdin <- m.Stdin:
+				case <-procCtx.Done():
+					return
+				}
+			case *agentv1.ExecRequest_CloseStdin:
+				if stdinOpen {
+					close(stdin)
+					stdinOpen = false
+				}
+			case *agentv1.ExecRequest_Signal:
+				select {
+				case signals <- m.Signal:
+				default:
+				}
+			}
+		}
+	}()
+
+	runCtx := procCtx
+	if ms := start.GetTimeoutMs(); ms > 0 {
+		var c context.CancelFunc
+		runCtx, c = context.WithTimeoutCause(procCtx, time.Duration(ms)*time.Millisecond, errTimedOut)
+		defer c()
+	}
+	out := func(b []byte) error {
+		return st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: b}})
+	}
+	exited := &agentv1.ExecExited{}
+	code, sig, err := runCommand(runCtx, start, stdin, signals, out, func(b []byte) error {
+		return st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: b}})
+	})
+	if err != nil {
+		return err
+	}
+	exited.ExitCode, exited.Signal = code, sig
+	exited.TimedOut = errors.Is(context.Cause(runCtx), errTimedOut)
+	exited.DurationMs = time.Since(t0).Milliseconds()
+	// Returning ends the stream, which also ends the receiver's Receive;
+	// it cannot be awaited here, as the client need not half-close.
+	return st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: exited}})
+}
+
+var errTimedOut = errors.New("exec timed out")
+
+// runCommand interprets argv; it returns the exit code and signal.
+func runCommand(ctx context.Context, start *agentv1.ExecStart, stdin <-chan []byte, signals <-chan int32, stdout, stderr func([]byte) error) (int32, int32, error) {
+	argv := start.GetArgv()
+	if argv[0] == "sh" && len(argv) == 3 && argv[1] == "-c" {
+		argv = strings.Fields(argv[2])
+	}
+	if len(argv) == 0 {
+		return 0, 0, nil
+	}
+	switch argv[0] {
+	case "true":
+		return 0, 0, nil
+	case "false":
+		return 1, 0, nil
+	case "echo":
+		return 0, 0, stdout([]byte(strings.Join(argv[1:], " ") + "\n"))
+	case "exit":
+		n := 0
+		if len(argv) > 1 {
+			n, _ = strconv.Atoi(argv[1])
+		}
+		return int32(n & 0xff), 0, nil
+	case "cat":
+		if !start.GetStdin() {
+			return 0, 0, nil
+		}
+		for {
+			select {
+			case b, ok := <-stdin:
+				if !ok {
+					return 0, 0, nil
+				}
+				if err := stdout(b); err != nil {
+					return 0, 0, err
+				}
+			case s := <-signals:
+				return -1, s, nil
+			case <-ctx.Done():
+				return -1, 9, nil
+			}
+		}
+	case "sleep":
+		secs := 0.0
+		if len(argv) > 1 {
+			secs, _ = strconv.ParseFloat(argv[1], 64)
+		}
+		t := time.NewTimer(time.Duration(secs * float64(time.Second)))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return 0, 0, nil
+		case s := <-signals:
+			return -1, s, nil
+		case <-ctx.Done():
+			return -1, 9, nil
+		}
+	default:
+		return 127, 0, stderr([]byte("fake: " + argv[0] + ": command not found\n"))
+	}
+}
+
+// --- FileService ---
+
+func cleanPath(p string) (string, error) {
+	if !path.IsAbs(p) || strings.ContainsRune(p, 0) {
+		return "", connect.NewError(connect.CodeInvalidArgument, errors.New("path must be absolute"))
+	}
+	return path.Clean(p), nil
+}
+
+func notFound() error {
+	return connect.NewError(connect.CodeNotFound, errors.New("no such file or directory"))
+}
+
+func (f *fs) info(p string, e *file) *agentv1.FileInfo {
+	t := agentv1.FileType_FILE_TYPE_REGULAR
+	if e.dir {
+		t = agentv1.FileType_FILE_TYPE_DIRECTORY
+	}
+	return &agentv1.FileInfo{
+		Path: p, Name: path.Base(p), Type: t, Size: uint64(len(e.data)),
+		Mode: e.mode, MtimeUnixNano: e.mtime.UnixNano(),
+	}
+}
+
+func (a *agent) Stat(_ context.Context, req *connect.Request[agentv1.StatRequest]) (*connect.Response[agentv1.StatResponse], error) {
+	p, err := cleanPath(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	e := a.fs.files[p]
+	if e == nil {
+		return nil, notFound()
+	}
+	return connect.NewResponse(&agentv1.StatResponse{Info: a.fs.info(p, e)}), nil
+}
+
+func (a *agent) List(_ context.Context, req *connect.Request[agentv1.ListRequest]) (*connect.Response[agentv1.ListResponse], error) {
+	p, err := cleanPath(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	depth := int(max(req.Msg.GetDepth(), 1))
+	limit := int(req.Msg.GetMaxEntries())
+	if limit == 0 {
+		limit = 10000
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	if e := a.fs.files[p]; e == nil || !e.dir {
+		return nil, notFound()
+	}
+	resp := &agentv1.ListResponse{}
+	for _, q := range slices.Sorted(maps.Keys(a.fs.files)) {
+		rel := strings.TrimPrefix(q, strings.TrimSuffix(p, "/")+"/")
+		if q == p || rel == q || strings.Count(rel, "/") >= depth {
+			continue
+		}
+		if len(resp.Entries) == limit {
+			resp.Truncated = true
+			break
+		}
+		resp.Entries = append(resp.Entries, a.fs.info(q, a.fs.files[q]))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// mkdirLocked creates p (and its parents if parents).
+func (f *fs) mkdirLocked(p string, mode uint32, parents bool) error {
+	if e := f.files[p]; e != nil {
+		if e.dir && parents {
+			return nil
+		}
+		return connect.NewError(connect.CodeAlreadyExists, errors.New("file exists"))
+	}
+	parent := path.Dir(p)
+	if pe := f.files[parent]; pe == nil {
+		if !parents {
+			return notFound()
+		}
+		if err := f.mkdirLocked(parent, 0o755, true); err != nil {
+			return err
+		}
+	} else if !pe.dir {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("not a directory"))
+	}
+	if mode == 0 {
+		mode = 0o755
+	}
+	f.files[p] = &file{dir: true, mode: mode, mtime: time.Now()}
+	return nil
+}
+
+func (a *agent) Mkdir(_ context.Context, req *connect.Request[agentv1.MkdirRequest]) (*connect.Response[agentv1.MkdirResponse], error) {
+	p, err := cleanPath(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	if err := a.fs.mkdirLocked(p, req.Msg.GetMode(), req.Msg.GetParents()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&agentv1.MkdirResponse{}), nil
+}
+
+func (a *agent) Remove(_ context.Context, req *connect.Request[agentv1.RemoveRequest]) (*connect.Response[agentv1.RemoveResponse], error) {
+	p, err := cleanPath(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	if p == "/" {
+		return nil, connect.NewError(connect.CodePermissionDenied, errors.New("cannot remove /"))
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	e := a.fs.files[p]
+	if e == nil {
+		return nil, notFound()
+	}
+	prefix := p + "/"
+	var children []string
+	for q := range a.fs.files {
+		if strings.HasPrefix(q, prefix) {
+			children = append(children, q)
+		}
+	}
+	if len(children) > 0 && !req.Msg.GetRecursive() {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("directory not empty"))
+	}
+	for _, q := range children {
+		delete(a.fs.files, q)
+	}
+	delete(a.fs.files, p)
+	return connect.NewResponse(&agentv1.RemoveResponse{}), nil
+}
+
+func (a *agent) Read(_ context.Context, req *connect.Request[agentv1.ReadRequest], st *connect.ServerStream[agentv1.ReadResponse]) error {
+	p, err := cleanPath(req.Msg.GetPath())
+	if err != nil {
+		return err
+	}
+	a.fs.mu.Lock()
+	e := a.fs.files[p]
+	var info *agentv1.FileInfo
+	var data []byte
+	if e != nil {
+		info, data = a.fs.info(p, e), bytes.Clone(e.data)
+	}
+	a.fs.mu.Unlock()
+	if e == nil {
+		return notFound()
+	}
+	if e.dir {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("is a directory"))
+	}
+	if err := st.Send(&agentv1.ReadResponse{Msg: &agentv1.ReadResponse_Info{Info: info}}); err != nil {
+		return err
+	}
+	for len(data) > 0 {
+		n := min(len(data), agentapi.ChunkSize)
+		if err := st.Send(&agentv1.ReadResponse{Msg: &agentv1.ReadResponse_Data{Data: data[:n]}}); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+func (a *agent) Write(_ context.Context, st *connect.ClientStream[agentv1.WriteRequest]) (*connect.Response[agentv1.WriteResponse], error) {
+	if !st.Receive() {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("empty write stream: %w", st.Err()))
+	}
+	h := st.Msg().GetHeader()
+	if h == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("first message must be the header"))
+	}
+	p, err := cleanPath(h.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	for st.Receive() {
+		buf.Write(st.Msg().GetData())
+	}
+	if err := st.Err(); err != nil {
+		return nil, err // a failed write leaves the old file intact
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	parent := path.Dir(p)
+	if pe := a.fs.files[parent]; pe == nil {
+		if !h.GetParents() {
+			return nil, notFound()
+		}
+		if err := a.fs.mkdirLocked(parent, 0o755, true); err != nil {
+			return nil, err
+		}
+	} else if !pe.dir {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("not a directory"))
+	}
+	if e := a.fs.files[p]; e != nil && e.dir {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("is a directory"))
+	}
+	mode := h.GetMode()
+	if mode == 0 {
+		mode = 0o644
+	}
+	a.fs.files[p] = &file{data: buf.Bytes(), mode: mode, mtime: time.Now()}
+	return connect.NewResponse(&agentv1.WriteResponse{BytesWritten: uint64(buf.Len())}), nil
+}

@@ -1,0 +1,11 @@
+// Package fake is an in-memory runtime.Runtime for tests of the manager,
+// API and CLI: no VMM, no kernel, no root.
+//
+// Each started instance serves the real agent protocol (agentapi.Serve on
+// one end of a net.Pipe) with a fake agent: Info, Sync and Shutdown; Exec
+// with a tiny command set (true, false, echo, exit N, cat, sleep, and
+// sh -c 'exit N'); and Files over an in-memory filesystem. Instances
+// implement runtime.Snapshotter: a snapshot is a copy of the filesystem,
+// kept by the Runtime under the snapshot directory's path. Hooks let tests
+// make Start fail or a running "VMM" crash with a reason.
+package fake

@@ -1,0 +1,267 @@
+package fake
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+)
+
+// Runtime is the fake backend. Safe for concurrent use.
+type Runtime struct {
+	mu        sync.Mutex
+	startHook func(runtime.Spec) error
+	instances map[string]*Instance // live (created, not yet ended) by ID
+	snapshots map[string]*fs       // by cleaned snapshot dir
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns an empty fake runtime.
+func New() *Runtime {
+	return &Runtime{instances: map[string]*Instance{}, snapshots: map[string]*fs{}}
+}
+
+// Name returns "fake".
+func (r *Runtime) Name() string { return "fake" }
+
+// Probe reports a host with snapshots and no acceleration.
+func (r *Runtime) Probe(context.Context) (runtime.Capabilities, error) {
+	return runtime.Capabilities{Accel: "none", AccelReason: "fake runtime", VMMVersion: "fake", Snapshots: true}, nil
+}
+
+// SetStartHook makes every later Start call hook first; a non-nil error
+// fails that Start (after "acquiring" its resources, which it releases).
+// nil removes the hook.
+func (r *Runtime) SetStartHook(hook func(runtime.Spec) error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.startHook = hook
+}
+
+// Instance returns the live instance with id, or nil.
+func (r *Runtime) Instance(id string) *Instance {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.instances[id]
+}
+
+// Live returns how many instances are created or running and not yet ended
+// (the conformance suite checks that failures release them).
+func (r *Runtime) Live() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.instances)
+}
+
+// Create validates spec and returns a new instance. A RestoreFrom must name
+// a snapshot saved by this Runtime.
+func (r *Runtime) Create(_ context.Context, spec runtime.Spec) (runtime.Instance, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errdefs.ErrInvalid, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fsys := newFS()
+	if spec.RestoreFrom != "" {
+		snap := r.snapshots[filepath.Clean(spec.RestoreFrom)]
+		if snap == nil {
+			return nil, fmt.Errorf("%w: snapshot %s", errdefs.ErrNotFound, spec.RestoreFrom)
+		}
+		fsys = snap.clone()
+	}
+	if _, dup := r.instances[spec.ID]; dup {
+		return nil, fmt.Errorf("%w: instance %q exists", errdefs.ErrConflict, spec.ID)
+	}
+	in := &Instance{rt: r, spec: spec, fs: fsys, done: make(chan struct{})}
+	r.instances[spec.ID] = in
+	return in, nil
+}
+
+func (r *Runtime) forget(in *Instance) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.instances[in.spec.ID] == in {
+		delete(r.instances, in.spec.ID)
+	}
+}
+
+// Instance is one fake guest.
+type Instance struct {
+	rt   *Runtime
+	spec runtime.Spec
+	fs   *fs
+
+	done chan struct{} // closed when ended
+
+	mu         sync.Mutex
+	state      int // 0 created, 1 running, 2 ended
+	host       net.Conn
+	guest      net.Conn
+	agentTaken bool
+	cancel     context.CancelFunc
+	serving    sync.WaitGroup
+	status     runtime.ExitStatus
+}
+
+var (
+	_ runtime.Instance    = (*Instance)(nil)
+	_ runtime.Snapshotter = (*Instance)(nil)
+)
+
+// ID returns Spec.ID.
+func (in *Instance) ID() string { return in.spec.ID }
+
+// Start "boots" the guest: the agent starts serving on the channel.
+func (in *Instance) Start(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	switch in.state {
+	case 1:
+		return fmt.Errorf("%w: start called twice", errdefs.ErrConflict)
+	case 2:
+		return fmt.Errorf("start: %w", runtime.ErrNotRunning)
+	}
+	if err := ctx.Err(); err != nil {
+		in.endLocked(runtime.ExitStatus{Code: -1, Reason: "VMM failed to start"})
+		return fmt.Errorf("start fake vmm: %w", err)
+	}
+	in.rt.mu.Lock()
+	hook := in.rt.startHook
+	in.rt.mu.Unlock()
+	if hook != nil {
+		if err := hook(in.spec); err != nil {
+			in.endLocked(runtime.ExitStatus{Code: 1, Reason: "VMM failed to start"})
+			return fmt.Errorf("start fake vmm: %w", err)
+		}
+	}
+	host, guest := net.Pipe()
+	sctx, cancel := context.WithCancel(context.Background())
+	a := &agent{fs: in.fs, cpus: in.spec.CPUs, memBytes: uint64(in.spec.MemoryMiB) << 20, booted: time.Now()}
+	a.powerOff = func() { in.end(runtime.ExitStatus{Code: 0, Reason: "guest powered off"}) }
+	in.host, in.guest, in.cancel, in.state = host, guest, cancel, 1
+	in.serving.Go(func() {
+		_ = agentapi.Serve(sctx, guest, agentapi.NewHandler(a, a, a))
+	})
+	return nil
+}
+
+// AgentConn returns the host end of the agent channel, once.
+func (in *Instance) AgentConn(context.Context) (net.Conn, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	switch {
+	case in.state != 1:
+		return nil, fmt.Errorf("agent conn: %w", runtime.ErrNotRunning)
+	case in.agentTaken:
+		return nil, fmt.Errorf("%w: agent conn already taken", errdefs.ErrConflict)
+	}
+	in.agentTaken = true
+	return in.host, nil
+}
+
+// Wait blocks until the instance has ended.
+func (in *Instance) Wait(ctx context.Context) (runtime.ExitStatus, error) {
+	select {
+	case <-in.done:
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		return in.status, nil
+	case <-ctx.Done():
+		return runtime.ExitStatus{}, fmt.Errorf("wait for fake vmm: %w", context.Cause(ctx))
+	}
+}
+
+// Stop ends the instance as a requested stop. Idempotent.
+func (in *Instance) Stop(context.Context) error {
+	in.end(runtime.ExitStatus{Code: 0, Requested: true})
+	<-in.done
+	return nil
+}
+
+// Kill ends the instance as if SIGKILLed. Idempotent.
+func (in *Instance) Kill() error {
+	in.end(runtime.ExitStatus{Code: -1, Signal: "killed", Requested: true})
+	return nil
+}
+
+// Crash makes a running instance's "VMM" exit unexpectedly with reason
+// (as a guest kernel panic would). No-op if it is not running.
+func (in *Instance) Crash(reason string) {
+	in.mu.Lock()
+	running := in.state == 1
+	in.mu.Unlock()
+	if running {
+		in.end(runtime.ExitStatus{Code: 0, Reason: reason})
+	}
+}
+
+// SaveSnapshot copies the filesystem under dir's path in the Runtime and
+// writes a marker file into dir; the instance ends (Requested).
+func (in *Instance) SaveSnapshot(ctx context.Context, dir string) error {
+	if !in.spec.Snapshottable {
+		return fmt.Errorf("%w: instance was not created Snapshottable", errdefs.ErrFailedPrecondition)
+	}
+	in.mu.Lock()
+	running := in.state == 1
+	in.mu.Unlock()
+	if !running {
+		return fmt.Errorf("snapshot: %w", runtime.ErrNotRunning)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("snapshot dir: %w", err)
+	}
+	if len(ents) > 0 {
+		return fmt.Errorf("%w: snapshot dir is not empty", errdefs.ErrInvalid)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fake-snapshot"), []byte(in.spec.ID+"\n"), 0o444); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	snap := in.fs.clone()
+	in.rt.mu.Lock()
+	in.rt.snapshots[filepath.Clean(dir)] = snap
+	in.rt.mu.Unlock()
+	in.end(runtime.ExitStatus{Code: 0, Requested: true})
+	return nil
+}
+
+// end moves the instance to ended once, with st.
+func (in *Instance) end(st runtime.ExitStatus) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.endLocked(st)
+}
+
+func (in *Instance) endLocked(st runtime.ExitStatus) {
+	if in.state == 2 {
+		return
+	}
+	running := in.state == 1
+	in.state = 2
+	in.status = st
+	if !running {
+		in.rt.forget(in)
+		close(in.done)
+		return
+	}
+	// The "VMM" is gone: the guest end closes (the host reads EOF), and
+	// the host end too unless a caller owns it.
+	in.cancel()
+	in.guest.Close()
+	if !in.agentTaken {
+		in.host.Close()
+	}
+	go func() {
+		in.serving.Wait()
+		in.rt.forget(in)
+		close(in.done)
+	}()
+}

@@ -1,0 +1,3 @@
+package qemu
+
+const sysMemfdCreate = 279
