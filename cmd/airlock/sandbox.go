@@ -68,6 +68,9 @@ func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
 
 func (f *createFlags) options(lifetimeFlag string) (sandbox.CreateOptions, error) {
 	o := sandbox.CreateOptions{Image: f.image, CPUs: f.cpus}
+	if f.cpus < 1 {
+		return o, fmt.Errorf("%w: --cpus must be at least 1", errdefs.ErrInvalid)
+	}
 	var err error
 	if o.MemoryMiB, err = parseMiB(f.memory); err != nil {
 		return o, fmt.Errorf("--memory: %w", err)

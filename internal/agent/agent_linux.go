@@ -86,7 +86,7 @@ func (a *agentService) Sync(_ context.Context, req *connect.Request[agentv1.Sync
 		}
 	}
 	if m.GetGrowRoot() {
-		if err := a.sys.GrowRoot(); errors.Is(err, errNoRootDisk) {
+		if err := a.sys.GrowRoot(m.GetRootDiskBytes()); errors.Is(err, errNoRootDisk) {
 			return nil, preconditionf("grow root: no root disk")
 		} else if err != nil {
 			a.log.Warn("grow root", "err", err)

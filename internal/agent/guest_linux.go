@@ -78,19 +78,27 @@ func (g guestSystem) SetHostname(name string) error {
 	return nil
 }
 
-func (g guestSystem) GrowRoot() error {
+func (g guestSystem) GrowRoot(want uint64) error {
 	if g.rootDevice == "" {
 		return errNoRootDisk
 	}
-	dev, err := unix.Open(g.rootDevice, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open root device: %w", err)
-	}
+	// The host may have just resized the disk: wait (briefly) until the
+	// kernel has processed the virtio config change and sees want bytes.
 	var size uint64
-	err = ioctlPtr(dev, unix.BLKGETSIZE64, unsafe.Pointer(&size))
-	unix.Close(dev)
-	if err != nil {
-		return fmt.Errorf("BLKGETSIZE64: %w", err)
+	for deadline := time.Now().Add(3 * time.Second); ; {
+		dev, err := unix.Open(g.rootDevice, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open root device: %w", err)
+		}
+		err = ioctlPtr(dev, unix.BLKGETSIZE64, unsafe.Pointer(&size))
+		unix.Close(dev)
+		if err != nil {
+			return fmt.Errorf("BLKGETSIZE64: %w", err)
+		}
+		if size >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs("/", &st); err != nil {

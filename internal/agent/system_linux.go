@@ -20,7 +20,7 @@ type system interface {
 	// SetHostname sets the hostname (already validated).
 	SetHostname(name string) error
 	// GrowRoot grows the root filesystem to fill its block device.
-	GrowRoot() error
+	GrowRoot(want uint64) error
 	// RootSize is the size of the root filesystem in bytes.
 	RootSize() (uint64, error)
 	// PowerOff stops every process and powers the machine off. In the guest
@@ -36,6 +36,6 @@ type hostSystem struct {
 func (hostSystem) SetClock(time.Time) error  { return nil }
 func (hostSystem) AddEntropy([]byte) error   { return nil }
 func (hostSystem) SetHostname(string) error  { return nil }
-func (hostSystem) GrowRoot() error           { return nil }
+func (hostSystem) GrowRoot(want uint64) error           { return nil }
 func (hostSystem) RootSize() (uint64, error) { return statfsSize("/") }
 func (h hostSystem) PowerOff()               { h.log.Info("power off requested (host mode: ignored)") }

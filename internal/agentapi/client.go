@@ -115,7 +115,9 @@ func (c *Client) Require(v uint32, what string) error {
 
 // Sync sets the guest clock from the host and reseeds its RNG with fresh
 // host entropy. Call it after every boot and restore.
-func (c *Client) Sync(ctx context.Context, hostname string, growRoot bool) (*agentv1.SyncResponse, error) {
+// diskBytes, if non-zero, is the root disk size the host just set; the agent
+// waits for the guest kernel to see it and grows the root filesystem.
+func (c *Client) Sync(ctx context.Context, hostname string, diskBytes uint64) (*agentv1.SyncResponse, error) {
 	seed := make([]byte, 64)
 	if _, err := rand.Read(seed); err != nil {
 		return nil, fmt.Errorf("host entropy: %w", err)
@@ -123,8 +125,9 @@ func (c *Client) Sync(ctx context.Context, hostname string, growRoot bool) (*age
 	resp, err := c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{
 		UnixNano: time.Now().UnixNano(),
 		Entropy:  seed,
-		Hostname: hostname,
-		GrowRoot: growRoot,
+		Hostname:      hostname,
+		GrowRoot:      diskBytes > 0,
+		RootDiskBytes: diskBytes,
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("agent sync: %w", err)

@@ -165,3 +165,10 @@ type Snapshotter interface {
 
 // ErrNotRunning is returned by operations that need a running instance.
 var ErrNotRunning = errors.New("instance is not running")
+
+// DiskResizer is implemented by instances whose root disk can grow while
+// the guest runs; the guest is told of the new size.
+type DiskResizer interface {
+	// ResizeRootDisk sets the root disk's size in bytes (never smaller).
+	ResizeRootDisk(ctx context.Context, bytes int64) error
+}

@@ -161,7 +161,7 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	if err != nil {
 		return err
 	}
-	if _, err := c.Sync(bootCtx, "airlock", false); err != nil {
+	if _, err := c.Sync(bootCtx, "airlock", 0); err != nil {
 		c.Close()
 		return err
 	}

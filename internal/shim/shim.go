@@ -197,7 +197,9 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		if err != nil {
 			return err
 		}
-		if err := sandbox.CreateOverlay(ctx, spec.RootDisk, t.Disk, "qcow2", sb.DiskMiB); err != nil {
+		// Same size as the template's disk: the restored guest's virtio-blk
+		// state carries that size; the disk grows after the restore.
+		if err := sandbox.CreateOverlay(ctx, spec.RootDisk, t.Disk, "qcow2", 0); err != nil {
 			return err
 		}
 		spec.RestoreFrom = t.Snapshot
@@ -226,7 +228,17 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.agent.Sync(bootCtx, "airlock", true); err != nil {
+	diskBytes := uint64(sb.DiskMiB) << 20
+	if mode == "template" {
+		r, ok := inst.(runtime.DiskResizer)
+		if !ok {
+			return errors.New("runtime cannot resize a restored disk")
+		}
+		if err := r.ResizeRootDisk(bootCtx, int64(diskBytes)); err != nil {
+			return err
+		}
+	}
+	if _, err := s.agent.Sync(bootCtx, "airlock", diskBytes); err != nil {
 		return err
 	}
 	if err := s.st.SetRuntimeInfo(ctx, sb.ID, caps.Accel, s.agent.Info.GetKernelRelease(), mode); err != nil {

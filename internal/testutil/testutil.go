@@ -12,7 +12,9 @@
 package testutil
 
 import (
+	"encoding/json"
 	"os"
+	"path/filepath"
 	"os/exec"
 	"testing"
 )
@@ -65,4 +67,25 @@ func StateDir(t testing.TB) string {
 		t.Fatal("vm tier needs AIRLOCK_TEST_STATE_DIR (a state dir prepared by `airlock setup`; make test-vm sets it)")
 	}
 	return d
+}
+
+// BootFiles returns the guest kernel and agent initramfs for vm-tier tests:
+// AIRLOCK_TEST_KERNEL and AIRLOCK_TEST_INITRD if set, else the ones `airlock
+// setup` recorded in the state dir's boot.json. It fails the test if neither
+// is available.
+func BootFiles(t testing.TB) (kernel, initrd string) {
+	t.Helper()
+	kernel, initrd = os.Getenv("AIRLOCK_TEST_KERNEL"), os.Getenv("AIRLOCK_TEST_INITRD")
+	if kernel != "" && initrd != "" {
+		return kernel, initrd
+	}
+	b, err := os.ReadFile(filepath.Join(StateDir(t), "boot.json"))
+	if err != nil {
+		t.Fatalf("vm tier needs AIRLOCK_TEST_KERNEL/AIRLOCK_TEST_INITRD or a state dir prepared by `airlock setup`: %v", err)
+	}
+	var bc struct{ Kernel, Initrd string }
+	if err := json.Unmarshal(b, &bc); err != nil || bc.Kernel == "" || bc.Initrd == "" {
+		t.Fatalf("bad boot.json in the test state dir: %v", err)
+	}
+	return bc.Kernel, bc.Initrd
 }

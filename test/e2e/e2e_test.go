@@ -54,7 +54,8 @@ func (e env) cmd(ctx context.Context, stdin io.Reader, args ...string) *exec.Cmd
 
 func (e env) run(t *testing.T, stdin io.Reader, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	// Not t.Context(): it is already cancelled when cleanups run.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c := e.cmd(ctx, stdin, args...)
 	var out, errb bytes.Buffer

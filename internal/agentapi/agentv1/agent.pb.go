@@ -227,7 +227,10 @@ type SyncRequest struct {
 	// If set, the guest hostname becomes this (validated by the agent too).
 	Hostname string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// If true, grow the root filesystem to fill its block device.
-	GrowRoot      bool `protobuf:"varint,4,opt,name=grow_root,json=growRoot,proto3" json:"grow_root,omitempty"`
+	GrowRoot bool `protobuf:"varint,4,opt,name=grow_root,json=growRoot,proto3" json:"grow_root,omitempty"`
+	// With grow_root: the size in bytes the host just gave the root disk. The
+	// agent waits briefly for the kernel to see it before growing.
+	RootDiskBytes uint64 `protobuf:"varint,5,opt,name=root_disk_bytes,json=rootDiskBytes,proto3" json:"root_disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -288,6 +291,13 @@ func (x *SyncRequest) GetGrowRoot() bool {
 		return x.GrowRoot
 	}
 	return false
+}
+
+func (x *SyncRequest) GetRootDiskBytes() uint64 {
+	if x != nil {
+		return x.RootDiskBytes
+	}
+	return 0
 }
 
 type SyncResponse struct {
@@ -1727,12 +1737,13 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x0ekernel_release\x18\x03 \x01(\tR\rkernelRelease\x12%\n" +
 	"\x0euptime_seconds\x18\x04 \x01(\x01R\ruptimeSeconds\x12&\n" +
 	"\x0fmem_total_bytes\x18\x05 \x01(\x04R\rmemTotalBytes\x12\x12\n" +
-	"\x04cpus\x18\x06 \x01(\rR\x04cpus\"}\n" +
+	"\x04cpus\x18\x06 \x01(\rR\x04cpus\"\xa5\x01\n" +
 	"\vSyncRequest\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x1b\n" +
-	"\tgrow_root\x18\x04 \x01(\bR\bgrowRoot\"k\n" +
+	"\tgrow_root\x18\x04 \x01(\bR\bgrowRoot\x12&\n" +
+	"\x0froot_disk_bytes\x18\x05 \x01(\x04R\rrootDiskBytes\"k\n" +
 	"\fSyncResponse\x123\n" +
 	"\x16guest_unix_nano_before\x18\x01 \x01(\x03R\x13guestUnixNanoBefore\x12&\n" +
 	"\x0froot_size_bytes\x18\x02 \x01(\x04R\rrootSizeBytes\"-\n" +

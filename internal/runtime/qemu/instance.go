@@ -620,3 +620,21 @@ func socketpairConn(name string) (net.Conn, *os.File, error) {
 	}
 	return conn, c, nil
 }
+
+// ResizeRootDisk grows the root disk's virtual size to bytes and notifies
+// the guest (a virtio-blk config change), e.g. after restoring a clone whose
+// overlay should be larger than its template's.
+func (in *instance) ResizeRootDisk(ctx context.Context, bytes int64) error {
+	in.mu.Lock()
+	q := in.qmp
+	in.mu.Unlock()
+	if q == nil {
+		return runtime.ErrNotRunning
+	}
+	if err := q.Execute(ctx, "block_resize", map[string]any{"node-name": "root", "size": bytes}, nil); err != nil {
+		return fmt.Errorf("resize root disk: %w", err)
+	}
+	return nil
+}
+
+var _ runtime.DiskResizer = (*instance)(nil)

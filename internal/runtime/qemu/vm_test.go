@@ -30,10 +30,7 @@ type vmFixture struct {
 func newVMFixture(t *testing.T) *vmFixture {
 	t.Helper()
 	testutil.RequireVM(t)
-	kernel, initrd := os.Getenv("AIRLOCK_TEST_KERNEL"), os.Getenv("AIRLOCK_TEST_INITRD")
-	if kernel == "" || initrd == "" {
-		t.Fatal("vm tier needs AIRLOCK_TEST_KERNEL (an uncompressed PVH vmlinux) and AIRLOCK_TEST_INITRD (the agent initramfs); make test-vm sets them from the state dir")
-	}
+	kernel, initrd := testutil.BootFiles(t)
 	if os.Geteuid() != 0 {
 		t.Fatal("the qemu runtime runs VMMs as per-instance uids and must run as root")
 	}
@@ -299,7 +296,7 @@ func TestVMSnapshotRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 		times = append(times, time.Since(t2))
-		if _, err := ac.Sync(dctx, "clone", false); err != nil {
+		if _, err := ac.Sync(dctx, "clone", 0); err != nil {
 			t.Fatal(err)
 		}
 		dcancel()

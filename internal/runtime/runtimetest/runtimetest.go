@@ -100,7 +100,7 @@ func dial(t *testing.T, h *Harness, in runtime.Instance) *agentapi.Client {
 	if c.Info.GetProtocolVersion() < 1 {
 		t.Fatalf("agent info: %v", c.Info)
 	}
-	if _, err := c.Sync(ctx, "", false); err != nil {
+	if _, err := c.Sync(ctx, "", 0); err != nil {
 		t.Fatalf("agent sync: %v", err)
 	}
 	return c
