@@ -119,6 +119,6 @@ type fakeSystem struct {
 func (f *fakeSystem) SetClock(t time.Time) error    { f.clock = t; return nil }
 func (f *fakeSystem) AddEntropy(b []byte) error     { f.entropy = bytes.Clone(b); return nil }
 func (f *fakeSystem) SetHostname(name string) error { f.hostname = name; return nil }
-func (f *fakeSystem) GrowRoot(want uint64) error               { f.grown = true; return nil }
+func (f *fakeSystem) GrowRoot(want uint64) error    { f.grown = true; return nil }
 func (f *fakeSystem) RootSize() (uint64, error)     { return 1 << 30, nil }
 func (f *fakeSystem) PowerOff()                     { f.powerOff <- struct{}{} }

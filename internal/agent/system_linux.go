@@ -33,9 +33,9 @@ type hostSystem struct {
 	log *slog.Logger
 }
 
-func (hostSystem) SetClock(time.Time) error  { return nil }
-func (hostSystem) AddEntropy([]byte) error   { return nil }
-func (hostSystem) SetHostname(string) error  { return nil }
-func (hostSystem) GrowRoot(want uint64) error           { return nil }
-func (hostSystem) RootSize() (uint64, error) { return statfsSize("/") }
-func (h hostSystem) PowerOff()               { h.log.Info("power off requested (host mode: ignored)") }
+func (hostSystem) SetClock(time.Time) error   { return nil }
+func (hostSystem) AddEntropy([]byte) error    { return nil }
+func (hostSystem) SetHostname(string) error   { return nil }
+func (hostSystem) GrowRoot(want uint64) error { return nil }
+func (hostSystem) RootSize() (uint64, error)  { return statfsSize("/") }
+func (h hostSystem) PowerOff()                { h.log.Info("power off requested (host mode: ignored)") }

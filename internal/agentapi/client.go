@@ -123,8 +123,8 @@ func (c *Client) Sync(ctx context.Context, hostname string, diskBytes uint64) (*
 		return nil, fmt.Errorf("host entropy: %w", err)
 	}
 	resp, err := c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{
-		UnixNano: time.Now().UnixNano(),
-		Entropy:  seed,
+		UnixNano:      time.Now().UnixNano(),
+		Entropy:       seed,
 		Hostname:      hostname,
 		GrowRoot:      diskBytes > 0,
 		RootDiskBytes: diskBytes,

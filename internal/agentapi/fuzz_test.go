@@ -14,9 +14,9 @@ import (
 func FuzzClientFromGuest(f *testing.F) {
 	f.Add([]byte(""))
 	f.Add([]byte(Banner))
-	f.Add([]byte(Banner + "\x00\x00\x12\x04\x00\x00\x00\x00\x00"))                 // SETTINGS frame header, truncated
+	f.Add([]byte(Banner + "\x00\x00\x12\x04\x00\x00\x00\x00\x00"))                     // SETTINGS frame header, truncated
 	f.Add([]byte(Banner + "\x00\x00\x00\x04\x00\x00\x00\x00\x00\x00\x00\x00\x04\x01")) // SETTINGS + ack
-	f.Add([]byte("junk" + Banner + "\xff\xff\xff\x00\x00\x00\x00\x00\x01"))          // huge frame length
+	f.Add([]byte("junk" + Banner + "\xff\xff\xff\x00\x00\x00\x00\x00\x01"))            // huge frame length
 	f.Fuzz(func(t *testing.T, data []byte) {
 		host, guest := net.Pipe()
 		done := make(chan struct{})

@@ -14,8 +14,8 @@ package testutil
 import (
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
