@@ -20,6 +20,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -128,7 +129,7 @@ func benchCmd(g *globals) *cobra.Command {
 
 			var bare []time.Duration
 			for range runs {
-				d, err := bareBoot(ctx, bc)
+				d, err := bareBoot(ctx, bc, g.stateDir)
 				if err != nil {
 					return fmt.Errorf("bare qemu boot: %w", err)
 				}
@@ -210,7 +211,7 @@ func smapsRollup(pid int) (rss, pss int64) {
 
 // bareBoot boots the kernel+initramfs with a plain QEMU command line (the
 // notes' recipe, no airlock code in the loop) and times it to the banner.
-func bareBoot(ctx context.Context, bc sandbox.BootConfig) (time.Duration, error) {
+func bareBoot(ctx context.Context, bc sandbox.BootConfig, stateDir string) (time.Duration, error) {
 	dir, err := os.MkdirTemp("", "airlock-bench-")
 	if err != nil {
 		return 0, err
@@ -222,10 +223,11 @@ func bareBoot(ctx context.Context, bc sandbox.BootConfig) (time.Duration, error)
 		return 0, err
 	}
 	defer ln.Close()
-	accel, extra := "tcg", ""
-	if khz := tscKHz(); khz > 0 {
-		extra = " tsc_early_khz=" + strconv.Itoa(khz)
+	khz, err := qemu.HostTSCkHz(stateDir)
+	if err != nil {
+		return 0, err
 	}
+	accel, extra := "tcg", " tsc_early_khz="+strconv.FormatInt(khz, 10) // without it a third of TCG boots hang
 	start := time.Now()
 	q := exec.Command("qemu-system-x86_64", "-M", "microvm,x-option-roms=off,isa-serial=on", "-accel", accel, "-cpu", "max",
 		"-m", "256", "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "null",
@@ -261,9 +263,4 @@ func bareBoot(ctx context.Context, bc sandbox.BootConfig) (time.Duration, error)
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
-}
-
-// tscKHz reads the cached TSC value the qemu runtime measured, if any.
-func tscKHz() int {
-	return 0
 }

@@ -41,7 +41,7 @@ type CreateOptions struct {
 	Image     string
 	CPUs      int
 	MemoryMiB int
-	DiskMiB   int // 0: the image size plus 1 GiB, at least 2 GiB
+	DiskMiB   int // 0: TemplateDiskMiB (the image size plus 512 MiB, at least 2 GiB)
 	Timeout   time.Duration
 	Metadata  map[string]string
 }
@@ -78,7 +78,7 @@ func (o *CreateOptions) validate(imageSize int64) error {
 	}
 	imgMiB := int((imageSize + (1<<20 - 1)) >> 20)
 	if o.DiskMiB == 0 {
-		o.DiskMiB = max(2048, imgMiB+1024)
+		o.DiskMiB = TemplateDiskMiB(imageSize)
 	}
 	switch {
 	case o.CPUs < 1 || o.CPUs > MaxCPUs:

@@ -24,7 +24,7 @@ import (
 
 // templateFormat changes whenever the template layout or the VM's device set
 // changes, so old templates are never restored into a new device layout.
-const templateFormat = "v1"
+const templateFormat = "v2" // v2: x86-64-v2 guest CPU under TCG
 
 // TemplateKey is everything a restored clone must share with its template.
 type TemplateKey struct {
@@ -34,10 +34,18 @@ type TemplateKey struct {
 	Kernel      string `json:"kernel"`
 	Initrd      string `json:"initrd"`
 	CPUs        int    `json:"cpus"`
+	DiskMiB     int    `json:"disk_mib"`
 	MemoryMiB   int    `json:"memory_mib"`
 	Runtime     string `json:"runtime"`
 	Accel       string `json:"accel"`
 	VMM         string `json:"vmm"`
+}
+
+// TemplateDiskMiB is the root disk size templates of an image are built
+// with, and so the default --disk: clones of that size need no resize.
+func TemplateDiskMiB(imageSize int64) int {
+	imgMiB := int((imageSize + (1<<20 - 1)) >> 20)
+	return max(2048, imgMiB+512)
 }
 
 // ID is the key's content hash (first 16 bytes, hex).
@@ -119,7 +127,7 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
 		return err
 	}
-	if err := CreateOverlay(ctx, t.Disk, t.Key.ImagePath, "raw", 0); err != nil {
+	if err := CreateOverlay(ctx, t.Disk, t.Key.ImagePath, "raw", t.Key.DiskMiB); err != nil {
 		return err
 	}
 	runDir := filepath.Join(t.Dir, "run")
@@ -161,7 +169,9 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	if err != nil {
 		return err
 	}
-	if _, err := c.Sync(bootCtx, "airlock", 0); err != nil {
+	// Grow the filesystem once here, so clones of the default size start
+	// with it grown.
+	if _, err := c.Sync(bootCtx, "airlock", uint64(t.Key.DiskMiB)<<20); err != nil {
 		c.Close()
 		return err
 	}
@@ -276,4 +286,32 @@ func RemoveTemplates(l Layout, imageDigest string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// TakeOverlay puts a qcow2 overlay of the template's disk (same size) at
+// path. It claims a spare made earlier by rename (no process to spawn) and
+// falls back to creating one.
+func (t Template) TakeOverlay(ctx context.Context, path string) error {
+	spares, _ := filepath.Glob(filepath.Join(t.Dir, "spare-*.qcow2"))
+	for _, sp := range spares {
+		if err := os.Rename(sp, path); err == nil {
+			return nil
+		}
+	}
+	return CreateOverlay(ctx, path, t.Disk, "qcow2", 0)
+}
+
+// MakeSpare creates one spare overlay for the next TakeOverlay, unless
+// enough exist. Best effort: errors only cost the next create ~15 ms.
+func (t Template) MakeSpare(ctx context.Context) {
+	spares, _ := filepath.Glob(filepath.Join(t.Dir, "spare-*.qcow2"))
+	if len(spares) >= 2 {
+		return
+	}
+	tmp := filepath.Join(t.Dir, ".tmp-spare-"+NewID())
+	if err := CreateOverlay(ctx, tmp, t.Disk, "qcow2", 0); err != nil {
+		_ = os.Remove(tmp)
+		return
+	}
+	_ = os.Rename(tmp, filepath.Join(t.Dir, "spare-"+NewID()+".qcow2"))
 }

@@ -65,6 +65,7 @@ type shim struct {
 	inst  runtime.Instance
 	agent *agentapi.Client
 	srv   *http.Server
+	tmpl  *sandbox.Template // the template this sandbox was cloned from, if any
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -127,6 +128,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	ready("ok")
 	s.log.Info("sandbox running")
+	if s.tmpl != nil {
+		go func() { // for the next create, out of this one's latency path
+			time.Sleep(time.Second)
+			s.tmpl.MakeSpare(context.WithoutCancel(ctx))
+		}()
+	}
 
 	exited := make(chan runtime.ExitStatus, 1)
 	go func() {
@@ -166,6 +173,10 @@ func (s *shim) fail(ctx context.Context, reason string) {
 }
 
 func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
+	t0 := time.Now()
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Millisecond)) }
+	defer func() { s.log.Info("start phases", phases...) }()
 	bc, err := s.l.LoadBootConfig()
 	if err != nil {
 		return err
@@ -189,21 +200,29 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		RunDir:         s.l.RunDir(sb.ID),
 	}
 	mode := "cold"
-	if caps.Snapshots {
+	fi, err := os.Stat(imgPath)
+	if err != nil {
+		return err
+	}
+	tmplDisk := sandbox.TemplateDiskMiB(fi.Size())
+	// A disk smaller than the template's cannot be a clone of it: cold boot.
+	if caps.Snapshots && sb.DiskMiB >= tmplDisk {
 		t, err := sandbox.EnsureTemplate(ctx, s.l, s.cfg.Runtime, sandbox.TemplateKey{
 			ImageDigest: sb.ImageDigest, ImagePath: imgPath, Kernel: bc.Kernel, Initrd: bc.Initrd,
-			CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, Runtime: s.cfg.Runtime.Name(), Accel: caps.Accel, VMM: caps.VMMVersion,
+			CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: tmplDisk, Runtime: s.cfg.Runtime.Name(), Accel: caps.Accel, VMM: caps.VMMVersion,
 		}, s.log)
 		if err != nil {
 			return err
 		}
 		// Same size as the template's disk: the restored guest's virtio-blk
 		// state carries that size; the disk grows after the restore.
-		if err := sandbox.CreateOverlay(ctx, spec.RootDisk, t.Disk, "qcow2", 0); err != nil {
+		if err := t.TakeOverlay(ctx, spec.RootDisk); err != nil {
 			return err
 		}
+		s.tmpl = &t
 		spec.RestoreFrom = t.Snapshot
 		mode = "template"
+		mark("overlay")
 	} else if err := sandbox.CreateOverlay(ctx, spec.RootDisk, imgPath, "raw", sb.DiskMiB); err != nil {
 		return err
 	}
@@ -218,6 +237,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if err := inst.Start(ctx); err != nil {
 		return err
 	}
+	mark("vmm")
 	conn, err := inst.AgentConn(ctx)
 	if err != nil {
 		return err
@@ -228,8 +248,11 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if err != nil {
 		return err
 	}
+	mark("agent")
 	diskBytes := uint64(sb.DiskMiB) << 20
-	if mode == "template" {
+	if mode == "template" && sb.DiskMiB == tmplDisk {
+		diskBytes = 0 // the template's filesystem already fills this size
+	} else if mode == "template" {
 		r, ok := inst.(runtime.DiskResizer)
 		if !ok {
 			return errors.New("runtime cannot resize a restored disk")
@@ -238,9 +261,15 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 			return err
 		}
 	}
-	if _, err := s.agent.Sync(bootCtx, "airlock", diskBytes); err != nil {
+	mark("resize")
+	hostname := "airlock"
+	if mode == "template" {
+		hostname = "" // set in the template already; rewriting it costs a disk write
+	}
+	if _, err := s.agent.Sync(bootCtx, hostname, diskBytes); err != nil {
 		return err
 	}
+	mark("sync")
 	if err := s.st.SetRuntimeInfo(ctx, sb.ID, caps.Accel, s.agent.Info.GetKernelRelease(), mode); err != nil {
 		return err
 	}
@@ -250,6 +279,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if ok, err := s.st.SetState(ctx, sb.ID, store.StateRunning, "", store.StateCreating); err != nil || !ok {
 		return fmt.Errorf("mark running: %v (changed=%v)", err, ok)
 	}
+	mark("ready")
 	return nil
 }
 

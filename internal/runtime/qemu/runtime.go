@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -118,8 +120,35 @@ func (r *Runtime) Probe(ctx context.Context) (runtime.Capabilities, error) {
 	return caps, nil
 }
 
-// version runs `qemu --version` and returns e.g. "7.2.22 (Debian 1:7.2+dfsg-7)".
+// version returns QEMU's version, e.g. "7.2.22 (Debian 1:7.2+dfsg-7)",
+// from a cache in StateDir keyed by the binary's identity (every shim calls
+// this, and running the binary costs ~10 ms), else by running it.
 func (r *Runtime) version(ctx context.Context) (string, error) {
+	key := ""
+	if p, err := exec.LookPath(r.qemu); err == nil {
+		if fi, err := os.Stat(p); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				key = fmt.Sprintf("%s %d %d %d", p, fi.Size(), fi.ModTime().UnixNano(), st.Ino)
+			}
+		}
+	}
+	cache := filepath.Join(r.cfg.StateDir, "qemu-version")
+	if b, err := os.ReadFile(cache); err == nil && key != "" {
+		if k, v, ok := strings.Cut(string(b), "\n"); ok && k == key && v != "" {
+			return v, nil
+		}
+	}
+	v, err := r.runVersion(ctx)
+	if err == nil && key != "" {
+		tmp := cache + ".tmp"
+		if os.WriteFile(tmp, []byte(key+"\n"+v), 0o600) == nil {
+			_ = os.Rename(tmp, cache)
+		}
+	}
+	return v, err
+}
+
+func (r *Runtime) runVersion(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, r.qemu, "--version").Output()

@@ -206,3 +206,11 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 	}
 	return os.Rename(f.Name(), path)
 }
+
+// HostTSCkHz returns the host TSC frequency in kHz as the runtime passes it
+// to TCG guests (tsc_early_khz), cached in stateDir. For tools (bench) that
+// boot a guest outside the runtime.
+func HostTSCkHz(stateDir string) (int64, error) {
+	khz, _, err := hostTSCkHz(stateDir)
+	return khz, err
+}
