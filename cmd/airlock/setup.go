@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -214,11 +216,34 @@ func shimCmd(g *globals) *cobra.Command {
 			}
 			// The shim must outlive the CLI's signals; it stops on its own
 			// terms (rm, lifetime, VMM exit, SIGTERM handled in shim.Run).
+			exe, _ := os.Executable()
 			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
-				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, Log: g.log.With("component", "shim"),
+				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, Exe: exe, Log: g.log.With("component", "shim"),
 			})
 		},
 	}
 	cmd.Flags().StringVar(&id, "id", "", "sandbox id")
+	return cmd
+}
+
+func holderCmd(g *globals) *cobra.Command {
+	var id string
+	cmd := &cobra.Command{
+		Use:    "template-holder --template ID",
+		Short:  "Keep a template's RAM for its clones to share (started by airlock itself)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" {
+				return fmt.Errorf("%w: bad template id", errdefs.ErrInvalid)
+			}
+			l := sandbox.Layout{Root: g.stateDir}
+			t := sandbox.Template{Dir: filepath.Join(l.Templates(), id), Snapshot: filepath.Join(l.Templates(), id, "snap")}
+			ctx, stop := signal.NotifyContext(context.WithoutCancel(cmd.Context()), syscall.SIGTERM)
+			defer stop()
+			return sandbox.RunHolder(ctx, t, qemu.SealSnapshotRAM, g.log)
+		},
+	}
+	cmd.Flags().StringVar(&id, "template", "", "template id")
 	return cmd
 }

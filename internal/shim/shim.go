@@ -54,7 +54,16 @@ type Config struct {
 	Ready io.WriteCloser
 	// Runtime runs the guest.
 	Runtime runtime.Runtime
-	Log     *slog.Logger
+	// Exe is the airlock binary, for starting template holders ("" to not
+	// share template RAM across processes).
+	Exe string
+	Log *slog.Logger
+}
+
+// ramSharer is implemented by runtimes that can map a template's RAM from a
+// memfd made by another process (qemu.Runtime).
+type ramSharer interface {
+	UseSnapshotRAM(dir string, f *os.File) error
 }
 
 type shim struct {
@@ -220,6 +229,19 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 			return err
 		}
 		s.tmpl = &t
+		// Map the template's RAM from its holder, shared with every other
+		// clone, rather than from a private copy in this process.
+		if sharer, ok := s.cfg.Runtime.(ramSharer); ok && s.cfg.Exe != "" {
+			if f, err := sandbox.SharedRAM(ctx, s.l, t, s.cfg.Exe); err != nil {
+				s.log.Warn("shared template RAM unavailable; using a private copy", "err", err)
+			} else {
+				err := sharer.UseSnapshotRAM(t.Snapshot, f)
+				f.Close()
+				if err != nil {
+					s.log.Warn("shared template RAM rejected; using a private copy", "err", err)
+				}
+			}
+		}
 		spec.RestoreFrom = t.Snapshot
 		mode = "template"
 		mark("overlay")
