@@ -119,3 +119,15 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info"}}
 	return m, func() { st.Close() }, nil
 }
+
+// withManager adapts a command body that needs the sandbox manager.
+func (g *globals) withManager(run func(cmd *cobra.Command, m *sandbox.Manager, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		m, done, err := g.manager(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer done()
+		return run(cmd, m, args)
+	}
+}

@@ -274,12 +274,7 @@ func lsCmd(g *globals) *cobra.Command {
 		Use:   "ls",
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, done, err := g.manager(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
 			sbs, err := m.List(cmd.Context())
 			if err != nil {
 				return err
@@ -294,7 +289,7 @@ func lsCmd(g *globals) *cobra.Command {
 					time.Since(sb.CreatedAt).Round(time.Second), time.Until(sb.ExpiresAt).Round(time.Second))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
@@ -341,18 +336,13 @@ func inspectCmd(g *globals) *cobra.Command {
 		Use:   "inspect ID",
 		Short: "Show a sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			m, done, err := g.manager(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			sb, err := m.Get(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			return writeJSON(os.Stdout, view(sb))
-		},
+		}),
 	}
 }
 
@@ -361,12 +351,7 @@ func logsCmd(g *globals) *cobra.Command {
 		Use:   "logs ID",
 		Short: "Print a sandbox's supervisor log and guest console",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			m, done, err := g.manager(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			if _, err := m.Get(cmd.Context(), args[0]); err != nil {
 				return err
 			}
@@ -380,7 +365,7 @@ func logsCmd(g *globals) *cobra.Command {
 				os.Stdout.Write(b)
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -389,12 +374,7 @@ func rmCmd(g *globals) *cobra.Command {
 		Use:   "rm ID [ID...]",
 		Short: "Stop and remove sandboxes",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			m, done, err := g.manager(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			var failed int
 			for _, id := range args {
 				if err := m.Remove(cmd.Context(), id); err != nil {
@@ -408,6 +388,6 @@ func rmCmd(g *globals) *cobra.Command {
 				return &exitError{code: 1}
 			}
 			return nil
-		},
+		}),
 	}
 }

@@ -376,6 +376,33 @@ func TestCrashAndCleanup(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.state, "sandboxes", id2)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("failed sandbox's files left after rm")
 	}
+
+	// Killing the VMM marks the sandbox failed with a reason; the shim exits.
+	id3 := e.create(t)
+	var qemuPID int
+	for _, p := range processesMentioning(id3) {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p)); bytes.Contains(b, []byte("qemu-system")) {
+			qemuPID = p
+		}
+	}
+	if qemuPID == 0 {
+		t.Fatal("no QEMU process found for the sandbox")
+	}
+	if err := syscall.Kill(qemuPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	info.State, info.Reason = "", ""
+	for time.Now().Before(deadline) && info.State != "failed" {
+		time.Sleep(100 * time.Millisecond)
+		_ = json.Unmarshal([]byte(e.must(t, "inspect", id3)), &info)
+	}
+	if info.State != "failed" || !strings.Contains(info.Reason, "guest stopped unexpectedly") {
+		t.Fatalf("after killing the VMM: %+v", info)
+	}
+	if r := e.run(t, nil, "exec", id3, "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "failed") {
+		t.Fatalf("exec in a failed sandbox: exit %d %q", r.code, r.stderr)
+	}
 }
 
 func TestLifetimeTimeoutRemoves(t *testing.T) {
