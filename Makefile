@@ -50,6 +50,10 @@ generate: ## regenerate protobuf/Connect code (needs protoc)
 		-I proto --go_out=. --go_opt=module=github.com/airlock-sandbox/airlock \
 		--connect-go_out=. --connect-go_opt=module=github.com/airlock-sandbox/airlock proto/airlock/agent/v1/agent.proto
 
+lint: ## gofmt and go vet (golangci-lint is not set up yet)
+	@test -z "$$(gofmt -l cmd internal test)" || { gofmt -l cmd internal test; echo "lint: run gofmt -w"; exit 1; }
+	$(GO) vet ./...
+
 fuzz: ## fuzz the host side of the agent protocol for 30s
 	$(GO) test -run '^$$' -fuzz FuzzClientFromGuest -fuzztime 30s ./internal/agentapi/
 

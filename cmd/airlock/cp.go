@@ -59,12 +59,18 @@ func cpCmd(g *globals) *cobra.Command {
 				g.log.Info("copied", "bytes", n)
 				return nil
 			}
+			sb, err := m.Get(ctx, sid)
+			if err != nil {
+				return err
+			}
 			c, closeFn, err := m.Connect(ctx, sid)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			_, err = copyOut(ctx, c, spath, args[1])
+			// A hostile guest must not fill the host's disk: no real file in
+			// the sandbox can be larger than the sandbox's disk.
+			_, err = copyOut(ctx, c, spath, args[1], int64(sb.DiskMiB)<<20)
 			return err
 		},
 	}
@@ -131,7 +137,8 @@ func copyIn(ctx context.Context, c *agentapi.Client, local, remote string) (int6
 	return sent, nil
 }
 
-func copyOut(ctx context.Context, c *agentapi.Client, remote, local string) (int64, error) {
+// copyOut copies a guest file to local, refusing more than limit bytes.
+func copyOut(ctx context.Context, c *agentapi.Client, remote, local string, limit int64) (int64, error) {
 	if err := shim.ValidateGuestPath(remote); err != nil {
 		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
 	}
@@ -163,6 +170,9 @@ func copyOut(ctx context.Context, c *agentapi.Client, remote, local string) (int
 		case *agentv1.ReadResponse_Info:
 			mode = os.FileMode(m.Info.GetMode() & 0o777)
 		case *agentv1.ReadResponse_Data:
+			if n+int64(len(m.Data)) > limit {
+				return n, fmt.Errorf("%w: copy from %s: the guest sent more than %d bytes (the sandbox's disk size)", errdefs.ErrResourceExhausted, remote, limit)
+			}
 			w, err := tmp.Write(m.Data)
 			n += int64(w)
 			if err != nil {

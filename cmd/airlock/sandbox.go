@@ -197,6 +197,7 @@ func runCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return &exitError{code: 125, msg: err.Error()}
 			}
+			warnTCG(sb)
 			runErr := runExec(ctx, m, sb.ID, start, ef.interactive)
 			if err := m.Remove(context.WithoutCancel(ctx), sb.ID); err != nil {
 				fmt.Fprintln(os.Stderr, "airlock: remove sandbox:", err)
@@ -229,6 +230,7 @@ func createCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			warnTCG(sb)
 			fmt.Println(sb.ID)
 			return nil
 		},
@@ -389,5 +391,13 @@ func rmCmd(g *globals) *cobra.Command {
 			}
 			return nil
 		}),
+	}
+}
+
+// warnTCG says, in one line on stderr, that a sandbox runs under software
+// emulation.
+func warnTCG(sb store.Sandbox) {
+	if sb.Accel == "tcg" {
+		fmt.Fprintln(os.Stderr, "airlock: warning: no usable KVM; this sandbox runs under TCG software emulation (slow). See `airlock doctor`.")
 	}
 }
