@@ -7,6 +7,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -97,10 +98,10 @@ func (r *relay) Exec(ctx context.Context, cs *connect.BidiStream[agentv1.ExecReq
 
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var hostTimedOut bool
+	var hostTimedOut atomic.Bool
 	if t := start.GetTimeoutMs(); t > 0 {
 		d := time.Duration(t)*time.Millisecond + timeoutGrace
-		timer := time.AfterFunc(d, func() { hostTimedOut = true; cancel() })
+		timer := time.AfterFunc(d, func() { hostTimedOut.Store(true); cancel() })
 		defer timer.Stop()
 	}
 	as := r.agent.Exec.Exec(actx)
@@ -134,7 +135,7 @@ func (r *relay) Exec(ctx context.Context, cs *connect.BidiStream[agentv1.ExecReq
 	for {
 		ev, err := as.Receive()
 		if err != nil {
-			if hostTimedOut {
+			if hostTimedOut.Load() {
 				return cs.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: &agentv1.ExecExited{
 					ExitCode: -1, Signal: 9, TimedOut: true, OutputTruncated: truncated,
 				}}})

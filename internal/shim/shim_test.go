@@ -1,0 +1,156 @@
+package shim
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// harness is a state dir with an image, boot files and one sandbox row,
+// and a shim running in-process on the fake runtime.
+type harness struct {
+	l    sandbox.Layout
+	st   *store.Store
+	rt   *fake.Runtime
+	id   string
+	done chan error
+}
+
+func newHarness(t *testing.T, lifetime time.Duration) *harness {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("needs qemu-img (make deps)") // overlays are real qcow2 files
+	}
+	ctx := t.Context()
+	h := &harness{l: sandbox.Layout{Root: t.TempDir()}, rt: fake.New(), id: sandbox.NewID(), done: make(chan error, 1)}
+	var err error
+	if h.st, err = store.Open(ctx, h.l.Catalog()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.st.Close() })
+	for _, f := range []string{"vmlinux", "initrd.cpio"} {
+		if err := os.WriteFile(filepath.Join(h.l.Root, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.l.SaveBootConfig(sandbox.BootConfig{Kernel: filepath.Join(h.l.Root, "vmlinux"), Initrd: filepath.Join(h.l.Root, "initrd.cpio")}); err != nil {
+		t.Fatal(err)
+	}
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	blob := h.l.ImagePath(digest)
+	if err := os.MkdirAll(filepath.Dir(blob), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(blob, make([]byte, 1<<20), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.st.PutImage(ctx, store.ImageRecord{Name: "base", Digest: digest, Size: 1 << 20, Created: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := h.st.CreateSandbox(ctx, store.Sandbox{ID: h.id, State: store.StateCreating, Image: "base", ImageDigest: digest,
+		CPUs: 1, MemoryMiB: 256, DiskMiB: sandbox.TemplateDiskMiB(1 << 20), TimeoutSec: int(lifetime / time.Second),
+		CreatedAt: now, ExpiresAt: now.Add(lifetime)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(h.l.Dir(h.id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		h.done <- Run(context.Background(), Config{StateDir: h.l.Root, ID: h.id, Ready: pw, Runtime: h.rt})
+	}()
+	line, _ := bufio.NewReader(pr).ReadString('\n')
+	if strings.TrimSpace(line) != "ok" {
+		t.Fatalf("shim readiness: %q", line)
+	}
+	return h
+}
+
+func (h *harness) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Fatalf("shim: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("shim did not exit")
+	}
+}
+
+func TestShimServesExecAndStops(t *testing.T) {
+	h := newHarness(t, time.Hour)
+	ctx := t.Context()
+	sb, err := h.st.GetSandbox(ctx, h.id)
+	if err != nil || sb.State != store.StateRunning || sb.StartMode != "template" {
+		t.Fatalf("after start: %+v %v", sb, err)
+	}
+	c, closeFn := sandbox.ShimClient(h.l.Socket(h.id))
+	var out, errb bytes.Buffer
+	ex, err := sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"echo", "hello"}}, sandbox.ExecIO{Stdout: &out, Stderr: &errb})
+	if err != nil || ex.GetExitCode() != 0 || out.String() != "hello\n" {
+		t.Fatalf("exec echo: %v %v %q", ex, err, out.String())
+	}
+	ex, err = sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"exit", "7"}}, sandbox.ExecIO{})
+	if err != nil || ex.GetExitCode() != 7 {
+		t.Fatalf("exit 7: %v %v", ex, err)
+	}
+	// Host-side path validation happens before the guest sees anything.
+	_, err = c.Files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: "../etc/passwd"}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("relative path: %v", err)
+	}
+	if _, err := c.Agent.Shutdown(ctx, connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true})); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	closeFn()
+	h.wait(t)
+	if _, err := os.Stat(h.l.RootDisk(h.id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("root disk left after stop: %v", err)
+	}
+	if h.rt.Live() != 0 {
+		t.Fatalf("%d fake instances still live", h.rt.Live())
+	}
+}
+
+func TestShimMarksVMMCrashFailed(t *testing.T) {
+	h := newHarness(t, time.Hour)
+	in := h.rt.Instance(h.id)
+	if in == nil {
+		t.Fatal("no instance for the sandbox")
+	}
+	in.Crash("guest kernel panic: test")
+	h.wait(t)
+	sb, err := h.st.GetSandbox(t.Context(), h.id)
+	if err != nil || sb.State != store.StateFailed || !strings.Contains(sb.Reason, "guest kernel panic: test") {
+		t.Fatalf("after crash: %+v %v", sb, err)
+	}
+}
+
+func TestShimRemovesSandboxAtLifetime(t *testing.T) {
+	h := newHarness(t, 2*time.Second)
+	h.wait(t)
+	if _, err := h.st.GetSandbox(t.Context(), h.id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("row after lifetime: %v", err)
+	}
+	if _, err := os.Stat(h.l.Dir(h.id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("dir after lifetime: %v", err)
+	}
+}
