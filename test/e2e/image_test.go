@@ -1,0 +1,96 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// writeBusyboxImage writes a docker-save tarball of a one-layer image whose
+// root holds only the host's static busybox.
+func writeBusyboxImage(t *testing.T, path string) {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("needs busybox-static (make deps): %v", err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range []*tar.Header{
+		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "bin/busybox", Mode: 0o755, Size: int64(len(bb))},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tw.Write(bb); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: "bin/sh", Typeflag: tar.TypeSymlink, Linkname: "busybox"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	layer, err := tarball.LayerFromReader(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag("example.test/tiny:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tarball.WriteToFile(path, tag, img); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestImportedImageBootsAndIsRemovable(t *testing.T) {
+	e := setup(t)
+	tarPath := filepath.Join(t.TempDir(), "tiny.tar")
+	writeBusyboxImage(t, tarPath)
+	const img = "e2e-tiny"
+	e.run(t, nil, "image", "rm", img) // leftovers of an earlier run
+	out := strings.Fields(e.must(t, "image", "import", "--name", img, tarPath))
+	if len(out) != 2 || !strings.HasPrefix(out[1], "sha256:") {
+		t.Fatalf("import printed %q", out)
+	}
+	digest := out[1]
+	t.Cleanup(func() { e.run(t, nil, "image", "rm", img) })
+	if !strings.Contains(e.must(t, "image", "ls"), img) {
+		t.Fatal("imported image not listed")
+	}
+	r := e.run(t, nil, "run", "--image", img, "--", "/bin/sh", "-c", "echo hello from busybox; ls /bin")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "hello from busybox\nbusybox\nsh\n") {
+		t.Fatalf("run in imported image: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	// An image in use cannot be removed; once unused it can, with its templates.
+	id := e.create(t, "--image", img)
+	if r := e.run(t, nil, "image", "rm", img); r.code == 0 || !strings.Contains(r.stderr, id) {
+		t.Fatalf("image rm while in use: exit %d %q", r.code, r.stderr)
+	}
+	e.must(t, "rm", id)
+	e.must(t, "image", "rm", img)
+	if strings.Contains(e.must(t, "image", "ls"), img) {
+		t.Fatal("image still listed after rm")
+	}
+	metas, _ := filepath.Glob(filepath.Join(e.state, "templates", "*", "meta.json"))
+	for _, m := range metas {
+		if b, _ := os.ReadFile(m); strings.Contains(string(b), digest) {
+			t.Fatalf("template %s of the removed image is left", filepath.Dir(m))
+		}
+	}
+}
