@@ -1,0 +1,9 @@
+package agentapi
+
+import (
+	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
