@@ -81,6 +81,11 @@ func setupCmd(g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "setup: guest kernel %s, initramfs %s\n", k.Release, filepath.Base(initrd))
+			if n, err := sandbox.PruneTemplates(l, bc); err != nil {
+				fmt.Fprintln(os.Stderr, "setup: prune templates:", err)
+			} else if n > 0 {
+				fmt.Fprintf(os.Stderr, "setup: removed %d template(s) of an older kernel or agent\n", n)
+			}
 			if !noImage {
 				images, done, err := g.images(ctx)
 				if err != nil {

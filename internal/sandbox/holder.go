@@ -29,7 +29,12 @@ type holderInfo struct {
 	FD  int `json:"fd"`
 }
 
+// HolderIdle is how long a holder lives without a new clone. Clones keep
+// their mappings when it exits; the next clone starts a new holder.
+const HolderIdle = 10 * time.Minute
+
 func holderLock(t Template) string { return filepath.Join(t.Dir, "holder.lock") }
+func holderUsed(t Template) string { return filepath.Join(t.Dir, "holder.used") }
 func holderFile(t Template) string { return filepath.Join(t.Dir, "holder.json") }
 
 // RunHolder is the holder process's life: seal makes the memfd (the
@@ -58,6 +63,7 @@ func RunHolder(ctx context.Context, t Template, seal func(dir string) (*os.File,
 		return err
 	}
 	log.Info("holding template RAM", "template", filepath.Base(t.Dir))
+	touch(holderUsed(t))
 	tick := time.NewTicker(10 * time.Second)
 	defer tick.Stop()
 	for {
@@ -69,6 +75,10 @@ func RunHolder(ctx context.Context, t Template, seal func(dir string) (*os.File,
 				log.Info("template removed; holder exits", "template", filepath.Base(t.Dir))
 				return nil
 			}
+			if fi, err := os.Stat(holderUsed(t)); err != nil || time.Since(fi.ModTime()) > HolderIdle {
+				log.Info("template idle; holder exits", "template", filepath.Base(t.Dir))
+				return nil
+			}
 		}
 	}
 }
@@ -77,6 +87,7 @@ func RunHolder(ctx context.Context, t Template, seal func(dir string) (*os.File,
 // holder (exe template-holder --state-dir root --template ID) if none is
 // alive. The caller closes the file.
 func SharedRAM(ctx context.Context, l Layout, t Template, exe string) (*os.File, error) {
+	touch(holderUsed(t))
 	if f, err := openHeld(t); err == nil {
 		return f, nil
 	}
@@ -128,4 +139,14 @@ func openHeld(t Template) (*os.File, error) {
 	}
 	// The runtime re-checks the seals and size before trusting it.
 	return os.Open(fmt.Sprintf("/proc/%d/fd/%d", h.PID, h.FD))
+}
+
+// touch creates path or sets its mtime to now.
+func touch(path string) {
+	now := time.Now()
+	if err := os.Chtimes(path, now, now); errors.Is(err, os.ErrNotExist) {
+		if f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+			f.Close()
+		}
+	}
 }

@@ -315,3 +315,35 @@ func (t Template) MakeSpare(ctx context.Context) {
 	}
 	_ = os.Rename(tmp, filepath.Join(t.Dir, "spare-"+NewID()+".qcow2"))
 }
+
+// PruneTemplates removes templates built for another kernel or initramfs
+// than bc (left behind by an upgrade), and half-built ones. Running clones
+// are unaffected: their VMMs hold the files open. It returns how many it
+// removed.
+func PruneTemplates(l Layout, bc BootConfig) (int, error) {
+	dirs, _ := filepath.Glob(filepath.Join(l.Templates(), "*"))
+	n := 0
+	var errs []error
+	for _, d := range dirs {
+		fi, err := os.Stat(d)
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d, "meta.json"))
+		var m templateMeta
+		stale := err != nil || json.Unmarshal(b, &m) != nil || m.Key.Kernel != bc.Kernel || m.Key.Initrd != bc.Initrd || m.Key.Format != templateFormat
+		if !stale {
+			continue
+		}
+		if err != nil && time.Since(fi.ModTime()) < time.Hour {
+			continue // may be a build in progress
+		}
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		_ = os.Remove(d + ".lock")
+		n++
+	}
+	return n, errors.Join(errs...)
+}
