@@ -169,6 +169,8 @@ func doctorCmd(g *globals) *cobra.Command {
 					row(false, "runtime", err.Error())
 				} else if caps, err := rt.Probe(ctx); err != nil {
 					row(false, "acceleration", err.Error())
+				} else if caps.Accel != "kvm" {
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", "acceleration", "WARN", caps.Accel+": "+caps.AccelReason)
 				} else {
 					row(true, "acceleration", caps.Accel+": "+caps.AccelReason)
 				}
