@@ -139,6 +139,14 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 	return m.Store.GetSandbox(ctx, sb.ID)
 }
 
+// errShim marks a failure reported by a shim; its text is the shim's reason.
+var errShim = fmt.Errorf("%w", shimError{})
+
+type shimError struct{}
+
+func (shimError) Error() string { return "" }
+func (shimError) Is(target error) bool { return target == errdefs.ErrUnavailable }
+
 // startShim starts `airlock shim` detached and waits for its verdict on a
 // pipe: "ok" once the guest answers, or "error: ..." with the reason.
 func (m *Manager) startShim(ctx context.Context, id string) error {
@@ -183,7 +191,8 @@ func (m *Manager) startShim(ctx context.Context, id string) error {
 		case s == "ok":
 			return nil
 		case strings.HasPrefix(s, "error: "):
-			return fmt.Errorf("%w: %s", errdefs.ErrUnavailable, strings.TrimPrefix(s, "error: "))
+			// The shim's reason is already a sentence for the user.
+			return fmt.Errorf("%w%s", errShim, strings.TrimPrefix(s, "error: "))
 		default:
 			return fmt.Errorf("%w: the sandbox's shim exited before it was ready (see %s)", errdefs.ErrUnavailable, m.L.ShimLog(id))
 		}

@@ -49,7 +49,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	path, err := exec.LookPath(cfg.QEMUPath)
 	if err != nil {
-		return nil, fmt.Errorf("%w: qemu: %w", errdefs.ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %s is not installed (run `make deps`, or apt-get install qemu-system-x86 qemu-utils)", errdefs.ErrFailedPrecondition, cfg.QEMUPath)
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("qemu state dir: %w", err)
