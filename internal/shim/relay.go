@@ -21,12 +21,13 @@ import (
 const (
 	// DefaultMaxOutputBytes caps stdout+stderr forwarded for one exec.
 	DefaultMaxOutputBytes = 64 << 20
-	// timeoutGrace is how long past an exec's timeout the host waits for the
-	// agent to report it before it gives up on the agent.
-	timeoutGrace = 5 * time.Second
 	// maxPathLen is the longest guest path the host will send.
 	maxPathLen = 4096
 )
+
+// timeoutGrace is how long past an exec's timeout the host waits for the
+// agent to report it before it gives up on the agent (a var for tests).
+var timeoutGrace = 5 * time.Second
 
 // relay serves the agent services on the shim socket by forwarding to the
 // guest through the host-side agent client, which caps message sizes. The
