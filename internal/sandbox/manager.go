@@ -144,7 +144,7 @@ var errShim = fmt.Errorf("%w", shimError{})
 
 type shimError struct{}
 
-func (shimError) Error() string { return "" }
+func (shimError) Error() string        { return "" }
 func (shimError) Is(target error) bool { return target == errdefs.ErrUnavailable }
 
 // startShim starts `airlock shim` detached and waits for its verdict on a
