@@ -50,6 +50,8 @@ type Sandbox struct {
 	Kernel      string // guest kernel release
 	StartMode   string // "template" or "cold"
 	Metadata    map[string]string
+	Tenant      string            // owner ("" for local CLI use)
+	Env         map[string]string // default environment of every exec
 }
 
 // ImageRecord maps an image name to its content-addressed blob.
@@ -94,6 +96,41 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 PRAGMA user_version = 1;
 `
 
+// migrations[i] moves the schema from version i+1 to i+2.
+var migrations = []string{
+	// v2: tenants (API keys with limits), the audit trail, sandbox owner and
+	// default exec environment.
+	`ALTER TABLE sandboxes ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN env TEXT NOT NULL DEFAULT '{}';
+	CREATE TABLE api_keys (
+		id TEXT PRIMARY KEY,
+		tenant TEXT NOT NULL,
+		hash TEXT NOT NULL,
+		admin INTEGER NOT NULL DEFAULT 0,
+		created INTEGER NOT NULL,
+		revoked INTEGER NOT NULL DEFAULT 0,
+		max_sandboxes INTEGER NOT NULL DEFAULT 0,
+		max_vcpus INTEGER NOT NULL DEFAULT 0,
+		max_memory_mb INTEGER NOT NULL DEFAULT 0,
+		rate_per_min INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE TABLE events (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		time INTEGER NOT NULL,
+		tenant TEXT NOT NULL,
+		key_id TEXT NOT NULL,
+		sandbox_id TEXT NOT NULL,
+		action TEXT NOT NULL,
+		detail TEXT NOT NULL DEFAULT '{}'
+	);
+	CREATE INDEX events_sandbox ON events(sandbox_id, seq);
+	CREATE INDEX events_tenant ON events(tenant, seq);
+	PRAGMA user_version = 2;`,
+}
+
+// schemaVersion is the version this build writes.
+const schemaVersion = 2
+
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -110,18 +147,46 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open catalog %s: %w", path, err)
 	}
-	switch {
-	case version == 0:
+	if version > schemaVersion {
+		db.Close()
+		return nil, fmt.Errorf("%w: catalog schema version %d is newer than this airlock (%d)", errdefs.ErrFailedPrecondition, version, schemaVersion)
+	}
+	if version == 0 {
 		if _, err := db.ExecContext(ctx, schema); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("create catalog schema: %w", err)
 		}
-	case version > 1:
-		db.Close()
-		return nil, fmt.Errorf("%w: catalog schema version %d is newer than this airlock (1)", errdefs.ErrFailedPrecondition, version)
+		version = 1
+	}
+	for ; version < schemaVersion; version++ {
+		if err := migrate(ctx, db, version); err != nil {
+			db.Close()
+			return nil, err
+		}
 	}
 	_ = os.Chmod(path, 0o600)
 	return &Store{db: db}, nil
+}
+
+// migrate runs migration from -> from+1 in one transaction; a concurrent
+// process that migrated first makes it a no-op.
+func migrate(ctx context.Context, db *sql.DB, from int) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrate catalog: %w", err)
+	}
+	defer tx.Rollback()
+	var v int
+	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return fmt.Errorf("migrate catalog: %w", err)
+	}
+	if v != from {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, migrations[from-1]); err != nil {
+		return fmt.Errorf("migrate catalog to v%d: %w", from+1, err)
+	}
+	return tx.Commit()
 }
 
 // Close closes the database.
@@ -186,7 +251,7 @@ func (s *Store) DeleteImage(ctx context.Context, name string) error {
 	return nil
 }
 
-const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata`
+const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env`
 
 // CreateSandbox inserts a new sandbox row.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
@@ -194,9 +259,13 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	env, err := json.Marshal(sb.Env)
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
-		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md))
+		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env))
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
@@ -207,16 +276,17 @@ type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
-	var state, md string
+	var state, md, env string
 	var created, expires int64
 	err := r.Scan(&sb.ID, &state, &sb.Reason, &sb.Image, &sb.ImageDigest, &sb.CPUs, &sb.MemoryMiB, &sb.DiskMiB,
-		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md)
+		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env)
 	if err != nil {
 		return sb, err
 	}
 	sb.State = State(state)
 	sb.CreatedAt, sb.ExpiresAt = time.Unix(0, created), time.Unix(0, expires)
 	_ = json.Unmarshal([]byte(md), &sb.Metadata)
+	_ = json.Unmarshal([]byte(env), &sb.Env)
 	return sb, nil
 }
 
@@ -288,6 +358,18 @@ func (s *Store) SetRuntimeInfo(ctx context.Context, id, accel, kernel, startMode
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SetExpiry moves a sandbox's end of life; the shim watches it.
+func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET expires_at=? WHERE id=?`, at.UnixNano(), id)
+	if err != nil {
+		return fmt.Errorf("set sandbox %s expiry: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
 	}
 	return nil
 }

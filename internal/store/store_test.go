@@ -82,3 +82,33 @@ func TestConcurrentProcessesShareCatalog(t *testing.T) {
 		t.Fatalf("delete missing: %v", err)
 	}
 }
+
+func TestEvents(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i, e := range []Event{
+		{Tenant: "a", SandboxID: "s1", Action: "sandbox.create"},
+		{Tenant: "b", SandboxID: "s2", Action: "sandbox.create"},
+		{Tenant: "a", SandboxID: "s1", Action: "exec.exit", Detail: map[string]any{"code": 3}},
+	} {
+		if seq, err := s.AppendEvent(ctx, e); err != nil || seq != int64(i+1) {
+			t.Fatalf("append %d: seq %d, %v", i, seq, err)
+		}
+	}
+	got, err := s.ListEvents(ctx, EventFilter{Tenant: "a"})
+	if err != nil || len(got) != 2 || got[1].Detail["code"] != float64(3) {
+		t.Fatalf("tenant a: %+v %v", got, err)
+	}
+	got, _ = s.ListEvents(ctx, EventFilter{Since: 1})
+	if len(got) != 2 || got[0].Seq != 2 {
+		t.Fatalf("since 1: %+v", got)
+	}
+	got, _ = s.ListEvents(ctx, EventFilter{SandboxID: "s2"})
+	if len(got) != 1 || got[0].Tenant != "b" {
+		t.Fatalf("sandbox s2: %+v", got)
+	}
+}
