@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 AIRLOCK := bin/airlock --state-dir $(STATE_DIR)
 
-.PHONY: help deps build setup demo test test-unit test-host test-vm bench generate lint fuzz clean
+.PHONY: help deps build setup demo test test-unit test-sdk-unit test-host test-vm bench generate lint fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -26,13 +26,18 @@ setup: deps build ## guest kernel, initramfs and the default image into the stat
 demo: setup ## install, build and run a real sandbox
 	$(AIRLOCK) run -- python3 -c 'import platform; print("hello from", platform.node(), "kernel", platform.release(), "-> 6*7 =", 6*7)'
 
-test: setup ## every tier: unit, host and vm (TCG here)
+test: setup test-sdk-unit ## every tier: unit, host and vm (TCG here), SDKs against a live server
 	$(GO) vet ./...
 	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 40m ./...
+	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-sdk.sh
 
-test-unit: ## unit tier only (no root, boots nothing)
+test-unit: test-sdk-unit ## unit tier only (no root, boots nothing)
 	$(GO) test -short ./...
+
+test-sdk-unit: ## SDK unit tests (Go module sdk/go, Python sdk/python) against in-process fakes
+	cd sdk/go && $(GO) vet ./... && $(GO) test -short -count=1 ./...
+	python3 -m unittest discover -s sdk/python/tests
 
 test-host: build ## unit + host tier
 	AIRLOCK_TEST_ROOT=1 $(GO) test -count=1 ./...
@@ -48,10 +53,11 @@ generate: ## regenerate protobuf/Connect code (needs protoc)
 	$(GO) build -o .cache/gen/ google.golang.org/protobuf/cmd/protoc-gen-go connectrpc.com/connect/cmd/protoc-gen-connect-go
 	protoc --plugin=protoc-gen-go=.cache/gen/protoc-gen-go --plugin=protoc-gen-connect-go=.cache/gen/protoc-gen-connect-go \
 		-I proto --go_out=. --go_opt=module=github.com/airlock-sandbox/airlock \
-		--connect-go_out=. --connect-go_opt=module=github.com/airlock-sandbox/airlock proto/airlock/agent/v1/agent.proto
+		--connect-go_out=. --connect-go_opt=module=github.com/airlock-sandbox/airlock \
+		proto/airlock/agent/v1/agent.proto proto/airlock/shim/v1/shim.proto
 
 lint: ## gofmt and go vet (golangci-lint is not set up yet)
-	@test -z "$$(gofmt -l cmd internal test)" || { gofmt -l cmd internal test; echo "lint: run gofmt -w"; exit 1; }
+	@test -z "$$(gofmt -l cmd internal test sdk/go)" || { gofmt -l cmd internal test sdk/go; echo "lint: run gofmt -w"; exit 1; }
 	$(GO) vet ./...
 
 fuzz: ## fuzz the host side of the agent protocol for 30s

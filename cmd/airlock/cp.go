@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -99,42 +97,11 @@ func copyIn(ctx context.Context, c *agentapi.Client, local, remote string) (int6
 	if err := shim.ValidateGuestPath(remote); err != nil {
 		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st := c.Files.Write(ctx)
-	if err := st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Header{Header: &agentv1.WriteHeader{
-		Path: remote, Mode: uint32(fi.Mode().Perm()), Parents: true,
-	}}}); err != nil {
-		_, rerr := st.CloseAndReceive()
-		return 0, fmt.Errorf("copy to %s: %w", remote, errors.Join(err, rerr))
-	}
-	buf := make([]byte, agentapi.ChunkSize)
-	var sent int64
-	for {
-		n, rerr := f.Read(buf)
-		if n > 0 {
-			if err := st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Data{Data: buf[:n]}}); err != nil {
-				break // the reason comes from CloseAndReceive
-			}
-			sent += int64(n)
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			cancel()
-			_, _ = st.CloseAndReceive()
-			return sent, fmt.Errorf("read %s: %w", local, rerr)
-		}
-	}
-	resp, err := st.CloseAndReceive()
+	n, err := sandbox.WriteFile(ctx, c, remote, uint32(fi.Mode().Perm()), f)
 	if err != nil {
-		return sent, fmt.Errorf("copy to %s: %w", remote, err)
+		return n, fmt.Errorf("copy to %s: %w", remote, err)
 	}
-	if resp.Msg.GetBytesWritten() != uint64(sent) {
-		return sent, fmt.Errorf("copy to %s: guest wrote %d of %d bytes", remote, resp.Msg.GetBytesWritten(), sent)
-	}
-	return sent, nil
+	return n, nil
 }
 
 // copyOut copies a guest file to local, refusing more than limit bytes.
@@ -145,13 +112,6 @@ func copyOut(ctx context.Context, c *agentapi.Client, remote, local string, limi
 	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
 		local = filepath.Join(local, path.Base(remote))
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.Files.Read(ctx, connect.NewRequest(&agentv1.ReadRequest{Path: remote}))
-	if err != nil {
-		return 0, fmt.Errorf("copy from %s: %w", remote, err)
-	}
-	defer st.Close()
 	tmp, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".airlock-*")
 	if err != nil {
 		return 0, err
@@ -163,24 +123,9 @@ func copyOut(ctx context.Context, c *agentapi.Client, remote, local string, limi
 			os.Remove(tmp.Name())
 		}
 	}()
-	var n int64
 	var mode os.FileMode = 0o644
-	for st.Receive() {
-		switch m := st.Msg().GetMsg().(type) {
-		case *agentv1.ReadResponse_Info:
-			mode = os.FileMode(m.Info.GetMode() & 0o777)
-		case *agentv1.ReadResponse_Data:
-			if n+int64(len(m.Data)) > limit {
-				return n, fmt.Errorf("%w: copy from %s: the guest sent more than %d bytes (the sandbox's disk size)", errdefs.ErrResourceExhausted, remote, limit)
-			}
-			w, err := tmp.Write(m.Data)
-			n += int64(w)
-			if err != nil {
-				return n, fmt.Errorf("write %s: %w", local, err)
-			}
-		}
-	}
-	if err := st.Err(); err != nil {
+	n, err := sandbox.ReadFile(ctx, c, remote, limit, tmp, func(fi *agentv1.FileInfo) { mode = os.FileMode(fi.GetMode() & 0o777) })
+	if err != nil {
 		return n, fmt.Errorf("copy from %s: %w", remote, err)
 	}
 	if err := tmp.Chmod(mode); err != nil {

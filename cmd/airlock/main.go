@@ -87,7 +87,7 @@ func main() {
 
 	root.AddCommand(
 		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
-		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), benchCmd(g),
+		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), benchCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
 	)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

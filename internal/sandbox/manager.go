@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,6 +45,8 @@ type CreateOptions struct {
 	DiskMiB   int // 0: TemplateDiskMiB (the image size plus 512 MiB, at least 2 GiB)
 	Timeout   time.Duration
 	Metadata  map[string]string
+	Tenant    string            // owner; "" for local CLI use
+	Env       map[string]string // default environment of every exec
 }
 
 // Manager creates and finds sandboxes in one state dir.
@@ -97,6 +100,14 @@ func (o *CreateOptions) validate(imageSize int64) error {
 			return fmt.Errorf("%w: metadata keys must be 1-64 bytes and values at most 1024", errdefs.ErrInvalid)
 		}
 	}
+	if len(o.Env) > 256 {
+		return fmt.Errorf("%w: at most 256 environment variables", errdefs.ErrInvalid)
+	}
+	for k, v := range o.Env {
+		if k == "" || len(k) > 256 || len(v) > 32<<10 || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return fmt.Errorf("%w: environment names must be 1-256 bytes without '=' or NUL, values at most 32 KiB without NUL", errdefs.ErrInvalid)
+		}
+	}
 	return nil
 }
 
@@ -123,7 +134,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 	sb := store.Sandbox{
 		ID: NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
 		CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskMiB: o.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
-		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata,
+		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: o.Env,
 	}
 	if err := os.MkdirAll(m.L.Dir(sb.ID), 0o700); err != nil {
 		return sb, fmt.Errorf("create sandbox dir: %w", err)
@@ -237,6 +248,18 @@ func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox
 	return sb
 }
 
+// SetTimeout moves a sandbox's end of life to now + d (the shim watches the
+// catalog and stops the sandbox then). d is between 1s and MaxTimeout.
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	if err := ValidateID(id); err != nil {
+		return err
+	}
+	if d < time.Second || d > MaxTimeout {
+		return fmt.Errorf("%w: timeout must be between 1s and %s", errdefs.ErrInvalid, MaxTimeout)
+	}
+	return m.Store.SetExpiry(ctx, id, time.Now().Add(d))
+}
+
 // Get returns a reconciled sandbox.
 func (m *Manager) Get(ctx context.Context, id string) (store.Sandbox, error) {
 	if err := ValidateID(id); err != nil {
@@ -264,32 +287,65 @@ func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
 // Connect returns a client for a running sandbox's shim. The caller closes
 // it with CloseShimClient... via the returned close func.
 func (m *Manager) Connect(ctx context.Context, id string) (*agentapi.Client, func(), error) {
+	if err := m.requireRunning(ctx, id); err != nil {
+		return nil, nil, err
+	}
+	c, closeFn := ShimClient(m.L.Socket(id))
+	return c, closeFn, nil
+}
+
+// requireRunning returns an error wrapping ErrFailedPrecondition unless
+// the (reconciled) sandbox id is running.
+func (m *Manager) requireRunning(ctx context.Context, id string) error {
 	sb, err := m.Get(ctx, id)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	if sb.State != store.StateRunning {
 		msg := fmt.Sprintf("sandbox %s is %s", id, sb.State)
 		if sb.Reason != "" {
 			msg += ": " + sb.Reason
 		}
-		return nil, nil, fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, msg)
+		return fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, msg)
 	}
-	c, closeFn := ShimClient(m.L.Socket(id))
-	return c, closeFn, nil
+	return nil
 }
 
 // ShimClient returns an agent-protocol client for a shim socket.
 func ShimClient(sock string) (*agentapi.Client, func()) {
+	hc, closeFn := shimHTTPClient(sock)
+	return agentapi.NewClient(hc, "http://shim", agentapi.Options{MaxMessageBytes: 8 << 20}), closeFn
+}
+
+// shimHTTPClient returns an h2c client whose every request goes to the
+// shim socket sock, and a func that closes its connections: call it once
+// done with the client (a cancelled stream can keep a connection busy for
+// a while after its body was closed, so idle-only closing would leak it).
+func shimHTTPClient(sock string) (*http.Client, func()) {
+	var mu sync.Mutex
+	var conns []net.Conn
 	tr := &http2.Transport{
 		AllowHTTP: true,
 		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
+			c, err := d.DialContext(ctx, "unix", sock)
+			if err == nil {
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+			}
+			return c, err
 		},
 	}
-	hc := &http.Client{Transport: tr}
-	return agentapi.NewClient(hc, "http://shim", agentapi.Options{MaxMessageBytes: 8 << 20}), tr.CloseIdleConnections
+	return &http.Client{Transport: tr}, func() {
+		tr.CloseIdleConnections()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		conns = nil
+	}
 }
 
 // Remove stops a sandbox (through its shim when alive) and deletes every

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"path"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -73,43 +71,17 @@ func (r *relay) Shutdown(ctx context.Context, _ *connect.Request[agentv1.Shutdow
 }
 
 // Exec relays one exec stream, enforcing the output cap and the timeout on
-// the host side.
+// the host side (guardedExec). The exec ends with the client's stream.
 func (r *relay) Exec(ctx context.Context, cs *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse]) error {
 	first, err := cs.Receive()
 	if err != nil {
 		return invalid(fmt.Errorf("read exec start: %w", err))
 	}
-	start := first.GetStart()
-	if start == nil {
-		return invalid(errors.New("first exec message must be start"))
+	g, err := openExec(ctx, r.agent, first.GetStart())
+	if err != nil {
+		return err
 	}
-	if len(start.GetArgv()) == 0 || start.GetArgv()[0] == "" {
-		return invalid(errors.New("empty command"))
-	}
-	if c := start.GetCwd(); c != "" {
-		if err := ValidateGuestPath(c); err != nil {
-			return invalid(fmt.Errorf("cwd: %w", err))
-		}
-	}
-	limit := start.GetMaxOutputBytes()
-	if limit == 0 || limit > DefaultMaxOutputBytes {
-		limit = DefaultMaxOutputBytes
-	}
-	start.MaxOutputBytes = limit
-
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var hostTimedOut atomic.Bool
-	if t := start.GetTimeoutMs(); t > 0 {
-		d := time.Duration(t)*time.Millisecond + timeoutGrace
-		timer := time.AfterFunc(d, func() { hostTimedOut.Store(true); cancel() })
-		defer timer.Stop()
-	}
-	as := r.agent.Exec.Exec(actx)
-	defer as.CloseResponse()
-	if err := as.Send(first); err != nil {
-		return relayErr("start exec", err)
-	}
+	defer g.Close()
 
 	// Client -> guest: stdin, close, signals. Not waited for: it blocks in
 	// cs.Receive until the client sends or this handler returns (which ends
@@ -118,70 +90,28 @@ func (r *relay) Exec(ctx context.Context, cs *connect.BidiStream[agentv1.ExecReq
 		for {
 			msg, err := cs.Receive()
 			if err != nil {
-				_ = as.CloseRequest()
+				_ = g.CloseRequest()
 				return
 			}
-			if msg.GetStart() != nil {
-				continue // only one start per stream
-			}
-			if err := as.Send(msg); err != nil {
+			if err := g.Send(msg); err != nil {
 				return
 			}
 		}
 	}()
 
-	// Guest -> client, counting output.
-	var sent uint64
-	truncated := false
+	// Guest -> client.
 	for {
-		ev, err := as.Receive()
+		ev, err := g.Next()
 		if err != nil {
-			if hostTimedOut.Load() {
-				return cs.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: &agentv1.ExecExited{
-					ExitCode: -1, Signal: 9, TimedOut: true, OutputTruncated: truncated,
-				}}})
-			}
-			if errors.Is(err, io.EOF) {
-				return connect.NewError(connect.CodeUnavailable, errors.New("guest ended the exec without an exit status"))
-			}
-			return relayErr("exec", err)
-		}
-		switch e := ev.GetEvent().(type) {
-		case *agentv1.ExecResponse_Stdout:
-			if !admit(&sent, limit, &e.Stdout, &truncated) {
-				continue
-			}
-		case *agentv1.ExecResponse_Stderr:
-			if !admit(&sent, limit, &e.Stderr, &truncated) {
-				continue
-			}
-		case *agentv1.ExecResponse_Exited:
-			if truncated {
-				e.Exited.OutputTruncated = true
-			}
-			return cs.Send(ev)
-		case *agentv1.ExecResponse_Started:
-		default:
-			continue // unknown event from a newer or hostile agent: drop
+			return err
 		}
 		if err := cs.Send(ev); err != nil {
 			return err
 		}
+		if ev.GetExited() != nil {
+			return nil
+		}
 	}
-}
-
-// admit trims *data so that the total forwarded stays within limit.
-func admit(sent *uint64, limit uint64, data *[]byte, truncated *bool) bool {
-	if *sent >= limit {
-		*truncated = true
-		return false
-	}
-	if room := limit - *sent; uint64(len(*data)) > room {
-		*data = (*data)[:room]
-		*truncated = true
-	}
-	*sent += uint64(len(*data))
-	return len(*data) > 0
 }
 
 func relayErr(step string, err error) error {

@@ -11,8 +11,14 @@
 //     failed and writes "error: <reason>\n".
 //   - delete: AgentService.Shutdown on shim.sock stops the guest; the shim
 //     exits and the manager removes the files and the row.
-//   - lifetime: at the row's expires_at the shim stops the guest and deletes
-//     the sandbox itself.
+//   - lifetime: at the row's expires_at (re-read every second, so
+//     store.SetExpiry moves it) the shim stops the guest and deletes the
+//     sandbox itself.
+//   - execs: besides relaying ExecService (an exec that lives as long as
+//     the client's stream), the shim serves SessionService
+//     (proto/airlock/shim/v1): execs it owns, which outlive their callers,
+//     keep their output (capped) and exit status, and are audited in the
+//     catalog (exec.start, exec.exit).
 //   - crash: if the VMM dies, the row becomes failed with the reason from
 //     the guest console; the disk is freed, logs are kept until `rm`. If the
 //     shim dies, its VMM dies with it (parent-death signal) and the manager
@@ -35,12 +41,14 @@ import (
 	"syscall"
 	"time"
 
+	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -73,6 +81,7 @@ type shim struct {
 	agent *agentapi.Client
 	srv   *http.Server
 	tmpl  *sandbox.Template // the template this sandbox was cloned from, if any
+	execs *sessions         // execs the shim owns (SessionService)
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -147,31 +156,51 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		st, _ := s.inst.Wait(context.Background())
 		exited <- st
 	}()
-	expiry := time.NewTimer(time.Until(sb.ExpiresAt))
+	// The lifetime follows the row's expires_at, which the control plane
+	// moves (store.SetExpiry): re-read it every expiryPoll.
+	expiresAt := sb.ExpiresAt
+	expiry := time.NewTimer(time.Until(expiresAt))
 	defer expiry.Stop()
+	poll := time.NewTicker(expiryPoll)
+	defer poll.Stop()
 
 	bg := context.WithoutCancel(ctx)
-	select {
-	case st := <-exited:
-		reason := "guest stopped unexpectedly: " + exitText(st)
-		s.log.Error("vmm exited", "reason", reason)
-		s.fail(bg, reason)
-		s.teardown(bg, false)
-	case <-s.stopReq:
-		s.log.Info("stop requested")
-		s.teardown(bg, true)
-	case <-expiry.C:
-		s.log.Info("lifetime timeout reached; removing sandbox")
-		s.teardown(bg, true)
-		_ = os.RemoveAll(s.l.Dir(cfg.ID))
-		_ = s.st.DeleteSandbox(bg, cfg.ID)
-	case sig := <-sigs:
-		s.log.Warn("terminated by signal", "signal", sig.String())
-		s.fail(bg, "supervisor terminated by "+sig.String())
-		s.teardown(bg, false)
+	for {
+		select {
+		case st := <-exited:
+			reason := "guest stopped unexpectedly: " + exitText(st)
+			s.log.Error("vmm exited", "reason", reason)
+			s.fail(bg, reason)
+			s.teardown(bg, false)
+			return nil
+		case <-s.stopReq:
+			s.log.Info("stop requested")
+			s.teardown(bg, true)
+			return nil
+		case <-poll.C:
+			if at, err := s.st.GetSandbox(ctx, cfg.ID); err == nil && !at.ExpiresAt.Equal(expiresAt) {
+				expiresAt = at.ExpiresAt
+				s.log.Info("lifetime changed", "expires_at", expiresAt)
+				expiry.Reset(time.Until(expiresAt))
+			}
+		case <-expiry.C:
+			s.log.Info("lifetime timeout reached; removing sandbox")
+			s.teardown(bg, true)
+			_ = os.RemoveAll(s.l.Dir(cfg.ID))
+			_ = s.st.DeleteSandbox(bg, cfg.ID)
+			return nil
+		case sig := <-sigs:
+			s.log.Warn("terminated by signal", "signal", sig.String())
+			s.fail(bg, "supervisor terminated by "+sig.String())
+			s.teardown(bg, false)
+			return nil
+		}
 	}
-	return nil
 }
+
+// expiryPoll is how often the shim re-reads its sandbox's expires_at (a var
+// for tests).
+var expiryPoll = time.Second
 
 func (s *shim) fail(ctx context.Context, reason string) {
 	if _, err := s.st.SetState(ctx, s.cfg.ID, store.StateFailed, oneLine(reason)); err != nil {
@@ -320,6 +349,8 @@ func (s *shim) serve() error {
 	mux.Handle(agentv1connect.NewAgentServiceHandler(r))
 	mux.Handle(agentv1connect.NewExecServiceHandler(r))
 	mux.Handle(agentv1connect.NewFileServiceHandler(r))
+	s.execs = newSessions(s.agent, s.st, s.cfg.ID, s.log)
+	mux.Handle(shimv1connect.NewSessionServiceHandler(sessionService{t: s.execs}, connect.WithReadMaxBytes(maxInputMessage)))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	s.srv = &http.Server{Handler: mux, Protocols: &p, ReadHeaderTimeout: 10 * time.Second}
@@ -338,6 +369,11 @@ func (s *shim) serve() error {
 func (s *shim) teardown(ctx context.Context, removing bool) {
 	if removing {
 		_, _ = s.st.SetState(ctx, s.cfg.ID, store.StateStopping, "", store.StateRunning)
+	}
+	if s.execs != nil {
+		// Owned execs end first, so their exits reach attachers and the
+		// audit trail while the socket and the catalog still work.
+		s.execs.Close()
 	}
 	if s.srv != nil {
 		// Let replies in flight (the Shutdown that asked for this) finish,

@@ -17,7 +17,7 @@ type Event struct {
 	KeyID     string         `json:"key_id"`
 	SandboxID string         `json:"sandbox_id"`
 	Action    string         `json:"action"`
-	Detail    map[string]any `json:"detail,omitempty"`
+	Detail    map[string]any `json:"detail"`
 }
 
 // EventFilter selects events. Zero fields match everything.
@@ -78,6 +78,9 @@ func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]Event, error) 
 		}
 		e.Time = time.Unix(0, t).UTC()
 		_ = json.Unmarshal([]byte(d), &e.Detail)
+		if e.Detail == nil {
+			e.Detail = map[string]any{} // always an object on the wire
+		}
 		out = append(out, e)
 	}
 	return out, rows.Err()

@@ -151,13 +151,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("%w: catalog schema version %d is newer than this airlock (%d)", errdefs.ErrFailedPrecondition, version, schemaVersion)
 	}
-	if version == 0 {
-		if _, err := db.ExecContext(ctx, schema); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("create catalog schema: %w", err)
-		}
-		version = 1
-	}
+	// Version 0 -> 1 is the base schema; like every step it runs in an
+	// immediate transaction that re-checks the version, so processes
+	// opening a new catalog at once cannot reset a migrated one to v1.
 	for ; version < schemaVersion; version++ {
 		if err := migrate(ctx, db, version); err != nil {
 			db.Close()
@@ -183,7 +179,11 @@ func migrate(ctx context.Context, db *sql.DB, from int) error {
 	if v != from {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, migrations[from-1]); err != nil {
+	step := schema
+	if from > 0 {
+		step = migrations[from-1]
+	}
+	if _, err := tx.ExecContext(ctx, step); err != nil {
 		return fmt.Errorf("migrate catalog to v%d: %w", from+1, err)
 	}
 	return tx.Commit()

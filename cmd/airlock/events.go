@@ -1,0 +1,36 @@
+package main
+
+import (
+	"encoding/json"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+func eventsCmd(g *globals) *cobra.Command {
+	var f store.EventFilter
+	cmd := &cobra.Command{
+		Use:   "events",
+		Short: "Print the audit trail (JSON lines) from the local catalog",
+		Args:  cobra.NoArgs,
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+			evs, err := m.Store.ListEvents(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			for _, e := range evs {
+				if err := enc.Encode(e); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+	}
+	cmd.Flags().StringVar(&f.SandboxID, "sandbox", "", "only events of this sandbox")
+	cmd.Flags().Int64Var(&f.Since, "since", 0, "only events after this sequence number")
+	cmd.Flags().IntVar(&f.Limit, "limit", 1000, "at most this many events (max 10000)")
+	return cmd
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+func keysCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "keys", Short: "Manage API keys (tenants and their limits)"}
+	var k store.APIKey
+	create := &cobra.Command{
+		Use:   "create --tenant T",
+		Short: "Create an API key and print it (shown once; only its hash is kept)",
+		Args:  cobra.NoArgs,
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+			_, key, err := m.Store.CreateKey(cmd.Context(), k)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), key)
+			return nil
+		}),
+	}
+	f := create.Flags()
+	f.StringVar(&k.Tenant, "tenant", "", "tenant the key acts for (required)")
+	f.BoolVar(&k.Admin, "admin", false, "the key sees and acts on every tenant's sandboxes")
+	f.IntVar(&k.MaxSandboxes, "max-sandboxes", 0, "live sandboxes of the tenant (0: server default)")
+	f.IntVar(&k.MaxVCPUs, "max-vcpus", 0, "total vCPUs of the tenant's live sandboxes (0: server default)")
+	f.IntVar(&k.MaxMemoryMiB, "max-memory-mb", 0, "total memory in MiB of the tenant's live sandboxes (0: server default)")
+	f.IntVar(&k.RatePerMin, "rate-per-min", 0, "API requests per minute for the tenant (0: server default)")
+	_ = create.MarkFlagRequired("tenant")
+
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List API keys (never their secrets)",
+		Args:  cobra.NoArgs,
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+			keys, err := m.Store.ListKeys(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tTENANT\tADMIN\tREVOKED\tMAX_SANDBOXES\tMAX_VCPUS\tMAX_MEMORY_MB\tRATE_PER_MIN\tCREATED")
+			for _, k := range keys {
+				fmt.Fprintf(tw, "%s\t%s\t%t\t%t\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Tenant, k.Admin, k.Revoked,
+					k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.RatePerMin, k.Created.UTC().Format("2006-01-02T15:04:05Z"))
+			}
+			return tw.Flush()
+		}),
+	}
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke an API key",
+		Args:  cobra.ExactArgs(1),
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
+			return m.Store.RevokeKey(cmd.Context(), args[0])
+		}),
+	}
+	cmd.AddCommand(create, ls, revoke)
+	return cmd
+}

@@ -1,0 +1,190 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// fake is an in-memory manager: sandboxes, files and exec sessions that
+// echo their stdin/argv.
+type fake struct {
+	mu      sync.Mutex
+	n       int
+	sbs     map[string]store.Sandbox
+	files   map[string][]byte // id + path
+	starts  []*agentv1.ExecStart
+	actors  []Actor
+	stdin   map[string][]byte
+	created []sandbox.CreateOptions
+}
+
+func newFake() *fake {
+	return &fake{sbs: map[string]store.Sandbox{}, files: map[string][]byte{}, stdin: map[string][]byte{}}
+}
+
+func (f *fake) add(id, tenant string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sbs[id] = store.Sandbox{ID: id, Tenant: tenant, State: store.StateRunning, CPUs: 1, MemoryMiB: 512, DiskMiB: 2048,
+		Env: map[string]string{"A": "sandbox", "B": "sandbox"}}
+}
+
+func (f *fake) Create(_ context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n++
+	id := fmt.Sprintf("sbx%09d", f.n)
+	sb := store.Sandbox{ID: id, Tenant: o.Tenant, State: store.StateRunning, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, Env: o.Env, Metadata: o.Metadata, Image: "base"}
+	f.sbs[id] = sb
+	f.created = append(f.created, o)
+	return sb, nil
+}
+
+func (f *fake) Get(_ context.Context, id string) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return sb, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
+	}
+	return sb, nil
+}
+
+func (f *fake) List(context.Context) ([]store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []store.Sandbox
+	for _, sb := range f.sbs {
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
+func (f *fake) Remove(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.sbs, id)
+	return nil
+}
+
+func (f *fake) SetTimeout(_ context.Context, id string, d time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sbs[id]
+	sb.ExpiresAt = time.Now().Add(d)
+	f.sbs[id] = sb
+	return nil
+}
+
+func (f *fake) WriteFile(_ context.Context, id, p string, _ uint32, r io.Reader) (int64, error) {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return 0, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.files[id+p] = b
+	return int64(len(b)), nil
+}
+
+func (f *fake) ReadFile(_ context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (int64, error) {
+	f.mu.Lock()
+	b, ok := f.files[id+p]
+	f.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("%w: read %s: no such file", errdefs.ErrNotFound, p)
+	}
+	info(&agentv1.FileInfo{Path: p, Type: agentv1.FileType_FILE_TYPE_REGULAR, Size: uint64(len(b))})
+	n, err := io.Copy(w, bytes.NewReader(b))
+	return n, err
+}
+
+func (f *fake) StatFile(_ context.Context, id, p string) (*agentv1.FileInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.files[id+p]
+	if !ok {
+		return nil, fmt.Errorf("%w: stat %s", errdefs.ErrNotFound, p)
+	}
+	return &agentv1.FileInfo{Path: p, Type: agentv1.FileType_FILE_TYPE_REGULAR, Size: uint64(len(b))}, nil
+}
+
+func (f *fake) ListFiles(context.Context, string, string, uint32) ([]*agentv1.FileInfo, bool, error) {
+	return []*agentv1.FileInfo{{Path: "/x", Name: "x", Type: agentv1.FileType_FILE_TYPE_DIRECTORY}}, false, nil
+}
+
+func (f *fake) Mkdir(context.Context, string, string, bool) error { return nil }
+
+func (f *fake) RemoveFile(_ context.Context, id, p string, _ bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.files, id+p)
+	return nil
+}
+
+const fakeExecID = "aaaaaaaaaaaaaaaa"
+
+func (f *fake) StartExec(_ context.Context, _ string, start *agentv1.ExecStart, actor Actor, _ bool) (ExecInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.starts = append(f.starts, start)
+	f.actors = append(f.actors, actor)
+	return ExecInfo{ID: fakeExecID, Argv: start.Argv, PID: 42, State: "running", StartedAt: time.Now()}, nil
+}
+
+// AttachExec replays: started, stdout "out\xff" (not UTF-8), stderr
+// (stdin so far), exit 3.
+func (f *fake) AttachExec(_ context.Context, _, execID string, _ bool, fn func(*agentv1.ExecResponse) error) error {
+	if execID != fakeExecID {
+		return errdefs.ErrNotFound
+	}
+	f.mu.Lock()
+	in := f.stdin[execID]
+	f.mu.Unlock()
+	for _, ev := range []*agentv1.ExecResponse{
+		{Event: &agentv1.ExecResponse_Started{Started: &agentv1.ExecStarted{Pid: 42}}},
+		{Event: &agentv1.ExecResponse_Stdout{Stdout: []byte("out\xff")}},
+		{Event: &agentv1.ExecResponse_Stderr{Stderr: in}},
+		{Event: &agentv1.ExecResponse_Exited{Exited: &agentv1.ExecExited{ExitCode: 3, DurationMs: 5}}},
+	} {
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *fake) ExecInput(_ context.Context, _, execID string, data []byte, _ bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stdin[execID] = append(f.stdin[execID], data...)
+	return nil
+}
+
+func (f *fake) ExecSignal(context.Context, string, string, int32) error { return nil }
+
+func (f *fake) ListExecs(context.Context, string) ([]ExecInfo, error) {
+	return []ExecInfo{{ID: fakeExecID, Argv: []string{"true"}, State: "running"}}, nil
+}
+
+func (f *fake) GetExec(_ context.Context, _, execID string) (ExecInfo, error) {
+	if execID != fakeExecID {
+		return ExecInfo{}, fmt.Errorf("%w: exec", errdefs.ErrNotFound)
+	}
+	return ExecInfo{ID: fakeExecID, Argv: []string{"true"}, State: "running"}, nil
+}
+
+var (
+	_ Sandboxes = (*fake)(nil)
+	_ Files     = (*fake)(nil)
+	_ Execs     = (*fake)(nil)
+)

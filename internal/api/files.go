@@ -1,0 +1,231 @@
+package api
+
+import (
+	"io"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+)
+
+// ioIdle is how long a client may stall an upload or download before the
+// connection is dropped (rolling deadline per chunk).
+const ioIdle = time.Minute
+
+// filePath validates the path query parameter (contract: absolute, clean,
+// no NUL, at most 4096 bytes).
+func filePath(p string) (string, error) {
+	switch {
+	case p == "":
+		return "", invalidf("path is required")
+	case len(p) > 4096:
+		return "", invalidf("path is longer than 4096 bytes")
+	case strings.IndexByte(p, 0) >= 0:
+		return "", invalidf("path contains a NUL byte")
+	case !strings.HasPrefix(p, "/"):
+		return "", invalidf("path must be absolute")
+	case path.Clean(p) != p:
+		return "", invalidf("path must be clean (no ., .. or trailing /)")
+	}
+	return p, nil
+}
+
+// FileInfo is the API's view of a guest file.
+type FileInfo struct {
+	Path          string    `json:"path"`
+	Name          string    `json:"name"`
+	Type          string    `json:"type"`
+	Size          uint64    `json:"size"`
+	Mode          uint32    `json:"mode"`
+	Mtime         time.Time `json:"mtime"`
+	UID           uint32    `json:"uid"`
+	GID           uint32    `json:"gid"`
+	SymlinkTarget string    `json:"symlink_target"`
+}
+
+func viewFile(fi *agentv1.FileInfo) FileInfo {
+	t := "other"
+	switch fi.GetType() {
+	case agentv1.FileType_FILE_TYPE_REGULAR:
+		t = "file"
+	case agentv1.FileType_FILE_TYPE_DIRECTORY:
+		t = "dir"
+	case agentv1.FileType_FILE_TYPE_SYMLINK:
+		t = "symlink"
+	}
+	return FileInfo{
+		Path: fi.GetPath(), Name: fi.GetName(), Type: t, Size: fi.GetSize(), Mode: fi.GetMode(),
+		Mtime: time.Unix(0, fi.GetMtimeUnixNano()).UTC(), UID: fi.GetUid(), GID: fi.GetGid(), SymlinkTarget: fi.GetSymlinkTarget(),
+	}
+}
+
+// sandboxAndPath resolves {id} (tenant-checked) and ?path=.
+func (s *Server) sandboxAndPath(w http.ResponseWriter, r *http.Request) (id, p string, ok bool) {
+	sb, err := s.sandbox(r)
+	if err == nil {
+		p, err = filePath(r.URL.Query().Get("path"))
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return "", "", false
+	}
+	return sb.ID, p, true
+}
+
+// idleReader sets a rolling read deadline before each read, so a stalled
+// client cannot hold the upload (and its guest stream) forever.
+type idleReader struct {
+	r  io.Reader
+	rc *http.ResponseController
+}
+
+func (ir idleReader) Read(b []byte) (int, error) {
+	_ = ir.rc.SetReadDeadline(time.Now().Add(ioIdle))
+	return ir.r.Read(b)
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
+	id, p, ok := s.sandboxAndPath(w, r)
+	if !ok {
+		return
+	}
+	mode := uint64(0o644)
+	if m := r.URL.Query().Get("mode"); m != "" {
+		var err error
+		if mode, err = strconv.ParseUint(m, 8, 32); err != nil || mode > 0o7777 {
+			s.fail(w, r, invalidf("mode must be octal, at most 7777"))
+			return
+		}
+	}
+	// Streamed: no cap but the sandbox's disk, one chunk in memory.
+	n, err := s.cfg.Files.WriteFile(r.Context(), id, p, uint32(mode), idleReader{r.Body, http.NewResponseController(w)})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, id, "file.write", map[string]any{"path": p, "size": n})
+	writeJSON(w, http.StatusOK, map[string]any{"path": p, "size": n})
+}
+
+// lazyWriter sends the 200 header with the first byte, so that an error
+// before any data can still be answered as JSON.
+type lazyWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	started bool
+}
+
+func (lw *lazyWriter) Write(b []byte) (int, error) {
+	if !lw.started {
+		lw.started = true
+		lw.w.Header().Set("Content-Type", "application/octet-stream")
+		lw.w.WriteHeader(http.StatusOK)
+	}
+	_ = lw.rc.SetWriteDeadline(time.Now().Add(ioIdle))
+	return lw.w.Write(b)
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+	id, p, ok := s.sandboxAndPath(w, r)
+	if !ok {
+		return
+	}
+	lw := &lazyWriter{w: w, rc: http.NewResponseController(w)}
+	_, err := s.cfg.Files.ReadFile(r.Context(), id, p, lw, func(fi *agentv1.FileInfo) {
+		if !lw.started && fi.GetType() == agentv1.FileType_FILE_TYPE_REGULAR {
+			w.Header().Set("Content-Length", strconv.FormatUint(fi.GetSize(), 10))
+		}
+	})
+	switch {
+	case err == nil && !lw.started:
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.WriteHeader(http.StatusOK)
+	case err != nil && !lw.started:
+		w.Header().Del("Content-Length")
+		s.fail(w, r, err)
+	case err != nil:
+		// Mid-stream: the status is sent; break the connection so the
+		// client sees a truncated body, not a short file.
+		s.log.Warn("download broken", "request_id", requestID(r), "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
+	id, p, ok := s.sandboxAndPath(w, r)
+	if !ok {
+		return
+	}
+	if err := s.cfg.Files.RemoveFile(r.Context(), id, p, r.URL.Query().Get("recursive") == "true"); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, id, "file.delete", map[string]any{"path": p})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
+	id, p, ok := s.sandboxAndPath(w, r)
+	if !ok {
+		return
+	}
+	depth := uint64(1)
+	if d := r.URL.Query().Get("depth"); d != "" {
+		var err error
+		if depth, err = strconv.ParseUint(d, 10, 8); err != nil || depth < 1 || depth > 16 {
+			s.fail(w, r, invalidf("depth must be between 1 and 16"))
+			return
+		}
+	}
+	entries, truncated, err := s.cfg.Files.ListFiles(r.Context(), id, p, uint32(depth))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]FileInfo, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, viewFile(e))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": out, "truncated": truncated})
+}
+
+func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
+	id, p, ok := s.sandboxAndPath(w, r)
+	if !ok {
+		return
+	}
+	fi, err := s.cfg.Files.StatFile(r.Context(), id, p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewFile(fi))
+}
+
+func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var req struct {
+		Path    string `json:"path"`
+		Parents bool   `json:"parents"`
+	}
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p, err := filePath(req.Path)
+	if err == nil {
+		err = s.cfg.Files.Mkdir(r.Context(), sb.ID, p, req.Parents)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

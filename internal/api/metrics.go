@@ -1,0 +1,132 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// metrics are the server's Prometheus metrics, in their own registry.
+type metrics struct {
+	reg      *prometheus.Registry
+	creates  prometheus.Counter
+	execLat  prometheus.Histogram
+	failures *prometheus.CounterVec
+	requests *prometheus.CounterVec
+}
+
+// sandboxCollector reports sandboxes by state at scrape time.
+type sandboxCollector struct {
+	sb   Sandboxes
+	desc *prometheus.Desc
+}
+
+func (c sandboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sbs, err := c.sb.List(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	n := map[store.State]int{store.StateCreating: 0, store.StateRunning: 0, store.StateStopping: 0, store.StateFailed: 0}
+	for _, sb := range sbs {
+		if _, ok := n[sb.State]; ok {
+			n[sb.State]++
+		}
+	}
+	for st, v := range n {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), string(st))
+	}
+}
+
+func newMetrics(sb Sandboxes) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		creates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "airlock_sandbox_creates_total", Help: "Sandboxes created through the API.",
+		}),
+		execLat: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "airlock_exec_start_seconds", Help: "Time to start an exec session (request to process started).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_failures_total", Help: "Requests that failed on the server's side (5xx), by operation.",
+		}, []string{"op"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_http_requests_total", Help: "HTTP requests by route pattern and status code.",
+		}, []string{"route", "code"}),
+	}
+	m.reg.MustRegister(m.creates, m.execLat, m.failures, m.requests,
+		sandboxCollector{sb, prometheus.NewDesc("airlock_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// routeOp names a route pattern for the failures counter ("POST
+// /v1/sandboxes/{id}/exec" -> "exec").
+func routeOp(pattern string) string {
+	_, p, _ := strings.Cut(pattern, " ")
+	p = strings.TrimPrefix(p, "/v1/")
+	if p == "" {
+		return "other"
+	}
+	parts := strings.Split(p, "/")
+	return parts[len(parts)-1]
+}
+
+// statusWriter records the status code; it passes Flush and deadlines
+// through (http.ResponseController uses Unwrap).
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush lets NDJSON streams flush through the wrapper.
+func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+
+// instrument counts requests by route pattern (never the raw path: ids
+// are not labels) and status code.
+func (s *Server) instrument(pattern string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			code := sw.code
+			if code == 0 {
+				code = http.StatusOK
+			}
+			s.metrics.requests.WithLabelValues(pattern, strconv.Itoa(code)).Inc()
+		}()
+		h.ServeHTTP(sw, r)
+	})
+}

@@ -1,0 +1,181 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Sandbox is the API's view of a sandbox.
+type Sandbox struct {
+	ID          string            `json:"id"`
+	State       string            `json:"state"`
+	Reason      string            `json:"reason"`
+	Image       string            `json:"image"`
+	ImageDigest string            `json:"image_digest"`
+	CPUs        int               `json:"cpus"`
+	MemoryMB    int               `json:"memory_mb"`
+	DiskMB      int               `json:"disk_mb"`
+	CreatedAt   time.Time         `json:"created_at"`
+	ExpiresAt   time.Time         `json:"expires_at"`
+	Accel       string            `json:"accel"`
+	GuestKernel string            `json:"guest_kernel"`
+	StartMode   string            `json:"start_mode"`
+	Metadata    map[string]string `json:"metadata"`
+	Tenant      string            `json:"tenant"`
+}
+
+func viewSandbox(sb store.Sandbox) Sandbox {
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return Sandbox{
+		ID: sb.ID, State: string(sb.State), Reason: sb.Reason, Image: sb.Image, ImageDigest: sb.ImageDigest,
+		CPUs: sb.CPUs, MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB,
+		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
+		Accel: sb.Accel, GuestKernel: sb.Kernel, StartMode: sb.StartMode, Metadata: md, Tenant: sb.Tenant,
+	}
+}
+
+type createRequest struct {
+	Image    string            `json:"image"`
+	CPUs     int               `json:"cpus"`
+	MemoryMB int               `json:"memory_mb"`
+	DiskMB   int               `json:"disk_mb"`
+	TimeoutS int               `json:"timeout_s"`
+	Env      map[string]string `json:"env"`
+	Metadata map[string]string `json:"metadata"`
+	Network  json.RawMessage   `json:"network"`
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req createRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if n := strings.TrimSpace(string(req.Network)); n != "" && n != "null" && n != `"none"` {
+		s.fail(w, r, errNetworkNone)
+		return
+	}
+	if req.CPUs < 0 || req.MemoryMB < 0 || req.DiskMB < 0 || req.TimeoutS < 0 {
+		s.fail(w, r, invalidf("cpus, memory_mb, disk_mb and timeout_s must not be negative"))
+		return
+	}
+	if req.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
+		s.fail(w, r, invalidf("timeout_s must be at most %d", int(sandbox.MaxTimeout/time.Second)))
+		return
+	}
+	o := sandbox.CreateOptions{
+		Image: req.Image, CPUs: req.CPUs, MemoryMiB: req.MemoryMB, DiskMiB: req.DiskMB,
+		Timeout: time.Duration(req.TimeoutS) * time.Second, Metadata: req.Metadata, Env: req.Env,
+	}
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 512
+	}
+	k := keyOf(r)
+	o.Tenant = k.Tenant
+	release, err := s.reserve(r.Context(), k.Tenant, s.limitsOf(k), o.CPUs, o.MemoryMiB)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer release()
+	// The boot must not be abandoned half-way because the client left: the
+	// manager cleans up on failure, but a finished sandbox is better.
+	sb, err := s.cfg.Sandboxes.Create(r.Context(), o)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.metrics.creates.Inc()
+	s.audit(r, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB})
+	writeJSON(w, http.StatusCreated, viewSandbox(sb))
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	sbs, err := s.cfg.Sandboxes.List(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	state := q.Get("state")
+	k := keyOf(r)
+	out := []Sandbox{}
+next:
+	for _, sb := range sbs {
+		if !visible(k, sb) || (state != "" && string(sb.State) != state) {
+			continue
+		}
+		for name, vals := range q {
+			if key, ok := strings.CutPrefix(name, "metadata."); ok {
+				if v, has := sb.Metadata[key]; !has || v != vals[0] {
+					continue next
+				}
+			}
+		}
+		out = append(out, viewSandbox(sb))
+	}
+	writeJSON(w, http.StatusOK, map[string][]Sandbox{"sandboxes": out})
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewSandbox(sb))
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.cfg.Sandboxes.Remove(r.Context(), sb.ID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, sb.ID, "sandbox.delete", nil)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var req struct {
+		TimeoutS int `json:"timeout_s"`
+	}
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.TimeoutS < 1 || req.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
+		s.fail(w, r, invalidf("timeout_s must be between 1 and %d", int(sandbox.MaxTimeout/time.Second)))
+		return
+	}
+	if err := s.cfg.Sandboxes.SetTimeout(r.Context(), sb.ID, time.Duration(req.TimeoutS)*time.Second); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, sb.ID, "sandbox.timeout", map[string]any{"timeout_s": req.TimeoutS})
+	if sb, err = s.cfg.Sandboxes.Get(r.Context(), sb.ID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewSandbox(sb))
+}

@@ -1,0 +1,205 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Limits are a tenant's quotas. Zero fields of a key take the server's
+// defaults.
+type Limits struct {
+	MaxSandboxes int
+	MaxVCPUs     int
+	MaxMemoryMiB int
+	RatePerMin   int
+}
+
+// DefaultLimits apply to keys that set no limit of their own (secure by
+// default: no key is unlimited).
+var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 10, RatePerMin: 1200}
+
+// Config is what a Server needs. Sandboxes, Files, Events and Keys are
+// required; a nil Execs answers exec routes with 503.
+type Config struct {
+	Sandboxes Sandboxes
+	Files     Files
+	Execs     Execs
+	Events    Events
+	Keys      Keys
+	Log       *slog.Logger // nil: discard
+	Defaults  Limits       // zero: DefaultLimits
+}
+
+// Validate checks c and fills in defaults.
+func (c *Config) Validate() error {
+	if c.Sandboxes == nil || c.Files == nil || c.Events == nil || c.Keys == nil {
+		return errors.New("api: Sandboxes, Files, Events and Keys are required")
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.Defaults == (Limits{}) {
+		c.Defaults = DefaultLimits
+	}
+	return nil
+}
+
+// MaxJSONBody caps every JSON request body.
+const MaxJSONBody = 1 << 20
+
+// Server is the API's http.Handler. Safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	mux     *http.ServeMux
+	metrics *metrics
+	// deniedAudit caps how fast failed authentications are written to the
+	// audit trail, so unauthenticated floods cannot fill the catalog.
+	deniedAudit *rate.Limiter
+
+	mu sync.Mutex
+	// limiters are the per-tenant request buckets.
+	limiters map[string]*rate.Limiter
+	// pending counts the resources of creates in flight per tenant (quota
+	// checks count them with the catalog's live sandboxes).
+	pending map[string]Limits
+}
+
+// route is one entry of the route table; auth is false only for /healthz
+// and /metrics.
+type route struct {
+	pattern string // "METHOD /path" (Go 1.22 ServeMux pattern)
+	auth    bool
+	h       func(s *Server, w http.ResponseWriter, r *http.Request)
+}
+
+// routes is the one route table: the mux is built from it, and a test
+// checks it against api/openapi.yaml.
+var routes = []route{
+	{"GET /healthz", false, (*Server).healthz},
+	{"GET /metrics", false, nil}, // filled in by New (promhttp)
+	{"POST /v1/sandboxes", true, (*Server).createSandbox},
+	{"GET /v1/sandboxes", true, (*Server).listSandboxes},
+	{"GET /v1/sandboxes/{id}", true, (*Server).getSandbox},
+	{"DELETE /v1/sandboxes/{id}", true, (*Server).deleteSandbox},
+	{"POST /v1/sandboxes/{id}/timeout", true, (*Server).setTimeout},
+	{"POST /v1/sandboxes/{id}/exec", true, (*Server).exec},
+	{"GET /v1/sandboxes/{id}/execs", true, (*Server).listExecs},
+	{"GET /v1/sandboxes/{id}/execs/{exec_id}", true, (*Server).getExec},
+	{"GET /v1/sandboxes/{id}/execs/{exec_id}/stream", true, (*Server).streamExec},
+	{"POST /v1/sandboxes/{id}/execs/{exec_id}/stdin", true, (*Server).execStdin},
+	{"POST /v1/sandboxes/{id}/execs/{exec_id}/signal", true, (*Server).execSignal},
+	{"PUT /v1/sandboxes/{id}/files", true, (*Server).writeFile},
+	{"GET /v1/sandboxes/{id}/files", true, (*Server).readFile},
+	{"DELETE /v1/sandboxes/{id}/files", true, (*Server).deleteFile},
+	{"GET /v1/sandboxes/{id}/files/list", true, (*Server).listFiles},
+	{"GET /v1/sandboxes/{id}/files/stat", true, (*Server).statFile},
+	{"POST /v1/sandboxes/{id}/files/mkdir", true, (*Server).mkdir},
+	{"GET /v1/events", true, (*Server).listEvents},
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Log, mux: http.NewServeMux(),
+		deniedAudit: rate.NewLimiter(10, 20),
+		limiters:    map[string]*rate.Limiter{},
+		pending:     map[string]Limits{},
+	}
+	s.metrics = newMetrics(cfg.Sandboxes)
+	for _, rt := range routes {
+		var h http.Handler
+		if rt.h == nil {
+			h = s.metrics.handler()
+		} else {
+			fn := rt.h
+			h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fn(s, w, r) })
+		}
+		if rt.auth {
+			h = s.authenticate(h)
+		}
+		s.mux.Handle(rt.pattern, s.instrument(rt.pattern, h))
+	}
+	s.mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, r, errNoRoute)
+	})))
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := newRequestID()
+	w.Header().Set("X-Request-Id", id)
+	r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("handler panic", "request_id", id, "route", r.Pattern, "panic", v)
+			s.fail(w, r, errors.New("panic"))
+		}
+	}()
+	s.mux.ServeHTTP(w, r)
+}
+
+// NewHTTPServer returns an http.Server for s with the API's protections:
+// header size and read-header timeouts, idle timeouts. There is no overall
+// read or write timeout (uploads and exec streams are long); handlers set
+// rolling deadlines instead. Cancel stops in-flight streams (exec sessions
+// keep running in their shims): call it from RegisterOnShutdown.
+func (s *Server) NewHTTPServer(addr string) (srv *http.Server, cancel context.CancelFunc) {
+	base, cancel := context.WithCancel(context.Background())
+	srv = &http.Server{
+		Addr:              addr,
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(_ net.Listener) context.Context { return base },
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	srv.RegisterOnShutdown(cancel)
+	return srv, cancel
+}
+
+type requestIDKey struct{}
+
+func newRequestID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func requestID(r *http.Request) string {
+	id, _ := r.Context().Value(requestIDKey{}).(string)
+	return id
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// auditRequest records an event as the request's key.
+func (s *Server) audit(r *http.Request, sandboxID, action string, detail map[string]any) {
+	k := keyOf(r)
+	if _, err := s.cfg.Events.AppendEvent(context.WithoutCancel(r.Context()), store.Event{
+		Tenant: k.Tenant, KeyID: k.ID, SandboxID: sandboxID, Action: action, Detail: detail,
+	}); err != nil {
+		s.log.Error("audit", "request_id", requestID(r), "action", action, "err", err)
+	}
+}

@@ -1,0 +1,84 @@
+package api
+
+import (
+	"context"
+	"io"
+	"time"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Sandboxes is the lifecycle part of the manager the API needs. Errors are
+// categorized with errdefs.
+type Sandboxes interface {
+	// Create boots a sandbox and returns its row once the guest answers.
+	Create(ctx context.Context, o sandbox.CreateOptions) (store.Sandbox, error)
+	// Get returns one sandbox (ErrNotFound if missing).
+	Get(ctx context.Context, id string) (store.Sandbox, error)
+	// List returns every sandbox of every tenant.
+	List(ctx context.Context) ([]store.Sandbox, error)
+	// Remove stops and deletes a sandbox; removing twice is fine.
+	Remove(ctx context.Context, id string) error
+	// SetTimeout moves the sandbox's expiry to now + d.
+	SetTimeout(ctx context.Context, id string, d time.Duration) error
+}
+
+// Files is the file part of the manager. Paths are validated by the API
+// before they get here. Nothing is buffered whole: data streams.
+type Files interface {
+	// WriteFile streams r into p (mode, parents made) and returns its size.
+	WriteFile(ctx context.Context, id, p string, mode uint32, r io.Reader) (int64, error)
+	// ReadFile streams p to w (capped at the sandbox's disk size); info is
+	// called before the first byte.
+	ReadFile(ctx context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (int64, error)
+	StatFile(ctx context.Context, id, p string) (*agentv1.FileInfo, error)
+	ListFiles(ctx context.Context, id, p string, depth uint32) ([]*agentv1.FileInfo, bool, error)
+	Mkdir(ctx context.Context, id, p string, parents bool) error
+	RemoveFile(ctx context.Context, id, p string, recursive bool) error
+}
+
+// Actor is who asks for an exec (the shim writes it to the audit trail).
+type Actor = sandbox.Actor
+
+// ExecInfo describes one exec session.
+type ExecInfo = sandbox.ExecInfo
+
+// Execs is the exec-session part of the manager: sessions are owned by the
+// sandbox's shim, so they outlive the HTTP request that started them.
+type Execs interface {
+	// StartExec starts a session; killOnDetach kills it when its last
+	// attached stream goes away.
+	StartExec(ctx context.Context, sandboxID string, start *agentv1.ExecStart, actor Actor, killOnDetach bool) (ExecInfo, error)
+	// AttachExec calls fn with the session's events (from the start of its
+	// retained output if fromStart) until it exits, fn fails or ctx ends.
+	AttachExec(ctx context.Context, sandboxID, execID string, fromStart bool, fn func(*agentv1.ExecResponse) error) error
+	// ExecInput writes to the session's stdin, then closes it if asked.
+	ExecInput(ctx context.Context, sandboxID, execID string, data []byte, closeStdin bool) error
+	// ExecSignal sends a signal to the session's process.
+	ExecSignal(ctx context.Context, sandboxID, execID string, sig int32) error
+	ListExecs(ctx context.Context, sandboxID string) ([]ExecInfo, error)
+	GetExec(ctx context.Context, sandboxID, execID string) (ExecInfo, error)
+}
+
+// Events is the audit trail.
+type Events interface {
+	AppendEvent(ctx context.Context, e store.Event) (int64, error)
+	ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event, error)
+}
+
+// Keys authenticates API keys.
+type Keys interface {
+	// LookupKey returns the record of a full key, or an error wrapping
+	// store.ErrBadKey.
+	LookupKey(ctx context.Context, key string) (store.APIKey, error)
+}
+
+var (
+	_ Sandboxes = (*sandbox.Manager)(nil)
+	_ Files     = (*sandbox.Manager)(nil)
+	_ Execs     = (*sandbox.Manager)(nil)
+	_ Events    = (*store.Store)(nil)
+	_ Keys      = (*store.Store)(nil)
+)

@@ -1,0 +1,242 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
+)
+
+// Actor is who asks for an exec, for the audit trail.
+type Actor struct{ Tenant, KeyID string }
+
+// ExecInfo describes an exec owned by a sandbox's shim (an exec session).
+type ExecInfo struct {
+	ID        string // 16 characters [a-z2-7]
+	Argv      []string
+	PID       int
+	State     string // "running" or "exited"
+	StartedAt time.Time
+	EndedAt   time.Time           // zero while running
+	Exit      *agentv1.ExecExited // nil while running
+}
+
+// Exec states.
+const (
+	ExecStateRunning = "running"
+	ExecStateExited  = "exited"
+)
+
+var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}$`)
+
+// inputChunk is the most stdin data one Input call to the shim carries.
+const inputChunk = 1 << 20
+
+// sessionClient returns a SessionService client for a running sandbox's
+// shim and a func that closes its connection (call it after every stream
+// from the client is closed).
+func (m *Manager) sessionClient(ctx context.Context, sandboxID string) (shimv1connect.SessionServiceClient, func(), error) {
+	if err := m.requireRunning(ctx, sandboxID); err != nil {
+		return nil, nil, err
+	}
+	hc, closeFn := shimHTTPClient(m.L.Socket(sandboxID))
+	c := shimv1connect.NewSessionServiceClient(hc, "http://shim",
+		connect.WithReadMaxBytes(8<<20), connect.WithAcceptCompression("gzip", nil, nil))
+	return c, closeFn, nil
+}
+
+// sessionErr turns a SessionService error into an errdefs category. The
+// shim's messages name no host paths or argv.
+func sessionErr(ctx context.Context, step string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", step, ctx.Err())
+	}
+	cat := errdefs.ErrUnavailable
+	switch connect.CodeOf(err) {
+	case connect.CodeNotFound:
+		cat = errdefs.ErrNotFound
+	case connect.CodeInvalidArgument:
+		cat = errdefs.ErrInvalid
+	case connect.CodeFailedPrecondition:
+		cat = errdefs.ErrFailedPrecondition
+	case connect.CodeResourceExhausted:
+		cat = errdefs.ErrResourceExhausted
+	}
+	msg := err.Error()
+	if ce, ok := errors.AsType[*connect.Error](err); ok {
+		msg = ce.Message()
+	}
+	return fmt.Errorf("%w: %s: %s", cat, step, msg)
+}
+
+func execInfo(in *shimv1.ExecInfo) ExecInfo {
+	e := ExecInfo{
+		ID: in.GetExecId(), Argv: slices.Clone(in.GetArgv()), PID: int(in.GetPid()), State: ExecStateRunning,
+		StartedAt: time.Unix(0, in.GetStartedAt()), Exit: in.GetExit(),
+	}
+	if in.GetState() == shimv1.ExecState_EXEC_STATE_EXITED {
+		e.State, e.EndedAt = ExecStateExited, time.Unix(0, in.GetEndedAt())
+	}
+	return e
+}
+
+// checkExecID returns an error wrapping ErrNotFound for anything that is not
+// an exec id (so no malformed id reaches the shim).
+func checkExecID(id string) error {
+	if !execIDRe.MatchString(id) {
+		return fmt.Errorf("%w: no exec %q", errdefs.ErrNotFound, id)
+	}
+	return nil
+}
+
+// StartExec starts an exec owned by the sandbox's shim and returns once the
+// guest reported its pid. The exec outlives ctx, the caller and the
+// caller's process: it ends when it exits (or its timeout fires) or the
+// sandbox goes away. The shim records exec.start and exec.exit events for
+// actor. With killOnDetach the process is killed when its last attacher
+// (AttachExec) goes away before it exits. start is sent as is: the
+// sandbox's default env is the caller's to merge. Errors: ErrFailedPrecondition
+// if the sandbox is not running, ErrInvalid for a bad start,
+// ErrResourceExhausted when too many execs run.
+func (m *Manager) StartExec(ctx context.Context, sandboxID string, start *agentv1.ExecStart, actor Actor, killOnDetach bool) (ExecInfo, error) {
+	c, closeFn, err := m.sessionClient(ctx, sandboxID)
+	if err != nil {
+		return ExecInfo{}, err
+	}
+	defer closeFn()
+	resp, err := c.Start(ctx, connect.NewRequest(&shimv1.StartRequest{
+		Start: start, Tenant: actor.Tenant, KeyId: actor.KeyID, KillOnDetach: killOnDetach,
+	}))
+	if err != nil {
+		return ExecInfo{}, sessionErr(ctx, "start exec", err)
+	}
+	return execInfo(resp.Msg.GetInfo()), nil
+}
+
+// AttachExec calls fn for each event of an exec (stdout/stderr chunks, then
+// exactly one exited) and returns nil after the exited event. With
+// fromStart the output the shim retained (the last 4 MiB) comes first,
+// preceded by a stderr note if older output was dropped; without it, only
+// output from now on. An error from fn ends the attach and is returned.
+// Ending ctx detaches (the exec keeps running unless it was started with
+// killOnDetach and this was its last attacher). An attacher that falls more
+// than 4 MiB behind is cut off with ErrResourceExhausted.
+func (m *Manager) AttachExec(ctx context.Context, sandboxID, execID string, fromStart bool, fn func(*agentv1.ExecResponse) error) error {
+	if err := checkExecID(execID); err != nil {
+		return err
+	}
+	c, closeFn, err := m.sessionClient(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.Attach(ctx, connect.NewRequest(&shimv1.AttachRequest{ExecId: execID, FromStart: fromStart}))
+	if err != nil {
+		return sessionErr(ctx, "attach exec", err)
+	}
+	defer st.Close()
+	for st.Receive() {
+		ev := st.Msg()
+		if err := fn(ev); err != nil {
+			return err
+		}
+		if ev.GetExited() != nil {
+			return nil
+		}
+	}
+	if err := st.Err(); err != nil {
+		return sessionErr(ctx, "attach exec", err)
+	}
+	return fmt.Errorf("%w: attach exec: the stream ended without an exit status", errdefs.ErrUnavailable)
+}
+
+// ExecInput writes data to an exec's stdin (it must have been started with
+// Stdin set) and then, if closeStdin, closes it. It returns once the shim
+// handed the data to the guest. ErrFailedPrecondition if the exec has no
+// stdin or has exited.
+func (m *Manager) ExecInput(ctx context.Context, sandboxID, execID string, data []byte, closeStdin bool) error {
+	if err := checkExecID(execID); err != nil {
+		return err
+	}
+	c, closeFn, err := m.sessionClient(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	for {
+		n := min(len(data), inputChunk)
+		last := n == len(data)
+		if _, err := c.Input(ctx, connect.NewRequest(&shimv1.InputRequest{ExecId: execID, Data: data[:n], Close: last && closeStdin})); err != nil {
+			return sessionErr(ctx, "exec input", err)
+		}
+		if last {
+			return nil
+		}
+		data = data[n:]
+	}
+}
+
+// ExecSignal sends sig (1..64) to an exec's process group.
+// ErrFailedPrecondition if the exec has exited.
+func (m *Manager) ExecSignal(ctx context.Context, sandboxID, execID string, sig int32) error {
+	if err := checkExecID(execID); err != nil {
+		return err
+	}
+	c, closeFn, err := m.sessionClient(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if _, err := c.Signal(ctx, connect.NewRequest(&shimv1.SignalRequest{ExecId: execID, Signal: sig})); err != nil {
+		return sessionErr(ctx, "signal exec", err)
+	}
+	return nil
+}
+
+// ListExecs returns the sandbox's running execs and its 100 most recently
+// finished ones, oldest first.
+func (m *Manager) ListExecs(ctx context.Context, sandboxID string) ([]ExecInfo, error) {
+	c, closeFn, err := m.sessionClient(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	resp, err := c.List(ctx, connect.NewRequest(&shimv1.ListRequest{}))
+	if err != nil {
+		return nil, sessionErr(ctx, "list execs", err)
+	}
+	out := make([]ExecInfo, 0, len(resp.Msg.GetExecs()))
+	for _, in := range resp.Msg.GetExecs() {
+		out = append(out, execInfo(in))
+	}
+	return out, nil
+}
+
+// GetExec returns one exec; ErrNotFound if the shim does not know it (or
+// has forgotten it: only the 100 most recent finished execs are kept).
+func (m *Manager) GetExec(ctx context.Context, sandboxID, execID string) (ExecInfo, error) {
+	if err := checkExecID(execID); err != nil {
+		return ExecInfo{}, err
+	}
+	c, closeFn, err := m.sessionClient(ctx, sandboxID)
+	if err != nil {
+		return ExecInfo{}, err
+	}
+	defer closeFn()
+	resp, err := c.Get(ctx, connect.NewRequest(&shimv1.GetRequest{ExecId: execID}))
+	if err != nil {
+		return ExecInfo{}, sessionErr(ctx, "get exec", err)
+	}
+	return execInfo(resp.Msg), nil
+}

@@ -1,0 +1,42 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+)
+
+func TestSessionErrCategories(t *testing.T) {
+	ctx := context.Background()
+	for code, want := range map[connect.Code]error{
+		connect.CodeNotFound:           errdefs.ErrNotFound,
+		connect.CodeInvalidArgument:    errdefs.ErrInvalid,
+		connect.CodeFailedPrecondition: errdefs.ErrFailedPrecondition,
+		connect.CodeResourceExhausted:  errdefs.ErrResourceExhausted,
+		connect.CodeUnavailable:        errdefs.ErrUnavailable,
+		connect.CodeInternal:           errdefs.ErrUnavailable,
+	} {
+		err := sessionErr(ctx, "step", connect.NewError(code, errors.New("msg")))
+		if !errors.Is(err, want) || err.Error() != want.Error()+": step: msg" {
+			t.Errorf("%v: %v", code, err)
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := sessionErr(cctx, "step", connect.NewError(connect.CodeCanceled, errors.New("x"))); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: %v", err)
+	}
+}
+
+func TestExecIDsAreCheckedBeforeDialing(t *testing.T) {
+	m := &Manager{L: Layout{Root: t.TempDir()}}
+	for _, id := range []string{"", "short", "AAAAAAAAAAAAAAAA", "aaaaaaaaaaaaaaa1", "../../../etc/pas"} {
+		if _, err := m.GetExec(t.Context(), "aaaaaaaaaaaa", id); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("%q: %v", id, err)
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+)
+
+// checkStart validates an exec start on the host side and clamps its output
+// cap to DefaultMaxOutputBytes. It returns an InvalidArgument Connect error.
+func checkStart(start *agentv1.ExecStart) error {
+	if start == nil {
+		return invalid(errors.New("first exec message must be start"))
+	}
+	if len(start.GetArgv()) == 0 || start.GetArgv()[0] == "" {
+		return invalid(errors.New("empty command"))
+	}
+	if c := start.GetCwd(); c != "" {
+		if err := ValidateGuestPath(c); err != nil {
+			return invalid(fmt.Errorf("cwd: %w", err))
+		}
+	}
+	if limit := start.GetMaxOutputBytes(); limit == 0 || limit > DefaultMaxOutputBytes {
+		start.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	return nil
+}
+
+// guardedExec is one agent exec stream with the host-side limits applied:
+// the output cap (checkStart's MaxOutputBytes) and the deadline
+// (timeout_ms + timeoutGrace) hold whatever the guest does. Used by the
+// relay (one exec per client stream) and by sessions (execs the shim owns).
+//
+// Next must be called from one goroutine; Send and CloseRequest from any;
+// Close may be called at any time and more than once.
+type guardedExec struct {
+	as *connect.BidiStreamForClient[agentv1.ExecRequest, agentv1.ExecResponse]
+
+	reqMu sync.Mutex // serializes the request side: Send, CloseRequest
+
+	cancel       context.CancelFunc
+	timer        *time.Timer
+	hostTimedOut atomic.Bool
+	limit        uint64
+	sent         uint64
+	truncated    bool
+	done         bool
+}
+
+// openExec checks start (see checkStart), opens an exec stream to the agent
+// under ctx and sends start. The caller must Close the result.
+func openExec(ctx context.Context, agent *agentapi.Client, start *agentv1.ExecStart) (*guardedExec, error) {
+	if err := checkStart(start); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	g := &guardedExec{cancel: cancel, limit: start.GetMaxOutputBytes()}
+	if t := start.GetTimeoutMs(); t > 0 {
+		d := time.Duration(t)*time.Millisecond + timeoutGrace
+		g.timer = time.AfterFunc(d, func() { g.hostTimedOut.Store(true); cancel() })
+	}
+	g.as = agent.Exec.Exec(ctx)
+	// The HTTP/2 transport notices a cancelled ctx only once the request
+	// body is done: end it, so that cancelling (Close, the host deadline,
+	// the caller) always ends the stream and wakes Next.
+	context.AfterFunc(ctx, func() { _ = g.CloseRequest() })
+	if err := g.sendStart(start); err != nil {
+		_, rerr := g.as.Receive()
+		g.Close()
+		return nil, relayErr("start exec", errors.Join(err, rerr))
+	}
+	return g, nil
+}
+
+// sendStart sends the start message.
+func (g *guardedExec) sendStart(start *agentv1.ExecStart) error {
+	g.reqMu.Lock()
+	defer g.reqMu.Unlock()
+	return g.as.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Start{Start: start}})
+}
+
+// Send forwards stdin, close_stdin or a signal (never a second start).
+func (g *guardedExec) Send(msg *agentv1.ExecRequest) error {
+	if msg.GetStart() != nil {
+		return nil
+	}
+	g.reqMu.Lock()
+	defer g.reqMu.Unlock()
+	return g.as.Send(msg)
+}
+
+// CloseRequest half-closes the stream (the client will send nothing more).
+func (g *guardedExec) CloseRequest() error {
+	g.reqMu.Lock()
+	defer g.reqMu.Unlock()
+	return g.as.CloseRequest()
+}
+
+// Next returns the next event for the client: started, stdout, stderr
+// (trimmed to the output cap), and last exactly one exited, after which it
+// returns io.EOF. If the host-side deadline fired, the exited event is made
+// up by the host (signal 9, timed_out). Unknown events are dropped. Errors
+// are Connect errors with bounded messages.
+func (g *guardedExec) Next() (*agentv1.ExecResponse, error) {
+	if g.done {
+		return nil, io.EOF
+	}
+	for {
+		ev, err := g.as.Receive()
+		if err != nil {
+			if g.hostTimedOut.Load() {
+				g.done = true
+				return &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: &agentv1.ExecExited{
+					ExitCode: -1, Signal: 9, TimedOut: true, OutputTruncated: g.truncated,
+				}}}, nil
+			}
+			if errors.Is(err, io.EOF) {
+				return nil, connect.NewError(connect.CodeUnavailable, errors.New("guest ended the exec without an exit status"))
+			}
+			return nil, relayErr("exec", err)
+		}
+		switch e := ev.GetEvent().(type) {
+		case *agentv1.ExecResponse_Stdout:
+			if !admit(&g.sent, g.limit, &e.Stdout, &g.truncated) {
+				continue
+			}
+		case *agentv1.ExecResponse_Stderr:
+			if !admit(&g.sent, g.limit, &e.Stderr, &g.truncated) {
+				continue
+			}
+		case *agentv1.ExecResponse_Exited:
+			if e.Exited == nil {
+				e.Exited = &agentv1.ExecExited{}
+			}
+			if g.truncated {
+				e.Exited.OutputTruncated = true
+			}
+			g.done = true
+		case *agentv1.ExecResponse_Started:
+			if e.Started == nil {
+				e.Started = &agentv1.ExecStarted{}
+			}
+		default:
+			continue // unknown event from a newer or hostile agent: drop
+		}
+		return ev, nil
+	}
+}
+
+// Close cancels the stream (the agent kills the process if it still runs)
+// and releases it.
+func (g *guardedExec) Close() {
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+	g.cancel()
+	if g.as != nil {
+		_ = g.as.CloseResponse()
+	}
+}
+
+// admit trims *data so that the total forwarded stays within limit.
+func admit(sent *uint64, limit uint64, data *[]byte, truncated *bool) bool {
+	if *sent >= limit {
+		*truncated = true
+		return false
+	}
+	if room := limit - *sent; uint64(len(*data)) > room {
+		*data = (*data)[:room]
+		*truncated = true
+	}
+	*sent += uint64(len(*data))
+	return len(*data) > 0
+}

@@ -1,0 +1,491 @@
+package shim
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Limits on the execs a shim owns (SessionService).
+const (
+	// maxRunningSessions caps execs running at once in one sandbox.
+	maxRunningSessions = 64
+	// maxFinishedSessions is how many finished execs (exit status and
+	// retained output) the shim remembers; older ones are forgotten.
+	maxFinishedSessions = 100
+	// finishedOutputBudget caps the output retained by finished sessions
+	// together; past it, the oldest finished sessions lose their output
+	// (not their exit status).
+	finishedOutputBudget = 64 << 20
+)
+
+// retainCap caps the stdout+stderr a session keeps for replay (the oldest
+// goes first), and how far behind the live output an attacher may fall
+// before it is cut off. A var for tests.
+var retainCap = 4 << 20
+
+var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}$`)
+
+// newExecID returns 16 random characters [a-z2-7].
+func newExecID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz234567"
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[b[i]&31]
+	}
+	return string(b)
+}
+
+// sessions is the shim's table of execs it owns: each runs independently of
+// any client, pumps its agent stream into a retained buffer, and fans its
+// output out to attachers. Safe for concurrent use. Close ends every exec
+// and waits for its goroutines.
+type sessions struct {
+	agent     *agentapi.Client
+	st        *store.Store
+	sandboxID string
+	log       *slog.Logger
+	ctx       context.Context // ends every exec stream when cancelled
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // pumps and kill_on_detach kills
+
+	mu       sync.Mutex
+	byID     map[string]*session
+	finished []string // ids of finished sessions, oldest first
+	running  int      // running or starting
+	closed   bool
+}
+
+func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, log *slog.Logger) *sessions {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &sessions{agent: agent, st: st, sandboxID: sandboxID, log: log, ctx: ctx, cancel: cancel, byID: map[string]*session{}}
+}
+
+// session is one exec owned by the shim.
+type session struct {
+	id           string
+	argv         []string
+	stdin        bool
+	tenant       string
+	keyID        string
+	killOnDetach bool
+	startedAt    time.Time
+	pid          int32
+	g            *guardedExec
+
+	mu        sync.Mutex
+	out       []*agentv1.ExecResponse // retained stdout/stderr, oldest first
+	outBytes  int
+	dropped   uint64 // bytes dropped from the front of out
+	attachers map[*attacher]struct{}
+	endedAt   time.Time
+	exit      *agentv1.ExecExited // nil while running
+}
+
+// attacher is one live reader of a session. Its queue is guarded by the
+// session's mu.
+type attacher struct {
+	q      []*agentv1.ExecResponse
+	qBytes int
+	err    error // set when cut off for falling behind
+	wake   chan struct{}
+}
+
+func (a *attacher) notify() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// goLocked runs f as a goroutine owned by the table unless the table is
+// closed; the caller holds t.mu.
+func (t *sessions) goLocked(f func()) bool {
+	if t.closed {
+		return false
+	}
+	t.wg.Go(f)
+	return true
+}
+
+// Start starts an exec that the shim owns and returns once the guest
+// reported its pid. ctx bounds only the wait for that; the exec itself
+// lives until it exits or the shim closes.
+func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1.ExecInfo, error) {
+	start := req.GetStart()
+	if err := checkStart(start); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	switch {
+	case t.closed:
+		t.mu.Unlock()
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
+	case t.running >= maxRunningSessions:
+		t.mu.Unlock()
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("at most %d execs can run at once in a sandbox", maxRunningSessions))
+	}
+	t.running++ // reserved; released below on failure or by finish
+	t.mu.Unlock()
+	registered := false
+	defer func() {
+		if !registered {
+			t.mu.Lock()
+			t.running--
+			t.mu.Unlock()
+		}
+	}()
+
+	g, err := openExec(t.ctx, t.agent, start)
+	if err != nil {
+		return nil, err
+	}
+	// The caller may give up while the guest starts the process.
+	stop := context.AfterFunc(ctx, g.cancel)
+	ev, err := g.Next()
+	if !stop() {
+		g.Close()
+		return nil, connect.NewError(connect.CodeCanceled, fmt.Errorf("start exec: %w", context.Cause(ctx)))
+	}
+	if err == nil && ev.GetStarted() == nil {
+		err = connect.NewError(connect.CodeUnavailable, errors.New("guest did not report the exec's start"))
+	}
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	s := &session{
+		id: newExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin(),
+		tenant: req.GetTenant(), keyID: req.GetKeyId(), killOnDetach: req.GetKillOnDetach(),
+		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
+	}
+	if err := t.audit(s, "exec.start", map[string]any{
+		"exec_id": s.id, "argv": s.argv, "user": start.GetUser(), "cwd": start.GetCwd(),
+	}); err != nil {
+		g.Close() // no exec runs unrecorded
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("record the exec in the audit trail"))
+	}
+	t.mu.Lock()
+	if registered = t.goLocked(func() { t.pump(s) }); registered {
+		t.byID[s.id] = s
+	}
+	t.mu.Unlock()
+	if !registered {
+		g.Close()
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
+	}
+	t.log.Debug("exec session started", "exec_id", s.id, "pid", s.pid)
+	return s.info(), nil
+}
+
+func (t *sessions) audit(s *session, action string, detail map[string]any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	_, err := t.st.AppendEvent(ctx, store.Event{Tenant: s.tenant, KeyID: s.keyID, SandboxID: t.sandboxID, Action: action, Detail: detail})
+	if err != nil {
+		t.log.Error("audit event", "action", action, "exec_id", s.id, "err", err)
+	}
+	return err
+}
+
+// pump moves the agent's events into the session until the exec ends.
+func (t *sessions) pump(s *session) {
+	defer s.g.Close()
+	for {
+		ev, err := s.g.Next()
+		if err != nil {
+			note := "[airlock: the exec's stream to the guest broke; the process was killed]\n"
+			if t.ctx.Err() != nil {
+				note = "[airlock: the sandbox stopped; the process was killed]\n"
+			} else {
+				t.log.Warn("exec session stream", "exec_id", s.id, "err", err)
+			}
+			s.publish(t, &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: []byte(note)}})
+			t.finish(s, &agentv1.ExecExited{ExitCode: -1, Signal: 9, OutputTruncated: s.g.truncated})
+			return
+		}
+		switch ev.GetEvent().(type) {
+		case *agentv1.ExecResponse_Exited:
+			t.finish(s, ev.GetExited())
+			return
+		case *agentv1.ExecResponse_Stdout, *agentv1.ExecResponse_Stderr:
+			s.publish(t, ev)
+		}
+	}
+}
+
+func outputLen(ev *agentv1.ExecResponse) int { return len(ev.GetStdout()) + len(ev.GetStderr()) }
+
+// publish retains an output event and queues it for every attacher.
+func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
+	n := outputLen(ev)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.out = append(s.out, ev)
+	s.outBytes += n
+	for s.outBytes > retainCap {
+		first, excess := s.out[0], s.outBytes-retainCap
+		if fl := outputLen(first); fl <= excess {
+			s.out[0] = nil
+			s.out = s.out[1:]
+			s.outBytes -= fl
+			s.dropped += uint64(fl)
+			continue
+		}
+		// Events are shared with attacher queues: replace, never modify.
+		if b := first.GetStdout(); b != nil {
+			s.out[0] = &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: b[excess:]}}
+		} else {
+			s.out[0] = &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: first.GetStderr()[excess:]}}
+		}
+		s.outBytes -= excess
+		s.dropped += uint64(excess)
+	}
+	for a := range s.attachers {
+		if a.qBytes+n > retainCap {
+			a.q, a.qBytes = nil, 0
+			a.err = connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("attacher fell more than %d bytes behind the exec's output", retainCap))
+			delete(s.attachers, a)
+			s.killIfDetachedLocked(t)
+		} else {
+			a.q = append(a.q, ev)
+			a.qBytes += n
+		}
+		a.notify()
+	}
+}
+
+// killIfDetachedLocked kills a kill_on_detach exec whose last attacher
+// went away. The caller holds s.mu.
+func (s *session) killIfDetachedLocked(t *sessions) {
+	if !s.killOnDetach || s.exit != nil || len(s.attachers) > 0 {
+		return
+	}
+	t.mu.Lock()
+	t.goLocked(func() { _ = s.send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Signal{Signal: 9}}) })
+	t.mu.Unlock()
+}
+
+// finish records the exit, then hands it to attachers and moves the session
+// to the finished list.
+func (t *sessions) finish(s *session, ex *agentv1.ExecExited) {
+	now := time.Now()
+	if ex.GetDurationMs() == 0 {
+		ex.DurationMs = now.Sub(s.startedAt).Milliseconds()
+	}
+	_ = t.audit(s, "exec.exit", map[string]any{
+		"exec_id": s.id, "code": ex.GetExitCode(), "signal": ex.GetSignal(), "timeout": ex.GetTimedOut(),
+		"truncated": ex.GetOutputTruncated(), "duration_ms": ex.GetDurationMs(),
+	})
+	ev := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: ex}}
+	s.mu.Lock()
+	s.exit, s.endedAt = ex, now
+	for a := range s.attachers {
+		a.q = append(a.q, ev)
+		a.notify()
+	}
+	s.attachers = nil
+	s.mu.Unlock()
+
+	t.mu.Lock()
+	t.running--
+	t.finished = append(t.finished, s.id)
+	for len(t.finished) > maxFinishedSessions {
+		delete(t.byID, t.finished[0])
+		t.finished = t.finished[1:]
+	}
+	done := make([]*session, 0, len(t.finished))
+	for _, id := range slices.Backward(t.finished) {
+		done = append(done, t.byID[id]) // newest first
+	}
+	t.mu.Unlock()
+	// Finished sessions no longer change their output: keep the newest
+	// within the budget.
+	kept := 0
+	for _, f := range done {
+		f.mu.Lock()
+		if kept += f.outBytes; kept > finishedOutputBudget {
+			f.dropped += uint64(f.outBytes)
+			f.out, f.outBytes = nil, 0
+		}
+		f.mu.Unlock()
+	}
+	t.log.Debug("exec session exited", "exec_id", s.id, "code", ex.GetExitCode(), "signal", ex.GetSignal())
+}
+
+// Get returns a session, or a NotFound Connect error.
+func (t *sessions) Get(id string) (*session, error) {
+	t.mu.Lock()
+	s := t.byID[id]
+	t.mu.Unlock()
+	if s == nil {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("no such exec"))
+	}
+	return s, nil
+}
+
+// List returns every known session, oldest first.
+func (t *sessions) List() []*shimv1.ExecInfo {
+	t.mu.Lock()
+	all := make([]*session, 0, len(t.byID))
+	for _, s := range t.byID {
+		all = append(all, s)
+	}
+	t.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].startedAt.Before(all[j].startedAt) })
+	out := make([]*shimv1.ExecInfo, len(all))
+	for i, s := range all {
+		out[i] = s.info()
+	}
+	return out
+}
+
+// Close ends every running exec (the guest kills them), records their
+// exits and waits for the table's goroutines. Start fails afterwards.
+func (t *sessions) Close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.cancel()
+	t.wg.Wait()
+}
+
+func (s *session) info() *shimv1.ExecInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := &shimv1.ExecInfo{
+		ExecId: s.id, Argv: s.argv, Pid: s.pid, State: shimv1.ExecState_EXEC_STATE_RUNNING,
+		StartedAt: s.startedAt.UnixNano(), Exit: s.exit,
+	}
+	if s.exit != nil {
+		in.State, in.EndedAt = shimv1.ExecState_EXEC_STATE_EXITED, s.endedAt.UnixNano()
+	}
+	return in
+}
+
+// send forwards one request to the agent stream.
+func (s *session) send(msg *agentv1.ExecRequest) error {
+	if err := s.g.Send(msg); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the exec has exited"))
+	}
+	return nil
+}
+
+func (s *session) exited() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exit != nil
+}
+
+// Input writes data to the exec's stdin in agent-sized chunks, then closes
+// stdin if closeStdin.
+func (s *session) Input(data []byte, closeStdin bool) error {
+	if !s.stdin {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the exec was started without stdin"))
+	}
+	if s.exited() {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the exec has exited"))
+	}
+	for len(data) > 0 {
+		n := min(len(data), agentapi.ChunkSize)
+		if err := s.send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Stdin{Stdin: data[:n]}}); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	if closeStdin {
+		return s.send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_CloseStdin{CloseStdin: true}})
+	}
+	return nil
+}
+
+// Signal sends sig to the exec's process group.
+func (s *session) Signal(sig int32) error {
+	if sig < 1 || sig > 64 {
+		return invalid(fmt.Errorf("signal %d is out of range", sig))
+	}
+	if s.exited() {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the exec has exited"))
+	}
+	return s.send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Signal{Signal: sig}})
+}
+
+// Attach calls send for the retained output (fromStart), then live output,
+// then the exit, and returns nil after the exit. It returns ctx's error if
+// ctx ends first, and a ResourceExhausted error if it fell too far behind.
+func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send func(*agentv1.ExecResponse) error) error {
+	s.mu.Lock()
+	var backlog []*agentv1.ExecResponse
+	if fromStart {
+		if s.dropped > 0 {
+			note := fmt.Sprintf("[airlock: %d earlier bytes dropped]\n", s.dropped)
+			backlog = append(backlog, &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: []byte(note)}})
+		}
+		backlog = append(backlog, s.out...)
+	}
+	var a *attacher
+	if s.exit != nil {
+		backlog = append(backlog, &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: s.exit}})
+	} else {
+		a = &attacher{wake: make(chan struct{}, 1)}
+		s.attachers[a] = struct{}{}
+	}
+	s.mu.Unlock()
+	if a != nil {
+		defer s.detach(t, a)
+	}
+	for _, ev := range backlog {
+		if err := send(ev); err != nil {
+			return err
+		}
+	}
+	if a == nil {
+		return nil
+	}
+	for {
+		select {
+		case <-a.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+		q, err := a.q, a.err
+		a.q, a.qBytes = nil, 0
+		s.mu.Unlock()
+		for _, ev := range q {
+			if err := send(ev); err != nil {
+				return err
+			}
+			if ev.GetExited() != nil {
+				return nil
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (s *session) detach(t *sessions, a *attacher) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.attachers[a]; ok {
+		delete(s.attachers, a)
+		s.killIfDetachedLocked(t)
+	}
+}

@@ -1,0 +1,152 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"database/sql"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+)
+
+// APIKey is one API key's record. The secret itself is never stored: only
+// the SHA-256 of it. Zero limits mean "the server's default".
+type APIKey struct {
+	ID           string
+	Tenant       string
+	Admin        bool // sees and acts on every tenant's sandboxes
+	Created      time.Time
+	Revoked      bool
+	MaxSandboxes int
+	MaxVCPUs     int
+	MaxMemoryMiB int
+	RatePerMin   int
+}
+
+// ErrBadKey is returned by LookupKey for any key that does not authenticate
+// (malformed, unknown, wrong secret or revoked); callers cannot tell which.
+var ErrBadKey = errors.New("invalid API key")
+
+var (
+	keyEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+	tenantRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	keyIDRE     = regexp.MustCompile(`^[a-z2-7]{8}$`)
+	secretRE    = regexp.MustCompile(`^[a-z2-7]{32}$`)
+)
+
+// ValidateTenant checks a tenant name: 1-63 of [a-z0-9_-], starting with a
+// letter or digit.
+func ValidateTenant(t string) error {
+	if !tenantRE.MatchString(t) {
+		return fmt.Errorf("%w: tenant must be 1-63 characters of [a-z0-9_-] starting with a letter or digit", errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+func hashSecret(secret string) string {
+	h := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(h[:])
+}
+
+// CreateKey records a new key for k.Tenant with k's flags and limits and
+// returns the record and the key ("al_<id>_<secret>"), which is shown once:
+// only its hash is kept.
+func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, string, error) {
+	if err := ValidateTenant(k.Tenant); err != nil {
+		return k, "", err
+	}
+	if k.MaxSandboxes < 0 || k.MaxVCPUs < 0 || k.MaxMemoryMiB < 0 || k.RatePerMin < 0 {
+		return k, "", fmt.Errorf("%w: key limits must not be negative", errdefs.ErrInvalid)
+	}
+	idb, secb := make([]byte, 5), make([]byte, 20)
+	_, _ = rand.Read(idb) // crypto/rand.Read never fails (go1.24)
+	_, _ = rand.Read(secb)
+	k.ID, k.Revoked = keyEncoding.EncodeToString(idb), false
+	secret := keyEncoding.EncodeToString(secb)
+	if k.Created.IsZero() {
+		k.Created = time.Now()
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,rate_per_min)
+		VALUES(?,?,?,?,?,0,?,?,?,?)`, k.ID, k.Tenant, hashSecret(secret), k.Admin, k.Created.UnixNano(),
+		k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.RatePerMin)
+	if err != nil {
+		return k, "", fmt.Errorf("create key: %w", err)
+	}
+	return k, "al_" + k.ID + "_" + secret, nil
+}
+
+const keyCols = `id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,rate_per_min`
+
+func scanKey(r scanner) (APIKey, string, error) {
+	var k APIKey
+	var hash string
+	var created int64
+	err := r.Scan(&k.ID, &k.Tenant, &hash, &k.Admin, &created, &k.Revoked, &k.MaxSandboxes, &k.MaxVCPUs, &k.MaxMemoryMiB, &k.RatePerMin)
+	k.Created = time.Unix(0, created)
+	return k, hash, err
+}
+
+// ListKeys returns every key (revoked ones too), oldest first.
+func (s *Store) ListKeys(ctx context.Context) ([]APIKey, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+keyCols+` FROM api_keys ORDER BY created`)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	defer rows.Close()
+	var out []APIKey
+	for rows.Next() {
+		k, _, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RevokeKey revokes key id; later lookups of it fail. Revoking twice is fine.
+func (s *Store) RevokeKey(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET revoked=1 WHERE id=?`, id)
+	if err != nil {
+		return fmt.Errorf("revoke key: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: no key %q (see `airlock keys ls`)", errdefs.ErrNotFound, id)
+	}
+	return nil
+}
+
+// dummyHash is compared against when a key id is unknown, so that unknown
+// and wrong keys take the same path.
+var dummyHash = hashSecret("")
+
+// LookupKey authenticates a full key string and returns its record. Any
+// failure (malformed, unknown id, wrong secret, revoked) is ErrBadKey; the
+// secret is compared in constant time.
+func (s *Store) LookupKey(ctx context.Context, key string) (APIKey, error) {
+	rest, ok := strings.CutPrefix(key, "al_")
+	id, secret, ok2 := strings.Cut(rest, "_")
+	if !ok || !ok2 || !keyIDRE.MatchString(id) || !secretRE.MatchString(secret) {
+		return APIKey{}, ErrBadKey
+	}
+	k, hash, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys WHERE id=?`, id))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		subtle.ConstantTimeCompare([]byte(dummyHash), []byte(hashSecret(secret)))
+		return APIKey{}, ErrBadKey
+	case err != nil:
+		return APIKey{}, fmt.Errorf("look up key: %w", err)
+	}
+	if subtle.ConstantTimeCompare([]byte(hash), []byte(hashSecret(secret))) != 1 || k.Revoked {
+		return APIKey{}, ErrBadKey
+	}
+	return k, nil
+}

@@ -1,0 +1,55 @@
+package store
+
+import (
+	"errors"
+	"path/filepath"
+	"regexp"
+	"testing"
+)
+
+func TestKeys(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, _, err := s.CreateKey(ctx, APIKey{Tenant: "Bad Tenant"}); err == nil {
+		t.Fatal("bad tenant accepted")
+	}
+	k, key, err := s.CreateKey(ctx, APIKey{Tenant: "acme", MaxSandboxes: 3, RatePerMin: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^al_[a-z2-7]{8}_[a-z2-7]{32}$`).MatchString(key) || key[3:11] != k.ID {
+		t.Fatalf("key %q (id %q) has the wrong shape", key, k.ID)
+	}
+	got, err := s.LookupKey(ctx, key)
+	if err != nil || got.Tenant != "acme" || got.MaxSandboxes != 3 || got.RatePerMin != 60 || got.Admin {
+		t.Fatalf("LookupKey = %+v, %v", got, err)
+	}
+	wrong := key[:len(key)-1] + map[bool]string{true: "b", false: "a"}[key[len(key)-1] == 'a']
+	for _, bad := range []string{"", "al_", key + "x", wrong, "al_aaaaaaaa_" + key[12:], "Bearer " + key} {
+		if _, err := s.LookupKey(ctx, bad); !errors.Is(err, ErrBadKey) {
+			t.Errorf("LookupKey(%q) = %v, want ErrBadKey", bad, err)
+		}
+	}
+	var hash string
+	if err := s.db.QueryRowContext(ctx, `SELECT hash FROM api_keys WHERE id=?`, k.ID).Scan(&hash); err != nil || hash != hashSecret(key[12:]) {
+		t.Fatalf("stored hash %q, %v", hash, err)
+	}
+	if err := s.RevokeKey(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.LookupKey(ctx, key); !errors.Is(err, ErrBadKey) {
+		t.Fatalf("revoked key: %v", err)
+	}
+	if err := s.RevokeKey(ctx, "zzzzzzzz"); err == nil {
+		t.Fatal("revoking a missing key succeeded")
+	}
+	keys, err := s.ListKeys(ctx)
+	if err != nil || len(keys) != 1 || !keys[0].Revoked {
+		t.Fatalf("ListKeys = %+v, %v", keys, err)
+	}
+}

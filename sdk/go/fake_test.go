@@ -1,0 +1,555 @@
+package airlock_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeServer implements the API contract's routes minimally, in memory.
+// Execs are interpreted, not run: "echo ARGS" prints ARGS, "cat" echoes its
+// stdin, "python3" prints 42, "sha256sum PATH" hashes a file, "bytes" prints all 256 byte values, "fail N" writes "boom" to stderr
+// and exits N.
+type fakeServer struct {
+	t   testing.TB
+	key string
+	srv *httptest.Server
+
+	mu        sync.Mutex
+	nextID    int
+	sandboxes map[string]map[string]any // id -> wire object
+	files     map[string]map[string][]byte
+	execs     map[string]map[string]*fakeExec
+	events    []map[string]any
+	requests  []*http.Request // clones of every request seen (bodies not kept)
+
+	// uploadStarted, if set, is closed once the first bytes of a PUT body
+	// have arrived (for the streaming test).
+	uploadStarted chan struct{}
+}
+
+type fakeExec struct {
+	id    string
+	cmd   []string
+	recs  []map[string]any // stdout/stderr/exit records, wire form (base64)
+	stdin bytes.Buffer
+	done  chan struct{}
+}
+
+func newFakeServer(t testing.TB) *fakeServer {
+	f := &fakeServer{
+		t: t, key: "al_testkey1_0123456789abcdefghijklmnopqrstuv",
+		sandboxes: map[string]map[string]any{},
+		files:     map[string]map[string][]byte{},
+		execs:     map[string]map[string]*fakeExec{},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/sandboxes", f.create)
+	mux.HandleFunc("GET /v1/sandboxes", f.list)
+	mux.HandleFunc("GET /v1/sandboxes/{id}", f.withSandbox(f.get))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", f.withSandbox(f.kill))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/timeout", f.withSandbox(f.timeout))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", f.withSandbox(f.exec))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/execs", f.withSandbox(f.listExecs))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/execs/{eid}", f.withExec(f.getExec))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/execs/{eid}/stream", f.withExec(f.stream))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/execs/{eid}/stdin", f.withExec(f.stdin))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/execs/{eid}/signal", f.withExec(f.signal))
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", f.withSandbox(f.putFile))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files", f.withSandbox(f.getFile))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/files", f.withSandbox(f.deleteFile))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", f.withSandbox(f.listFiles))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", f.withSandbox(f.stat))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", f.withSandbox(f.mkdir))
+	mux.HandleFunc("GET /v1/events", f.eventsHandler)
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", "req-"+strconv.Itoa(len(f.requests)))
+		f.mu.Lock()
+		f.requests = append(f.requests, r.Clone(r.Context()))
+		f.mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer "+f.key {
+			f.fail(w, 401, "unauthenticated", "missing or bad API key")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeServer) lastRequest() *http.Request {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.requests[len(f.requests)-1]
+}
+
+func (f *fakeServer) fail(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{
+		"code": code, "message": msg, "request_id": w.Header().Get("X-Request-Id"),
+	}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (f *fakeServer) event(sandbox, action string, detail map[string]any) {
+	f.events = append(f.events, map[string]any{
+		"seq": len(f.events) + 1, "time": time.Now().UTC().Format(time.RFC3339), "tenant": "t1",
+		"key_id": "testkey1", "sandbox_id": sandbox, "action": action, "detail": detail,
+	})
+}
+
+func (f *fakeServer) withSandbox(h func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		f.mu.Lock()
+		_, ok := f.sandboxes[id]
+		f.mu.Unlock()
+		if !ok {
+			f.fail(w, 404, "not_found", "sandbox not found")
+			return
+		}
+		h(w, r, id)
+	}
+}
+
+func (f *fakeServer) withExec(h func(http.ResponseWriter, *http.Request, *fakeExec)) http.HandlerFunc {
+	return f.withSandbox(func(w http.ResponseWriter, r *http.Request, id string) {
+		f.mu.Lock()
+		e := f.execs[id][r.PathValue("eid")]
+		f.mu.Unlock()
+		if e == nil {
+			f.fail(w, 404, "not_found", "exec not found")
+			return
+		}
+		h(w, r, e)
+	})
+}
+
+func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Image    string            `json:"image"`
+		CPUs     int               `json:"cpus"`
+		MemoryMB int               `json:"memory_mb"`
+		TimeoutS int               `json:"timeout_s"`
+		Metadata map[string]string `json:"metadata"`
+		Network  *string           `json:"network"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+		f.fail(w, 400, "invalid", "bad json")
+		return
+	}
+	if in.Network != nil && *in.Network != "none" {
+		f.fail(w, 400, "invalid", "networking is not implemented")
+		return
+	}
+	if in.CPUs > 32 {
+		f.fail(w, 429, "resource_exhausted", "cpu quota")
+		return
+	}
+	in.Image = cmp(in.Image, "base")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextID++
+	id := fmt.Sprintf("sb%010d", f.nextID)
+	now := time.Now().UTC()
+	md := map[string]any{}
+	for k, v := range in.Metadata {
+		md[k] = v
+	}
+	sb := map[string]any{
+		"id": id, "state": "running", "reason": "", "image": in.Image, "image_digest": "sha256:abc",
+		"cpus": max(in.CPUs, 1), "memory_mb": max(in.MemoryMB, 512), "disk_mb": 2048,
+		"created_at": now.Format(time.RFC3339), "expires_at": now.Add(time.Duration(cmpInt(in.TimeoutS, 900)) * time.Second).Format(time.RFC3339),
+		"accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone", "metadata": md, "tenant": "t1",
+	}
+	f.sandboxes[id] = sb
+	f.files[id] = map[string][]byte{}
+	f.execs[id] = map[string]*fakeExec{}
+	f.event(id, "sandbox.create", map[string]any{})
+	writeJSON(w, 201, sb)
+}
+
+func cmp(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func cmpInt(n, def int) int {
+	if n == 0 {
+		return def
+	}
+	return n
+}
+
+func (f *fakeServer) list(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := []map[string]any{}
+next:
+	for _, sb := range f.sandboxes {
+		if s := r.URL.Query().Get("state"); s != "" && sb["state"] != s {
+			continue
+		}
+		for k, v := range r.URL.Query() {
+			if mk, ok := strings.CutPrefix(k, "metadata."); ok && sb["metadata"].(map[string]any)[mk] != v[0] {
+				continue next
+			}
+		}
+		out = append(out, sb)
+	}
+	writeJSON(w, 200, map[string]any{"sandboxes": out})
+}
+
+func (f *fakeServer) get(w http.ResponseWriter, _ *http.Request, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	writeJSON(w, 200, f.sandboxes[id])
+}
+
+func (f *fakeServer) kill(w http.ResponseWriter, _ *http.Request, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.sandboxes, id)
+	f.event(id, "sandbox.delete", map[string]any{})
+	w.WriteHeader(204)
+}
+
+func (f *fakeServer) timeout(w http.ResponseWriter, r *http.Request, id string) {
+	var in struct {
+		TimeoutS int `json:"timeout_s"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&in)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sandboxes[id]
+	sb["expires_at"] = time.Now().UTC().Add(time.Duration(in.TimeoutS) * time.Second).Format(time.RFC3339)
+	writeJSON(w, 200, sb)
+}
+
+func b64(p []byte) string { return base64.StdEncoding.EncodeToString(p) }
+
+// run interprets cmd against stdin and fills e's records.
+func (e *fakeExec) finish(code, signal int) {
+	e.recs = append(e.recs, map[string]any{"type": "exit", "code": code, "signal": signal, "timeout": false, "truncated": false, "duration_ms": 7})
+	close(e.done)
+}
+
+func (f *fakeServer) exec(w http.ResponseWriter, r *http.Request, id string) {
+	if r.URL.Query().Get("encoding") != "base64" {
+		f.fail(w, 400, "invalid", "this fake only speaks ?encoding=base64")
+		return
+	}
+	var in struct {
+		Cmd        []string `json:"cmd"`
+		Stdin      *string  `json:"stdin"`
+		StdinOpen  bool     `json:"stdin_open"`
+		Background bool     `json:"background"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || len(in.Cmd) == 0 {
+		f.fail(w, 400, "invalid", "cmd is required")
+		return
+	}
+	var stdin []byte
+	if in.Stdin != nil {
+		var err error
+		if stdin, err = base64.StdEncoding.DecodeString(*in.Stdin); err != nil {
+			f.fail(w, 400, "invalid", "stdin is not base64")
+			return
+		}
+	}
+	f.mu.Lock()
+	eid := fmt.Sprintf("ex%014d", len(f.execs[id])+1)
+	e := &fakeExec{id: eid, cmd: in.Cmd, done: make(chan struct{})}
+	f.execs[id][eid] = e
+	e.stdin.Write(stdin)
+	switch in.Cmd[0] {
+	case "echo":
+		e.recs = append(e.recs, map[string]any{"type": "stdout", "data": b64([]byte(strings.Join(in.Cmd[1:], " ") + "\n"))})
+		e.finish(0, 0)
+	case "bytes":
+		all := make([]byte, 256)
+		for i := range all {
+			all[i] = byte(i)
+		}
+		e.recs = append(e.recs, map[string]any{"type": "stdout", "data": b64(all)})
+		e.finish(0, 0)
+	case "python3": // just enough for the live test to run against the fake
+		e.recs = append(e.recs, map[string]any{"type": "stdout", "data": b64([]byte("42\n"))})
+		e.finish(0, 0)
+	case "sha256sum":
+		sum := sha256.Sum256(f.files[id][in.Cmd[1]])
+		e.recs = append(e.recs, map[string]any{"type": "stdout", "data": b64([]byte(hex.EncodeToString(sum[:]) + "  " + in.Cmd[1] + "\n"))})
+		e.finish(0, 0)
+	case "fail":
+		n, _ := strconv.Atoi(in.Cmd[1])
+		e.recs = append(e.recs, map[string]any{"type": "stderr", "data": b64([]byte("boom"))})
+		e.finish(n, 0)
+	case "cat":
+		if !in.StdinOpen {
+			e.recs = append(e.recs, map[string]any{"type": "stdout", "data": b64(e.stdin.Bytes())})
+			e.finish(0, 0)
+		}
+	default:
+		e.recs = append(e.recs, map[string]any{"type": "stderr", "data": b64([]byte(in.Cmd[0] + ": not found\n"))})
+		e.finish(127, 0)
+	}
+	f.mu.Unlock()
+	if in.Background {
+		writeJSON(w, 202, map[string]any{"exec_id": eid, "pid": 42})
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(200)
+	_ = json.NewEncoder(w).Encode(map[string]any{"type": "start", "exec_id": eid, "pid": 42})
+	f.writeRecords(w, e)
+}
+
+// writeRecords waits for e to end, then writes its records.
+func (f *fakeServer) writeRecords(w http.ResponseWriter, e *fakeExec) {
+	<-e.done
+	f.mu.Lock()
+	recs := e.recs
+	f.mu.Unlock()
+	enc := json.NewEncoder(w)
+	for _, rec := range recs {
+		_ = enc.Encode(rec)
+	}
+}
+
+func (f *fakeServer) execWire(e *fakeExec) map[string]any {
+	m := map[string]any{"exec_id": e.id, "cmd": e.cmd, "pid": 42, "state": "running",
+		"started_at": "2025-01-02T03:04:05Z", "ended_at": nil, "exit": nil}
+	select {
+	case <-e.done:
+		m["state"], m["ended_at"] = "exited", "2025-01-02T03:04:06Z"
+		m["exit"] = e.recs[len(e.recs)-1]
+	default:
+	}
+	return m
+}
+
+func (f *fakeServer) listExecs(w http.ResponseWriter, _ *http.Request, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := []map[string]any{}
+	for _, e := range f.execs[id] {
+		out = append(out, f.execWire(e))
+	}
+	writeJSON(w, 200, map[string]any{"execs": out})
+}
+
+func (f *fakeServer) getExec(w http.ResponseWriter, _ *http.Request, e *fakeExec) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	writeJSON(w, 200, f.execWire(e))
+}
+
+func (f *fakeServer) stream(w http.ResponseWriter, r *http.Request, e *fakeExec) {
+	if r.URL.Query().Get("encoding") != "base64" {
+		f.fail(w, 400, "invalid", "this fake only speaks ?encoding=base64")
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(200)
+	f.writeRecords(w, e)
+}
+
+func (f *fakeServer) stdin(w http.ResponseWriter, r *http.Request, e *fakeExec) {
+	b, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-e.done:
+		f.fail(w, 409, "conflict", "exec has exited")
+		return
+	default:
+	}
+	e.stdin.Write(b)
+	if r.URL.Query().Get("close") == "true" {
+		e.recs = append(e.recs, map[string]any{"type": "stdout", "data": b64(e.stdin.Bytes())})
+		e.finish(0, 0)
+	}
+	w.WriteHeader(204)
+}
+
+func (f *fakeServer) signal(w http.ResponseWriter, r *http.Request, e *fakeExec) {
+	var in struct {
+		Signal int `json:"signal"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&in)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-e.done:
+		f.fail(w, 409, "conflict", "exec has exited")
+		return
+	default:
+	}
+	e.finish(-1, in.Signal)
+	w.WriteHeader(204)
+}
+
+func validPath(p string) bool {
+	return strings.HasPrefix(p, "/") && !strings.Contains(p, "\x00") && len(p) <= 4096 && !strings.Contains(p, "/../")
+}
+
+// notifyReader closes ch on its first successful read.
+type notifyReader struct {
+	r    io.Reader
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (n *notifyReader) Read(p []byte) (int, error) {
+	k, err := n.r.Read(p)
+	if k > 0 && n.ch != nil {
+		n.once.Do(func() { close(n.ch) })
+	}
+	return k, err
+}
+
+func (f *fakeServer) putFile(w http.ResponseWriter, r *http.Request, id string) {
+	p := r.URL.Query().Get("path")
+	if !validPath(p) {
+		f.fail(w, 400, "invalid", "bad path")
+		return
+	}
+	b, err := io.ReadAll(&notifyReader{r: r.Body, ch: f.uploadStarted})
+	if err != nil {
+		f.fail(w, 400, "invalid", "body: "+err.Error())
+		return
+	}
+	f.mu.Lock()
+	f.files[id][p] = b
+	f.event(id, "file.write", map[string]any{"path": p, "size": len(b)})
+	f.mu.Unlock()
+	writeJSON(w, 200, map[string]any{"path": p, "size": len(b)})
+}
+
+func (f *fakeServer) getFile(w http.ResponseWriter, r *http.Request, id string) {
+	f.mu.Lock()
+	b, ok := f.files[id][r.URL.Query().Get("path")]
+	f.mu.Unlock()
+	if !ok {
+		f.fail(w, 404, "not_found", "no such file")
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	_, _ = w.Write(b)
+}
+
+func (f *fakeServer) deleteFile(w http.ResponseWriter, r *http.Request, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := r.URL.Query().Get("path")
+	if _, ok := f.files[id][p]; !ok {
+		f.fail(w, 404, "not_found", "no such file")
+		return
+	}
+	delete(f.files[id], p)
+	w.WriteHeader(204)
+}
+
+func fileWire(p string, size int, typ string) map[string]any {
+	return map[string]any{"path": p, "name": p[strings.LastIndex(p, "/")+1:], "type": typ, "size": size,
+		"mode": 0o644, "mtime": "2025-01-02T03:04:05Z", "uid": 0, "gid": 0, "symlink_target": ""}
+}
+
+func (f *fakeServer) listFiles(w http.ResponseWriter, r *http.Request, id string) {
+	dir := strings.TrimSuffix(r.URL.Query().Get("path"), "/") + "/"
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := []map[string]any{}
+	for p, b := range f.files[id] {
+		if rest, ok := strings.CutPrefix(p, dir); ok && !strings.Contains(rest, "/") {
+			typ := "file"
+			if b == nil {
+				typ = "dir"
+			}
+			out = append(out, fileWire(p, len(b), typ))
+		}
+	}
+	writeJSON(w, 200, map[string]any{"entries": out, "truncated": false})
+}
+
+func (f *fakeServer) stat(w http.ResponseWriter, r *http.Request, id string) {
+	p := r.URL.Query().Get("path")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.files[id][p]
+	if !ok {
+		f.fail(w, 404, "not_found", "no such file")
+		return
+	}
+	typ := "file"
+	if b == nil {
+		typ = "dir"
+	}
+	writeJSON(w, 200, fileWire(p, len(b), typ))
+}
+
+func (f *fakeServer) mkdir(w http.ResponseWriter, r *http.Request, id string) {
+	var in struct {
+		Path    string `json:"path"`
+		Parents bool   `json:"parents"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || !validPath(in.Path) {
+		f.fail(w, 400, "invalid", "bad path")
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.files[id][in.Path] = nil // nil marks a directory
+	w.WriteHeader(204)
+}
+
+func (f *fakeServer) eventsHandler(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	since, _ := strconv.ParseInt(q.Get("since"), 10, 64)
+	limit, _ := strconv.Atoi(q.Get("limit"))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := []map[string]any{}
+	next := since
+	for _, ev := range f.events {
+		seq := int64(ev["seq"].(int))
+		if seq <= since || (q.Get("sandbox") != "" && ev["sandbox_id"] != q.Get("sandbox")) {
+			continue
+		}
+		if limit > 0 && len(out) == limit {
+			break
+		}
+		out = append(out, ev)
+		next = seq
+	}
+	writeJSON(w, 200, map[string]any{"events": out, "next": next})
+}
+
+// TestLiveAgainstFake runs the live test's body against the fake server, so
+// that the live tier's own code is exercised by the unit tier.
+func TestLiveAgainstFake(t *testing.T) {
+	f := newFakeServer(t)
+	t.Setenv("AIRLOCK_TEST_API", f.srv.URL)
+	t.Setenv("AIRLOCK_TEST_API_KEY", f.key)
+	if testing.Short() {
+		t.Skip("the live test skips under -short")
+	}
+	TestLiveSandbox(t)
+}

@@ -1,0 +1,3 @@
+module github.com/airlock-sandbox/airlock/sdk/go
+
+go 1.26

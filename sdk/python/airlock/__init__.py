@@ -1,0 +1,33 @@
+"""Python client for the airlock sandbox HTTP API (standard library only).
+
+    import airlock
+    client = airlock.Client()          # $AIRLOCK_HOST, $AIRLOCK_API_KEY
+    with client.create() as sb:        # killed on exit
+        print(sb.exec(["python3", "-c", "print(6*7)"]).stdout)
+"""
+
+from ._client import Client, ExecResult, FileList, Sandbox, __version__
+from ._errors import (
+    AirlockError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    StreamBroken,
+    Unauthenticated,
+)
+
+__all__ = [
+    "AirlockError",
+    "Client",
+    "Conflict",
+    "ExecResult",
+    "FileList",
+    "InvalidRequest",
+    "NotFound",
+    "QuotaExceeded",
+    "Sandbox",
+    "StreamBroken",
+    "Unauthenticated",
+    "__version__",
+]

@@ -1,0 +1,532 @@
+"""The airlock HTTP API client (standard library only)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import http.client
+import json
+import os
+import urllib.parse
+from typing import IO, Any, Callable, Iterable, Mapping
+
+from ._errors import AirlockError, StreamBroken, error_from_response
+
+__version__ = "0.1.0"
+
+_CHUNK = 64 * 1024
+_MAX_ERROR_BODY = 64 * 1024
+
+OutputCallback = Callable[[bytes], None]
+
+
+@dataclasses.dataclass
+class ExecResult:
+    """How an exec ended, with its output.
+
+    stdout/stderr hold the collected output, or b"" for a stream that went to
+    an on_stdout/on_stderr callback instead. exit_code is -1 when the command
+    was killed by a signal (then ``signal`` is its number).
+    """
+
+    exec_id: str | None
+    stdout: bytes
+    stderr: bytes
+    exit_code: int
+    signal: int = 0
+    timed_out: bool = False
+    truncated: bool = False
+    duration_ms: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited with code 0."""
+        return self.exit_code == 0
+
+
+class FileList(list):
+    """The entries of a directory listing (FileInfo dicts); ``truncated`` is
+    True when the server capped the listing."""
+
+    truncated: bool = False
+
+
+class Client:
+    """A client for one airlock API server.
+
+    ``base_url`` defaults to $AIRLOCK_HOST and ``api_key`` to $AIRLOCK_API_KEY.
+    ``timeout`` (seconds, None for none) bounds connecting and each socket
+    operation, file transfers included (per read or write, not in total);
+    exec streams wait as long as the command runs. Every call opens its own connection, so a Client may be
+    shared between threads.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | None = 60.0,
+        user_agent: str | None = None,
+    ):
+        base_url = base_url or os.environ.get("AIRLOCK_HOST")
+        if not base_url:
+            raise ValueError("airlock: no base_url given and AIRLOCK_HOST is not set")
+        if "://" not in base_url:
+            base_url = "http://" + base_url
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"airlock: bad base_url {base_url!r}")
+        self._https = u.scheme == "https"
+        self._host = u.hostname
+        self._port = u.port
+        self._prefix = u.path.rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("AIRLOCK_API_KEY", "")
+        self.timeout = timeout
+        self.user_agent = user_agent or f"airlock-python/{__version__}"
+
+    # -- transport -----------------------------------------------------------
+
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=timeout, blocksize=_CHUNK)
+
+    def _url(self, path: str, query: Mapping[str, Any] | None = None) -> str:
+        url = self._prefix + path
+        if query:
+            q = {k: v for k, v in query.items() if v is not None}
+            if q:
+                url += "?" + urllib.parse.urlencode(q)
+        return url
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        ok: Iterable[int] = (200,),
+        timeout: float | None = None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send a request; return the open connection and its response if the
+        status is in ok, else raise the decoded AirlockError. The caller closes
+        the connection."""
+        h = {"User-Agent": self.user_agent}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        h.update(headers or {})
+        conn = self._connect(self.timeout)
+        try:
+            conn.connect()  # under the client's timeout; then the call's own
+            conn.sock.settimeout(timeout)
+            try:
+                conn.request(method, self._url(path, query), body=body, headers=h)
+            except (BrokenPipeError, ConnectionResetError):
+                # The server answered (an error, typically) before reading the
+                # whole body: report its answer rather than the broken pipe.
+                pass
+            resp = conn.getresponse()
+            if resp.status not in tuple(ok):
+                data = resp.read(_MAX_ERROR_BODY)
+                raise error_from_response(resp.status, data, resp.getheader("X-Request-Id"))
+            return conn, resp
+        except BaseException:
+            conn.close()
+            raise
+
+    def _json(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        ok: Iterable[int] = (200,),
+    ) -> Any:
+        body, headers = None, {"Accept": "application/json"}
+        if payload is not None:
+            body = json.dumps(payload).encode()
+            headers["Content-Type"] = "application/json"
+        conn, resp = self._open(method, path, query=query, body=body, headers=headers, ok=ok, timeout=self.timeout)
+        try:
+            data = resp.read()
+        finally:
+            conn.close()
+        if not data.strip():
+            return None
+        return json.loads(data)
+
+    # -- sandboxes -----------------------------------------------------------
+
+    def create(
+        self,
+        image: str = "base",
+        cpus: int = 1,
+        memory_mb: int = 512,
+        timeout_s: int = 900,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        disk_mb: int = 0,
+        network: str | None = None,
+    ) -> "Sandbox":
+        """Start a sandbox. Use it as a context manager to kill it on exit:
+        ``with client.create() as sb: ...``."""
+        payload: dict[str, Any] = {
+            "image": image,
+            "cpus": cpus,
+            "memory_mb": memory_mb,
+            "disk_mb": disk_mb,
+            "timeout_s": timeout_s,
+            "network": network,
+        }
+        if env:
+            payload["env"] = dict(env)
+        if metadata:
+            payload["metadata"] = dict(metadata)
+        return Sandbox(self, self._json("POST", "/v1/sandboxes", payload, ok=(201, 200)))
+
+    def get(self, sandbox_id: str) -> "Sandbox":
+        """Return sandbox ``sandbox_id`` (NotFound if missing or not yours)."""
+        return Sandbox(self, self._json("GET", _sb(sandbox_id)))
+
+    def list(self, state: str | None = None, metadata: Mapping[str, str] | None = None) -> list["Sandbox"]:
+        """Sandboxes visible to this key, filtered by state and metadata pairs."""
+        q: dict[str, Any] = {"state": state}
+        for k, v in (metadata or {}).items():
+            q[f"metadata.{k}"] = v
+        out = self._json("GET", "/v1/sandboxes", query=q)
+        return [Sandbox(self, s) for s in out.get("sandboxes") or []]
+
+    def kill(self, sandbox_id: str) -> None:
+        """Stop and delete sandbox ``sandbox_id``."""
+        self._json("DELETE", _sb(sandbox_id), ok=(204, 200))
+
+    def sandbox(self, sandbox_id: str) -> "Sandbox":
+        """A handle on ``sandbox_id`` without fetching it (``info`` holds only the id)."""
+        return Sandbox(self, {"id": sandbox_id})
+
+    def events(
+        self, sandbox: str | None = None, since: int = 0, limit: int | None = None
+    ) -> tuple[list[dict], int]:
+        """Audit events after sequence number ``since``; returns (events, next),
+        where next is the ``since`` to pass next time."""
+        q = {"sandbox": sandbox, "since": since or None, "limit": limit}
+        out = self._json("GET", "/v1/events", query=q)
+        return out.get("events") or [], int(out.get("next", since))
+
+    def healthz(self) -> bool:
+        """True if the server answers /healthz with ok."""
+        out = self._json("GET", "/healthz")
+        return bool(out and out.get("ok"))
+
+
+def _sb(sandbox_id: str, *rest: str) -> str:
+    p = "/v1/sandboxes/" + urllib.parse.quote(sandbox_id, safe="")
+    for r in rest:
+        p += "/" + urllib.parse.quote(r, safe="")
+    return p
+
+
+def _cmd(cmd: str | list[str]) -> list[str]:
+    if isinstance(cmd, str):
+        return ["sh", "-c", cmd]
+    return list(cmd)
+
+
+def _bytes(data: bytes | str) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+class Sandbox:
+    """A sandbox on the server. ``info`` is the server's last answer about it
+    (a dict: id, state, image, cpus, memory_mb, expires_at, metadata, ...)."""
+
+    def __init__(self, client: Client, info: dict):
+        self._client = client
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info["id"]
+
+    @property
+    def state(self) -> str | None:
+        return self.info.get("state")
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, state={self.state!r})"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.kill()
+        except AirlockError as e:
+            if e.code != "not_found":
+                raise
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def refresh(self) -> "Sandbox":
+        """Fetch the sandbox again into ``info``."""
+        self.info = self._client._json("GET", _sb(self.id))
+        return self
+
+    def set_timeout(self, timeout_s: int) -> "Sandbox":
+        """Make the sandbox expire ``timeout_s`` seconds from now."""
+        self.info = self._client._json("POST", _sb(self.id, "timeout"), {"timeout_s": int(timeout_s)})
+        return self
+
+    def kill(self) -> None:
+        """Stop and delete the sandbox."""
+        self._client.kill(self.id)
+
+    # -- exec ----------------------------------------------------------------
+
+    def _exec_payload(self, cmd, env, cwd, user, stdin, stdin_open, timeout_s, background, kill_on_disconnect):
+        p: dict[str, Any] = {"cmd": _cmd(cmd), "background": background}
+        if env:
+            p["env"] = dict(env)
+        if cwd:
+            p["cwd"] = cwd
+        if user:
+            p["user"] = user
+        if stdin is not None:
+            p["stdin"] = base64.b64encode(_bytes(stdin)).decode()
+        if stdin_open:
+            p["stdin_open"] = True
+        if timeout_s:
+            p["timeout_s"] = int(timeout_s)
+        if kill_on_disconnect:
+            p["kill_on_disconnect"] = True
+        return p
+
+    def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: bytes | str | None = None,
+        timeout_s: int | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        kill_on_disconnect: bool = False,
+    ) -> ExecResult:
+        """Run ``cmd`` (an argv list, or a string run with ``sh -c``) and wait
+        for it. Output is collected into the result, or passed chunk by chunk
+        to on_stdout/on_stderr as it arrives. ``stdin`` is the whole stdin.
+        Raises StreamBroken if the stream ends before the command does."""
+        payload = self._exec_payload(cmd, env, cwd, user, stdin, False, timeout_s, False, kill_on_disconnect)
+        conn, resp = self._client._open(
+            "POST",
+            _sb(self.id, "exec"),
+            query={"encoding": "base64"},
+            body=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json", "Accept": "application/x-ndjson"},
+            timeout=None,
+        )
+        try:
+            return _read_stream(resp, None, on_stdout, on_stderr)
+        finally:
+            conn.close()
+
+    def start(
+        self,
+        cmd: str | list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: bytes | str | None = None,
+        stdin_open: bool = False,
+        timeout_s: int | None = None,
+    ) -> str:
+        """Start ``cmd`` in the background and return its exec id (for attach,
+        send_stdin, signal, get_exec). ``stdin_open`` keeps stdin open for
+        send_stdin."""
+        payload = self._exec_payload(cmd, env, cwd, user, stdin, stdin_open, timeout_s, True, False)
+        out = self._client._json("POST", _sb(self.id, "exec"), payload, query={"encoding": "base64"}, ok=(202, 200))
+        return out["exec_id"]
+
+    def attach(
+        self,
+        exec_id: str,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Follow exec ``exec_id`` from the start of its retained output until
+        it exits (at once if it already has)."""
+        conn, resp = self._client._open(
+            "GET",
+            _sb(self.id, "execs", exec_id, "stream"),
+            query={"encoding": "base64"},
+            headers={"Accept": "application/x-ndjson"},
+            timeout=None,
+        )
+        try:
+            return _read_stream(resp, exec_id, on_stdout, on_stderr)
+        finally:
+            conn.close()
+
+    def list_execs(self) -> list[dict]:
+        """The sandbox's execs (dicts: exec_id, cmd, pid, state, exit, ...)."""
+        return self._client._json("GET", _sb(self.id, "execs")).get("execs") or []
+
+    def get_exec(self, exec_id: str) -> dict:
+        """One exec (exit is None while it runs)."""
+        return self._client._json("GET", _sb(self.id, "execs", exec_id))
+
+    def send_stdin(self, exec_id: str, data: bytes | str, close: bool = False) -> None:
+        """Write to a background exec's stdin (started with stdin_open=True);
+        ``close`` closes it afterwards."""
+        conn, resp = self._client._open(
+            "POST",
+            _sb(self.id, "execs", exec_id, "stdin"),
+            query={"close": "true"} if close else None,
+            body=_bytes(data),
+            headers={"Content-Type": "application/octet-stream"},
+            ok=(204, 200),
+            timeout=self._client.timeout,
+        )
+        try:
+            resp.read()
+        finally:
+            conn.close()
+
+    def signal(self, exec_id: str, sig: int) -> None:
+        """Send signal number ``sig`` (e.g. 15) to an exec."""
+        self._client._json("POST", _sb(self.id, "execs", exec_id, "signal"), {"signal": int(sig)}, ok=(204, 200))
+
+    # -- files ---------------------------------------------------------------
+
+    def write_file(self, path: str, data: bytes | str | IO[bytes] | Iterable[bytes], mode: int | None = None) -> int:
+        """Write ``data`` (bytes, str, a binary file object or an iterable of
+        bytes) to ``path``, replacing it; returns the size stored. File objects
+        and iterables are streamed with chunked transfer encoding, never read
+        whole into memory. ``mode`` sets permission bits (e.g. 0o755)."""
+        headers = {"Content-Type": "application/octet-stream", "Accept": "application/json"}
+        # http.client sends bytes with a Content-Length, and file objects and
+        # iterables chunked, reading them blocksize bytes at a time.
+        body: Any = _bytes(data) if isinstance(data, (bytes, bytearray, memoryview, str)) else data
+        query = {"path": path, "mode": None if mode is None else format(mode, "04o")}
+        conn, resp = self._client._open(
+            "PUT", _sb(self.id, "files"), query=query, body=body, headers=headers, ok=(200, 201),
+            timeout=self._client.timeout,
+        )
+        try:
+            out = json.loads(resp.read())
+        finally:
+            conn.close()
+        return int(out.get("size", 0))
+
+    def _open_file(self, path: str):
+        return self._client._open(
+            "GET",
+            _sb(self.id, "files"),
+            query={"path": path},
+            headers={"Accept": "application/octet-stream"},
+            timeout=self._client.timeout,
+        )
+
+    def read_file(self, path: str) -> bytes:
+        """The whole content of ``path`` (use read_file_to for large files)."""
+        conn, resp = self._open_file(path)
+        try:
+            return resp.read()
+        finally:
+            conn.close()
+
+    def read_file_to(self, path: str, fileobj: IO[bytes]) -> int:
+        """Stream ``path`` into the binary file object ``fileobj``; returns the
+        number of bytes written."""
+        conn, resp = self._open_file(path)
+        n = 0
+        try:
+            while chunk := resp.read(_CHUNK):
+                fileobj.write(chunk)
+                n += len(chunk)
+        finally:
+            conn.close()
+        return n
+
+    def list_files(self, path: str, depth: int | None = None) -> FileList:
+        """FileInfo dicts (path, name, type, size, mode, mtime, ...) under
+        directory ``path``; ``.truncated`` tells whether the server capped it."""
+        out = self._client._json("GET", _sb(self.id, "files", "list"), query={"path": path, "depth": depth})
+        fl = FileList(out.get("entries") or [])
+        fl.truncated = bool(out.get("truncated"))
+        return fl
+
+    def stat(self, path: str) -> dict:
+        """The FileInfo dict of ``path`` (NotFound if it does not exist)."""
+        return self._client._json("GET", _sb(self.id, "files", "stat"), query={"path": path})
+
+    def mkdir(self, path: str, parents: bool = True) -> None:
+        """Create directory ``path`` (and its parents, by default)."""
+        self._client._json("POST", _sb(self.id, "files", "mkdir"), {"path": path, "parents": parents}, ok=(204, 200))
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Delete ``path``; a non-empty directory needs recursive=True."""
+        q = {"path": path, "recursive": "true" if recursive else None}
+        self._client._json("DELETE", _sb(self.id, "files"), query=q, ok=(204, 200))
+
+
+_MAX_LINE = 16 * 1024 * 1024
+
+
+def _read_stream(
+    resp: http.client.HTTPResponse,
+    exec_id: str | None,
+    on_stdout: OutputCallback | None,
+    on_stderr: OutputCallback | None,
+) -> ExecResult:
+    """Parse an exec NDJSON stream (base64 data) up to its exit record."""
+    out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    cbs = {"stdout": on_stdout, "stderr": on_stderr}
+    while True:
+        try:
+            line = resp.readline(_MAX_LINE + 1)
+        except (OSError, http.client.HTTPException) as e:
+            raise StreamBroken(exec_id, f"stream broken: {e}") from e
+        if not line:
+            raise StreamBroken(exec_id, "stream ended before the exit record")
+        if not line.endswith(b"\n"):
+            what = "record too long" if len(line) > _MAX_LINE else "stream ended inside a record"
+            raise StreamBroken(exec_id, what)
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+            kind = rec.get("type")
+            if kind in ("stdout", "stderr"):
+                data = base64.b64decode(rec.get("data", ""), validate=True)
+        except (ValueError, AttributeError) as e:
+            raise StreamBroken(exec_id, f"bad record: {e}") from e
+        if kind == "start":
+            exec_id = rec.get("exec_id")
+        elif kind in ("stdout", "stderr"):
+            cb = cbs[kind]
+            if cb is not None:
+                cb(data)
+            else:
+                out[kind].append(data)
+        elif kind == "exit":
+            return ExecResult(
+                exec_id=exec_id,
+                stdout=b"".join(out["stdout"]),
+                stderr=b"".join(out["stderr"]),
+                exit_code=int(rec.get("code", 0)),
+                signal=int(rec.get("signal") or 0),
+                timed_out=bool(rec.get("timeout")),
+                truncated=bool(rec.get("truncated")),
+                duration_ms=int(rec.get("duration_ms") or 0),
+            )
+        # Unknown record types are ignored (forward compatibility).

@@ -1,0 +1,418 @@
+"""An in-memory fake of the airlock API for the SDK's unit tests.
+
+Execs are interpreted, not run: "echo ARGS" prints ARGS, "cat" echoes its
+stdin, "bytes" prints all 256 byte values, "fail N" writes "boom" to stderr and
+exits N, "python3" prints 42, "sha256sum PATH" hashes a stored file.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import re
+import threading
+import time
+import urllib.parse
+
+KEY = "al_testkey1_0123456789abcdefghijklmnopqrstuv"
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+class FakeExec:
+    def __init__(self, eid, cmd):
+        self.id, self.cmd = eid, cmd
+        self.recs: list[dict] = []
+        self.stdin = bytearray()
+        self.done = threading.Event()
+
+    def out(self, kind, data: bytes):
+        self.recs.append({"type": kind, "data": _b64(data)})
+
+    def finish(self, code=0, signal=0):
+        self.recs.append(
+            {"type": "exit", "code": code, "signal": signal, "timeout": False, "truncated": False, "duration_ms": 7}
+        )
+        self.done.set()
+
+
+class FakeState:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sandboxes: dict[str, dict] = {}
+        self.files: dict[str, dict[str, bytes | None]] = {}
+        self.execs: dict[str, dict[str, FakeExec]] = {}
+        self.events: list[dict] = []
+        self.requests: list[dict] = []  # method, path, query, headers
+        self.upload_started = threading.Event()
+        self.next_id = 0
+
+    def event(self, sb, action, detail):
+        self.events.append(
+            {"seq": len(self.events) + 1, "time": "2025-01-02T03:04:05Z", "tenant": "t1", "key_id": "testkey1",
+             "sandbox_id": sb, "action": action, "detail": detail}
+        )
+
+
+def _file_info(p, b):
+    return {"path": p, "name": p.rsplit("/", 1)[-1], "type": "dir" if b is None else "file",
+            "size": 0 if b is None else len(b), "mode": 0o644, "mtime": "2025-01-02T03:04:05Z",
+            "uid": 0, "gid": 0, "symlink_target": ""}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: FakeState  # set on the subclass made by start()
+
+    def log_message(self, *a):  # quiet
+        pass
+
+    # -- plumbing --------------------------------------------------------------
+
+    def _send(self, status, obj=None, ctype="application/json", raw=None):
+        body = raw if raw is not None else (b"" if obj is None else json.dumps(obj).encode())
+        self.send_response(status)
+        self.send_header("X-Request-Id", "req-1")
+        if status != 204:
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _fail(self, status, code, msg):
+        self._send(status, {"error": {"code": code, "message": msg, "request_id": "req-1"}})
+
+    def _body_chunks(self):
+        """Yield the request body as it arrives (chunked or Content-Length)."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return
+                data = self.rfile.read(size)
+                self.rfile.readline()
+                yield data
+        else:
+            n = int(self.headers.get("Content-Length") or 0)
+            while n > 0:
+                data = self.rfile.read(min(n, 65536))
+                if not data:
+                    return
+                n -= len(data)
+                yield data
+
+    def _body(self) -> bytes:
+        return b"".join(self._body_chunks())
+
+    def _json_body(self):
+        try:
+            return json.loads(self._body() or b"{}")
+        except ValueError:
+            return None
+
+    def _stream(self, recs_source: FakeExec, first=None):
+        self.send_response(200)
+        self.send_header("X-Request-Id", "req-1")
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(b: bytes):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
+
+        if first:
+            chunk(json.dumps(first).encode() + b"\n")
+        recs_source.done.wait(10)
+        for r in recs_source.recs:
+            line = json.dumps(r).encode() + b"\n"
+            # Split every record across two chunks to exercise line reassembly.
+            chunk(line[:5])
+            self.wfile.flush()
+            chunk(line[5:])
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _dispatch(self, method):
+        u = urllib.parse.urlsplit(self.path)
+        q = {k: v[0] for k, v in urllib.parse.parse_qs(u.query, keep_blank_values=True).items()}
+        st = self.state
+        with st.lock:
+            st.requests.append({"method": method, "path": u.path, "query": q, "headers": dict(self.headers)})
+        if self.headers.get("Authorization") != f"Bearer {KEY}":
+            self._body()
+            return self._fail(401, "unauthenticated", "missing or bad API key")
+        routes = [
+            ("POST", r"/v1/sandboxes", self.create),
+            ("GET", r"/v1/sandboxes", self.list),
+            ("GET", r"/v1/events", self.events),
+            ("GET", r"/v1/sandboxes/(\w+)", self.get),
+            ("DELETE", r"/v1/sandboxes/(\w+)", self.kill),
+            ("POST", r"/v1/sandboxes/(\w+)/timeout", self.set_timeout),
+            ("POST", r"/v1/sandboxes/(\w+)/exec", self.exec),
+            ("GET", r"/v1/sandboxes/(\w+)/execs", self.list_execs),
+            ("GET", r"/v1/sandboxes/(\w+)/execs/(\w+)", self.get_exec),
+            ("GET", r"/v1/sandboxes/(\w+)/execs/(\w+)/stream", self.stream),
+            ("POST", r"/v1/sandboxes/(\w+)/execs/(\w+)/stdin", self.stdin),
+            ("POST", r"/v1/sandboxes/(\w+)/execs/(\w+)/signal", self.signal),
+            ("PUT", r"/v1/sandboxes/(\w+)/files", self.put_file),
+            ("GET", r"/v1/sandboxes/(\w+)/files", self.get_file),
+            ("DELETE", r"/v1/sandboxes/(\w+)/files", self.delete_file),
+            ("GET", r"/v1/sandboxes/(\w+)/files/list", self.list_files),
+            ("GET", r"/v1/sandboxes/(\w+)/files/stat", self.stat),
+            ("POST", r"/v1/sandboxes/(\w+)/files/mkdir", self.mkdir),
+        ]
+        for m, pat, fn in routes:
+            mo = re.fullmatch(pat, u.path)
+            if m == method and mo:
+                args = list(mo.groups())
+                if args:
+                    if args[0] not in st.sandboxes:
+                        self._body()
+                        return self._fail(404, "not_found", "sandbox not found")
+                    if len(args) > 1:
+                        e = st.execs[args[0]].get(args[1])
+                        if e is None:
+                            self._body()
+                            return self._fail(404, "not_found", "exec not found")
+                        args[1] = e
+                return fn(q, *args)
+        self._fail(404, "not_found", "no route")
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def do_PUT(self):
+        self._dispatch("PUT")
+
+    def do_DELETE(self):
+        self._dispatch("DELETE")
+
+    # -- sandboxes -------------------------------------------------------------
+
+    def create(self, q):
+        st, body = self.state, self._json_body()
+        if body is None:
+            return self._fail(400, "invalid", "bad json")
+        if body.get("network") not in (None, "none"):
+            return self._fail(400, "invalid", "networking is not implemented")
+        if body.get("cpus", 1) > 32:
+            return self._fail(429, "resource_exhausted", "limit cpus_per_tenant=32")
+        with st.lock:
+            st.next_id += 1
+            sid = f"sb{st.next_id:010d}"
+            sb = {"id": sid, "state": "running", "reason": "", "image": body.get("image") or "base",
+                  "image_digest": "sha256:abc", "cpus": body.get("cpus", 1), "memory_mb": body.get("memory_mb", 512),
+                  "disk_mb": 2048, "created_at": "2025-01-02T03:04:05Z", "expires_at": "2025-01-02T03:19:05Z",
+                  "accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone",
+                  "metadata": body.get("metadata") or {}, "tenant": "t1", "_env": body.get("env") or {}}
+            st.sandboxes[sid], st.files[sid], st.execs[sid] = sb, {}, {}
+            st.event(sid, "sandbox.create", {})
+        self._send(201, {k: v for k, v in sb.items() if not k.startswith("_")})
+
+    def list(self, q):
+        out = []
+        for sb in self.state.sandboxes.values():
+            if q.get("state") and sb["state"] != q["state"]:
+                continue
+            if any(k.startswith("metadata.") and sb["metadata"].get(k[9:]) != v for k, v in q.items()):
+                continue
+            out.append({k: v for k, v in sb.items() if not k.startswith("_")})
+        self._send(200, {"sandboxes": out})
+
+    def get(self, q, sid):
+        self._send(200, {k: v for k, v in self.state.sandboxes[sid].items() if not k.startswith("_")})
+
+    def kill(self, q, sid):
+        with self.state.lock:
+            del self.state.sandboxes[sid]
+            self.state.event(sid, "sandbox.delete", {})
+        self._send(204)
+
+    def set_timeout(self, q, sid):
+        body = self._json_body()
+        sb = self.state.sandboxes[sid]
+        sb["expires_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + body["timeout_s"]))
+        self._send(200, {k: v for k, v in sb.items() if not k.startswith("_")})
+
+    # -- exec ------------------------------------------------------------------
+
+    def exec(self, q, sid):
+        if q.get("encoding") != "base64":
+            self._body()
+            return self._fail(400, "invalid", "this fake only speaks ?encoding=base64")
+        st, body = self.state, self._json_body()
+        if not body or not body.get("cmd"):
+            return self._fail(400, "invalid", "cmd is required")
+        cmd = body["cmd"]
+        with st.lock:
+            eid = f"ex{len(st.execs[sid]) + 1:014d}"
+            e = FakeExec(eid, cmd)
+            st.execs[sid][eid] = e
+            if body.get("stdin") is not None:
+                e.stdin += base64.b64decode(body["stdin"])
+            env = {**st.sandboxes[sid]["_env"], **(body.get("env") or {})}
+            if cmd[0] == "echo":
+                e.out("stdout", (" ".join(cmd[1:]) + "\n").encode())
+                e.finish()
+            elif cmd[0] == "env":
+                e.out("stdout", "".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode())
+                e.out("stdout", f"cwd={body.get('cwd')} user={body.get('user')} timeout={body.get('timeout_s')}\n".encode())
+                e.finish()
+            elif cmd[0] == "bytes":
+                e.out("stdout", bytes(range(256)))
+                e.finish()
+            elif cmd[0] == "fail":
+                e.out("stderr", b"boom")
+                e.finish(int(cmd[1]))
+            elif cmd[0] == "python3":
+                e.out("stdout", b"42\n")
+                e.finish()
+            elif cmd[0] == "sha256sum":
+                e.out("stdout", f"{hashlib.sha256(st.files[sid][cmd[1]]).hexdigest()}  {cmd[1]}\n".encode())
+                e.finish()
+            elif cmd[0] == "cat":
+                if not body.get("stdin_open"):
+                    e.out("stdout", bytes(e.stdin))
+                    e.finish()
+            else:
+                e.out("stderr", f"{cmd[0]}: not found\n".encode())
+                e.finish(127)
+        if body.get("background"):
+            return self._send(202, {"exec_id": eid, "pid": 42})
+        self._stream(e, first={"type": "start", "exec_id": eid, "pid": 42})
+
+    def _exec_wire(self, e: FakeExec):
+        done = e.done.is_set()
+        return {"exec_id": e.id, "cmd": e.cmd, "pid": 42, "state": "exited" if done else "running",
+                "started_at": "2025-01-02T03:04:05Z", "ended_at": "2025-01-02T03:04:06Z" if done else None,
+                "exit": e.recs[-1] if done else None}
+
+    def list_execs(self, q, sid):
+        self._send(200, {"execs": [self._exec_wire(e) for e in self.state.execs[sid].values()]})
+
+    def get_exec(self, q, sid, e):
+        self._send(200, self._exec_wire(e))
+
+    def stream(self, q, sid, e):
+        if q.get("encoding") != "base64":
+            return self._fail(400, "invalid", "this fake only speaks ?encoding=base64")
+        self._stream(e)
+
+    def stdin(self, q, sid, e):
+        data = self._body()
+        with self.state.lock:
+            if e.done.is_set():
+                return self._fail(409, "conflict", "exec has exited")
+            e.stdin += data
+            if q.get("close") == "true":
+                e.out("stdout", bytes(e.stdin))
+                e.finish()
+        self._send(204)
+
+    def signal(self, q, sid, e):
+        body = self._json_body()
+        with self.state.lock:
+            if e.done.is_set():
+                return self._fail(409, "conflict", "exec has exited")
+            e.finish(-1, body["signal"])
+        self._send(204)
+
+    # -- files -----------------------------------------------------------------
+
+    def put_file(self, q, sid):
+        p = q.get("path", "")
+        if not p.startswith("/") or "\x00" in p:
+            self._body()
+            return self._fail(400, "invalid", "bad path")
+        parts = []
+        for c in self._body_chunks():
+            parts.append(c)
+            self.state.upload_started.set()
+        data = b"".join(parts)
+        with self.state.lock:
+            self.state.files[sid][p] = data
+            self.state.event(sid, "file.write", {"path": p, "size": len(data)})
+        self._send(200, {"path": p, "size": len(data)})
+
+    def get_file(self, q, sid):
+        b = self.state.files[sid].get(q.get("path"))
+        if b is None:
+            return self._fail(404, "not_found", "no such file")
+        self._send(200, raw=b, ctype="application/octet-stream")
+
+    def delete_file(self, q, sid):
+        if q.get("path") not in self.state.files[sid]:
+            return self._fail(404, "not_found", "no such file")
+        del self.state.files[sid][q["path"]]
+        self._send(204)
+
+    def list_files(self, q, sid):
+        d = q["path"].rstrip("/") + "/"
+        out = [_file_info(p, b) for p, b in self.state.files[sid].items() if p.startswith(d) and "/" not in p[len(d):]]
+        self._send(200, {"entries": out, "truncated": False})
+
+    def stat(self, q, sid):
+        files = self.state.files[sid]
+        if q.get("path") not in files:
+            return self._fail(404, "not_found", "no such file")
+        self._send(200, _file_info(q["path"], files[q["path"]]))
+
+    def mkdir(self, q, sid):
+        body = self._json_body()
+        self.state.files[sid][body["path"]] = None
+        self._send(204)
+
+    # -- events ----------------------------------------------------------------
+
+    def events(self, q):
+        since, limit = int(q.get("since", 0)), int(q.get("limit", 0))
+        out, nxt = [], since
+        for ev in self.state.events:
+            if ev["seq"] <= since or (q.get("sandbox") and ev["sandbox_id"] != q["sandbox"]):
+                continue
+            if limit and len(out) == limit:
+                break
+            out.append(ev)
+            nxt = ev["seq"]
+        self._send(200, {"events": out, "next": nxt})
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up early is fine
+            super().handle_error(request, client_address)
+
+
+class FakeServer:
+    """A running fake on 127.0.0.1; use as a context manager."""
+
+    def __init__(self, handler_cls=None):
+        self.state = FakeState()
+        cls = handler_cls or type("BoundHandler", (Handler,), {"state": self.state})
+        self.httpd = _QuietServer(("127.0.0.1", 0), cls)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+    def last(self):
+        return self.state.requests[-1]
