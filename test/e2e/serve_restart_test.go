@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestExecSurvivesServerKill: `kill -9` of `serve` during a long exec; after
+// a restart the sandbox is running, the exec's output and exit status are
+// readable, and the audit trail holds its start and exit.
+func TestExecSurvivesServerKill(t *testing.T) {
+	e := setup(t)
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "restart-test"))
+	key = key[strings.LastIndex(key, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	start := func() *exec.Cmd {
+		c := e.cmd(context.Background(), nil, "serve", "--listen", addr)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if res, err := s.hc.Get(s.base + "/healthz"); err == nil {
+				res.Body.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("serve did not come up")
+			}
+		}
+		return c
+	}
+	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
+
+	first := start()
+	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var sb struct{ ID string }
+	_ = json.Unmarshal(body, &sb)
+	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+	code, body = s.do(key, "POST", "/v1/sandboxes/"+sb.ID+"/exec",
+		strings.NewReader(`{"cmd":["sh","-c","echo started; sleep 4; echo finished; exit 5"],"background":true}`))
+	if code != 202 {
+		t.Fatalf("background exec: %d %s", code, body)
+	}
+	var ex struct {
+		ExecID string `json:"exec_id"`
+	}
+	_ = json.Unmarshal(body, &ex)
+
+	time.Sleep(500 * time.Millisecond)
+	_ = first.Process.Signal(syscall.SIGKILL)
+	_ = first.Wait()
+
+	var info struct{ State string }
+	_ = json.Unmarshal([]byte(e.must(t, "inspect", sb.ID)), &info)
+	if info.State != "running" {
+		t.Fatalf("sandbox after killing serve: %q", info.State)
+	}
+
+	second := start()
+	t.Cleanup(func() { _ = second.Process.Signal(syscall.SIGTERM); _ = second.Wait() })
+	var got struct {
+		State string
+		Exit  *struct{ Code int }
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		code, body = s.do(key, "GET", "/v1/sandboxes/"+sb.ID+"/execs/"+ex.ExecID, nil)
+		if code != 200 {
+			t.Fatalf("get exec after restart: %d %s", code, body)
+		}
+		_ = json.Unmarshal(body, &got)
+		if got.State == "exited" || time.Now().After(deadline) {
+			break
+		}
+	}
+	if got.State != "exited" || got.Exit == nil || got.Exit.Code != 5 {
+		t.Fatalf("exec after restart: %s", body)
+	}
+	code, body = s.do(key, "GET", "/v1/sandboxes/"+sb.ID+"/execs/"+ex.ExecID+"/stream", nil)
+	if code != 200 || !strings.Contains(string(body), "started") || !strings.Contains(string(body), "finished") ||
+		!strings.Contains(string(body), `"type":"exit"`) {
+		t.Fatalf("replayed stream: %d %s", code, body)
+	}
+	code, body = s.do(key, "GET", "/v1/events?sandbox="+sb.ID, nil)
+	var evs struct {
+		Events []struct {
+			Action string
+			Detail map[string]any
+		}
+	}
+	_ = json.Unmarshal(body, &evs)
+	seen := map[string]bool{}
+	for _, ev := range evs.Events {
+		if ev.Detail["exec_id"] == ex.ExecID {
+			seen[ev.Action] = true
+		}
+	}
+	if code != 200 || !seen["exec.start"] || !seen["exec.exit"] {
+		t.Fatalf("audit trail for the exec: %d %s", code, body)
+	}
+}
