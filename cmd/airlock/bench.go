@@ -31,7 +31,8 @@ func median(ds []time.Duration) time.Duration {
 }
 
 func benchCmd(g *globals) *cobra.Command {
-	var runs, execs int
+	var runs, execs, apiConcurrent int
+	var transferMiB int64
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure start latency, exec round trip and memory; print a table",
@@ -137,6 +138,17 @@ func benchCmd(g *globals) *cobra.Command {
 			}
 			rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
 
+			if apiConcurrent > 0 {
+				fmt.Fprintln(os.Stderr, "bench: API rows (starts airlock serve)")
+				ar, err := apiBench(ctx, g, m, exe, runs, apiConcurrent, transferMiB)
+				if err != nil {
+					return fmt.Errorf("api bench: %w", err)
+				}
+				for _, r := range ar {
+					rows = append(rows, row(r))
+				}
+			}
+
 			fmt.Printf("airlock bench: accel=%s (%s), %s, guest kernel %s, %d host CPUs\n\n", caps.Accel, caps.AccelReason, caps.VMMVersion, bc.KernelRelease, cpuCount())
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "| measurement\t| result\t| notes\t|")
@@ -149,6 +161,8 @@ func benchCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().IntVar(&runs, "runs", 5, "samples for the latency rows")
 	cmd.Flags().IntVar(&execs, "execs", 100, "samples for the exec round trip")
+	cmd.Flags().IntVar(&apiConcurrent, "api-concurrent", 20, "concurrent creates through the HTTP API (0 skips the API rows)")
+	cmd.Flags().Int64Var(&transferMiB, "transfer-mib", 200, "size of the API upload/download")
 	return cmd
 }
 
