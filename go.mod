@@ -9,6 +9,7 @@ require (
 )
 
 require (
+	github.com/airlock-sandbox/airlock/sdk/go v0.0.0
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cavaliergopher/cpio v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -49,3 +50,5 @@ tool (
 	connectrpc.com/connect/cmd/protoc-gen-connect-go
 	google.golang.org/protobuf/cmd/protoc-gen-go
 )
+
+replace github.com/airlock-sandbox/airlock/sdk/go => ./sdk/go

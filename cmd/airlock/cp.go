@@ -38,6 +38,15 @@ func cpCmd(g *globals) *cobra.Command {
 			if sRemote == dRemote {
 				return fmt.Errorf("%w: exactly one of SRC and DST must be ID:/PATH", errdefs.ErrInvalid)
 			}
+			if c, err := g.remote(); err != nil || c != nil {
+				if err != nil {
+					return err
+				}
+				if dRemote {
+					return remoteCopyIn(cmd, g, c, args[0], did, dpath)
+				}
+				return remoteCopyOut(cmd, c, sid, spath, args[1])
+			}
 			m, done, err := g.manager(cmd.Context())
 			if err != nil {
 				return err
@@ -75,18 +84,11 @@ func cpCmd(g *globals) *cobra.Command {
 }
 
 func copyIn(ctx context.Context, c *agentapi.Client, local, remote string) (int64, error) {
-	f, err := os.Open(local)
+	f, fi, err := openRegular(local)
 	if err != nil {
 		return 0, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, err
-	}
-	if !fi.Mode().IsRegular() {
-		return 0, fmt.Errorf("%w: %s is not a regular file", errdefs.ErrInvalid, local)
-	}
 	if strings.HasSuffix(remote, "/") {
 		remote += filepath.Base(local)
 	} else if st, err := c.Files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: path.Clean(remote)})); err == nil &&
@@ -104,13 +106,45 @@ func copyIn(ctx context.Context, c *agentapi.Client, local, remote string) (int6
 	return n, nil
 }
 
+// openRegular opens local, which must be a regular file, for copying in.
+func openRegular(local string) (*os.File, os.FileInfo, error) {
+	f, err := os.Open(local)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("%w: %s is not a regular file", errdefs.ErrInvalid, local)
+	}
+	return f, fi, nil
+}
+
 // copyOut copies a guest file to local, refusing more than limit bytes.
 func copyOut(ctx context.Context, c *agentapi.Client, remote, local string, limit int64) (int64, error) {
 	if err := shim.ValidateGuestPath(remote); err != nil {
 		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
 	}
+	return writeLocal(local, path.Base(remote), func(tmp *os.File) (int64, os.FileMode, error) {
+		var mode os.FileMode = 0o644
+		n, err := sandbox.ReadFile(ctx, c, remote, limit, tmp, func(fi *agentv1.FileInfo) { mode = os.FileMode(fi.GetMode() & 0o777) })
+		if err != nil {
+			return n, 0, fmt.Errorf("copy from %s: %w", remote, err)
+		}
+		return n, mode, nil
+	})
+}
+
+// writeLocal replaces local (or local/base if local is a directory) with
+// what fill writes into a temporary file next to it, then gives it mode.
+// On any error the temporary file is removed and local is left as it was.
+func writeLocal(local, base string, fill func(tmp *os.File) (int64, os.FileMode, error)) (int64, error) {
 	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
-		local = filepath.Join(local, path.Base(remote))
+		local = filepath.Join(local, base)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".airlock-*")
 	if err != nil {
@@ -123,10 +157,9 @@ func copyOut(ctx context.Context, c *agentapi.Client, remote, local string, limi
 			os.Remove(tmp.Name())
 		}
 	}()
-	var mode os.FileMode = 0o644
-	n, err := sandbox.ReadFile(ctx, c, remote, limit, tmp, func(fi *agentv1.FileInfo) { mode = os.FileMode(fi.GetMode() & 0o777) })
+	n, mode, err := fill(tmp)
 	if err != nil {
-		return n, fmt.Errorf("copy from %s: %w", remote, err)
+		return n, err
 	}
 	if err := tmp.Chmod(mode); err != nil {
 		return n, err

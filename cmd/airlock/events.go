@@ -7,15 +7,16 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
 func eventsCmd(g *globals) *cobra.Command {
 	var f store.EventFilter
 	cmd := &cobra.Command{
 		Use:   "events",
-		Short: "Print the audit trail (JSON lines) from the local catalog",
+		Short: "Print the audit trail (JSON lines)",
 		Args:  cobra.NoArgs,
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
 			evs, err := m.Store.ListEvents(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -27,6 +28,8 @@ func eventsCmd(g *globals) *cobra.Command {
 				}
 			}
 			return nil
+		}, func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
+			return remoteEvents(cmd, c, f)
 		}),
 	}
 	cmd.Flags().StringVar(&f.SandboxID, "sandbox", "", "only events of this sandbox")

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -36,6 +37,11 @@ type globals struct {
 	accel    string
 	logLevel string
 	log      *slog.Logger
+
+	// host and apiKey come from AIRLOCK_HOST and AIRLOCK_API_KEY; with host
+	// set, the sandbox commands go through that API server (see remote).
+	host   string
+	apiKey string
 }
 
 func defaultStateDir() string {
@@ -53,10 +59,50 @@ func defaultStateDir() string {
 }
 
 func main() {
-	g := &globals{}
+	g := &globals{host: os.Getenv("AIRLOCK_HOST"), apiKey: os.Getenv("AIRLOCK_API_KEY")}
+	root := rootCmd(g)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := root.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		os.Exit(report(os.Stderr, err))
+	}
+}
+
+// report prints a command's error on w and returns the exit code for it.
+func report(w io.Writer, err error) int {
+	if ee, ok := errors.AsType[*exitError](err); ok {
+		if ee.msg != "" {
+			fmt.Fprintln(w, "airlock:", ee.msg)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(w, "airlock:", strings.TrimPrefix(err.Error(), "airlock: "))
+	return 1
+}
+
+const rootLong = `Run untrusted code in microVM sandboxes.
+
+By default every command works on the local state directory (--state-dir).
+
+Remote mode: with AIRLOCK_HOST (e.g. http://127.0.0.1:7070) and AIRLOCK_API_KEY
+set, run, create, exec, cp, ls, inspect, rm and events go through that
+airlock API server (` + "`airlock serve`" + `) instead; their flags and exit codes
+are the same. The other commands (serve, keys, image, setup, doctor, logs,
+bench) always use the local state directory.
+
+Environment:
+  AIRLOCK_HOST       API server for the remote mode
+  AIRLOCK_API_KEY    API key for AIRLOCK_HOST (see ` + "`airlock keys create`" + `)
+  AIRLOCK_STATE_DIR  default for --state-dir
+  AIRLOCK_ACCEL      default for --accel`
+
+// rootCmd builds the command tree over g.
+func rootCmd(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "airlock",
 		Short:         "Run untrusted code in microVM sandboxes",
+		Long:          rootLong,
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -89,21 +135,7 @@ func main() {
 		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
 		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), benchCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
 	)
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := root.ExecuteContext(ctx)
-	stop()
-	if err == nil {
-		return
-	}
-	if ee, ok := errors.AsType[*exitError](err); ok {
-		if ee.msg != "" {
-			fmt.Fprintln(os.Stderr, "airlock:", ee.msg)
-		}
-		os.Exit(ee.code)
-	}
-	fmt.Fprintln(os.Stderr, "airlock:", strings.TrimPrefix(err.Error(), "airlock: "))
-	os.Exit(1)
+	return root
 }
 
 // manager opens the catalog for one command.

@@ -17,6 +17,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
 // parseMiB parses sizes like 512M, 2G, 2GiB, 1024 (MiB).
@@ -153,12 +154,14 @@ func runExec(ctx context.Context, m *sandbox.Manager, id string, start *agentv1.
 		}
 		return &exitError{code: 125, msg: "exec in " + id + ": " + err.Error()}
 	}
-	return exitFor(ex, start)
+	return exitFor(os.Stderr, ex, start)
 }
 
-func exitFor(ex *agentv1.ExecExited, start *agentv1.ExecStart) error {
+// exitFor turns an exec's end into airlock's exit: the command's own code,
+// 124 for a timeout, 128+N for signal N; the truncation marker goes to stderr.
+func exitFor(stderr io.Writer, ex *agentv1.ExecExited, start *agentv1.ExecStart) error {
 	if ex.GetOutputTruncated() {
-		fmt.Fprintf(os.Stderr, "\n[airlock: output truncated: more than the output limit was produced]\n")
+		fmt.Fprintf(stderr, "\n[airlock: output truncated: more than the output limit was produced]\n")
 	}
 	switch {
 	case ex.GetTimedOut():
@@ -188,6 +191,12 @@ func runCmd(g *globals) *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
+			if c, err := g.remote(); err != nil || c != nil {
+				if err != nil {
+					return err
+				}
+				return remoteRun(cmd, c, o, start, ef.interactive)
+			}
 			m, done, err := g.manager(ctx)
 			if err != nil {
 				return err
@@ -197,7 +206,7 @@ func runCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return &exitError{code: 125, msg: err.Error()}
 			}
-			warnTCG(sb)
+			warnTCG(sb.Accel)
 			runErr := runExec(ctx, m, sb.ID, start, ef.interactive)
 			if err := m.Remove(context.WithoutCancel(ctx), sb.ID); err != nil {
 				fmt.Fprintln(os.Stderr, "airlock: remove sandbox:", err)
@@ -221,6 +230,12 @@ func createCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if c, err := g.remote(); err != nil || c != nil {
+				if err != nil {
+					return err
+				}
+				return remoteCreate(cmd, c, o)
+			}
 			m, done, err := g.manager(cmd.Context())
 			if err != nil {
 				return err
@@ -230,7 +245,7 @@ func createCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			warnTCG(sb)
+			warnTCG(sb.Accel)
 			fmt.Println(sb.ID)
 			return nil
 		},
@@ -257,6 +272,12 @@ func execCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if c, err := g.remote(); err != nil || c != nil {
+				if err != nil {
+					return err
+				}
+				return remoteExec(cmd, c, args[0], start, ef.interactive)
+			}
 			m, done, err := g.manager(cmd.Context())
 			if err != nil {
 				return err
@@ -276,25 +297,32 @@ func lsCmd(g *globals) *cobra.Command {
 		Use:   "ls",
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
 			sbs, err := m.List(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return writeJSON(os.Stdout, views(sbs))
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tCPUS\tMEMORY\tDISK\tAGE\tEXPIRES IN")
-			for _, sb := range sbs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dM\t%s\t%s\n", sb.ID, sb.State, sb.Image, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
-					time.Since(sb.CreatedAt).Round(time.Second), time.Until(sb.ExpiresAt).Round(time.Second))
-			}
-			return tw.Flush()
+			return printSandboxes(os.Stdout, views(sbs), asJSON)
+		}, func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
+			return remoteLs(cmd, c, asJSON)
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// printSandboxes writes sbs as a table or, with asJSON, as a JSON array.
+func printSandboxes(w io.Writer, sbs []sandboxView, asJSON bool) error {
+	if asJSON {
+		return writeJSON(w, sbs)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tCPUS\tMEMORY\tDISK\tAGE\tEXPIRES IN")
+	for _, sb := range sbs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dM\t%s\t%s\n", sb.ID, sb.State, sb.Image, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
+			time.Since(sb.CreatedAt).Round(time.Second), time.Until(sb.ExpiresAt).Round(time.Second))
+	}
+	return tw.Flush()
 }
 
 type sandboxView struct {
@@ -312,11 +340,12 @@ type sandboxView struct {
 	Kernel    string            `json:"guest_kernel,omitempty"`
 	StartMode string            `json:"start_mode,omitempty"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
+	Tenant    string            `json:"tenant,omitempty"`
 }
 
 func view(sb store.Sandbox) sandboxView {
 	return sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
-		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata}
+		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata, sb.Tenant}
 }
 
 func views(sbs []store.Sandbox) []sandboxView {
@@ -338,13 +367,13 @@ func inspectCmd(g *globals) *cobra.Command {
 		Use:   "inspect ID",
 		Short: "Show a sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
+		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			sb, err := m.Get(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			return writeJSON(os.Stdout, view(sb))
-		}),
+		}, remoteInspect),
 	}
 }
 
@@ -376,7 +405,7 @@ func rmCmd(g *globals) *cobra.Command {
 		Use:   "rm ID [ID...]",
 		Short: "Stop and remove sandboxes",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
+		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			var failed int
 			for _, id := range args {
 				if err := m.Remove(cmd.Context(), id); err != nil {
@@ -390,14 +419,14 @@ func rmCmd(g *globals) *cobra.Command {
 				return &exitError{code: 1}
 			}
 			return nil
-		}),
+		}, remoteRm),
 	}
 }
 
 // warnTCG says, in one line on stderr, that a sandbox runs under software
 // emulation.
-func warnTCG(sb store.Sandbox) {
-	if sb.Accel == "tcg" {
+func warnTCG(accel string) {
+	if accel == "tcg" {
 		fmt.Fprintln(os.Stderr, "airlock: warning: no usable KVM; this sandbox runs under TCG software emulation (slow). See `airlock doctor`.")
 	}
 }
