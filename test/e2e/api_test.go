@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"os"
+
 	"bufio"
 	"bytes"
 	"context"
@@ -8,6 +10,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"gopkg.in/yaml.v3"
 	"io"
 	"net"
 	"net/http"
@@ -123,15 +126,30 @@ func TestAPI(t *testing.T) {
 	if code1 != 404 || code2 != 404 || withoutRequestID(b1) != withoutRequestID(b2) {
 		t.Errorf("cross-tenant %d %s vs missing %d %s", code1, b1, code2, b2)
 	}
-	if code, _ := s.do(bob, "PUT", "/v1/sandboxes/"+sb.ID+"/files?path=/tmp/x", strings.NewReader("x")); code != 404 {
-		t.Errorf("cross-tenant upload: %d", code)
+	// Every sandbox-scoped route in the spec: tenant B gets exactly what a
+	// missing sandbox gets, a 404.
+	routes := sandboxRoutes(t)
+	if len(routes) < 15 {
+		t.Fatalf("only %d sandbox routes found in api/openapi.yaml", len(routes))
+	}
+	t.Logf("checking %d sandbox routes as another tenant", len(routes))
+	for _, r := range routes {
+		req := func(id string) (int, []byte) {
+			p := strings.NewReplacer("{id}", id, "{exec_id}", "aaaaaaaaaaaaaaaa").Replace(r.path)
+			if strings.Contains(p, "/files") {
+				p += "?path=/tmp/x"
+			}
+			return s.do(bob, r.method, p, strings.NewReader(r.body()))
+		}
+		c1, b1 := req(sb.ID)
+		c2, b2 := req("aaaaaaaaaaaa")
+		if c1 != 404 || c2 != 404 || withoutRequestID(b1) != withoutRequestID(b2) {
+			t.Errorf("%s %s as another tenant: %d %s; missing sandbox: %d %s", r.method, r.path, c1, b1, c2, b2)
+		}
 	}
 
 	t.Run("exec", func(t *testing.T) {
 		code, b := s.do(alice, "POST", "/v1/sandboxes/"+sb.ID+"/exec", strings.NewReader(`{"cmd":["sh","-c","cat; echo $GREETING; exit 7"],"stdin":"in-"}`))
-		if code == 503 && strings.Contains(string(b), "exec sessions are not available") {
-			t.Skip("exec sessions are not wired into this build yet")
-		}
 		if code != 200 {
 			t.Fatalf("exec: %d %s", code, b)
 		}
@@ -172,4 +190,51 @@ func TestAPI(t *testing.T) {
 	if code, b := s.do(alice, "DELETE", "/v1/sandboxes/"+sb.ID, nil); code != 204 {
 		t.Errorf("delete: %d %s", code, b)
 	}
+}
+
+type specRoute struct{ method, path string }
+
+// body is a valid request body for the route, so that only tenancy can
+// make it fail.
+func (r specRoute) body() string {
+	switch {
+	case strings.HasSuffix(r.path, "/timeout"):
+		return `{"timeout_s":60}`
+	case strings.HasSuffix(r.path, "/exec"):
+		return `{"cmd":["true"]}`
+	case strings.HasSuffix(r.path, "/signal"):
+		return `{"signal":15}`
+	case strings.HasSuffix(r.path, "/mkdir"):
+		return `{"path":"/tmp/y"}`
+	default:
+		return "x"
+	}
+}
+
+// sandboxRoutes lists the spec's routes that take a sandbox id.
+func sandboxRoutes(t *testing.T) []specRoute {
+	t.Helper()
+	b, err := os.ReadFile("../../api/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec struct {
+		Paths map[string]map[string]any `yaml:"paths"`
+	}
+	if err := yaml.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	var out []specRoute
+	for p, ops := range spec.Paths {
+		if !strings.Contains(p, "{id}") {
+			continue
+		}
+		for m := range ops {
+			switch m {
+			case "get", "put", "post", "delete", "patch":
+				out = append(out, specRoute{strings.ToUpper(m), p})
+			}
+		}
+	}
+	return out
 }
