@@ -41,9 +41,10 @@ type Client struct {
 	// informational, never trusted for decisions beyond version gating.
 	Info *agentv1.InfoResponse
 
-	Agent agentv1connect.AgentServiceClient
-	Exec  agentv1connect.ExecServiceClient
-	Files agentv1connect.FileServiceClient
+	Agent    agentv1connect.AgentServiceClient
+	Exec     agentv1connect.ExecServiceClient
+	Files    agentv1connect.FileServiceClient
+	Contexts agentv1connect.ContextServiceClient // needs VersionContexts
 
 	conn net.Conn
 	cc   *http2.ClientConn
@@ -99,9 +100,10 @@ func NewClient(hc connect.HTTPClient, baseURL string, opts Options) *Client {
 		connect.WithAcceptCompression("gzip", nil, nil),
 	}
 	return &Client{
-		Agent: agentv1connect.NewAgentServiceClient(hc, baseURL, o...),
-		Exec:  agentv1connect.NewExecServiceClient(hc, baseURL, o...),
-		Files: agentv1connect.NewFileServiceClient(hc, baseURL, o...),
+		Agent:    agentv1connect.NewAgentServiceClient(hc, baseURL, o...),
+		Exec:     agentv1connect.NewExecServiceClient(hc, baseURL, o...),
+		Files:    agentv1connect.NewFileServiceClient(hc, baseURL, o...),
+		Contexts: agentv1connect.NewContextServiceClient(hc, baseURL, o...),
 	}
 }
 

@@ -29,7 +29,7 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 
 // ProtocolVersion is the version this build speaks. Bump it when an RPC is
 // added, and record in minVersion which version introduced it.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -40,7 +40,8 @@ const MaxPreBanner = 64 << 10
 var ErrNoBanner = errors.New("agent did not announce itself")
 
 // NewHandler returns the guest's HTTP handler serving the three services.
-func NewHandler(agent agentv1connect.AgentServiceHandler, exec agentv1connect.ExecServiceHandler, files agentv1connect.FileServiceHandler) http.Handler {
+// Extra handlers (e.g. ContextService) are added with Handle on the result.
+func NewHandler(agent agentv1connect.AgentServiceHandler, exec agentv1connect.ExecServiceHandler, files agentv1connect.FileServiceHandler) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle(agentv1connect.NewAgentServiceHandler(agent))
 	mux.Handle(agentv1connect.NewExecServiceHandler(exec))
@@ -119,3 +120,9 @@ func waitBanner(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	}
 	return &bufferedConn{Conn: conn, r: br}, nil
 }
+
+// Protocol versions that introduced RPCs (for Client.Require).
+const (
+	// VersionContexts added ContextService.
+	VersionContexts = 2
+)

@@ -1725,6 +1725,858 @@ func (x *WriteResponse) GetBytesWritten() uint64 {
 	return 0
 }
 
+type CreateContextRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "python" (default), "javascript" or "bash".
+	Language string `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
+	// Optional id: [a-z0-9][a-z0-9-]{0,62}.
+	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Working directory (default /root for root).
+	Cwd string `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// Extra environment, "KEY=VALUE".
+	Env           []string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateContextRequest) Reset() {
+	*x = CreateContextRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateContextRequest) ProtoMessage() {}
+
+func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
+func (*CreateContextRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *CreateContextRequest) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *CreateContextRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CreateContextRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *CreateContextRequest) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+type ContextInfo struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Language        string                 `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
+	Cwd             string                 `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	CreatedUnixNano int64                  `protobuf:"varint,4,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
+	// "idle", "busy" or "dead" (its interpreter exited; Restart it).
+	State string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	// Whether it is the language's default context.
+	IsDefault     bool `protobuf:"varint,6,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContextInfo) Reset() {
+	*x = ContextInfo{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContextInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContextInfo) ProtoMessage() {}
+
+func (x *ContextInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContextInfo.ProtoReflect.Descriptor instead.
+func (*ContextInfo) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ContextInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ContextInfo) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *ContextInfo) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *ContextInfo) GetCreatedUnixNano() int64 {
+	if x != nil {
+		return x.CreatedUnixNano
+	}
+	return 0
+}
+
+func (x *ContextInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ContextInfo) GetIsDefault() bool {
+	if x != nil {
+		return x.IsDefault
+	}
+	return false
+}
+
+type ListContextsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContextsRequest) Reset() {
+	*x = ListContextsRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContextsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContextsRequest) ProtoMessage() {}
+
+func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
+func (*ListContextsRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+}
+
+type ListContextsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Contexts      []*ContextInfo         `protobuf:"bytes,1,rep,name=contexts,proto3" json:"contexts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContextsResponse) Reset() {
+	*x = ListContextsResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContextsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContextsResponse) ProtoMessage() {}
+
+func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
+func (*ListContextsResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListContextsResponse) GetContexts() []*ContextInfo {
+	if x != nil {
+		return x.Contexts
+	}
+	return nil
+}
+
+type DeleteContextRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteContextRequest) Reset() {
+	*x = DeleteContextRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteContextRequest) ProtoMessage() {}
+
+func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
+func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *DeleteContextRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteContextResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteContextResponse) Reset() {
+	*x = DeleteContextResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteContextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteContextResponse) ProtoMessage() {}
+
+func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
+func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+}
+
+type RestartContextRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestartContextRequest) Reset() {
+	*x = RestartContextRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestartContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestartContextRequest) ProtoMessage() {}
+
+func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
+func (*RestartContextRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *RestartContextRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type InterruptContextRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InterruptContextRequest) Reset() {
+	*x = InterruptContextRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InterruptContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InterruptContextRequest) ProtoMessage() {}
+
+func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
+func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *InterruptContextRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type InterruptContextResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InterruptContextResponse) Reset() {
+	*x = InterruptContextResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InterruptContextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InterruptContextResponse) ProtoMessage() {}
+
+func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
+func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+}
+
+type RunCodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Context id; empty means the default context of `language`.
+	ContextId string `protobuf:"bytes,1,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	// With an empty context_id: "python" (default), "javascript" or "bash".
+	Language string `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
+	Code     string `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
+	// Interrupt the code after this many milliseconds (0: no timeout). The
+	// context survives the interruption.
+	TimeoutMs uint32 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Stop forwarding stdout+stderr+results after this many bytes (0: the
+	// agent's default); `end.truncated` says it happened.
+	MaxOutputBytes uint64 `protobuf:"varint,5,opt,name=max_output_bytes,json=maxOutputBytes,proto3" json:"max_output_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RunCodeRequest) Reset() {
+	*x = RunCodeRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCodeRequest) ProtoMessage() {}
+
+func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
+func (*RunCodeRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RunCodeRequest) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *RunCodeRequest) GetMaxOutputBytes() uint64 {
+	if x != nil {
+		return x.MaxOutputBytes
+	}
+	return 0
+}
+
+type RunCodeEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*RunCodeEvent_Stdout
+	//	*RunCodeEvent_Stderr
+	//	*RunCodeEvent_Result
+	//	*RunCodeEvent_Error
+	//	*RunCodeEvent_End
+	Event         isRunCodeEvent_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCodeEvent) Reset() {
+	*x = RunCodeEvent{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCodeEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCodeEvent) ProtoMessage() {}
+
+func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
+func (*RunCodeEvent) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *RunCodeEvent) GetStdout() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeEvent_Stdout); ok {
+			return x.Stdout
+		}
+	}
+	return nil
+}
+
+func (x *RunCodeEvent) GetStderr() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeEvent_Stderr); ok {
+			return x.Stderr
+		}
+	}
+	return nil
+}
+
+func (x *RunCodeEvent) GetResult() *CodeResult {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeEvent_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+func (x *RunCodeEvent) GetError() *CodeError {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeEvent_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+func (x *RunCodeEvent) GetEnd() *CodeEnd {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeEvent_End); ok {
+			return x.End
+		}
+	}
+	return nil
+}
+
+type isRunCodeEvent_Event interface {
+	isRunCodeEvent_Event()
+}
+
+type RunCodeEvent_Stdout struct {
+	Stdout []byte `protobuf:"bytes,1,opt,name=stdout,proto3,oneof"`
+}
+
+type RunCodeEvent_Stderr struct {
+	Stderr []byte `protobuf:"bytes,2,opt,name=stderr,proto3,oneof"`
+}
+
+type RunCodeEvent_Result struct {
+	// A rich value: the last expression's value (is_main_result) or a
+	// display() / figure output.
+	Result *CodeResult `protobuf:"bytes,3,opt,name=result,proto3,oneof"`
+}
+
+type RunCodeEvent_Error struct {
+	Error *CodeError `protobuf:"bytes,4,opt,name=error,proto3,oneof"`
+}
+
+type RunCodeEvent_End struct {
+	End *CodeEnd `protobuf:"bytes,5,opt,name=end,proto3,oneof"`
+}
+
+func (*RunCodeEvent_Stdout) isRunCodeEvent_Event() {}
+
+func (*RunCodeEvent_Stderr) isRunCodeEvent_Event() {}
+
+func (*RunCodeEvent_Result) isRunCodeEvent_Event() {}
+
+func (*RunCodeEvent_Error) isRunCodeEvent_Event() {}
+
+func (*RunCodeEvent_End) isRunCodeEvent_Event() {}
+
+type CodeResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// MIME type -> content. Text types (text/plain, text/html, image/svg+xml,
+	// application/json, text/markdown) are UTF-8; image/png and image/jpeg are
+	// the raw image bytes.
+	Data map[string][]byte `protobuf:"bytes,1,rep,name=data,proto3" json:"data,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// True for the value of the last expression (Jupyter execute_result).
+	IsMainResult  bool `protobuf:"varint,2,opt,name=is_main_result,json=isMainResult,proto3" json:"is_main_result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CodeResult) Reset() {
+	*x = CodeResult{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CodeResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CodeResult) ProtoMessage() {}
+
+func (x *CodeResult) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
+func (*CodeResult) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CodeResult) GetData() map[string][]byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *CodeResult) GetIsMainResult() bool {
+	if x != nil {
+		return x.IsMainResult
+	}
+	return false
+}
+
+type CodeError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Traceback     []string               `protobuf:"bytes,3,rep,name=traceback,proto3" json:"traceback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CodeError) Reset() {
+	*x = CodeError{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CodeError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CodeError) ProtoMessage() {}
+
+func (x *CodeError) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
+func (*CodeError) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *CodeError) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CodeError) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *CodeError) GetTraceback() []string {
+	if x != nil {
+		return x.Traceback
+	}
+	return nil
+}
+
+type CodeEnd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The timeout fired and the code was interrupted.
+	TimedOut bool `protobuf:"varint,1,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	// Output beyond max_output_bytes was dropped.
+	Truncated  bool  `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	DurationMs int64 `protobuf:"varint,3,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// The interpreter's execution counter (python), or 0.
+	ExecutionCount int32 `protobuf:"varint,4,opt,name=execution_count,json=executionCount,proto3" json:"execution_count,omitempty"`
+	// The id of the context that ran the code.
+	ContextId     string `protobuf:"bytes,5,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CodeEnd) Reset() {
+	*x = CodeEnd{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CodeEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CodeEnd) ProtoMessage() {}
+
+func (x *CodeEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
+func (*CodeEnd) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CodeEnd) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
+}
+
+func (x *CodeEnd) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *CodeEnd) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *CodeEnd) GetExecutionCount() int32 {
+	if x != nil {
+		return x.ExecutionCount
+	}
+	return 0
+}
+
+func (x *CodeEnd) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
 var File_airlock_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_airlock_agent_v1_agent_proto_rawDesc = "" +
@@ -1831,7 +2683,65 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\aparents\x18\x03 \x01(\bR\aparents\x12\x12\n" +
 	"\x04user\x18\x04 \x01(\tR\x04user\"4\n" +
 	"\rWriteResponse\x12#\n" +
-	"\rbytes_written\x18\x01 \x01(\x04R\fbytesWritten*\x81\x01\n" +
+	"\rbytes_written\x18\x01 \x01(\x04R\fbytesWritten\"f\n" +
+	"\x14CreateContextRequest\x12\x1a\n" +
+	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x10\n" +
+	"\x03env\x18\x04 \x03(\tR\x03env\"\xac\x01\n" +
+	"\vContextInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
+	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12*\n" +
+	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"is_default\x18\x06 \x01(\bR\tisDefault\"\x15\n" +
+	"\x13ListContextsRequest\"Q\n" +
+	"\x14ListContextsResponse\x129\n" +
+	"\bcontexts\x18\x01 \x03(\v2\x1d.airlock.agent.v1.ContextInfoR\bcontexts\"&\n" +
+	"\x14DeleteContextRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x17\n" +
+	"\x15DeleteContextResponse\"'\n" +
+	"\x15RestartContextRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\")\n" +
+	"\x17InterruptContextRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x1a\n" +
+	"\x18InterruptContextResponse\"\xa8\x01\n" +
+	"\x0eRunCodeRequest\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x01 \x01(\tR\tcontextId\x12\x1a\n" +
+	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\tR\x04code\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\x12(\n" +
+	"\x10max_output_bytes\x18\x05 \x01(\x04R\x0emaxOutputBytes\"\xe7\x01\n" +
+	"\fRunCodeEvent\x12\x18\n" +
+	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
+	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x126\n" +
+	"\x06result\x18\x03 \x01(\v2\x1c.airlock.agent.v1.CodeResultH\x00R\x06result\x123\n" +
+	"\x05error\x18\x04 \x01(\v2\x1b.airlock.agent.v1.CodeErrorH\x00R\x05error\x12-\n" +
+	"\x03end\x18\x05 \x01(\v2\x19.airlock.agent.v1.CodeEndH\x00R\x03endB\a\n" +
+	"\x05event\"\xa7\x01\n" +
+	"\n" +
+	"CodeResult\x12:\n" +
+	"\x04data\x18\x01 \x03(\v2&.airlock.agent.v1.CodeResult.DataEntryR\x04data\x12$\n" +
+	"\x0eis_main_result\x18\x02 \x01(\bR\fisMainResult\x1a7\n" +
+	"\tDataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"S\n" +
+	"\tCodeError\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1c\n" +
+	"\ttraceback\x18\x03 \x03(\tR\ttraceback\"\xad\x01\n" +
+	"\aCodeEnd\x12\x1b\n" +
+	"\ttimed_out\x18\x01 \x01(\bR\btimedOut\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12\x1f\n" +
+	"\vduration_ms\x18\x03 \x01(\x03R\n" +
+	"durationMs\x12'\n" +
+	"\x0fexecution_count\x18\x04 \x01(\x05R\x0eexecutionCount\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x05 \x01(\tR\tcontextId*\x81\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
@@ -1850,7 +2760,14 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x05Mkdir\x12\x1e.airlock.agent.v1.MkdirRequest\x1a\x1f.airlock.agent.v1.MkdirResponse\x12K\n" +
 	"\x06Remove\x12\x1f.airlock.agent.v1.RemoveRequest\x1a .airlock.agent.v1.RemoveResponse\x12G\n" +
 	"\x04Read\x12\x1d.airlock.agent.v1.ReadRequest\x1a\x1e.airlock.agent.v1.ReadResponse0\x01\x12J\n" +
-	"\x05Write\x12\x1e.airlock.agent.v1.WriteRequest\x1a\x1f.airlock.agent.v1.WriteResponse(\x01BFZDgithub.com/airlock-sandbox/airlock/internal/agentapi/agentv1;agentv1b\x06proto3"
+	"\x05Write\x12\x1e.airlock.agent.v1.WriteRequest\x1a\x1f.airlock.agent.v1.WriteResponse(\x012\x95\x04\n" +
+	"\x0eContextService\x12O\n" +
+	"\x06Create\x12&.airlock.agent.v1.CreateContextRequest\x1a\x1d.airlock.agent.v1.ContextInfo\x12U\n" +
+	"\x04List\x12%.airlock.agent.v1.ListContextsRequest\x1a&.airlock.agent.v1.ListContextsResponse\x12Y\n" +
+	"\x06Delete\x12&.airlock.agent.v1.DeleteContextRequest\x1a'.airlock.agent.v1.DeleteContextResponse\x12Q\n" +
+	"\aRestart\x12'.airlock.agent.v1.RestartContextRequest\x1a\x1d.airlock.agent.v1.ContextInfo\x12I\n" +
+	"\x03Run\x12 .airlock.agent.v1.RunCodeRequest\x1a\x1e.airlock.agent.v1.RunCodeEvent0\x01\x12b\n" +
+	"\tInterrupt\x12).airlock.agent.v1.InterruptContextRequest\x1a*.airlock.agent.v1.InterruptContextResponseBFZDgithub.com/airlock-sandbox/airlock/internal/agentapi/agentv1;agentv1b\x06proto3"
 
 var (
 	file_airlock_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1865,34 +2782,49 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
-	(FileType)(0),            // 0: airlock.agent.v1.FileType
-	(*InfoRequest)(nil),      // 1: airlock.agent.v1.InfoRequest
-	(*InfoResponse)(nil),     // 2: airlock.agent.v1.InfoResponse
-	(*SyncRequest)(nil),      // 3: airlock.agent.v1.SyncRequest
-	(*SyncResponse)(nil),     // 4: airlock.agent.v1.SyncResponse
-	(*ShutdownRequest)(nil),  // 5: airlock.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil), // 6: airlock.agent.v1.ShutdownResponse
-	(*ExecRequest)(nil),      // 7: airlock.agent.v1.ExecRequest
-	(*ExecStart)(nil),        // 8: airlock.agent.v1.ExecStart
-	(*ExecResponse)(nil),     // 9: airlock.agent.v1.ExecResponse
-	(*ExecStarted)(nil),      // 10: airlock.agent.v1.ExecStarted
-	(*ExecExited)(nil),       // 11: airlock.agent.v1.ExecExited
-	(*FileInfo)(nil),         // 12: airlock.agent.v1.FileInfo
-	(*StatRequest)(nil),      // 13: airlock.agent.v1.StatRequest
-	(*StatResponse)(nil),     // 14: airlock.agent.v1.StatResponse
-	(*ListRequest)(nil),      // 15: airlock.agent.v1.ListRequest
-	(*ListResponse)(nil),     // 16: airlock.agent.v1.ListResponse
-	(*MkdirRequest)(nil),     // 17: airlock.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),    // 18: airlock.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),    // 19: airlock.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),   // 20: airlock.agent.v1.RemoveResponse
-	(*ReadRequest)(nil),      // 21: airlock.agent.v1.ReadRequest
-	(*ReadResponse)(nil),     // 22: airlock.agent.v1.ReadResponse
-	(*WriteRequest)(nil),     // 23: airlock.agent.v1.WriteRequest
-	(*WriteHeader)(nil),      // 24: airlock.agent.v1.WriteHeader
-	(*WriteResponse)(nil),    // 25: airlock.agent.v1.WriteResponse
+	(FileType)(0),                    // 0: airlock.agent.v1.FileType
+	(*InfoRequest)(nil),              // 1: airlock.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 2: airlock.agent.v1.InfoResponse
+	(*SyncRequest)(nil),              // 3: airlock.agent.v1.SyncRequest
+	(*SyncResponse)(nil),             // 4: airlock.agent.v1.SyncResponse
+	(*ShutdownRequest)(nil),          // 5: airlock.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 6: airlock.agent.v1.ShutdownResponse
+	(*ExecRequest)(nil),              // 7: airlock.agent.v1.ExecRequest
+	(*ExecStart)(nil),                // 8: airlock.agent.v1.ExecStart
+	(*ExecResponse)(nil),             // 9: airlock.agent.v1.ExecResponse
+	(*ExecStarted)(nil),              // 10: airlock.agent.v1.ExecStarted
+	(*ExecExited)(nil),               // 11: airlock.agent.v1.ExecExited
+	(*FileInfo)(nil),                 // 12: airlock.agent.v1.FileInfo
+	(*StatRequest)(nil),              // 13: airlock.agent.v1.StatRequest
+	(*StatResponse)(nil),             // 14: airlock.agent.v1.StatResponse
+	(*ListRequest)(nil),              // 15: airlock.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 16: airlock.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 17: airlock.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 18: airlock.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 19: airlock.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 20: airlock.agent.v1.RemoveResponse
+	(*ReadRequest)(nil),              // 21: airlock.agent.v1.ReadRequest
+	(*ReadResponse)(nil),             // 22: airlock.agent.v1.ReadResponse
+	(*WriteRequest)(nil),             // 23: airlock.agent.v1.WriteRequest
+	(*WriteHeader)(nil),              // 24: airlock.agent.v1.WriteHeader
+	(*WriteResponse)(nil),            // 25: airlock.agent.v1.WriteResponse
+	(*CreateContextRequest)(nil),     // 26: airlock.agent.v1.CreateContextRequest
+	(*ContextInfo)(nil),              // 27: airlock.agent.v1.ContextInfo
+	(*ListContextsRequest)(nil),      // 28: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 29: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 30: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 31: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 32: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 33: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 34: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 35: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 36: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 37: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 38: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 39: airlock.agent.v1.CodeEnd
+	nil,                              // 40: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
 	8,  // 0: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
@@ -1903,31 +2835,48 @@ var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
 	12, // 5: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
 	12, // 6: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
 	24, // 7: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	1,  // 8: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	3,  // 9: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	5,  // 10: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	7,  // 11: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	13, // 12: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	15, // 13: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	17, // 14: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	19, // 15: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	21, // 16: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	23, // 17: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	2,  // 18: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	4,  // 19: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	6,  // 20: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	9,  // 21: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	14, // 22: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	16, // 23: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	18, // 24: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	20, // 25: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	22, // 26: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	25, // 27: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	18, // [18:28] is the sub-list for method output_type
-	8,  // [8:18] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	27, // 8: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	37, // 9: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	38, // 10: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	39, // 11: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	40, // 12: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	1,  // 13: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
+	3,  // 14: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	5,  // 15: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	7,  // 16: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	13, // 17: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	15, // 18: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	17, // 19: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	19, // 20: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	21, // 21: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	23, // 22: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	26, // 23: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	28, // 24: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	30, // 25: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	32, // 26: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	35, // 27: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	33, // 28: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	2,  // 29: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	4,  // 30: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	6,  // 31: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	9,  // 32: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	14, // 33: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	16, // 34: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	18, // 35: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	20, // 36: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	22, // 37: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	25, // 38: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	27, // 39: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	29, // 40: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	31, // 41: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	27, // 42: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	36, // 43: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	34, // 44: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	29, // [29:45] is the sub-list for method output_type
+	13, // [13:29] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_airlock_agent_v1_agent_proto_init() }
@@ -1955,15 +2904,22 @@ func file_airlock_agent_v1_agent_proto_init() {
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
+	file_airlock_agent_v1_agent_proto_msgTypes[35].OneofWrappers = []any{
+		(*RunCodeEvent_Stdout)(nil),
+		(*RunCodeEvent_Stderr)(nil),
+		(*RunCodeEvent_Result)(nil),
+		(*RunCodeEvent_Error)(nil),
+		(*RunCodeEvent_End)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   40,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_airlock_agent_v1_agent_proto_goTypes,
 		DependencyIndexes: file_airlock_agent_v1_agent_proto_depIdxs,

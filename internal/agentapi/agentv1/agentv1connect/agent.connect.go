@@ -43,6 +43,8 @@ const (
 	ExecServiceName = "airlock.agent.v1.ExecService"
 	// FileServiceName is the fully-qualified name of the FileService service.
 	FileServiceName = "airlock.agent.v1.FileService"
+	// ContextServiceName is the fully-qualified name of the ContextService service.
+	ContextServiceName = "airlock.agent.v1.ContextService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -73,6 +75,19 @@ const (
 	FileServiceReadProcedure = "/airlock.agent.v1.FileService/Read"
 	// FileServiceWriteProcedure is the fully-qualified name of the FileService's Write RPC.
 	FileServiceWriteProcedure = "/airlock.agent.v1.FileService/Write"
+	// ContextServiceCreateProcedure is the fully-qualified name of the ContextService's Create RPC.
+	ContextServiceCreateProcedure = "/airlock.agent.v1.ContextService/Create"
+	// ContextServiceListProcedure is the fully-qualified name of the ContextService's List RPC.
+	ContextServiceListProcedure = "/airlock.agent.v1.ContextService/List"
+	// ContextServiceDeleteProcedure is the fully-qualified name of the ContextService's Delete RPC.
+	ContextServiceDeleteProcedure = "/airlock.agent.v1.ContextService/Delete"
+	// ContextServiceRestartProcedure is the fully-qualified name of the ContextService's Restart RPC.
+	ContextServiceRestartProcedure = "/airlock.agent.v1.ContextService/Restart"
+	// ContextServiceRunProcedure is the fully-qualified name of the ContextService's Run RPC.
+	ContextServiceRunProcedure = "/airlock.agent.v1.ContextService/Run"
+	// ContextServiceInterruptProcedure is the fully-qualified name of the ContextService's Interrupt
+	// RPC.
+	ContextServiceInterruptProcedure = "/airlock.agent.v1.ContextService/Interrupt"
 )
 
 // AgentServiceClient is a client for the airlock.agent.v1.AgentService service.
@@ -503,4 +518,222 @@ func (UnimplementedFileServiceHandler) Read(context.Context, *connect.Request[ag
 
 func (UnimplementedFileServiceHandler) Write(context.Context, *connect.ClientStream[agentv1.WriteRequest]) (*connect.Response[agentv1.WriteResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.FileService.Write is not implemented"))
+}
+
+// ContextServiceClient is a client for the airlock.agent.v1.ContextService service.
+type ContextServiceClient interface {
+	// Create starts a context. An empty id gets a generated one.
+	Create(context.Context, *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error)
+	List(context.Context, *connect.Request[agentv1.ListContextsRequest]) (*connect.Response[agentv1.ListContextsResponse], error)
+	// Delete stops a context and forgets its state.
+	Delete(context.Context, *connect.Request[agentv1.DeleteContextRequest]) (*connect.Response[agentv1.DeleteContextResponse], error)
+	// Restart replaces a context's interpreter with a fresh one (same id).
+	Restart(context.Context, *connect.Request[agentv1.RestartContextRequest]) (*connect.Response[agentv1.ContextInfo], error)
+	// Run executes code in a context and streams what happens, ending with
+	// exactly one `end`. With an empty context_id the default context of
+	// `language` is used, created on first use. Calls to one context run one
+	// at a time, in order.
+	Run(context.Context, *connect.Request[agentv1.RunCodeRequest]) (*connect.ServerStreamForClient[agentv1.RunCodeEvent], error)
+	// Interrupt interrupts the code running in a context (KeyboardInterrupt
+	// for python, SIGINT for the others); the context survives.
+	Interrupt(context.Context, *connect.Request[agentv1.InterruptContextRequest]) (*connect.Response[agentv1.InterruptContextResponse], error)
+}
+
+// NewContextServiceClient constructs a client for the airlock.agent.v1.ContextService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewContextServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) ContextServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	contextServiceMethods := agentv1.File_airlock_agent_v1_agent_proto.Services().ByName("ContextService").Methods()
+	return &contextServiceClient{
+		create: connect.NewClient[agentv1.CreateContextRequest, agentv1.ContextInfo](
+			httpClient,
+			baseURL+ContextServiceCreateProcedure,
+			connect.WithSchema(contextServiceMethods.ByName("Create")),
+			connect.WithClientOptions(opts...),
+		),
+		list: connect.NewClient[agentv1.ListContextsRequest, agentv1.ListContextsResponse](
+			httpClient,
+			baseURL+ContextServiceListProcedure,
+			connect.WithSchema(contextServiceMethods.ByName("List")),
+			connect.WithClientOptions(opts...),
+		),
+		delete: connect.NewClient[agentv1.DeleteContextRequest, agentv1.DeleteContextResponse](
+			httpClient,
+			baseURL+ContextServiceDeleteProcedure,
+			connect.WithSchema(contextServiceMethods.ByName("Delete")),
+			connect.WithClientOptions(opts...),
+		),
+		restart: connect.NewClient[agentv1.RestartContextRequest, agentv1.ContextInfo](
+			httpClient,
+			baseURL+ContextServiceRestartProcedure,
+			connect.WithSchema(contextServiceMethods.ByName("Restart")),
+			connect.WithClientOptions(opts...),
+		),
+		run: connect.NewClient[agentv1.RunCodeRequest, agentv1.RunCodeEvent](
+			httpClient,
+			baseURL+ContextServiceRunProcedure,
+			connect.WithSchema(contextServiceMethods.ByName("Run")),
+			connect.WithClientOptions(opts...),
+		),
+		interrupt: connect.NewClient[agentv1.InterruptContextRequest, agentv1.InterruptContextResponse](
+			httpClient,
+			baseURL+ContextServiceInterruptProcedure,
+			connect.WithSchema(contextServiceMethods.ByName("Interrupt")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// contextServiceClient implements ContextServiceClient.
+type contextServiceClient struct {
+	create    *connect.Client[agentv1.CreateContextRequest, agentv1.ContextInfo]
+	list      *connect.Client[agentv1.ListContextsRequest, agentv1.ListContextsResponse]
+	delete    *connect.Client[agentv1.DeleteContextRequest, agentv1.DeleteContextResponse]
+	restart   *connect.Client[agentv1.RestartContextRequest, agentv1.ContextInfo]
+	run       *connect.Client[agentv1.RunCodeRequest, agentv1.RunCodeEvent]
+	interrupt *connect.Client[agentv1.InterruptContextRequest, agentv1.InterruptContextResponse]
+}
+
+// Create calls airlock.agent.v1.ContextService.Create.
+func (c *contextServiceClient) Create(ctx context.Context, req *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
+	return c.create.CallUnary(ctx, req)
+}
+
+// List calls airlock.agent.v1.ContextService.List.
+func (c *contextServiceClient) List(ctx context.Context, req *connect.Request[agentv1.ListContextsRequest]) (*connect.Response[agentv1.ListContextsResponse], error) {
+	return c.list.CallUnary(ctx, req)
+}
+
+// Delete calls airlock.agent.v1.ContextService.Delete.
+func (c *contextServiceClient) Delete(ctx context.Context, req *connect.Request[agentv1.DeleteContextRequest]) (*connect.Response[agentv1.DeleteContextResponse], error) {
+	return c.delete.CallUnary(ctx, req)
+}
+
+// Restart calls airlock.agent.v1.ContextService.Restart.
+func (c *contextServiceClient) Restart(ctx context.Context, req *connect.Request[agentv1.RestartContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
+	return c.restart.CallUnary(ctx, req)
+}
+
+// Run calls airlock.agent.v1.ContextService.Run.
+func (c *contextServiceClient) Run(ctx context.Context, req *connect.Request[agentv1.RunCodeRequest]) (*connect.ServerStreamForClient[agentv1.RunCodeEvent], error) {
+	return c.run.CallServerStream(ctx, req)
+}
+
+// Interrupt calls airlock.agent.v1.ContextService.Interrupt.
+func (c *contextServiceClient) Interrupt(ctx context.Context, req *connect.Request[agentv1.InterruptContextRequest]) (*connect.Response[agentv1.InterruptContextResponse], error) {
+	return c.interrupt.CallUnary(ctx, req)
+}
+
+// ContextServiceHandler is an implementation of the airlock.agent.v1.ContextService service.
+type ContextServiceHandler interface {
+	// Create starts a context. An empty id gets a generated one.
+	Create(context.Context, *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error)
+	List(context.Context, *connect.Request[agentv1.ListContextsRequest]) (*connect.Response[agentv1.ListContextsResponse], error)
+	// Delete stops a context and forgets its state.
+	Delete(context.Context, *connect.Request[agentv1.DeleteContextRequest]) (*connect.Response[agentv1.DeleteContextResponse], error)
+	// Restart replaces a context's interpreter with a fresh one (same id).
+	Restart(context.Context, *connect.Request[agentv1.RestartContextRequest]) (*connect.Response[agentv1.ContextInfo], error)
+	// Run executes code in a context and streams what happens, ending with
+	// exactly one `end`. With an empty context_id the default context of
+	// `language` is used, created on first use. Calls to one context run one
+	// at a time, in order.
+	Run(context.Context, *connect.Request[agentv1.RunCodeRequest], *connect.ServerStream[agentv1.RunCodeEvent]) error
+	// Interrupt interrupts the code running in a context (KeyboardInterrupt
+	// for python, SIGINT for the others); the context survives.
+	Interrupt(context.Context, *connect.Request[agentv1.InterruptContextRequest]) (*connect.Response[agentv1.InterruptContextResponse], error)
+}
+
+// NewContextServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewContextServiceHandler(svc ContextServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	contextServiceMethods := agentv1.File_airlock_agent_v1_agent_proto.Services().ByName("ContextService").Methods()
+	contextServiceCreateHandler := connect.NewUnaryHandler(
+		ContextServiceCreateProcedure,
+		svc.Create,
+		connect.WithSchema(contextServiceMethods.ByName("Create")),
+		connect.WithHandlerOptions(opts...),
+	)
+	contextServiceListHandler := connect.NewUnaryHandler(
+		ContextServiceListProcedure,
+		svc.List,
+		connect.WithSchema(contextServiceMethods.ByName("List")),
+		connect.WithHandlerOptions(opts...),
+	)
+	contextServiceDeleteHandler := connect.NewUnaryHandler(
+		ContextServiceDeleteProcedure,
+		svc.Delete,
+		connect.WithSchema(contextServiceMethods.ByName("Delete")),
+		connect.WithHandlerOptions(opts...),
+	)
+	contextServiceRestartHandler := connect.NewUnaryHandler(
+		ContextServiceRestartProcedure,
+		svc.Restart,
+		connect.WithSchema(contextServiceMethods.ByName("Restart")),
+		connect.WithHandlerOptions(opts...),
+	)
+	contextServiceRunHandler := connect.NewServerStreamHandler(
+		ContextServiceRunProcedure,
+		svc.Run,
+		connect.WithSchema(contextServiceMethods.ByName("Run")),
+		connect.WithHandlerOptions(opts...),
+	)
+	contextServiceInterruptHandler := connect.NewUnaryHandler(
+		ContextServiceInterruptProcedure,
+		svc.Interrupt,
+		connect.WithSchema(contextServiceMethods.ByName("Interrupt")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/airlock.agent.v1.ContextService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case ContextServiceCreateProcedure:
+			contextServiceCreateHandler.ServeHTTP(w, r)
+		case ContextServiceListProcedure:
+			contextServiceListHandler.ServeHTTP(w, r)
+		case ContextServiceDeleteProcedure:
+			contextServiceDeleteHandler.ServeHTTP(w, r)
+		case ContextServiceRestartProcedure:
+			contextServiceRestartHandler.ServeHTTP(w, r)
+		case ContextServiceRunProcedure:
+			contextServiceRunHandler.ServeHTTP(w, r)
+		case ContextServiceInterruptProcedure:
+			contextServiceInterruptHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedContextServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedContextServiceHandler struct{}
+
+func (UnimplementedContextServiceHandler) Create(context.Context, *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.ContextService.Create is not implemented"))
+}
+
+func (UnimplementedContextServiceHandler) List(context.Context, *connect.Request[agentv1.ListContextsRequest]) (*connect.Response[agentv1.ListContextsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.ContextService.List is not implemented"))
+}
+
+func (UnimplementedContextServiceHandler) Delete(context.Context, *connect.Request[agentv1.DeleteContextRequest]) (*connect.Response[agentv1.DeleteContextResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.ContextService.Delete is not implemented"))
+}
+
+func (UnimplementedContextServiceHandler) Restart(context.Context, *connect.Request[agentv1.RestartContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.ContextService.Restart is not implemented"))
+}
+
+func (UnimplementedContextServiceHandler) Run(context.Context, *connect.Request[agentv1.RunCodeRequest], *connect.ServerStream[agentv1.RunCodeEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.ContextService.Run is not implemented"))
+}
+
+func (UnimplementedContextServiceHandler) Interrupt(context.Context, *connect.Request[agentv1.InterruptContextRequest]) (*connect.Response[agentv1.InterruptContextResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.ContextService.Interrupt is not implemented"))
 }
