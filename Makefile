@@ -26,11 +26,12 @@ setup: deps build ## guest kernel, initramfs and the default image into the stat
 demo: setup ## install, build and run a real sandbox
 	$(AIRLOCK) run -- python3 -c 'import platform; print("hello from", platform.node(), "kernel", platform.release(), "-> 6*7 =", 6*7)'
 
-test: setup test-sdk-unit ## every tier: unit, host and vm (TCG here), SDKs against a live server
+test: setup test-sdk-unit ## every tier: unit, host and vm (TCG here), SDKs and MCP clients against live servers
 	$(GO) vet ./...
 	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 40m ./...
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-sdk.sh
+	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-mcp.sh
 
 test-unit: test-sdk-unit ## unit tier only (no root, boots nothing)
 	$(GO) test -short ./...

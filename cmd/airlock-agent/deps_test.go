@@ -7,8 +7,9 @@ import (
 )
 
 // TestDeps keeps the guest agent small and free of host code: it may link
-// only the standard library, airlock's agent and agentapi packages, and the
-// protocol's own dependencies.
+// only the standard library, airlock's agent and agentapi packages, the
+// protocol's own dependencies, and the pure-Go ZeroMQ that code contexts use
+// to speak to Jupyter kernels.
 func TestDeps(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
@@ -24,6 +25,8 @@ func TestDeps(t *testing.T) {
 		"golang.org/x/text/",
 		"connectrpc.com/connect",
 		"google.golang.org/protobuf/",
+		"github.com/go-zeromq/zmq4",
+		"golang.org/x/sync/",
 	}
 	pkgs := strings.Fields(string(out))
 	if len(pkgs) == 0 {

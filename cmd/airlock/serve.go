@@ -21,8 +21,12 @@ func serveCmd(g *globals) *cobra.Command {
 		Short: "Serve the HTTP API (sandboxes keep running when it stops)",
 		Args:  cobra.NoArgs,
 		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Events: m.Store, Keys: m.Store, Log: g.log}
+			cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Events: m.Store, Keys: m.Store, Log: g.log}
 			s, err := api.New(cfg)
+			if err != nil {
+				return err
+			}
+			closeMCP, err := mountMCP(g, s, m)
 			if err != nil {
 				return err
 			}
@@ -41,7 +45,7 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 30*time.Second)
 			defer cancel()
-			err = srv.Shutdown(ctx)
+			err = errors.Join(closeMCP(ctx), srv.Shutdown(ctx)) // MCP first: its streams hold connections open
 			if err != nil {
 				err = errors.Join(err, srv.Close())
 			}

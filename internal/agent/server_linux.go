@@ -10,6 +10,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agent/cgroup"
 	"github.com/airlock-sandbox/airlock/internal/agent/reaper"
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
 )
 
 // Options configures a Server.
@@ -42,6 +43,8 @@ type Options struct {
 
 	// system replaces the machine actions (tests).
 	system system
+	// interpreters overrides the programs of code contexts (tests).
+	interpreters interpreters
 }
 
 func (o *Options) setDefaults() {
@@ -75,8 +78,9 @@ func (o *Options) Validate() error {
 
 // Server holds the guest services. Safe for concurrent use.
 type Server struct {
-	handler http.Handler
-	wg      sync.WaitGroup
+	handler  http.Handler
+	contexts *contextService
+	wg       sync.WaitGroup
 }
 
 // NewServer builds the services.
@@ -95,7 +99,8 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	s := &Server{}
 	users := userDB{passwd: opts.PasswdFile, group: opts.GroupFile}
-	s.handler = identityOnly(agentapi.NewHandler(
+	s.contexts = newContextService(opts.Logger, opts.Reaper, opts.Cgroups, users, opts.DefaultPidsLimit, opts.Guest, opts.interpreters)
+	mux := agentapi.NewHandler(
 		&agentService{
 			log:           opts.Logger,
 			version:       opts.Version,
@@ -114,7 +119,9 @@ func NewServer(opts Options) (*Server, error) {
 			wg:     &s.wg,
 		},
 		&fileService{log: opts.Logger, users: users},
-	))
+	)
+	mux.Handle(agentv1connect.NewContextServiceHandler(s.contexts))
+	s.handler = identityOnly(mux)
 	return s, nil
 }
 
@@ -132,10 +139,13 @@ func identityOnly(h http.Handler) http.Handler {
 	})
 }
 
-// Handler serves the three services; pass it to agentapi.Serve.
+// Handler serves the four services; pass it to agentapi.Serve.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Close waits for the goroutines the services left behind (request readers
-// of finished execs, a pending power-off). Call it after every session using
-// the handler has ended.
-func (s *Server) Close() { s.wg.Wait() }
+// Close stops the code contexts' interpreters and waits for the goroutines
+// the services left behind (request readers of finished execs, a pending
+// power-off). Call it after every session using the handler has ended.
+func (s *Server) Close() {
+	s.contexts.close()
+	s.wg.Wait()
+}

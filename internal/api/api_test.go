@@ -40,7 +40,7 @@ func newHarness(t *testing.T, aliceLimits store.APIKey) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Events: st, Keys: st})
+	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Events: st, Keys: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +100,7 @@ func concrete(pattern, id string) (method, path string) {
 	method, path, _ = strings.Cut(pattern, " ")
 	path = strings.ReplaceAll(path, "{id}", id)
 	path = strings.ReplaceAll(path, "{exec_id}", fakeExecID)
+	path = strings.ReplaceAll(path, "{ctx}", "c1")
 	if strings.Contains(path, "/files") {
 		path += "?path=/etc/x"
 	}

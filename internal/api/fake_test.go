@@ -25,6 +25,8 @@ type fake struct {
 	actors  []Actor
 	stdin   map[string][]byte
 	created []sandbox.CreateOptions
+	ctxReqs []*agentv1.CreateContextRequest
+	runs    []*agentv1.RunCodeRequest
 }
 
 func newFake() *fake {
@@ -188,3 +190,81 @@ var (
 	_ Files     = (*fake)(nil)
 	_ Execs     = (*fake)(nil)
 )
+
+// --- Contexts: one context "c1"; RunCode replays a fixed run. ---
+
+var fakePNG = []byte("\x89PNG\r\n\x1a\nfake")
+
+func (f *fake) CreateContext(_ context.Context, _ string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ctxReqs = append(f.ctxReqs, req)
+	id := req.GetId()
+	if id == "" {
+		id = "ctx-1"
+	}
+	lang := req.GetLanguage()
+	if lang == "" {
+		lang = "python"
+	}
+	return &agentv1.ContextInfo{Id: id, Language: lang, Cwd: "/root", State: "idle", CreatedUnixNano: 1}, nil
+}
+
+func (f *fake) ListContexts(context.Context, string) ([]*agentv1.ContextInfo, error) {
+	return []*agentv1.ContextInfo{{Id: "c1", Language: "python", Cwd: "/root", State: "idle", IsDefault: true}}, nil
+}
+
+func (f *fake) checkCtx(id string) error {
+	if id != "c1" {
+		return fmt.Errorf("%w: no context %q", errdefs.ErrNotFound, id)
+	}
+	return nil
+}
+
+func (f *fake) DeleteContext(_ context.Context, _, id string) error { return f.checkCtx(id) }
+
+func (f *fake) RestartContext(_ context.Context, _, id string) (*agentv1.ContextInfo, error) {
+	if err := f.checkCtx(id); err != nil {
+		return nil, err
+	}
+	return &agentv1.ContextInfo{Id: id, Language: "python", State: "idle"}, nil
+}
+
+func (f *fake) InterruptContext(_ context.Context, _, id string) error { return f.checkCtx(id) }
+
+// RunCode: code "old" fails as an old agent; otherwise stdout "hi\n",
+// stderr "warn\xff", a PNG display result, the main result "42", an error
+// if the code is "1/0", and the end.
+func (f *fake) RunCode(_ context.Context, _ string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error {
+	f.mu.Lock()
+	f.runs = append(f.runs, req)
+	f.mu.Unlock()
+	if req.GetContextId() != "" {
+		if err := f.checkCtx(req.GetContextId()); err != nil {
+			return err
+		}
+	}
+	if req.GetCode() == "old" {
+		return fmt.Errorf("%w: run code: the guest agent is too old", errdefs.ErrUnsupported)
+	}
+	evs := []*agentv1.RunCodeEvent{
+		{Event: &agentv1.RunCodeEvent_Stdout{Stdout: []byte("hi\n")}},
+		{Event: &agentv1.RunCodeEvent_Stderr{Stderr: []byte("warn\xff")}},
+		{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"image/png": fakePNG, "text/plain": []byte("<Figure>")}}}},
+		{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, IsMainResult: true}}},
+	}
+	if req.GetCode() == "1/0" {
+		evs = append(evs, &agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{
+			Name: "ZeroDivisionError", Value: "division by zero", Traceback: []string{"Traceback", "ZeroDivisionError: division by zero"}}}})
+	}
+	evs = append(evs, &agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{
+		DurationMs: 7, ExecutionCount: 3, ContextId: "python-default", TimedOut: req.GetCode() == "while True: pass"}}})
+	for _, ev := range evs {
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var _ Contexts = (*fake)(nil)

@@ -30,11 +30,13 @@ type Limits struct {
 var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 10, RatePerMin: 1200}
 
 // Config is what a Server needs. Sandboxes, Files, Events and Keys are
-// required; a nil Execs answers exec routes with 503.
+// required; a nil Execs answers exec routes with 503, a nil Contexts the
+// code and context routes.
 type Config struct {
 	Sandboxes Sandboxes
 	Files     Files
 	Execs     Execs
+	Contexts  Contexts
 	Events    Events
 	Keys      Keys
 	Log       *slog.Logger // nil: discard
@@ -100,6 +102,12 @@ var routes = []route{
 	{"GET /v1/sandboxes/{id}/execs/{exec_id}/stream", true, (*Server).streamExec},
 	{"POST /v1/sandboxes/{id}/execs/{exec_id}/stdin", true, (*Server).execStdin},
 	{"POST /v1/sandboxes/{id}/execs/{exec_id}/signal", true, (*Server).execSignal},
+	{"POST /v1/sandboxes/{id}/code", true, (*Server).runCode},
+	{"GET /v1/sandboxes/{id}/contexts", true, (*Server).listContexts},
+	{"POST /v1/sandboxes/{id}/contexts", true, (*Server).createContext},
+	{"DELETE /v1/sandboxes/{id}/contexts/{ctx}", true, (*Server).deleteContext},
+	{"POST /v1/sandboxes/{id}/contexts/{ctx}/restart", true, (*Server).restartContext},
+	{"POST /v1/sandboxes/{id}/contexts/{ctx}/interrupt", true, (*Server).interruptContext},
 	{"PUT /v1/sandboxes/{id}/files", true, (*Server).writeFile},
 	{"GET /v1/sandboxes/{id}/files", true, (*Server).readFile},
 	{"DELETE /v1/sandboxes/{id}/files", true, (*Server).deleteFile},
@@ -138,6 +146,25 @@ func New(cfg Config) (*Server, error) {
 		s.fail(w, r, errNoRoute)
 	})))
 	return s, nil
+}
+
+// HandleAuthenticated serves h at pattern behind the API's key check and
+// rate limit (used for /mcp); h reads the key with KeyOf. Call it before
+// serving.
+func (s *Server) HandleAuthenticated(pattern string, h http.Handler) {
+	s.mux.Handle(pattern, s.instrument(pattern, s.authenticate(h)))
+}
+
+// KeyOf returns the key a request was authenticated with.
+func KeyOf(ctx context.Context) (store.APIKey, bool) {
+	k, ok := ctx.Value(keyCtx{}).(store.APIKey)
+	return k, ok
+}
+
+// Reserve checks a create of cpus and memMiB against k's tenant quota and
+// holds them until release (for adapters that create sandboxes).
+func (s *Server) Reserve(ctx context.Context, k store.APIKey, cpus, memMiB int) (release func(), err error) {
+	return s.reserve(ctx, k.Tenant, s.limitsOf(k), cpus, memMiB)
 }
 
 // ServeHTTP implements http.Handler.

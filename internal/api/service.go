@@ -62,6 +62,19 @@ type Execs interface {
 	GetExec(ctx context.Context, sandboxID, execID string) (ExecInfo, error)
 }
 
+// Contexts is the code-context part of the manager (sandbox.Manager's
+// methods of the same names; see there for the contracts).
+type Contexts interface {
+	CreateContext(ctx context.Context, sandboxID string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error)
+	ListContexts(ctx context.Context, sandboxID string) ([]*agentv1.ContextInfo, error)
+	DeleteContext(ctx context.Context, sandboxID, contextID string) error
+	RestartContext(ctx context.Context, sandboxID, contextID string) (*agentv1.ContextInfo, error)
+	InterruptContext(ctx context.Context, sandboxID, contextID string) error
+	// RunCode calls fn for every event, the last being `end`, and returns
+	// nil after it.
+	RunCode(ctx context.Context, sandboxID string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error
+}
+
 // Events is the audit trail.
 type Events interface {
 	AppendEvent(ctx context.Context, e store.Event) (int64, error)
@@ -79,6 +92,7 @@ var (
 	_ Sandboxes = (*sandbox.Manager)(nil)
 	_ Files     = (*sandbox.Manager)(nil)
 	_ Execs     = (*sandbox.Manager)(nil)
+	_ Contexts  = (*sandbox.Manager)(nil)
 	_ Events    = (*store.Store)(nil)
 	_ Keys      = (*store.Store)(nil)
 )

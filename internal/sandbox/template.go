@@ -221,7 +221,9 @@ func DialAgent(ctx context.Context, inst runtime.Instance, conn net.Conn) (*agen
 	}
 	res := make(chan result, 1)
 	go func() {
-		c, err := agentapi.Dial(ctx, conn, agentapi.Options{})
+		// Messages up to MaxCodeMessageBytes: a code result carries an image
+		// of up to MaxResultValueBytes in one message.
+		c, err := agentapi.Dial(ctx, conn, agentapi.Options{MaxMessageBytes: MaxCodeMessageBytes})
 		res <- result{c, err}
 	}()
 	select {

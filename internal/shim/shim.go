@@ -349,6 +349,7 @@ func (s *shim) serve() error {
 	mux.Handle(agentv1connect.NewAgentServiceHandler(r))
 	mux.Handle(agentv1connect.NewExecServiceHandler(r))
 	mux.Handle(agentv1connect.NewFileServiceHandler(r))
+	mux.Handle(agentv1connect.NewContextServiceHandler(&contextRelay{agent: s.agent}))
 	s.execs = newSessions(s.agent, s.st, s.cfg.ID, s.log)
 	mux.Handle(shimv1connect.NewSessionServiceHandler(sessionService{t: s.execs}, connect.WithReadMaxBytes(maxInputMessage)))
 	var p http.Protocols

@@ -33,6 +33,7 @@ type fakeServer struct {
 	execs     map[string]map[string]*fakeExec
 	events    []map[string]any
 	requests  []*http.Request // clones of every request seen (bodies not kept)
+	vars      map[string]int  // code: the one context's variables
 
 	// uploadStarted, if set, is closed once the first bytes of a PUT body
 	// have arrived (for the streaming test).
@@ -72,6 +73,12 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", f.withSandbox(f.listFiles))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", f.withSandbox(f.stat))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", f.withSandbox(f.mkdir))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/code", f.withSandbox(f.code))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/contexts", f.withSandbox(f.listContexts))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts", f.withSandbox(f.createContext))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/contexts/{ctx}", f.withSandbox(f.contextOp))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts/{ctx}/restart", f.withSandbox(f.contextOp))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts/{ctx}/interrupt", f.withSandbox(f.contextOp))
 	mux.HandleFunc("GET /v1/events", f.eventsHandler)
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Request-Id", "req-"+strconv.Itoa(len(f.requests)))
@@ -552,4 +559,97 @@ func TestLiveAgainstFake(t *testing.T) {
 		t.Skip("the live test skips under -short")
 	}
 	TestLiveSandbox(t)
+}
+
+// fakePNG is the image the fake's "plot()" returns.
+var fakePNG = []byte("\x89PNG\r\n\x1a\nfake")
+
+// code interprets: "x = N" stores x, "x * N" yields a main result, "plot()"
+// a PNG display result, "print(S)" stdout, "1/0" a ZeroDivisionError,
+// "while True: pass" times out. Variables are per sandbox (one context).
+func (f *fakeServer) code(w http.ResponseWriter, r *http.Request, id string) {
+	var req struct {
+		Code     string `json:"code"`
+		Language string `json:"language"`
+		Context  string `json:"context"`
+		TimeoutS int    `json:"timeout_s"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		f.fail(w, 400, "invalid", "bad body")
+		return
+	}
+	if req.Context != "" && req.Context != "python-default" && req.Context != "c1" {
+		f.fail(w, 404, "not_found", "context not found")
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	end := map[string]any{"type": "end", "timed_out": false, "truncated": false, "duration_ms": 3, "execution_count": 1, "context": "python-default"}
+	f.mu.Lock()
+	if f.vars == nil {
+		f.vars = map[string]int{}
+	}
+	f.mu.Unlock()
+	for _, line := range strings.Split(req.Code, "\n") {
+		line = strings.TrimSpace(line)
+		var name string
+		var n int
+		switch {
+		case line == "1/0":
+			_ = enc.Encode(map[string]any{"type": "error", "name": "ZeroDivisionError", "value": "division by zero", "traceback": []string{"Traceback", "ZeroDivisionError: division by zero"}})
+		case line == "while True: pass":
+			end["timed_out"] = true
+		case line == "plot()":
+			_ = enc.Encode(map[string]any{"type": "result", "main": false, "data": map[string]string{"image/png": base64.StdEncoding.EncodeToString(fakePNG), "text/plain": "<Figure>"}})
+		case strings.HasPrefix(line, "print("):
+			_ = enc.Encode(map[string]any{"type": "stdout", "data": strings.Trim(line[6:len(line)-1], `"'`) + "\n"})
+		case strings.HasPrefix(line, "eprint("):
+			_ = enc.Encode(map[string]any{"type": "stderr", "data": strings.Trim(line[7:len(line)-1], `"'`) + "\n"})
+		default:
+			if k, _ := fmt.Sscanf(line, "%s = %d", &name, &n); k == 2 {
+				f.mu.Lock()
+				f.vars[name] = n
+				f.mu.Unlock()
+			} else if k, _ := fmt.Sscanf(line, "%s * %d", &name, &n); k == 2 {
+				f.mu.Lock()
+				v := f.vars[name]
+				f.mu.Unlock()
+				_ = enc.Encode(map[string]any{"type": "result", "main": true, "data": map[string]string{"text/plain": strconv.Itoa(v * n)}})
+			}
+		}
+	}
+	_ = enc.Encode(end)
+}
+
+func (f *fakeServer) listContexts(w http.ResponseWriter, _ *http.Request, _ string) {
+	writeJSONResp(w, 200, map[string]any{"contexts": []map[string]any{{"id": "c1", "language": "python", "state": "idle", "created_at": "2026-01-02T03:04:05Z"}}})
+}
+
+func (f *fakeServer) createContext(w http.ResponseWriter, r *http.Request, _ string) {
+	var req map[string]any
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	id, _ := req["id"].(string)
+	if id == "" {
+		id = "ctx-1"
+	}
+	lang, _ := req["language"].(string)
+	writeJSONResp(w, 201, map[string]any{"id": id, "language": lang, "state": "idle", "created_at": "2026-01-02T03:04:05Z"})
+}
+
+func (f *fakeServer) contextOp(w http.ResponseWriter, r *http.Request, _ string) {
+	if r.PathValue("ctx") != "c1" {
+		f.fail(w, 404, "not_found", "context not found")
+		return
+	}
+	if strings.HasSuffix(r.URL.Path, "/restart") {
+		writeJSONResp(w, 200, map[string]any{"id": "c1", "language": "python", "state": "idle", "created_at": "2026-01-02T03:04:05Z"})
+		return
+	}
+	w.WriteHeader(204)
+}
+
+func writeJSONResp(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
 }

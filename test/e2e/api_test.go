@@ -135,7 +135,7 @@ func TestAPI(t *testing.T) {
 	t.Logf("checking %d sandbox routes as another tenant", len(routes))
 	for _, r := range routes {
 		req := func(id string) (int, []byte) {
-			p := strings.NewReplacer("{id}", id, "{exec_id}", "aaaaaaaaaaaaaaaa").Replace(r.path)
+			p := strings.NewReplacer("{id}", id, "{exec_id}", "aaaaaaaaaaaaaaaa", "{ctx}", "c1").Replace(r.path)
 			if strings.Contains(p, "/files") {
 				p += "?path=/tmp/x"
 			}

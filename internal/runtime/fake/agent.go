@@ -61,6 +61,9 @@ type agent struct {
 	// powerOff is called (once, after the reply) by Shutdown.
 	powerOff func()
 
+	// ctxs is the ContextService (contexts.go).
+	ctxs codeContexts
+
 	mu      sync.Mutex
 	nextPID int32
 }

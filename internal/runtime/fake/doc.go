@@ -4,7 +4,8 @@
 // Each started instance serves the real agent protocol (agentapi.Serve on
 // one end of a net.Pipe) with a fake agent: Info, Sync and Shutdown; Exec
 // with a tiny command set (true, false, echo, exit N, cat, sleep, and
-// sh -c 'exit N'); and Files over an in-memory filesystem. Instances
+// sh -c 'exit N'); Files over an in-memory filesystem; and ContextService over a tiny
+// integer language (documented on codeContexts in contexts.go). Instances
 // implement runtime.Snapshotter: a snapshot is a copy of the filesystem,
 // kept by the Runtime under the snapshot directory's path. Hooks let tests
 // make Start fail or a running "VMM" crash with a reason.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
@@ -148,7 +149,9 @@ func (in *Instance) Start(ctx context.Context) error {
 	a.powerOff = func() { in.end(runtime.ExitStatus{Code: 0, Reason: "guest powered off"}) }
 	in.host, in.guest, in.cancel, in.state = host, guest, cancel, 1
 	in.serving.Go(func() {
-		_ = agentapi.Serve(sctx, guest, agentapi.NewHandler(a, a, a))
+		h := agentapi.NewHandler(a, a, a)
+		h.Handle(agentv1connect.NewContextServiceHandler(&a.ctxs))
+		_ = agentapi.Serve(sctx, guest, h)
 	})
 	return nil
 }

@@ -7,6 +7,7 @@
 """
 
 from ._client import Client, ExecResult, FileList, Sandbox, __version__
+from ._code import CodeError, Execution
 from ._errors import (
     AirlockError,
     Conflict,
@@ -20,8 +21,10 @@ from ._errors import (
 __all__ = [
     "AirlockError",
     "Client",
+    "CodeError",
     "Conflict",
     "ExecResult",
+    "Execution",
     "FileList",
     "InvalidRequest",
     "NotFound",

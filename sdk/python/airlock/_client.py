@@ -10,6 +10,7 @@ import os
 import urllib.parse
 from typing import IO, Any, Callable, Iterable, Mapping
 
+from ._code import Execution, read_code_stream
 from ._errors import AirlockError, StreamBroken, error_from_response
 
 __version__ = "0.1.0"
@@ -471,6 +472,68 @@ class Sandbox:
     def mkdir(self, path: str, parents: bool = True) -> None:
         """Create directory ``path`` (and its parents, by default)."""
         self._client._json("POST", _sb(self.id, "files", "mkdir"), {"path": path, "parents": parents}, ok=(204, 200))
+
+    # -- code contexts ---------------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: str | None = None,
+        context: str | None = None,
+        timeout_s: int | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_result: Callable[[dict], None] | None = None,
+    ) -> "Execution":
+        """Run ``code`` in a code context (state is kept between calls). With no
+        ``context``, the default context of ``language`` (python by default) is
+        used. Returns an Execution: stdout, stderr, results (MIME bundles,
+        images as bytes), ``main`` (the last expression's value), ``error``
+        (an exception the code raised) and ``timed_out``."""
+        payload: dict = {"code": code}
+        if language:
+            payload["language"] = language
+        if context:
+            payload["context"] = context
+        if timeout_s:
+            payload["timeout_s"] = int(timeout_s)
+        conn, resp = self._client._open(
+            "POST",
+            _sb(self.id, "code"),
+            body=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json", "Accept": "application/x-ndjson"},
+            timeout=None,
+        )
+        try:
+            return read_code_stream(resp, on_stdout, on_stderr, on_result)
+        finally:
+            conn.close()
+
+    def create_context(
+        self, language: str = "python", id: str | None = None, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> dict:
+        """Start a new code context; returns its description."""
+        p: dict = {"language": language}
+        if id:
+            p["id"] = id
+        if cwd:
+            p["cwd"] = cwd
+        if env:
+            p["env"] = dict(env)
+        return self._client._json("POST", _sb(self.id, "contexts"), p, ok=(201,))
+
+    def list_contexts(self) -> list[dict]:
+        return (self._client._json("GET", _sb(self.id, "contexts")) or {}).get("contexts", [])
+
+    def delete_context(self, context_id: str) -> None:
+        self._client._json("DELETE", _sb(self.id, "contexts", context_id), ok=(204,))
+
+    def restart_context(self, context_id: str) -> dict:
+        return self._client._json("POST", _sb(self.id, "contexts", context_id, "restart"), {})
+
+    def interrupt_context(self, context_id: str) -> None:
+        self._client._json("POST", _sb(self.id, "contexts", context_id, "interrupt"), {}, ok=(204,))
 
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path``; a non-empty directory needs recursive=True."""

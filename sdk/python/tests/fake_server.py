@@ -50,6 +50,7 @@ class FakeState:
         self.requests: list[dict] = []  # method, path, query, headers
         self.upload_started = threading.Event()
         self.next_id = 0
+        self.contexts: dict[str, dict[str, dict]] = {}  # sandbox -> context id -> vars
 
     def event(self, sb, action, detail):
         self.events.append(
@@ -165,6 +166,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("GET", r"/v1/sandboxes/(\w+)/files/list", self.list_files),
             ("GET", r"/v1/sandboxes/(\w+)/files/stat", self.stat),
             ("POST", r"/v1/sandboxes/(\w+)/files/mkdir", self.mkdir),
+            ("POST", r"/v1/sandboxes/(\w+)/code", self.run_code),
+            ("GET", r"/v1/sandboxes/(\w+)/contexts", self.list_contexts),
+            ("POST", r"/v1/sandboxes/(\w+)/contexts", self.create_context),
+            ("DELETE", r"/v1/sandboxes/(\w+)/contexts/([\w-]+)", self.delete_context),
+            ("POST", r"/v1/sandboxes/(\w+)/contexts/([\w-]+)/restart", self.restart_context),
+            ("POST", r"/v1/sandboxes/(\w+)/contexts/([\w-]+)/interrupt", self.interrupt_context),
         ]
         for m, pat, fn in routes:
             mo = re.fullmatch(pat, u.path)
@@ -174,7 +181,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     if args[0] not in st.sandboxes:
                         self._body()
                         return self._fail(404, "not_found", "sandbox not found")
-                    if len(args) > 1:
+                    if len(args) > 1 and "/contexts/" in pat:
+                        if args[1] not in st.contexts.setdefault(args[0], {}):
+                            self._body()
+                            return self._fail(404, "not_found", "context not found")
+                    elif len(args) > 1:
                         e = st.execs[args[0]].get(args[1])
                         if e is None:
                             self._body()
@@ -182,6 +193,63 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         args[1] = e
                 return fn(q, *args)
         self._fail(404, "not_found", "no route")
+
+    # -- code contexts (a tiny scripted "python") ------------------------------
+
+    def run_code(self, q, sb):
+        req = json.loads(self._body() or b"{}")
+        code, ctx = req.get("code", ""), req.get("context") or "default-" + (req.get("language") or "python")
+        vars_ = self.state.contexts.setdefault(sb, {}).setdefault(ctx, {})
+        recs = []
+        m = re.fullmatch(r"(\w+) = (\d+)", code)
+        m2 = re.fullmatch(r"(\w+) \* (\d+)", code)
+        if m:
+            vars_[m.group(1)] = int(m.group(2))
+        elif m2 and m2.group(1) not in vars_:
+            recs.append({"type": "error", "name": "NameError", "value": f"name {m2.group(1)!r} is not defined", "traceback": []})
+        elif m2:
+            recs.append({"type": "result", "main": True, "data": {"text/plain": str(vars_[m2.group(1)] * int(m2.group(2)))}})
+        elif code == "1/0":
+            recs.append({"type": "error", "name": "ZeroDivisionError", "value": "division by zero", "traceback": ["Traceback", "ZeroDivisionError"]})
+        elif code == "plot()":
+            png = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
+            recs.append({"type": "result", "main": False, "data": {"image/png": png, "text/plain": "<Figure>"}})
+        else:
+            recs.append({"type": "stdout", "data": code + "\n"})
+        recs.append({"type": "end", "timed_out": False, "truncated": False, "duration_ms": 1, "execution_count": 1, "context": ctx})
+        body = b"".join(json.dumps(r).encode() + b"\n" for r in recs)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _ctx_info(self, ctx_id):
+        return {"id": ctx_id, "language": "python", "cwd": "/root", "created_at": "2026-01-01T00:00:00Z", "state": "idle", "is_default": ctx_id.startswith("default-")}
+
+    def list_contexts(self, q, sb):
+        self._body()
+        self._send(200, {"contexts": [self._ctx_info(c) for c in sorted(self.state.contexts.get(sb, {}))]})
+
+    def create_context(self, q, sb):
+        req = json.loads(self._body() or b"{}")
+        ctx = req.get("id") or "ctx-%d" % len(self.state.contexts.get(sb, {}))
+        self.state.contexts.setdefault(sb, {})[ctx] = {}
+        self._send(201, self._ctx_info(ctx))
+
+    def delete_context(self, q, sb, ctx):
+        self._body()
+        del self.state.contexts[sb][ctx]
+        self._send(204)
+
+    def restart_context(self, q, sb, ctx):
+        self._body()
+        self.state.contexts[sb][ctx] = {}
+        self._send(200, self._ctx_info(ctx))
+
+    def interrupt_context(self, q, sb, ctx):
+        self._body()
+        self._send(204)
 
     def do_GET(self):
         self._dispatch("GET")

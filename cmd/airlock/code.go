@@ -1,0 +1,363 @@
+package main
+
+// airlock code and airlock contexts: code contexts (long-lived interpreters
+// that keep state between calls), locally through the manager or remotely
+// (AIRLOCK_HOST) through the Go SDK.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	airlock "github.com/airlock-sandbox/airlock/sdk/go"
+)
+
+// codePrinter turns a run's events into the CLI's output: stdout/stderr
+// streamed, the main result's text/plain on stdout, images saved to out
+// (or noted), errors on stderr.
+type codePrinter struct {
+	stdout, stderr io.Writer
+	out            string // directory for images; "" to only note them
+	n              int    // images saved
+	failed         bool
+	timedOut       bool
+	truncated      bool
+}
+
+var imageExt = map[string]string{"image/png": ".png", "image/svg+xml": ".svg", "image/jpeg": ".jpg"}
+
+func (p *codePrinter) result(main bool, data map[string][]byte) error {
+	hasImage := false
+	for _, mime := range slices.Sorted(func(yield func(string) bool) {
+		for k := range data {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		ext, ok := imageExt[mime]
+		if !ok {
+			continue
+		}
+		hasImage = true
+		v := data[mime]
+		if p.out == "" {
+			fmt.Fprintf(p.stderr, "[%s %d bytes; use --out DIR to save]\n", mime, len(v))
+			continue
+		}
+		// Never overwrite: the next free result-N name in the directory.
+		var path string
+		var f *os.File
+		for {
+			p.n++
+			path = filepath.Join(p.out, fmt.Sprintf("result-%d%s", p.n, ext))
+			var err error
+			f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("save %s: %w", mime, err)
+			}
+		}
+		_, werr := f.Write(v)
+		if err := errors.Join(werr, f.Close()); err != nil {
+			return fmt.Errorf("save %s: %w", mime, err)
+		}
+		fmt.Fprintf(p.stderr, "[%s saved to %s]\n", mime, path)
+	}
+	if t, ok := data["text/plain"]; ok && (main || !hasImage) {
+		s := string(t)
+		if !strings.HasSuffix(s, "\n") {
+			s += "\n"
+		}
+		_, _ = io.WriteString(p.stdout, s)
+	}
+	return nil
+}
+
+func (p *codePrinter) codeError(name, value string, tb []string) {
+	p.failed = true
+	for _, l := range tb {
+		fmt.Fprintln(p.stderr, l)
+	}
+	if value != "" {
+		fmt.Fprintf(p.stderr, "%s: %s\n", name, value)
+	} else {
+		fmt.Fprintln(p.stderr, name)
+	}
+}
+
+// exit returns the command's outcome: 124 timed out, 1 the code raised.
+func (p *codePrinter) exit() error {
+	if p.truncated {
+		fmt.Fprintln(p.stderr, "[output truncated]")
+	}
+	switch {
+	case p.timedOut:
+		return &exitError{code: 124, msg: "code timed out"}
+	case p.failed:
+		return &exitError{code: 1}
+	}
+	return nil
+}
+
+// event handles one local event.
+func (p *codePrinter) event(ev *agentv1.RunCodeEvent) error {
+	switch e := ev.GetEvent().(type) {
+	case *agentv1.RunCodeEvent_Stdout:
+		_, err := p.stdout.Write(e.Stdout)
+		return err
+	case *agentv1.RunCodeEvent_Stderr:
+		_, err := p.stderr.Write(e.Stderr)
+		return err
+	case *agentv1.RunCodeEvent_Result:
+		return p.result(e.Result.GetIsMainResult(), e.Result.GetData())
+	case *agentv1.RunCodeEvent_Error:
+		p.codeError(e.Error.GetName(), e.Error.GetValue(), e.Error.GetTraceback())
+	case *agentv1.RunCodeEvent_End:
+		p.timedOut, p.truncated = e.End.GetTimedOut(), e.End.GetTruncated()
+	}
+	return nil
+}
+
+func codeCmd(g *globals) *cobra.Command {
+	var lang, ctxID, file, out, timeout string
+	cmd := &cobra.Command{
+		Use:   "code [flags] ID [CODE]",
+		Short: "Run code in a sandbox's code context (state is kept between calls)",
+		Long: `Run code in a long-lived interpreter of the sandbox: python (default), javascript or
+bash. Without --context, the language's default context runs it. stdout/stderr stream,
+the value of the last expression is printed, images are saved to --out (or noted), and an
+exception is printed to stderr with exit code 1; a timeout exits 124. CODE, -f FILE, or
+stdin when neither is given.`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			code, err := readCode(cmd, args, file)
+			if err != nil {
+				return err
+			}
+			var d time.Duration
+			if timeout != "" {
+				if d, err = parseDuration(timeout); err != nil {
+					return err
+				}
+			}
+			if ctxID != "" && cmd.Flags().Changed("lang") {
+				return fmt.Errorf("%w: give --context or --lang, not both", errdefs.ErrInvalid)
+			}
+			if !cmd.Flags().Changed("lang") {
+				lang = ""
+			}
+			if out != "" {
+				if err := os.MkdirAll(out, 0o755); err != nil {
+					return err
+				}
+			}
+			p := &codePrinter{stdout: cmd.OutOrStdout(), stderr: cmd.ErrOrStderr(), out: out}
+			id := args[0]
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				ex, err := c.RunCode(cmd.Context(), id, airlock.CodeRequest{Code: code, Language: lang, Context: ctxID, Timeout: d}, airlock.CodeHandlers{
+					OnStdout: func(b []byte) { _, _ = p.stdout.Write(b) },
+					OnStderr: func(b []byte) { _, _ = p.stderr.Write(b) },
+					OnResult: func(r airlock.Result) {
+						if err := p.result(r.Main, r.Data); err != nil {
+							fmt.Fprintln(p.stderr, err)
+						}
+					},
+					OnError: func(e *airlock.CodeError) { p.codeError(e.Name, e.Value, e.Traceback) },
+				})
+				if err != nil {
+					return fmt.Errorf("code: %s", apiMsg(err))
+				}
+				p.timedOut, p.truncated = ex.TimedOut, ex.Truncated
+				return p.exit()
+			}
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			req := &agentv1.RunCodeRequest{Code: code, Language: lang, ContextId: ctxID, TimeoutMs: uint32(d / time.Millisecond)}
+			if err := m.RunCode(cmd.Context(), id, req, p.event); err != nil {
+				return err
+			}
+			return p.exit()
+		},
+	}
+	cmd.Flags().StringVar(&lang, "lang", "python", "language of the default context: python, javascript or bash")
+	cmd.Flags().StringVar(&ctxID, "context", "", "context id (from `airlock contexts create`)")
+	cmd.Flags().StringVarP(&file, "file", "f", "", "read the code from FILE (- for stdin)")
+	cmd.Flags().StringVar(&out, "out", "", "save images (PNG, SVG, JPEG) to this directory")
+	cmd.Flags().StringVar(&timeout, "timeout", "", "interrupt the code after this long (e.g. 30s); the context survives")
+	return cmd
+}
+
+// readCode returns the code from the argument, -f FILE or stdin.
+func readCode(cmd *cobra.Command, args []string, file string) (string, error) {
+	switch {
+	case len(args) == 2 && file != "":
+		return "", fmt.Errorf("%w: give CODE or -f FILE, not both", errdefs.ErrInvalid)
+	case len(args) == 2:
+		return args[1], nil
+	case file != "" && file != "-":
+		b, err := os.ReadFile(file)
+		return string(b), err
+	}
+	b, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), sandbox.MaxCodeBytes+1))
+	return string(b), err
+}
+
+// contextView is the CLI's JSON and table form of a context.
+type contextView struct {
+	ID        string    `json:"id"`
+	Language  string    `json:"language"`
+	State     string    `json:"state"`
+	Default   bool      `json:"is_default"`
+	Cwd       string    `json:"cwd"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func localContext(in *agentv1.ContextInfo) contextView {
+	return contextView{in.GetId(), in.GetLanguage(), in.GetState(), in.GetIsDefault(), in.GetCwd(), time.Unix(0, in.GetCreatedUnixNano()).UTC()}
+}
+
+func remoteContext(in *airlock.Context) contextView {
+	return contextView{in.ID, in.Language, in.State, in.IsDefault, in.Cwd, in.CreatedAt}
+}
+
+func printContexts(w io.Writer, cs []contextView, asJSON bool) error {
+	if asJSON {
+		if cs == nil {
+			cs = []contextView{}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(cs)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tLANGUAGE\tSTATE\tDEFAULT\tCWD")
+	for _, c := range cs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\n", c.ID, c.Language, c.State, c.Default, c.Cwd)
+	}
+	return tw.Flush()
+}
+
+func contextsCmd(g *globals) *cobra.Command {
+	root := &cobra.Command{Use: "contexts", Short: "Manage a sandbox's code contexts"}
+	var asJSON bool
+	ls := &cobra.Command{
+		Use: "ls ID", Short: "List code contexts", Args: cobra.ExactArgs(1),
+		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
+			infos, err := m.ListContexts(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			var out []contextView
+			for _, in := range infos {
+				out = append(out, localContext(in))
+			}
+			return printContexts(cmd.OutOrStdout(), out, asJSON)
+		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+			cs, err := c.ListContexts(cmd.Context(), args[0])
+			if err != nil {
+				return fmt.Errorf("contexts ls: %s", apiMsg(err))
+			}
+			var out []contextView
+			for i := range cs {
+				out = append(out, remoteContext(&cs[i]))
+			}
+			return printContexts(cmd.OutOrStdout(), out, asJSON)
+		}),
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+
+	var lang, id, cwd string
+	var env []string
+	create := &cobra.Command{
+		Use: "create ID", Short: "Create a code context; prints its id", Args: cobra.ExactArgs(1),
+		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
+			info, err := m.CreateContext(cmd.Context(), args[0], &agentv1.CreateContextRequest{Language: lang, Id: id, Cwd: cwd, Env: env})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), info.GetId())
+			return nil
+		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+			o := airlock.ContextOptions{ID: id, Language: lang, Cwd: cwd}
+			for _, kv := range env {
+				k, v, _ := strings.Cut(kv, "=")
+				if o.Env == nil {
+					o.Env = map[string]string{}
+				}
+				o.Env[k] = v
+			}
+			cx, err := c.CreateContext(cmd.Context(), args[0], o)
+			if err != nil {
+				return fmt.Errorf("contexts create: %s", apiMsg(err))
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), cx.ID)
+			return nil
+		}),
+	}
+	create.Flags().StringVar(&lang, "lang", "python", "python, javascript or bash")
+	create.Flags().StringVar(&id, "id", "", "context id ([a-z0-9][a-z0-9-]{0,62}; default: generated)")
+	create.Flags().StringVar(&cwd, "cwd", "", "working directory (default /root)")
+	create.Flags().StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE (repeatable)")
+
+	// op makes rm, restart and interrupt: ID CONTEXT.
+	op := func(use, short string, local func(m *sandbox.Manager, cmd *cobra.Command, id, cid string) error, remote func(c *airlock.Client, cmd *cobra.Command, id, cid string) error) *cobra.Command {
+		return &cobra.Command{
+			Use: use + " ID CONTEXT", Short: short, Args: cobra.ExactArgs(2),
+			RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
+				return local(m, cmd, args[0], args[1])
+			}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+				if err := remote(c, cmd, args[0], args[1]); err != nil {
+					return fmt.Errorf("contexts %s: %s", use, apiMsg(err))
+				}
+				return nil
+			}),
+		}
+	}
+	rm := op("rm", "Delete a code context (its state is lost)",
+		func(m *sandbox.Manager, cmd *cobra.Command, id, cid string) error {
+			return m.DeleteContext(cmd.Context(), id, cid)
+		},
+		func(c *airlock.Client, cmd *cobra.Command, id, cid string) error {
+			return c.DeleteContext(cmd.Context(), id, cid)
+		})
+	restart := op("restart", "Restart a code context's interpreter (state is lost)",
+		func(m *sandbox.Manager, cmd *cobra.Command, id, cid string) error {
+			_, err := m.RestartContext(cmd.Context(), id, cid)
+			return err
+		},
+		func(c *airlock.Client, cmd *cobra.Command, id, cid string) error {
+			_, err := c.RestartContext(cmd.Context(), id, cid)
+			return err
+		})
+	interrupt := op("interrupt", "Interrupt the code running in a context",
+		func(m *sandbox.Manager, cmd *cobra.Command, id, cid string) error {
+			return m.InterruptContext(cmd.Context(), id, cid)
+		},
+		func(c *airlock.Client, cmd *cobra.Command, id, cid string) error {
+			return c.InterruptContext(cmd.Context(), id, cid)
+		})
+	root.AddCommand(ls, create, rm, restart, interrupt)
+	return root
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
+)
+
+func TestCodePrinter(t *testing.T) {
+	t.Parallel()
+	var out, errb bytes.Buffer
+	dir := t.TempDir()
+	p := &codePrinter{stdout: &out, stderr: &errb, out: dir}
+	for _, ev := range []*agentv1.RunCodeEvent{
+		{Event: &agentv1.RunCodeEvent_Stdout{Stdout: []byte("hi\n")}},
+		{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"image/png": fake.FakePNG, "text/plain": []byte("<Figure>")}}}},
+		{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, IsMainResult: true}}},
+		{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{Name: "ZeroDivisionError", Value: "division by zero", Traceback: []string{"Traceback"}}}},
+		{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{}}},
+	} {
+		if err := p.event(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out.String() != "hi\n42\n" {
+		t.Fatalf("stdout %q", out.String())
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "result-1.png")); err != nil || !bytes.Equal(b, fake.FakePNG) {
+		t.Fatalf("png: %v", err)
+	}
+	if !strings.Contains(errb.String(), "ZeroDivisionError: division by zero") {
+		t.Fatalf("stderr %q", errb.String())
+	}
+	var ee *exitError
+	if err := p.exit(); !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("exit %v", err)
+	}
+	// Without --out: a note; a timeout exits 124.
+	errb.Reset()
+	p = &codePrinter{stdout: &out, stderr: &errb}
+	_ = p.event(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"image/png": fake.FakePNG}}}})
+	_ = p.event(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{TimedOut: true}}})
+	if !strings.Contains(errb.String(), "use --out DIR to save") {
+		t.Fatalf("note %q", errb.String())
+	}
+	if err := p.exit(); !errors.As(err, &ee) || ee.code != 124 {
+		t.Fatalf("timeout exit %v", err)
+	}
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/mcp"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+func mcpCmd(g *globals) *cobra.Command {
+	var keep bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "mcp",
+		Short: "Serve the Model Context Protocol on stdin/stdout (for AI agents)",
+		Long: `Serve airlock's tools to one MCP client over stdio, as the local user.
+
+Tools: sandbox_create, sandbox_list, sandbox_kill, sandbox_set_timeout, run_code,
+exec, file_read, file_write, file_list, context_create, context_list, context_reset.
+File tools act on paths inside a sandbox only; no tool reads or writes host files.
+The sandboxes the session creates are removed when it ends, unless --keep-sandboxes.
+The HTTP API (` + "`airlock serve`" + `) serves the same tools at /mcp (streamable HTTP,
+Authorization: Bearer <API key>).
+
+Example client config:
+  {"mcpServers": {"airlock": {"command": "airlock", "args": ["mcp"]}}}`,
+		Args: cobra.NoArgs,
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+			h, err := mcp.New(mcp.Config{
+				Service: mcpService{m}, Events: m.Store, Log: g.log, Version: version,
+				KeepSandboxes: keep, DefaultTimeout: timeout,
+			})
+			if err != nil {
+				return err
+			}
+			return h.ServeStdio(cmd.Context(), &sdk.StdioTransport{})
+		}),
+	}
+	cmd.Flags().BoolVar(&keep, "keep-sandboxes", false, "leave the session's sandboxes to their timeout when it ends")
+	cmd.Flags().DurationVar(&timeout, "call-timeout", 60*time.Second, "default deadline of one tool call")
+	return cmd
+}
+
+// mountMCP serves the MCP tools at /mcp of s, for the tenant of each
+// request's API key. The returned func ends the sessions (removing their
+// sandboxes).
+func mountMCP(g *globals, s *api.Server, m *sandbox.Manager) (func(context.Context) error, error) {
+	h, err := mcp.New(mcp.Config{Service: mcpService{m}, Events: m.Store, Log: g.log, Version: version})
+	if err != nil {
+		return nil, err
+	}
+	s.HandleAuthenticated("/mcp", h.HTTPHandler(func(r *http.Request) (mcp.Principal, bool) {
+		k, ok := api.KeyOf(r.Context())
+		if !ok {
+			return mcp.Principal{}, false
+		}
+		return mcp.Principal{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin,
+			Reserve: func(ctx context.Context, cpus, mem int) (func(), error) {
+				release, err := s.Reserve(ctx, k, cpus, mem)
+				if e, ok := errors.AsType[*api.Error](err); ok {
+					return nil, fmt.Errorf("%w: %s", errdefs.ErrResourceExhausted, strings.TrimPrefix(e.Message, "quota "))
+				}
+				return release, err
+			}}, true
+	}))
+	return h.Close, nil
+}
+
+// mcpService is the manager as mcp.Service. Until the manager has code
+// contexts, their tools answer ErrUnsupported.
+type mcpService struct{ *sandbox.Manager }
+
+var errNoContexts = fmt.Errorf("%w: code contexts are not available in this build", errdefs.ErrUnsupported)
+
+func (s mcpService) contexts() (mcp.Contexts, bool) {
+	c, ok := any(s.Manager).(mcp.Contexts)
+	return c, ok
+}
+
+func (s mcpService) CreateContext(ctx context.Context, id string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error) {
+	if c, ok := s.contexts(); ok {
+		return c.CreateContext(ctx, id, req)
+	}
+	return nil, errNoContexts
+}
+
+func (s mcpService) ListContexts(ctx context.Context, id string) ([]*agentv1.ContextInfo, error) {
+	if c, ok := s.contexts(); ok {
+		return c.ListContexts(ctx, id)
+	}
+	return nil, errNoContexts
+}
+
+func (s mcpService) RestartContext(ctx context.Context, id, cid string) (*agentv1.ContextInfo, error) {
+	if c, ok := s.contexts(); ok {
+		return c.RestartContext(ctx, id, cid)
+	}
+	return nil, errNoContexts
+}
+
+func (s mcpService) RunCode(ctx context.Context, id string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error {
+	if c, ok := s.contexts(); ok {
+		return c.RunCode(ctx, id, req, fn)
+	}
+	return errNoContexts
+}
+
+var _ mcp.Service = mcpService{}

@@ -1,0 +1,299 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+)
+
+// codeRun is what one Run returned.
+type codeRun struct {
+	stdout, stderr strings.Builder
+	results        []*agentv1.CodeResult
+	errs           []*agentv1.CodeError
+	end            *agentv1.CodeEnd
+}
+
+func (r *codeRun) main() string {
+	for _, res := range r.results {
+		if res.GetIsMainResult() {
+			return string(res.GetData()["text/plain"])
+		}
+	}
+	return ""
+}
+
+// needProgram fails (never skips) when an interpreter is missing.
+func needProgram(t *testing.T, path, check string) {
+	t.Helper()
+	args := []string{}
+	if check != "" {
+		args = append(args, "-c", check)
+	}
+	if out, err := exec.Command(path, args...).CombinedOutput(); err != nil && check != "" {
+		t.Fatalf("%s %s: %v\n%s\ninstall the code-context interpreters with scripts/deps.sh (python3-ipykernel python3-matplotlib nodejs)", path, check, err, out)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("%s: %v; install the code-context interpreters with scripts/deps.sh", path, err)
+	}
+}
+
+func newContextEnv(t *testing.T) *testEnv {
+	t.Helper()
+	needProgram(t, "/usr/bin/python3", "import ipykernel, matplotlib, matplotlib_inline")
+	needProgram(t, "/usr/bin/node", "")
+	return newTestEnv(t, func(o *Options) {
+		o.interpreters = interpreters{Python: "/usr/bin/python3", Node: "/usr/bin/node", Bash: "/bin/bash", RunDir: t.TempDir()}
+	})
+}
+
+func (env *testEnv) run(t *testing.T, req *agentv1.RunCodeRequest) *codeRun {
+	t.Helper()
+	r, err := env.tryRun(t.Context(), req)
+	if err != nil {
+		t.Fatalf("run %q: %v", req.GetCode(), err)
+	}
+	return r
+}
+
+func (env *testEnv) tryRun(ctx context.Context, req *agentv1.RunCodeRequest) (*codeRun, error) {
+	stream, err := env.c.Contexts.Run(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	r := &codeRun{}
+	for stream.Receive() {
+		switch ev := stream.Msg().GetEvent().(type) {
+		case *agentv1.RunCodeEvent_Stdout:
+			r.stdout.Write(ev.Stdout)
+		case *agentv1.RunCodeEvent_Stderr:
+			r.stderr.Write(ev.Stderr)
+		case *agentv1.RunCodeEvent_Result:
+			r.results = append(r.results, ev.Result)
+		case *agentv1.RunCodeEvent_Error:
+			r.errs = append(r.errs, ev.Error)
+		case *agentv1.RunCodeEvent_End:
+			r.end = ev.End
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return r, err
+	}
+	if r.end == nil {
+		return r, connect.NewError(connect.CodeInternal, os.ErrClosed)
+	}
+	return r, nil
+}
+
+func (env *testEnv) create(t *testing.T, lang, id string) string {
+	t.Helper()
+	info, err := env.c.Contexts.Create(t.Context(), connect.NewRequest(&agentv1.CreateContextRequest{Language: lang, Id: id}))
+	if err != nil {
+		t.Fatalf("create %s: %v", lang, err)
+	}
+	return info.Msg.GetId()
+}
+
+func TestContextPython(t *testing.T) {
+	t.Parallel()
+	env := newContextEnv(t)
+	py := func(code string) *codeRun {
+		return env.run(t, &agentv1.RunCodeRequest{Code: code})
+	}
+	if r := py("x = 21"); r.end.GetContextId() != "default-python" || len(r.errs) != 0 {
+		t.Fatalf("x = 21: end %v errs %v", r.end, r.errs)
+	}
+	if r := py("x * 2"); r.main() != "42" || r.end.GetExecutionCount() != 2 {
+		t.Errorf("x * 2: main %q end %v", r.main(), r.end)
+	}
+	if r := py("print('hello')\nimport sys; print('oops', file=sys.stderr)"); r.stdout.String() != "hello\n" || r.stderr.String() != "oops\n" {
+		t.Errorf("print: stdout %q stderr %q", r.stdout.String(), r.stderr.String())
+	}
+	r := py("1/0")
+	if len(r.errs) != 1 || r.errs[0].GetName() != "ZeroDivisionError" || len(r.errs[0].GetTraceback()) == 0 {
+		t.Fatalf("1/0: %v", r.errs)
+	}
+	for _, l := range r.errs[0].GetTraceback() {
+		if strings.Contains(l, "\x1b[") {
+			t.Errorf("traceback keeps ANSI escapes: %q", l)
+		}
+	}
+	r = py("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+	var png []byte
+	for _, res := range r.results {
+		if b := res.GetData()["image/png"]; b != nil && !res.GetIsMainResult() {
+			png = b
+		}
+	}
+	if !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Errorf("matplotlib: no PNG display_data (errs %v, stderr %q)", r.errs, r.stderr.String())
+	}
+	r = py("from IPython.display import HTML, display\ndisplay(HTML('<b>hi</b>'))")
+	if len(r.results) != 1 || string(r.results[0].GetData()["text/html"]) != "<b>hi</b>" {
+		t.Errorf("display(HTML): %v", r.results)
+	}
+	// Timeout: interrupted, and the state survives.
+	r = env.run(t, &agentv1.RunCodeRequest{Code: "while True: pass", TimeoutMs: 1000})
+	if !r.end.GetTimedOut() || len(r.errs) != 1 || r.errs[0].GetName() != "KeyboardInterrupt" {
+		t.Errorf("timeout: end %v errs %v", r.end, r.errs)
+	}
+	if r := py("x * 2"); r.main() != "42" {
+		t.Errorf("after the timeout: x * 2 = %q (errs %v)", r.main(), r.errs)
+	}
+	// max_output_bytes.
+	r = env.run(t, &agentv1.RunCodeRequest{Code: "print('a' * 1000)", MaxOutputBytes: 100})
+	if !r.end.GetTruncated() || r.stdout.Len() != 100 {
+		t.Errorf("truncation: %d bytes, end %v", r.stdout.Len(), r.end)
+	}
+}
+
+func TestContextInterruptRestartDelete(t *testing.T) {
+	t.Parallel()
+	env := newContextEnv(t)
+	id := env.create(t, "python", "")
+	if !contextIDRe.MatchString(id) {
+		t.Fatalf("generated id %q", id)
+	}
+	env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "y = 5"})
+	done := make(chan *codeRun, 1)
+	go func() {
+		r, _ := env.tryRun(context.Background(), &agentv1.RunCodeRequest{ContextId: id, Code: "import time\nwhile True: time.sleep(0.01)"})
+		done <- r
+	}()
+	waitState(t, env, id, "busy")
+	time.Sleep(500 * time.Millisecond) // an idle kernel ignores SIGINT
+	if _, err := env.c.Contexts.Interrupt(t.Context(), connect.NewRequest(&agentv1.InterruptContextRequest{Id: id})); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r == nil || len(r.errs) != 1 || r.errs[0].GetName() != "KeyboardInterrupt" || r.end.GetTimedOut() {
+			t.Errorf("interrupted run: %+v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("interrupt did not end the run")
+	}
+	if r := env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "y"}); r.main() != "5" {
+		t.Errorf("after interrupt: y = %q", r.main())
+	}
+	if _, err := env.c.Contexts.Restart(t.Context(), connect.NewRequest(&agentv1.RestartContextRequest{Id: id})); err != nil {
+		t.Fatal(err)
+	}
+	if r := env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "y"}); len(r.errs) != 1 || r.errs[0].GetName() != "NameError" {
+		t.Errorf("after restart: errs %v", r.errs)
+	}
+	// An exited interpreter is dead until restarted.
+	env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "import os; os._exit(3)"})
+	waitState(t, env, id, "dead")
+	if _, err := env.tryRun(t.Context(), &agentv1.RunCodeRequest{ContextId: id, Code: "1"}); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("run on a dead context: %v", err)
+	}
+	if _, err := env.c.Contexts.Delete(t.Context(), connect.NewRequest(&agentv1.DeleteContextRequest{Id: id})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.tryRun(t.Context(), &agentv1.RunCodeRequest{ContextId: id, Code: "1"}); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("run on a deleted context: %v", err)
+	}
+	if _, err := env.c.Contexts.Create(t.Context(), connect.NewRequest(&agentv1.CreateContextRequest{Id: "Bad_ID"})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("bad id: %v", err)
+	}
+}
+
+func waitState(t *testing.T, env *testEnv, id, state string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := env.c.Contexts.List(t.Context(), connect.NewRequest(&agentv1.ListContextsRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range resp.Msg.GetContexts() {
+			if c.GetId() == id && c.GetState() == state {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("context %s never became %s", id, state)
+}
+
+func TestContextJavaScript(t *testing.T) {
+	t.Parallel()
+	env := newContextEnv(t)
+	js := func(code string, timeout uint32) *codeRun {
+		return env.run(t, &agentv1.RunCodeRequest{Language: "javascript", Code: code, TimeoutMs: timeout})
+	}
+	if r := js("let a = [1, 2]; a.length", 0); r.main() != "2" {
+		t.Errorf("a.length = %q (errs %v)", r.main(), r.errs)
+	}
+	if r := js("a.push(3); console.log('n', a.length); a", 0); r.main() != "[ 1, 2, 3 ]" || r.stdout.String() != "n 3\n" {
+		t.Errorf("state: main %q stdout %q errs %v", r.main(), r.stdout.String(), r.errs)
+	}
+	if r := js("const v = await new Promise(r => setTimeout(() => r(7), 10)); v * 6", 0); r.main() != "42" {
+		t.Errorf("await: %q (errs %v)", r.main(), r.errs)
+	}
+	if r := js("console.error('bad'); throw new TypeError('boom')", 0); len(r.errs) != 1 || r.errs[0].GetName() != "TypeError" || r.errs[0].GetValue() != "boom" || r.stderr.String() != "bad\n" {
+		t.Errorf("throw: errs %v stderr %q", r.errs, r.stderr.String())
+	}
+	if r := js("while (true) {}", 1000); !r.end.GetTimedOut() {
+		t.Errorf("timeout: %v", r.end)
+	}
+	if r := js("v", 0); r.main() != "7" {
+		t.Errorf("after the timeout: v = %q (errs %v)", r.main(), r.errs)
+	}
+}
+
+func TestContextBash(t *testing.T) {
+	t.Parallel()
+	env := newContextEnv(t)
+	id := env.create(t, "bash", "sh1")
+	sh := func(code string, timeout uint32) *codeRun {
+		return env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: code, TimeoutMs: timeout})
+	}
+	dir := t.TempDir()
+	sh("cd "+dir+"\nexport FOO=bar", 0)
+	if r := sh("pwd; echo $FOO; echo err >&2", 0); r.stdout.String() != dir+"\nbar\n" || r.stderr.String() != "err\n" || len(r.errs) != 0 {
+		t.Errorf("state: stdout %q stderr %q errs %v", r.stdout.String(), r.stderr.String(), r.errs)
+	}
+	if r := sh("printf 'no newline'; false", 0); r.stdout.String() != "no newline" || len(r.errs) != 1 || r.errs[0].GetName() != "ExitStatus" || r.errs[0].GetValue() != "1" {
+		t.Errorf("status: stdout %q errs %v", r.stdout.String(), r.errs)
+	}
+	if r := sh("sleep 30", 500); !r.end.GetTimedOut() {
+		t.Errorf("timeout: %v", r.end)
+	}
+	if r := sh("while :; do :; done", 500); !r.end.GetTimedOut() {
+		t.Errorf("timeout of a builtin loop: %v", r.end)
+	}
+	if r := sh("echo $FOO", 0); r.stdout.String() != "bar\n" {
+		t.Errorf("after the timeouts: %q", r.stdout.String())
+	}
+	// Calls to one context run one at a time, in order.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var order []string
+	for i := range 3 {
+		wg.Go(func() {
+			r := sh("echo start; sleep 0.1; echo end", 0)
+			mu.Lock()
+			order = append(order, r.stdout.String())
+			mu.Unlock()
+		})
+		_ = i
+	}
+	wg.Wait()
+	for _, o := range order {
+		if o != "start\nend\n" {
+			t.Errorf("interleaved output: %q", o)
+		}
+	}
+}

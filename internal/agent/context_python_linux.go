@@ -1,0 +1,493 @@
+package agent
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+)
+
+// jupyterDelim separates routing frames from a Jupyter message.
+const jupyterDelim = "<IDS|MSG>"
+
+// pythonInterp is an ipykernel Jupyter kernel spoken to over ZeroMQ
+// (messaging protocol 5.3): execute_request on the shell socket, outputs
+// from IOPub until the kernel reports idle for the request. Interrupts are
+// SIGINT to the kernel's process group (ipykernel's default "signal"
+// interrupt mode; an idle kernel ignores SIGINT).
+type pythonInterp struct {
+	p       *process
+	dir     string
+	key     []byte
+	session string
+	shell   zmq4.Socket
+	iopub   zmq4.Socket
+	cancel  context.CancelFunc // of the sockets
+	isDead  <-chan struct{}
+	once    sync.Once
+	loops   sync.WaitGroup
+
+	mu      sync.Mutex
+	replies map[string]chan *jmsg // shell replies awaited, by parent msg_id
+	watch   string                // msg_id whose IOPub messages go to sub
+	sub     chan *jmsg
+}
+
+type jheader struct {
+	MsgID    string `json:"msg_id"`
+	Session  string `json:"session"`
+	Username string `json:"username"`
+	Date     string `json:"date"`
+	MsgType  string `json:"msg_type"`
+	Version  string `json:"version"`
+}
+
+type jmsg struct {
+	Header  jheader
+	Parent  jheader
+	Content json.RawMessage
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// freePorts picks n free TCP ports on 127.0.0.1. The kernel binds them
+// right after; a port taken in between makes the start fail.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func startPython(sp *ctxSpawn) (_ interp, err error) {
+	path, err := sp.program(sp.s.progs.Python, "python3")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(5)
+	if err != nil {
+		return nil, sysError("pick kernel ports", err)
+	}
+	key := randHex(32)
+	conn, _ := json.Marshal(map[string]any{
+		"shell_port": ports[0], "iopub_port": ports[1], "stdin_port": ports[2],
+		"control_port": ports[3], "hb_port": ports[4],
+		"ip": "127.0.0.1", "transport": "tcp", "key": key,
+		"signature_scheme": "hmac-sha256", "kernel_name": "python3",
+	})
+	connFile := filepath.Join(sp.dir, "kernel.json")
+	if err := os.WriteFile(connFile, conn, 0o600); err != nil {
+		return nil, sysError("write connection file", err)
+	}
+	if envValue(sp.env, "MPLBACKEND") == "" {
+		// matplotlib-inline is a dependency of ipykernel: figures become
+		// image/png display_data.
+		sp.env = append(sp.env, "MPLBACKEND=module://matplotlib_inline.backend_inline")
+	}
+	sp.env = append(sp.env, "PYTHONUNBUFFERED=1", "JPY_PARENT_PID=1")
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, sysError("open /dev/null", err)
+	}
+	defer null.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, sysError("pipe", err)
+	}
+	defer outW.Close()
+	p, err := sp.spawn(path, []string{"python3", "-m", "ipykernel_launcher", "-f", connFile}, null, outW, outW)
+	if err != nil {
+		outR.Close()
+		return nil, err
+	}
+	p.stdout = outR
+	ctx, cancel := context.WithCancel(context.Background())
+	k := &pythonInterp{p: p, dir: sp.dir, key: []byte(key), session: randHex(16), cancel: cancel, replies: map[string]chan *jmsg{}}
+	k.isDead = watch(p)
+	logs := &tailWriter{max: 4 << 10}
+	k.loops.Go(func() {
+		// The kernel's own stdout/stderr (startup errors, fd output not
+		// captured by ipykernel): kept for the start error.
+		_, _ = io.Copy(logs, outR)
+		outR.Close()
+	})
+	quiet := zmq4.WithLogger(log.New(io.Discard, "", 0))
+	retry := []zmq4.Option{quiet, zmq4.WithDialerRetry(50 * time.Millisecond), zmq4.WithDialerMaxRetries(int(startTimeout / (50 * time.Millisecond)))}
+	k.shell = zmq4.NewDealer(ctx, retry...)
+	k.iopub = zmq4.NewSub(ctx, retry...)
+	fail := func(step string, err error) (interp, error) {
+		k.close()
+		msg := step
+		if t := strings.TrimSpace(logs.String()); t != "" {
+			msg += ": " + lastLine(t)
+		}
+		return nil, preconditionf("start python kernel: %s", msg)
+	}
+	go func() {
+		select {
+		case <-k.isDead:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := k.iopub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		return fail("subscribe", err)
+	}
+	if err := k.iopub.Dial("tcp://127.0.0.1:" + itoa(ports[1])); err != nil {
+		return fail("connect iopub", err)
+	}
+	if err := k.shell.Dial("tcp://127.0.0.1:" + itoa(ports[0])); err != nil {
+		return fail("connect shell", err)
+	}
+	k.loops.Go(k.shellLoop)
+	k.loops.Go(k.iopubLoop)
+	if err := k.waitReady(ctx); err != nil {
+		return fail("wait for the kernel", err)
+	}
+	return k, nil
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// waitReady sends kernel_info_request until one gets both its shell reply
+// and its IOPub status, which proves the subscription is live.
+func (k *pythonInterp) waitReady(ctx context.Context) error {
+	deadline := time.Now().Add(startTimeout)
+	for time.Now().Before(deadline) {
+		id, reply, iopub, err := k.request("kernel_info_request", map[string]any{})
+		if err != nil {
+			return err
+		}
+		gotReply, gotStatus := false, false
+		t := time.NewTimer(500 * time.Millisecond)
+	wait:
+		for !gotReply || !gotStatus {
+			select {
+			case <-reply:
+				gotReply = true
+			case m := <-iopub:
+				if m.Header.MsgType == "status" {
+					gotStatus = true
+				}
+			case <-t.C:
+				break wait
+			case <-ctx.Done():
+				t.Stop()
+				k.forget(id)
+				return errors.New("the kernel exited")
+			}
+		}
+		t.Stop()
+		k.forget(id)
+		if gotReply && gotStatus {
+			return nil
+		}
+	}
+	return errors.New("timed out")
+}
+
+// request sends a shell request and registers for its reply and IOPub
+// messages.
+func (k *pythonInterp) request(msgType string, content any) (id string, reply, iopub chan *jmsg, err error) {
+	id = randHex(16)
+	reply, iopub = make(chan *jmsg, 1), make(chan *jmsg, 256)
+	k.mu.Lock()
+	k.replies[id] = reply
+	k.watch, k.sub = id, iopub
+	k.mu.Unlock()
+	if err := k.shell.Send(k.encode(id, msgType, content)); err != nil {
+		k.forget(id)
+		return "", nil, nil, err
+	}
+	return id, reply, iopub, nil
+}
+
+func (k *pythonInterp) forget(id string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.replies, id)
+	if k.watch == id {
+		k.watch, k.sub = "", nil
+	}
+}
+
+func (k *pythonInterp) encode(id, msgType string, content any) zmq4.Msg {
+	h, _ := json.Marshal(jheader{
+		MsgID: id, Session: k.session, Username: "airlock", MsgType: msgType, Version: "5.3",
+		Date: time.Now().UTC().Format(time.RFC3339Nano),
+	})
+	c, _ := json.Marshal(content)
+	parent, meta := []byte("{}"), []byte("{}")
+	return zmq4.NewMsgFrom([]byte(jupyterDelim), []byte(k.sign(h, parent, meta, c)), h, parent, meta, c)
+}
+
+func (k *pythonInterp) sign(parts ...[]byte) string {
+	m := hmac.New(sha256.New, k.key)
+	for _, p := range parts {
+		m.Write(p)
+	}
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// decode parses and verifies a received message; nil if it is not a valid
+// signed Jupyter message.
+func (k *pythonInterp) decode(frames [][]byte) *jmsg {
+	i := 0
+	for i < len(frames) && string(frames[i]) != jupyterDelim {
+		i++
+	}
+	if len(frames) < i+6 {
+		return nil
+	}
+	f := frames[i+1:]
+	want := k.sign(f[1], f[2], f[3], f[4])
+	if !hmac.Equal([]byte(want), f[0]) {
+		return nil
+	}
+	m := &jmsg{Content: f[4]}
+	if json.Unmarshal(f[1], &m.Header) != nil {
+		return nil
+	}
+	_ = json.Unmarshal(f[2], &m.Parent)
+	return m
+}
+
+func (k *pythonInterp) shellLoop() {
+	for {
+		raw, err := k.shell.Recv()
+		if err != nil {
+			return
+		}
+		m := k.decode(raw.Frames)
+		if m == nil {
+			continue
+		}
+		k.mu.Lock()
+		ch := k.replies[m.Parent.MsgID]
+		delete(k.replies, m.Parent.MsgID)
+		k.mu.Unlock()
+		if ch != nil {
+			ch <- m // buffered, one reply
+		}
+	}
+}
+
+func (k *pythonInterp) iopubLoop() {
+	for {
+		raw, err := k.iopub.Recv()
+		if err != nil {
+			return
+		}
+		m := k.decode(raw.Frames)
+		if m == nil {
+			continue
+		}
+		k.mu.Lock()
+		if k.watch != "" && m.Parent.MsgID == k.watch {
+			select {
+			case k.sub <- m:
+			default:
+				// The run is not reading (it ended): drop.
+			}
+		}
+		k.mu.Unlock()
+	}
+}
+
+func (k *pythonInterp) run(ctx context.Context, code string, out *codeOutput) (int32, error) {
+	id, _, iopub, err := k.request("execute_request", map[string]any{
+		"code": code, "silent": false, "store_history": true,
+		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": false,
+	})
+	if err != nil {
+		return 0, nil // the kernel is gone; dead() tells
+	}
+	defer k.forget(id)
+	var count int32
+	for {
+		select {
+		case m := <-iopub:
+			var c struct {
+				Name           string                     `json:"name"`
+				Text           string                     `json:"text"`
+				Data           map[string]json.RawMessage `json:"data"`
+				ExecutionState string                     `json:"execution_state"`
+				ExecutionCount int32                      `json:"execution_count"`
+				EName          string                     `json:"ename"`
+				EValue         string                     `json:"evalue"`
+				Traceback      []string                   `json:"traceback"`
+			}
+			if json.Unmarshal(m.Content, &c) != nil {
+				continue
+			}
+			switch m.Header.MsgType {
+			case "stream":
+				out.text(c.Name == "stderr", []byte(c.Text))
+			case "execute_input":
+				count = c.ExecutionCount
+			case "execute_result", "display_data":
+				if m.Header.MsgType == "execute_result" && c.ExecutionCount > 0 {
+					count = c.ExecutionCount
+				}
+				if data := mimeBundle(c.Data); len(data) > 0 {
+					out.event(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{
+						Data: data, IsMainResult: m.Header.MsgType == "execute_result",
+					}}})
+				}
+			case "error":
+				tb := make([]string, len(c.Traceback))
+				for i, l := range c.Traceback {
+					tb[i] = ansiRe.ReplaceAllString(l, "")
+				}
+				out.event(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{
+					Name: c.EName, Value: c.EValue, Traceback: tb,
+				}}})
+			case "status":
+				if c.ExecutionState == "idle" {
+					return count, nil
+				}
+			}
+		case <-k.isDead:
+			return count, nil
+		case <-ctx.Done():
+			return count, ctx.Err()
+		}
+	}
+}
+
+var ansiRe = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
+
+// mimeBundle keeps the MIME types the API carries: text as UTF-8, JSON
+// re-marshaled, PNG and JPEG decoded to raw bytes.
+func mimeBundle(in map[string]json.RawMessage) map[string][]byte {
+	out := map[string][]byte{}
+	for typ, raw := range in {
+		switch typ {
+		case "text/plain", "text/html", "text/markdown", "image/svg+xml":
+			if s, ok := jsonText(raw); ok {
+				out[typ] = []byte(s)
+			}
+		case "application/json":
+			var v any
+			if json.Unmarshal(raw, &v) == nil {
+				b, _ := json.Marshal(v)
+				out[typ] = b
+			}
+		case "image/png", "image/jpeg":
+			if s, ok := jsonText(raw); ok {
+				s = strings.Map(func(r rune) rune {
+					if r == '\n' || r == '\r' || r == ' ' {
+						return -1
+					}
+					return r
+				}, s)
+				if b, err := base64.StdEncoding.DecodeString(s); err == nil {
+					out[typ] = b
+				}
+			}
+		}
+	}
+	return out
+}
+
+// jsonText reads a string, or a list of strings (nbformat style), joined.
+func jsonText(raw json.RawMessage) (string, bool) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var l []string
+	if json.Unmarshal(raw, &l) == nil {
+		return strings.Join(l, ""), true
+	}
+	return "", false
+}
+
+func (k *pythonInterp) interrupt() {
+	_ = k.p.reaper.Signal(k.p.pid, syscall.SIGINT, true)
+}
+
+func (k *pythonInterp) dead() <-chan struct{} { return k.isDead }
+
+func (k *pythonInterp) close() {
+	k.once.Do(func() {
+		stopProcess(k.p, k.isDead)
+		k.cancel()
+		_ = k.shell.Close()
+		_ = k.iopub.Close()
+		unblock(k.p.stdout)
+		k.loops.Wait()
+		removeRunDir(k.dir)
+	})
+}
+
+// tailWriter keeps the last max bytes written to it.
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if len(w.buf) > w.max {
+		w.buf = w.buf[len(w.buf)-w.max:]
+	}
+	return len(p), nil
+}
+
+func (w *tailWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.buf)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return truncate(strings.TrimSpace(lines[len(lines)-1]))
+}
+
+// splitLines splits a stack trace into lines.
+func splitLines(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(s, "\n"), "\n")
+}

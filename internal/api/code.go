@@ -1,0 +1,290 @@
+package api
+
+import (
+	"encoding/base64"
+	"errors"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+// Context is the API's view of a code context.
+type Context struct {
+	ID        string    `json:"id"`
+	Language  string    `json:"language"`
+	Cwd       string    `json:"cwd"`
+	CreatedAt time.Time `json:"created_at"`
+	State     string    `json:"state"`
+	IsDefault bool      `json:"is_default"`
+}
+
+func viewContext(in *agentv1.ContextInfo) Context {
+	return Context{
+		ID: in.GetId(), Language: in.GetLanguage(), Cwd: in.GetCwd(),
+		CreatedAt: time.Unix(0, in.GetCreatedUnixNano()).UTC(), State: in.GetState(), IsDefault: in.GetIsDefault(),
+	}
+}
+
+type codeRequest struct {
+	Code     string `json:"code"`
+	Language string `json:"language"`
+	Context  string `json:"context"`
+	TimeoutS int    `json:"timeout_s"`
+}
+
+type createContextRequest struct {
+	ID       string            `json:"id"`
+	Language string            `json:"language"`
+	Cwd      string            `json:"cwd"`
+	Env      map[string]string `json:"env"`
+}
+
+// contexts returns the sandbox {id} (tenancy checked) and the context
+// service, or answers the request.
+func (s *Server) contexts(w http.ResponseWriter, r *http.Request) (string, Contexts, bool) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return "", nil, false
+	}
+	if s.cfg.Contexts == nil {
+		s.fail(w, r, errNoContexts)
+		return "", nil, false
+	}
+	return sb.ID, s.cfg.Contexts, true
+}
+
+// contextFail answers a context-method error: an unknown context is
+// errNoContext, an old agent errOldAgent.
+func (s *Server) contextFail(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, errdefs.ErrUnsupported):
+		err = errOldAgent
+	case errors.Is(err, errdefs.ErrNotFound):
+		err = errNoContext
+	}
+	s.fail(w, r, err)
+}
+
+// textMIME reports whether a result's MIME type holds UTF-8 text (sent as a
+// JSON string); anything else is sent base64-encoded.
+func textMIME(mime string) bool {
+	switch {
+	case strings.HasPrefix(mime, "text/"), mime == "image/svg+xml", mime == "application/json",
+		mime == "application/javascript", strings.HasSuffix(mime, "+json"), strings.HasSuffix(mime, "+xml"):
+		return true
+	}
+	return false
+}
+
+// resultData is a result's JSON form: text types as strings, others base64.
+func resultData(data map[string][]byte) map[string]string {
+	out := make(map[string]string, len(data))
+	for k, v := range data {
+		if textMIME(k) {
+			out[k] = strings.ToValidUTF8(string(v), "\uFFFD")
+		} else {
+			out[k] = base64.StdEncoding.EncodeToString(v)
+		}
+	}
+	return out
+}
+
+func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
+	sid, cs, ok := s.contexts(w, r)
+	if !ok {
+		return
+	}
+	var req codeRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.TimeoutS < 0 || req.TimeoutS > 24*3600 {
+		s.fail(w, r, invalidf("timeout_s must be between 0 and 86400"))
+		return
+	}
+	if req.Context != "" && req.Language != "" {
+		s.fail(w, r, invalidf("give context or language, not both"))
+		return
+	}
+	areq := &agentv1.RunCodeRequest{ContextId: req.Context, Language: req.Language, Code: req.Code, TimeoutMs: uint32(req.TimeoutS) * 1000}
+	if err := sandbox.ValidateRunCode(areq); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	lang := req.Language
+	if lang == "" && req.Context == "" {
+		lang = sandbox.LangPython
+	}
+	t0 := time.Now()
+	nw := newNDJSON(w, false)
+	started := false
+	var end *agentv1.CodeEnd
+	var errName string
+	err := cs.RunCode(r.Context(), sid, areq, func(ev *agentv1.RunCodeEvent) error {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		switch e := ev.GetEvent().(type) {
+		case *agentv1.RunCodeEvent_Stdout:
+			return nw.line(map[string]any{"type": "stdout", "data": nw.data(e.Stdout)})
+		case *agentv1.RunCodeEvent_Stderr:
+			return nw.line(map[string]any{"type": "stderr", "data": nw.data(e.Stderr)})
+		case *agentv1.RunCodeEvent_Result:
+			return nw.line(map[string]any{"type": "result", "main": e.Result.GetIsMainResult(), "data": resultData(e.Result.GetData())})
+		case *agentv1.RunCodeEvent_Error:
+			errName = e.Error.GetName()
+			tb := e.Error.GetTraceback()
+			if tb == nil {
+				tb = []string{}
+			}
+			return nw.line(map[string]any{"type": "error", "name": e.Error.GetName(), "value": e.Error.GetValue(), "traceback": tb})
+		case *agentv1.RunCodeEvent_End:
+			end = e.End
+			return nw.line(map[string]any{"type": "end", "timed_out": end.GetTimedOut(), "truncated": end.GetTruncated(),
+				"duration_ms": end.GetDurationMs(), "execution_count": end.GetExecutionCount(), "context": end.GetContextId()})
+		}
+		return nil
+	})
+	detail := map[string]any{"context": req.Context, "language": lang, "duration_ms": time.Since(t0).Milliseconds()}
+	if end != nil {
+		detail["context"] = end.GetContextId()
+		detail["timed_out"] = end.GetTimedOut()
+	}
+	if errName != "" {
+		detail["error"] = clipName(errName)
+	}
+	if err != nil {
+		detail["failed"] = true
+	}
+	s.audit(r, sid, "code.run", detail)
+	if err == nil {
+		return
+	}
+	if !started {
+		s.contextFail(w, r, err)
+		return
+	}
+	if r.Context().Err() == nil {
+		s.log.Warn("code stream ended early", "request_id", requestID(r), "sandbox_id", sid, "err", err)
+		// The client learns of it from a missing end line; say why.
+		_ = nw.line(map[string]any{"type": "error", "name": "AirlockError", "value": publicError(err).Message, "traceback": []string{}})
+	}
+}
+
+// clipName bounds a guest-supplied error name for the audit trail.
+func clipName(s string) string {
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	return strings.ToValidUTF8(s, "")
+}
+
+func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) {
+	sid, cs, ok := s.contexts(w, r)
+	if !ok {
+		return
+	}
+	infos, err := cs.ListContexts(r.Context(), sid)
+	if err != nil {
+		s.contextFail(w, r, err)
+		return
+	}
+	out := make([]Context, 0, len(infos))
+	for _, in := range infos {
+		out = append(out, viewContext(in))
+	}
+	writeJSON(w, http.StatusOK, map[string][]Context{"contexts": out})
+}
+
+func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
+	sid, cs, ok := s.contexts(w, r)
+	if !ok {
+		return
+	}
+	var req createContextRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	areq := &agentv1.CreateContextRequest{Id: req.ID, Language: req.Language, Cwd: req.Cwd}
+	for _, k := range slices.Sorted(maps.Keys(req.Env)) {
+		areq.Env = append(areq.Env, k+"="+req.Env[k])
+	}
+	if err := sandbox.ValidateCreateContext(areq); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	info, err := cs.CreateContext(r.Context(), sid, areq)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrUnsupported) {
+			err = errOldAgent
+		}
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, sid, "context.create", map[string]any{"context": info.GetId(), "language": info.GetLanguage()})
+	writeJSON(w, http.StatusCreated, viewContext(info))
+}
+
+// contextRef resolves {id} and {ctx}; a malformed context id is
+// errNoContext.
+func (s *Server) contextRef(w http.ResponseWriter, r *http.Request) (string, string, Contexts, bool) {
+	sid, cs, ok := s.contexts(w, r)
+	if !ok {
+		return "", "", nil, false
+	}
+	cid := r.PathValue("ctx")
+	if sandbox.ValidateContextID(cid) != nil {
+		s.fail(w, r, errNoContext)
+		return "", "", nil, false
+	}
+	return sid, cid, cs, true
+}
+
+func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) {
+	sid, cid, cs, ok := s.contextRef(w, r)
+	if !ok {
+		return
+	}
+	if err := cs.DeleteContext(r.Context(), sid, cid); err != nil {
+		s.contextFail(w, r, err)
+		return
+	}
+	s.audit(r, sid, "context.delete", map[string]any{"context": cid})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) {
+	sid, cid, cs, ok := s.contextRef(w, r)
+	if !ok {
+		return
+	}
+	info, err := cs.RestartContext(r.Context(), sid, cid)
+	if err != nil {
+		s.contextFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewContext(info))
+}
+
+func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request) {
+	sid, cid, cs, ok := s.contextRef(w, r)
+	if !ok {
+		return
+	}
+	if err := cs.InterruptContext(r.Context(), sid, cid); err != nil {
+		s.contextFail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

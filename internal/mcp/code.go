@@ -1,0 +1,217 @@
+package mcp
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+)
+
+// maxImageBytes caps one image of a run_code result; maxImages their count.
+const (
+	maxImageBytes = 4 << 20
+	maxImages     = 8
+)
+
+type runCodeIn struct {
+	Code      string `json:"code" jsonschema:"the code to run"`
+	Language  string `json:"language,omitempty" jsonschema:"python (default), javascript or bash; ignored when context is given"`
+	Context   string `json:"context,omitempty" jsonschema:"code context id (see context_create); default: the language's default context"`
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox to run in (default: this session's sandbox, created on first use)"`
+	TimeoutS  int    `json:"timeout_s,omitempty" jsonschema:"interrupt the code after this many seconds (default 60); the context survives"`
+}
+
+func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult, error) {
+	switch in.Language {
+	case "", "python", "javascript", "bash":
+	default:
+		return nil, fmt.Errorf("%w: language must be python, javascript or bash", errdefs.ErrInvalid)
+	}
+	d, err := t.timeout(in.TimeoutS)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second) // the guest's timeout fires first
+	defer cancel()
+	id, err := t.s.target(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	limit := t.h.cfg.MaxOutputBytes
+	out := newOutput(limit)
+	var (
+		results []string
+		images  []sdk.Content
+		imgNote []string
+		cerr    *agentv1.CodeError
+		end     *agentv1.CodeEnd
+	)
+	err = t.h.cfg.Service.RunCode(ctx, id, &agentv1.RunCodeRequest{
+		ContextId: in.Context, Language: in.Language, Code: in.Code,
+		TimeoutMs: uint32(d / time.Millisecond), MaxOutputBytes: uint64(8 * limit),
+	}, func(ev *agentv1.RunCodeEvent) error {
+		switch e := ev.GetEvent().(type) {
+		case *agentv1.RunCodeEvent_Stdout:
+			out.stdout.add(e.Stdout)
+		case *agentv1.RunCodeEvent_Stderr:
+			out.stderr.add(e.Stderr)
+		case *agentv1.RunCodeEvent_Result:
+			data := e.Result.GetData()
+			for _, mime := range []string{"image/png", "image/jpeg"} {
+				if img, ok := data[mime]; ok {
+					switch {
+					case len(images) >= maxImages:
+						imgNote = append(imgNote, fmt.Sprintf("[an image was dropped: at most %d per result]", maxImages))
+					case len(img) > maxImageBytes:
+						imgNote = append(imgNote, fmt.Sprintf("[a %d-byte %s was dropped: images are capped at %d bytes]", len(img), mime, maxImageBytes))
+					default:
+						images = append(images, &sdk.ImageContent{Data: img, MIMEType: mime})
+					}
+					break
+				}
+			}
+			if txt, ok := data["text/plain"]; ok {
+				label := "display"
+				if e.Result.GetIsMainResult() {
+					label = "result"
+				}
+				results = append(results, fmt.Sprintf("--- %s ---\n%s", label, strings.ToValidUTF8(string(txt), "\uFFFD")))
+			}
+		case *agentv1.RunCodeEvent_Error:
+			cerr = e.Error
+		case *agentv1.RunCodeEvent_End:
+			end = e.End
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var status []string
+	for _, r := range results {
+		s, cut := out.take(r + "\n")
+		status = append(status, strings.TrimSuffix(s, "\n"))
+		if cut {
+			status = append(status, "[result truncated: the tool result is capped]")
+			break
+		}
+	}
+	status = append(status, imgNote...)
+	if cerr != nil {
+		tb, _ := out.take(strings.Join(cerr.GetTraceback(), "\n"))
+		status = append(status, fmt.Sprintf("--- error ---\n%s: %s\n%s", cerr.GetName(), cerr.GetValue(), tb))
+	}
+	if end.GetTimedOut() {
+		status = append(status, fmt.Sprintf("[timed out after %s: the code was interrupted; the context survives]", d))
+	}
+	if end.GetTruncated() {
+		status = append(status, "[output beyond the guest's cap was dropped]")
+	}
+	status = append(status, fmt.Sprintf("sandbox_id: %s\ncontext_id: %s\nexecution_count: %d\nduration_ms: %d",
+		id, end.GetContextId(), end.GetExecutionCount(), end.GetDurationMs()))
+	res := &sdk.CallToolResult{Content: append([]sdk.Content{&sdk.TextContent{Text: out.text(strings.Join(status, "\n"))}}, images...)}
+	res.IsError = cerr != nil || end.GetTimedOut()
+	return res, nil
+}
+
+type contextCreateIn struct {
+	SandboxID string            `json:"sandbox_id,omitempty" jsonschema:"sandbox (default: this session's sandbox, created on first use)"`
+	Language  string            `json:"language,omitempty" jsonschema:"python (default), javascript or bash"`
+	ID        string            `json:"id,omitempty" jsonschema:"optional id: [a-z0-9][a-z0-9-]{0,62}; generated if empty"`
+	Cwd       string            `json:"cwd,omitempty" jsonschema:"working directory (default /root)"`
+	Env       map[string]string `json:"env,omitempty" jsonschema:"extra environment variables"`
+}
+
+func (t *tools) contextCreate(ctx context.Context, in contextCreateIn) (*sdk.CallToolResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.h.cfg.DefaultTimeout)
+	defer cancel()
+	id, err := t.s.target(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	req := &agentv1.CreateContextRequest{Language: in.Language, Id: in.ID, Cwd: in.Cwd}
+	for _, k := range sortedKeys(in.Env) {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, fmt.Errorf("%w: env names must be non-empty without '=' or NUL", errdefs.ErrInvalid)
+		}
+		req.Env = append(req.Env, k+"="+in.Env[k])
+	}
+	info, err := t.h.cfg.Service.CreateContext(ctx, id, req)
+	if err != nil {
+		return nil, err
+	}
+	return jsonResult(map[string]any{"sandbox_id": id, "context": viewContext(info)})
+}
+
+type contextListIn struct {
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox (default: this session's sandbox)"`
+}
+
+func (t *tools) contextList(ctx context.Context, in contextListIn) (*sdk.CallToolResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.h.cfg.DefaultTimeout)
+	defer cancel()
+	id, err := t.s.target(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	infos, err := t.h.cfg.Service.ListContexts(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := []contextView{}
+	for _, c := range infos {
+		out = append(out, viewContext(c))
+	}
+	return jsonResult(map[string]any{"sandbox_id": id, "contexts": out})
+}
+
+type contextResetIn struct {
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox (default: this session's sandbox)"`
+	Context   string `json:"context" jsonschema:"the code context id (see context_list)"`
+}
+
+func (t *tools) contextReset(ctx context.Context, in contextResetIn) (*sdk.CallToolResult, error) {
+	if in.Context == "" {
+		return nil, fmt.Errorf("%w: context is required", errdefs.ErrInvalid)
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.h.cfg.DefaultTimeout)
+	defer cancel()
+	id, err := t.s.target(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	info, err := t.h.cfg.Service.RestartContext(ctx, id, in.Context)
+	if err != nil {
+		return nil, err
+	}
+	return jsonResult(map[string]any{"sandbox_id": id, "context": viewContext(info)})
+}
+
+type contextView struct {
+	ID        string    `json:"id"`
+	Language  string    `json:"language"`
+	Cwd       string    `json:"cwd,omitempty"`
+	State     string    `json:"state"`
+	IsDefault bool      `json:"is_default,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func viewContext(c *agentv1.ContextInfo) contextView {
+	return contextView{ID: c.GetId(), Language: c.GetLanguage(), Cwd: c.GetCwd(), State: c.GetState(),
+		IsDefault: c.GetIsDefault(), CreatedAt: time.Unix(0, c.GetCreatedUnixNano()).UTC()}
+}
+
+func sortedKeys(m map[string]string) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}

@@ -1,0 +1,204 @@
+package mcp
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"strings"
+	"sync"
+	"time"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// fake is an in-memory Service: exec echoes its argv, run_code answers
+// canned events, files live in a map.
+type fake struct {
+	mu     sync.Mutex
+	n      int
+	sbs    map[string]store.Sandbox
+	files  map[string][]byte // sandbox id + path
+	events []store.Event
+	execs  map[string]*agentv1.ExecStart
+}
+
+func newFake() *fake {
+	return &fake{sbs: map[string]store.Sandbox{}, files: map[string][]byte{}, execs: map[string]*agentv1.ExecStart{}}
+}
+
+var _ Service = (*fake)(nil)
+
+func (f *fake) Create(_ context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o.Image != "" && o.Image != "base" {
+		return store.Sandbox{}, fmt.Errorf("%w: unknown image %q", errdefs.ErrNotFound, o.Image)
+	}
+	f.n++
+	sb := store.Sandbox{ID: fmt.Sprintf("sb%014d", f.n), State: store.StateRunning, Image: "base", CPUs: o.CPUs,
+		MemoryMiB: o.MemoryMiB, Tenant: o.Tenant, Env: o.Env, Metadata: o.Metadata, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}
+	f.sbs[sb.ID] = sb
+	return sb, nil
+}
+
+func (f *fake) Get(_ context.Context, id string) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return sb, fmt.Errorf("%w: sandbox %s", errdefs.ErrNotFound, id)
+	}
+	return sb, nil
+}
+
+func (f *fake) List(context.Context) ([]store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []store.Sandbox
+	for _, sb := range f.sbs {
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
+func (f *fake) Remove(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.sbs, id)
+	return nil
+}
+
+func (f *fake) SetTimeout(_ context.Context, id string, d time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return errdefs.ErrNotFound
+	}
+	sb.ExpiresAt = time.Now().Add(d)
+	f.sbs[id] = sb
+	return nil
+}
+
+func (f *fake) ids() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return sortedKeys(maps.Collect(func(yield func(string, string) bool) {
+		for id := range f.sbs {
+			if !yield(id, "") {
+				return
+			}
+		}
+	}))
+}
+
+func (f *fake) StartExec(_ context.Context, id string, start *agentv1.ExecStart, _ sandbox.Actor, _ bool) (sandbox.ExecInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.execs["abcdefghijklmnop"] = start
+	return sandbox.ExecInfo{ID: "abcdefghijklmnop"}, nil
+}
+
+// AttachExec: stdout is the argv joined; "fail" exits 3 with stderr; "big"
+// prints 1 MiB.
+func (f *fake) AttachExec(_ context.Context, _, execID string, _ bool, fn func(*agentv1.ExecResponse) error) error {
+	f.mu.Lock()
+	start := f.execs[execID]
+	f.mu.Unlock()
+	argv := start.GetArgv()
+	code := int32(0)
+	switch argv[0] {
+	case "fail":
+		_ = fn(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: []byte("boom\n")}})
+		code = 3
+	case "big":
+		_ = fn(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: bytes.Repeat([]byte("x"), 1<<20)}})
+	default:
+		_ = fn(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: []byte(strings.Join(argv, " ") + "\n")}})
+	}
+	return fn(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: &agentv1.ExecExited{ExitCode: code}}})
+}
+
+func (f *fake) WriteFile(_ context.Context, id, p string, _ uint32, r io.Reader) (int64, error) {
+	b, err := io.ReadAll(r)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.files[id+p] = b
+	return int64(len(b)), err
+}
+
+func (f *fake) ReadFile(_ context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (int64, error) {
+	f.mu.Lock()
+	b, ok := f.files[id+p]
+	f.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("%w: read %s: no such file", errdefs.ErrNotFound, p)
+	}
+	info(&agentv1.FileInfo{Path: p, Size: uint64(len(b))})
+	n, err := w.Write(b)
+	return int64(n), err
+}
+
+func (f *fake) ListFiles(_ context.Context, id, p string, _ uint32) ([]*agentv1.FileInfo, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*agentv1.FileInfo
+	for k, b := range f.files {
+		if name, ok := strings.CutPrefix(k, id+p); ok {
+			out = append(out, &agentv1.FileInfo{Path: p + name, Type: agentv1.FileType_FILE_TYPE_REGULAR, Size: uint64(len(b)), Mode: 0o644})
+		}
+	}
+	return out, false, nil
+}
+
+func (f *fake) CreateContext(_ context.Context, _ string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error) {
+	return &agentv1.ContextInfo{Id: req.GetId(), Language: "python", State: "idle"}, nil
+}
+
+func (f *fake) ListContexts(context.Context, string) ([]*agentv1.ContextInfo, error) {
+	return []*agentv1.ContextInfo{{Id: "python", Language: "python", State: "idle", IsDefault: true}}, nil
+}
+
+func (f *fake) RestartContext(_ context.Context, _, id string) (*agentv1.ContextInfo, error) {
+	if id == "nope" {
+		return nil, fmt.Errorf("%w: no context %q", errdefs.ErrNotFound, id)
+	}
+	return &agentv1.ContextInfo{Id: id, Language: "python", State: "idle"}, nil
+}
+
+var png = []byte("\x89PNG\r\n\x1a\nfakepng")
+
+// RunCode: "raise" gives an error with traceback; anything else prints the
+// code, displays a PNG and returns 42.
+func (f *fake) RunCode(_ context.Context, _ string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error {
+	if req.GetCode() == "raise" {
+		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{Name: "ValueError", Value: "bad", Traceback: []string{"Traceback (most recent call last):", "  line 1"}}}})
+	} else {
+		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Stdout{Stdout: []byte("ran " + req.GetCode() + "\n")}})
+		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"image/png": png, "text/plain": []byte("<Figure>")}}}})
+		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, IsMainResult: true}}})
+	}
+	return fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{ContextId: "python", ExecutionCount: 1}}})
+}
+
+func (f *fake) AppendEvent(_ context.Context, e store.Event) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, e)
+	return int64(len(f.events)), nil
+}
+
+func (f *fake) actions() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, e := range f.events {
+		out = append(out, e.Action+":"+e.KeyID)
+	}
+	return out
+}

@@ -1,0 +1,68 @@
+package mcp
+
+import (
+	"context"
+	"io"
+	"time"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Service is the part of the sandbox manager MCP needs. Errors are
+// categorized with errdefs; their text may name host details and is not
+// shown to clients except for ErrInvalid, ErrNotFound,
+// ErrFailedPrecondition and ErrResourceExhausted (see publicText).
+type Service interface {
+	// Create boots a sandbox and returns its row once the guest answers.
+	Create(ctx context.Context, o sandbox.CreateOptions) (store.Sandbox, error)
+	// Get returns one sandbox (ErrNotFound if missing).
+	Get(ctx context.Context, id string) (store.Sandbox, error)
+	// List returns every sandbox of every tenant.
+	List(ctx context.Context) ([]store.Sandbox, error)
+	// Remove stops and deletes a sandbox; removing twice is fine.
+	Remove(ctx context.Context, id string) error
+	// SetTimeout moves the sandbox's expiry to now + d.
+	SetTimeout(ctx context.Context, id string, d time.Duration) error
+
+	// StartExec starts an exec session owned by the sandbox's shim.
+	StartExec(ctx context.Context, sandboxID string, start *agentv1.ExecStart, actor sandbox.Actor, killOnDetach bool) (sandbox.ExecInfo, error)
+	// AttachExec calls fn with the exec's events until it exits.
+	AttachExec(ctx context.Context, sandboxID, execID string, fromStart bool, fn func(*agentv1.ExecResponse) error) error
+
+	// WriteFile streams r into p (mode, parents made).
+	WriteFile(ctx context.Context, id, p string, mode uint32, r io.Reader) (int64, error)
+	// ReadFile streams p to w; info is called before the first byte.
+	ReadFile(ctx context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (int64, error)
+	// ListFiles lists directory p to depth levels.
+	ListFiles(ctx context.Context, id, p string, depth uint32) ([]*agentv1.FileInfo, bool, error)
+
+	Contexts
+}
+
+// Contexts is the code-context part of the manager.
+type Contexts interface {
+	CreateContext(ctx context.Context, sandboxID string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error)
+	ListContexts(ctx context.Context, sandboxID string) ([]*agentv1.ContextInfo, error)
+	RestartContext(ctx context.Context, sandboxID, contextID string) (*agentv1.ContextInfo, error)
+	// RunCode runs code and calls fn with each event, ending with one end.
+	RunCode(ctx context.Context, sandboxID string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error
+}
+
+// Events is the audit trail.
+type Events interface {
+	AppendEvent(ctx context.Context, e store.Event) (int64, error)
+}
+
+// Principal is who a session acts as.
+type Principal struct {
+	Tenant string // "" is the local user
+	KeyID  string // API key id; "" on stdio (the audit trail then says "mcp:<session>")
+	Admin  bool   // sees every tenant's sandboxes
+	// Reserve, if set, checks a create of cpus and memMiB against the
+	// principal's quota and holds them until release is called.
+	Reserve func(ctx context.Context, cpus, memMiB int) (release func(), err error)
+}
+
+func (p Principal) sees(sb store.Sandbox) bool { return p.Admin || sb.Tenant == p.Tenant }

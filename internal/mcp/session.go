@@ -1,0 +1,251 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// session is one MCP session: its own sdk.Server (so its resources are
+// its own), its principal and the sandboxes it created.
+type session struct {
+	h   *Handler
+	p   Principal
+	id  string
+	srv *sdk.Server
+
+	// defaultMu serializes the creation of the default sandbox.
+	defaultMu sync.Mutex
+
+	mu      sync.Mutex
+	ss      *sdk.ServerSession // set once by watch
+	created []string           // sandboxes this session created and has not removed
+	def     string             // the default sandbox of run_code/exec ("" until first use)
+	ended   bool               // the session ended: create nothing more
+}
+
+// keyID is the audit trail's key id for s.
+func (s *session) keyID() string {
+	if s.p.KeyID != "" {
+		return s.p.KeyID
+	}
+	return "mcp:" + s.id
+}
+
+func (s *session) actor() sandbox.Actor { return sandbox.Actor{Tenant: s.p.Tenant, KeyID: s.keyID()} }
+
+// watch starts, once, the goroutine that removes s's sandboxes when ss ends.
+func (s *session) watch(ss *sdk.ServerSession) {
+	s.mu.Lock()
+	if s.ss != nil || s.ended {
+		s.mu.Unlock()
+		return
+	}
+	s.ss = ss
+	s.mu.Unlock()
+	s.h.cleanups.Go(func() {
+		_ = ss.Wait()
+		s.end()
+	})
+}
+
+// close ends s's connection (its watcher then cleans up); a session that
+// never connected is cleaned up here.
+func (s *session) close() {
+	s.mu.Lock()
+	ss := s.ss
+	s.mu.Unlock()
+	if ss != nil {
+		_ = ss.Close()
+		return
+	}
+	s.end()
+}
+
+// end marks s ended and removes its sandboxes (unless KeepSandboxes).
+func (s *session) end() {
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		return
+	}
+	s.ended = true
+	ids := slices.Clone(s.created)
+	s.created, s.def = nil, ""
+	s.mu.Unlock()
+	defer s.h.forget(s)
+	if s.h.cfg.KeepSandboxes {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, id := range ids {
+		if err := s.h.cfg.Service.Remove(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			s.h.log.Warn("remove session sandbox", "session", s.id, "sandbox_id", id, "err", err)
+			continue
+		}
+		s.h.audit(ctx, s, id, "sandbox.delete", map[string]any{"reason": "mcp session ended"})
+	}
+}
+
+// sandbox returns the sandbox id if s's principal may see it; every other
+// case is errNoSandbox.
+func (s *session) sandbox(ctx context.Context, id string) (store.Sandbox, error) {
+	sb, err := s.h.cfg.Service.Get(ctx, id)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
+			return sb, errNoSandbox
+		}
+		return sb, err
+	}
+	if !s.p.sees(sb) {
+		return store.Sandbox{}, errNoSandbox
+	}
+	return sb, nil
+}
+
+var errNoSandbox = fmt.Errorf("%w: sandbox not found (see sandbox_list)", errdefs.ErrNotFound)
+
+// create makes a sandbox for s, registers it as a resource and audits it.
+func (s *session) create(ctx context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
+	s.mu.Lock()
+	switch {
+	case s.ended:
+		s.mu.Unlock()
+		return store.Sandbox{}, fmt.Errorf("%w: the session has ended", errdefs.ErrFailedPrecondition)
+	case len(s.created) >= s.h.cfg.MaxSessionSandboxes:
+		s.mu.Unlock()
+		return store.Sandbox{}, fmt.Errorf("%w: this session already has %d sandboxes (the most one session may create); kill one with sandbox_kill", errdefs.ErrResourceExhausted, len(s.created))
+	}
+	s.mu.Unlock()
+	o.Tenant = s.p.Tenant
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 512
+	}
+	if s.p.Reserve != nil {
+		release, err := s.p.Reserve(ctx, o.CPUs, o.MemoryMiB)
+		if err != nil {
+			return store.Sandbox{}, err
+		}
+		defer release()
+	}
+	// The boot is not abandoned if the call is cancelled half-way: the
+	// manager cleans up failures, and a finished sandbox is removed with
+	// the session.
+	sb, err := s.h.cfg.Service.Create(context.WithoutCancel(ctx), o)
+	if err != nil {
+		return sb, err
+	}
+	s.h.audit(ctx, s, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB, "via": "mcp"})
+	s.mu.Lock()
+	ended := s.ended
+	if !ended {
+		s.created = append(s.created, sb.ID)
+	}
+	s.mu.Unlock()
+	if ended { // the session ended while we booted
+		if !s.h.cfg.KeepSandboxes {
+			_ = s.h.cfg.Service.Remove(context.WithoutCancel(ctx), sb.ID)
+		}
+		return store.Sandbox{}, fmt.Errorf("%w: the session has ended", errdefs.ErrFailedPrecondition)
+	}
+	s.srv.AddResource(&sdk.Resource{
+		URI: resourceURI(sb.ID), Name: "sandbox " + sb.ID, MIMEType: "application/json",
+		Description: "A sandbox created by this MCP session (removed when the session ends).",
+	}, s.readResource)
+	return sb, nil
+}
+
+// removed forgets a sandbox s created.
+func (s *session) removed(id string) {
+	s.mu.Lock()
+	i := slices.Index(s.created, id)
+	if i >= 0 {
+		s.created = slices.Delete(s.created, i, i+1)
+	}
+	if s.def == id {
+		s.def = ""
+	}
+	s.mu.Unlock()
+	if i >= 0 {
+		s.srv.RemoveResources(resourceURI(id))
+	}
+}
+
+// target returns id if given and visible, else the session's default
+// sandbox, created on first use.
+func (s *session) target(ctx context.Context, id string) (string, error) {
+	if id != "" {
+		sb, err := s.sandbox(ctx, id)
+		return sb.ID, err
+	}
+	s.defaultMu.Lock()
+	defer s.defaultMu.Unlock()
+	s.mu.Lock()
+	def := s.def
+	s.mu.Unlock()
+	if def != "" {
+		if sb, err := s.h.cfg.Service.Get(ctx, def); err == nil && sb.State == store.StateRunning {
+			return def, nil
+		}
+		s.removed(def) // expired or failed: make a new one
+	}
+	sb, err := s.create(ctx, sandbox.CreateOptions{Metadata: map[string]string{"mcp_session": s.id}})
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	s.def = sb.ID
+	s.mu.Unlock()
+	return sb.ID, nil
+}
+
+const uriPrefix = "airlock://sandbox/"
+
+func resourceURI(id string) string { return uriPrefix + id }
+
+func (s *session) readResource(ctx context.Context, req *sdk.ReadResourceRequest) (*sdk.ReadResourceResult, error) {
+	uri := req.Params.URI
+	id := uri[min(len(uri), len(uriPrefix)):]
+	sb, err := s.sandbox(ctx, id)
+	if err != nil {
+		return nil, sdk.ResourceNotFoundError(uri)
+	}
+	b, _ := json.MarshalIndent(viewSandbox(sb), "", "  ")
+	return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(b)}}}, nil
+}
+
+// sandboxView is a sandbox as tools show it.
+type sandboxView struct {
+	ID        string            `json:"id"`
+	State     string            `json:"state"`
+	Reason    string            `json:"reason,omitempty"`
+	Image     string            `json:"image"`
+	CPUs      int               `json:"cpus"`
+	MemoryMB  int               `json:"memory_mb"`
+	DiskMB    int               `json:"disk_mb"`
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt time.Time         `json:"expires_at"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+}
+
+func viewSandbox(sb store.Sandbox) sandboxView {
+	return sandboxView{
+		ID: sb.ID, State: string(sb.State), Reason: sb.Reason, Image: sb.Image, CPUs: sb.CPUs,
+		MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
+		Metadata: sb.Metadata,
+	}
+}

@@ -1,0 +1,300 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+const instructions = `airlock runs untrusted code in disposable microVM sandboxes.
+Use run_code (python, javascript or bash; state persists in a code context) or exec
+(a command line). Without sandbox_id both use this session's own sandbox, created on
+first use. Sandboxes this session creates are removed when the session ends. File tools
+act on paths inside a sandbox only; nothing on the host is reachable. The sandboxes have
+no network.`
+
+// newServer returns the sdk.Server of session s with every tool.
+func (h *Handler) newServer(s *session) *sdk.Server {
+	srv := sdk.NewServer(&sdk.Implementation{Name: "airlock", Version: h.cfg.Version}, &sdk.ServerOptions{
+		Instructions: instructions,
+		Logger:       h.log,
+		Capabilities: &sdk.ServerCapabilities{
+			Tools:     &sdk.ToolCapabilities{ListChanged: true},
+			Resources: &sdk.ResourceCapabilities{ListChanged: true},
+		},
+		InitializedHandler: func(_ context.Context, req *sdk.InitializedRequest) { s.watch(req.Session) },
+	})
+	t := &tools{h: h, s: s}
+	add(srv, t, "sandbox_create", `Create a new sandbox (a microVM) and return its id and details. Usually unnecessary: run_code and exec create this session's sandbox on first use. Sandboxes created here are removed when this MCP session ends. The sandbox has no network: "network" may only be "none" or omitted (network policies and secrets are not implemented yet).`, t.sandboxCreate)
+	add(srv, t, "sandbox_list", "List the sandboxes this session may use (its tenant's), with state, size and expiry. Those created by this session are marked.", t.sandboxList)
+	add(srv, t, "sandbox_kill", "Stop and delete a sandbox now, with everything in it.", t.sandboxKill)
+	add(srv, t, "sandbox_set_timeout", "Set a sandbox's remaining lifetime: it is stopped and deleted timeout_s seconds from now.", t.sandboxSetTimeout)
+	add(srv, t, "run_code", "Run code in a stateful code context (like a Jupyter kernel: variables and imports persist between calls of one context). Returns stdout, stderr, the value of the last expression, and images (e.g. matplotlib figures) as image content. An exception is returned as an error result with its traceback. Without sandbox_id the session's own sandbox is used (created on first use).", t.runCode)
+	add(srv, t, "exec", "Run a command in a sandbox and wait for it: returns stdout, stderr and the exit code. cmd is an argv array (no shell); use [\"bash\",\"-lc\",\"...\"] for shell syntax. Without sandbox_id the session's own sandbox is used (created on first use).", t.exec)
+	add(srv, t, "file_read", "Read a file inside a sandbox. Text comes back as text; binary data as base64 (PNG/JPEG also as an image). Large files are cut at max_bytes with a note.", t.fileRead)
+	add(srv, t, "file_write", "Write a file inside a sandbox (parent directories are made; an existing file is replaced). Give content as text, or as base64 with encoding \"base64\".", t.fileWrite)
+	add(srv, t, "file_list", "List a directory inside a sandbox: type, size, mode and path of each entry.", t.fileList)
+	add(srv, t, "context_create", "Create a code context (a fresh interpreter) in a sandbox for run_code: language python (default), javascript or bash, with an optional id, working directory and environment.", t.contextCreate)
+	add(srv, t, "context_list", "List the code contexts of a sandbox with their language and state (idle, busy, or dead: reset it).", t.contextList)
+	add(srv, t, "context_reset", "Restart a code context: its interpreter is replaced with a fresh one (all its variables are lost); the id stays.", t.contextReset)
+	return srv
+}
+
+// add registers a tool whose handler returns text or an error; errors
+// become error results with their public text.
+func add[In any](srv *sdk.Server, t *tools, name, desc string, fn func(ctx context.Context, in In) (*sdk.CallToolResult, error)) {
+	sdk.AddTool(srv, &sdk.Tool{Name: name, Description: desc}, func(ctx context.Context, req *sdk.CallToolRequest, in In) (*sdk.CallToolResult, any, error) {
+		t.s.watch(req.Session)
+		res, err := fn(ctx, in)
+		if err != nil {
+			if !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrNotFound) {
+				t.h.log.Warn("mcp tool failed", "session", t.s.id, "tool", name, "err", err)
+			}
+			return errorResult(publicText(err)), nil, nil
+		}
+		return res, nil, nil
+	})
+}
+
+type tools struct {
+	h *Handler
+	s *session
+}
+
+// timeout returns the call's deadline for timeout_s (0: the default).
+func (t *tools) timeout(sec int) (time.Duration, error) {
+	if sec < 0 || time.Duration(sec)*time.Second > t.h.cfg.MaxTimeout {
+		return 0, fmt.Errorf("%w: timeout_s must be between 0 and %d", errdefs.ErrInvalid, int(t.h.cfg.MaxTimeout/time.Second))
+	}
+	if sec == 0 {
+		return t.h.cfg.DefaultTimeout, nil
+	}
+	return time.Duration(sec) * time.Second, nil
+}
+
+type createIn struct {
+	Image    string            `json:"image,omitempty" jsonschema:"image name (default \"base\")"`
+	CPUs     int               `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1-32 (default 1)"`
+	MemoryMB int               `json:"memory_mb,omitempty" jsonschema:"memory in MiB, 128-65536 (default 512)"`
+	TimeoutS int               `json:"timeout_s,omitempty" jsonschema:"lifetime in seconds before the sandbox is deleted (default 900, at most 86400)"`
+	Env      map[string]string `json:"env,omitempty" jsonschema:"default environment of every command and code context in the sandbox"`
+	Metadata map[string]string `json:"metadata,omitempty" jsonschema:"labels (keys 1-64 bytes, values at most 1024)"`
+	Network  string            `json:"network,omitempty" jsonschema:"only \"none\" (or omit it): sandboxes have no network yet"`
+}
+
+func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
+	if in.Network != "" && in.Network != "none" {
+		return nil, fmt.Errorf("%w: network must be \"none\" or omitted (network policies are not implemented yet)", errdefs.ErrInvalid)
+	}
+	if in.CPUs < 0 || in.MemoryMB < 0 || in.TimeoutS < 0 || in.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
+		return nil, fmt.Errorf("%w: cpus and memory_mb must not be negative; timeout_s must be between 0 and %d", errdefs.ErrInvalid, int(sandbox.MaxTimeout/time.Second))
+	}
+	sb, err := t.s.create(ctx, sandbox.CreateOptions{
+		Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
+		Env: in.Env, Metadata: in.Metadata,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return jsonResult(viewSandbox(sb))
+}
+
+type listIn struct{}
+
+func (t *tools) sandboxList(ctx context.Context, _ listIn) (*sdk.CallToolResult, error) {
+	sbs, err := t.h.cfg.Service.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t.s.mu.Lock()
+	mine, def := slices.Clone(t.s.created), t.s.def
+	t.s.mu.Unlock()
+	type row struct {
+		sandboxView
+		Session bool `json:"created_by_this_session,omitempty"`
+		Default bool `json:"session_default,omitempty"`
+	}
+	out := []row{}
+	for _, sb := range sbs {
+		if t.s.p.sees(sb) {
+			out = append(out, row{viewSandbox(sb), slices.Contains(mine, sb.ID), sb.ID == def})
+		}
+	}
+	return jsonResult(map[string]any{"sandboxes": out})
+}
+
+type idIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+}
+
+func (t *tools) sandboxKill(ctx context.Context, in idIn) (*sdk.CallToolResult, error) {
+	sb, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.h.cfg.Service.Remove(context.WithoutCancel(ctx), sb.ID); err != nil {
+		return nil, err
+	}
+	t.s.removed(sb.ID)
+	t.h.audit(ctx, t.s, sb.ID, "sandbox.delete", nil)
+	return textResult("sandbox " + sb.ID + " removed"), nil
+}
+
+type timeoutIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	TimeoutS  int    `json:"timeout_s" jsonschema:"seconds from now until the sandbox is deleted (1-86400)"`
+}
+
+func (t *tools) sandboxSetTimeout(ctx context.Context, in timeoutIn) (*sdk.CallToolResult, error) {
+	if in.TimeoutS < 1 || in.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
+		return nil, fmt.Errorf("%w: timeout_s must be between 1 and %d", errdefs.ErrInvalid, int(sandbox.MaxTimeout/time.Second))
+	}
+	sb, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.h.cfg.Service.SetTimeout(ctx, sb.ID, time.Duration(in.TimeoutS)*time.Second); err != nil {
+		return nil, err
+	}
+	t.h.audit(ctx, t.s, sb.ID, "sandbox.timeout", map[string]any{"timeout_s": in.TimeoutS})
+	if sb, err = t.h.cfg.Service.Get(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	return jsonResult(viewSandbox(sb))
+}
+
+type execIn struct {
+	Cmd       []string          `json:"cmd" jsonschema:"argv, e.g. [\"ls\",\"-la\",\"/\"] or [\"bash\",\"-lc\",\"echo $HOME | wc -c\"]"`
+	SandboxID string            `json:"sandbox_id,omitempty" jsonschema:"sandbox to run in (default: this session's sandbox, created on first use)"`
+	Env       map[string]string `json:"env,omitempty" jsonschema:"extra environment variables"`
+	Cwd       string            `json:"cwd,omitempty" jsonschema:"working directory inside the sandbox"`
+	TimeoutS  int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (default 60)"`
+}
+
+var errExited = errors.New("exited")
+
+func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error) {
+	if len(in.Cmd) == 0 || in.Cmd[0] == "" {
+		return nil, fmt.Errorf("%w: cmd must be a non-empty array", errdefs.ErrInvalid)
+	}
+	d, err := t.timeout(in.TimeoutS)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second) // the guest's timeout fires first
+	defer cancel()
+	id, err := t.s.target(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := t.h.cfg.Service.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	env := maps.Clone(sb.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	for k, v := range in.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return nil, fmt.Errorf("%w: env names must be non-empty without '=' or NUL, values without NUL", errdefs.ErrInvalid)
+		}
+		env[k] = v
+	}
+	start := &agentv1.ExecStart{Argv: in.Cmd, Cwd: in.Cwd, TimeoutMs: uint32(d / time.Millisecond)}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		start.Env = append(start.Env, k+"="+env[k])
+	}
+	info, err := t.h.cfg.Service.StartExec(ctx, id, start, t.s.actor(), true)
+	if err != nil {
+		return nil, err
+	}
+	out := newOutput(t.h.cfg.MaxOutputBytes)
+	var exit *agentv1.ExecExited
+	err = t.h.cfg.Service.AttachExec(ctx, id, info.ID, true, func(ev *agentv1.ExecResponse) error {
+		switch e := ev.GetEvent().(type) {
+		case *agentv1.ExecResponse_Stdout:
+			out.stdout.add(e.Stdout)
+		case *agentv1.ExecResponse_Stderr:
+			out.stderr.add(e.Stderr)
+		case *agentv1.ExecResponse_Exited:
+			exit = e.Exited
+			return errExited
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errExited) {
+		return nil, err
+	}
+	code := exit.GetExitCode()
+	status := fmt.Sprintf("exit_code: %d", code)
+	if exit.GetSignal() > 0 {
+		code = -1
+		status = fmt.Sprintf("exit_code: -1 (killed by signal %d)", exit.GetSignal())
+	}
+	if exit.GetTimedOut() {
+		status += fmt.Sprintf(" (timed out after %s)", d)
+	}
+	if exit.GetOutputTruncated() {
+		status += " (the guest dropped output beyond its cap)"
+	}
+	res := textResult(out.text(status + fmt.Sprintf("\nsandbox_id: %s\nduration_ms: %d", id, exit.GetDurationMs())))
+	res.StructuredContent = nil
+	res.IsError = code != 0
+	return res, nil
+}
+
+// publicText is what a client sees of err: the manager's own words for the
+// categories whose messages name only the caller's values, a generic
+// sentence for the others (their text may hold host paths).
+func publicText(err error) string {
+	for _, c := range []struct {
+		err  error
+		keep bool
+		msg  string
+	}{
+		{errdefs.ErrInvalid, true, ""},
+		{errdefs.ErrNotFound, true, ""},
+		{errdefs.ErrFailedPrecondition, true, ""},
+		{errdefs.ErrResourceExhausted, true, ""},
+		{errdefs.ErrConflict, false, "conflict"},
+		{errdefs.ErrUnsupported, true, ""},
+		{errdefs.ErrUnavailable, false, "temporarily unavailable; retry later"},
+		{context.DeadlineExceeded, false, "the call timed out (raise timeout_s)"},
+	} {
+		if errors.Is(err, c.err) {
+			if c.keep {
+				return strings.ReplaceAll(err.Error(), "--", "")
+			}
+			return c.msg
+		}
+	}
+	return "internal error"
+}
+
+func errorResult(msg string) *sdk.CallToolResult {
+	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "error: " + msg}}, IsError: true}
+}
+
+func textResult(s string) *sdk.CallToolResult {
+	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: s}}}
+}
+
+func jsonResult(v any) (*sdk.CallToolResult, error) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return textResult(string(b)), nil
+}

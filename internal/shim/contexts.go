@@ -1,0 +1,342 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+// Host-side bounds on what a guest's ContextService may send back.
+const (
+	// maxContexts caps the contexts one List returns.
+	maxContexts = 1024
+	// maxMIMELen caps a result's MIME type.
+	maxMIMELen = 128
+	// maxErrorName, maxErrorValue, maxTracebackLines and maxTracebackBytes
+	// bound a CodeError.
+	maxErrorName      = 256
+	maxErrorValue     = 64 << 10
+	maxTracebackLines = 512
+	maxTracebackBytes = 1 << 20
+	// maxInfoString bounds the strings of a ContextInfo (cwd, state).
+	maxInfoString = 4096
+)
+
+// contextRelay serves ContextService on the shim socket, forwarding to the
+// guest with the limits a hostile agent cannot ignore: ids and languages
+// are checked before the guest sees them, a run's output (stdout + stderr +
+// result bytes) is capped, its deadline (timeout + timeoutGrace) holds,
+// results are bounded (sandbox.MaxResultEntries values of at most
+// sandbox.MaxResultValueBytes each), unknown events are dropped, and every
+// run ends with exactly one `end`.
+type contextRelay struct {
+	agentv1connect.UnimplementedContextServiceHandler
+
+	agent *agentapi.Client
+}
+
+var _ agentv1connect.ContextServiceHandler = (*contextRelay)(nil)
+
+// require refuses agents that predate ContextService.
+func (r *contextRelay) require() error {
+	if err := r.agent.Require(agentapi.VersionContexts, "code contexts"); err != nil {
+		return connect.NewError(connect.CodeUnimplemented, err)
+	}
+	return nil
+}
+
+// hostErr turns a manager-side validation error into InvalidArgument.
+func hostErr(err error) error { return invalid(err) }
+
+func checkRef(id string) error {
+	if err := sandbox.ValidateContextID(id); err != nil {
+		return hostErr(err)
+	}
+	return nil
+}
+
+// checkInfo validates a ContextInfo from the guest (guest data: it must
+// look like what was asked for, with bounded strings).
+func checkInfo(in *agentv1.ContextInfo) error {
+	if in == nil {
+		return errors.New("guest sent no context info")
+	}
+	if sandbox.ValidateContextID(in.GetId()) != nil {
+		return errors.New("guest sent a malformed context id")
+	}
+	if sandbox.ValidateLanguage(in.GetLanguage()) != nil {
+		return errors.New("guest sent an unknown context language")
+	}
+	if len(in.GetCwd()) > maxInfoString || len(in.GetState()) > 16 {
+		return errors.New("guest sent an oversized context info")
+	}
+	switch in.GetState() {
+	case "", "idle", "busy", "dead":
+	default:
+		return errors.New("guest sent an unknown context state")
+	}
+	return nil
+}
+
+func badGuest(err error) error { return connect.NewError(connect.CodeUnavailable, err) }
+
+func (r *contextRelay) Create(ctx context.Context, req *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
+	if err := r.require(); err != nil {
+		return nil, err
+	}
+	if err := sandbox.ValidateCreateContext(req.Msg); err != nil {
+		return nil, hostErr(err)
+	}
+	if c := req.Msg.GetCwd(); c != "" {
+		if err := ValidateGuestPath(c); err != nil {
+			return nil, invalid(fmt.Errorf("cwd: %w", err))
+		}
+	}
+	resp, err := r.agent.Contexts.Create(ctx, req)
+	if err != nil {
+		return nil, relayErr("create context", err)
+	}
+	if err := checkInfo(resp.Msg); err != nil {
+		return nil, badGuest(err)
+	}
+	return resp, nil
+}
+
+func (r *contextRelay) List(ctx context.Context, req *connect.Request[agentv1.ListContextsRequest]) (*connect.Response[agentv1.ListContextsResponse], error) {
+	if err := r.require(); err != nil {
+		return nil, err
+	}
+	resp, err := r.agent.Contexts.List(ctx, req)
+	if err != nil {
+		return nil, relayErr("list contexts", err)
+	}
+	if len(resp.Msg.GetContexts()) > maxContexts {
+		return nil, badGuest(fmt.Errorf("guest listed more than %d contexts", maxContexts))
+	}
+	for _, in := range resp.Msg.GetContexts() {
+		if err := checkInfo(in); err != nil {
+			return nil, badGuest(err)
+		}
+	}
+	return resp, nil
+}
+
+func (r *contextRelay) Delete(ctx context.Context, req *connect.Request[agentv1.DeleteContextRequest]) (*connect.Response[agentv1.DeleteContextResponse], error) {
+	if err := r.require(); err != nil {
+		return nil, err
+	}
+	if err := checkRef(req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	if _, err := r.agent.Contexts.Delete(ctx, req); err != nil {
+		return nil, relayErr("delete context", err)
+	}
+	return connect.NewResponse(&agentv1.DeleteContextResponse{}), nil
+}
+
+func (r *contextRelay) Restart(ctx context.Context, req *connect.Request[agentv1.RestartContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
+	if err := r.require(); err != nil {
+		return nil, err
+	}
+	if err := checkRef(req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	resp, err := r.agent.Contexts.Restart(ctx, req)
+	if err != nil {
+		return nil, relayErr("restart context", err)
+	}
+	if err := checkInfo(resp.Msg); err != nil {
+		return nil, badGuest(err)
+	}
+	return resp, nil
+}
+
+func (r *contextRelay) Interrupt(ctx context.Context, req *connect.Request[agentv1.InterruptContextRequest]) (*connect.Response[agentv1.InterruptContextResponse], error) {
+	if err := r.require(); err != nil {
+		return nil, err
+	}
+	if err := checkRef(req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	if _, err := r.agent.Contexts.Interrupt(ctx, req); err != nil {
+		return nil, relayErr("interrupt context", err)
+	}
+	return connect.NewResponse(&agentv1.InterruptContextResponse{}), nil
+}
+
+// Run relays one run, applying runGuard's limits.
+func (r *contextRelay) Run(ctx context.Context, req *connect.Request[agentv1.RunCodeRequest], out *connect.ServerStream[agentv1.RunCodeEvent]) error {
+	if err := r.require(); err != nil {
+		return err
+	}
+	msg := req.Msg
+	if err := sandbox.ValidateRunCode(msg); err != nil {
+		return hostErr(err)
+	}
+	if limit := msg.GetMaxOutputBytes(); limit == 0 || limit > sandbox.MaxCodeOutputBytes {
+		msg.MaxOutputBytes = sandbox.MaxCodeOutputBytes
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g := &runGuard{limit: msg.GetMaxOutputBytes(), t0: time.Now(), contextID: msg.GetContextId()}
+	if t := msg.GetTimeoutMs(); t > 0 {
+		d := time.Duration(t)*time.Millisecond + timeoutGrace
+		timer := time.AfterFunc(d, func() { g.hostTimedOut.Store(true); cancel() })
+		defer timer.Stop()
+	}
+	in, err := r.agent.Contexts.Run(ctx, connect.NewRequest(msg))
+	if err != nil {
+		if g.hostTimedOut.Load() {
+			return out.Send(g.madeUpEnd())
+		}
+		return relayErr("run code", err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		ev, done := g.filter(in.Msg())
+		if ev == nil {
+			continue
+		}
+		if err := out.Send(ev); err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
+	if g.hostTimedOut.Load() {
+		return out.Send(g.madeUpEnd())
+	}
+	if err := in.Err(); err != nil {
+		return relayErr("run code", err)
+	}
+	return connect.NewError(connect.CodeUnavailable, errors.New("guest ended the run without an end event"))
+}
+
+// runGuard applies the host-side limits to one run's events.
+type runGuard struct {
+	hostTimedOut atomic.Bool
+	limit        uint64
+	sent         uint64
+	truncated    bool
+	t0           time.Time
+	contextID    string
+}
+
+// madeUpEnd is the end the host reports when the agent missed the deadline.
+func (g *runGuard) madeUpEnd() *agentv1.RunCodeEvent {
+	return &agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{
+		TimedOut: true, Truncated: g.truncated, DurationMs: time.Since(g.t0).Milliseconds(), ContextId: g.contextID,
+	}}}
+}
+
+// filter returns the event to forward (nil to drop it) and whether it is
+// the end.
+func (g *runGuard) filter(ev *agentv1.RunCodeEvent) (*agentv1.RunCodeEvent, bool) {
+	switch e := ev.GetEvent().(type) {
+	case *agentv1.RunCodeEvent_Stdout:
+		if !admit(&g.sent, g.limit, &e.Stdout, &g.truncated) {
+			return nil, false
+		}
+	case *agentv1.RunCodeEvent_Stderr:
+		if !admit(&g.sent, g.limit, &e.Stderr, &g.truncated) {
+			return nil, false
+		}
+	case *agentv1.RunCodeEvent_Result:
+		res, n, ok := boundResult(e.Result)
+		if !ok || g.sent+n > g.limit {
+			// A result is whole or absent: never a cut image.
+			g.truncated = true
+			return nil, false
+		}
+		g.sent += n
+		e.Result = res
+	case *agentv1.RunCodeEvent_Error:
+		e.Error = boundError(e.Error)
+	case *agentv1.RunCodeEvent_End:
+		end := e.End
+		if end == nil {
+			end = &agentv1.CodeEnd{}
+		}
+		if g.truncated {
+			end.Truncated = true
+		}
+		if sandbox.ValidateContextID(end.GetContextId()) != nil {
+			end.ContextId = g.contextID
+		}
+		if end.DurationMs < 0 {
+			end.DurationMs = 0
+		}
+		e.End = end
+		return ev, true
+	default:
+		return nil, false // unknown event from a newer or hostile agent: drop
+	}
+	return ev, false
+}
+
+// boundResult checks a result's MIME entries (at most MaxResultEntries,
+// each value at most MaxResultValueBytes, types of the form type/subtype)
+// and returns it with its size; ok is false if it breaks a bound.
+func boundResult(res *agentv1.CodeResult) (*agentv1.CodeResult, uint64, bool) {
+	if res == nil || len(res.GetData()) == 0 || len(res.GetData()) > sandbox.MaxResultEntries {
+		return nil, 0, false
+	}
+	var n uint64
+	for k, v := range res.GetData() {
+		if !validMIME(k) || len(v) > sandbox.MaxResultValueBytes {
+			return nil, 0, false
+		}
+		n += uint64(len(v))
+	}
+	return res, n, true
+}
+
+// validMIME accepts type/subtype in printable ASCII without spaces.
+func validMIME(s string) bool {
+	if len(s) == 0 || len(s) > maxMIMELen || strings.Count(s, "/") != 1 || s[0] == '/' || s[len(s)-1] == '/' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// boundError trims a CodeError's fields to the host's bounds.
+func boundError(e *agentv1.CodeError) *agentv1.CodeError {
+	if e == nil {
+		return &agentv1.CodeError{Name: "Error"}
+	}
+	out := &agentv1.CodeError{Name: clip(e.GetName(), maxErrorName), Value: clip(e.GetValue(), maxErrorValue)}
+	total := 0
+	for i, line := range e.GetTraceback() {
+		if i >= maxTracebackLines || total+len(line) > maxTracebackBytes {
+			out.Traceback = append(out.Traceback, "... (traceback truncated)")
+			break
+		}
+		total += len(line)
+		out.Traceback = append(out.Traceback, line)
+	}
+	return out
+}
+
+// clip cuts s to at most n bytes on a rune boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
+}

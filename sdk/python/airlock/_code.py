@@ -1,0 +1,116 @@
+"""Code contexts: run code in long-lived interpreters that keep state."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ._errors import StreamBroken
+
+# MIME types sent as text on the wire; every other type is base64.
+_TEXT_SUFFIXES = ("+json", "+xml")
+_TEXT_TYPES = ("image/svg+xml", "application/json")
+
+_MAX_LINE = 32 * 1024 * 1024
+
+
+def _is_text(mime: str) -> bool:
+    return mime.startswith("text/") or mime in _TEXT_TYPES or mime.endswith(_TEXT_SUFFIXES)
+
+
+@dataclass
+class CodeError:
+    """An exception raised by the code (not a failure of airlock)."""
+
+    name: str
+    value: str
+    traceback: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.value}"
+
+
+@dataclass
+class Execution:
+    """What running code produced. ``results`` are MIME bundles: text types
+    as str, images (image/png, image/jpeg) as bytes. ``main`` is the value of
+    the last expression, if any."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    results: list[dict] = field(default_factory=list)
+    main: dict | None = None
+    error: CodeError | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    duration_ms: int = 0
+    execution_count: int = 0
+    context: str = ""
+
+    @property
+    def text(self) -> str | None:
+        """The main result's text/plain, if any."""
+        return None if self.main is None else self.main.get("text/plain")
+
+
+def decode_bundle(data: dict) -> dict:
+    return {m: (v if _is_text(m) else base64.b64decode(v)) for m, v in (data or {}).items()}
+
+
+def read_code_stream(
+    resp: http.client.HTTPResponse,
+    on_stdout: Callable[[bytes], None] | None,
+    on_stderr: Callable[[bytes], None] | None,
+    on_result: Callable[[dict], None] | None,
+) -> Execution:
+    """Parse a code NDJSON stream up to its end record."""
+    ex = Execution()
+    out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    cbs = {"stdout": on_stdout, "stderr": on_stderr}
+    while True:
+        try:
+            line = resp.readline(_MAX_LINE + 1)
+        except (OSError, http.client.HTTPException) as e:
+            raise StreamBroken(None, f"stream broken: {e}") from e
+        if not line:
+            raise StreamBroken(None, "stream ended before the end record")
+        if not line.endswith(b"\n"):
+            raise StreamBroken(None, "record too long" if len(line) > _MAX_LINE else "stream ended inside a record")
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+            kind = rec.get("type")
+        except (ValueError, AttributeError) as e:
+            raise StreamBroken(None, f"bad record: {e}") from e
+        if kind in ("stdout", "stderr"):
+            data = str(rec.get("data", "")).encode()
+            if cbs[kind] is not None:
+                cbs[kind](data)
+            else:
+                out[kind].append(data)
+        elif kind == "result":
+            try:
+                bundle = decode_bundle(rec.get("data"))
+            except ValueError as e:
+                raise StreamBroken(None, f"bad result: {e}") from e
+            ex.results.append(bundle)
+            if rec.get("main"):
+                ex.main = bundle
+            if on_result is not None:
+                on_result(bundle)
+        elif kind == "error":
+            ex.error = CodeError(str(rec.get("name", "")), str(rec.get("value", "")), list(rec.get("traceback") or []))
+        elif kind == "end":
+            ex.stdout, ex.stderr = b"".join(out["stdout"]), b"".join(out["stderr"])
+            ex.timed_out = bool(rec.get("timed_out"))
+            ex.truncated = bool(rec.get("truncated"))
+            ex.duration_ms = int(rec.get("duration_ms") or 0)
+            ex.execution_count = int(rec.get("execution_count") or 0)
+            ex.context = str(rec.get("context") or "")
+            return ex
+        # Unknown record types are ignored (forward compatibility).

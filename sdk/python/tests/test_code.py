@@ -1,0 +1,50 @@
+import unittest
+
+import _path  # noqa: F401  (puts the package on sys.path)
+
+import airlock
+from fake_server import KEY, FakeServer
+
+
+class CodeTests(unittest.TestCase):
+    def setUp(self):
+        self.srv = FakeServer().__enter__()
+        self.client = airlock.Client(self.srv.url + "/", KEY, timeout=10)
+        self.sb = self.client.create()
+
+    def tearDown(self):
+        self.srv.__exit__(None, None, None)
+
+    def test_state_result_error_and_image(self):
+        self.assertIsNone(self.sb.run_code("x = 21").main)
+        ex = self.sb.run_code("x * 2")
+        self.assertEqual(ex.text, "42")
+        self.assertEqual(ex.context, "default-python")
+        ex = self.sb.run_code("1/0")
+        self.assertEqual(ex.error.name, "ZeroDivisionError")
+        self.assertTrue(ex.error.traceback)
+        ex = self.sb.run_code("plot()")
+        self.assertEqual(len(ex.results), 1)
+        self.assertTrue(ex.results[0]["image/png"].startswith(b"\x89PNG"))
+        self.assertEqual(ex.results[0]["text/plain"], "<Figure>")
+        seen = []
+        ex = self.sb.run_code("hello", on_stdout=seen.append)
+        self.assertEqual(seen, [b"hello\n"])
+
+    def test_contexts(self):
+        c = self.sb.create_context(id="mine")
+        self.assertEqual(c["id"], "mine")
+        self.sb.run_code("y = 2", context="mine")
+        self.assertEqual(self.sb.run_code("y * 5", context="mine").text, "10")
+        self.assertIn("mine", [c["id"] for c in self.sb.list_contexts()])
+        self.sb.interrupt_context("mine")
+        self.sb.restart_context("mine")
+        ex = self.sb.run_code("y * 5", context="mine")  # restart cleared the state
+        self.assertEqual(ex.error.name, "NameError")
+        self.sb.delete_context("mine")
+        with self.assertRaises(airlock.NotFound):
+            self.sb.delete_context("mine")
+
+
+if __name__ == "__main__":
+    unittest.main()
