@@ -28,6 +28,10 @@ def run_live(tc: unittest.TestCase, client: airlock.Client) -> None:
         tc.assertEqual(hashlib.sha256(out.getvalue()).hexdigest(), want)
         r = sb.exec(["sha256sum", "/tmp/blob"])
         tc.assertEqual(r.stdout[:64].decode(), want)
+
+        sb.run_code("x = 21")  # a code context keeps state between calls
+        tc.assertEqual(sb.run_code("x * 2").text, "42")
+        tc.assertEqual(sb.run_code("1/0").error.name, "ZeroDivisionError")
         sid = sb.id
     # The context manager killed it: gone, or at most still stopping.
     try:
