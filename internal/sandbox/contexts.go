@@ -157,34 +157,6 @@ func (m *Manager) contextClient(ctx context.Context, sandboxID string) (agentv1c
 	return c.Contexts, closeFn, nil
 }
 
-// contextErr turns a ContextService error from the shim into an errdefs
-// category. The guest's text is kept as data (bounded by the shim).
-func contextErr(ctx context.Context, step string, err error) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("%s: %w", step, ctx.Err())
-	}
-	cat := errdefs.ErrUnavailable
-	switch connect.CodeOf(err) {
-	case connect.CodeNotFound:
-		cat = errdefs.ErrNotFound
-	case connect.CodeInvalidArgument:
-		cat = errdefs.ErrInvalid
-	case connect.CodeAlreadyExists:
-		cat = errdefs.ErrConflict
-	case connect.CodeFailedPrecondition:
-		cat = errdefs.ErrFailedPrecondition
-	case connect.CodeResourceExhausted:
-		cat = errdefs.ErrResourceExhausted
-	case connect.CodeUnimplemented:
-		cat = errdefs.ErrUnsupported
-	}
-	msg := err.Error()
-	if ce, ok := errors.AsType[*connect.Error](err); ok {
-		msg = ce.Message()
-	}
-	return fmt.Errorf("%w: %s: %s", cat, step, msg)
-}
-
 // CreateContext starts a code context ("python" by default) in a running
 // sandbox. An empty req.Id gets a generated one. Errors: ErrNotFound (no
 // sandbox), ErrFailedPrecondition (not running), ErrInvalid (bad language,
@@ -201,7 +173,7 @@ func (m *Manager) CreateContext(ctx context.Context, sandboxID string, req *agen
 	defer closeFn()
 	resp, err := c.Create(ctx, connect.NewRequest(req))
 	if err != nil {
-		return nil, contextErr(ctx, "create context", err)
+		return nil, shimErr(ctx, "create context", err)
 	}
 	return resp.Msg, nil
 }
@@ -215,7 +187,7 @@ func (m *Manager) ListContexts(ctx context.Context, sandboxID string) ([]*agentv
 	defer closeFn()
 	resp, err := c.List(ctx, connect.NewRequest(&agentv1.ListContextsRequest{}))
 	if err != nil {
-		return nil, contextErr(ctx, "list contexts", err)
+		return nil, shimErr(ctx, "list contexts", err)
 	}
 	return resp.Msg.GetContexts(), nil
 }
@@ -241,7 +213,7 @@ func (m *Manager) DeleteContext(ctx context.Context, sandboxID, contextID string
 	}
 	defer closeFn()
 	if _, err := c.Delete(ctx, connect.NewRequest(&agentv1.DeleteContextRequest{Id: contextID})); err != nil {
-		return contextErr(ctx, "delete context", err)
+		return shimErr(ctx, "delete context", err)
 	}
 	return nil
 }
@@ -259,7 +231,7 @@ func (m *Manager) RestartContext(ctx context.Context, sandboxID, contextID strin
 	defer closeFn()
 	resp, err := c.Restart(ctx, connect.NewRequest(&agentv1.RestartContextRequest{Id: contextID}))
 	if err != nil {
-		return nil, contextErr(ctx, "restart context", err)
+		return nil, shimErr(ctx, "restart context", err)
 	}
 	return resp.Msg, nil
 }
@@ -276,7 +248,7 @@ func (m *Manager) InterruptContext(ctx context.Context, sandboxID, contextID str
 	}
 	defer closeFn()
 	if _, err := c.Interrupt(ctx, connect.NewRequest(&agentv1.InterruptContextRequest{Id: contextID})); err != nil {
-		return contextErr(ctx, "interrupt context", err)
+		return shimErr(ctx, "interrupt context", err)
 	}
 	return nil
 }
@@ -305,7 +277,7 @@ func (m *Manager) RunCode(ctx context.Context, sandboxID string, req *agentv1.Ru
 	defer cancel()
 	st, err := c.Run(ctx, connect.NewRequest(req))
 	if err != nil {
-		return contextErr(ctx, "run code", err)
+		return shimErr(ctx, "run code", err)
 	}
 	defer st.Close()
 	for st.Receive() {
@@ -321,7 +293,7 @@ func (m *Manager) RunCode(ctx context.Context, sandboxID string, req *agentv1.Ru
 		}
 	}
 	if err := st.Err(); err != nil {
-		return contextErr(ctx, "run code", err)
+		return shimErr(ctx, "run code", err)
 	}
 	return fmt.Errorf("%w: run code: the stream ended without an end event", errdefs.ErrUnavailable)
 }

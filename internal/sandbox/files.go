@@ -16,24 +16,12 @@ import (
 // fileErr categorizes an agent file-RPC error (the guest's text stays data:
 // it is wrapped, never parsed).
 func fileErr(op, p string, err error) error {
-	var cat error
-	switch connect.CodeOf(err) {
-	case connect.CodeNotFound:
-		cat = errdefs.ErrNotFound
-	case connect.CodeInvalidArgument, connect.CodePermissionDenied:
-		cat = errdefs.ErrInvalid
-	case connect.CodeAlreadyExists:
-		cat = errdefs.ErrConflict
-	case connect.CodeFailedPrecondition:
-		cat = errdefs.ErrFailedPrecondition
-	case connect.CodeResourceExhausted:
-		cat = errdefs.ErrResourceExhausted
-	case connect.CodeUnavailable, connect.CodeDeadlineExceeded:
-		cat = errdefs.ErrUnavailable
-	default:
+	switch code := connect.CodeOf(err); code {
+	case connect.CodeUnknown, connect.CodeInternal, connect.CodeCanceled:
 		return fmt.Errorf("%s %s: %w", op, p, err)
+	default:
+		return fmt.Errorf("%w: %s %s: %w", category(code), op, p, err)
 	}
-	return fmt.Errorf("%w: %s %s: %w", cat, op, p, err)
 }
 
 // WriteFile streams r into the guest file p (created with mode, parents

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -54,30 +53,6 @@ func (m *Manager) sessionClient(ctx context.Context, sandboxID string) (shimv1co
 	return c, closeFn, nil
 }
 
-// sessionErr turns a SessionService error into an errdefs category. The
-// shim's messages name no host paths or argv.
-func sessionErr(ctx context.Context, step string, err error) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("%s: %w", step, ctx.Err())
-	}
-	cat := errdefs.ErrUnavailable
-	switch connect.CodeOf(err) {
-	case connect.CodeNotFound:
-		cat = errdefs.ErrNotFound
-	case connect.CodeInvalidArgument:
-		cat = errdefs.ErrInvalid
-	case connect.CodeFailedPrecondition:
-		cat = errdefs.ErrFailedPrecondition
-	case connect.CodeResourceExhausted:
-		cat = errdefs.ErrResourceExhausted
-	}
-	msg := err.Error()
-	if ce, ok := errors.AsType[*connect.Error](err); ok {
-		msg = ce.Message()
-	}
-	return fmt.Errorf("%w: %s: %s", cat, step, msg)
-}
-
 func execInfo(in *shimv1.ExecInfo) ExecInfo {
 	e := ExecInfo{
 		ID: in.GetExecId(), Argv: slices.Clone(in.GetArgv()), PID: int(in.GetPid()), State: ExecStateRunning,
@@ -117,7 +92,7 @@ func (m *Manager) StartExec(ctx context.Context, sandboxID string, start *agentv
 		Start: start, Tenant: actor.Tenant, KeyId: actor.KeyID, KillOnDetach: killOnDetach,
 	}))
 	if err != nil {
-		return ExecInfo{}, sessionErr(ctx, "start exec", err)
+		return ExecInfo{}, shimErr(ctx, "start exec", err)
 	}
 	return execInfo(resp.Msg.GetInfo()), nil
 }
@@ -143,7 +118,7 @@ func (m *Manager) AttachExec(ctx context.Context, sandboxID, execID string, from
 	defer cancel()
 	st, err := c.Attach(ctx, connect.NewRequest(&shimv1.AttachRequest{ExecId: execID, FromStart: fromStart}))
 	if err != nil {
-		return sessionErr(ctx, "attach exec", err)
+		return shimErr(ctx, "attach exec", err)
 	}
 	defer st.Close()
 	for st.Receive() {
@@ -156,7 +131,7 @@ func (m *Manager) AttachExec(ctx context.Context, sandboxID, execID string, from
 		}
 	}
 	if err := st.Err(); err != nil {
-		return sessionErr(ctx, "attach exec", err)
+		return shimErr(ctx, "attach exec", err)
 	}
 	return fmt.Errorf("%w: attach exec: the stream ended without an exit status", errdefs.ErrUnavailable)
 }
@@ -178,7 +153,7 @@ func (m *Manager) ExecInput(ctx context.Context, sandboxID, execID string, data 
 		n := min(len(data), inputChunk)
 		last := n == len(data)
 		if _, err := c.Input(ctx, connect.NewRequest(&shimv1.InputRequest{ExecId: execID, Data: data[:n], Close: last && closeStdin})); err != nil {
-			return sessionErr(ctx, "exec input", err)
+			return shimErr(ctx, "exec input", err)
 		}
 		if last {
 			return nil
@@ -199,7 +174,7 @@ func (m *Manager) ExecSignal(ctx context.Context, sandboxID, execID string, sig 
 	}
 	defer closeFn()
 	if _, err := c.Signal(ctx, connect.NewRequest(&shimv1.SignalRequest{ExecId: execID, Signal: sig})); err != nil {
-		return sessionErr(ctx, "signal exec", err)
+		return shimErr(ctx, "signal exec", err)
 	}
 	return nil
 }
@@ -214,7 +189,7 @@ func (m *Manager) ListExecs(ctx context.Context, sandboxID string) ([]ExecInfo, 
 	defer closeFn()
 	resp, err := c.List(ctx, connect.NewRequest(&shimv1.ListRequest{}))
 	if err != nil {
-		return nil, sessionErr(ctx, "list execs", err)
+		return nil, shimErr(ctx, "list execs", err)
 	}
 	out := make([]ExecInfo, 0, len(resp.Msg.GetExecs()))
 	for _, in := range resp.Msg.GetExecs() {
@@ -236,7 +211,7 @@ func (m *Manager) GetExec(ctx context.Context, sandboxID, execID string) (ExecIn
 	defer closeFn()
 	resp, err := c.Get(ctx, connect.NewRequest(&shimv1.GetRequest{ExecId: execID}))
 	if err != nil {
-		return ExecInfo{}, sessionErr(ctx, "get exec", err)
+		return ExecInfo{}, shimErr(ctx, "get exec", err)
 	}
 	return execInfo(resp.Msg), nil
 }
