@@ -410,12 +410,19 @@ func removeAll(path string) error {
 	return os.RemoveAll(path)
 }
 
+// progressMu serialises progress lines: layers download concurrently, and
+// a caller's writer need not be safe for concurrent use.
+var progressMu sync.Mutex
+
 // progressf writes one progress line with the time elapsed since start.
 func progressf(w io.Writer, start time.Time, format string, args ...any) {
 	if w == nil {
 		return
 	}
-	fmt.Fprintf(w, "%s (%.1fs)\n", fmt.Sprintf(format, args...), time.Since(start).Seconds())
+	line := fmt.Sprintf("%s (%.1fs)\n", fmt.Sprintf(format, args...), time.Since(start).Seconds())
+	progressMu.Lock()
+	defer progressMu.Unlock()
+	_, _ = io.WriteString(w, line)
 }
 
 // humanBytes formats n for progress lines.
