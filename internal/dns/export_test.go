@@ -1,0 +1,10 @@
+package dns
+
+import (
+	"context"
+	"testing"
+)
+
+func contextWithCancel(t *testing.T) (context.Context, context.CancelFunc) {
+	return context.WithCancel(t.Context())
+}

@@ -1,0 +1,36 @@
+package netstack
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestOnlyNetstackImportsGVisor keeps gVisor behind this package (STYLE.md):
+// no other package in the module may depend on it, directly or not, except
+// through internal/netstack.
+func TestOnlyNetstackImportsGVisor(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "github.com/airlock-sandbox/airlock/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		checked++
+		if f[0] == "github.com/airlock-sandbox/airlock/internal/netstack" {
+			continue
+		}
+		for _, imp := range f[1:] {
+			if strings.HasPrefix(imp, "gvisor.dev/") {
+				t.Errorf("%s imports %s; only internal/netstack may import gVisor", f[0], imp)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("go list returned only %d packages", checked)
+	}
+}

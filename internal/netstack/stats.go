@@ -1,0 +1,49 @@
+package netstack
+
+import "sync/atomic"
+
+// Stats is a snapshot of a Stack's counters.
+type Stats struct {
+	// DialsAllowed counts Dial calls that returned a conn.
+	DialsAllowed uint64
+	// DialsDenied counts Dial calls that returned an error (policy refusal,
+	// upstream failure or timeout alike).
+	DialsDenied uint64
+	// DialsBusy counts flows refused or dropped before Dial because
+	// MaxConns (TCP, UDP) or MaxInflightDials (UDP) was reached.
+	DialsBusy uint64
+	// InflightDrops counts TCP SYNs dropped because MaxInflightDials dials
+	// were in flight; the guest retransmits them.
+	InflightDrops uint64
+	// FramesIn and FramesOut count frames passed to and from the stack.
+	FramesIn, FramesOut uint64
+	// FramesDropped counts malformed frames from the link: zero, short or
+	// over-MTU lengths, and a desynchronising length.
+	FramesDropped uint64
+	// FramesFiltered counts well-formed frames that are not forwarded:
+	// non-IPv4/ARP, ICMP and other IP protocols, spoofed sources.
+	FramesFiltered uint64
+	// ActiveConns is TCP connections plus UDP flows, dialling or established.
+	ActiveConns int64
+}
+
+type counters struct {
+	dialsAllowed, dialsDenied, dialsBusy atomic.Uint64
+	framesIn, framesOut                  atomic.Uint64
+	framesDropped, framesFiltered        atomic.Uint64
+}
+
+// Stats returns a snapshot of the counters. Safe for concurrent use.
+func (s *Stack) Stats() Stats {
+	return Stats{
+		DialsAllowed:   s.stats.dialsAllowed.Load(),
+		DialsDenied:    s.stats.dialsDenied.Load(),
+		DialsBusy:      s.stats.dialsBusy.Load(),
+		InflightDrops:  s.ns.Stats().TCP.ForwardMaxInFlightDrop.Value(),
+		FramesIn:       s.stats.framesIn.Load(),
+		FramesOut:      s.stats.framesOut.Load(),
+		FramesDropped:  s.stats.framesDropped.Load(),
+		FramesFiltered: s.stats.framesFiltered.Load(),
+		ActiveConns:    s.active.Load(),
+	}
+}
