@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 )
 
-var execIDRE = regexp.MustCompile(`^[a-z2-7]{16}$`)
 
 type execRequest struct {
 	Cmd              []string          `json:"cmd"`
@@ -239,11 +237,8 @@ func (s *Server) execOf(w http.ResponseWriter, r *http.Request) (Execs, string, 
 	if !ok {
 		return nil, "", ExecInfo{}, false
 	}
+	// A malformed id is ErrNotFound from GetExec, like an unknown one.
 	eid := r.PathValue("exec_id")
-	if !execIDRE.MatchString(eid) {
-		s.fail(w, r, errNoExec)
-		return nil, "", ExecInfo{}, false
-	}
 	info, err := ex.GetExec(r.Context(), sb.ID, eid)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {

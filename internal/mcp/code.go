@@ -11,6 +11,7 @@ import (
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // maxImageBytes caps one image of a run_code result; maxImages their count.
@@ -28,10 +29,8 @@ type runCodeIn struct {
 }
 
 func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult, error) {
-	switch in.Language {
-	case "", "python", "javascript", "bash":
-	default:
-		return nil, fmt.Errorf("%w: language must be python, javascript or bash", errdefs.ErrInvalid)
+	if err := sandbox.ValidateLanguage(in.Language); err != nil {
+		return nil, err
 	}
 	d, err := t.timeout(in.TimeoutS)
 	if err != nil {

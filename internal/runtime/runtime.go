@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 )
 
 // Runtime is an isolation backend (qemu, later gvisor).
@@ -171,4 +172,17 @@ var ErrNotRunning = errors.New("instance is not running")
 type DiskResizer interface {
 	// ResizeRootDisk sets the root disk's size in bytes (never smaller).
 	ResizeRootDisk(ctx context.Context, bytes int64) error
+}
+
+// String says in one line how the VMM ended: the Reason if there is one,
+// else the signal or exit code.
+func (s ExitStatus) String() string {
+	switch {
+	case s.Reason != "":
+		return s.Reason
+	case s.Signal != "":
+		return "VMM killed by " + s.Signal
+	default:
+		return "VMM exited with code " + strconv.Itoa(s.Code)
+	}
 }

@@ -157,6 +157,20 @@ func (m *Manager) contextClient(ctx context.Context, sandboxID string) (agentv1c
 	return c.Contexts, closeFn, nil
 }
 
+// withContexts calls call with a ContextService client of a running
+// sandbox; an error from call is categorised as step.
+func (m *Manager) withContexts(ctx context.Context, sandboxID, step string, call func(agentv1connect.ContextServiceClient) error) error {
+	c, closeFn, err := m.contextClient(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if err := call(c); err != nil {
+		return shimErr(ctx, step, err)
+	}
+	return nil
+}
+
 // CreateContext starts a code context ("python" by default) in a running
 // sandbox. An empty req.Id gets a generated one. Errors: ErrNotFound (no
 // sandbox), ErrFailedPrecondition (not running), ErrInvalid (bad language,
@@ -166,30 +180,28 @@ func (m *Manager) CreateContext(ctx context.Context, sandboxID string, req *agen
 	if err := ValidateCreateContext(req); err != nil {
 		return nil, err
 	}
-	c, closeFn, err := m.contextClient(ctx, sandboxID)
-	if err != nil {
-		return nil, err
-	}
-	defer closeFn()
-	resp, err := c.Create(ctx, connect.NewRequest(req))
-	if err != nil {
-		return nil, shimErr(ctx, "create context", err)
-	}
-	return resp.Msg, nil
+	var info *agentv1.ContextInfo
+	err := m.withContexts(ctx, sandboxID, "create context", func(c agentv1connect.ContextServiceClient) error {
+		resp, err := c.Create(ctx, connect.NewRequest(req))
+		if err == nil {
+			info = resp.Msg
+		}
+		return err
+	})
+	return info, err
 }
 
 // ListContexts returns the sandbox's code contexts.
 func (m *Manager) ListContexts(ctx context.Context, sandboxID string) ([]*agentv1.ContextInfo, error) {
-	c, closeFn, err := m.contextClient(ctx, sandboxID)
-	if err != nil {
-		return nil, err
-	}
-	defer closeFn()
-	resp, err := c.List(ctx, connect.NewRequest(&agentv1.ListContextsRequest{}))
-	if err != nil {
-		return nil, shimErr(ctx, "list contexts", err)
-	}
-	return resp.Msg.GetContexts(), nil
+	var out []*agentv1.ContextInfo
+	err := m.withContexts(ctx, sandboxID, "list contexts", func(c agentv1connect.ContextServiceClient) error {
+		resp, err := c.List(ctx, connect.NewRequest(&agentv1.ListContextsRequest{}))
+		if err == nil {
+			out = resp.Msg.GetContexts()
+		}
+		return err
+	})
+	return out, err
 }
 
 // checkContextRef returns ErrNotFound for anything that is not a context id
@@ -207,15 +219,10 @@ func (m *Manager) DeleteContext(ctx context.Context, sandboxID, contextID string
 	if err := checkContextRef(contextID); err != nil {
 		return err
 	}
-	c, closeFn, err := m.contextClient(ctx, sandboxID)
-	if err != nil {
+	return m.withContexts(ctx, sandboxID, "delete context", func(c agentv1connect.ContextServiceClient) error {
+		_, err := c.Delete(ctx, connect.NewRequest(&agentv1.DeleteContextRequest{Id: contextID}))
 		return err
-	}
-	defer closeFn()
-	if _, err := c.Delete(ctx, connect.NewRequest(&agentv1.DeleteContextRequest{Id: contextID})); err != nil {
-		return shimErr(ctx, "delete context", err)
-	}
-	return nil
+	})
 }
 
 // RestartContext replaces a context's interpreter with a fresh one (same
@@ -224,16 +231,15 @@ func (m *Manager) RestartContext(ctx context.Context, sandboxID, contextID strin
 	if err := checkContextRef(contextID); err != nil {
 		return nil, err
 	}
-	c, closeFn, err := m.contextClient(ctx, sandboxID)
-	if err != nil {
-		return nil, err
-	}
-	defer closeFn()
-	resp, err := c.Restart(ctx, connect.NewRequest(&agentv1.RestartContextRequest{Id: contextID}))
-	if err != nil {
-		return nil, shimErr(ctx, "restart context", err)
-	}
-	return resp.Msg, nil
+	var info *agentv1.ContextInfo
+	err := m.withContexts(ctx, sandboxID, "restart context", func(c agentv1connect.ContextServiceClient) error {
+		resp, err := c.Restart(ctx, connect.NewRequest(&agentv1.RestartContextRequest{Id: contextID}))
+		if err == nil {
+			info = resp.Msg
+		}
+		return err
+	})
+	return info, err
 }
 
 // InterruptContext interrupts the code running in a context (the context
@@ -242,15 +248,10 @@ func (m *Manager) InterruptContext(ctx context.Context, sandboxID, contextID str
 	if err := checkContextRef(contextID); err != nil {
 		return err
 	}
-	c, closeFn, err := m.contextClient(ctx, sandboxID)
-	if err != nil {
+	return m.withContexts(ctx, sandboxID, "interrupt context", func(c agentv1connect.ContextServiceClient) error {
+		_, err := c.Interrupt(ctx, connect.NewRequest(&agentv1.InterruptContextRequest{Id: contextID}))
 		return err
-	}
-	defer closeFn()
-	if _, err := c.Interrupt(ctx, connect.NewRequest(&agentv1.InterruptContextRequest{Id: contextID})); err != nil {
-		return shimErr(ctx, "interrupt context", err)
-	}
-	return nil
+	})
 }
 
 // RunCode runs req.Code in a context of a running sandbox (req.ContextId,
@@ -280,20 +281,7 @@ func (m *Manager) RunCode(ctx context.Context, sandboxID string, req *agentv1.Ru
 		return shimErr(ctx, "run code", err)
 	}
 	defer st.Close()
-	for st.Receive() {
-		ev := st.Msg()
-		if ev.GetEvent() == nil {
-			continue
-		}
-		if err := fn(ev); err != nil {
-			return err
-		}
-		if ev.GetEnd() != nil {
-			return nil
-		}
-	}
-	if err := st.Err(); err != nil {
-		return shimErr(ctx, "run code", err)
-	}
-	return fmt.Errorf("%w: run code: the stream ended without an end event", errdefs.ErrUnavailable)
+	return pump(ctx, "run code", "an end event", st, fn,
+		func(ev *agentv1.RunCodeEvent) bool { return ev.GetEvent() == nil },
+		func(ev *agentv1.RunCodeEvent) bool { return ev.GetEnd() != nil })
 }

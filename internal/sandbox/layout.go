@@ -39,9 +39,12 @@ func (l Layout) BootConfig() string        { return filepath.Join(l.Root, "boot.
 var idRe = regexp.MustCompile(`^[a-z2-7]{12}$`)
 
 // NewID returns a fresh random sandbox ID.
-func NewID() string {
+func NewID() string { return randomID(12) }
+
+// randomID returns n random characters of [a-z2-7].
+func randomID(n int) string {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz234567"
-	b := make([]byte, 12)
+	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	for i := range b {
 		b[i] = alphabet[b[i]&31]

@@ -40,6 +40,20 @@ var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}$`)
 // inputChunk is the most stdin data one Input call to the shim carries.
 const inputChunk = 1 << 20
 
+// withSessions calls call with a SessionService client of a running
+// sandbox; an error from call is categorised as step.
+func (m *Manager) withSessions(ctx context.Context, sandboxID, step string, call func(shimv1connect.SessionServiceClient) error) error {
+	c, closeFn, err := m.sessionClient(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if err := call(c); err != nil {
+		return shimErr(ctx, step, err)
+	}
+	return nil
+}
+
 // sessionClient returns a SessionService client for a running sandbox's
 // shim and a func that closes its connection (call it after every stream
 // from the client is closed).
@@ -66,8 +80,14 @@ func execInfo(in *shimv1.ExecInfo) ExecInfo {
 
 // checkExecID returns an error wrapping ErrNotFound for anything that is not
 // an exec id (so no malformed id reaches the shim).
+// NewExecID returns a fresh random exec id (16 characters [a-z2-7]).
+func NewExecID() string { return randomID(16) }
+
+// ValidExecID reports whether id has the form of an exec id.
+func ValidExecID(id string) bool { return execIDRe.MatchString(id) }
+
 func checkExecID(id string) error {
-	if !execIDRe.MatchString(id) {
+	if !ValidExecID(id) {
 		return fmt.Errorf("%w: no exec %q", errdefs.ErrNotFound, id)
 	}
 	return nil
@@ -83,18 +103,17 @@ func checkExecID(id string) error {
 // if the sandbox is not running, ErrInvalid for a bad start,
 // ErrResourceExhausted when too many execs run.
 func (m *Manager) StartExec(ctx context.Context, sandboxID string, start *agentv1.ExecStart, actor Actor, killOnDetach bool) (ExecInfo, error) {
-	c, closeFn, err := m.sessionClient(ctx, sandboxID)
-	if err != nil {
-		return ExecInfo{}, err
-	}
-	defer closeFn()
-	resp, err := c.Start(ctx, connect.NewRequest(&shimv1.StartRequest{
-		Start: start, Tenant: actor.Tenant, KeyId: actor.KeyID, KillOnDetach: killOnDetach,
-	}))
-	if err != nil {
-		return ExecInfo{}, shimErr(ctx, "start exec", err)
-	}
-	return execInfo(resp.Msg.GetInfo()), nil
+	var info ExecInfo
+	err := m.withSessions(ctx, sandboxID, "start exec", func(c shimv1connect.SessionServiceClient) error {
+		resp, err := c.Start(ctx, connect.NewRequest(&shimv1.StartRequest{
+			Start: start, Tenant: actor.Tenant, KeyId: actor.KeyID, KillOnDetach: killOnDetach,
+		}))
+		if err == nil {
+			info = execInfo(resp.Msg.GetInfo())
+		}
+		return err
+	})
+	return info, err
 }
 
 // AttachExec calls fn for each event of an exec (stdout/stderr chunks, then
@@ -121,19 +140,8 @@ func (m *Manager) AttachExec(ctx context.Context, sandboxID, execID string, from
 		return shimErr(ctx, "attach exec", err)
 	}
 	defer st.Close()
-	for st.Receive() {
-		ev := st.Msg()
-		if err := fn(ev); err != nil {
-			return err
-		}
-		if ev.GetExited() != nil {
-			return nil
-		}
-	}
-	if err := st.Err(); err != nil {
-		return shimErr(ctx, "attach exec", err)
-	}
-	return fmt.Errorf("%w: attach exec: the stream ended without an exit status", errdefs.ErrUnavailable)
+	return pump(ctx, "attach exec", "an exit status", st, fn, nil,
+		func(ev *agentv1.ExecResponse) bool { return ev.GetExited() != nil })
 }
 
 // ExecInput writes data to an exec's stdin (it must have been started with
@@ -144,22 +152,19 @@ func (m *Manager) ExecInput(ctx context.Context, sandboxID, execID string, data 
 	if err := checkExecID(execID); err != nil {
 		return err
 	}
-	c, closeFn, err := m.sessionClient(ctx, sandboxID)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	for {
-		n := min(len(data), inputChunk)
-		last := n == len(data)
-		if _, err := c.Input(ctx, connect.NewRequest(&shimv1.InputRequest{ExecId: execID, Data: data[:n], Close: last && closeStdin})); err != nil {
-			return shimErr(ctx, "exec input", err)
+	return m.withSessions(ctx, sandboxID, "exec input", func(c shimv1connect.SessionServiceClient) error {
+		for {
+			n := min(len(data), inputChunk)
+			last := n == len(data)
+			if _, err := c.Input(ctx, connect.NewRequest(&shimv1.InputRequest{ExecId: execID, Data: data[:n], Close: last && closeStdin})); err != nil {
+				return err
+			}
+			if last {
+				return nil
+			}
+			data = data[n:]
 		}
-		if last {
-			return nil
-		}
-		data = data[n:]
-	}
+	})
 }
 
 // ExecSignal sends sig (1..64) to an exec's process group.
@@ -168,34 +173,28 @@ func (m *Manager) ExecSignal(ctx context.Context, sandboxID, execID string, sig 
 	if err := checkExecID(execID); err != nil {
 		return err
 	}
-	c, closeFn, err := m.sessionClient(ctx, sandboxID)
-	if err != nil {
+	return m.withSessions(ctx, sandboxID, "signal exec", func(c shimv1connect.SessionServiceClient) error {
+		_, err := c.Signal(ctx, connect.NewRequest(&shimv1.SignalRequest{ExecId: execID, Signal: sig}))
 		return err
-	}
-	defer closeFn()
-	if _, err := c.Signal(ctx, connect.NewRequest(&shimv1.SignalRequest{ExecId: execID, Signal: sig})); err != nil {
-		return shimErr(ctx, "signal exec", err)
-	}
-	return nil
+	})
 }
 
 // ListExecs returns the sandbox's running execs and its 100 most recently
 // finished ones, oldest first.
 func (m *Manager) ListExecs(ctx context.Context, sandboxID string) ([]ExecInfo, error) {
-	c, closeFn, err := m.sessionClient(ctx, sandboxID)
-	if err != nil {
-		return nil, err
-	}
-	defer closeFn()
-	resp, err := c.List(ctx, connect.NewRequest(&shimv1.ListRequest{}))
-	if err != nil {
-		return nil, shimErr(ctx, "list execs", err)
-	}
-	out := make([]ExecInfo, 0, len(resp.Msg.GetExecs()))
-	for _, in := range resp.Msg.GetExecs() {
-		out = append(out, execInfo(in))
-	}
-	return out, nil
+	var out []ExecInfo
+	err := m.withSessions(ctx, sandboxID, "list execs", func(c shimv1connect.SessionServiceClient) error {
+		resp, err := c.List(ctx, connect.NewRequest(&shimv1.ListRequest{}))
+		if err != nil {
+			return err
+		}
+		out = make([]ExecInfo, 0, len(resp.Msg.GetExecs()))
+		for _, in := range resp.Msg.GetExecs() {
+			out = append(out, execInfo(in))
+		}
+		return nil
+	})
+	return out, err
 }
 
 // GetExec returns one exec; ErrNotFound if the shim does not know it (or
@@ -204,14 +203,13 @@ func (m *Manager) GetExec(ctx context.Context, sandboxID, execID string) (ExecIn
 	if err := checkExecID(execID); err != nil {
 		return ExecInfo{}, err
 	}
-	c, closeFn, err := m.sessionClient(ctx, sandboxID)
-	if err != nil {
-		return ExecInfo{}, err
-	}
-	defer closeFn()
-	resp, err := c.Get(ctx, connect.NewRequest(&shimv1.GetRequest{ExecId: execID}))
-	if err != nil {
-		return ExecInfo{}, shimErr(ctx, "get exec", err)
-	}
-	return execInfo(resp.Msg), nil
+	var info ExecInfo
+	err := m.withSessions(ctx, sandboxID, "get exec", func(c shimv1connect.SessionServiceClient) error {
+		resp, err := c.Get(ctx, connect.NewRequest(&shimv1.GetRequest{ExecId: execID}))
+		if err == nil {
+			info = execInfo(resp.Msg)
+		}
+		return err
+	})
+	return info, err
 }

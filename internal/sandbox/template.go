@@ -238,18 +238,8 @@ func DialAgent(ctx context.Context, inst runtime.Instance, conn net.Conn) (*agen
 			r.c.Close()
 		}
 		conn.Close()
-		return nil, fmt.Errorf("guest stopped while booting: %s", exitText(st))
+		return nil, fmt.Errorf("guest stopped while booting: %s", st.String())
 	}
-}
-
-func exitText(st runtime.ExitStatus) string {
-	if st.Reason != "" {
-		return st.Reason
-	}
-	if st.Signal != "" {
-		return "VMM killed by " + st.Signal
-	}
-	return "VMM exited with code " + strconv.Itoa(st.Code)
 }
 
 // CreateOverlay creates a qcow2 overlay at path backed by backing (format

@@ -2,11 +2,9 @@ package shim
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"slices"
 	"sort"
 	"sync"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -37,19 +36,6 @@ const (
 // goes first), and how far behind the live output an attacher may fall
 // before it is cut off. A var for tests.
 var retainCap = 4 << 20
-
-var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}$`)
-
-// newExecID returns 16 random characters [a-z2-7].
-func newExecID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz234567"
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[b[i]&31]
-	}
-	return string(b)
-}
 
 // sessions is the shim's table of execs it owns: each runs independently of
 // any client, pumps its agent stream into a retained buffer, and fans its
@@ -170,7 +156,7 @@ func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1
 		return nil, err
 	}
 	s := &session{
-		id: newExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin(),
+		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin(),
 		tenant: req.GetTenant(), keyID: req.GetKeyId(), killOnDetach: req.GetKillOnDetach(),
 		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
 	}

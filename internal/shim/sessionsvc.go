@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
 )
@@ -20,7 +21,7 @@ type sessionService struct {
 var _ shimv1connect.SessionServiceHandler = sessionService{}
 
 func (v sessionService) lookup(id string) (*session, error) {
-	if !execIDRe.MatchString(id) {
+	if !sandbox.ValidExecID(id) {
 		return nil, connect.NewError(connect.CodeNotFound, errors.New("no such exec"))
 	}
 	return v.t.Get(id)

@@ -168,7 +168,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	for {
 		select {
 		case st := <-exited:
-			reason := "guest stopped unexpectedly: " + exitText(st)
+			reason := "guest stopped unexpectedly: " + st.String()
 			s.log.Error("vmm exited", "reason", reason)
 			s.fail(bg, reason)
 			s.teardown(bg, false)
@@ -404,17 +404,6 @@ func (s *shim) teardown(ctx context.Context, removing bool) {
 				_ = os.RemoveAll(filepath.Join(s.l.RunDir(s.cfg.ID), e.Name()))
 			}
 		}
-	}
-}
-
-func exitText(st runtime.ExitStatus) string {
-	switch {
-	case st.Reason != "":
-		return st.Reason
-	case st.Signal != "":
-		return "VMM killed by " + st.Signal
-	default:
-		return "VMM exited with code " + strconv.Itoa(st.Code)
 	}
 }
 

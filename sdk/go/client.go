@@ -118,23 +118,43 @@ func (c *Client) send(req *http.Request, ok ...int) (*http.Response, error) {
 	return nil, decodeError(resp)
 }
 
-// doJSON sends in (if non-nil) as a JSON body and decodes the response into
-// out (if non-nil). The response status must be one of ok.
-func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, in, out any, ok ...int) error {
+// jsonRequest builds a request with in (if non-nil) as its JSON body.
+func (c *Client) jsonRequest(ctx context.Context, method, path string, q url.Values, in any) (*http.Request, error) {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
-			return fmt.Errorf("airlock: encode request: %w", err)
+			return nil, fmt.Errorf("airlock: encode request: %w", err)
 		}
 		body = bytes.NewReader(b)
 	}
 	req, err := c.newRequest(ctx, method, path, q, body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, nil
+}
+
+// openStream sends in (if non-nil) as a JSON body and returns the 200
+// NDJSON response for the caller to read and close.
+func (c *Client) openStream(ctx context.Context, method, path string, q url.Values, in any) (*http.Response, error) {
+	req, err := c.jsonRequest(ctx, method, path, q, in)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/x-ndjson")
+	return c.send(req, http.StatusOK)
+}
+
+// doJSON sends in (if non-nil) as a JSON body and decodes the response into
+// out (if non-nil). The response status must be one of ok.
+func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, in, out any, ok ...int) error {
+	req, err := c.jsonRequest(ctx, method, path, q, in)
+	if err != nil {
+		return err
 	}
 	if out != nil {
 		req.Header.Set("Accept", "application/json")

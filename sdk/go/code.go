@@ -1,7 +1,6 @@
 package airlock
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -119,17 +118,7 @@ func (c *Client) RunCode(ctx context.Context, id string, req CodeRequest, h Code
 	if req.Timeout > 0 {
 		body["timeout_s"] = int64((req.Timeout + time.Second - 1) / time.Second)
 	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, fmt.Errorf("airlock: encode code request: %w", err)
-	}
-	hr, err := c.newRequest(ctx, http.MethodPost, sandboxPath(id, "code"), nil, bytes.NewReader(b))
-	if err != nil {
-		return nil, err
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set("Accept", "application/x-ndjson")
-	resp, err := c.send(hr, http.StatusOK)
+	resp, err := c.openStream(ctx, http.MethodPost, sandboxPath(id, "code"), nil, body)
 	if err != nil {
 		return nil, err
 	}
@@ -160,32 +149,17 @@ func textMIME(mime string) bool {
 
 func readCodeStream(r io.Reader, h CodeHandlers) (*CodeExecution, error) {
 	broken := func(err error) error { return fmt.Errorf("%w: %w", ErrCodeStreamBroken, err) }
-	br := bufio.NewReaderSize(r, 64<<10)
+	rr := newRecordReader(r, maxCodeLine)
 	var ex CodeExecution
 	var stdout, stderr bytes.Buffer
-	var line []byte
 	for {
-		chunk, err := br.ReadSlice('\n')
-		line = append(line, chunk...)
-		if errors.Is(err, bufio.ErrBufferFull) {
-			if len(line) > maxCodeLine {
-				return nil, broken(fmt.Errorf("record longer than %d bytes", maxCodeLine))
-			}
-			continue
-		}
+		rec, _, err := rr.next()
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			if ex.Error != nil && ex.Error.Name == "AirlockError" {
+			var tooLong recordTooLongError
+			if !errors.As(err, &tooLong) && ex.Error != nil && ex.Error.Name == "AirlockError" {
 				err = fmt.Errorf("%s: %w", ex.Error.Value, err)
 			}
 			return nil, broken(err)
-		}
-		rec := bytes.TrimSpace(line)
-		line = line[:0]
-		if len(rec) == 0 {
-			continue
 		}
 		var m codeRecord
 		if err := json.Unmarshal(rec, &m); err != nil {

@@ -1,7 +1,6 @@
 package airlock
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -109,17 +108,7 @@ var execQuery = url.Values{"encoding": {"base64"}}
 // exits. If the stream breaks first, the error is a *StreamError and the
 // command keeps running (unless KillOnDisconnect); Attach resumes it.
 func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, h ExecHandlers) (*ExitStatus, error) {
-	b, err := json.Marshal(req.wire(false))
-	if err != nil {
-		return nil, fmt.Errorf("airlock: encode exec request: %w", err)
-	}
-	hr, err := c.newRequest(ctx, http.MethodPost, sandboxPath(id, "exec"), execQuery, bytes.NewReader(b))
-	if err != nil {
-		return nil, err
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set("Accept", "application/x-ndjson")
-	resp, err := c.send(hr, http.StatusOK)
+	resp, err := c.openStream(ctx, http.MethodPost, sandboxPath(id, "exec"), execQuery, req.wire(false))
 	if err != nil {
 		return nil, err
 	}
@@ -164,12 +153,7 @@ func (c *Client) Start(ctx context.Context, id string, req ExecRequest) (string,
 // start of its retained output, until it exits; it returns at once with the
 // replayed output for an exec that already exited. h.OnStart is not called.
 func (c *Client) Attach(ctx context.Context, id, execID string, h ExecHandlers) (*ExitStatus, error) {
-	hr, err := c.newRequest(ctx, http.MethodGet, sandboxPath(id, "execs", execID, "stream"), execQuery, nil)
-	if err != nil {
-		return nil, err
-	}
-	hr.Header.Set("Accept", "application/x-ndjson")
-	resp, err := c.send(hr, http.StatusOK)
+	resp, err := c.openStream(ctx, http.MethodGet, sandboxPath(id, "execs", execID, "stream"), execQuery, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -190,31 +174,14 @@ type streamRecord struct {
 // until the "exit" record. Unknown record types are ignored. execID names
 // the exec in a *StreamError until a "start" record names it.
 func readStream(r io.Reader, execID string, h ExecHandlers) (*ExitStatus, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	var line []byte
+	rr := newRecordReader(r, maxLine)
 	for {
-		chunk, err := br.ReadSlice('\n')
-		line = append(line, chunk...)
-		if errors.Is(err, bufio.ErrBufferFull) {
-			if len(line) > maxLine {
-				return nil, &StreamError{ExecID: execID, Err: fmt.Errorf("record longer than %d bytes", maxLine)}
-			}
-			continue
-		}
+		rec, partial, err := rr.next()
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				if len(bytes.TrimSpace(line)) > 0 {
-					err = fmt.Errorf("truncated record: %w", io.ErrUnexpectedEOF)
-				} else {
-					err = io.ErrUnexpectedEOF
-				}
+			if partial {
+				err = fmt.Errorf("truncated record: %w", err)
 			}
 			return nil, &StreamError{ExecID: execID, Err: err}
-		}
-		rec := bytes.TrimSpace(line)
-		line = line[:0]
-		if len(rec) == 0 {
-			continue
 		}
 		var m streamRecord
 		if err := json.Unmarshal(rec, &m); err != nil {

@@ -10,7 +10,7 @@ import os
 import urllib.parse
 from typing import IO, Any, Callable, Iterable, Mapping
 
-from ._code import Execution, read_code_stream
+from ._code import Execution, ndjson_records, read_code_stream
 from ._errors import AirlockError, StreamBroken, error_from_response
 
 __version__ = "0.1.0"
@@ -553,25 +553,12 @@ def _read_stream(
     """Parse an exec NDJSON stream (base64 data) up to its exit record."""
     out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
     cbs = {"stdout": on_stdout, "stderr": on_stderr}
-    while True:
+    for rec in ndjson_records(resp, lambda: exec_id, "exit", _MAX_LINE):
+        kind = rec.get("type")
         try:
-            line = resp.readline(_MAX_LINE + 1)
-        except (OSError, http.client.HTTPException) as e:
-            raise StreamBroken(exec_id, f"stream broken: {e}") from e
-        if not line:
-            raise StreamBroken(exec_id, "stream ended before the exit record")
-        if not line.endswith(b"\n"):
-            what = "record too long" if len(line) > _MAX_LINE else "stream ended inside a record"
-            raise StreamBroken(exec_id, what)
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-            kind = rec.get("type")
             if kind in ("stdout", "stderr"):
                 data = base64.b64decode(rec.get("data", ""), validate=True)
-        except (ValueError, AttributeError) as e:
+        except ValueError as e:
             raise StreamBroken(exec_id, f"bad record: {e}") from e
         if kind == "start":
             exec_id = rec.get("exec_id")

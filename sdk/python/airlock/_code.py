@@ -17,6 +17,35 @@ _TEXT_TYPES = ("image/svg+xml", "application/json")
 _MAX_LINE = 32 * 1024 * 1024
 
 
+def ndjson_records(
+    resp: http.client.HTTPResponse, ident: Callable[[], str | None], what: str, max_line: int = _MAX_LINE
+):
+    """Yield the JSON objects of an NDJSON stream. Raises StreamBroken (with
+    the exec id ``ident()`` returns at that moment) if the stream breaks, a
+    record is cut off or longer than max_line, or a line is not a JSON
+    object; the caller stops at its final record."""
+    while True:
+        exec_id = ident()
+        try:
+            line = resp.readline(max_line + 1)
+        except (OSError, http.client.HTTPException) as e:
+            raise StreamBroken(exec_id, f"stream broken: {e}") from e
+        if not line:
+            raise StreamBroken(exec_id, f"stream ended before the {what} record")
+        if not line.endswith(b"\n"):
+            raise StreamBroken(exec_id, "record too long" if len(line) > max_line else "stream ended inside a record")
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise StreamBroken(exec_id, f"bad record: {e}") from e
+        if not isinstance(rec, dict):
+            raise StreamBroken(exec_id, "bad record: not an object")
+        yield rec
+
+
 def _is_text(mime: str) -> bool:
     return mime.startswith("text/") or mime in _TEXT_TYPES or mime.endswith(_TEXT_SUFFIXES)
 
@@ -70,23 +99,8 @@ def read_code_stream(
     ex = Execution()
     out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
     cbs = {"stdout": on_stdout, "stderr": on_stderr}
-    while True:
-        try:
-            line = resp.readline(_MAX_LINE + 1)
-        except (OSError, http.client.HTTPException) as e:
-            raise StreamBroken(None, f"stream broken: {e}") from e
-        if not line:
-            raise StreamBroken(None, "stream ended before the end record")
-        if not line.endswith(b"\n"):
-            raise StreamBroken(None, "record too long" if len(line) > _MAX_LINE else "stream ended inside a record")
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-            kind = rec.get("type")
-        except (ValueError, AttributeError) as e:
-            raise StreamBroken(None, f"bad record: {e}") from e
+    for rec in ndjson_records(resp, lambda: None, "end"):
+        kind = rec.get("type")
         if kind in ("stdout", "stderr"):
             data = str(rec.get("data", "")).encode()
             if cbs[kind] is not None:
