@@ -15,7 +15,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 )
 
-
 type execRequest struct {
 	Cmd              []string          `json:"cmd"`
 	Env              map[string]string `json:"env"`
