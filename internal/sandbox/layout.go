@@ -29,6 +29,7 @@ func (l Layout) Dir(id string) string      { return filepath.Join(l.Root, "sandb
 func (l Layout) Socket(id string) string   { return filepath.Join(l.Dir(id), "shim.sock") }
 func (l Layout) ShimLock(id string) string { return filepath.Join(l.Dir(id), "shim.lock") }
 func (l Layout) ShimLog(id string) string  { return filepath.Join(l.Dir(id), "shim.log") }
+func (l Layout) PortsSock(id string) string { return filepath.Join(l.Dir(id), "ports.sock") }
 func (l Layout) RootDisk(id string) string { return filepath.Join(l.Dir(id), "root.qcow2") }
 func (l Layout) RunDir(id string) string   { return filepath.Join(l.Dir(id), "run") }
 func (l Layout) Console(id string) string  { return filepath.Join(l.RunDir(id), "console.log") }

@@ -24,6 +24,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -47,6 +48,11 @@ type CreateOptions struct {
 	Metadata  map[string]string
 	Tenant    string            // owner; "" for local CLI use
 	Env       map[string]string // default environment of every exec
+	// Network is the egress policy, secrets, published ports and limits.
+	Network netconf.Spec
+	// Secrets holds the values of Network.Secrets. They go to the shim
+	// through a pipe and are never stored.
+	Secrets netconf.Values
 }
 
 // Manager creates and finds sandboxes in one state dir.

@@ -20,6 +20,7 @@ import (
 	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 )
 
 // State is a sandbox lifecycle state.
@@ -52,6 +53,9 @@ type Sandbox struct {
 	Metadata    map[string]string
 	Tenant      string            // owner ("" for local CLI use)
 	Env         map[string]string // default environment of every exec
+	// Network is the egress policy, secrets (names, hosts, placeholders;
+	// never values), published ports and limits.
+	Network netconf.Spec
 }
 
 // ImageRecord maps an image name to its content-addressed blob.
@@ -126,10 +130,13 @@ var migrations = []string{
 	CREATE INDEX events_sandbox ON events(sandbox_id, seq);
 	CREATE INDEX events_tenant ON events(tenant, seq);
 	PRAGMA user_version = 2;`,
+	// v3: the network configuration.
+	`ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}';
+	PRAGMA user_version = 3;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 2
+const schemaVersion = 3
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -251,7 +258,7 @@ func (s *Store) DeleteImage(ctx context.Context, name string) error {
 	return nil
 }
 
-const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env`
+const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network`
 
 // CreateSandbox inserts a new sandbox row.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
@@ -263,9 +270,13 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	network, err := json.Marshal(sb.Network)
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
-		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env))
+		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env), string(network))
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
@@ -276,10 +287,10 @@ type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
-	var state, md, env string
+	var state, md, env, network string
 	var created, expires int64
 	err := r.Scan(&sb.ID, &state, &sb.Reason, &sb.Image, &sb.ImageDigest, &sb.CPUs, &sb.MemoryMiB, &sb.DiskMiB,
-		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env)
+		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env, &network)
 	if err != nil {
 		return sb, err
 	}
@@ -287,6 +298,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	sb.CreatedAt, sb.ExpiresAt = time.Unix(0, created), time.Unix(0, expires)
 	_ = json.Unmarshal([]byte(md), &sb.Metadata)
 	_ = json.Unmarshal([]byte(env), &sb.Env)
+	_ = json.Unmarshal([]byte(network), &sb.Network)
 	return sb, nil
 }
 
