@@ -42,6 +42,10 @@ type globals struct {
 	// set, the sandbox commands go through that API server (see remote).
 	host   string
 	apiKey string
+
+	// env, if set, replaces the process environment for secret values
+	// (tests).
+	env map[string]string
 }
 
 func defaultStateDir() string {

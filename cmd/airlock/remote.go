@@ -74,7 +74,7 @@ func apiMsg(err error) string {
 func remoteCreateOptions(o sandbox.CreateOptions) airlock.CreateOptions {
 	return airlock.CreateOptions{
 		Image: o.Image, CPUs: o.CPUs, MemoryMB: o.MemoryMiB, DiskMB: o.DiskMiB,
-		Timeout: o.Timeout, Metadata: o.Metadata,
+		Timeout: o.Timeout, Metadata: o.Metadata, Env: o.Env, Network: remoteNetwork(o.Network, o.Secrets),
 	}
 }
 
@@ -102,7 +102,7 @@ func remoteView(sb *airlock.Sandbox) sandboxView {
 		ID: sb.ID, State: sb.State, Reason: sb.Reason, Image: sb.Image, Digest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMB, DiskMiB: sb.DiskMB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(), Accel: sb.Accel, Kernel: sb.GuestKernel,
-		StartMode: sb.StartMode, Metadata: sb.Metadata, Tenant: sb.Tenant,
+		StartMode: sb.StartMode, Metadata: sb.Metadata, Tenant: sb.Tenant, Network: viewRemoteNetwork(sb.Network),
 	}
 }
 
@@ -340,7 +340,7 @@ func remoteRm(cmd *cobra.Command, c *airlock.Client, args []string) error {
 }
 
 func remoteEvents(cmd *cobra.Command, c *airlock.Client, f store.EventFilter) error {
-	evs, _, err := c.Events(cmd.Context(), airlock.EventsOptions{Sandbox: f.SandboxID, Since: f.Since, Limit: f.Limit})
+	evs, _, err := c.Events(cmd.Context(), airlock.EventsOptions{Sandbox: f.SandboxID, Type: f.Type, Since: f.Since, Limit: f.Limit})
 	if err != nil {
 		return err
 	}

@@ -30,6 +30,8 @@ type fakeAPI struct {
 	stdin     map[string]*fakeExec // exec id -> background exec
 	killed    []string
 	nextID    int
+	creates   []map[string]any // create request bodies
+	eventsQ   []string         // events query strings
 }
 
 type fakeFile struct {
@@ -63,6 +65,9 @@ func newFakeAPI(t *testing.T) (*fakeAPI, *httptest.Server) {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", f.sandbox(f.getFile))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", f.sandbox(f.stat))
 	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.eventsQ = append(f.eventsQ, r.URL.RawQuery)
+		f.mu.Unlock()
 		writeJSONResp(w, 200, map[string]any{"events": []map[string]any{
 			{"seq": 7, "action": "sandbox.create", "sandbox_id": r.URL.Query().Get("sandbox"), "tenant": "cli"},
 		}, "next": 7})
@@ -93,6 +98,7 @@ func (f *fakeAPI) create(w http.ResponseWriter, r *http.Request) {
 	var in map[string]any
 	_ = json.NewDecoder(r.Body).Decode(&in)
 	f.mu.Lock()
+	f.creates = append(f.creates, in)
 	f.nextID++
 	id := fmt.Sprintf("sbx%09s", strconv.FormatInt(int64(f.nextID), 8)) // [a-z2-7]{12}
 	id = strings.NewReplacer("0", "a", "1", "b", " ", "a").Replace(id)
@@ -101,11 +107,26 @@ func (f *fakeAPI) create(w http.ResponseWriter, r *http.Request) {
 		"disk_mb": 2048, "accel": "kvm", "tenant": "cli", "metadata": in["metadata"],
 		"created_at": time.Now().UTC(), "expires_at": time.Now().Add(time.Duration(in["timeout_s"].(float64)) * time.Second).UTC(),
 	}
+	if n, ok := in["network"].(map[string]any); ok {
+		pub := map[string]any{}
+		for k, v := range n {
+			pub[k] = v
+		}
+		var secs []any
+		for _, sec := range asSlice(n["secrets"]) {
+			m := sec.(map[string]any)
+			secs = append(secs, map[string]any{"name": m["name"], "hosts": m["hosts"], "placeholder": "airlock-secret-0123456789abcdef0123456789abcdef"})
+		}
+		pub["secrets"] = secs
+		sb["network"] = pub
+	}
 	f.sandboxes[id] = sb
 	f.files[id+":/tmp"] = fakeFile{mode: fs.ModeDir | 0o777}
 	f.mu.Unlock()
 	writeJSONResp(w, 201, sb)
 }
+
+func asSlice(v any) []any { s, _ := v.([]any); return s }
 
 func (f *fakeAPI) list(w http.ResponseWriter, _ *http.Request) {
 	f.mu.Lock()

@@ -56,6 +56,7 @@ type createFlags struct {
 	image, memory, disk, timeout string
 	cpus                         int
 	meta                         []string
+	net                          netFlags
 }
 
 func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
@@ -65,9 +66,11 @@ func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
 	cmd.Flags().StringVar(&f.disk, "disk", "", "root disk size (default: image size + 1G, at least 2G)")
 	cmd.Flags().StringVar(&f.timeout, lifetimeName, "15m", "lifetime: the sandbox is stopped and removed after this")
 	cmd.Flags().StringArrayVar(&f.meta, "meta", nil, "metadata KEY=VALUE (repeatable)")
+	f.net.register(cmd)
 }
 
-func (f *createFlags) options(lifetimeFlag string) (sandbox.CreateOptions, error) {
+// options parses the flags; secret values are read with lookupEnv.
+func (f *createFlags) options(lifetimeFlag string, lookupEnv func(string) (string, bool)) (sandbox.CreateOptions, error) {
 	o := sandbox.CreateOptions{Image: f.image, CPUs: f.cpus}
 	if f.cpus < 1 {
 		return o, fmt.Errorf("%w: --cpus must be at least 1", errdefs.ErrInvalid)
@@ -93,6 +96,9 @@ func (f *createFlags) options(lifetimeFlag string) (sandbox.CreateOptions, error
 			o.Metadata = map[string]string{}
 		}
 		o.Metadata[k] = v
+	}
+	if o.Network, o.Secrets, err = f.net.spec(lookupEnv); err != nil {
+		return o, err
 	}
 	return o, nil
 }
@@ -182,7 +188,7 @@ func runCmd(g *globals) *cobra.Command {
 		Short: "Create a sandbox, run one command in it, remove it",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := cf.options("lifetime")
+			o, err := cf.options("lifetime", g.lookupEnv)
 			if err != nil {
 				return err
 			}
@@ -226,7 +232,7 @@ func createCmd(g *globals) *cobra.Command {
 		Short: "Create a sandbox and print its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, err := cf.options("timeout")
+			o, err := cf.options("timeout", g.lookupEnv)
 			if err != nil {
 				return err
 			}
@@ -341,11 +347,12 @@ type sandboxView struct {
 	StartMode string            `json:"start_mode,omitempty"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	Tenant    string            `json:"tenant,omitempty"`
+	Network   *networkView      `json:"network,omitempty"`
 }
 
 func view(sb store.Sandbox) sandboxView {
 	return sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
-		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata, sb.Tenant}
+		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata, sb.Tenant, viewNetwork(sb.Network)}
 }
 
 func views(sbs []store.Sandbox) []sandboxView {

@@ -223,9 +223,16 @@ func shimCmd(g *globals) *cobra.Command {
 			}
 			// The shim must outlive the CLI's signals; it stops on its own
 			// terms (rm, lifetime, VMM exit, SIGTERM handled in shim.Run).
+			secrets, err := shim.ReadSecrets(os.NewFile(4, "secrets"))
+			if err != nil {
+				if ready != nil {
+					fmt.Fprintf(ready, "error: %s\n", err)
+				}
+				return err
+			}
 			exe, _ := os.Executable()
 			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
-				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, Exe: exe, Log: g.log.With("component", "shim"),
+				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, Exe: exe, Secrets: secrets, Log: g.log.With("component", "shim"),
 			})
 		},
 	}

@@ -73,6 +73,13 @@ func (a *agentService) Sync(_ context.Context, req *connect.Request[agentv1.Sync
 	if h := m.GetHostname(); h != "" && !boot.ValidHostname(h) {
 		return nil, invalidf("hostname is not a valid RFC 1123 label")
 	}
+	var netCfg netConfig
+	if m.GetNetwork() != nil {
+		var err error
+		if netCfg, err = parseNetworkConfig(m.GetNetwork()); err != nil {
+			return nil, err
+		}
+	}
 	resp := &agentv1.SyncResponse{GuestUnixNanoBefore: time.Now().UnixNano()}
 	if err := a.sys.SetClock(time.Unix(0, m.GetUnixNano())); err != nil {
 		return nil, sysError("set clock", err)
@@ -83,6 +90,14 @@ func (a *agentService) Sync(_ context.Context, req *connect.Request[agentv1.Sync
 	if h := m.GetHostname(); h != "" {
 		if err := a.sys.SetHostname(h); err != nil {
 			return nil, sysError("set hostname", err)
+		}
+	}
+	if m.GetNetwork() != nil {
+		if err := a.sys.ConfigureNetwork(netCfg); errors.Is(err, errNoNIC) {
+			return nil, preconditionf("network: the guest has no network interface")
+		} else if err != nil {
+			a.log.Warn("configure network", "err", err)
+			return nil, sysError("configure network", err)
 		}
 	}
 	if m.GetGrowRoot() {

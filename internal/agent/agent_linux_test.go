@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -52,11 +53,38 @@ func TestSync(t *testing.T) {
 		"long entropy":  {UnixNano: host.UnixNano(), Entropy: make([]byte, 513)},
 		"old clock":     {UnixNano: time.Date(2019, 12, 31, 0, 0, 0, 0, time.UTC).UnixNano(), Entropy: seed},
 		"bad hostname":  {UnixNano: host.UnixNano(), Entropy: seed, Hostname: "a.b"},
+		"bad network": {UnixNano: host.UnixNano(), Entropy: seed, Network: &agentv1.NetworkConfig{
+			Enabled: true, Address: "10.0.2.15", Gateway: "10.0.2.2",
+		}},
 	} {
 		_, err := env.c.Agent.Sync(ctx, connect.NewRequest(req))
 		if connect.CodeOf(err) != connect.CodeInvalidArgument {
 			t.Errorf("%s: err = %v, want InvalidArgument", name, err)
 		}
+	}
+}
+
+func TestSyncNetwork(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t)
+	seed := bytes.Repeat([]byte{7}, 64)
+	sync := func(n *agentv1.NetworkConfig) {
+		t.Helper()
+		if _, err := env.c.Agent.Sync(t.Context(), connect.NewRequest(&agentv1.SyncRequest{
+			UnixNano: time.Now().UnixNano(), Entropy: seed, Network: n,
+		})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync(nil) // an old host: networking is left alone
+	sync(&agentv1.NetworkConfig{Enabled: false, Address: "ignored"})
+	sync(&agentv1.NetworkConfig{Enabled: true, Address: "10.0.2.15/24", Gateway: "10.0.2.2", Nameservers: []string{"10.0.2.3"}, Mtu: 1400})
+	s := env.sys
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.network) != 2 || s.network[0].Enabled || !s.network[1].Enabled ||
+		s.network[1].Address != netip.MustParsePrefix("10.0.2.15/24") || s.network[1].MTU != 1400 {
+		t.Errorf("system got network configs %+v", s.network)
 	}
 }
 

@@ -10,7 +10,11 @@
 // A Server also runs outside a guest ("host mode"), which is how the unit
 // tests drive it over net.Pipe: the reaper waits only for its own pids, no
 // cgroups are used (timeouts kill the process group), and Sync and Shutdown
-// leave the host's clock, RNG, hostname and power alone. The file service
+// leave the host's clock, RNG, hostname, network and power alone.
+//
+// Sync's network config (network.go) drives the virtio NIC over rtnetlink
+// (netlink_linux.go) and edits resolv.conf, hosts and the CA bundle under
+// an injectable root, idempotently: Sync runs after every boot and restore. The file service
 // works on absolute paths of whatever root the agent runs in.
 //
 // Errors sent to the host are connect errors whose code follows the errno

@@ -78,6 +78,16 @@ func (g guestSystem) SetHostname(name string) error {
 	return nil
 }
 
+func (g guestSystem) ConfigureNetwork(c netConfig) error {
+	if err := configureNIC(c); err != nil {
+		return err
+	}
+	if !c.Enabled {
+		return nil
+	}
+	return netFiles{root: "/"}.apply(c)
+}
+
 func (g guestSystem) GrowRoot(want uint64) error {
 	if g.rootDevice == "" {
 		return errNoRootDisk

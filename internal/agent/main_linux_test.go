@@ -113,7 +113,15 @@ type fakeSystem struct {
 	entropy  []byte
 	hostname string
 	grown    bool
+	network  []netConfig
 	powerOff chan struct{}
+}
+
+func (f *fakeSystem) ConfigureNetwork(c netConfig) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.network = append(f.network, c)
+	return nil
 }
 
 func (f *fakeSystem) SetClock(t time.Time) error    { f.clock = t; return nil }

@@ -120,6 +120,31 @@ func (c *Client) Require(v uint32, what string) error {
 // diskBytes, if non-zero, is the root disk size the host just set; the agent
 // waits for the guest kernel to see it and grows the root filesystem.
 func (c *Client) Sync(ctx context.Context, hostname string, diskBytes uint64) (*agentv1.SyncResponse, error) {
+	return c.SyncWith(ctx, SyncOptions{Hostname: hostname, DiskBytes: diskBytes})
+}
+
+// SyncOptions is what SyncWith asks of the guest beyond clock and entropy.
+type SyncOptions struct {
+	// Hostname, if set, becomes the guest's hostname.
+	Hostname string
+	// DiskBytes, if non-zero, is the root disk size the host just set; the
+	// agent grows the root filesystem to it.
+	DiskBytes uint64
+	// Network, if set, configures the guest NIC (Enabled false takes it
+	// down). It needs VersionNetwork: an older agent would ignore it, so
+	// SyncWith fails with ErrUnsupported instead. Nil leaves networking as
+	// it is.
+	Network *agentv1.NetworkConfig
+}
+
+// SyncWith is Sync with every option. Call it after every boot and restore.
+func (c *Client) SyncWith(ctx context.Context, o SyncOptions) (*agentv1.SyncResponse, error) {
+	if o.Network != nil {
+		if err := c.Require(VersionNetwork, "network config"); err != nil {
+			return nil, err
+		}
+	}
+	diskBytes := o.DiskBytes
 	seed := make([]byte, 64)
 	if _, err := rand.Read(seed); err != nil {
 		return nil, fmt.Errorf("host entropy: %w", err)
@@ -127,9 +152,10 @@ func (c *Client) Sync(ctx context.Context, hostname string, diskBytes uint64) (*
 	resp, err := c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{
 		UnixNano:      time.Now().UnixNano(),
 		Entropy:       seed,
-		Hostname:      hostname,
+		Hostname:      o.Hostname,
 		GrowRoot:      diskBytes > 0,
 		RootDiskBytes: diskBytes,
+		Network:       o.Network,
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("agent sync: %w", err)

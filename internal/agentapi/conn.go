@@ -27,9 +27,10 @@ import (
 // Banner is the first thing the guest writes on every new host connection.
 const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 
-// ProtocolVersion is the version this build speaks. Bump it when an RPC is
-// added, and record in minVersion which version introduced it.
-const ProtocolVersion = 2
+// ProtocolVersion is the version this build speaks. Bump it when an RPC or
+// a request field that an older agent would ignore is added, and record
+// below which version introduced it.
+const ProtocolVersion = VersionNetwork
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -125,4 +126,7 @@ func waitBanner(ctx context.Context, conn net.Conn) (net.Conn, error) {
 const (
 	// VersionContexts added ContextService.
 	VersionContexts = 2
+	// VersionNetwork added SyncRequest.network (guest network config).
+	// An older agent ignores the field: check before relying on it.
+	VersionNetwork = 3
 )

@@ -5,10 +5,12 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -22,7 +24,26 @@ type harness struct {
 	url               string
 	fake              *fake
 	st                *store.Store
-	alice, bob, admin string // keys
+	alice, bob, admin string      // keys
+	logs              *syncBuffer // the server's log, at debug level
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 func newHarness(t *testing.T, aliceLimits store.APIKey) *harness {
@@ -32,7 +53,7 @@ func newHarness(t *testing.T, aliceLimits store.APIKey) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	h := &harness{t: t, fake: newFake(), st: st}
+	h := &harness{t: t, fake: newFake(), st: st, logs: &syncBuffer{}}
 	aliceLimits.Tenant = "alice"
 	_, h.alice, _ = st.CreateKey(t.Context(), aliceLimits)
 	_, h.bob, _ = st.CreateKey(t.Context(), store.APIKey{Tenant: "bob"})
@@ -40,7 +61,8 @@ func newHarness(t *testing.T, aliceLimits store.APIKey) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Events: st, Keys: st})
+	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Events: st, Keys: st,
+		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,12 +117,18 @@ func (r resp) err(t *testing.T) errBody {
 	return e
 }
 
-// concrete fills a route pattern with the given sandbox id.
+// concrete fills a route pattern with the given sandbox id (a route for
+// all methods is tried with POST).
 func concrete(pattern, id string) (method, path string) {
-	method, path, _ = strings.Cut(pattern, " ")
+	method, path, ok := strings.Cut(pattern, " ")
+	if !ok {
+		method, path = http.MethodPost, pattern
+	}
 	path = strings.ReplaceAll(path, "{id}", id)
 	path = strings.ReplaceAll(path, "{exec_id}", fakeExecID)
 	path = strings.ReplaceAll(path, "{ctx}", "c1")
+	path = strings.ReplaceAll(path, "{port}", "8000")
+	path = strings.ReplaceAll(path, "{path...}", "index.html")
 	if strings.Contains(path, "/files") {
 		path += "?path=/etc/x"
 	}

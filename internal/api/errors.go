@@ -30,15 +30,14 @@ var (
 	errNoRoute = &Error{http.StatusNotFound, "not_found", "no such route"}
 	// errNoSandbox is the one answer for a sandbox that is missing, of
 	// another tenant, or named by a malformed id: the same bytes for all.
-	errNoSandbox   = &Error{http.StatusNotFound, "not_found", "sandbox not found"}
-	errNoExec      = &Error{http.StatusNotFound, "not_found", "exec not found"}
-	errUnauth      = &Error{http.StatusUnauthorized, "unauthenticated", "missing or invalid API key"}
-	errTooLarge    = &Error{http.StatusRequestEntityTooLarge, "too_large", "request body is larger than 1 MiB"}
-	errNoExecs     = &Error{http.StatusServiceUnavailable, "unavailable", "exec sessions are not available on this server"}
-	errNoContexts  = &Error{http.StatusServiceUnavailable, "unavailable", "code contexts are not available on this server"}
-	errNoContext   = &Error{http.StatusNotFound, "not_found", "context not found"}
-	errOldAgent    = &Error{http.StatusPreconditionFailed, "failed_precondition", "the sandbox's guest agent is too old for code contexts"}
-	errNetworkNone = &Error{http.StatusBadRequest, "invalid", "network: only null or \"none\" are accepted (networking is not implemented)"}
+	errNoSandbox  = &Error{http.StatusNotFound, "not_found", "sandbox not found"}
+	errNoExec     = &Error{http.StatusNotFound, "not_found", "exec not found"}
+	errUnauth     = &Error{http.StatusUnauthorized, "unauthenticated", "missing or invalid API key"}
+	errTooLarge   = &Error{http.StatusRequestEntityTooLarge, "too_large", "request body is larger than 1 MiB"}
+	errNoExecs    = &Error{http.StatusServiceUnavailable, "unavailable", "exec sessions are not available on this server"}
+	errNoContexts = &Error{http.StatusServiceUnavailable, "unavailable", "code contexts are not available on this server"}
+	errNoContext  = &Error{http.StatusNotFound, "not_found", "context not found"}
+	errOldAgent   = &Error{http.StatusPreconditionFailed, "failed_precondition", "the sandbox's guest agent is too old for code contexts"}
 )
 
 // categories maps errdefs categories to HTTP; messages are generic because

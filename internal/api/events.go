@@ -9,7 +9,7 @@ import (
 
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := store.EventFilter{SandboxID: q.Get("sandbox")}
+	f := store.EventFilter{SandboxID: q.Get("sandbox"), Type: q.Get("type")}
 	k := keyOf(r)
 	if !k.Admin {
 		f.Tenant = k.Tenant

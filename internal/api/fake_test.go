@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"time"
 
@@ -27,6 +28,10 @@ type fake struct {
 	created []sandbox.CreateOptions
 	ctxReqs []*agentv1.CreateContextRequest
 	runs    []*agentv1.RunCodeRequest
+	// guest, if set, accepts the conns DialPort returns (an in-test HTTP
+	// server on the other end of a pipe); dials records every DialPort.
+	guest *pipeListener
+	dials []string
 }
 
 func newFake() *fake {
@@ -45,7 +50,12 @@ func (f *fake) Create(_ context.Context, o sandbox.CreateOptions) (store.Sandbox
 	defer f.mu.Unlock()
 	f.n++
 	id := fmt.Sprintf("sbx%09d", f.n)
-	sb := store.Sandbox{ID: id, Tenant: o.Tenant, State: store.StateRunning, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, Env: o.Env, Metadata: o.Metadata, Image: "base"}
+	// Like the manager: the catalog keeps the normalised spec, never values.
+	spec, err := o.Network.Normalize(o.Secrets)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	sb := store.Sandbox{ID: id, Tenant: o.Tenant, State: store.StateRunning, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, Env: o.Env, Metadata: o.Metadata, Image: "base", Network: spec}
 	f.sbs[id] = sb
 	f.created = append(f.created, o)
 	return sb, nil
@@ -185,10 +195,66 @@ func (f *fake) GetExec(_ context.Context, _, execID string) (ExecInfo, error) {
 	return ExecInfo{ID: fakeExecID, Argv: []string{"true"}, State: "running"}, nil
 }
 
+// DialPort hands the guest server one end of a pipe. Port 9 has nothing
+// listening (ErrUnavailable), as has every port without a guest server.
+func (f *fake) DialPort(ctx context.Context, id string, port uint16) (net.Conn, error) {
+	f.mu.Lock()
+	f.dials = append(f.dials, fmt.Sprintf("%s:%d", id, port))
+	g := f.guest
+	f.mu.Unlock()
+	if g == nil || port == 9 {
+		return nil, fmt.Errorf("%w: guest port %d: connection refused", errdefs.ErrUnavailable, port)
+	}
+	c, s := net.Pipe()
+	select {
+	case g.ch <- s:
+		return c, nil
+	case <-g.done:
+	case <-ctx.Done():
+	}
+	c.Close()
+	s.Close()
+	return nil, fmt.Errorf("%w: guest server closed", errdefs.ErrUnavailable)
+}
+
+// pipeListener is a net.Listener of in-memory conns (for an in-test
+// http server that DialPort connects to).
+type pipeListener struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{ch: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "guest:0" }
+
 var (
 	_ Sandboxes = (*fake)(nil)
 	_ Files     = (*fake)(nil)
 	_ Execs     = (*fake)(nil)
+	_ Ports     = (*fake)(nil)
 )
 
 // --- Contexts: one context "c1"; RunCode replays a fixed run. ---

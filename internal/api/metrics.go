@@ -80,7 +80,13 @@ func (m *metrics) handler() http.Handler {
 // routeOp names a route pattern for the failures counter ("POST
 // /v1/sandboxes/{id}/exec" -> "exec").
 func routeOp(pattern string) string {
-	_, p, _ := strings.Cut(pattern, " ")
+	_, p, ok := strings.Cut(pattern, " ")
+	if !ok {
+		p = pattern // a route for all methods
+	}
+	if strings.HasSuffix(p, "/{path...}") {
+		return "preview"
+	}
 	p = strings.TrimPrefix(p, "/v1/")
 	if p == "" {
 		return "other"

@@ -1,11 +1,11 @@
 package api
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -27,6 +27,9 @@ type Sandbox struct {
 	StartMode   string            `json:"start_mode"`
 	Metadata    map[string]string `json:"metadata"`
 	Tenant      string            `json:"tenant"`
+	// Network is the sandbox's network spec as the catalog keeps it: secret
+	// names, hosts and placeholders, never values.
+	Network netconf.Spec `json:"network"`
 }
 
 func viewSandbox(sb store.Sandbox) Sandbox {
@@ -39,6 +42,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		CPUs: sb.CPUs, MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
 		Accel: sb.Accel, GuestKernel: sb.Kernel, StartMode: sb.StartMode, Metadata: md, Tenant: sb.Tenant,
+		Network: sb.Network,
 	}
 }
 
@@ -50,17 +54,13 @@ type createRequest struct {
 	TimeoutS int               `json:"timeout_s"`
 	Env      map[string]string `json:"env"`
 	Metadata map[string]string `json:"metadata"`
-	Network  json.RawMessage   `json:"network"`
+	Network  *networkRequest   `json:"network"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var req createRequest
 	if err := decodeJSON(w, r, &req); err != nil {
 		s.fail(w, r, err)
-		return
-	}
-	if n := strings.TrimSpace(string(req.Network)); n != "" && n != "null" && n != `"none"` {
-		s.fail(w, r, errNetworkNone)
 		return
 	}
 	if req.CPUs < 0 || req.MemoryMB < 0 || req.DiskMB < 0 || req.TimeoutS < 0 {
@@ -83,6 +83,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	k := keyOf(r)
 	o.Tenant = k.Tenant
+	var err error
+	if o.Network, o.Secrets, err = networkOptions(req.Network, k.Admin); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	release, err := s.reserve(r.Context(), k.Tenant, s.limitsOf(k), o.CPUs, o.MemoryMiB)
 	if err != nil {
 		s.fail(w, r, err)
@@ -97,7 +102,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.creates.Inc()
-	s.audit(r, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB})
+	s.audit(r, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB,
+		"network": networkAudit(sb.Network)})
 	writeJSON(w, http.StatusCreated, viewSandbox(sb))
 }
 

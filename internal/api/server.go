@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"sync"
 	"time"
 
@@ -31,12 +32,13 @@ var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 1
 
 // Config is what a Server needs. Sandboxes, Files, Events and Keys are
 // required; a nil Execs answers exec routes with 503, a nil Contexts the
-// code and context routes.
+// code and context routes, a nil Ports the preview route.
 type Config struct {
 	Sandboxes Sandboxes
 	Files     Files
 	Execs     Execs
 	Contexts  Contexts
+	Ports     Ports
 	Events    Events
 	Keys      Keys
 	Log       *slog.Logger // nil: discard
@@ -66,6 +68,8 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	metrics *metrics
+	// previewProxy serves the preview route (ports.go).
+	previewProxy *httputil.ReverseProxy
 	// deniedAudit caps how fast failed authentications are written to the
 	// audit trail, so unauthenticated floods cannot fill the catalog.
 	deniedAudit *rate.Limiter
@@ -81,7 +85,7 @@ type Server struct {
 // route is one entry of the route table; auth is false only for /healthz
 // and /metrics.
 type route struct {
-	pattern string // "METHOD /path" (Go 1.22 ServeMux pattern)
+	pattern string // "METHOD /path" (Go 1.22 ServeMux pattern); no method: all methods
 	auth    bool
 	h       func(s *Server, w http.ResponseWriter, r *http.Request)
 }
@@ -114,6 +118,7 @@ var routes = []route{
 	{"GET /v1/sandboxes/{id}/files/list", true, (*Server).listFiles},
 	{"GET /v1/sandboxes/{id}/files/stat", true, (*Server).statFile},
 	{"POST /v1/sandboxes/{id}/files/mkdir", true, (*Server).mkdir},
+	{"/v1/sandboxes/{id}/ports/{port}/{path...}", true, (*Server).preview},
 	{"GET /v1/events", true, (*Server).listEvents},
 }
 
@@ -129,6 +134,7 @@ func New(cfg Config) (*Server, error) {
 		pending:     map[string]Limits{},
 	}
 	s.metrics = newMetrics(cfg.Sandboxes)
+	s.previewProxy = s.newPreviewProxy()
 	for _, rt := range routes {
 		var h http.Handler
 		if rt.h == nil {

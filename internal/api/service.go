@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"io"
+	"net"
 	"time"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
@@ -75,6 +76,17 @@ type Contexts interface {
 	RunCode(ctx context.Context, sandboxID string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error
 }
 
+// Ports reaches TCP ports inside sandboxes (the preview route).
+type Ports interface {
+	// DialPort opens a TCP stream to port of sandbox id's guest, through the
+	// sandbox's shim. The caller closes the returned conn. Errors are
+	// categorized: ErrInvalid for port 0, ErrNotFound or
+	// ErrFailedPrecondition when the sandbox is missing or not running,
+	// ErrUnavailable when its network cannot be reached or nothing listens.
+	// Safe for concurrent use.
+	DialPort(ctx context.Context, id string, port uint16) (net.Conn, error)
+}
+
 // Events is the audit trail.
 type Events interface {
 	AppendEvent(ctx context.Context, e store.Event) (int64, error)
@@ -93,6 +105,7 @@ var (
 	_ Files     = (*sandbox.Manager)(nil)
 	_ Execs     = (*sandbox.Manager)(nil)
 	_ Contexts  = (*sandbox.Manager)(nil)
+	_ Ports     = (*sandbox.Manager)(nil)
 	_ Events    = (*store.Store)(nil)
 	_ Keys      = (*store.Store)(nil)
 )

@@ -21,7 +21,7 @@ func TestOnlyNetstackImportsGVisor(t *testing.T) {
 			continue
 		}
 		checked++
-		if f[0] == "github.com/airlock-sandbox/airlock/internal/netstack" {
+		if f[0] == "github.com/airlock-sandbox/airlock/internal/netstack" || strings.HasPrefix(f[0], "github.com/airlock-sandbox/airlock/internal/netstack/") {
 			continue
 		}
 		for _, imp := range f[1:] {

@@ -493,3 +493,74 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// handoff is an upstream conn that handles the guest side itself.
+type handoff struct {
+	net.Conn
+	got chan []byte
+}
+
+func (h *handoff) HandleGuest(guest net.Conn) {
+	b, _ := io.ReadAll(guest)
+	_, _ = guest.Write([]byte("handled"))
+	h.got <- b
+}
+
+func TestGuestHandlerTakesOver(t *testing.T) {
+	up, _ := net.Pipe()
+	h := &handoff{Conn: up, got: make(chan []byte, 1)}
+	e := newEnv(t, Config{Dial: func(context.Context, string, netip.AddrPort) (net.Conn, error) { return h, nil }})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	c, err := e.dialTCP(ctx, publicDst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte("to handler"))
+	_ = c.CloseWrite()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	reply, _ := io.ReadAll(c)
+	if string(reply) != "handled" || string(<-h.got) != "to handler" {
+		t.Fatalf("reply %q", reply)
+	}
+	waitFor(t, func() bool { return e.s.Stats().ActiveConns == 0 }, "conn released")
+}
+
+func TestDialGuest(t *testing.T) {
+	e := newEnv(t, Config{Dial: (&hook{}).dial})
+	ln, err := gonet.ListenTCP(e.guest, tcpip.FullAddress{NIC: 1, Addr: tcpAddr(defaultGuestIP), Port: 8000}, ipv4.ProtocolNumber)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = c.Write([]byte("from " + c.RemoteAddr().String()))
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	c, err := e.s.DialGuest(ctx, 8000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(b), "from "+defaultGatewayIP.String()+":") {
+		t.Fatalf("guest saw %q", b)
+	}
+	if e.s.Stats().ActiveConns != 1 {
+		t.Fatalf("active %d, want 1 before close", e.s.Stats().ActiveConns)
+	}
+	c.Close()
+	if e.s.Stats().ActiveConns != 0 {
+		t.Fatal("slot not released")
+	}
+	if _, err := e.s.DialGuest(ctx, 8001); err == nil {
+		t.Fatal("dial to a closed guest port succeeded")
+	}
+}

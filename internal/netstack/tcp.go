@@ -3,10 +3,14 @@ package netstack
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"sync"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -68,7 +72,59 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	handedOff = true
 	defer s.releaseConn()
 	defer s.removeConns(guest, up)
+	if h, ok := up.(GuestHandler); ok {
+		defer up.Close()
+		defer guest.Close()
+		h.HandleGuest(guest)
+		return
+	}
 	proxyTCP(guest, up)
+}
+
+// GuestHandler is implemented by a conn that [Config.Dial] returns when the
+// caller wants to handle the guest's side of a TCP flow itself (inspect the
+// first bytes, intercept TLS, shape traffic) instead of the stack's plain
+// two-way copy. HandleGuest is called once the guest's handshake is
+// complete, with the guest conn (which implements CloseWrite); when it
+// returns, the stack closes both conns. It must return when either conn is
+// closed (Stack.Close closes both).
+type GuestHandler interface {
+	HandleGuest(guest net.Conn)
+}
+
+// DialGuest opens a TCP connection from the gateway to port on the guest
+// (published ports). The guest sees a connection from the gateway address.
+func (s *Stack) DialGuest(ctx context.Context, port uint16) (net.Conn, error) {
+	if !s.reserveConn() {
+		s.stats.dialsBusy.Add(1)
+		return nil, errors.New("connection limit reached")
+	}
+	c, err := gonet.DialContextTCP(ctx, s.ns, tcpip.FullAddress{NIC: nicID, Addr: tcpAddr(s.cfg.GuestIP), Port: port}, ipv4.ProtocolNumber)
+	if err != nil {
+		s.releaseConn()
+		return nil, fmt.Errorf("dial guest port %d: %w", port, err)
+	}
+	if !s.addConns(c) {
+		s.releaseConn()
+		return nil, ErrClosed
+	}
+	return &guestConn{TCPConn: c, s: s}, nil
+}
+
+// guestConn releases its connection slot and registration once closed.
+type guestConn struct {
+	*gonet.TCPConn
+	s    *Stack
+	once sync.Once
+}
+
+func (c *guestConn) Close() error {
+	err := c.TCPConn.Close()
+	c.once.Do(func() {
+		c.s.removeConns(c.TCPConn)
+		c.s.releaseConn()
+	})
+	return err
 }
 
 type closeWriter interface{ CloseWrite() error }

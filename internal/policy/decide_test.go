@@ -217,6 +217,11 @@ func TestParsePolicy(t *testing.T) {
 			t.Errorf("ParseRule(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
+	for _, ok := range []string{"*.githubusercontent.com", "*.github.io"} {
+		if _, err := ParsePolicy("deny", []string{ok}); err != nil {
+			t.Errorf("%s (private-section suffix) rejected: %v", ok, err)
+		}
+	}
 	bad := []struct{ mode, rule, msg string }{
 		{"bogus", "", "network mode"},
 		{"none", "example.com", "takes no allow rules"},
@@ -225,7 +230,6 @@ func TestParsePolicy(t *testing.T) {
 		{"deny", "*.", "empty"},
 		{"deny", "*.com", "public suffix"},
 		{"deny", "*.co.uk", "public suffix"},
-		{"deny", "*.github.io", "public suffix"},
 		{"deny", "a.*.example.com", "leftmost label"},
 		{"deny", "*foo.example.com", "leftmost label"},
 		{"deny", "**.example.com", "leftmost label"},

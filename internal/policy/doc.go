@@ -37,8 +37,11 @@
 //
 // Names are lower-cased, lose one trailing dot and are converted to ASCII with
 // IDNA (golang.org/x/net/idna). A wildcard must be the whole leftmost label
-// and may not sit directly on a public suffix ("*.com", "*.co.uk",
-// "*.github.io" are rejected: they would open other tenants' names). Rule IDs
+// and may not sit directly on an ICANN public suffix ("*.com", "*.co.uk"
+// are rejected: they would open other owners' names). Suffixes from the
+// list's private section are one operator's namespace and are accepted
+// ("*.githubusercontent.com", "*.github.io"): such a rule opens every name
+// that operator serves, which is what the user asked for. Rule IDs
 // are "allow[i]", i being the index in the slice given to ParsePolicy.
 //
 // # The platform floor

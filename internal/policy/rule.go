@@ -208,7 +208,10 @@ func ParseRule(s string) (Rule, error) {
 		return r, err
 	}
 	if r.Wildcard {
-		if ps, _ := publicsuffix.PublicSuffix(name); ps == name {
+		// ICANN suffixes only: private-section entries (github.io,
+		// githubusercontent.com) are one operator's namespace, and
+		// "*.githubusercontent.com" is a rule users need.
+		if ps, icann := publicsuffix.PublicSuffix(name); ps == name && icann {
 			return r, fmt.Errorf("wildcard over the public suffix %q would match other owners' names", name)
 		}
 	}

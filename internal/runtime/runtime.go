@@ -79,6 +79,10 @@ type Spec struct {
 	// (for a template). Only meaningful if Capabilities.Snapshots. A
 	// restored instance cannot be Snapshottable (qemu).
 	Snapshottable bool
+	// Network attaches a virtio-net NIC; its Ethernet frames are exchanged
+	// with the host through Networker.NetConn. A snapshot records whether
+	// it had one: restores from it must set Network the same way.
+	Network bool
 }
 
 // Validate checks the fields every runtime relies on.
@@ -162,6 +166,17 @@ type Snapshotter interface {
 	// directory is opaque to callers except for being copied or removed
 	// as a whole.
 	SaveSnapshot(ctx context.Context, dir string) error
+}
+
+// Networker is implemented by instances created with Spec.Network.
+type Networker interface {
+	// NetConn returns the host end of the NIC's link: a stream carrying
+	// QEMU's "-netdev stream" framing (4-byte big-endian length, then an
+	// Ethernet frame without FCS). Callable once after Start; the caller
+	// owns and closes it. Fails with ErrNotRunning before Start and after
+	// exit. The guest stalls on transmit if nobody reads the conn: a caller
+	// that does not serve the link must still drain it.
+	NetConn(ctx context.Context) (net.Conn, error)
 }
 
 // ErrNotRunning is returned by operations that need a running instance.

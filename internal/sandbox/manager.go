@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -114,7 +116,40 @@ func (o *CreateOptions) validate(imageSize int64) error {
 			return fmt.Errorf("%w: environment names must be 1-256 bytes without '=' or NUL, values at most 32 KiB without NUL", errdefs.ErrInvalid)
 		}
 	}
+	n, err := o.Network.Normalize(o.Secrets)
+	if err != nil {
+		return err
+	}
+	o.Network = n
+	if add := n.Env(); len(add) > 0 {
+		env := maps.Clone(o.Env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		for k, v := range add {
+			if _, dup := env[k]; dup {
+				return fmt.Errorf("%w: %s is both an environment variable and a secret", errdefs.ErrInvalid, k)
+			}
+			env[k] = v
+		}
+		// Clients that do not read the system trust store find the
+		// interception CA through these.
+		for k, v := range caEnv {
+			if _, set := env[k]; !set {
+				env[k] = v
+			}
+		}
+		o.Env = env
+	}
 	return nil
+}
+
+// caEnv points common TLS clients at the guest's trust store, which holds
+// the interception CA of a sandbox with secrets.
+var caEnv = map[string]string{
+	"NODE_EXTRA_CA_CERTS": "/usr/local/share/ca-certificates/airlock-egress.crt",
+	"REQUESTS_CA_BUNDLE":  "/etc/ssl/certs/ca-certificates.crt",
+	"SSL_CERT_FILE":       "/etc/ssl/certs/ca-certificates.crt",
 }
 
 // Create records a sandbox, starts its shim and waits until the guest
@@ -141,6 +176,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		ID: NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
 		CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskMiB: o.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: o.Env,
+		Network: o.Network,
 	}
 	if err := os.MkdirAll(m.L.Dir(sb.ID), 0o700); err != nil {
 		return sb, fmt.Errorf("create sandbox dir: %w", err)
@@ -149,7 +185,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		_ = os.RemoveAll(m.L.Dir(sb.ID))
 		return sb, err
 	}
-	if err := m.startShim(ctx, sb.ID); err != nil {
+	if err := m.startShim(ctx, sb.ID, o.Secrets); err != nil {
 		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
@@ -166,7 +202,7 @@ func (shimError) Is(target error) bool { return target == errdefs.ErrUnavailable
 
 // startShim starts `airlock shim` detached and waits for its verdict on a
 // pipe: "ok" once the guest answers, or "error: ..." with the reason.
-func (m *Manager) startShim(ctx context.Context, id string) error {
+func (m *Manager) startShim(ctx context.Context, id string, secrets netconf.Values) error {
 	exe := m.Exe
 	if exe == "" {
 		var err error
@@ -184,17 +220,33 @@ func (m *Manager) startShim(ctx context.Context, id string) error {
 		return err
 	}
 	defer pr.Close()
+	// Secret values reach the shim through a pipe: never argv, env or disk.
+	sr, sw, err := os.Pipe()
+	if err != nil {
+		pw.Close()
+		return err
+	}
+	defer sr.Close()
 	args := append([]string{"shim", "--state-dir", m.L.Root, "--id", id}, m.ShimArgs...)
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw} // fd 3: readiness
+	cmd.ExtraFiles = []*os.File{pw, sr} // fd 3: readiness, fd 4: secrets
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Env = os.Environ()
 	if err := cmd.Start(); err != nil {
 		pw.Close()
+		sw.Close()
 		return fmt.Errorf("start shim: %w", err)
 	}
 	pw.Close()
+	sr.Close()
+	go func() {
+		defer sw.Close()
+		if len(secrets) > 0 {
+			b, _ := json.Marshal(secrets)
+			_, _ = sw.Write(b)
+		}
+	}()
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }() // reaps it if it dies while we wait
 	line := make(chan string, 1)

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +26,10 @@ import (
 
 // templateFormat changes whenever the template layout or the VM's device set
 // changes, so old templates are never restored into a new device layout.
-const templateFormat = "v2" // v2: x86-64-v2 guest CPU under TCG
+//
+//	v2: x86-64-v2 guest CPU under TCG
+//	v3: a virtio-net NIC (runtime.Spec.Network), down in the template
+const templateFormat = "v3"
 
 // TemplateKey is everything a restored clone must share with its template.
 type TemplateKey struct {
@@ -145,6 +150,9 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 		RootDiskFormat: "qcow2",
 		RunDir:         runDir,
 		Snapshottable:  true,
+		// Clones restore into the template's device set: every sandbox
+		// gets a NIC, brought up by its own Sync after the restore.
+		Network: true,
 	})
 	if err != nil {
 		return err
@@ -159,6 +167,21 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	if err := inst.Start(ctx); err != nil {
 		return err
 	}
+	// Nobody serves the template's link: drain it so that the guest never
+	// stalls on a full socket. Its NIC is down, but the kernel may still
+	// send a frame or two while it boots.
+	if nw, ok := inst.(runtime.Networker); ok {
+		nc, err := nw.NetConn(ctx)
+		if err != nil {
+			return err
+		}
+		var drain sync.WaitGroup
+		drain.Go(func() { _, _ = io.Copy(io.Discard, nc) })
+		defer func() {
+			nc.Close()
+			drain.Wait()
+		}()
+	}
 	conn, err := inst.AgentConn(ctx)
 	if err != nil {
 		return err
@@ -171,7 +194,13 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	}
 	// Grow the filesystem once here, so clones of the default size start
 	// with it grown.
-	if _, err := c.Sync(bootCtx, "airlock", uint64(t.Key.DiskMiB)<<20); err != nil {
+	// The NIC stays down in the template: each clone's own Sync brings it
+	// up with that sandbox's address (and CA).
+	if _, err := c.SyncWith(bootCtx, agentapi.SyncOptions{
+		Hostname:  "airlock",
+		DiskBytes: uint64(t.Key.DiskMiB) << 20,
+		Network:   &agentv1.NetworkConfig{Enabled: false},
+	}); err != nil {
 		c.Close()
 		return err
 	}

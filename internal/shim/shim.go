@@ -46,6 +46,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
@@ -63,7 +64,9 @@ type Config struct {
 	// Exe is the airlock binary, for starting template holders ("" to not
 	// share template RAM across processes).
 	Exe string
-	Log *slog.Logger
+	// Secrets are the values of the sandbox's secrets (ReadSecrets).
+	Secrets netconf.Values
+	Log     *slog.Logger
 }
 
 // ramSharer is implemented by runtimes that can map a template's RAM from a
@@ -82,6 +85,7 @@ type shim struct {
 	srv   *http.Server
 	tmpl  *sandbox.Template // the template this sandbox was cloned from, if any
 	execs *sessions         // execs the shim owns (SessionService)
+	net   *network          // the guest's network
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -234,6 +238,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		RootDisk:       s.l.RootDisk(sb.ID),
 		RootDiskFormat: "qcow2",
 		RunDir:         s.l.RunDir(sb.ID),
+		Network:        true,
 	}
 	mode := "cold"
 	fi, err := os.Stat(imgPath)
@@ -287,6 +292,10 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	mark("vmm")
+	s.net, err = s.startNetwork(ctx, sb, inst)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
 	conn, err := inst.AgentConn(ctx)
 	if err != nil {
 		return err
@@ -315,7 +324,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if mode == "template" {
 		hostname = "" // set in the template already; rewriting it costs a disk write
 	}
-	if _, err := s.agent.Sync(bootCtx, hostname, diskBytes); err != nil {
+	if _, err := s.agent.SyncWith(bootCtx, agentapi.SyncOptions{Hostname: hostname, DiskBytes: diskBytes, Network: s.net.guestConfig()}); err != nil {
 		return err
 	}
 	mark("sync")
@@ -387,6 +396,9 @@ func (s *shim) teardown(ctx context.Context, removing bool) {
 	}
 	if s.agent != nil {
 		_ = s.agent.Close()
+	}
+	if s.net != nil {
+		s.net.close()
 	}
 	if s.inst != nil {
 		_ = s.inst.Kill()

@@ -24,8 +24,11 @@ type Event struct {
 type EventFilter struct {
 	Tenant    string // "" for all tenants (admin)
 	SandboxID string
-	Since     int64 // events with Seq > Since
-	Limit     int   // default 1000, at most 10000
+	// Type selects actions equal to Type or starting with Type+"." ("net"
+	// matches net.allow and net.secret.inject; "exec.exit" only itself).
+	Type  string
+	Since int64 // events with Seq > Since
+	Limit int   // default 1000, at most 10000
 }
 
 // AppendEvent records e (Seq and, if zero, Time are filled in).
@@ -60,6 +63,10 @@ func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]Event, error) 
 	if f.SandboxID != "" {
 		q += ` AND sandbox_id = ?`
 		args = append(args, f.SandboxID)
+	}
+	if f.Type != "" {
+		q += ` AND (action = ? OR substr(action, 1, ?) = ?)`
+		args = append(args, f.Type, len(f.Type)+1, f.Type+".")
 	}
 	q += ` ORDER BY seq LIMIT ?`
 	args = append(args, f.Limit)

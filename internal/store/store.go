@@ -374,6 +374,19 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	return nil
 }
 
+// SetNetwork replaces a sandbox's network spec (the shim records the host
+// ports it chose for published ports).
+func (s *Store) SetNetwork(ctx context.Context, id string, n netconf.Spec) error {
+	b, err := json.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("set network: %w", err)
+	}
+	if _, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET network = ? WHERE id = ?`, string(b), id); err != nil {
+		return fmt.Errorf("set network %s: %w", id, err)
+	}
+	return nil
+}
+
 // SetExpiry moves a sandbox's end of life; the shim watches it.
 func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET expires_at=? WHERE id=?`, at.UnixNano(), id)

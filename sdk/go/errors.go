@@ -16,6 +16,9 @@ var (
 	ErrQuota           = errors.New("airlock: resource exhausted") // 429, resource_exhausted (quota or rate)
 	ErrInvalid         = errors.New("airlock: invalid request")    // 400, invalid
 	ErrConflict        = errors.New("airlock: conflict")           // 409, conflict
+	// ErrPermissionDenied: the key may not do this (403, permission_denied;
+	// for example publishing host ports without an admin key).
+	ErrPermissionDenied = errors.New("airlock: permission denied")
 )
 
 // APIError is an error answered by the server: a non-2xx status with the
@@ -53,6 +56,8 @@ func (e *APIError) Is(target error) bool {
 		return e.Code == "invalid"
 	case ErrConflict:
 		return e.Code == "conflict"
+	case ErrPermissionDenied:
+		return e.Code == "permission_denied"
 	}
 	return false
 }
@@ -65,6 +70,8 @@ func codeForStatus(status int) string {
 		return "invalid"
 	case http.StatusUnauthorized:
 		return "unauthenticated"
+	case http.StatusForbidden:
+		return "permission_denied"
 	case http.StatusNotFound:
 		return "not_found"
 	case http.StatusConflict:

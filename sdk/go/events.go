@@ -15,15 +15,18 @@ type Event struct {
 	Tenant    string         `json:"tenant"`
 	KeyID     string         `json:"key_id"`
 	SandboxID string         `json:"sandbox_id"`
-	Action    string         `json:"action"` // sandbox.create, exec.exit, file.write, auth.denied, ...
+	Action    string         `json:"action"` // sandbox.create, exec.exit, file.write, auth.denied, net.deny, ...
 	Detail    map[string]any `json:"detail"`
 }
 
 // EventsOptions select events. Zero fields do not filter.
 type EventsOptions struct {
 	Sandbox string // only this sandbox's events
-	Since   int64  // only events with a sequence number above this
-	Limit   int    // at most this many (0 = the server's default)
+	// Type selects actions equal to Type or starting with Type + "."
+	// ("net": every network event, net.allow, net.deny, net.secret.inject...).
+	Type  string
+	Since int64 // only events with a sequence number above this
+	Limit int   // at most this many (0 = the server's default)
 }
 
 // Events returns the events visible to this key after opts.Since, and the
@@ -32,6 +35,9 @@ func (c *Client) Events(ctx context.Context, opts EventsOptions) ([]Event, int64
 	q := url.Values{}
 	if opts.Sandbox != "" {
 		q.Set("sandbox", opts.Sandbox)
+	}
+	if opts.Type != "" {
+		q.Set("type", opts.Type)
 	}
 	if opts.Since > 0 {
 		q.Set("since", strconv.FormatInt(opts.Since, 10))

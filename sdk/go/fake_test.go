@@ -80,6 +80,7 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts/{ctx}/restart", f.withSandbox(f.contextOp))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts/{ctx}/interrupt", f.withSandbox(f.contextOp))
 	mux.HandleFunc("GET /v1/events", f.eventsHandler)
+	mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", f.withSandbox(f.preview))
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Request-Id", "req-"+strconv.Itoa(len(f.requests)))
 		f.mu.Lock()
@@ -154,14 +155,15 @@ func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
 		MemoryMB int               `json:"memory_mb"`
 		TimeoutS int               `json:"timeout_s"`
 		Metadata map[string]string `json:"metadata"`
-		Network  *string           `json:"network"`
+		Network  json.RawMessage   `json:"network"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
 		f.fail(w, 400, "invalid", "bad json")
 		return
 	}
-	if in.Network != nil && *in.Network != "none" {
-		f.fail(w, 400, "invalid", "networking is not implemented")
+	network, status, msg := fakeNetwork(in.Network)
+	if status != 0 {
+		f.fail(w, status, map[int]string{400: "invalid", 403: "permission_denied"}[status], msg)
 		return
 	}
 	if in.CPUs > 32 {
@@ -183,12 +185,62 @@ func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
 		"cpus": max(in.CPUs, 1), "memory_mb": max(in.MemoryMB, 512), "disk_mb": 2048,
 		"created_at": now.Format(time.RFC3339), "expires_at": now.Add(time.Duration(cmpInt(in.TimeoutS, 900)) * time.Second).Format(time.RFC3339),
 		"accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone", "metadata": md, "tenant": "t1",
+		"network": network,
 	}
 	f.sandboxes[id] = sb
 	f.files[id] = map[string][]byte{}
 	f.execs[id] = map[string]*fakeExec{}
 	f.event(id, "sandbox.create", map[string]any{})
 	writeJSON(w, 201, sb)
+}
+
+// fakeNetwork checks a create's "network" like the server: a mode string or
+// an object; ports need an admin key (the fake's key is not one). It returns
+// the sandbox's network without secret values, with placeholders.
+func fakeNetwork(raw json.RawMessage) (map[string]any, int, string) {
+	out := map[string]any{"mode": "public", "max_conns": 512}
+	if len(raw) == 0 || string(raw) == "null" {
+		return out, 0, ""
+	}
+	var mode string
+	if json.Unmarshal(raw, &mode) == nil {
+		if mode != "public" && mode != "deny" && mode != "none" {
+			return nil, 400, "network mode " + mode
+		}
+		out["mode"] = mode
+		return out, 0, ""
+	}
+	var n map[string]any
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return nil, 400, "bad network"
+	}
+	if n["ports"] != nil {
+		return nil, 403, "network.ports needs an admin key"
+	}
+	for k, v := range n {
+		out[k] = v
+	}
+	if n["mode"] == nil && n["allow"] != nil {
+		out["mode"] = "deny"
+	}
+	if secs, ok := n["secrets"].([]any); ok {
+		var pub []any
+		for i, sec := range secs {
+			m := sec.(map[string]any)
+			if m["value"] == nil || m["value"] == "" {
+				return nil, 400, fmt.Sprintf("secret %v has no value", m["name"])
+			}
+			pub = append(pub, map[string]any{"name": m["name"], "hosts": m["hosts"], "placeholder": fmt.Sprintf("airlock-secret-%032d", i)})
+		}
+		out["secrets"] = pub
+	}
+	return out, 0, ""
+}
+
+func (f *fakeServer) preview(w http.ResponseWriter, r *http.Request, id string) {
+	b, _ := io.ReadAll(r.Body)
+	writeJSON(w, 200, map[string]any{"sandbox": id, "port": r.PathValue("port"), "path": r.PathValue("path"),
+		"query": r.URL.RawQuery, "method": r.Method, "body": string(b)})
 }
 
 func cmp(s, def string) string {
@@ -537,6 +589,10 @@ func (f *fakeServer) eventsHandler(w http.ResponseWriter, r *http.Request) {
 	next := since
 	for _, ev := range f.events {
 		seq := int64(ev["seq"].(int))
+		action, _ := ev["action"].(string)
+		if typ := q.Get("type"); typ != "" && action != typ && !strings.HasPrefix(action, typ+".") {
+			continue
+		}
 		if seq <= since || (q.Get("sandbox") != "" && ev["sandbox_id"] != q.Get("sandbox")) {
 			continue
 		}

@@ -2,8 +2,11 @@ package airlock
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -32,6 +35,58 @@ type Sandbox struct {
 	StartMode   string            `json:"start_mode"`
 	Metadata    map[string]string `json:"metadata"`
 	Tenant      string            `json:"tenant"`
+	// Network is the sandbox's network as the server normalised it (mode
+	// filled in, each secret with its Placeholder and no Value).
+	Network Network `json:"network"`
+}
+
+// Network modes.
+const (
+	NetworkPublic = "public" // the public internet; private and host addresses stay blocked
+	NetworkDeny   = "deny"   // only what Allow names
+	NetworkNone   = "none"   // no network at all
+)
+
+// Network is a sandbox's network configuration.
+type Network struct {
+	// Mode is NetworkPublic, NetworkDeny or NetworkNone; "" means public,
+	// or deny when Allow is set.
+	Mode string `json:"mode,omitempty"`
+	// Allow rules: a host name, "*.suffix", an IP or CIDR, each with an
+	// optional ":port" or ":lo-hi" ("api.github.com", "203.0.113.0/24:443").
+	Allow []string `json:"allow,omitempty"`
+	// Secrets are values the guest never sees: it gets a placeholder, and
+	// the host puts the real value into requests to the secret's Hosts only.
+	Secrets []Secret `json:"secrets,omitempty"`
+	// Ports publishes guest ports on the server's host (admin keys only; a
+	// tenant gets ErrPermissionDenied). See PortURL for the preview route.
+	Ports []Port `json:"ports,omitempty"`
+	// RateBytes caps each direction in bytes per second (0: unlimited).
+	RateBytes int64 `json:"rate_bytes,omitempty"`
+	// MaxConns caps TCP connections plus UDP flows (0: the server's 512).
+	MaxConns int `json:"max_conns,omitempty"`
+}
+
+// Secret is one secret bound to hosts.
+type Secret struct {
+	// Name is the guest environment variable that holds the placeholder.
+	Name string `json:"name"`
+	// Hosts are the names ("api.openai.com" or "*.example.com") the real
+	// value may be sent to.
+	Hosts []string `json:"hosts"`
+	// Value is the real value, sent on Create only; the server never
+	// returns it.
+	Value string `json:"value,omitempty"`
+	// Placeholder is what the guest sees ("airlock-secret-<32 hex>"), as
+	// the server reports it; leave it empty on Create.
+	Placeholder string `json:"placeholder,omitempty"`
+}
+
+// Port is one published port.
+type Port struct {
+	HostIP    string `json:"host_ip,omitempty"` // default 127.0.0.1
+	HostPort  uint16 `json:"host_port"`         // 0: a free port
+	GuestPort uint16 `json:"guest_port"`
 }
 
 // CreateOptions are the parameters of a new sandbox. Zero fields take the
@@ -46,9 +101,9 @@ type CreateOptions struct {
 	// Env is the default environment of every exec in the sandbox.
 	Env      map[string]string
 	Metadata map[string]string
-	// Network is "" (no network; sent as null) or "none"; the server rejects
-	// anything else until networking exists.
-	Network string
+	// Network is the sandbox's network; nil is the server's default (the
+	// public internet, no secrets, no published ports).
+	Network *Network
 }
 
 type createRequest struct {
@@ -59,7 +114,7 @@ type createRequest struct {
 	TimeoutS int64             `json:"timeout_s,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
-	Network  *string           `json:"network"`
+	Network  *Network          `json:"network,omitempty"`
 }
 
 // seconds converts d to whole seconds, rounding a positive remainder up so
@@ -77,10 +132,7 @@ func seconds(d time.Duration) int64 {
 func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, error) {
 	in := createRequest{
 		Image: opts.Image, CPUs: opts.CPUs, MemoryMB: opts.MemoryMB, DiskMB: opts.DiskMB,
-		TimeoutS: seconds(opts.Timeout), Env: opts.Env, Metadata: opts.Metadata,
-	}
-	if opts.Network != "" {
-		in.Network = &opts.Network
+		TimeoutS: seconds(opts.Timeout), Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
 	}
 	var sb Sandbox
 	if err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes", nil, in, &sb, http.StatusCreated, http.StatusOK); err != nil {
@@ -140,4 +192,23 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) (*S
 		return nil, err
 	}
 	return &sb, nil
+}
+
+// PortURL is the preview URL of TCP port of sandbox id: the API server
+// reverse-proxies HTTP under it to the guest's port (path and query after
+// it pass through). Requests to it need this client's key in the
+// Authorization header (see PortRequest); the guest never sees the key.
+func (c *Client) PortURL(id string, port uint16) string {
+	return c.base + portPath(id, port)
+}
+
+// PortRequest builds an authenticated request for path (relative to the
+// port's root, e.g. "api/items?x=1") on port of sandbox id, for the
+// caller to send with its own http.Client. Its body, if any, is streamed.
+func (c *Client) PortRequest(ctx context.Context, method, id string, port uint16, path string, body io.Reader) (*http.Request, error) {
+	return c.newRequest(ctx, method, portPath(id, port)+strings.TrimPrefix(path, "/"), nil, body)
+}
+
+func portPath(id string, port uint16) string {
+	return sandboxPath(id, "ports", strconv.Itoa(int(port))) + "/"
 }

@@ -231,6 +231,9 @@ type SyncRequest struct {
 	// With grow_root: the size in bytes the host just gave the root disk. The
 	// agent waits briefly for the kernel to see it before growing.
 	RootDiskBytes uint64 `protobuf:"varint,5,opt,name=root_disk_bytes,json=rootDiskBytes,proto3" json:"root_disk_bytes,omitempty"`
+	// If set (protocol >= 3), the guest network is configured as described;
+	// if absent, the agent leaves networking alone.
+	Network       *NetworkConfig `protobuf:"bytes,6,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -300,6 +303,108 @@ func (x *SyncRequest) GetRootDiskBytes() uint64 {
 	return 0
 }
 
+func (x *SyncRequest) GetNetwork() *NetworkConfig {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// NetworkConfig is the guest side of the sandbox network: the virtio NIC
+// (normally eth0), its route, DNS and the CA used for TLS interception.
+// Applying the same config twice is a no-op.
+type NetworkConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// false: bring the NIC down and remove its addresses and routes (no
+	// network at all); every other field is ignored.
+	Enabled bool `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	// Guest IPv4 address with prefix, e.g. "10.0.2.15/24".
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// Default route, e.g. "10.0.2.2": inside address's prefix, not address.
+	Gateway string `protobuf:"bytes,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// IP literals (at most 4) written to /etc/resolv.conf.
+	Nameservers []string `protobuf:"bytes,4,rep,name=nameservers,proto3" json:"nameservers,omitempty"`
+	// Optional extra CA to trust (TLS interception for secrets): one or more
+	// PEM CERTIFICATE blocks, at most 64 KiB. Empty removes a previous one.
+	CaCertPem []byte `protobuf:"bytes,5,opt,name=ca_cert_pem,json=caCertPem,proto3" json:"ca_cert_pem,omitempty"`
+	// NIC MTU; 0 leaves it as is.
+	Mtu           uint32 `protobuf:"varint,6,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkConfig) Reset() {
+	*x = NetworkConfig{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkConfig) ProtoMessage() {}
+
+func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkConfig.ProtoReflect.Descriptor instead.
+func (*NetworkConfig) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NetworkConfig) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *NetworkConfig) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NetworkConfig) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *NetworkConfig) GetNameservers() []string {
+	if x != nil {
+		return x.Nameservers
+	}
+	return nil
+}
+
+func (x *NetworkConfig) GetCaCertPem() []byte {
+	if x != nil {
+		return x.CaCertPem
+	}
+	return nil
+}
+
+func (x *NetworkConfig) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
 type SyncResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Guest wall clock just before it was set, nanoseconds since the epoch.
@@ -312,7 +417,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +429,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +442,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SyncResponse) GetGuestUnixNanoBefore() int64 {
@@ -364,7 +469,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +481,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +494,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ShutdownRequest) GetPoweroff() bool {
@@ -407,7 +512,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +524,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +537,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 type ExecRequest struct {
@@ -450,7 +555,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +567,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +580,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -581,7 +686,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +698,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +711,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -680,7 +785,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +797,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +810,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -788,7 +893,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +905,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +918,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecStarted) GetPid() int32 {
@@ -841,7 +946,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +958,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +971,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -923,7 +1028,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1040,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1053,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1023,7 +1128,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1140,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1153,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1067,7 +1172,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1184,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1197,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1115,7 +1220,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1232,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1245,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1174,7 +1279,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1291,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1304,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1229,7 +1334,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1346,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1359,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1286,7 +1391,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1403,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1416,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type RemoveRequest struct {
@@ -1324,7 +1429,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1441,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1454,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1374,7 +1479,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1491,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1504,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 type ReadRequest struct {
@@ -1411,7 +1516,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1528,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1541,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReadRequest) GetPath() string {
@@ -1459,7 +1564,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1576,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1589,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadResponse) GetMsg() isReadResponse_Msg {
@@ -1541,7 +1646,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1658,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1671,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteRequest) GetMsg() isWriteRequest_Msg {
@@ -1625,7 +1730,7 @@ type WriteHeader struct {
 
 func (x *WriteHeader) Reset() {
 	*x = WriteHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +1742,7 @@ func (x *WriteHeader) String() string {
 func (*WriteHeader) ProtoMessage() {}
 
 func (x *WriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +1755,7 @@ func (x *WriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteHeader.ProtoReflect.Descriptor instead.
 func (*WriteHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteHeader) GetPath() string {
@@ -1690,7 +1795,7 @@ type WriteResponse struct {
 
 func (x *WriteResponse) Reset() {
 	*x = WriteResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +1807,7 @@ func (x *WriteResponse) String() string {
 func (*WriteResponse) ProtoMessage() {}
 
 func (x *WriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +1820,7 @@ func (x *WriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteResponse.ProtoReflect.Descriptor instead.
 func (*WriteResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WriteResponse) GetBytesWritten() uint64 {
@@ -1741,7 +1846,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +1858,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +1871,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CreateContextRequest) GetLanguage() string {
@@ -1813,7 +1918,7 @@ type ContextInfo struct {
 
 func (x *ContextInfo) Reset() {
 	*x = ContextInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +1930,7 @@ func (x *ContextInfo) String() string {
 func (*ContextInfo) ProtoMessage() {}
 
 func (x *ContextInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +1943,7 @@ func (x *ContextInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextInfo.ProtoReflect.Descriptor instead.
 func (*ContextInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ContextInfo) GetId() string {
@@ -1891,7 +1996,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2008,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2021,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 type ListContextsResponse struct {
@@ -1928,7 +2033,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2045,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2058,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -1972,7 +2077,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1984,7 +2089,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +2102,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -2015,7 +2120,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2132,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2145,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type RestartContextRequest struct {
@@ -2052,7 +2157,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2169,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2182,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -2096,7 +2201,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2213,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2226,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -2139,7 +2244,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2151,7 +2256,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2164,7 +2269,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 type RunCodeRequest struct {
@@ -2186,7 +2291,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2198,7 +2303,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2211,7 +2316,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -2265,7 +2370,7 @@ type RunCodeEvent struct {
 
 func (x *RunCodeEvent) Reset() {
 	*x = RunCodeEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2382,7 @@ func (x *RunCodeEvent) String() string {
 func (*RunCodeEvent) ProtoMessage() {}
 
 func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2395,7 @@ func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
 func (*RunCodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
@@ -2395,7 +2500,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +2512,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +2525,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -2448,7 +2553,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2460,7 +2565,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2473,7 +2578,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CodeError) GetName() string {
@@ -2514,7 +2619,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2631,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2644,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -2589,13 +2694,21 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x0ekernel_release\x18\x03 \x01(\tR\rkernelRelease\x12%\n" +
 	"\x0euptime_seconds\x18\x04 \x01(\x01R\ruptimeSeconds\x12&\n" +
 	"\x0fmem_total_bytes\x18\x05 \x01(\x04R\rmemTotalBytes\x12\x12\n" +
-	"\x04cpus\x18\x06 \x01(\rR\x04cpus\"\xa5\x01\n" +
+	"\x04cpus\x18\x06 \x01(\rR\x04cpus\"\xe0\x01\n" +
 	"\vSyncRequest\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x1b\n" +
 	"\tgrow_root\x18\x04 \x01(\bR\bgrowRoot\x12&\n" +
-	"\x0froot_disk_bytes\x18\x05 \x01(\x04R\rrootDiskBytes\"k\n" +
+	"\x0froot_disk_bytes\x18\x05 \x01(\x04R\rrootDiskBytes\x129\n" +
+	"\anetwork\x18\x06 \x01(\v2\x1f.airlock.agent.v1.NetworkConfigR\anetwork\"\xb1\x01\n" +
+	"\rNetworkConfig\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
+	"\agateway\x18\x03 \x01(\tR\agateway\x12 \n" +
+	"\vnameservers\x18\x04 \x03(\tR\vnameservers\x12\x1e\n" +
+	"\vca_cert_pem\x18\x05 \x01(\fR\tcaCertPem\x12\x10\n" +
+	"\x03mtu\x18\x06 \x01(\rR\x03mtu\"k\n" +
 	"\fSyncResponse\x123\n" +
 	"\x16guest_unix_nano_before\x18\x01 \x01(\x03R\x13guestUnixNanoBefore\x12&\n" +
 	"\x0froot_size_bytes\x18\x02 \x01(\x04R\rrootSizeBytes\"-\n" +
@@ -2782,101 +2895,103 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(FileType)(0),                    // 0: airlock.agent.v1.FileType
 	(*InfoRequest)(nil),              // 1: airlock.agent.v1.InfoRequest
 	(*InfoResponse)(nil),             // 2: airlock.agent.v1.InfoResponse
 	(*SyncRequest)(nil),              // 3: airlock.agent.v1.SyncRequest
-	(*SyncResponse)(nil),             // 4: airlock.agent.v1.SyncResponse
-	(*ShutdownRequest)(nil),          // 5: airlock.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 6: airlock.agent.v1.ShutdownResponse
-	(*ExecRequest)(nil),              // 7: airlock.agent.v1.ExecRequest
-	(*ExecStart)(nil),                // 8: airlock.agent.v1.ExecStart
-	(*ExecResponse)(nil),             // 9: airlock.agent.v1.ExecResponse
-	(*ExecStarted)(nil),              // 10: airlock.agent.v1.ExecStarted
-	(*ExecExited)(nil),               // 11: airlock.agent.v1.ExecExited
-	(*FileInfo)(nil),                 // 12: airlock.agent.v1.FileInfo
-	(*StatRequest)(nil),              // 13: airlock.agent.v1.StatRequest
-	(*StatResponse)(nil),             // 14: airlock.agent.v1.StatResponse
-	(*ListRequest)(nil),              // 15: airlock.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 16: airlock.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 17: airlock.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 18: airlock.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 19: airlock.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 20: airlock.agent.v1.RemoveResponse
-	(*ReadRequest)(nil),              // 21: airlock.agent.v1.ReadRequest
-	(*ReadResponse)(nil),             // 22: airlock.agent.v1.ReadResponse
-	(*WriteRequest)(nil),             // 23: airlock.agent.v1.WriteRequest
-	(*WriteHeader)(nil),              // 24: airlock.agent.v1.WriteHeader
-	(*WriteResponse)(nil),            // 25: airlock.agent.v1.WriteResponse
-	(*CreateContextRequest)(nil),     // 26: airlock.agent.v1.CreateContextRequest
-	(*ContextInfo)(nil),              // 27: airlock.agent.v1.ContextInfo
-	(*ListContextsRequest)(nil),      // 28: airlock.agent.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 29: airlock.agent.v1.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 30: airlock.agent.v1.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 31: airlock.agent.v1.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 32: airlock.agent.v1.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 33: airlock.agent.v1.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 34: airlock.agent.v1.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 35: airlock.agent.v1.RunCodeRequest
-	(*RunCodeEvent)(nil),             // 36: airlock.agent.v1.RunCodeEvent
-	(*CodeResult)(nil),               // 37: airlock.agent.v1.CodeResult
-	(*CodeError)(nil),                // 38: airlock.agent.v1.CodeError
-	(*CodeEnd)(nil),                  // 39: airlock.agent.v1.CodeEnd
-	nil,                              // 40: airlock.agent.v1.CodeResult.DataEntry
+	(*NetworkConfig)(nil),            // 4: airlock.agent.v1.NetworkConfig
+	(*SyncResponse)(nil),             // 5: airlock.agent.v1.SyncResponse
+	(*ShutdownRequest)(nil),          // 6: airlock.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 7: airlock.agent.v1.ShutdownResponse
+	(*ExecRequest)(nil),              // 8: airlock.agent.v1.ExecRequest
+	(*ExecStart)(nil),                // 9: airlock.agent.v1.ExecStart
+	(*ExecResponse)(nil),             // 10: airlock.agent.v1.ExecResponse
+	(*ExecStarted)(nil),              // 11: airlock.agent.v1.ExecStarted
+	(*ExecExited)(nil),               // 12: airlock.agent.v1.ExecExited
+	(*FileInfo)(nil),                 // 13: airlock.agent.v1.FileInfo
+	(*StatRequest)(nil),              // 14: airlock.agent.v1.StatRequest
+	(*StatResponse)(nil),             // 15: airlock.agent.v1.StatResponse
+	(*ListRequest)(nil),              // 16: airlock.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 17: airlock.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 18: airlock.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 19: airlock.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 20: airlock.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 21: airlock.agent.v1.RemoveResponse
+	(*ReadRequest)(nil),              // 22: airlock.agent.v1.ReadRequest
+	(*ReadResponse)(nil),             // 23: airlock.agent.v1.ReadResponse
+	(*WriteRequest)(nil),             // 24: airlock.agent.v1.WriteRequest
+	(*WriteHeader)(nil),              // 25: airlock.agent.v1.WriteHeader
+	(*WriteResponse)(nil),            // 26: airlock.agent.v1.WriteResponse
+	(*CreateContextRequest)(nil),     // 27: airlock.agent.v1.CreateContextRequest
+	(*ContextInfo)(nil),              // 28: airlock.agent.v1.ContextInfo
+	(*ListContextsRequest)(nil),      // 29: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 30: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 31: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 32: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 33: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 34: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 35: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 36: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 37: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 38: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 39: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 40: airlock.agent.v1.CodeEnd
+	nil,                              // 41: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
-	8,  // 0: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
-	10, // 1: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
-	11, // 2: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
-	0,  // 3: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
-	12, // 4: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
-	12, // 5: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
-	12, // 6: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
-	24, // 7: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	27, // 8: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
-	37, // 9: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
-	38, // 10: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
-	39, // 11: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
-	40, // 12: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
-	1,  // 13: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	3,  // 14: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	5,  // 15: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	7,  // 16: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	13, // 17: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	15, // 18: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	17, // 19: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	19, // 20: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	21, // 21: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	23, // 22: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	26, // 23: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
-	28, // 24: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
-	30, // 25: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
-	32, // 26: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
-	35, // 27: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
-	33, // 28: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
-	2,  // 29: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	4,  // 30: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	6,  // 31: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	9,  // 32: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	14, // 33: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	16, // 34: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	18, // 35: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	20, // 36: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	22, // 37: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	25, // 38: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	27, // 39: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
-	29, // 40: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
-	31, // 41: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
-	27, // 42: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
-	36, // 43: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
-	34, // 44: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
-	29, // [29:45] is the sub-list for method output_type
-	13, // [13:29] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	4,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
+	9,  // 1: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
+	11, // 2: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
+	12, // 3: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
+	0,  // 4: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
+	13, // 5: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
+	13, // 6: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
+	13, // 7: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
+	25, // 8: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
+	28, // 9: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	38, // 10: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	39, // 11: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	40, // 12: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	41, // 13: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	1,  // 14: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
+	3,  // 15: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	6,  // 16: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	8,  // 17: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	14, // 18: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	16, // 19: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	18, // 20: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	20, // 21: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	22, // 22: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	24, // 23: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	27, // 24: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	29, // 25: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	31, // 26: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	33, // 27: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	36, // 28: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	34, // 29: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	2,  // 30: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	5,  // 31: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	7,  // 32: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	10, // 33: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	15, // 34: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	17, // 35: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	19, // 36: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	21, // 37: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	23, // 38: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	26, // 39: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	28, // 40: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	30, // 41: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	32, // 42: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	28, // 43: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	37, // 44: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	35, // 45: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	30, // [30:46] is the sub-list for method output_type
+	14, // [14:30] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_airlock_agent_v1_agent_proto_init() }
@@ -2884,27 +2999,27 @@ func file_airlock_agent_v1_agent_proto_init() {
 	if File_airlock_agent_v1_agent_proto != nil {
 		return
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[8].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exited)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[21].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[22].OneofWrappers = []any{
 		(*ReadResponse_Info)(nil),
 		(*ReadResponse_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[22].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[23].OneofWrappers = []any{
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[35].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[36].OneofWrappers = []any{
 		(*RunCodeEvent_Stdout)(nil),
 		(*RunCodeEvent_Stderr)(nil),
 		(*RunCodeEvent_Result)(nil),
@@ -2917,7 +3032,7 @@ func file_airlock_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -9,4 +9,9 @@
 // implement runtime.Snapshotter: a snapshot is a copy of the filesystem,
 // kept by the Runtime under the snapshot directory's path. Hooks let tests
 // make Start fail or a running "VMM" crash with a reason.
+//
+// Spec.Network is accepted but has no NIC behind it: instances do not
+// implement runtime.Networker, so callers that find it by type assertion
+// simply have no link to serve, and the fake agent ignores
+// SyncRequest.network.
 package fake

@@ -25,7 +25,12 @@ const (
 	fdDisk     = 6 // absent for the probe guest
 	fdMem      = 7 // RAM file (Snapshottable) or sealed memfd (restore)
 	fdIncoming = 8 // state.bin of a restore
+	fdNet      = 9 // QEMU's end of the NIC's stream socketpair (Spec.Network)
 )
+
+// GuestMAC is the MAC address of every guest's NIC (each guest has its own
+// link, so they need not differ).
+const GuestMAC = "52:54:00:12:34:56"
 
 // diskFDSet is the -add-fd set holding the root disk.
 const diskFDSet = 1
@@ -46,6 +51,7 @@ type fdLayout struct {
 	Mem      bool // RAM comes from /proc/self/fd/fdMem
 	MemShare bool // share=on (template) or share=off (restored clone)
 	Incoming bool // -incoming defer; the state arrives as fd:fdIncoming
+	Net      bool // a virtio-net NIC on the stream socket fdNet
 }
 
 // buildArgs returns QEMU's argv (without argv[0]). It is pure: the same
@@ -102,6 +108,14 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 			"-add-fd", fmt.Sprintf("fd=%d,set=%d", fdDisk, diskFDSet),
 			"-blockdev", fmt.Sprintf("driver=%s,node-name=root,file.driver=file,file.filename=/dev/fdset/%d", format, diskFDSet),
 			"-device", "virtio-blk-device,drive=root",
+		)
+	}
+	if fds.Net {
+		// QEMU 7.2 has no reconnect= for stream netdevs: the link lives
+		// exactly as long as this socketpair (notes §3).
+		a = append(a,
+			"-netdev", fmt.Sprintf("stream,id=net0,server=off,addr.type=fd,addr.str=%d", fdNet),
+			"-device", "virtio-net-device,netdev=net0,mac="+GuestMAC,
 		)
 	}
 	if !cfg.Probe {

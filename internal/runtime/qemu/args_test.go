@@ -37,8 +37,9 @@ func TestBuildArgsGolden(t *testing.T) {
 		{"cold-tcg", tcg, nil, disk},
 		{"cold-kvm", argConfig{Accel: "kvm", TSCkHz: 2599996}, func(s *runtime.Spec) { s.CPUs = 2; s.MemoryMiB = 1024 }, disk},
 		{"raw-disk", tcg, func(s *runtime.Spec) { s.RootDiskFormat = "raw" }, disk},
-		{"template", tcg, func(s *runtime.Spec) { s.Snapshottable = true }, fdLayout{Disk: true, Mem: true, MemShare: true}},
-		{"restore", tcg, func(s *runtime.Spec) { s.RestoreFrom = "/var/lib/airlock/templates/t1" }, fdLayout{Disk: true, Mem: true, Incoming: true}},
+		{"template", tcg, func(s *runtime.Spec) { s.Snapshottable, s.Network = true, true }, fdLayout{Disk: true, Mem: true, MemShare: true, Net: true}},
+		{"restore", tcg, func(s *runtime.Spec) { s.RestoreFrom, s.Network = "/var/lib/airlock/templates/t1", true }, fdLayout{Disk: true, Mem: true, Incoming: true, Net: true}},
+		{"cold-net", tcg, func(s *runtime.Spec) { s.Network = true }, fdLayout{Disk: true, Net: true}},
 		{"probe", argConfig{Accel: "kvm", Probe: true}, func(s *runtime.Spec) { s.ID = "probe,x"; s.RootDisk = ""; s.KernelArgs = nil }, fdLayout{}},
 	}
 	for _, c := range cases {
@@ -71,20 +72,20 @@ func TestBuildArgsGolden(t *testing.T) {
 func TestTemplateAndCloneDeviceOrder(t *testing.T) {
 	cfg := argConfig{Accel: "tcg", TSCkHz: 1}
 	tmpl := goldenSpec()
-	tmpl.Snapshottable = true
+	tmpl.Snapshottable, tmpl.Network = true, true
 	clone := goldenSpec()
-	clone.RestoreFrom = "/t"
+	clone.RestoreFrom, clone.Network = "/t", true
 	devices := func(argv []string) []string {
 		var d []string
 		for i, a := range argv {
-			if a == "-device" || a == "-M" || a == "-m" || a == "-smp" || a == "-cpu" || a == "-accel" {
+			if a == "-device" || a == "-netdev" || a == "-M" || a == "-m" || a == "-smp" || a == "-cpu" || a == "-accel" {
 				d = append(d, a+" "+argv[i+1])
 			}
 		}
 		return d
 	}
-	a := devices(buildArgs(cfg, tmpl, fdLayout{Disk: true, Mem: true, MemShare: true}))
-	b := devices(buildArgs(cfg, clone, fdLayout{Disk: true, Mem: true, Incoming: true}))
+	a := devices(buildArgs(cfg, tmpl, fdLayout{Disk: true, Mem: true, MemShare: true, Net: true}))
+	b := devices(buildArgs(cfg, clone, fdLayout{Disk: true, Mem: true, Incoming: true, Net: true}))
 	if strings.Join(a, "\n") != strings.Join(b, "\n") {
 		t.Fatalf("device sets differ:\n%v\n%v", a, b)
 	}

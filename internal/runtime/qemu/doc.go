@@ -5,7 +5,8 @@
 // unprivileged uid allocated from Config.UIDBase..+UIDCount, in new mount,
 // pid, net, ipc and uts namespaces, with no capabilities, QEMU's seccomp
 // sandbox, and SIGKILL as its parent-death signal. QEMU never opens a host
-// socket: the serial console, QMP, the agent channel, the writable disk and
+// socket: the serial console, QMP, the agent channel, the NIC's link (a
+// "-netdev stream" socketpair, Spec.Network), the writable disk and
 // snapshot files are all inherited descriptors. Only world-readable inputs
 // (kernel, initramfs, the qcow2 backing chain) are opened by path.
 //

@@ -63,6 +63,8 @@ type instance struct {
 	qmp        *qmp.Client // set once the QMP handshake is done
 	agent      net.Conn    // host end of the agent channel until handed out
 	agentTaken bool        // AgentConn was called successfully
+	netConn    net.Conn    // host end of the NIC's link (Spec.Network) until handed out
+	netTaken   bool        // NetConn was called successfully
 	shutdown   string      // reason of QMP's SHUTDOWN event
 	status     runtime.ExitStatus
 	startErr   string // one line, if QEMU died during Start
@@ -74,6 +76,7 @@ type instance struct {
 var (
 	_ runtime.Instance    = (*instance)(nil)
 	_ runtime.Snapshotter = (*instance)(nil)
+	_ runtime.Networker   = (*instance)(nil)
 )
 
 func (r *Runtime) newInstance(spec runtime.Spec, accel string, probe bool) *instance {
@@ -158,15 +161,14 @@ func (l *launch) release() error {
 
 func (in *instance) start(ctx context.Context) (err error) {
 	l := &launch{}
-	var hostQMP, hostAgent net.Conn
+	var hostQMP, hostAgent, hostNet net.Conn
 	defer func() {
 		if err != nil && l.cmd == nil {
 			// QEMU never ran: release here.
-			if hostQMP != nil {
-				hostQMP.Close()
-			}
-			if hostAgent != nil {
-				hostAgent.Close()
+			for _, c := range []net.Conn{hostQMP, hostAgent, hostNet} {
+				if c != nil {
+					c.Close()
+				}
 			}
 			_ = l.release()
 			in.finish(runtime.ExitStatus{Code: -1, Reason: "VMM failed to start"})
@@ -179,7 +181,7 @@ func (in *instance) start(ctx context.Context) (err error) {
 	uid := l.lease.UID
 
 	// ExtraFiles[i] is fd 3+i in QEMU; see the fd* constants.
-	files := make([]*os.File, fdIncoming-2)
+	files := make([]*os.File, fdNet-2)
 	set := func(fd int, f *os.File) { files[fd-3] = f }
 
 	var conChild, qmpChild, agentChild *os.File
@@ -200,6 +202,15 @@ func (in *instance) start(ctx context.Context) (err error) {
 	set(fdAgent, agentChild)
 
 	fds := fdLayout{}
+	if in.spec.Network && !in.probe {
+		var netChild *os.File
+		if hostNet, netChild, err = socketpairConn("net"); err != nil {
+			return err
+		}
+		l.childFiles = append(l.childFiles, netChild)
+		set(fdNet, netChild)
+		fds.Net = true
+	}
 	if in.spec.RootDisk != "" {
 		disk, err := os.OpenFile(in.spec.RootDisk, os.O_RDWR, 0)
 		if err != nil {
@@ -273,6 +284,7 @@ func (in *instance) start(ctx context.Context) (err error) {
 	l.cmd = cmd
 	in.mu.Lock()
 	in.agent = hostAgent
+	in.netConn = hostNet
 	in.mu.Unlock()
 	go in.own(l, hostQMP, started)
 	if err := <-started; err != nil {
@@ -345,6 +357,10 @@ func (in *instance) own(l *launch, hostQMP net.Conn, started chan<- error) {
 			in.agent.Close()
 			in.agent = nil
 		}
+		if in.netConn != nil {
+			in.netConn.Close()
+			in.netConn = nil
+		}
 		in.mu.Unlock()
 		_ = l.release()
 		in.finish(runtime.ExitStatus{Code: -1, Reason: "VMM failed to start"})
@@ -370,8 +386,8 @@ func (in *instance) own(l *launch, hostQMP net.Conn, started chan<- error) {
 
 	in.mu.Lock()
 	q := in.qmp
-	agent := in.agent
-	in.agent = nil
+	agent, netConn := in.agent, in.netConn
+	in.agent, in.netConn = nil, nil
 	in.reaped = true
 	in.mu.Unlock()
 	if q != nil {
@@ -382,6 +398,9 @@ func (in *instance) own(l *launch, hostQMP net.Conn, started chan<- error) {
 	}
 	if agent != nil {
 		agent.Close()
+	}
+	if netConn != nil {
+		netConn.Close()
 	}
 	st := in.exitStatus(l, waitErr)
 	if err := l.release(); err != nil {
@@ -476,6 +495,28 @@ func (in *instance) AgentConn(ctx context.Context) (net.Conn, error) {
 	}
 	c := in.agent
 	in.agent, in.agentTaken = nil, true
+	return c, nil
+}
+
+// NetConn returns the host end of the NIC's link (a *net.UnixConn carrying
+// QEMU's stream netdev framing). It can be taken once, after Start, from an
+// instance created with Spec.Network; the caller closes it. A taken conn is
+// not closed at exit: reads then see EOF.
+func (in *instance) NetConn(ctx context.Context) (net.Conn, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	switch {
+	case !in.spec.Network:
+		return nil, fmt.Errorf("%w: instance has no network (Spec.Network)", errdefs.ErrFailedPrecondition)
+	case in.state != stateRunning:
+		return nil, fmt.Errorf("net conn: %w", runtime.ErrNotRunning)
+	case in.netTaken:
+		return nil, fmt.Errorf("%w: net conn already taken", errdefs.ErrConflict)
+	case in.netConn == nil:
+		return nil, fmt.Errorf("net conn: %w", runtime.ErrNotRunning)
+	}
+	c := in.netConn
+	in.netConn, in.netTaken = nil, true
 	return c, nil
 }
 

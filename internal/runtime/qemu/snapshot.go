@@ -35,6 +35,7 @@ type snapshotMeta struct {
 	Kernel    string `json:"kernel"`
 	Initrd    string `json:"initrd"`
 	DiskFmt   string `json:"root_disk_format"`
+	Network   bool   `json:"network,omitempty"` // a virtio-net NIC (fdNet)
 	TSCkHz    int64  `json:"tsc_khz,omitempty"`
 	QEMU      string `json:"qemu"`
 	SavedAt   string `json:"saved_at"`
@@ -128,7 +129,7 @@ func (in *instance) SaveSnapshot(ctx context.Context, dir string) (err error) {
 	}
 	meta := snapshotMeta{
 		Version: 1, Accel: in.accel, CPUs: in.spec.CPUs, MemoryMiB: in.spec.MemoryMiB,
-		Kernel: in.spec.Kernel, Initrd: in.spec.Initrd, DiskFmt: diskFormat(in.spec),
+		Kernel: in.spec.Kernel, Initrd: in.spec.Initrd, DiskFmt: diskFormat(in.spec), Network: in.spec.Network,
 		QEMU: q.Version().String(), SavedAt: time.Now().UTC().Format(time.RFC3339),
 	}
 	if in.accel != "kvm" {
@@ -237,6 +238,8 @@ func checkSnapshotMeta(spec runtime.Spec, accel string) error {
 		return fmt.Errorf("%w: snapshot has %d cpus and %d MiB, spec asks %d and %d", errdefs.ErrInvalid, m.CPUs, m.MemoryMiB, spec.CPUs, spec.MemoryMiB)
 	case m.Kernel != spec.Kernel || m.Initrd != spec.Initrd || m.DiskFmt != diskFormat(spec):
 		return fmt.Errorf("%w: snapshot was taken with another kernel, initramfs or disk format", errdefs.ErrInvalid)
+	case m.Network != spec.Network:
+		return fmt.Errorf("%w: snapshot network is %v, spec asks %v", errdefs.ErrInvalid, m.Network, spec.Network)
 	}
 	return nil
 }

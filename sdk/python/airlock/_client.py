@@ -171,18 +171,37 @@ class Client:
         metadata: Mapping[str, str] | None = None,
         *,
         disk_mb: int = 0,
-        network: str | None = None,
+        network: str | Mapping[str, Any] | None = None,
     ) -> "Sandbox":
         """Start a sandbox. Use it as a context manager to kill it on exit:
-        ``with client.create() as sb: ...``."""
+        ``with client.create() as sb: ...``.
+
+        ``network`` is None (the server's default: the public internet), a
+        mode ("public", "deny" or "none"), or a dict with the API's fields::
+
+            network={
+                "mode": "deny",                       # default: public, or deny with allow
+                "allow": ["api.github.com", "203.0.113.0/24:443"],
+                "secrets": [{"name": "OPENAI_API_KEY", "hosts": ["api.openai.com"],
+                             "value": os.environ["OPENAI_API_KEY"]}],
+                "ports": [{"host_ip": "127.0.0.1", "host_port": 8080, "guest_port": 8000}],  # admin keys only
+                "rate_bytes": 1 << 20,                # bytes/s each way; 0: unlimited
+                "max_conns": 256,
+            }
+
+        The guest sees a placeholder in $OPENAI_API_KEY; the server puts the
+        real value into requests to the secret's hosts only, and never
+        returns it (``sb.network`` shows names, hosts and placeholders).
+        """
         payload: dict[str, Any] = {
             "image": image,
             "cpus": cpus,
             "memory_mb": memory_mb,
             "disk_mb": disk_mb,
             "timeout_s": timeout_s,
-            "network": network,
         }
+        if network is not None:
+            payload["network"] = network if isinstance(network, str) else dict(network)
         if env:
             payload["env"] = dict(env)
         if metadata:
@@ -210,13 +229,29 @@ class Client:
         return Sandbox(self, {"id": sandbox_id})
 
     def events(
-        self, sandbox: str | None = None, since: int = 0, limit: int | None = None
+        self,
+        sandbox: str | None = None,
+        since: int = 0,
+        limit: int | None = None,
+        type: str | None = None,  # noqa: A002 (the API's name)
     ) -> tuple[list[dict], int]:
         """Audit events after sequence number ``since``; returns (events, next),
-        where next is the ``since`` to pass next time."""
-        q = {"sandbox": sandbox, "since": since or None, "limit": limit}
+        where next is the ``since`` to pass next time. ``type`` selects actions
+        equal to it or starting with it plus "." (``type="net"``: every network
+        decision: net.allow, net.deny, net.secret.inject, ...)."""
+        q = {"sandbox": sandbox, "type": type or None, "since": since or None, "limit": limit}
         out = self._json("GET", "/v1/events", query=q)
         return out.get("events") or [], int(out.get("next", since))
+
+    def port_url(self, sandbox_id: str, port: int) -> str:
+        """The preview URL of TCP ``port`` in the sandbox: the server proxies
+        HTTP under it to the guest's port (path and query after it pass
+        through). Requests need ``Authorization: Bearer <api key>``; the
+        guest never sees the key."""
+        scheme = "https" if self._https else "http"
+        host = self._host if ":" not in self._host else f"[{self._host}]"
+        netloc = host if self._port is None else f"{host}:{self._port}"
+        return f"{scheme}://{netloc}{self._prefix}{_sb(sandbox_id, 'ports', str(int(port)))}/"
 
     def healthz(self) -> bool:
         """True if the server answers /healthz with ok."""
@@ -256,6 +291,16 @@ class Sandbox:
     @property
     def state(self) -> str | None:
         return self.info.get("state")
+
+    @property
+    def network(self) -> dict:
+        """The network as the server reports it (mode, allow, secrets with
+        name, hosts and placeholder but never a value, ports, limits)."""
+        return self.info.get("network") or {}
+
+    def port_url(self, port: int) -> str:
+        """The preview URL of TCP ``port`` in this sandbox (see Client.port_url)."""
+        return self._client.port_url(self.id, port)
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, state={self.state!r})"

@@ -33,6 +33,11 @@ class Unauthenticated(AirlockError):
     """401 unauthenticated: missing or bad API key."""
 
 
+class PermissionDenied(AirlockError):
+    """403 permission_denied: the key may not do this (e.g. publish host ports
+    without an admin key)."""
+
+
 class NotFound(AirlockError):
     """404 not_found: no such sandbox, exec or file (or not yours)."""
 
@@ -61,6 +66,7 @@ class StreamBroken(AirlockError):
 _BY_CODE = {
     "invalid": InvalidRequest,
     "unauthenticated": Unauthenticated,
+    "permission_denied": PermissionDenied,
     "not_found": NotFound,
     "conflict": Conflict,
     "resource_exhausted": QuotaExceeded,
@@ -69,6 +75,7 @@ _BY_CODE = {
 _CODE_BY_STATUS = {
     400: "invalid",
     401: "unauthenticated",
+    403: "permission_denied",
     404: "not_found",
     409: "conflict",
     412: "failed_precondition",

@@ -59,6 +59,34 @@ class FakeState:
         )
 
 
+def _network(n):
+    """Check a create's network like the server: returns (public view,
+    error status, message). Ports need an admin key (the fake's is not)."""
+    out = {"mode": "public", "max_conns": 512}
+    if n is None:
+        return out, 0, ""
+    if isinstance(n, str):
+        if n not in ("public", "deny", "none"):
+            return None, 400, f"network mode {n!r}: want public, deny or none"
+        return {**out, "mode": n}, 0, ""
+    unknown = set(n) - {"mode", "allow", "secrets", "ports", "rate_bytes", "max_conns"}
+    if unknown:
+        return None, 400, f"unknown field {sorted(unknown)[0]!r}"
+    if n.get("ports"):
+        return None, 403, "network.ports needs an admin key"
+    out.update(n)
+    if "mode" not in n and n.get("allow"):
+        out["mode"] = "deny"
+    secrets = []
+    for i, sec in enumerate(n.get("secrets") or []):
+        if not sec.get("value"):
+            return None, 400, f"secret {sec.get('name')} has no value"
+        secrets.append({"name": sec["name"], "hosts": sec["hosts"], "placeholder": "airlock-secret-%032d" % i})
+    if secrets:
+        out["secrets"] = secrets
+    return out, 0, ""
+
+
 def _file_info(p, b):
     return {"path": p, "name": p.rsplit("/", 1)[-1], "type": "dir" if b is None else "file",
             "size": 0 if b is None else len(b), "mode": 0o644, "mtime": "2025-01-02T03:04:05Z",
@@ -269,8 +297,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         st, body = self.state, self._json_body()
         if body is None:
             return self._fail(400, "invalid", "bad json")
-        if body.get("network") not in (None, "none"):
-            return self._fail(400, "invalid", "networking is not implemented")
+        net, status, msg = _network(body.get("network"))
+        if status:
+            return self._fail(status, {400: "invalid", 403: "permission_denied"}[status], msg)
         if body.get("cpus", 1) > 32:
             return self._fail(429, "resource_exhausted", "limit cpus_per_tenant=32")
         with st.lock:
@@ -280,7 +309,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                   "image_digest": "sha256:abc", "cpus": body.get("cpus", 1), "memory_mb": body.get("memory_mb", 512),
                   "disk_mb": 2048, "created_at": "2025-01-02T03:04:05Z", "expires_at": "2025-01-02T03:19:05Z",
                   "accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone",
-                  "metadata": body.get("metadata") or {}, "tenant": "t1", "_env": body.get("env") or {}}
+                  "metadata": body.get("metadata") or {}, "tenant": "t1", "_env": body.get("env") or {},
+                  "network": net}
             st.sandboxes[sid], st.files[sid], st.execs[sid] = sb, {}, {}
             st.event(sid, "sandbox.create", {})
         self._send(201, {k: v for k, v in sb.items() if not k.startswith("_")})
@@ -445,6 +475,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         out, nxt = [], since
         for ev in self.state.events:
             if ev["seq"] <= since or (q.get("sandbox") and ev["sandbox_id"] != q["sandbox"]):
+                continue
+            t = q.get("type")
+            if t and ev["action"] != t and not ev["action"].startswith(t + "."):
                 continue
             if limit and len(out) == limit:
                 break

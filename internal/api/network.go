@@ -1,0 +1,97 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+
+	"github.com/airlock-sandbox/airlock/internal/netconf"
+)
+
+// networkRequest is the create request's "network": an object, or a bare
+// mode string ("public", "deny", "none") as shorthand for {"mode": ...}.
+// Secret values travel only here, then in netconf.Values to the manager.
+type networkRequest struct {
+	Mode      string          `json:"mode"`
+	Allow     []string        `json:"allow"`
+	Secrets   []secretRequest `json:"secrets"`
+	Ports     []netconf.Port  `json:"ports"`
+	RateBytes int64           `json:"rate_bytes"`
+	MaxConns  int             `json:"max_conns"`
+}
+
+type secretRequest struct {
+	Name  string   `json:"name"`
+	Hosts []string `json:"hosts"`
+	Value string   `json:"value"`
+	// Placeholder is optional (a fresh one is made); it lets a client
+	// send back a sandbox's network as it got it.
+	Placeholder string `json:"placeholder"`
+}
+
+// UnmarshalJSON accepts the mode shorthand and rejects unknown fields (the
+// outer decoder's DisallowUnknownFields does not reach custom unmarshalers).
+func (n *networkRequest) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		*n = networkRequest{}
+		return json.Unmarshal(b, &n.Mode)
+	}
+	type plain networkRequest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var p plain
+	if err := dec.Decode(&p); err != nil {
+		return err
+	}
+	*n = networkRequest(p)
+	return nil
+}
+
+var errPortsNeedAdmin = &Error{http.StatusForbidden, "permission_denied",
+	"network.ports publishes ports on the server's host and needs an admin key; use the preview route /v1/sandboxes/{id}/ports/{port}/ instead"}
+
+// networkOptions turns req into the manager's spec and secret values and
+// validates them (the manager validates again; this answers early). A nil
+// req is the default network. Errors never hold a secret value.
+func networkOptions(req *networkRequest, admin bool) (netconf.Spec, netconf.Values, error) {
+	if req == nil {
+		return netconf.Spec{}, nil, nil
+	}
+	spec := netconf.Spec{Mode: req.Mode, Allow: req.Allow, Ports: req.Ports, RateBytes: req.RateBytes, MaxConns: req.MaxConns}
+	var vals netconf.Values
+	for _, sec := range req.Secrets {
+		spec.Secrets = append(spec.Secrets, netconf.Secret{Name: sec.Name, Hosts: sec.Hosts, Placeholder: sec.Placeholder})
+		if sec.Value == "" {
+			continue // Normalize names the secret that has no value
+		}
+		if vals == nil {
+			vals = netconf.Values{}
+		}
+		if _, dup := vals[sec.Name]; dup {
+			return netconf.Spec{}, nil, invalidf("network: secret %s given twice", sec.Name)
+		}
+		vals[sec.Name] = sec.Value
+	}
+	if len(spec.Ports) > 0 && !admin {
+		return netconf.Spec{}, nil, errPortsNeedAdmin
+	}
+	if _, err := spec.Normalize(vals); err != nil {
+		return netconf.Spec{}, nil, err
+	}
+	return spec, vals, nil
+}
+
+// networkAudit is the audit detail of a network spec: mode, rule and port
+// counts, and secret names (never values or placeholders).
+func networkAudit(n netconf.Spec) map[string]any {
+	d := map[string]any{"mode": n.Mode, "allow": len(n.Allow), "ports": len(n.Ports)}
+	if len(n.Secrets) > 0 {
+		names := make([]string, 0, len(n.Secrets))
+		for _, sec := range n.Secrets {
+			names = append(names, sec.Name)
+		}
+		d["secrets"] = names
+	}
+	return d
+}

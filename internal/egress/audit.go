@@ -1,0 +1,61 @@
+package egress
+
+import (
+	"net/netip"
+
+	"github.com/airlock-sandbox/airlock/internal/dns"
+	"github.com/airlock-sandbox/airlock/internal/policy"
+	"github.com/airlock-sandbox/airlock/internal/secrets"
+)
+
+// audit records a flow decision.
+func (e *Engine) audit(action, proto string, dst netip.AddrPort, names []string, d policy.Decision) {
+	det := map[string]any{
+		"proto":  proto,
+		"dst":    dst.String(),
+		"rule":   d.RuleID,
+		"reason": d.Reason,
+	}
+	if len(names) > 0 {
+		det["names"] = names
+	}
+	if d.Class != policy.ClassInvalid {
+		det["class"] = d.Class.String()
+	}
+	e.cfg.Audit(Event{Action: action, Detail: det})
+}
+
+// auditDNS records one DNS query.
+func (e *Engine) auditDNS(ev dns.Event) {
+	det := map[string]any{
+		"name":      ev.Name,
+		"qtype":     ev.QType,
+		"rcode":     ev.Rcode,
+		"rule":      ev.RuleID,
+		"reason":    ev.Reason,
+		"forwarded": ev.Forwarded,
+	}
+	if len(ev.Answers) > 0 {
+		as := make([]string, len(ev.Answers))
+		for i, a := range ev.Answers {
+			as[i] = a.String()
+		}
+		det["answers"] = as
+	}
+	e.cfg.Audit(Event{Action: "net.dns", Detail: det})
+}
+
+// auditSecret records an interceptor or placeholder event. Events carry
+// secret names, never values.
+func (e *Engine) auditSecret(ev secrets.Event) {
+	det := map[string]any{"host": ev.Host}
+	if len(ev.Secrets) > 0 {
+		det["secrets"] = ev.Secrets
+	}
+	for k, v := range map[string]string{"method": ev.Method, "path": ev.Path, "reason": ev.Reason} {
+		if v != "" {
+			det[k] = v
+		}
+	}
+	e.cfg.Audit(Event{Action: ev.Action, Detail: det})
+}

@@ -1,0 +1,79 @@
+package secrets
+
+import (
+	"encoding/base64"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// injector swaps the placeholders of the secrets bound to one host for
+// their values in a request's headers and URL.
+type injector struct {
+	bound []Binding
+}
+
+// request rewrites req in place and returns the names of the secrets it
+// injected, in binding order.
+func (in injector) request(req *http.Request) []string {
+	used := make([]bool, len(in.bound))
+	for name, values := range req.Header {
+		for i, v := range values {
+			values[i] = in.headerValue(name, v, used)
+		}
+	}
+	if q := req.URL.RawQuery; q != "" {
+		req.URL.RawQuery = in.replace(q, url.QueryEscape, used)
+	}
+	if p := req.URL.EscapedPath(); strings.Contains(p, placeholderPrefix) {
+		if np := in.replace(p, url.PathEscape, used); np != p {
+			if unescaped, err := url.PathUnescape(np); err == nil {
+				req.URL.Path, req.URL.RawPath = unescaped, np
+			}
+		}
+	}
+	var names []string
+	for i, b := range in.bound {
+		if used[i] {
+			names = append(names, b.Name)
+		}
+	}
+	return names
+}
+
+// headerValue replaces placeholders in one header value; inside an
+// Authorization or Proxy-Authorization "Basic" credential it decodes the
+// base64, replaces and re-encodes.
+func (in injector) headerValue(name, v string, used []bool) string {
+	if strings.EqualFold(name, "Authorization") || strings.EqualFold(name, "Proxy-Authorization") {
+		scheme, cred, ok := strings.Cut(v, " ")
+		if ok && strings.EqualFold(scheme, "Basic") {
+			cred = strings.TrimLeft(cred, " ")
+			if dec, err := base64.StdEncoding.DecodeString(cred); err == nil {
+				if s := in.replace(string(dec), nil, used); s != string(dec) {
+					return scheme + " " + base64.StdEncoding.EncodeToString([]byte(s))
+				}
+			}
+		}
+	}
+	return in.replace(v, nil, used)
+}
+
+// replace swaps every bound placeholder in s for its value, passed through
+// escape if not nil, and marks the secrets it used.
+func (in injector) replace(s string, escape func(string) string, used []bool) string {
+	if !strings.Contains(s, placeholderPrefix) {
+		return s
+	}
+	for i, b := range in.bound {
+		if strings.Contains(s, b.Placeholder) {
+			v := b.Value
+			if escape != nil {
+				v = escape(v)
+			}
+			s = strings.ReplaceAll(s, b.Placeholder, v)
+			used[i] = true
+		}
+	}
+	return s
+}

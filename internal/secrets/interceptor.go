@@ -1,0 +1,604 @@
+package secrets
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Audit event actions.
+const (
+	ActionInject = "net.secret.inject" // a request was forwarded with values injected
+	ActionBlock  = "net.secret.block"  // a handshake or request was refused
+	ActionError  = "net.secret.error"  // a TLS or upstream failure
+)
+
+// Defaults for the Interceptor's limits.
+const (
+	DefaultMaxHeaderBytes   = 64 << 10
+	DefaultIdleTimeout      = 60 * time.Second
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultUpstreamTimeout  = 10 * time.Minute
+
+	// maxBufferedBody is the largest body with a known length that is read
+	// whole before forwarding: a request body so that a placeholder in it
+	// stops the request before the upstream sees any of it, a response body
+	// so that its scrubbed length can be sent as Content-Length. Larger
+	// bodies are streamed.
+	maxBufferedBody = 1 << 20
+	maxAuditPath    = 200
+	placeholderHex  = 32
+)
+
+const placeholderPrefix = "airlock-secret-"
+
+// ErrRefused is wrapped by the error [Interceptor.Serve] returns when it
+// refused a handshake or a request.
+var ErrRefused = errors.New("refused")
+
+// Binding is one secret as the interceptor needs it.
+type Binding struct {
+	Name        string   // env var name, for audit events
+	Hosts       []string // "api.example.com" or "*.example.com" (normalised lower-case ASCII, no trailing dot)
+	Placeholder string   // "airlock-secret-" + 32 lowercase hex
+	Value       string   // the real value; never logged
+}
+
+// Event is one audit record. It never carries a secret's value.
+type Event struct {
+	Action  string   // ActionInject, ActionBlock or ActionError
+	Host    string   // the SNI host name ("" if the hello had none)
+	Secrets []string // names of the secrets injected, or the one whose placeholder was blocked
+	Method  string   // the request's method, if a request was read
+	Path    string   // its path, without the query, at most 200 bytes
+	Reason  string   // why it was blocked or failed
+}
+
+// Interceptor terminates TLS for hosts that have secrets, injects the
+// secrets' values into requests and forwards them to the real upstream. See
+// the package documentation for what it guarantees and refuses.
+//
+// Its fields must not change once Serve has been called; Serve may then be
+// called concurrently for many flows.
+type Interceptor struct {
+	CA      *CA
+	Secrets []Binding
+	RootCAs *x509.CertPool // verifies upstream certificates; nil means the system pool
+	Audit   func(Event)    // synchronous, must not block; may be nil
+	Logger  *slog.Logger   // nil: discard
+
+	MaxHeaderBytes   int           // request head limit; zero means DefaultMaxHeaderBytes
+	IdleTimeout      time.Duration // longest wait for any guest read or write; zero means DefaultIdleTimeout
+	HandshakeTimeout time.Duration // both TLS handshakes together; zero means DefaultHandshakeTimeout
+	UpstreamTimeout  time.Duration // longest wait for any upstream read or write; zero means DefaultUpstreamTimeout
+}
+
+// Flow is one guest TCP connection handed to [Interceptor.Serve].
+type Flow struct {
+	Guest    net.Conn // the guest's side; its first bytes are the TLS ClientHello
+	Upstream net.Conn // an already-connected TCP conn to the real destination
+
+	// CheckSNI is called with the ClientHello's server name (normalised)
+	// before any certificate is presented; a non-nil error aborts the
+	// handshake and is audited. Policy and DNS-pin checks live there. An
+	// empty SNI is refused before CheckSNI is called. May be nil.
+	CheckSNI func(sni string) error
+}
+
+// Serve runs one intercepted connection until either side closes, ctx ends,
+// or a request is refused. It closes both f.Guest and f.Upstream before it
+// returns. It returns nil when the guest closed the connection between
+// requests (or idled out), an error wrapping [ErrRefused] after a refusal,
+// and another error for TLS, I/O and upstream failures. Errors never contain
+// a secret's value.
+func (ic *Interceptor) Serve(ctx context.Context, f Flow) error {
+	defer f.Guest.Close()
+	defer f.Upstream.Close()
+	if err := ic.validate(); err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() {
+		f.Guest.Close()
+		f.Upstream.Close()
+	})
+	defer stop()
+	s := &session{ic: ic, log: ic.logger()}
+	err := s.run(ctx, f)
+	if err != nil {
+		if msg := err.Error(); s.scrub.contains(msg) {
+			err = errors.New(s.scrub.String(msg)) // upstream bytes echoed a value
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+		}
+		s.log.Debug("secrets: connection ended", "host", s.host, "err", err)
+	}
+	return err
+}
+
+// validate checks the configuration; errors name secrets, never values.
+func (ic *Interceptor) validate() error {
+	if ic.CA == nil {
+		return errors.New("secrets interceptor: no CA")
+	}
+	for _, b := range ic.Secrets {
+		if !validPlaceholder(b.Placeholder) {
+			return fmt.Errorf("secrets interceptor: secret %s: malformed placeholder", b.Name)
+		}
+		if b.Value == "" || strings.ContainsFunc(b.Value, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+			return fmt.Errorf("secrets interceptor: secret %s: value is empty or has control characters", b.Name)
+		}
+		for _, h := range b.Hosts {
+			if !validPattern(h) {
+				return fmt.Errorf("secrets interceptor: secret %s: invalid host pattern %q", b.Name, h)
+			}
+		}
+	}
+	return nil
+}
+
+// validPlaceholder reports whether p is "airlock-secret-" + 32 lower-case hex.
+func validPlaceholder(p string) bool {
+	hexPart, ok := strings.CutPrefix(p, placeholderPrefix)
+	return ok && len(hexPart) == placeholderHex && strings.Trim(hexPart, "0123456789abcdef") == ""
+}
+
+func (ic *Interceptor) logger() *slog.Logger {
+	if ic.Logger != nil {
+		return ic.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func orDefault[T int | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// session is the state of one Serve call.
+type session struct {
+	ic       *Interceptor
+	log      *slog.Logger
+	host     string   // normalised SNI
+	inject   injector // secrets bound to host
+	foreign  map[string]string
+	scanner  *Scanner // placeholders of secrets not bound to host
+	scrub    *replacer
+	guest    *tls.Conn
+	gr       *bufio.Reader
+	gw       *bufio.Writer
+	upstream *tls.Conn
+	ur       *bufio.Reader
+	uw       *bufio.Writer
+}
+
+func (s *session) emit(ev Event) {
+	if ev.Host == "" {
+		ev.Host = s.host
+	}
+	if s.ic.Audit != nil {
+		s.ic.Audit(ev)
+	}
+}
+
+// run does the handshakes, then serves requests.
+func (s *session) run(ctx context.Context, f Flow) error {
+	ic := s.ic
+	var oldnew []string
+	for _, b := range ic.Secrets {
+		oldnew = append(oldnew, b.Value, b.Placeholder)
+	}
+	s.scrub = newReplacer(oldnew...)
+
+	guestConn := &deadlineConn{Conn: f.Guest, timeout: orDefault(ic.IdleTimeout, DefaultIdleTimeout)}
+	upConn := &deadlineConn{Conn: f.Upstream, timeout: orDefault(ic.UpstreamTimeout, DefaultUpstreamTimeout)}
+	hctx, cancel := context.WithTimeout(ctx, orDefault(ic.HandshakeTimeout, DefaultHandshakeTimeout))
+	defer cancel()
+
+	var blocked *Event // a refusal decided inside the handshake
+	leafConfig := func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		name := normalizeHost(hello.ServerName)
+		s.host = name
+		block := func(reason string) error {
+			blocked = &Event{Action: ActionBlock, Reason: reason}
+			return fmt.Errorf("%w: %s", ErrRefused, reason)
+		}
+		if name == "" {
+			return nil, block("client hello has no server name")
+		}
+		if !validDNSName(name) {
+			return nil, block("server name is not a valid host name")
+		}
+		s.bind()
+		if len(s.inject.bound) == 0 {
+			return nil, block("no secret is bound to this host")
+		}
+		if f.CheckSNI != nil {
+			if err := f.CheckSNI(name); err != nil {
+				return nil, block("server name check: " + err.Error())
+			}
+		}
+		leaf, err := ic.CA.Leaf(name)
+		if err != nil {
+			return nil, err
+		}
+		// Reach the real upstream before completing the guest's handshake:
+		// a guest never gets our certificate for a host we cannot verify.
+		s.upstream = tls.Client(upConn, &tls.Config{
+			ServerName: name,
+			RootCAs:    ic.RootCAs,
+			MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"http/1.1"},
+		})
+		if err := s.upstream.HandshakeContext(hctx); err != nil {
+			return nil, fmt.Errorf("upstream tls handshake: %w", err)
+		}
+		if p := s.upstream.ConnectionState().NegotiatedProtocol; p != "" && p != "http/1.1" {
+			return nil, fmt.Errorf("upstream negotiated %q, not http/1.1", p)
+		}
+		return &tls.Config{
+			Certificates:           []tls.Certificate{*leaf},
+			SessionTicketsDisabled: true, // every connection gets a full handshake and its own checks
+			MinVersion:             tls.VersionTLS12,
+			NextProtos:             []string{"http/1.1"},
+		}, nil
+	}
+	s.guest = tls.Server(guestConn, &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: leafConfig})
+	if err := s.guest.HandshakeContext(hctx); err != nil {
+		if blocked != nil {
+			s.emit(*blocked)
+			return fmt.Errorf("guest tls handshake: %w: %s", ErrRefused, blocked.Reason)
+		}
+		s.emit(Event{Action: ActionError, Reason: s.scrub.String("tls handshake: " + err.Error())})
+		return fmt.Errorf("tls handshake: %w", err)
+	}
+	cancel()
+
+	maxHead := orDefault(ic.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	s.gr = bufio.NewReaderSize(s.guest, maxHead)
+	s.gw = bufio.NewWriterSize(s.guest, 16<<10)
+	s.ur = bufio.NewReaderSize(s.upstream, 16<<10)
+	s.uw = bufio.NewWriterSize(s.upstream, 16<<10)
+	for {
+		again, err := s.serveRequest()
+		if err != nil || !again {
+			return err
+		}
+	}
+}
+
+// bind splits the interceptor's secrets by s.host: those bound to it are
+// injected, placeholders of all others are blocked.
+func (s *session) bind() {
+	s.foreign = map[string]string{}
+	var foreign []string
+	for _, b := range s.ic.Secrets {
+		bound := false
+		for _, h := range b.Hosts {
+			if HostMatches(h, s.host) {
+				bound = true
+				break
+			}
+		}
+		if bound {
+			s.inject.bound = append(s.inject.bound, b)
+		} else {
+			foreign = append(foreign, b.Placeholder)
+			s.foreign[b.Placeholder] = b.Name
+		}
+	}
+	s.scanner = NewScanner(foreign)
+}
+
+// serveRequest relays one request and its response. It reports whether the
+// connection may carry another request.
+func (s *session) serveRequest() (again bool, err error) {
+	raw, err := s.readHead()
+	if err != nil {
+		var r *refusal
+		if errors.As(err, &r) {
+			return false, s.refuse(r, Event{})
+		}
+		if errors.Is(err, errIdle) {
+			return false, nil
+		}
+		return false, err
+	}
+	h, r := checkHead(raw)
+	if r != nil {
+		return false, s.refuse(r, Event{})
+	}
+	if ph, ok := s.scanner.Find(raw); ok {
+		return false, s.refuse(refuse(http.StatusForbidden, "request carries the placeholder of a secret not bound to this host"),
+			Event{Secrets: []string{s.foreign[ph]}})
+	}
+	req, err := http.ReadRequest(s.gr)
+	if err != nil {
+		return false, s.refuse(refuse(http.StatusBadRequest, "malformed request"), Event{})
+	}
+	defer req.Body.Close()
+	ev := Event{Method: req.Method, Path: auditPath(req.URL.Path)}
+	if !sameAuthority(h.host, s.host) {
+		return false, s.refuse(refuse(http.StatusMisdirectedRequest, "Host header does not match the TLS server name"), ev)
+	}
+	if req.URL.IsAbs() && (!strings.EqualFold(req.URL.Scheme, "https") || !sameAuthority(req.URL.Host, s.host) || req.URL.User != nil) {
+		return false, s.refuse(refuse(http.StatusMisdirectedRequest, "request URL names another host"), ev)
+	}
+	if h.expect == "100-continue" {
+		req.Header.Del("Expect")
+		if _, err := io.WriteString(s.gw, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+			return false, err
+		}
+		if err := s.gw.Flush(); err != nil {
+			return false, err
+		}
+	}
+
+	injected := s.inject.request(req)
+	req.URL.Scheme, req.URL.Host, req.URL.User = "", "", nil
+	req.Host = h.host
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = []string{""} // keep Request.Write from adding Go's
+	}
+	body := &guardedBody{src: req.Body, scan: s.scanner}
+	if req.Body != http.NoBody {
+		if req.ContentLength >= 0 && req.ContentLength <= maxBufferedBody {
+			b, err := io.ReadAll(req.Body)
+			if err != nil {
+				return false, fmt.Errorf("read request body: %w", err)
+			}
+			if ph, ok := s.scanner.Find(b); ok {
+				return false, s.refuse(refuse(http.StatusForbidden, "request body carries the placeholder of a secret not bound to this host"),
+					withSecret(ev, s.foreign[ph]))
+			}
+			req.Body = io.NopCloser(bytes.NewReader(b))
+		} else {
+			req.Body = body
+		}
+	}
+	werr := req.Write(s.uw)
+	if werr == nil {
+		werr = s.uw.Flush()
+	}
+	var pe *PlaceholderError
+	if errors.As(body.err, &pe) {
+		return false, s.refuse(refuse(http.StatusForbidden, "request body carries the placeholder of a secret not bound to this host"),
+			withSecret(ev, s.foreign[pe.Placeholder]))
+	}
+	if werr != nil {
+		return false, s.upstreamFailed(ev, fmt.Errorf("send request upstream: %w", werr))
+	}
+	if len(injected) > 0 {
+		s.emit(Event{Action: ActionInject, Secrets: injected, Method: ev.Method, Path: ev.Path})
+	}
+	return s.relayResponse(req, ev)
+}
+
+// relayResponse reads the upstream's response to req, scrubs it and writes
+// it to the guest.
+func (s *session) relayResponse(req *http.Request, ev Event) (again bool, err error) {
+	var resp *http.Response
+	for {
+		resp, err = http.ReadResponse(s.ur, req)
+		if err != nil {
+			return false, s.upstreamFailed(ev, fmt.Errorf("read upstream response: %w", err))
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode < 100 {
+			break
+		}
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			return false, s.upstreamFailed(ev, errors.New("upstream switched protocols"))
+		}
+		if err := s.writeInterim(resp); err != nil {
+			return false, err
+		}
+	}
+	defer resp.Body.Close()
+	s.scrubHeader(resp.Header)
+	resp.Header.Del("Trailer")
+	resp.Trailer = nil // trailers are dropped rather than scrubbed
+	resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/1.1", 1, 1
+	resp.Close = resp.Close || req.Close
+	resp.Status = ""
+
+	hasBody := resp.Body != http.NoBody && req.Method != http.MethodHead &&
+		resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified
+	if ce := resp.Header.Get("Content-Encoding"); hasBody && (ce == "" || strings.EqualFold(ce, "identity")) {
+		if resp.ContentLength >= 0 && resp.ContentLength <= maxBufferedBody {
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				return false, s.upstreamFailed(ev, fmt.Errorf("read upstream response body: %w", err))
+			}
+			b, _ = s.scrub.transform(nil, b, true)
+			resp.Body = io.NopCloser(bytes.NewReader(b))
+			resp.ContentLength = int64(len(b))
+		} else {
+			resp.Body = replaceReader(resp.Body, s.scrub)
+			resp.ContentLength = -1
+			resp.TransferEncoding = []string{"chunked"}
+			resp.Header.Del("Content-Length")
+		}
+	}
+	if err := resp.Write(s.gw); err != nil {
+		return false, fmt.Errorf("relay response: %w", err)
+	}
+	if err := s.gw.Flush(); err != nil {
+		return false, fmt.Errorf("relay response: %w", err)
+	}
+	return !resp.Close, nil
+}
+
+// writeInterim relays a 1xx response (headers only).
+func (s *session) writeInterim(resp *http.Response) error {
+	s.scrubHeader(resp.Header)
+	// Writes to s.gw fail only once the guest is gone; Flush reports it.
+	_, _ = fmt.Fprintf(s.gw, "HTTP/1.1 %03d %s\r\n", resp.StatusCode, http.StatusText(resp.StatusCode))
+	_ = resp.Header.Write(s.gw)
+	_, _ = io.WriteString(s.gw, "\r\n")
+	if err := s.gw.Flush(); err != nil {
+		return fmt.Errorf("relay interim response: %w", err)
+	}
+	return nil
+}
+
+// scrubHeader replaces every real value in h by its placeholder and drops
+// fields whose names carry one.
+func (s *session) scrubHeader(h http.Header) {
+	for name, values := range h {
+		if s.scrub.contains(name) {
+			delete(h, name)
+			continue
+		}
+		for i, v := range values {
+			values[i] = s.scrub.String(v)
+		}
+	}
+}
+
+// upstreamFailed tells the guest the upstream failed, audits it and returns err.
+func (s *session) upstreamFailed(ev Event, err error) error {
+	ev.Action, ev.Reason = ActionError, s.scrub.String(err.Error())
+	s.emit(ev)
+	s.writeStatus(http.StatusBadGateway, "upstream request failed")
+	return err
+}
+
+// refuse answers the guest with r, audits a block and returns an error
+// wrapping ErrRefused.
+func (s *session) refuse(r *refusal, ev Event) error {
+	ev.Action, ev.Reason = ActionBlock, r.reason
+	s.emit(ev)
+	s.writeStatus(r.status, r.reason)
+	return fmt.Errorf("%w: %s", ErrRefused, r.reason)
+}
+
+// writeStatus sends a short plain-text response and ends the connection
+// (best effort: the guest may be gone).
+func (s *session) writeStatus(status int, reason string) {
+	body := "airlock: " + reason + "\n"
+	_, _ = fmt.Fprintf(s.gw, "HTTP/1.1 %03d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+	_ = s.gw.Flush()
+}
+
+// errIdle reports that the guest closed or idled out between requests.
+var errIdle = errors.New("connection idle")
+
+// readHead waits for a complete request head ("\r\n\r\n") in s.gr's buffer
+// without consuming it. A head larger than MaxHeaderBytes is a refusal.
+func (s *session) readHead() ([]byte, error) {
+	for {
+		buf, _ := s.gr.Peek(s.gr.Buffered())
+		if i := bytes.Index(buf, []byte("\r\n\r\n")); i >= 0 {
+			return buf[:i+4], nil
+		}
+		if len(buf) >= s.gr.Size() {
+			return nil, refuse(http.StatusRequestHeaderFieldsTooLarge, "request head too large")
+		}
+		if _, err := s.gr.Peek(len(buf) + 1); err != nil {
+			if len(buf) == 0 && (errors.Is(err, io.EOF) || isTimeout(err)) {
+				return nil, errIdle
+			}
+			return nil, fmt.Errorf("read request: %w", err)
+		}
+	}
+}
+
+func (r *refusal) Error() string { return r.reason }
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func auditPath(p string) string {
+	if len(p) > maxAuditPath {
+		return p[:maxAuditPath]
+	}
+	return p
+}
+
+func withSecret(ev Event, name string) Event {
+	ev.Secrets = []string{name}
+	return ev
+}
+
+// guardedBody streams a request body through a Guard so that a placeholder
+// of a foreign secret stops it. err records the guard's verdict, which
+// Request.Write does not pass on in a form errors.As can see.
+type guardedBody struct {
+	src  io.ReadCloser
+	scan *Scanner
+	g    *Guard
+	out  bytes.Buffer
+	buf  []byte
+	done bool
+	err  error
+}
+
+func (b *guardedBody) Read(p []byte) (int, error) {
+	if b.g == nil {
+		b.g = b.scan.Guard(&b.out)
+		b.buf = make([]byte, 32<<10)
+	}
+	for b.out.Len() == 0 && !b.done {
+		if b.err != nil {
+			return 0, b.err
+		}
+		n, err := b.src.Read(b.buf)
+		if n > 0 {
+			if _, werr := b.g.Write(b.buf[:n]); werr != nil {
+				b.err = werr
+				return 0, werr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			if ferr := b.g.Flush(); ferr != nil {
+				b.err = ferr
+				return 0, ferr
+			}
+			b.done = true
+		} else if err != nil {
+			return 0, err
+		}
+	}
+	if b.out.Len() > 0 {
+		return b.out.Read(p)
+	}
+	return 0, io.EOF
+}
+
+func (b *guardedBody) Close() error { return b.src.Close() }
+
+// deadlineConn sets a fresh deadline before every Read and Write, so each
+// waits at most timeout.
+type deadlineConn struct {
+	net.Conn
+	timeout time.Duration
+}
+
+func (c *deadlineConn) Read(p []byte) (int, error) {
+	if err := c.SetReadDeadline(time.Now().Add(c.timeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *deadlineConn) Write(p []byte) (int, error) {
+	if err := c.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
+}

@@ -1,0 +1,459 @@
+package shim
+
+import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/egress"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Environment read by the shim (operator settings and test hooks; a guest
+// or an API caller cannot set them).
+const (
+	// EnvDNS lists the DNS servers the shim forwards guest queries to
+	// ("ip[:port],..."); default: the nameservers of /etc/resolv.conf.
+	EnvDNS = "AIRLOCK_DNS"
+	// EnvUpstreamCA is a PEM file of extra CAs trusted for upstreams of
+	// intercepted (secret-bearing) connections, e.g. a corporate proxy CA.
+	EnvUpstreamCA = "AIRLOCK_UPSTREAM_CA_FILE"
+	// EnvTestDialMap is a TEST HOOK: "a.b.c.d=w.x.y.z,..." makes the shim
+	// dial w.x.y.z whenever the policy allowed a flow to a.b.c.d (same
+	// port), so a listener on this machine can stand in for a public
+	// address. The policy still decides on a.b.c.d.
+	EnvTestDialMap = "AIRLOCK_TEST_DIAL_MAP"
+)
+
+// maxSecretsJSON bounds what the shim reads from the secrets pipe.
+const maxSecretsJSON = 1 << 20
+
+// ReadSecrets reads the secret values the manager writes to the shim's
+// secrets pipe (JSON object name -> value), then closes it. A nil file
+// means none.
+func ReadSecrets(f *os.File) (netconf.Values, error) {
+	if f == nil {
+		return nil, nil
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretsJSON+1))
+	if err != nil {
+		return nil, fmt.Errorf("read secrets pipe: %w", err)
+	}
+	if len(b) > maxSecretsJSON {
+		return nil, errors.New("secrets pipe: too much data")
+	}
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var v netconf.Values
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, errors.New("secrets pipe: not a JSON object of strings")
+	}
+	return v, nil
+}
+
+// network is the sandbox's running network: the egress engine on the
+// guest's link, published ports and ports.sock.
+type network struct {
+	s       *shim
+	eng     *egress.Engine
+	spec    netconf.Spec
+	lns     []net.Listener
+	audit   *auditor
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	conns   sync.WaitGroup
+	closing atomic.Bool
+}
+
+// startNetwork builds the engine for sb's spec and serves it on the
+// instance's NIC. It returns the CA certificate the guest must trust (nil
+// without secrets).
+func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.Instance) (*network, error) {
+	spec, err := sb.Network.Normalize(s.cfg.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	n := &network{s: s, spec: spec, audit: newAuditor(s.st, sb, s.log)}
+	nctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	n.cancel = cancel
+	ok := false
+	defer func() {
+		if !ok {
+			n.close()
+		}
+	}()
+	up, err := dnsUpstream()
+	if err != nil {
+		s.log.Warn("no DNS upstream; guest DNS queries will fail", "err", err)
+	}
+	dial, err := testDialer(os.Getenv(EnvTestDialMap))
+	if err != nil {
+		return nil, err
+	}
+	roots, err := upstreamRoots(os.Getenv(EnvUpstreamCA))
+	if err != nil {
+		return nil, err
+	}
+	n.eng, err = egress.New(egress.Config{
+		Spec:          spec,
+		Secrets:       s.cfg.Secrets,
+		HostAddrs:     hostAddrs(),
+		DNSUpstream:   up,
+		Dial:          dial,
+		UpstreamRoots: roots,
+		Audit:         n.audit.add,
+		Logger:        s.log.With("component", "net"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	nw, isNet := inst.(runtime.Networker)
+	if !isNet {
+		// Only the fake runtime (tests) has no NIC.
+		s.log.Warn("the runtime gives the guest no network device; the sandbox has no network")
+		n.eng.Close()
+		n.eng = nil
+		ok = true
+		return n, nil
+	}
+	link, err := nw.NetConn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("guest network link: %w", err)
+	}
+	n.wg.Go(func() {
+		defer link.Close()
+		if spec.Mode == "none" {
+			// No network: the guest's NIC is down; drain whatever comes.
+			_, _ = io.Copy(io.Discard, link)
+			return
+		}
+		if err := n.eng.ServeLink(nctx, link); err != nil && nctx.Err() == nil {
+			s.log.Error("guest network link ended", "err", err)
+		}
+	})
+	if err := n.listenPorts(nctx, sb.ID); err != nil {
+		return nil, err
+	}
+	ok = true
+	return n, nil
+}
+
+// guestConfig is what the agent's Sync sets up in the guest.
+func (n *network) guestConfig() *agentv1.NetworkConfig {
+	if n.eng == nil {
+		return nil
+	}
+	if n.spec.Mode == "none" {
+		return &agentv1.NetworkConfig{Enabled: false}
+	}
+	return &agentv1.NetworkConfig{
+		Enabled:     true,
+		Address:     netip.PrefixFrom(netconf.GuestIP, netconf.PrefixLen).String(),
+		Gateway:     netconf.GatewayIP.String(),
+		Nameservers: []string{netconf.GatewayIP.String()},
+		CaCertPem:   n.eng.CACertPEM(),
+	}
+}
+
+// listenPorts serves ports.sock and the published ports.
+func (n *network) listenPorts(ctx context.Context, id string) error {
+	if n.spec.Mode == "none" {
+		return nil
+	}
+	sock := n.s.l.PortsSock(id)
+	_ = os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", sock, err)
+	}
+	_ = os.Chmod(sock, 0o600)
+	n.serve(ctx, ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		var b [2]byte
+		if _, err := io.ReadFull(c, b[:]); err != nil {
+			return
+		}
+		port := binary.BigEndian.Uint16(b[:])
+		g, err := n.eng.DialGuest(ctx, port)
+		if err != nil {
+			fmt.Fprintf(c, "error: nothing accepts connections on guest port %d (%s)\n", port, oneLine(err.Error()))
+			return
+		}
+		_ = c.SetDeadline(time.Time{})
+		if _, err := io.WriteString(c, "ok\n"); err != nil {
+			g.Close()
+			return
+		}
+		splice(c, g)
+	})
+	changed := false
+	for i, p := range n.spec.Ports {
+		addr := netip.AddrPortFrom(netip.MustParseAddr(p.HostIP), p.HostPort)
+		ln, err := net.Listen("tcp", addr.String())
+		if err != nil {
+			return fmt.Errorf("publish port %s -> guest %d: %w", addr, p.GuestPort, err)
+		}
+		if p.HostPort == 0 {
+			n.spec.Ports[i].HostPort = uint16(ln.Addr().(*net.TCPAddr).Port)
+			changed = true
+		}
+		guestPort := p.GuestPort
+		n.s.log.Info("published port", "host", ln.Addr().String(), "guest_port", guestPort)
+		n.serve(ctx, ln, func(c net.Conn) {
+			g, err := n.eng.DialGuest(ctx, guestPort)
+			if err != nil {
+				return // closing c resets the client
+			}
+			splice(c, g)
+		})
+	}
+	if changed {
+		if err := n.s.st.SetNetwork(ctx, id, n.spec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serve accepts on ln until the network closes, handling each conn on its
+// own goroutine (which closes it).
+func (n *network) serve(ctx context.Context, ln net.Listener, handle func(net.Conn)) {
+	n.lns = append(n.lns, ln)
+	n.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				if n.closing.Load() || ctx.Err() != nil {
+					return
+				}
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					continue
+				}
+				n.s.log.Error("accept", "addr", ln.Addr().String(), "err", err)
+				return
+			}
+			n.conns.Go(func() {
+				defer c.Close()
+				handle(c)
+			})
+		}
+	})
+}
+
+// close stops the engine, the listeners and the audit writer.
+func (n *network) close() {
+	n.closing.Store(true)
+	if n.cancel != nil {
+		n.cancel()
+	}
+	for _, ln := range n.lns {
+		_ = ln.Close()
+	}
+	_ = os.Remove(n.s.l.PortsSock(n.s.cfg.ID))
+	if n.eng != nil {
+		_ = n.eng.Close()
+	}
+	n.wg.Wait()
+	n.conns.Wait()
+	n.audit.close()
+}
+
+// splice copies both ways with half-closes and closes both at the end.
+func splice(a, b net.Conn) {
+	var wg sync.WaitGroup
+	cp := func(dst, src net.Conn) {
+		if _, err := io.Copy(dst, src); err != nil {
+			_ = dst.Close()
+			_ = src.Close()
+			return
+		}
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+			return
+		}
+		_ = dst.Close()
+	}
+	wg.Go(func() { cp(a, b) })
+	wg.Go(func() { cp(b, a) })
+	wg.Wait()
+	_ = a.Close()
+	_ = b.Close()
+}
+
+// hostAddrs are the host's own interface addresses (denied to guests).
+func hostAddrs() []netip.Addr {
+	var out []netip.Addr
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr())
+		}
+	}
+	return out
+}
+
+// dnsUpstream returns AIRLOCK_DNS or the nameservers of /etc/resolv.conf,
+// as "ip:port".
+func dnsUpstream() ([]string, error) {
+	var list []string
+	if v := os.Getenv(EnvDNS); v != "" {
+		list = strings.Split(v, ",")
+	} else {
+		f, err := os.Open("/etc/resolv.conf")
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if fs := strings.Fields(sc.Text()); len(fs) >= 2 && fs[0] == "nameserver" {
+				list = append(list, fs[1])
+			}
+		}
+	}
+	var out []string
+	for _, s := range list {
+		s = strings.TrimSpace(s)
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			out = append(out, ap.String())
+		} else if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, netip.AddrPortFrom(a.WithZone(""), 53).String())
+		} else {
+			return nil, fmt.Errorf("DNS server %q is not an IP address", s)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no nameserver configured (set " + EnvDNS + ")")
+	}
+	return out, nil
+}
+
+// testDialer parses the EnvTestDialMap test hook.
+func testDialer(spec string) (egress.DialFunc, error) {
+	var d net.Dialer
+	if spec == "" {
+		return d.DialContext, nil
+	}
+	m := map[netip.Addr]netip.Addr{}
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		from, err1 := netip.ParseAddr(strings.TrimSpace(k))
+		to, err2 := netip.ParseAddr(strings.TrimSpace(v))
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("%s: bad entry %q (want ip=ip)", EnvTestDialMap, kv)
+		}
+		m[from] = to
+	}
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		if ap, err := netip.ParseAddrPort(address); err == nil {
+			if to, ok := m[ap.Addr()]; ok {
+				address = netip.AddrPortFrom(to, ap.Port()).String()
+			}
+		}
+		return d.DialContext(ctx, network, address)
+	}, nil
+}
+
+// upstreamRoots is the system pool plus the PEM file at path, if any.
+func upstreamRoots(path string) (*x509.CertPool, error) {
+	if path == "" {
+		return nil, nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", EnvUpstreamCA, err)
+	}
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s: %s holds no PEM certificate", EnvUpstreamCA, path)
+	}
+	return pool, nil
+}
+
+// auditor writes network events to the catalog off the packet path: a
+// bounded queue, dropped events counted and reported.
+type auditor struct {
+	st      *store.Store
+	sb      store.Sandbox
+	ch      chan store.Event
+	dropped atomic.Uint64
+	done    chan struct{}
+	mu      sync.RWMutex // guards closed against sends
+	closed  bool
+}
+
+const auditQueue = 4096
+
+func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, ...any) }) *auditor {
+	a := &auditor{st: st, sb: sb, ch: make(chan store.Event, auditQueue), done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		report := func() {
+			if n := a.dropped.Swap(0); n > 0 {
+				_, _ = st.AppendEvent(context.Background(), store.Event{Tenant: sb.Tenant, SandboxID: sb.ID, Action: "net.audit.dropped",
+					Detail: map[string]any{"count": n, "reason": "the guest made network events faster than the audit log takes them"}})
+			}
+		}
+		for {
+			select {
+			case e, ok := <-a.ch:
+				if !ok {
+					report()
+					return
+				}
+				if _, err := st.AppendEvent(context.Background(), e); err != nil {
+					log.Error("audit", "err", err)
+				}
+			case <-tick.C:
+				report()
+			}
+		}
+	}()
+	return a
+}
+
+func (a *auditor) add(e egress.Event) {
+	ev := store.Event{Time: time.Now(), Tenant: a.sb.Tenant, SandboxID: a.sb.ID, Action: e.Action, Detail: e.Detail}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.closed {
+		return
+	}
+	select {
+	case a.ch <- ev:
+	default:
+		a.dropped.Add(1)
+	}
+}
+
+func (a *auditor) close() {
+	a.mu.Lock()
+	if !a.closed {
+		a.closed = true
+		close(a.ch)
+	}
+	a.mu.Unlock()
+	<-a.done
+}
