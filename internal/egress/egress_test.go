@@ -236,7 +236,9 @@ func TestPublicModeAllowsPublicAndDeniesTheFloor(t *testing.T) {
 		t.Fatalf("dialed %v, want only the public one", d)
 	}
 	acts := e.actions()
-	if !slices.ContainsFunc(acts, func(s string) bool { return strings.HasPrefix(s, "net.deny 169.254.169.254:") && strings.HasSuffix(s, "floor:metadata") }) {
+	if !slices.ContainsFunc(acts, func(s string) bool {
+		return strings.HasPrefix(s, "net.deny 169.254.169.254:") && strings.HasSuffix(s, "floor:metadata")
+	}) {
 		t.Fatalf("no metadata denial in %v", acts)
 	}
 	if !slices.ContainsFunc(acts, func(s string) bool { return strings.HasPrefix(s, "net.allow 93.184.215.10:") }) {
@@ -337,4 +339,3 @@ func TestRateLimit(t *testing.T) {
 		t.Fatalf("768 KiB at 256 KiB/s took only %v", d)
 	}
 }
-

@@ -30,7 +30,8 @@
 // HTTP2-Settings, the HTTP/2 preface, request trailers and any version but
 // HTTP/1.1 are refused with a short plain-text 4xx/5xx response, after which
 // the connection is closed. The Host header (and an absolute-form URL's
-// authority) must name the TLS server name, on port 443 or none, so the SNI,
+// authority) must name the TLS server name (with any port: the guest's
+// destination port was already decided by the egress policy), so the SNI,
 // the Host and the secret's host always agree before anything is injected.
 //
 // Placeholders of secrets bound to the host are replaced by their values in

@@ -3,6 +3,7 @@ package secrets
 import (
 	"bytes"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -156,9 +157,16 @@ func isToken(s string) bool {
 }
 
 // sameAuthority reports whether a Host header or URL authority names host
-// (already normalised) on the default HTTPS port.
+// (already normalised), with or without a port. The port is the one the
+// guest connected to, which the egress policy has already decided on.
 func sameAuthority(authority, host string) bool {
-	a := strings.TrimSuffix(authority, ":443")
+	a := authority
+	if i := strings.LastIndexByte(a, ':'); i >= 0 {
+		if p, err := strconv.ParseUint(a[i+1:], 10, 16); err != nil || p == 0 || a[i+1] == '+' {
+			return false
+		}
+		a = a[:i]
+	}
 	if strings.ContainsAny(a, ":@[]") {
 		return false
 	}

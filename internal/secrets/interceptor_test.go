@@ -403,7 +403,7 @@ func TestInterceptRefusesRequests(t *testing.T) {
 		status int
 	}{
 		"host mismatch":          {"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n", 421},
-		"host other port":        {"GET / HTTP/1.1\r\nHost: api.test:8443\r\n\r\n", 421},
+		"host bad port":          {"GET / HTTP/1.1\r\nHost: api.test:99999\r\n\r\n", 421},
 		"host userinfo":          {"GET / HTTP/1.1\r\nHost: x@api.test\r\n\r\n", 421},
 		"absolute other host":    {"GET https://other.test/ HTTP/1.1\r\n" + host + "\r\n", 421},
 		"absolute http":          {"GET http://api.test/ HTTP/1.1\r\n" + host + "\r\n", 421},

@@ -43,6 +43,7 @@ type contextRelay struct {
 	agentv1connect.UnimplementedContextServiceHandler
 
 	agent *agentapi.Client
+	env   []string // the sandbox's default environment
 }
 
 var _ agentv1connect.ContextServiceHandler = (*contextRelay)(nil)
@@ -102,6 +103,7 @@ func (r *contextRelay) Create(ctx context.Context, req *connect.Request[agentv1.
 			return nil, invalid(fmt.Errorf("cwd: %w", err))
 		}
 	}
+	req.Msg.Env = withDefaults(r.env, req.Msg.GetEnv())
 	resp, err := r.agent.Contexts.Create(ctx, req)
 	if err != nil {
 		return nil, relayErr("create context", err)

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,10 +61,11 @@ type guardedExec struct {
 
 // openExec checks start (see checkStart), opens an exec stream to the agent
 // under ctx and sends start. The caller must Close the result.
-func openExec(ctx context.Context, agent *agentapi.Client, start *agentv1.ExecStart) (*guardedExec, error) {
+func openExec(ctx context.Context, agent *agentapi.Client, start *agentv1.ExecStart, defaults []string) (*guardedExec, error) {
 	if err := checkStart(start); err != nil {
 		return nil, err
 	}
+	start.Env = withDefaults(defaults, start.GetEnv())
 	ctx, cancel := context.WithCancel(ctx)
 	g := &guardedExec{cancel: cancel, limit: start.GetMaxOutputBytes()}
 	if t := start.GetTimeoutMs(); t > 0 {
@@ -180,4 +184,33 @@ func admit(sent *uint64, limit uint64, data *[]byte, truncated *bool) bool {
 	}
 	*sent += uint64(len(*data))
 	return len(*data) > 0
+}
+
+// withDefaults returns the sandbox's default environment ("KEY=VALUE")
+// without the keys env sets, then env: a request's own variables win.
+func withDefaults(defaults, env []string) []string {
+	if len(defaults) == 0 {
+		return env
+	}
+	set := make(map[string]bool, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	out := make([]string, 0, len(defaults)+len(env))
+	for _, kv := range defaults {
+		if k, _, _ := strings.Cut(kv, "="); !set[k] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, env...)
+}
+
+// envList is a sandbox's default environment in a stable order.
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return out
 }

@@ -75,6 +75,7 @@ type network struct {
 	eng     *egress.Engine
 	spec    netconf.Spec
 	lns     []net.Listener
+	link    net.Conn // the guest NIC's host end
 	audit   *auditor
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -137,6 +138,7 @@ func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.
 	if err != nil {
 		return nil, fmt.Errorf("guest network link: %w", err)
 	}
+	n.link = link
 	n.wg.Go(func() {
 		defer link.Close()
 		if spec.Mode == "none" {
@@ -270,6 +272,9 @@ func (n *network) close() {
 	_ = os.Remove(n.s.l.PortsSock(n.s.cfg.ID))
 	if n.eng != nil {
 		_ = n.eng.Close()
+	}
+	if n.link != nil {
+		_ = n.link.Close()
 	}
 	n.wg.Wait()
 	n.conns.Wait()

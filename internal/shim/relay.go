@@ -35,6 +35,7 @@ type relay struct {
 	agentv1connect.UnimplementedFileServiceHandler
 
 	agent *agentapi.Client
+	env   []string // the sandbox's default environment
 	// shutdown stops the whole sandbox; it is what AgentService.Shutdown
 	// means on the shim socket.
 	shutdown func(ctx context.Context) error
@@ -77,7 +78,7 @@ func (r *relay) Exec(ctx context.Context, cs *connect.BidiStream[agentv1.ExecReq
 	if err != nil {
 		return invalid(fmt.Errorf("read exec start: %w", err))
 	}
-	g, err := openExec(ctx, r.agent, first.GetStart())
+	g, err := openExec(ctx, r.agent, first.GetStart(), r.env)
 	if err != nil {
 		return err
 	}

@@ -45,6 +45,7 @@ type sessions struct {
 	agent     *agentapi.Client
 	st        *store.Store
 	sandboxID string
+	env       []string // the sandbox's default environment
 	log       *slog.Logger
 	ctx       context.Context // ends every exec stream when cancelled
 	cancel    context.CancelFunc
@@ -57,9 +58,9 @@ type sessions struct {
 	closed   bool
 }
 
-func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, log *slog.Logger) *sessions {
+func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, env []string, log *slog.Logger) *sessions {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &sessions{agent: agent, st: st, sandboxID: sandboxID, log: log, ctx: ctx, cancel: cancel, byID: map[string]*session{}}
+	return &sessions{agent: agent, st: st, sandboxID: sandboxID, env: env, log: log, ctx: ctx, cancel: cancel, byID: map[string]*session{}}
 }
 
 // session is one exec owned by the shim.
@@ -137,7 +138,7 @@ func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1
 		}
 	}()
 
-	g, err := openExec(t.ctx, t.agent, start)
+	g, err := openExec(t.ctx, t.agent, start, t.env)
 	if err != nil {
 		return nil, err
 	}

@@ -86,6 +86,7 @@ type shim struct {
 	tmpl  *sandbox.Template // the template this sandbox was cloned from, if any
 	execs *sessions         // execs the shim owns (SessionService)
 	net   *network          // the guest's network
+	env   map[string]string // default environment of execs and contexts
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -141,6 +142,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
+	s.env = sb.Env
 	if err := s.start(ctx, sb); err != nil {
 		s.fail(context.WithoutCancel(ctx), "start: "+err.Error())
 		s.teardown(context.WithoutCancel(ctx), false)
@@ -350,7 +352,8 @@ func (s *shim) serve() error {
 		return fmt.Errorf("listen %s: %w", filepath.Base(sock), err)
 	}
 	_ = os.Chmod(sock, 0o600)
-	r := &relay{agent: s.agent, shutdown: func(context.Context) error {
+	env := envList(s.env)
+	r := &relay{agent: s.agent, env: env, shutdown: func(context.Context) error {
 		s.stopOnce.Do(func() { close(s.stopReq) })
 		return nil
 	}}
@@ -358,8 +361,8 @@ func (s *shim) serve() error {
 	mux.Handle(agentv1connect.NewAgentServiceHandler(r))
 	mux.Handle(agentv1connect.NewExecServiceHandler(r))
 	mux.Handle(agentv1connect.NewFileServiceHandler(r))
-	mux.Handle(agentv1connect.NewContextServiceHandler(&contextRelay{agent: s.agent}))
-	s.execs = newSessions(s.agent, s.st, s.cfg.ID, s.log)
+	mux.Handle(agentv1connect.NewContextServiceHandler(&contextRelay{agent: s.agent, env: env}))
+	s.execs = newSessions(s.agent, s.st, s.cfg.ID, env, s.log)
 	mux.Handle(shimv1connect.NewSessionServiceHandler(sessionService{t: s.execs}, connect.WithReadMaxBytes(maxInputMessage)))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)

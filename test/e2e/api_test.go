@@ -174,6 +174,25 @@ func TestAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("preview", func(t *testing.T) {
+		code, b := s.do(alice, "POST", "/v1/sandboxes/"+sb.ID+"/exec", strings.NewReader(`{"cmd":["sh","-c","cd /etc && setsid python3 -m http.server 8000 >/dev/null 2>&1 </dev/null & for i in $(seq 50); do python3 -c 'import socket;socket.create_connection((\"127.0.0.1\",8000))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1"]}`))
+		if code != 200 || !strings.Contains(string(b), `"code":0`) {
+			t.Fatalf("start a guest web server: %d %s", code, b)
+		}
+		if code, b := s.do(alice, "GET", "/v1/sandboxes/"+sb.ID+"/ports/8000/hostname", nil); code != 200 || string(b) != "airlock\n" {
+			t.Errorf("preview: %d %q", code, b)
+		}
+		if code, _ := s.do("", "GET", "/v1/sandboxes/"+sb.ID+"/ports/8000/hostname", nil); code != 401 {
+			t.Errorf("preview without a key: %d", code)
+		}
+		if code, _ := s.do(bob, "GET", "/v1/sandboxes/"+sb.ID+"/ports/8000/hostname", nil); code != 404 {
+			t.Errorf("preview as another tenant: %d", code)
+		}
+		if code, b := s.do(alice, "GET", "/v1/sandboxes/"+sb.ID+"/ports/8001/", nil); code < 500 {
+			t.Errorf("preview of a closed guest port: %d %s", code, b)
+		}
+	})
+
 	data := make([]byte, 5<<20)
 	_, _ = rand.Read(data)
 	want := sha256.Sum256(data)
