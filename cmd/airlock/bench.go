@@ -31,7 +31,7 @@ func median(ds []time.Duration) time.Duration {
 }
 
 func benchCmd(g *globals) *cobra.Command {
-	var runs, execs, apiConcurrent int
+	var runs, execs, apiConcurrent, netMiB int
 	var transferMiB int64
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -138,6 +138,17 @@ func benchCmd(g *globals) *cobra.Command {
 			}
 			rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
 
+			if netMiB > 0 {
+				fmt.Fprintln(os.Stderr, "bench: network rows")
+				nr, err := netBench(ctx, cli, netMiB, 50)
+				if err != nil {
+					return fmt.Errorf("network bench: %w", err)
+				}
+				for _, r := range nr {
+					rows = append(rows, row{r[0], r[1], r[2]})
+				}
+			}
+
 			if apiConcurrent > 0 {
 				fmt.Fprintln(os.Stderr, "bench: API rows (starts airlock serve)")
 				ar, err := apiBench(ctx, g, m, exe, runs, apiConcurrent, transferMiB)
@@ -162,6 +173,7 @@ func benchCmd(g *globals) *cobra.Command {
 	cmd.Flags().IntVar(&runs, "runs", 5, "samples for the latency rows")
 	cmd.Flags().IntVar(&execs, "execs", 100, "samples for the exec round trip")
 	cmd.Flags().IntVar(&apiConcurrent, "api-concurrent", 20, "concurrent creates through the HTTP API (0 skips the API rows)")
+	cmd.Flags().IntVar(&netMiB, "net-mib", 64, "size of each network throughput transfer (0 skips the network rows)")
 	cmd.Flags().Int64Var(&transferMiB, "transfer-mib", 200, "size of the API upload/download")
 	return cmd
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
@@ -46,6 +47,12 @@ type netConfig struct {
 	Nameservers []netip.Addr
 	CAPEM       []byte // "" or one or more PEM CERTIFICATE blocks
 	MTU         uint32 // 0: leave as is
+}
+
+// equal reports whether c and o configure the same thing.
+func (c netConfig) equal(o netConfig) bool {
+	return c.Enabled == o.Enabled && c.Address == o.Address && c.Gateway == o.Gateway &&
+		slices.Equal(c.Nameservers, o.Nameservers) && bytes.Equal(c.CAPEM, o.CAPEM) && c.MTU == o.MTU
 }
 
 // parseNetworkConfig validates m. A disabled config carries nothing else:
@@ -261,6 +268,9 @@ func (f netFiles) setCA(pemBytes []byte) error {
 	if err != nil {
 		return fmt.Errorf("ca bundle: %w", err)
 	}
+	if len(pemBytes) == 0 && !bytes.Contains(cur, []byte(caBlockBegin)) {
+		return nil // the common case, checked without parsing the bundle
+	}
 	next := editCABundle(cur, pemBytes)
 	if bytes.Equal(cur, next) {
 		return nil
@@ -309,7 +319,9 @@ func editCABundle(bundle, pemBytes []byte) []byte {
 }
 
 // writeAtomic replaces path with data through a temporary file in the same
-// directory and a rename (which replaces a symlink, not its target).
+// directory and a rename (which replaces a symlink, not its target). No
+// fsync: every Sync rewrites these files, and the guest's disk does not
+// outlive a crash of the guest that would need them.
 func writeAtomic(path string, data []byte, mode fs.FileMode) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -321,10 +333,6 @@ func writeAtomic(path string, data []byte, mode fs.FileMode) error {
 		return err
 	}
 	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return err
 	}

@@ -29,7 +29,7 @@ import (
 //
 //	v2: x86-64-v2 guest CPU under TCG
 //	v3: a virtio-net NIC (runtime.Spec.Network), down in the template
-const templateFormat = "v3"
+const templateFormat = "v4"
 
 // TemplateKey is everything a restored clone must share with its template.
 type TemplateKey struct {
@@ -194,12 +194,13 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	}
 	// Grow the filesystem once here, so clones of the default size start
 	// with it grown.
-	// The NIC stays down in the template: each clone's own Sync brings it
-	// up with that sandbox's address (and CA).
+	// The NIC is configured as every sandbox has it (its own link and
+	// stack make the same address safe for all): a clone's Sync then finds
+	// nothing to change unless it has no network or a CA to install.
 	if _, err := c.SyncWith(bootCtx, agentapi.SyncOptions{
 		Hostname:  "airlock",
 		DiskBytes: uint64(t.Key.DiskMiB) << 20,
-		Network:   &agentv1.NetworkConfig{Enabled: false},
+		Network:   GuestNetwork(true, nil),
 	}); err != nil {
 		c.Close()
 		return err

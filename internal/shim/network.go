@@ -21,6 +21,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -162,16 +163,7 @@ func (n *network) guestConfig() *agentv1.NetworkConfig {
 	if n.eng == nil {
 		return nil
 	}
-	if n.spec.Mode == "none" {
-		return &agentv1.NetworkConfig{Enabled: false}
-	}
-	return &agentv1.NetworkConfig{
-		Enabled:     true,
-		Address:     netip.PrefixFrom(netconf.GuestIP, netconf.PrefixLen).String(),
-		Gateway:     netconf.GatewayIP.String(),
-		Nameservers: []string{netconf.GatewayIP.String()},
-		CaCertPem:   n.eng.CACertPEM(),
-	}
+	return sandbox.GuestNetwork(n.spec.Mode != "none", n.eng.CACertPEM())
 }
 
 // listenPorts serves ports.sock and the published ports.
