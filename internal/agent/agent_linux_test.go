@@ -78,12 +78,16 @@ func TestSyncNetwork(t *testing.T) {
 	}
 	sync(nil) // an old host: networking is left alone
 	sync(&agentv1.NetworkConfig{Enabled: false, Address: "ignored"})
-	sync(&agentv1.NetworkConfig{Enabled: true, Address: "10.0.2.15/24", Gateway: "10.0.2.2", Nameservers: []string{"10.0.2.3"}, Mtu: 1400})
+	on := &agentv1.NetworkConfig{Enabled: true, Address: "10.0.2.15/24", Gateway: "10.0.2.2", Nameservers: []string{"10.0.2.3"}, Mtu: 1400}
+	sync(on)
+	sync(on) // the config last applied: skipped (a clone of a template)
+	sync(&agentv1.NetworkConfig{Enabled: true, Address: "10.0.2.15/24", Gateway: "10.0.2.2", Nameservers: []string{"10.0.2.4"}})
 	s := env.sys
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.network) != 2 || s.network[0].Enabled || !s.network[1].Enabled ||
-		s.network[1].Address != netip.MustParsePrefix("10.0.2.15/24") || s.network[1].MTU != 1400 {
+	if len(s.network) != 3 || s.network[0].Enabled || !s.network[1].Enabled ||
+		s.network[1].Address != netip.MustParsePrefix("10.0.2.15/24") || s.network[1].MTU != 1400 ||
+		s.network[2].Nameservers[0] != netip.MustParseAddr("10.0.2.4") {
 		t.Errorf("system got network configs %+v", s.network)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strconv"
 
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 )
@@ -75,6 +76,16 @@ func networkOptions(req *networkRequest, admin bool) (netconf.Spec, netconf.Valu
 	}
 	if len(spec.Ports) > 0 && !admin {
 		return netconf.Spec{}, nil, errPortsNeedAdmin
+	}
+	if !admin {
+		// Threat 62: the platform floor (private, loopback, link-local,
+		// metadata...) is the operator's to open, not a tenant's.
+		if p, err := spec.Policy(); err == nil {
+			if r := p.OpensFloor(); r != nil {
+				return netconf.Spec{}, nil, &Error{http.StatusForbidden, "permission_denied",
+					"network.allow " + strconv.Quote(r.Text) + " opens private, loopback, link-local or metadata addresses, which needs an admin key"}
+			}
+		}
 	}
 	if _, err := spec.Normalize(vals); err != nil {
 		return netconf.Spec{}, nil, err

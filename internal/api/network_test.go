@@ -19,7 +19,7 @@ func TestNetworkSecretNeverLeaks(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, store.APIKey{})
 	const value = "sk-live-0123456789-do-not-leak"
-	body := `{"network":{"mode":"deny","allow":["api.github.com","203.0.113.0/24:443"],
+	body := `{"network":{"mode":"deny","allow":["api.github.com","93.184.0.0/16:443"],
 		"secrets":[{"name":"OPENAI_API_KEY","hosts":["api.openai.com"],"value":"` + value + `"}],
 		"rate_bytes":1048576,"max_conns":256}}`
 	var bodies []string
@@ -100,6 +100,11 @@ func TestNetworkRequest(t *testing.T) {
 		{h.alice, `{"network":{"ports":[{"host_port":8080,"guest_port":8000}]}}`, 403, "admin key"},
 		{h.admin, `{"network":{"ports":[{"host_ip":"127.0.0.1","host_port":8080,"guest_port":8000}]}}`, 201, ""},
 		{h.admin, `{"network":{"ports":[{"host_ip":"nope","host_port":8080,"guest_port":8000}]}}`, 400, "host address"},
+		{h.alice, `{"network":{"allow":["10.0.0.0/8"]}}`, 403, "needs an admin key"},
+		{h.alice, `{"network":{"mode":"public","allow":["169.254.169.254:80"]}}`, 403, "needs an admin key"},
+		{h.alice, `{"network":{"allow":["[fd00::1]"]}}`, 403, "needs an admin key"},
+		{h.alice, `{"network":{"allow":["203.0.114.0/24:443","api.example.com"]}}`, 201, ""},
+		{h.admin, `{"network":{"allow":["10.1.2.3:5432"]}}`, 201, ""},
 	} {
 		r := h.do(tc.key, "POST", "/v1/sandboxes", strings.NewReader(tc.body))
 		if r.code != tc.code {

@@ -14,6 +14,7 @@ import (
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -21,8 +22,9 @@ const instructions = `airlock runs untrusted code in disposable microVM sandboxe
 Use run_code (python, javascript or bash; state persists in a code context) or exec
 (a command line). Without sandbox_id both use this session's own sandbox, created on
 first use. Sandboxes this session creates are removed when the session ends. File tools
-act on paths inside a sandbox only; nothing on the host is reachable. The sandboxes have
-no network.`
+act on paths inside a sandbox only; nothing on the host is reachable. Sandboxes reach
+the public internet by default (never private, loopback or cloud metadata addresses);
+sandbox_create takes network "deny" with allow rules, or "none".`
 
 // newServer returns the sdk.Server of session s with every tool.
 func (h *Handler) newServer(s *session) *sdk.Server {
@@ -36,7 +38,7 @@ func (h *Handler) newServer(s *session) *sdk.Server {
 		InitializedHandler: func(_ context.Context, req *sdk.InitializedRequest) { s.watch(req.Session) },
 	})
 	t := &tools{h: h, s: s}
-	add(srv, t, "sandbox_create", `Create a new sandbox (a microVM) and return its id and details. Usually unnecessary: run_code and exec create this session's sandbox on first use. Sandboxes created here are removed when this MCP session ends. The sandbox has no network: "network" may only be "none" or omitted (network policies and secrets are not implemented yet).`, t.sandboxCreate)
+	add(srv, t, "sandbox_create", `Create a new sandbox (a microVM) and return its id and details. Usually unnecessary: run_code and exec create this session's sandbox on first use. Sandboxes created here are removed when this MCP session ends. Network: "public" (default: public internet only; private, loopback, link-local and metadata addresses are always refused), "deny" (only what "allow" names: domains, *.suffix, IPs, CIDRs, each with an optional :port) or "none". Secrets and published ports are not available through MCP (use the CLI or HTTP API).`, t.sandboxCreate)
 	add(srv, t, "sandbox_list", "List the sandboxes this session may use (its tenant's), with state, size and expiry. Those created by this session are marked.", t.sandboxList)
 	add(srv, t, "sandbox_kill", "Stop and delete a sandbox now, with everything in it.", t.sandboxKill)
 	add(srv, t, "sandbox_set_timeout", "Set a sandbox's remaining lifetime: it is stopped and deleted timeout_s seconds from now.", t.sandboxSetTimeout)
@@ -90,19 +92,21 @@ type createIn struct {
 	TimeoutS int               `json:"timeout_s,omitempty" jsonschema:"lifetime in seconds before the sandbox is deleted (default 900, at most 86400)"`
 	Env      map[string]string `json:"env,omitempty" jsonschema:"default environment of every command and code context in the sandbox"`
 	Metadata map[string]string `json:"metadata,omitempty" jsonschema:"labels (keys 1-64 bytes, values at most 1024)"`
-	Network  string            `json:"network,omitempty" jsonschema:"only \"none\" (or omit it): sandboxes have no network yet"`
+	Network  string            `json:"network,omitempty" jsonschema:"public (default), deny or none"`
+	Allow    []string          `json:"allow,omitempty" jsonschema:"allow rules: example.com, *.example.com, 203.0.113.7, 203.0.113.0/24, each optionally :port or :lo-hi (makes the default mode deny)"`
 }
 
 func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
-	if in.Network != "" && in.Network != "none" {
-		return nil, fmt.Errorf("%w: network must be \"none\" or omitted (network policies are not implemented yet)", errdefs.ErrInvalid)
+	network := netconf.Spec{Mode: in.Network, Allow: in.Allow}
+	if _, err := network.Normalize(nil); err != nil {
+		return nil, err
 	}
 	if in.CPUs < 0 || in.MemoryMB < 0 || in.TimeoutS < 0 || in.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
 		return nil, fmt.Errorf("%w: cpus and memory_mb must not be negative; timeout_s must be between 0 and %d", errdefs.ErrInvalid, int(sandbox.MaxTimeout/time.Second))
 	}
 	sb, err := t.s.create(ctx, sandbox.CreateOptions{
 		Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
-		Env: in.Env, Metadata: in.Metadata,
+		Env: in.Env, Metadata: in.Metadata, Network: network,
 	})
 	if err != nil {
 		return nil, err

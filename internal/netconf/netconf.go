@@ -187,6 +187,9 @@ func (s Spec) Normalize(vals Values) (Spec, error) {
 		ports = append(ports, pt)
 	}
 	s.Ports = ports
+	if len(ports) > 0 && p.Mode() == policy.ModeNone {
+		return bad("published ports need network access, but the network mode is none")
+	}
 	if s.RateBytes < 0 {
 		return bad("rate must not be negative")
 	}

@@ -265,3 +265,22 @@ func quote(s string) string {
 	}
 	return strconv.Quote(s)
 }
+
+// OpensFloor returns the first IP or CIDR rule that opens a floor address
+// (a single floor address, or a range inside one special-purpose block;
+// a broader range opens nothing), or nil. Control
+// planes use it to keep tenants from widening the platform floor (threat
+// 62): only operators may.
+func (p Policy) OpensFloor() *Rule {
+	for i := range p.rules {
+		r := &p.rules[i]
+		if !r.Prefix.IsValid() {
+			continue
+		}
+		f := floorInfo{detail: classify(r.Prefix.Masked().Addr())}
+		if f.class.Floor() && r.opens(f) {
+			return r
+		}
+	}
+	return nil
+}

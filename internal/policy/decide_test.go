@@ -334,3 +334,19 @@ func TestNameAndDNSAnswer(t *testing.T) {
 		t.Errorf("rebinding reason %q", d.Reason)
 	}
 }
+
+func TestOpensFloor(t *testing.T) {
+	for rule, want := range map[string]bool{
+		"10.0.0.0/8": true, "10.1.2.3": true, "169.254.169.254": true, "127.0.0.1:8080": true, "[::1]": true,
+		"[fd00::/8]": true, "100.64.0.0/10": true, "[::ffff:10.0.0.1]": true,
+		"8.8.8.8": false, "0.0.0.0/0": false, "203.0.113.0/24": true, "169.254.0.0/16": true, "203.0.114.0/24": false, "example.com": false, "*.example.com": false, "8.0.0.0/6": false,
+	} {
+		p, err := ParsePolicy("deny", []string{rule})
+		if err != nil {
+			t.Fatalf("%s: %v", rule, err)
+		}
+		if got := p.OpensFloor() != nil; got != want {
+			t.Errorf("OpensFloor(%s) = %v, want %v", rule, got, want)
+		}
+	}
+}

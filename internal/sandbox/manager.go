@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -232,7 +233,13 @@ func (m *Manager) startShim(ctx context.Context, id string, secrets netconf.Valu
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{pw, sr} // fd 3: readiness, fd 4: secrets
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	cmd.Env = os.Environ()
+	// The shim gets the values over the pipe; the caller's own copies in
+	// its environment (`--secret NAME@host` reads $NAME) stay behind.
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		_, isSecret := secrets[k]
+		return isSecret
+	})
 	if err := cmd.Start(); err != nil {
 		pw.Close()
 		sw.Close()

@@ -17,7 +17,7 @@ func TestCreateNetwork(t *testing.T) {
 	ctx := t.Context()
 	sb, err := c.Create(ctx, airlock.CreateOptions{Network: &airlock.Network{
 		Mode:      airlock.NetworkDeny,
-		Allow:     []string{"api.github.com", "203.0.113.0/24:443"},
+		Allow:     []string{"api.github.com", "140.82.112.0/20:443"},
 		Secrets:   []airlock.Secret{{Name: "OPENAI_API_KEY", Hosts: []string{"api.openai.com"}, Value: "sk-test"}},
 		RateBytes: 1 << 20, MaxConns: 64,
 	}})

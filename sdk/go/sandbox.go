@@ -53,7 +53,7 @@ type Network struct {
 	// or deny when Allow is set.
 	Mode string `json:"mode,omitempty"`
 	// Allow rules: a host name, "*.suffix", an IP or CIDR, each with an
-	// optional ":port" or ":lo-hi" ("api.github.com", "203.0.113.0/24:443").
+	// optional ":port" or ":lo-hi" ("api.github.com", "140.82.112.0/20:443").
 	Allow []string `json:"allow,omitempty"`
 	// Secrets are values the guest never sees: it gets a placeholder, and
 	// the host puts the real value into requests to the secret's Hosts only.

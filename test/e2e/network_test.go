@@ -415,6 +415,11 @@ func TestNetworkSecrets(t *testing.T) {
 		t.Errorf("the other host received the placeholder: %q", data)
 	}
 
+	// The shim got the value over a pipe, not in its environment.
+	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", shimPID(t, e, id))); err != nil || bytes.Contains(env, []byte(value)) {
+		t.Errorf("shim environment holds the secret value (or is unreadable: %v)", err)
+	}
+
 	// The value is nowhere in the VMM's memory, a superset of the guest's
 	// RAM (process environments, page cache). Checked first: the file scan
 	// below has to hand the value to the guest.

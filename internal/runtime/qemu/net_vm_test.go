@@ -31,8 +31,8 @@ var guestNet = &agentv1.NetworkConfig{
 }
 
 // TestVMNetwork boots a template with a NIC, lets the agent bring the NIC
-// up and sees the guest's frames on NetConn; then takes the NIC down (as a
-// template build does), snapshots, and checks that a restored clone's fresh
+// up and sees the guest's frames on NetConn; then takes the NIC down,
+// snapshots, and checks that a restored clone's fresh
 // link carries frames once its own Sync brings the NIC up.
 func TestVMNetwork(t *testing.T) {
 	f := newVMFixture(t)

@@ -181,7 +181,7 @@ class Client:
 
             network={
                 "mode": "deny",                       # default: public, or deny with allow
-                "allow": ["api.github.com", "203.0.113.0/24:443"],
+                "allow": ["api.github.com", "140.82.112.0/20:443"],
                 "secrets": [{"name": "OPENAI_API_KEY", "hosts": ["api.openai.com"],
                              "value": os.environ["OPENAI_API_KEY"]}],
                 "ports": [{"host_ip": "127.0.0.1", "host_port": 8080, "guest_port": 8000}],  # admin keys only

@@ -17,14 +17,14 @@ class NetworkTests(unittest.TestCase):
     def test_create_with_network(self):
         sb = self.client.create(network={
             "mode": "deny",
-            "allow": ["api.github.com", "203.0.113.0/24:443"],
+            "allow": ["api.github.com", "140.82.112.0/20:443"],
             "secrets": [{"name": "OPENAI_API_KEY", "hosts": ["api.openai.com"], "value": "sk-test"}],
             "rate_bytes": 1 << 20,
             "max_conns": 64,
         })
         n = sb.network
         self.assertEqual((n["mode"], n["allow"], n["rate_bytes"], n["max_conns"]),
-                         ("deny", ["api.github.com", "203.0.113.0/24:443"], 1 << 20, 64))
+                         ("deny", ["api.github.com", "140.82.112.0/20:443"], 1 << 20, 64))
         sec = n["secrets"][0]
         self.assertEqual((sec["name"], sec["hosts"]), ("OPENAI_API_KEY", ["api.openai.com"]))
         self.assertTrue(sec["placeholder"].startswith("airlock-secret-"))
