@@ -54,10 +54,20 @@ func (e env) cmd(ctx context.Context, stdin io.Reader, args ...string) *exec.Cmd
 
 func (e env) run(t *testing.T, stdin io.Reader, args ...string) result {
 	t.Helper()
+	return e.runWith(t, nil, stdin, args...)
+}
+
+// runWith runs the CLI with extra environment (inherited by the shims it
+// starts) and stdin.
+func (e env) runWith(t *testing.T, extraEnv []string, stdin io.Reader, args ...string) result {
+	t.Helper()
 	// Not t.Context(): it is already cancelled when cleanups run.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c := e.cmd(ctx, stdin, args...)
+	if extraEnv != nil {
+		c.Env = append(os.Environ(), extraEnv...)
+	}
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
 	err := c.Run()

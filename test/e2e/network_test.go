@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,7 +11,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -20,7 +18,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -84,25 +81,6 @@ func (l *countingListener) stats() (int, []byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.conns, bytes.Clone(l.data)
-}
-
-// runEnv runs the CLI with extra environment (inherited by the shim).
-func (e env) runEnv(t *testing.T, extra []string, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := e.cmd(ctx, nil, args...)
-	c.Env = append(os.Environ(), extra...)
-	var out, errb bytes.Buffer
-	c.Stdout, c.Stderr = &out, &errb
-	err := c.Run()
-	r := result{out.String(), errb.String(), 0}
-	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
-		r.code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("airlock %v: %v", args, err)
-	}
-	return r
 }
 
 // probeScript tries each "label host port" line from stdin and prints
@@ -172,7 +150,7 @@ func TestNetworkFloorIsClosed(t *testing.T) {
 	meta := listenCount(t, "127.0.0.1:0")
 	dns := testutil.StartDNS(t, map[string][]string{"meta.test": {"169.254.169.254"}, "loop.test": {"127.0.0.1"}})
 	extra := []string{"AIRLOCK_TEST_DIAL_MAP=" + pubA + "=127.0.0.1", "AIRLOCK_DNS=" + dns.Addr}
-	r := e.runEnv(t, extra, "create")
+	r := e.runWith(t, extra, nil, "create")
 	if r.code != 0 {
 		t.Fatalf("create: %s", r.stderr)
 	}
@@ -242,7 +220,7 @@ func TestNetworkDenyModeAndDNS(t *testing.T) {
 		"rebind.test": {pubA, "127.0.0.1"},
 	})
 	extra := []string{"AIRLOCK_TEST_DIAL_MAP=" + pubA + "=127.0.0.1," + pubB + "=127.0.0.1", "AIRLOCK_DNS=" + dns.Addr}
-	r := e.runEnv(t, extra, "create", "--net", "deny", "--allow", "a.test", "--allow", "rebind.test")
+	r := e.runWith(t, extra, nil, "create", "--net", "deny", "--allow", "a.test", "--allow", "rebind.test")
 	if r.code != 0 {
 		t.Fatalf("create: %s", r.stderr)
 	}
@@ -380,7 +358,7 @@ func TestNetworkSecrets(t *testing.T) {
 		"AIRLOCK_UPSTREAM_CA_FILE=" + caFile,
 		"API_KEY=" + value,
 	}
-	r := e.runEnv(t, extra, "create", "--secret", "API_KEY@api.test")
+	r := e.runWith(t, extra, nil, "create", "--secret", "API_KEY@api.test")
 	if r.code != 0 {
 		t.Fatalf("create: %s", r.stderr)
 	}

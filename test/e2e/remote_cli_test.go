@@ -2,39 +2,24 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
+	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // remoteRun runs the airlock CLI with AIRLOCK_HOST and AIRLOCK_API_KEY set,
 // so that its sandbox commands go through the API server s.
 func remoteRun(t *testing.T, e env, s *apiServer, key string, stdin []byte, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := e.cmd(ctx, nil, args...)
+	var in io.Reader
 	if stdin != nil {
-		c.Stdin = bytes.NewReader(stdin)
+		in = bytes.NewReader(stdin)
 	}
-	c.Env = append(os.Environ(), "AIRLOCK_HOST="+s.base, "AIRLOCK_API_KEY="+key)
-	var out, errb bytes.Buffer
-	c.Stdout, c.Stderr = &out, &errb
-	err := c.Run()
-	r := result{out.String(), errb.String(), 0}
-	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
-		r.code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("airlock %v: %v", args, err)
-	}
-	return r
+	return e.runWith(t, []string{"AIRLOCK_HOST=" + s.base, "AIRLOCK_API_KEY=" + key}, in, args...)
 }
 
 // The same CLI, through the server: run, create, exec (exit codes, stdout
