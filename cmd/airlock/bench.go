@@ -138,6 +138,15 @@ func benchCmd(g *globals) *cobra.Command {
 			}
 			rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
 
+			fmt.Fprintln(os.Stderr, "bench: pause/resume rows")
+			pr, err := pauseBench(ctx, m, cli, runs)
+			if err != nil {
+				return fmt.Errorf("pause bench: %w", err)
+			}
+			for _, r := range pr {
+				rows = append(rows, row{r[0], r[1], r[2]})
+			}
+
 			if netMiB > 0 {
 				fmt.Fprintln(os.Stderr, "bench: network rows")
 				nr, err := netBench(ctx, cli, netMiB, 50)

@@ -1,7 +1,7 @@
 package main
 
-// Remote mode: with AIRLOCK_HOST set, run, create, exec, cp, ls, inspect, rm
-// and events go through an airlock API server with the Go SDK instead of the
+// Remote mode: with AIRLOCK_HOST set, run, create, exec, cp, ls, inspect, rm,
+// pause, resume, touch and events go through an airlock API server with the Go SDK instead of the
 // local state dir. Flags are parsed by the same code as the local mode, and
 // exits mean the same: the command's code, 124 timeout, 128+N signal N, 125
 // an airlock failure, 130 interrupted.
@@ -75,6 +75,7 @@ func remoteCreateOptions(o sandbox.CreateOptions) airlock.CreateOptions {
 	return airlock.CreateOptions{
 		Image: o.Image, CPUs: o.CPUs, MemoryMB: o.MemoryMiB, DiskMB: o.DiskMiB,
 		Timeout: o.Timeout, Metadata: o.Metadata, Env: o.Env, Network: remoteNetwork(o.Network, o.Secrets),
+		IdlePause: o.IdlePause,
 	}
 }
 
@@ -98,12 +99,15 @@ func remoteExecRequest(start *agentv1.ExecStart) (airlock.ExecRequest, error) {
 }
 
 func remoteView(sb *airlock.Sandbox) sandboxView {
-	return sandboxView{
+	v := sandboxView{
 		ID: sb.ID, State: sb.State, Reason: sb.Reason, Image: sb.Image, Digest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMB, DiskMiB: sb.DiskMB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(), Accel: sb.Accel, Kernel: sb.GuestKernel,
 		StartMode: sb.StartMode, Metadata: sb.Metadata, Tenant: sb.Tenant, Network: viewRemoteNetwork(sb.Network),
+		IdlePauseS: sb.IdlePauseS,
 	}
+	v.setPause(sb.PausedAt, sb.State == airlock.StatePaused, sb.LifetimeLeftS)
+	return v
 }
 
 func remoteRun(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions, start *agentv1.ExecStart, interactive bool) error {

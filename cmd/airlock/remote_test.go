@@ -23,15 +23,17 @@ import (
 type fakeAPI struct {
 	t *testing.T
 
-	mu        sync.Mutex
-	sandboxes map[string]map[string]any
-	files     map[string]fakeFile // "id:/path"
-	execReqs  []map[string]any
-	stdin     map[string]*fakeExec // exec id -> background exec
-	killed    []string
-	nextID    int
-	creates   []map[string]any // create request bodies
-	eventsQ   []string         // events query strings
+	mu         sync.Mutex
+	sandboxes  map[string]map[string]any
+	files      map[string]fakeFile // "id:/path"
+	execReqs   []map[string]any
+	stdin      map[string]*fakeExec // exec id -> background exec
+	killed     []string
+	nextID     int
+	creates    []map[string]any // create request bodies
+	eventsQ    []string         // events query strings
+	pauses     []map[string]any // pause request bodies
+	keepalives int
 }
 
 type fakeFile struct {
@@ -58,6 +60,14 @@ func newFakeAPI(t *testing.T) (*fakeAPI, *httptest.Server) {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/execs/{eid}/signal", f.sandbox(func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
 		f.mu.Lock()
 		f.killed = append(f.killed, r.PathValue("eid"))
+		f.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", f.sandbox(f.pause))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.sandbox(f.resume))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", f.sandbox(func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		f.mu.Lock()
+		f.keepalives++
 		f.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	}))
@@ -104,7 +114,7 @@ func (f *fakeAPI) create(w http.ResponseWriter, r *http.Request) {
 	id = strings.NewReplacer("0", "a", "1", "b", " ", "a").Replace(id)
 	sb := map[string]any{
 		"id": id, "state": "running", "image": in["image"], "cpus": in["cpus"], "memory_mb": in["memory_mb"],
-		"disk_mb": 2048, "accel": "kvm", "tenant": "cli", "metadata": in["metadata"],
+		"disk_mb": 2048, "accel": "kvm", "tenant": "cli", "metadata": in["metadata"], "idle_pause_s": in["idle_pause_s"],
 		"created_at": time.Now().UTC(), "expires_at": time.Now().Add(time.Duration(in["timeout_s"].(float64)) * time.Second).UTC(),
 	}
 	if n, ok := in["network"].(map[string]any); ok {

@@ -54,6 +54,7 @@ func parseDuration(s string) (time.Duration, error) {
 
 type createFlags struct {
 	image, memory, disk, timeout string
+	idlePause                    string
 	cpus                         int
 	meta                         []string
 	net                          netFlags
@@ -64,8 +65,9 @@ func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
 	cmd.Flags().IntVar(&f.cpus, "cpus", 1, "virtual CPUs")
 	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
 	cmd.Flags().StringVar(&f.disk, "disk", "", "root disk size (default: image size + 1G, at least 2G)")
-	cmd.Flags().StringVar(&f.timeout, lifetimeName, "15m", "lifetime: the sandbox is stopped and removed after this")
+	cmd.Flags().StringVar(&f.timeout, lifetimeName, "15m", "lifetime (running time; time paused does not count): the sandbox is stopped and removed after this")
 	cmd.Flags().StringArrayVar(&f.meta, "meta", nil, "metadata KEY=VALUE (repeatable)")
+	cmd.Flags().StringVar(&f.idlePause, "idle-pause", "0", "pause the sandbox after this long idle (no exec or code running, no call, no inbound connection); the next call resumes it. 0: never")
 	f.net.register(cmd)
 }
 
@@ -86,6 +88,11 @@ func (f *createFlags) options(lifetimeFlag string, lookupEnv func(string) (strin
 	}
 	if o.Timeout, err = parseDuration(f.timeout); err != nil {
 		return o, fmt.Errorf("--%s: %w", lifetimeFlag, err)
+	}
+	if f.idlePause != "" && f.idlePause != "0" {
+		if o.IdlePause, err = parseDuration(f.idlePause); err != nil {
+			return o, fmt.Errorf("--idle-pause: %w (0: never)", err)
+		}
 	}
 	for _, kv := range f.meta {
 		k, v, ok := strings.Cut(kv, "=")
@@ -325,8 +332,13 @@ func printSandboxes(w io.Writer, sbs []sandboxView, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tCPUS\tMEMORY\tDISK\tAGE\tEXPIRES IN")
 	for _, sb := range sbs {
+		expires := time.Until(sb.ExpiresAt).Round(time.Second).String()
+		if sb.LifetimeLeftS != nil {
+			// The lifetime counts running time only: it stands still while paused.
+			expires = (time.Duration(*sb.LifetimeLeftS) * time.Second).String() + " of running time"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dM\t%s\t%s\n", sb.ID, sb.State, sb.Image, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
-			time.Since(sb.CreatedAt).Round(time.Second), time.Until(sb.ExpiresAt).Round(time.Second))
+			time.Since(sb.CreatedAt).Round(time.Second), expires)
 	}
 	return tw.Flush()
 }
@@ -348,11 +360,36 @@ type sandboxView struct {
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	Tenant    string            `json:"tenant,omitempty"`
 	Network   *networkView      `json:"network,omitempty"`
+	// IdlePauseS: idle seconds before the sandbox pauses itself (0: never).
+	IdlePauseS int64 `json:"idle_pause_s"`
+	// PausedAt: when it was last paused (absent if never).
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// LifetimeLeftS: only while paused, the running time it has left.
+	LifetimeLeftS *int64 `json:"lifetime_left_s,omitempty"`
 }
 
 func view(sb store.Sandbox) sandboxView {
-	return sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
-		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata, sb.Tenant, viewNetwork(sb.Network)}
+	v := sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
+		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata, sb.Tenant, viewNetwork(sb.Network),
+		int64(sb.IdlePause / time.Second), nil, nil}
+	var left int64
+	if sb.State == store.StatePaused {
+		left = int64(sb.LifetimeLeft / time.Second)
+	}
+	v.setPause(sb.PausedAt, sb.State == store.StatePaused, left)
+	return v
+}
+
+// setPause fills the pause fields: pausedAt if not zero, the lifetime left
+// only while paused.
+func (v *sandboxView) setPause(pausedAt time.Time, paused bool, leftS int64) {
+	if !pausedAt.IsZero() {
+		t := pausedAt.UTC()
+		v.PausedAt = &t
+	}
+	if paused {
+		v.LifetimeLeftS = &leftS
+	}
 }
 
 func views(sbs []store.Sandbox) []sandboxView {

@@ -32,6 +32,8 @@ type fake struct {
 	// server on the other end of a pipe); dials records every DialPort.
 	guest *pipeListener
 	dials []string
+	// pauses and touches record Pause (that did pause) and Touch calls.
+	pauses, touches []string
 }
 
 func newFake() *fake {
@@ -94,6 +96,52 @@ func (f *fake) SetTimeout(_ context.Context, id string, d time.Duration) error {
 	sb := f.sbs[id]
 	sb.ExpiresAt = time.Now().Add(d)
 	f.sbs[id] = sb
+	return nil
+}
+
+// Pause refuses a sandbox with a running exec ("busy" metadata) unless
+// force, like the manager; pausing twice is a no-op.
+func (f *fake) Pause(_ context.Context, id string, force bool) (sandbox.PauseResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	switch {
+	case !ok:
+		return sandbox.PauseResult{}, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
+	case sb.State == store.StatePaused:
+		return sandbox.PauseResult{}, nil
+	case sb.State != store.StateRunning:
+		return sandbox.PauseResult{}, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, id, sb.State)
+	case sb.Metadata["busy"] != "" && !force:
+		return sandbox.PauseResult{}, fmt.Errorf("%w: sandbox %s has running commands; pause with force to end them", errdefs.ErrFailedPrecondition, id)
+	}
+	sb.State, sb.PausedAt, sb.LifetimeLeft = store.StatePaused, time.Now(), 10*time.Minute
+	f.sbs[id] = sb
+	f.pauses = append(f.pauses, id)
+	return sandbox.PauseResult{StateBytes: 123 << 20, Save: 800 * time.Millisecond}, nil
+}
+
+func (f *fake) Resume(_ context.Context, id string) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return sb, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
+	}
+	if sb.State == store.StatePaused {
+		sb.State, sb.ExpiresAt, sb.LifetimeLeft = store.StateRunning, time.Now().Add(sb.LifetimeLeft), 0
+		f.sbs[id] = sb
+	}
+	return sb, nil
+}
+
+func (f *fake) Touch(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.sbs[id]; !ok {
+		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
+	}
+	f.touches = append(f.touches, id)
 	return nil
 }
 

@@ -39,7 +39,8 @@ func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.desc, err)
 		return
 	}
-	n := map[store.State]int{store.StateCreating: 0, store.StateRunning: 0, store.StateStopping: 0, store.StateFailed: 0}
+	n := map[store.State]int{store.StateCreating: 0, store.StateRunning: 0, store.StateStopping: 0, store.StateFailed: 0,
+		store.StatePausing: 0, store.StatePaused: 0, store.StateResuming: 0}
 	for _, sb := range sbs {
 		if _, ok := n[sb.State]; ok {
 			n[sb.State]++

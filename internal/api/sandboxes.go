@@ -30,6 +30,15 @@ type Sandbox struct {
 	// Network is the sandbox's network spec as the catalog keeps it: secret
 	// names, hosts and placeholders, never values.
 	Network netconf.Spec `json:"network"`
+	// IdlePauseS is the idle time after which the sandbox pauses itself
+	// (0: never).
+	IdlePauseS int64 `json:"idle_pause_s"`
+	// PausedAt is when it was last paused (absent if never).
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// LifetimeLeftS is, while paused, the running time it has left: the
+	// lifetime counts running time only, and a resume sets expires_at to
+	// now plus it. Absent unless paused.
+	LifetimeLeftS *int64 `json:"lifetime_left_s,omitempty"`
 }
 
 func viewSandbox(sb store.Sandbox) Sandbox {
@@ -37,13 +46,22 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 	if md == nil {
 		md = map[string]string{}
 	}
-	return Sandbox{
+	v := Sandbox{
 		ID: sb.ID, State: string(sb.State), Reason: sb.Reason, Image: sb.Image, ImageDigest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
 		Accel: sb.Accel, GuestKernel: sb.Kernel, StartMode: sb.StartMode, Metadata: md, Tenant: sb.Tenant,
-		Network: sb.Network,
+		Network: sb.Network, IdlePauseS: int64(sb.IdlePause / time.Second),
 	}
+	if !sb.PausedAt.IsZero() {
+		t := sb.PausedAt.UTC()
+		v.PausedAt = &t
+	}
+	if sb.State == store.StatePaused {
+		left := int64(sb.LifetimeLeft / time.Second)
+		v.LifetimeLeftS = &left
+	}
+	return v
 }
 
 type createRequest struct {
@@ -55,6 +73,9 @@ type createRequest struct {
 	Env      map[string]string `json:"env"`
 	Metadata map[string]string `json:"metadata"`
 	Network  *networkRequest   `json:"network"`
+	// IdlePauseS pauses the sandbox after this many idle seconds (0:
+	// never).
+	IdlePauseS int `json:"idle_pause_s"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -63,8 +84,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if req.CPUs < 0 || req.MemoryMB < 0 || req.DiskMB < 0 || req.TimeoutS < 0 {
-		s.fail(w, r, invalidf("cpus, memory_mb, disk_mb and timeout_s must not be negative"))
+	if req.CPUs < 0 || req.MemoryMB < 0 || req.DiskMB < 0 || req.TimeoutS < 0 || req.IdlePauseS < 0 {
+		s.fail(w, r, invalidf("cpus, memory_mb, disk_mb, timeout_s and idle_pause_s must not be negative"))
+		return
+	}
+	if req.IdlePauseS > int(sandbox.MaxIdlePause/time.Second) {
+		s.fail(w, r, invalidf("idle_pause_s must be at most %d", int(sandbox.MaxIdlePause/time.Second)))
 		return
 	}
 	if req.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
@@ -74,6 +99,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	o := sandbox.CreateOptions{
 		Image: req.Image, CPUs: req.CPUs, MemoryMiB: req.MemoryMB, DiskMiB: req.DiskMB,
 		Timeout: time.Duration(req.TimeoutS) * time.Second, Metadata: req.Metadata, Env: req.Env,
+		IdlePause: time.Duration(req.IdlePauseS) * time.Second,
 	}
 	if o.CPUs == 0 {
 		o.CPUs = 1
@@ -86,6 +112,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var err error
 	if o.Network, o.Secrets, err = networkOptions(req.Network, k.Admin); err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if o.IdlePause > 0 && len(o.Secrets) > 0 {
+		s.fail(w, r, invalidf("idle_pause_s: a sandbox with secrets cannot pause; drop idle_pause_s or the secrets"))
 		return
 	}
 	release, err := s.reserve(r.Context(), k.Tenant, s.limitsOf(k), o.CPUs, o.MemoryMiB)
@@ -103,7 +133,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.creates.Inc()
 	s.audit(r, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB,
-		"network": networkAudit(sb.Network)})
+		"network": networkAudit(sb.Network), "idle_pause_s": int64(sb.IdlePause / time.Second)})
 	writeJSON(w, http.StatusCreated, viewSandbox(sb))
 }
 

@@ -24,6 +24,16 @@ type Sandboxes interface {
 	Remove(ctx context.Context, id string) error
 	// SetTimeout moves the sandbox's expiry to now + d.
 	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	// Pause saves a running sandbox to disk and ends its VMM (a paused
+	// sandbox is a no-op). Without force it is refused
+	// (ErrFailedPrecondition) while commands or code are running.
+	Pause(ctx context.Context, id string, force bool) (sandbox.PauseResult, error)
+	// Resume restores a paused sandbox (a running one is a no-op) and
+	// returns its row once the guest answers.
+	Resume(ctx context.Context, id string) (store.Sandbox, error)
+	// Touch counts as activity for the idle-pause timer (and resumes a
+	// paused sandbox).
+	Touch(ctx context.Context, id string) error
 }
 
 // Files is the file part of the manager. Paths are validated by the API

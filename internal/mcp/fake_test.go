@@ -25,6 +25,9 @@ type fake struct {
 	files  map[string][]byte // sandbox id + path
 	events []store.Event
 	execs  map[string]*agentv1.ExecStart
+	// resumes records the sandboxes a call resumed (like the manager, any
+	// call on a paused sandbox resumes it).
+	resumes []string
 }
 
 func newFake() *fake {
@@ -41,7 +44,8 @@ func (f *fake) Create(_ context.Context, o sandbox.CreateOptions) (store.Sandbox
 	}
 	f.n++
 	sb := store.Sandbox{ID: fmt.Sprintf("sb%014d", f.n), State: store.StateRunning, Image: "base", CPUs: o.CPUs,
-		MemoryMiB: o.MemoryMiB, Tenant: o.Tenant, Env: o.Env, Metadata: o.Metadata, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}
+		MemoryMiB: o.MemoryMiB, Tenant: o.Tenant, Env: o.Env, Metadata: o.Metadata, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour),
+		IdlePause: o.IdlePause}
 	f.sbs[sb.ID] = sb
 	return sb, nil
 }
@@ -97,9 +101,53 @@ func (f *fake) ids() []string {
 	}))
 }
 
+// Pause: a sandbox with metadata busy=1 runs a command (refused without
+// force).
+func (f *fake) Pause(_ context.Context, id string, force bool) (sandbox.PauseResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	switch {
+	case !ok:
+		return sandbox.PauseResult{}, fmt.Errorf("%w: sandbox %s", errdefs.ErrNotFound, id)
+	case sb.State == store.StatePaused:
+		return sandbox.PauseResult{}, nil
+	case sb.Metadata["busy"] == "1" && !force:
+		return sandbox.PauseResult{}, fmt.Errorf("%w: sandbox %s has running commands; pause with force to end them", errdefs.ErrFailedPrecondition, id)
+	}
+	sb.State, sb.PausedAt, sb.LifetimeLeft = store.StatePaused, time.Now(), time.Until(sb.ExpiresAt)
+	f.sbs[id] = sb
+	return sandbox.PauseResult{StateBytes: 64 << 20, Save: 300 * time.Millisecond}, nil
+}
+
+func (f *fake) Resume(_ context.Context, id string) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.resumeLocked(id); err != nil {
+		return store.Sandbox{}, err
+	}
+	return f.sbs[id], nil
+}
+
+func (f *fake) resumeLocked(id string) error {
+	sb, ok := f.sbs[id]
+	if !ok {
+		return fmt.Errorf("%w: sandbox %s", errdefs.ErrNotFound, id)
+	}
+	if sb.State == store.StatePaused {
+		sb.State, sb.ExpiresAt = store.StateRunning, time.Now().Add(sb.LifetimeLeft)
+		f.sbs[id] = sb
+		f.resumes = append(f.resumes, id)
+	}
+	return nil
+}
+
 func (f *fake) StartExec(_ context.Context, id string, start *agentv1.ExecStart, _ sandbox.Actor, _ bool) (sandbox.ExecInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.resumeLocked(id); err != nil {
+		return sandbox.ExecInfo{}, err
+	}
 	f.execs["abcdefghijklmnop"] = start
 	return sandbox.ExecInfo{ID: "abcdefghijklmnop"}, nil
 }
@@ -175,7 +223,13 @@ var png = []byte("\x89PNG\r\n\x1a\nfakepng")
 
 // RunCode: "raise" gives an error with traceback; anything else prints the
 // code, displays a PNG and returns 42.
-func (f *fake) RunCode(_ context.Context, _ string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error {
+func (f *fake) RunCode(_ context.Context, id string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error {
+	f.mu.Lock()
+	err := f.resumeLocked(id)
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if req.GetCode() == "raise" {
 		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{Name: "ValueError", Value: "bad", Traceback: []string{"Traceback (most recent call last):", "  line 1"}}}})
 	} else {

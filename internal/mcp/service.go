@@ -25,6 +25,12 @@ type Service interface {
 	Remove(ctx context.Context, id string) error
 	// SetTimeout moves the sandbox's expiry to now + d.
 	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	// Pause saves a running sandbox to disk and ends its VMM (a paused one
+	// is a no-op); without force it is refused (ErrFailedPrecondition)
+	// while commands or code run. Every other call resumes it first.
+	Pause(ctx context.Context, id string, force bool) (sandbox.PauseResult, error)
+	// Resume restores a paused sandbox (a running one is a no-op).
+	Resume(ctx context.Context, id string) (store.Sandbox, error)
 
 	// StartExec starts an exec session owned by the sandbox's shim.
 	StartExec(ctx context.Context, sandboxID string, start *agentv1.ExecStart, actor sandbox.Actor, killOnDetach bool) (sandbox.ExecInfo, error)

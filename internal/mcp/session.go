@@ -198,8 +198,8 @@ func (s *session) target(ctx context.Context, id string) (string, error) {
 	def := s.def
 	s.mu.Unlock()
 	if def != "" {
-		if sb, err := s.h.cfg.Service.Get(ctx, def); err == nil && sb.State == store.StateRunning {
-			return def, nil
+		if sb, err := s.h.cfg.Service.Get(ctx, def); err == nil && usable(sb.State) {
+			return def, nil // a paused one is resumed by the call that uses it
 		}
 		s.removed(def) // expired or failed: make a new one
 	}
@@ -211,6 +211,17 @@ func (s *session) target(ctx context.Context, id string) (string, error) {
 	s.def = sb.ID
 	s.mu.Unlock()
 	return sb.ID, nil
+}
+
+// usable reports whether a sandbox in state st can take calls: running,
+// or paused (or on its way there or back), which the manager resumes on
+// the next call.
+func usable(st store.State) bool {
+	switch st {
+	case store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming:
+		return true
+	}
+	return false
 }
 
 const uriPrefix = "airlock://sandbox/"
@@ -240,12 +251,28 @@ type sandboxView struct {
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
+	// IdlePauseS: idle seconds before the sandbox pauses itself (0: never).
+	IdlePauseS int64 `json:"idle_pause_s,omitempty"`
+	// PausedAt: when it was last paused.
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// LifetimeLeftS: while paused, the running time left (the lifetime
+	// counts running time only).
+	LifetimeLeftS *int64 `json:"lifetime_left_s,omitempty"`
 }
 
 func viewSandbox(sb store.Sandbox) sandboxView {
-	return sandboxView{
+	v := sandboxView{
 		ID: sb.ID, State: string(sb.State), Reason: sb.Reason, Image: sb.Image, CPUs: sb.CPUs,
 		MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
-		Metadata: sb.Metadata,
+		Metadata: sb.Metadata, IdlePauseS: int64(sb.IdlePause / time.Second),
 	}
+	if !sb.PausedAt.IsZero() {
+		t := sb.PausedAt.UTC()
+		v.PausedAt = &t
+	}
+	if sb.State == store.StatePaused {
+		left := int64(sb.LifetimeLeft / time.Second)
+		v.LifetimeLeftS = &left
+	}
+	return v
 }

@@ -24,7 +24,8 @@ Use run_code (python, javascript or bash; state persists in a code context) or e
 first use. Sandboxes this session creates are removed when the session ends. File tools
 act on paths inside a sandbox only; nothing on the host is reachable. Sandboxes reach
 the public internet by default (never private, loopback or cloud metadata addresses);
-sandbox_create takes network "deny" with allow rules, or "none".`
+sandbox_create takes network "deny" with allow rules, or "none". A paused sandbox
+(sandbox_pause, or idle_pause_s) resumes by itself on the next call.`
 
 // newServer returns the sdk.Server of session s with every tool.
 func (h *Handler) newServer(s *session) *sdk.Server {
@@ -41,6 +42,8 @@ func (h *Handler) newServer(s *session) *sdk.Server {
 	add(srv, t, "sandbox_create", `Create a new sandbox (a microVM) and return its id and details. Usually unnecessary: run_code and exec create this session's sandbox on first use. Sandboxes created here are removed when this MCP session ends. Network: "public" (default: public internet only; private, loopback, link-local and metadata addresses are always refused), "deny" (only what "allow" names: domains, *.suffix, IPs, CIDRs, each with an optional :port) or "none". Secrets and published ports are not available through MCP (use the CLI or HTTP API).`, t.sandboxCreate)
 	add(srv, t, "sandbox_list", "List the sandboxes this session may use (its tenant's), with state, size and expiry. Those created by this session are marked.", t.sandboxList)
 	add(srv, t, "sandbox_kill", "Stop and delete a sandbox now, with everything in it.", t.sandboxKill)
+	add(srv, t, "sandbox_pause", "Pause a sandbox: its memory, processes and disk are saved to the server's disk and its RAM is freed; its lifetime stops counting. The next call on it (run_code, exec, files, or sandbox_resume) resumes it with everything as it was (variables, processes), though the guest's open TCP connections are reset. Refused while commands or code are running unless force (which ends them); sandboxes with secrets cannot pause.", t.sandboxPause)
+	add(srv, t, "sandbox_resume", "Resume a paused sandbox now (any other call on it resumes it too). A running sandbox is left as it is.", t.sandboxResume)
 	add(srv, t, "sandbox_set_timeout", "Set a sandbox's remaining lifetime: it is stopped and deleted timeout_s seconds from now.", t.sandboxSetTimeout)
 	add(srv, t, "run_code", "Run code in a stateful code context (like a Jupyter kernel: variables and imports persist between calls of one context). Returns stdout, stderr, the value of the last expression, and images (e.g. matplotlib figures) as image content. An exception is returned as an error result with its traceback. Without sandbox_id the session's own sandbox is used (created on first use).", t.runCode)
 	add(srv, t, "exec", "Run a command in a sandbox and wait for it: returns stdout, stderr and the exit code. cmd is an argv array (no shell); use [\"bash\",\"-lc\",\"...\"] for shell syntax. Without sandbox_id the session's own sandbox is used (created on first use).", t.exec)
@@ -86,14 +89,15 @@ func (t *tools) timeout(sec int) (time.Duration, error) {
 }
 
 type createIn struct {
-	Image    string            `json:"image,omitempty" jsonschema:"image name (default \"base\")"`
-	CPUs     int               `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1-32 (default 1)"`
-	MemoryMB int               `json:"memory_mb,omitempty" jsonschema:"memory in MiB, 128-65536 (default 512)"`
-	TimeoutS int               `json:"timeout_s,omitempty" jsonschema:"lifetime in seconds before the sandbox is deleted (default 900, at most 86400)"`
-	Env      map[string]string `json:"env,omitempty" jsonschema:"default environment of every command and code context in the sandbox"`
-	Metadata map[string]string `json:"metadata,omitempty" jsonschema:"labels (keys 1-64 bytes, values at most 1024)"`
-	Network  string            `json:"network,omitempty" jsonschema:"public (default), deny or none"`
-	Allow    []string          `json:"allow,omitempty" jsonschema:"allow rules: example.com, *.example.com, 203.0.113.7, 203.0.113.0/24, each optionally :port or :lo-hi (makes the default mode deny)"`
+	Image      string            `json:"image,omitempty" jsonschema:"image name (default \"base\")"`
+	CPUs       int               `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1-32 (default 1)"`
+	MemoryMB   int               `json:"memory_mb,omitempty" jsonschema:"memory in MiB, 128-65536 (default 512)"`
+	TimeoutS   int               `json:"timeout_s,omitempty" jsonschema:"lifetime in seconds before the sandbox is deleted (default 900, at most 86400)"`
+	Env        map[string]string `json:"env,omitempty" jsonschema:"default environment of every command and code context in the sandbox"`
+	Metadata   map[string]string `json:"metadata,omitempty" jsonschema:"labels (keys 1-64 bytes, values at most 1024)"`
+	Network    string            `json:"network,omitempty" jsonschema:"public (default), deny or none"`
+	Allow      []string          `json:"allow,omitempty" jsonschema:"allow rules: example.com, *.example.com, 203.0.113.7, 203.0.113.0/24, each optionally :port or :lo-hi (makes the default mode deny)"`
+	IdlePauseS int               `json:"idle_pause_s,omitempty" jsonschema:"pause the sandbox after this many idle seconds (no command or code running, no call, no inbound connection); the next call resumes it. 0 (default): never; at most 604800"`
 }
 
 func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
@@ -104,9 +108,12 @@ func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolRe
 	if in.CPUs < 0 || in.MemoryMB < 0 || in.TimeoutS < 0 || in.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
 		return nil, fmt.Errorf("%w: cpus and memory_mb must not be negative; timeout_s must be between 0 and %d", errdefs.ErrInvalid, int(sandbox.MaxTimeout/time.Second))
 	}
+	if in.IdlePauseS < 0 || in.IdlePauseS > int(sandbox.MaxIdlePause/time.Second) {
+		return nil, fmt.Errorf("%w: idle_pause_s must be between 0 (never) and %d", errdefs.ErrInvalid, int(sandbox.MaxIdlePause/time.Second))
+	}
 	sb, err := t.s.create(ctx, sandbox.CreateOptions{
 		Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
-		Env: in.Env, Metadata: in.Metadata, Network: network,
+		Env: in.Env, Metadata: in.Metadata, Network: network, IdlePause: time.Duration(in.IdlePauseS) * time.Second,
 	})
 	if err != nil {
 		return nil, err
@@ -153,6 +160,50 @@ func (t *tools) sandboxKill(ctx context.Context, in idIn) (*sdk.CallToolResult, 
 	t.s.removed(sb.ID)
 	t.h.audit(ctx, t.s, sb.ID, "sandbox.delete", nil)
 	return textResult("sandbox " + sb.ID + " removed"), nil
+}
+
+// lifecycleTimeout bounds a pause or resume, which is not abandoned when
+// the call is cancelled (a save or restore cut half-way helps nobody).
+const lifecycleTimeout = 5 * time.Minute
+
+type pauseIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	Force     bool   `json:"force,omitempty" jsonschema:"end commands and code still running instead of refusing"`
+}
+
+func (t *tools) sandboxPause(ctx context.Context, in pauseIn) (*sdk.CallToolResult, error) {
+	sb, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleTimeout)
+	defer cancel()
+	was := sb.State
+	res, err := t.h.cfg.Service.Pause(lctx, sb.ID, in.Force)
+	if err != nil {
+		return nil, err
+	}
+	t.h.audit(ctx, t.s, sb.ID, "sandbox.pause", map[string]any{"force": in.Force, "was": string(was),
+		"state_bytes": res.StateBytes, "save_ms": res.Save.Milliseconds(), "via": "mcp"})
+	if sb, err = t.h.cfg.Service.Get(lctx, sb.ID); err != nil {
+		return nil, err
+	}
+	return jsonResult(map[string]any{"sandbox": viewSandbox(sb), "state_bytes": res.StateBytes, "save_ms": res.Save.Milliseconds()})
+}
+
+func (t *tools) sandboxResume(ctx context.Context, in idIn) (*sdk.CallToolResult, error) {
+	sb, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleTimeout)
+	defer cancel()
+	was := sb.State
+	if sb, err = t.h.cfg.Service.Resume(lctx, sb.ID); err != nil {
+		return nil, err
+	}
+	t.h.audit(ctx, t.s, sb.ID, "sandbox.resume", map[string]any{"was": string(was), "via": "mcp"})
+	return jsonResult(viewSandbox(sb))
 }
 
 type timeoutIn struct {

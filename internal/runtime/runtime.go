@@ -35,8 +35,8 @@ type Capabilities struct {
 	AccelReason string
 	// VMMVersion is the hypervisor's version string, if any.
 	VMMVersion string
-	// Snapshots is true if instances implement Snapshotter and Specs with
-	// RestoreFrom are accepted.
+	// Snapshots is true if instances implement Snapshotter (Snapshottable
+	// ones) and StateSaver, and Specs with RestoreFrom are accepted.
 	Snapshots bool
 }
 
@@ -67,17 +67,22 @@ type Spec struct {
 	// RootDiskFormat is "qcow2" (default) or "raw".
 	RootDiskFormat string
 	// RunDir is a private directory for this instance's runtime files
-	// (qemu: console.log, qemu.log, and mem.raw for a Snapshottable
-	// instance). It exists and is owned by the caller; it may be 0700.
+	// (qemu: console.log, qemu.log, agent.sock, and mem.raw for a
+	// Snapshottable instance). It exists and is owned by the caller; it may be 0700.
 	RunDir string
 	// RestoreFrom, if set, is a snapshot directory written by
-	// Snapshotter.SaveSnapshot; the instance resumes from it instead of
-	// booting. Every other field must equal the snapshotted instance's,
-	// except ID, RunDir and RootDisk.
+	// Snapshotter.SaveSnapshot (a template) or StateSaver.SaveState (a
+	// paused or live-snapshotted sandbox); the instance resumes from it
+	// instead of booting. Every other field must equal the snapshotted
+	// instance's, except ID, RunDir, RootDisk and Snapshottable. RootDisk
+	// is a new qcow2 overlay on the disk frozen with the snapshot (so
+	// RootDiskFormat is "qcow2" for a SaveState directory).
 	RestoreFrom string
 	// Snapshottable asks for an instance whose memory can be snapshotted
-	// (for a template). Only meaningful if Capabilities.Snapshots. A
-	// restored instance cannot be Snapshottable (qemu).
+	// (for a template). Only meaningful if Capabilities.Snapshots. It may
+	// be combined with a RestoreFrom written by StateSaver.SaveState (the
+	// restored instance can then become a template, e.g. for fork), not
+	// with one written by SaveSnapshot (qemu: ErrInvalid).
 	Snapshottable bool
 	// Network attaches a virtio-net NIC; its Ethernet frames are exchanged
 	// with the host through Networker.NetConn. A snapshot records whether
@@ -121,7 +126,8 @@ type Instance interface {
 	// is released. Start may be called once.
 	Start(ctx context.Context) error
 	// AgentConn returns the host end of the agent channel. It may be called
-	// once after Start; the caller owns and closes the conn. The guest may
+	// once after Start (and once more after each live StateSaver.SaveState);
+	// the caller owns and closes the conn. The guest may
 	// not have connected yet: the first bytes arrive when it does. It fails
 	// with ErrNotRunning before Start and after exit.
 	AgentConn(ctx context.Context) (net.Conn, error)
@@ -166,6 +172,50 @@ type Snapshotter interface {
 	// directory is opaque to callers except for being copied or removed
 	// as a whole.
 	SaveSnapshot(ctx context.Context, dir string) error
+}
+
+// StateSaver is implemented by running instances whose whole state (RAM and
+// devices) can be written to a directory: pause (the instance ends) and live
+// snapshots (it keeps running, e.g. for fork). It works for cold-booted and
+// restored instances alike. Restore with Spec.RestoreFrom = dir.
+type StateSaver interface {
+	// SaveState writes the guest's full state (RAM and devices) into dir,
+	// which must exist and be empty. The caller has closed the agent
+	// connection first (the guest is given a moment to see the
+	// disconnect). The files in dir end read-only; the directory is opaque
+	// to callers except for being copied or removed as a whole.
+	//
+	// With o.KeepRunning false the instance ends afterwards (Wait reports
+	// Requested): a pause. The root disk is frozen as it is and belongs to
+	// the snapshot: restores use an overlay on it as their RootDisk (so it
+	// must stay readable by the runtime's VMM processes, as for
+	// SaveSnapshot). If SaveState fails before the guest was frozen the
+	// instance keeps running; after that it ends either way.
+	//
+	// With o.KeepRunning true the guest continues after the save (a live
+	// snapshot). o.NewRootDisk, a qcow2 overlay the caller created on the
+	// current root disk (qemu-img create -f qcow2 -b <RootDisk> -F <fmt>),
+	// becomes the instance's root disk at the instant the guest is frozen:
+	// from then on the previous root disk file is never written again and
+	// belongs to the snapshot. The guest gets a new agent channel:
+	// AgentConn may be called again once SaveState returns. On error the
+	// instance keeps running when it
+	// can (possibly already on NewRootDisk); it is killed if it cannot be
+	// resumed.
+	//
+	// Not safe to call concurrently with itself or SaveSnapshot.
+	SaveState(ctx context.Context, dir string, o SaveOptions) error
+}
+
+// SaveOptions modify StateSaver.SaveState.
+type SaveOptions struct {
+	// KeepRunning keeps the guest running after the save (live snapshot)
+	// instead of ending the instance (pause).
+	KeepRunning bool
+	// NewRootDisk is the qcow2 overlay the instance writes to after a
+	// live snapshot; required with KeepRunning, ignored otherwise. The
+	// runtime opens it itself (it may be root-owned, 0600).
+	NewRootDisk string
 }
 
 // Networker is implemented by instances created with Spec.Network.

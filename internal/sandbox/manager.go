@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -53,6 +54,9 @@ type CreateOptions struct {
 	Env       map[string]string // default environment of every exec
 	// Network is the egress policy, secrets, published ports and limits.
 	Network netconf.Spec
+	// IdlePause pauses the sandbox after this long without activity (0:
+	// never; at most MaxIdlePause).
+	IdlePause time.Duration
 	// Secrets holds the values of Network.Secrets. They go to the shim
 	// through a pipe and are never stored.
 	Secrets netconf.Values
@@ -117,6 +121,12 @@ func (o *CreateOptions) validate(imageSize int64) error {
 			return fmt.Errorf("%w: environment names must be 1-256 bytes without '=' or NUL, values at most 32 KiB without NUL", errdefs.ErrInvalid)
 		}
 	}
+	if o.IdlePause < 0 || o.IdlePause > MaxIdlePause {
+		return fmt.Errorf("%w: --idle-pause must be between 0 (never) and %s", errdefs.ErrInvalid, MaxIdlePause)
+	}
+	if o.IdlePause > 0 && len(o.Secrets) > 0 {
+		return fmt.Errorf("%w: a sandbox with secrets cannot pause (their values live only in its supervisor's memory); drop --idle-pause or the secrets", errdefs.ErrInvalid)
+	}
 	n, err := o.Network.Normalize(o.Secrets)
 	if err != nil {
 		return err
@@ -177,7 +187,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		ID: NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
 		CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskMiB: o.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: o.Env,
-		Network: o.Network,
+		Network: o.Network, IdlePause: o.IdlePause,
 	}
 	if err := os.MkdirAll(m.L.Dir(sb.ID), 0o700); err != nil {
 		return sb, fmt.Errorf("create sandbox dir: %w", err)
@@ -296,15 +306,25 @@ func (m *Manager) shimAlive(id string) bool {
 // shim is gone, and returns the fresh row.
 func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox {
 	switch sb.State {
-	case store.StateRunning, store.StateStopping, store.StateCreating:
+	case store.StateRunning, store.StateStopping, store.StateCreating, store.StatePausing, store.StateResuming:
 	default:
 		return sb
 	}
-	if sb.State == store.StateCreating && time.Since(sb.CreatedAt) < 10*time.Second {
+	if (sb.State == store.StateCreating || sb.State == store.StateResuming) && time.Since(sb.CreatedAt) < 10*time.Second {
 		return sb // the shim may not have taken its lock yet
 	}
 	if m.shimAlive(sb.ID) {
 		return sb
+	}
+	if sb.State == store.StateResuming || sb.State == store.StatePausing {
+		// The shim died resuming or pausing: if the saved state is whole,
+		// the sandbox is still paused (the next resume checks it).
+		if _, err := os.Stat(filepath.Join(m.L.PauseDir(sb.ID), "manifest.json")); err == nil {
+			if ok, _ := m.Store.SetState(ctx, sb.ID, store.StatePaused, "", sb.State); ok {
+				sb.State = store.StatePaused
+			}
+			return sb
+		}
 	}
 	reason := "the sandbox's supervisor (shim) exited unexpectedly; its VM was stopped"
 	if ok, _ := m.Store.SetState(ctx, sb.ID, store.StateFailed, reason, sb.State); ok {
@@ -321,6 +341,10 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	}
 	if d < time.Second || d > MaxTimeout {
 		return fmt.Errorf("%w: timeout must be between 1s and %s", errdefs.ErrInvalid, MaxTimeout)
+	}
+	// A paused sandbox's lifetime counts running time: set what is left.
+	if ok, err := m.Store.SetLifetimeLeft(ctx, id, d); err != nil || ok {
+		return err
 	}
 	return m.Store.SetExpiry(ctx, id, time.Now().Add(d))
 }
@@ -360,11 +384,18 @@ func (m *Manager) Connect(ctx context.Context, id string) (*agentapi.Client, fun
 }
 
 // requireRunning returns an error wrapping ErrFailedPrecondition unless
-// the (reconciled) sandbox id is running.
+// the (reconciled) sandbox id is running. A paused sandbox is resumed
+// first: any call to it just works.
 func (m *Manager) requireRunning(ctx context.Context, id string) error {
 	sb, err := m.Get(ctx, id)
 	if err != nil {
 		return err
+	}
+	switch sb.State {
+	case store.StatePaused, store.StateResuming, store.StatePausing:
+		if sb, err = m.Resume(ctx, id); err != nil {
+			return err
+		}
 	}
 	if sb.State != store.StateRunning {
 		msg := fmt.Sprintf("sandbox %s is %s", id, sb.State)
@@ -471,6 +502,14 @@ func (m *Manager) waitShimGone(ctx context.Context, id string, grace time.Durati
 }
 
 // shimPID reads the PID the shim wrote into its lock file.
+// ShimPID is the pid of the sandbox's shim if it runs, else 0.
+func (m *Manager) ShimPID(id string) int {
+	if !m.shimAlive(id) {
+		return 0
+	}
+	return m.shimPID(id)
+}
+
 func (m *Manager) shimPID(id string) int {
 	b, err := os.ReadFile(m.L.ShimLock(id))
 	if err != nil {

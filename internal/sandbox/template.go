@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -343,6 +344,17 @@ func (t Template) MakeSpare(ctx context.Context) {
 // are unaffected: their VMMs hold the files open. It returns how many it
 // removed.
 func PruneTemplates(l Layout, bc BootConfig) (int, error) {
+	// Templates that sandboxes' disks are backed by stay (a paused sandbox
+	// needs its chain whole to resume).
+	keep := map[string]bool{}
+	refs, _ := filepath.Glob(filepath.Join(l.Sandboxes(), "*", "template.ref"))
+	snaps, _ := filepath.Glob(filepath.Join(l.Root, "snapshots", "*", "template.ref"))
+	refs = append(refs, snaps...)
+	for _, r := range refs {
+		if b, err := os.ReadFile(r); err == nil {
+			keep[strings.TrimSpace(string(b))] = true
+		}
+	}
 	dirs, _ := filepath.Glob(filepath.Join(l.Templates(), "*"))
 	n := 0
 	var errs []error
@@ -354,7 +366,7 @@ func PruneTemplates(l Layout, bc BootConfig) (int, error) {
 		b, err := os.ReadFile(filepath.Join(d, "meta.json"))
 		var m templateMeta
 		stale := err != nil || json.Unmarshal(b, &m) != nil || m.Key.Kernel != bc.Kernel || m.Key.Initrd != bc.Initrd || m.Key.Format != templateFormat
-		if !stale {
+		if !stale || keep[d] {
 			continue
 		}
 		if err != nil && time.Since(fi.ModTime()) < time.Hour {

@@ -82,6 +82,9 @@ type network struct {
 	wg      sync.WaitGroup
 	conns   sync.WaitGroup
 	closing atomic.Bool
+	// inbound counts open connections from the host into the guest
+	// (published ports, ports.sock): they keep the sandbox from idling.
+	inbound atomic.Int64
 }
 
 // startNetwork builds the engine for sb's spec and serves it on the
@@ -244,7 +247,13 @@ func (n *network) serve(ctx context.Context, ln net.Listener, handle func(net.Co
 				n.s.log.Error("accept", "addr", ln.Addr().String(), "err", err)
 				return
 			}
+			n.inbound.Add(1)
+			n.s.act.touch()
 			n.conns.Go(func() {
+				defer func() {
+					n.s.act.touch()
+					n.inbound.Add(-1)
+				}()
 				defer c.Close()
 				handle(c)
 			})

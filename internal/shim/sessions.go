@@ -342,6 +342,13 @@ func (t *sessions) List() []*shimv1.ExecInfo {
 	return out
 }
 
+// Running is the number of execs running or starting.
+func (t *sessions) Running() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.running
+}
+
 // Close ends every running exec (the guest kills them), records their
 // exits and waits for the table's goroutines. Start fails afterwards.
 func (t *sessions) Close() {

@@ -76,17 +76,20 @@ type ramSharer interface {
 }
 
 type shim struct {
-	cfg   Config
-	l     sandbox.Layout
-	st    *store.Store
-	log   *slog.Logger
-	inst  runtime.Instance
-	agent *agentapi.Client
-	srv   *http.Server
-	tmpl  *sandbox.Template // the template this sandbox was cloned from, if any
-	execs *sessions         // execs the shim owns (SessionService)
-	net   *network          // the guest's network
-	env   map[string]string // default environment of execs and contexts
+	cfg      Config
+	l        sandbox.Layout
+	st       *store.Store
+	log      *slog.Logger
+	inst     runtime.Instance
+	agent    *agentapi.Client
+	srv      *http.Server
+	tmpl     *sandbox.Template  // the template this sandbox was cloned from, if any
+	execs    *sessions          // execs the shim owns (SessionService)
+	net      *network           // the guest's network
+	env      map[string]string  // default environment of execs and contexts
+	boot     sandbox.BootConfig // kernel and initramfs the guest runs
+	act      activity           // what keeps the sandbox from idling
+	pauseReq chan pauseReq      // LifecycleService.Pause asks the main loop
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -100,7 +103,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &shim{cfg: cfg, l: sandbox.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{})}
+	s := &shim{cfg: cfg, l: sandbox.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq)}
 	ready := func(msg string) {
 		if cfg.Ready != nil {
 			_, _ = io.WriteString(cfg.Ready, msg+"\n")
@@ -134,8 +137,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	if sb.State != store.StateCreating {
-		return fmt.Errorf("sandbox %s is %s, not creating", cfg.ID, sb.State)
+	if sb.State != store.StateCreating && sb.State != store.StateResuming {
+		return fmt.Errorf("sandbox %s is %s, not creating or resuming", cfg.ID, sb.State)
 	}
 
 	sigs := make(chan os.Signal, 1)
@@ -144,10 +147,21 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	s.env = sb.Env
 	if err := s.start(ctx, sb); err != nil {
-		s.fail(context.WithoutCancel(ctx), "start: "+err.Error())
-		s.teardown(context.WithoutCancel(ctx), false)
+		bg := context.WithoutCancel(ctx)
+		if sb.State == store.StateResuming {
+			// The saved state and disk stay: the sandbox is still paused,
+			// and says why the resume failed.
+			err = fmt.Errorf("resume: %w", err)
+			s.teardownPaused(bg)
+			_, _ = s.st.SetState(bg, cfg.ID, store.StatePaused, oneLine("last resume failed: "+err.Error()), store.StateResuming)
+			return err
+		}
+		err = fmt.Errorf("start: %w", err)
+		s.fail(bg, err.Error())
+		s.teardown(bg, false)
 		return err
 	}
+	s.act.touch()
 	ready("ok")
 	s.log.Info("sandbox running")
 	if s.tmpl != nil {
@@ -165,6 +179,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	// The lifetime follows the row's expires_at, which the control plane
 	// moves (store.SetExpiry): re-read it every expiryPoll.
 	expiresAt := sb.ExpiresAt
+	if sb.State == store.StateResuming {
+		// The lifetime counts running time only: what was left at pause.
+		expiresAt = time.Now().Add(sb.LifetimeLeft)
+	}
 	expiry := time.NewTimer(time.Until(expiresAt))
 	defer expiry.Stop()
 	poll := time.NewTicker(expiryPoll)
@@ -183,11 +201,31 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			s.log.Info("stop requested")
 			s.teardown(bg, true)
 			return nil
+		case r := <-s.pauseReq:
+			resp, err := s.pause(bg, r.force)
+			r.reply <- pauseResult{resp: resp, err: err}
+			if err == nil {
+				s.teardownPaused(bg)
+				return nil
+			}
+			s.log.Warn("pause refused or failed", "err", err)
 		case <-poll.C:
 			if at, err := s.st.GetSandbox(ctx, cfg.ID); err == nil && !at.ExpiresAt.Equal(expiresAt) {
 				expiresAt = at.ExpiresAt
 				s.log.Info("lifetime changed", "expires_at", expiresAt)
 				expiry.Reset(time.Until(expiresAt))
+			}
+			if sb.IdlePause > 0 && s.act.idleFor(time.Now(), s.busy()) >= sb.IdlePause {
+				s.log.Info("idle; pausing", "idle_pause", sb.IdlePause)
+				if r, err := s.pause(bg, false); err == nil {
+					_, _ = s.st.AppendEvent(bg, store.Event{Tenant: sb.Tenant, SandboxID: sb.ID, Action: "sandbox.pause",
+						Detail: map[string]any{"reason": "idle", "idle_pause_s": sb.IdlePause.Seconds(), "state_bytes": r.GetStateBytes(), "save_ms": r.GetSaveMs()}})
+					s.teardownPaused(bg)
+					return nil
+				} else {
+					s.log.Warn("idle pause failed", "err", err)
+					s.act.touch() // try again after another idle period
+				}
 			}
 		case <-expiry.C:
 			s.log.Info("lifetime timeout reached; removing sandbox")
@@ -223,6 +261,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if err != nil {
 		return err
 	}
+	s.boot = bc
 	caps, err := s.cfg.Runtime.Probe(ctx)
 	if err != nil {
 		return fmt.Errorf("probe runtime: %w", err)
@@ -248,8 +287,17 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	tmplDisk := sandbox.TemplateDiskMiB(fi.Size())
-	// A disk smaller than the template's cannot be a clone of it: cold boot.
-	if caps.Snapshots && sb.DiskMiB >= tmplDisk {
+	var verify func() error
+	if sb.State == store.StateResuming {
+		// Resume: the paused disk stays the root disk; RAM and devices
+		// come from the saved state.
+		if verify, err = s.resumeSpec(&spec); err != nil {
+			return err
+		}
+		mode = "resume"
+		mark("check")
+	} else if caps.Snapshots && sb.DiskMiB >= tmplDisk {
+		// A disk smaller than the template's cannot be a clone of it: cold boot.
 		t, err := sandbox.EnsureTemplate(ctx, s.l, s.cfg.Runtime, sandbox.TemplateKey{
 			ImageDigest: sb.ImageDigest, ImagePath: imgPath, Kernel: bc.Kernel, Initrd: bc.Initrd,
 			CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: tmplDisk, Runtime: s.cfg.Runtime.Name(), Accel: caps.Accel, VMM: caps.VMMVersion,
@@ -263,6 +311,8 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 			return err
 		}
 		s.tmpl = &t
+		// Templates a sandbox's disk is backed by are kept by PruneTemplates.
+		_ = os.WriteFile(s.l.TemplateRef(sb.ID), []byte(t.Dir+"\n"), 0o600)
 		// Map the template's RAM from its holder, shared with every other
 		// clone, rather than from a private copy in this process.
 		if sharer, ok := s.cfg.Runtime.(ramSharer); ok && s.cfg.Exe != "" {
@@ -310,7 +360,9 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	mark("agent")
 	diskBytes := uint64(sb.DiskMiB) << 20
-	if mode == "template" && sb.DiskMiB == tmplDisk {
+	if mode == "resume" {
+		diskBytes = 0 // the filesystem had its size when paused
+	} else if mode == "template" && sb.DiskMiB == tmplDisk {
 		diskBytes = 0 // the template's filesystem already fills this size
 	} else if mode == "template" {
 		r, ok := inst.(runtime.DiskResizer)
@@ -323,23 +375,39 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	mark("resize")
 	hostname := "airlock"
-	if mode == "template" {
+	if mode == "template" || mode == "resume" {
 		hostname = "" // set in the template already; rewriting it costs a disk write
 	}
 	if _, err := s.agent.SyncWith(bootCtx, agentapi.SyncOptions{Hostname: hostname, DiskBytes: diskBytes, Network: s.net.guestConfig()}); err != nil {
 		return err
 	}
 	mark("sync")
-	if err := s.st.SetRuntimeInfo(ctx, sb.ID, caps.Accel, s.agent.Info.GetKernelRelease(), mode); err != nil {
-		return err
+	if verify != nil {
+		if err := verify(); err != nil {
+			return err
+		}
+		mark("verified")
+		if err := s.st.SetExpiry(ctx, sb.ID, time.Now().Add(sb.LifetimeLeft)); err != nil {
+			return err
+		}
+	}
+	if mode != "resume" {
+		if err := s.st.SetRuntimeInfo(ctx, sb.ID, caps.Accel, s.agent.Info.GetKernelRelease(), mode); err != nil {
+			return err
+		}
 	}
 	if err := s.serve(); err != nil {
 		return err
 	}
-	if ok, err := s.st.SetState(ctx, sb.ID, store.StateRunning, "", store.StateCreating); err != nil || !ok {
+	if ok, err := s.st.SetState(ctx, sb.ID, store.StateRunning, "", store.StateCreating, store.StateResuming); err != nil || !ok {
 		return fmt.Errorf("mark running: %v (changed=%v)", err, ok)
 	}
 	mark("ready")
+	if mode == "resume" {
+		// The guest runs from RAM now; its saved state is no longer needed
+		// (deleting ~100 MB takes a while: not on the resume's path).
+		go func() { _ = os.RemoveAll(s.l.PauseDir(sb.ID)) }()
+	}
 	return nil
 }
 
@@ -364,15 +432,37 @@ func (s *shim) serve() error {
 	mux.Handle(agentv1connect.NewContextServiceHandler(&contextRelay{agent: s.agent, env: env}))
 	s.execs = newSessions(s.agent, s.st, s.cfg.ID, env, s.log)
 	mux.Handle(shimv1connect.NewSessionServiceHandler(sessionService{t: s.execs}, connect.WithReadMaxBytes(maxInputMessage)))
+	mux.Handle(shimv1connect.NewLifecycleServiceHandler(lifecycleService{s: s}))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
-	s.srv = &http.Server{Handler: mux, Protocols: &p, ReadHeaderTimeout: 10 * time.Second}
+	s.srv = &http.Server{Handler: s.act.track(mux), Protocols: &p, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("shim socket", "err", err)
 		}
 	}()
 	return nil
+}
+
+// teardownPaused ends a sandbox that was just paused: its VMM has exited;
+// the root disk and the saved state stay for the resume.
+func (s *shim) teardownPaused(ctx context.Context) {
+	if s.srv != nil {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		_ = s.srv.Shutdown(sctx)
+		cancel()
+		_ = s.srv.Close()
+		_ = os.Remove(s.l.Socket(s.cfg.ID))
+	}
+	if s.net != nil {
+		s.net.close()
+	}
+	if s.inst != nil {
+		_ = s.inst.Kill()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, _ = s.inst.Wait(wctx)
+		cancel()
+	}
 }
 
 // teardown ends the guest and frees everything but the logs. The guest is

@@ -32,6 +32,12 @@ const (
 	StateRunning  State = "running"
 	StateStopping State = "stopping"
 	StateFailed   State = "failed"
+	// StatePausing: the shim is saving the guest to disk.
+	StatePausing State = "pausing"
+	// StatePaused: memory, devices and disk are on disk; no process runs.
+	StatePaused State = "paused"
+	// StateResuming: a shim is restoring a paused sandbox.
+	StateResuming State = "resuming"
 )
 
 // Sandbox is one catalog row.
@@ -56,6 +62,17 @@ type Sandbox struct {
 	// Network is the egress policy, secrets (names, hosts, placeholders;
 	// never values), published ports and limits.
 	Network netconf.Spec
+	// IdlePause pauses the sandbox after this long without activity (0:
+	// never).
+	IdlePause time.Duration
+	// LifetimeLeft is the running time left when the sandbox was paused;
+	// a resume sets ExpiresAt to now plus it.
+	LifetimeLeft time.Duration
+	// PausedAt is when it was last paused (zero if never).
+	PausedAt time.Time
+	// Source says where the sandbox came from: "" (its image), or
+	// "snapshot:<name>" / "fork:<sandbox id>".
+	Source string
 }
 
 // ImageRecord maps an image name to its content-addressed blob.
@@ -133,10 +150,32 @@ var migrations = []string{
 	// v3: the network configuration.
 	`ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}';
 	PRAGMA user_version = 3;`,
+	// v4: pause/resume and snapshots.
+	`ALTER TABLE sandboxes ADD COLUMN idle_pause_ms INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN lifetime_left_ms INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN paused_at INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN source TEXT NOT NULL DEFAULT '';
+	CREATE TABLE snapshots (
+		tenant TEXT NOT NULL,
+		name TEXT NOT NULL,
+		id TEXT NOT NULL UNIQUE,
+		sandbox_id TEXT NOT NULL,
+		image TEXT NOT NULL,
+		image_digest TEXT NOT NULL,
+		cpus INTEGER NOT NULL,
+		memory_mib INTEGER NOT NULL,
+		disk_mib INTEGER NOT NULL,
+		network TEXT NOT NULL DEFAULT '{}',
+		env TEXT NOT NULL DEFAULT '{}',
+		size INTEGER NOT NULL,
+		created INTEGER NOT NULL,
+		PRIMARY KEY (tenant, name)
+	);
+	PRAGMA user_version = 4;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 3
+const schemaVersion = 4
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -258,7 +297,7 @@ func (s *Store) DeleteImage(ctx context.Context, name string) error {
 	return nil
 }
 
-const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network`
+const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source`
 
 // CreateSandbox inserts a new sandbox row.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
@@ -274,9 +313,10 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
-		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env), string(network))
+		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env), string(network),
+		sb.IdlePause.Milliseconds(), sb.LifetimeLeft.Milliseconds(), unixNano(sb.PausedAt), sb.Source)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
@@ -288,14 +328,19 @@ type scanner interface{ Scan(...any) error }
 func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
 	var state, md, env, network string
-	var created, expires int64
+	var created, expires, idle, left, paused int64
 	err := r.Scan(&sb.ID, &state, &sb.Reason, &sb.Image, &sb.ImageDigest, &sb.CPUs, &sb.MemoryMiB, &sb.DiskMiB,
-		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env, &network)
+		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env, &network,
+		&idle, &left, &paused, &sb.Source)
 	if err != nil {
 		return sb, err
 	}
 	sb.State = State(state)
 	sb.CreatedAt, sb.ExpiresAt = time.Unix(0, created), time.Unix(0, expires)
+	sb.IdlePause, sb.LifetimeLeft = time.Duration(idle)*time.Millisecond, time.Duration(left)*time.Millisecond
+	if paused != 0 {
+		sb.PausedAt = time.Unix(0, paused)
+	}
 	_ = json.Unmarshal([]byte(md), &sb.Metadata)
 	_ = json.Unmarshal([]byte(env), &sb.Env)
 	_ = json.Unmarshal([]byte(network), &sb.Network)
@@ -374,6 +419,29 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	return nil
 }
 
+// SetPaused records that a running or pausing sandbox is now paused, with
+// the running time it had left; it reports whether the row changed.
+func (s *Store) SetPaused(ctx context.Context, id string, left time.Duration) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = '', lifetime_left_ms = ?, paused_at = ? WHERE id = ? AND state IN (?, ?)`,
+		string(StatePaused), max(left, time.Second).Milliseconds(), time.Now().UnixNano(), id, string(StatePausing), string(StateRunning))
+	if err != nil {
+		return false, fmt.Errorf("set paused %s: %w", id, err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
+}
+
+// SetLifetimeLeft sets the running time a paused sandbox has left; it
+// reports false (and changes nothing) if the sandbox is not paused.
+func (s *Store) SetLifetimeLeft(ctx context.Context, id string, left time.Duration) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET lifetime_left_ms = ? WHERE id = ? AND state = ?`, left.Milliseconds(), id, string(StatePaused))
+	if err != nil {
+		return false, fmt.Errorf("set lifetime %s: %w", id, err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
+}
+
 // SetNetwork replaces a sandbox's network spec (the shim records the host
 // ports it chose for published ports).
 func (s *Store) SetNetwork(ctx context.Context, id string, n netconf.Spec) error {
@@ -397,4 +465,11 @@ func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
 		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
 	}
 	return nil
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }

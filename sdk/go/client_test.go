@@ -533,3 +533,51 @@ func TestNewFromEnv(t *testing.T) {
 		t.Errorf("User-Agent %q", ua)
 	}
 }
+
+func TestPauseResume(t *testing.T) {
+	t.Parallel()
+	c, f := newTestClient(t)
+	ctx := t.Context()
+	sb, err := c.Create(ctx, airlock.CreateOptions{IdlePause: 4500 * time.Millisecond}) // rounds up to 5 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.IdlePauseS != 5 || !sb.PausedAt.IsZero() || sb.LifetimeLeftS != 0 {
+		t.Fatalf("created %+v", sb)
+	}
+	res, err := c.Pause(ctx, sb.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Sandbox.State != airlock.StatePaused || res.Sandbox.ID != sb.ID || res.Sandbox.PausedAt.IsZero() ||
+		res.Sandbox.LifetimeLeftS != 600 || res.StateBytes != 123<<20 || res.SaveTime != 800*time.Millisecond {
+		t.Fatalf("Pause = %+v", res)
+	}
+	if res, err := c.Pause(ctx, sb.ID, true); err != nil || res.StateBytes != 0 {
+		t.Fatalf("second Pause = %+v, %v", res, err)
+	}
+	got, err := c.Resume(ctx, sb.ID)
+	if err != nil || got.State != airlock.StateRunning || got.LifetimeLeftS != 0 {
+		t.Fatalf("Resume = %+v, %v", got, err)
+	}
+	if err := c.Keepalive(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.lastRequest(); r.Method != "POST" || r.URL.Path != "/v1/sandboxes/"+sb.ID+"/keepalive" {
+		t.Errorf("keepalive sent %s %s", r.Method, r.URL.Path)
+	}
+
+	busy, err := c.Create(ctx, airlock.CreateOptions{Metadata: map[string]string{"busy": "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Pause(ctx, busy.ID, false); !errors.Is(err, airlock.ErrFailedPrecondition) {
+		t.Fatalf("busy Pause: %v, want ErrFailedPrecondition", err)
+	}
+	if _, err := c.Pause(ctx, busy.ID, true); err != nil {
+		t.Fatalf("forced Pause: %v", err)
+	}
+	if _, err := c.Resume(ctx, "sbmissing000"); !errors.Is(err, airlock.ErrNotFound) {
+		t.Fatalf("Resume(missing): %v", err)
+	}
+}

@@ -19,6 +19,10 @@ var (
 	// ErrPermissionDenied: the key may not do this (403, permission_denied;
 	// for example publishing host ports without an admin key).
 	ErrPermissionDenied = errors.New("airlock: permission denied")
+	// ErrFailedPrecondition: the sandbox is not in a state for this (412,
+	// failed_precondition; for example Pause while commands run, without
+	// force).
+	ErrFailedPrecondition = errors.New("airlock: failed precondition")
 )
 
 // APIError is an error answered by the server: a non-2xx status with the
@@ -58,6 +62,8 @@ func (e *APIError) Is(target error) bool {
 		return e.Code == "conflict"
 	case ErrPermissionDenied:
 		return e.Code == "permission_denied"
+	case ErrFailedPrecondition:
+		return e.Code == "failed_precondition"
 	}
 	return false
 }

@@ -61,6 +61,9 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("GET /v1/sandboxes/{id}", f.withSandbox(f.get))
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", f.withSandbox(f.kill))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/timeout", f.withSandbox(f.timeout))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", f.withSandbox(f.pause))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.withSandbox(f.resume))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", f.withSandbox(f.keepalive))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", f.withSandbox(f.exec))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs", f.withSandbox(f.listExecs))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs/{eid}", f.withExec(f.getExec))
@@ -150,15 +153,20 @@ func (f *fakeServer) withExec(h func(http.ResponseWriter, *http.Request, *fakeEx
 
 func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
 	var in struct {
-		Image    string            `json:"image"`
-		CPUs     int               `json:"cpus"`
-		MemoryMB int               `json:"memory_mb"`
-		TimeoutS int               `json:"timeout_s"`
-		Metadata map[string]string `json:"metadata"`
-		Network  json.RawMessage   `json:"network"`
+		Image     string            `json:"image"`
+		CPUs      int               `json:"cpus"`
+		MemoryMB  int               `json:"memory_mb"`
+		TimeoutS  int               `json:"timeout_s"`
+		Metadata  map[string]string `json:"metadata"`
+		Network   json.RawMessage   `json:"network"`
+		IdlePause int               `json:"idle_pause_s"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
 		f.fail(w, 400, "invalid", "bad json")
+		return
+	}
+	if in.IdlePause < 0 || in.IdlePause > 604800 {
+		f.fail(w, 400, "invalid", "idle_pause_s must be at most 604800")
 		return
 	}
 	network, status, msg := fakeNetwork(in.Network)
@@ -185,7 +193,7 @@ func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
 		"cpus": max(in.CPUs, 1), "memory_mb": max(in.MemoryMB, 512), "disk_mb": 2048,
 		"created_at": now.Format(time.RFC3339), "expires_at": now.Add(time.Duration(cmpInt(in.TimeoutS, 900)) * time.Second).Format(time.RFC3339),
 		"accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone", "metadata": md, "tenant": "t1",
-		"network": network,
+		"network": network, "idle_pause_s": in.IdlePause,
 	}
 	f.sandboxes[id] = sb
 	f.files[id] = map[string][]byte{}
@@ -300,6 +308,53 @@ func (f *fakeServer) timeout(w http.ResponseWriter, r *http.Request, id string) 
 	sb := f.sandboxes[id]
 	sb["expires_at"] = time.Now().UTC().Add(time.Duration(in.TimeoutS) * time.Second).Format(time.RFC3339)
 	writeJSON(w, 200, sb)
+}
+
+// pause: a sandbox with metadata busy=1 has a running command, refused
+// without force; pausing a paused sandbox is a no-op.
+func (f *fakeServer) pause(w http.ResponseWriter, r *http.Request, id string) {
+	var in struct {
+		Force bool `json:"force"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil && err != io.EOF {
+		f.fail(w, 400, "invalid", "bad json")
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sandboxes[id]
+	stats := map[string]any{"state_bytes": 0, "save_ms": 0}
+	if sb["state"] != "paused" {
+		if md, _ := sb["metadata"].(map[string]any); md["busy"] == "1" && !in.Force {
+			f.fail(w, 412, "failed_precondition", "sandbox has running commands (use force)")
+			return
+		}
+		sb["state"], sb["paused_at"], sb["lifetime_left_s"] = "paused", time.Now().UTC().Format(time.RFC3339), 600
+		stats = map[string]any{"state_bytes": 123 << 20, "save_ms": 800}
+		f.event(id, "sandbox.pause", map[string]any{"force": in.Force})
+	}
+	out := map[string]any{"pause": stats}
+	for k, v := range sb {
+		out[k] = v
+	}
+	writeJSON(w, 200, out)
+}
+
+func (f *fakeServer) resume(w http.ResponseWriter, _ *http.Request, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sandboxes[id]
+	if sb["state"] == "paused" {
+		sb["state"] = "running"
+		delete(sb, "lifetime_left_s")
+		f.event(id, "sandbox.resume", map[string]any{})
+	}
+	writeJSON(w, 200, sb)
+}
+
+func (f *fakeServer) keepalive(w http.ResponseWriter, _ *http.Request, id string) {
+	f.resume(httptest.NewRecorder(), nil, id) // like any call, it resumes
+	w.WriteHeader(204)
 }
 
 func b64(p []byte) string { return base64.StdEncoding.EncodeToString(p) }

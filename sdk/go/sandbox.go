@@ -16,12 +16,15 @@ const (
 	StateRunning  = "running"
 	StateStopping = "stopping"
 	StateFailed   = "failed"
+	StatePausing  = "pausing"  // being saved to disk
+	StatePaused   = "paused"   // saved to disk; any call resumes it
+	StateResuming = "resuming" // being restored
 )
 
 // Sandbox is the server's view of one sandbox.
 type Sandbox struct {
 	ID          string            `json:"id"`
-	State       string            `json:"state"`  // creating, running, stopping or failed
+	State       string            `json:"state"`  // one of the State constants
 	Reason      string            `json:"reason"` // why it failed, if it did
 	Image       string            `json:"image"`
 	ImageDigest string            `json:"image_digest"`
@@ -38,6 +41,15 @@ type Sandbox struct {
 	// Network is the sandbox's network as the server normalised it (mode
 	// filled in, each secret with its Placeholder and no Value).
 	Network Network `json:"network"`
+	// IdlePauseS is the idle time, in seconds, after which the sandbox
+	// pauses itself (0: never).
+	IdlePauseS int64 `json:"idle_pause_s"`
+	// PausedAt is when the sandbox was last paused (zero if never).
+	PausedAt time.Time `json:"paused_at"`
+	// LifetimeLeftS is, while paused, the running time left in seconds: the
+	// lifetime counts running time only, and a resume sets ExpiresAt to now
+	// plus it. Zero unless paused.
+	LifetimeLeftS int64 `json:"lifetime_left_s"`
 }
 
 // Network modes.
@@ -104,6 +116,11 @@ type CreateOptions struct {
 	// Network is the sandbox's network; nil is the server's default (the
 	// public internet, no secrets, no published ports).
 	Network *Network
+	// IdlePause pauses the sandbox after this long idle (sent in whole
+	// seconds, rounded up; 0: never, at most 7 days): no exec or code
+	// running, no API call on it and no inbound connection. The next call
+	// resumes it. Not allowed together with secrets.
+	IdlePause time.Duration
 }
 
 type createRequest struct {
@@ -115,6 +132,8 @@ type createRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Network  *Network          `json:"network,omitempty"`
+	// IdlePauseS: 0 is never, which is also the server's default.
+	IdlePauseS int64 `json:"idle_pause_s,omitempty"`
 }
 
 // seconds converts d to whole seconds, rounding a positive remainder up so
@@ -133,6 +152,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 	in := createRequest{
 		Image: opts.Image, CPUs: opts.CPUs, MemoryMB: opts.MemoryMB, DiskMB: opts.DiskMB,
 		TimeoutS: seconds(opts.Timeout), Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
+		IdlePauseS: seconds(opts.IdlePause),
 	}
 	var sb Sandbox
 	if err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes", nil, in, &sb, http.StatusCreated, http.StatusOK); err != nil {
@@ -192,6 +212,57 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) (*S
 		return nil, err
 	}
 	return &sb, nil
+}
+
+// PauseResult is what Pause returns.
+type PauseResult struct {
+	Sandbox Sandbox // the sandbox, now paused
+	// StateBytes is the size of the memory and device state written (0 when
+	// the sandbox was already paused).
+	StateBytes int64
+	// SaveTime is how long the guest was stopped for the save.
+	SaveTime time.Duration
+}
+
+// Pause saves sandbox id (memory, devices and disk) on the server's disk
+// and frees its RAM; its state becomes StatePaused. While commands, code
+// runs or file transfers are in flight it fails with ErrFailedPrecondition
+// unless force, which ends them. Sandboxes with secrets cannot pause.
+// Pausing a paused sandbox does nothing. Any later call on the sandbox
+// resumes it; the guest's open TCP connections do not survive.
+func (c *Client) Pause(ctx context.Context, id string, force bool) (*PauseResult, error) {
+	in := struct {
+		Force bool `json:"force"`
+	}{force}
+	var out struct {
+		Sandbox
+		Pause struct {
+			StateBytes int64 `json:"state_bytes"`
+			SaveMs     int64 `json:"save_ms"`
+		} `json:"pause"`
+	}
+	if err := c.doJSON(ctx, http.MethodPost, sandboxPath(id, "pause"), nil, in, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &PauseResult{Sandbox: out.Sandbox, StateBytes: out.Pause.StateBytes, SaveTime: time.Duration(out.Pause.SaveMs) * time.Millisecond}, nil
+}
+
+// Resume restores paused sandbox id, its processes and code contexts as
+// they were, and returns it running. Resuming a running sandbox does
+// nothing. (Any other call resumes a paused sandbox too.)
+func (c *Client) Resume(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	if err := c.doJSON(ctx, http.MethodPost, sandboxPath(id, "resume"), nil, nil, &sb, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// Keepalive counts as activity on sandbox id, postponing its idle pause
+// (see CreateOptions.IdlePause). Like any call, it resumes a paused
+// sandbox.
+func (c *Client) Keepalive(ctx context.Context, id string) error {
+	return c.doJSON(ctx, http.MethodPost, sandboxPath(id, "keepalive"), nil, nil, nil, http.StatusNoContent, http.StatusOK)
 }
 
 // PortURL is the preview URL of TCP port of sandbox id: the API server

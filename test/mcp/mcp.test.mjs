@@ -39,7 +39,8 @@ async function newClient(transport) {
 async function exercise(client) {
   const tools = (await client.listTools()).tools.map((t) => t.name).sort();
   assert.deepEqual(tools, ["context_create", "context_list", "context_reset", "exec", "file_list", "file_read",
-    "file_write", "run_code", "sandbox_create", "sandbox_kill", "sandbox_list", "sandbox_set_timeout"]);
+    "file_write", "run_code", "sandbox_create", "sandbox_kill", "sandbox_list", "sandbox_pause", "sandbox_resume",
+    "sandbox_set_timeout"]);
 
   // exit 3 is reported as an error result with the streams.
   let res = await call(client, "exec", { cmd: ["sh", "-c", "echo out; echo err >&2; exit 3"] });
@@ -63,6 +64,16 @@ async function exercise(client) {
   res = await ok(client, "sandbox_list");
   assert.ok(text(res).includes(sb.id) && text(res).includes(def));
   await ok(client, "sandbox_set_timeout", { sandbox_id: sb.id, timeout_s: 300 });
+
+  // A paused sandbox resumes by itself on the next call, with its files.
+  await ok(client, "exec", { sandbox_id: sb.id, cmd: ["sh", "-c", "echo kept > /tmp/paused.txt"] });
+  res = await ok(client, "sandbox_pause", { sandbox_id: sb.id });
+  assert.equal(JSON.parse(text(res)).sandbox.state, "paused");
+  res = await ok(client, "exec", { sandbox_id: sb.id, cmd: ["cat", "/tmp/paused.txt"] });
+  assert.match(text(res), /kept/);
+  await ok(client, "sandbox_pause", { sandbox_id: sb.id });
+  res = await ok(client, "sandbox_resume", { sandbox_id: sb.id });
+  assert.equal(JSON.parse(text(res)).state, "running");
 
   const resources = (await client.listResources()).resources.map((r) => r.uri);
   assert.ok(resources.includes(`airlock://sandbox/${sb.id}`), `resources: ${resources}`);

@@ -6,8 +6,9 @@
 // with a tiny command set (true, false, echo, exit N, cat, sleep, and
 // sh -c 'exit N'); Files over an in-memory filesystem; and ContextService over a tiny
 // integer language (documented on codeContexts in contexts.go). Instances
-// implement runtime.Snapshotter: a snapshot is a copy of the filesystem,
-// kept by the Runtime under the snapshot directory's path. Hooks let tests
+// implement runtime.Snapshotter and runtime.StateSaver: a snapshot is a
+// copy of the filesystem (there is no RAM), kept by the Runtime under the
+// snapshot directory's path; Instance.Saves lists SaveState calls. Hooks let tests
 // make Start fail or a running "VMM" crash with a reason.
 //
 // Spec.Network is accepted but has no NIC behind it: instances do not

@@ -110,11 +110,27 @@ type Instance struct {
 	cancel     context.CancelFunc
 	serving    sync.WaitGroup
 	status     runtime.ExitStatus
+	booted     time.Time
+	saves      []SaveCall
+}
+
+// SaveCall records one StateSaver.SaveState call that succeeded.
+type SaveCall struct {
+	Dir  string
+	Opts runtime.SaveOptions
+}
+
+// Saves returns the successful SaveState calls made on the instance.
+func (in *Instance) Saves() []SaveCall {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return append([]SaveCall(nil), in.saves...)
 }
 
 var (
 	_ runtime.Instance    = (*Instance)(nil)
 	_ runtime.Snapshotter = (*Instance)(nil)
+	_ runtime.StateSaver  = (*Instance)(nil)
 )
 
 // ID returns Spec.ID.
@@ -143,17 +159,24 @@ func (in *Instance) Start(ctx context.Context) error {
 			return fmt.Errorf("start fake vmm: %w", err)
 		}
 	}
+	in.booted = time.Now()
+	in.serveLocked()
+	in.state = 1
+	return nil
+}
+
+// serveLocked starts a fake agent on a new channel. in.mu is held.
+func (in *Instance) serveLocked() {
 	host, guest := net.Pipe()
 	sctx, cancel := context.WithCancel(context.Background())
-	a := &agent{fs: in.fs, cpus: in.spec.CPUs, memBytes: uint64(in.spec.MemoryMiB) << 20, booted: time.Now()}
+	a := &agent{fs: in.fs, cpus: in.spec.CPUs, memBytes: uint64(in.spec.MemoryMiB) << 20, booted: in.booted}
 	a.powerOff = func() { in.end(runtime.ExitStatus{Code: 0, Reason: "guest powered off"}) }
-	in.host, in.guest, in.cancel, in.state = host, guest, cancel, 1
+	in.host, in.guest, in.cancel, in.agentTaken = host, guest, cancel, false
 	in.serving.Go(func() {
 		h := agentapi.NewHandler(a, a, a)
 		h.Handle(agentv1connect.NewContextServiceHandler(&a.ctxs))
 		_ = agentapi.Serve(sctx, guest, h)
 	})
-	return nil
 }
 
 // AgentConn returns the host end of the agent channel, once.
@@ -233,6 +256,59 @@ func (in *Instance) SaveSnapshot(ctx context.Context, dir string) error {
 	in.rt.snapshots[filepath.Clean(dir)] = snap
 	in.rt.mu.Unlock()
 	in.end(runtime.ExitStatus{Code: 0, Requested: true})
+	return nil
+}
+
+// SaveState records a copy of the filesystem under dir's path in the
+// Runtime (restorable with RestoreFrom = dir, Snapshottable or not) and
+// writes a marker file into dir. Without o.KeepRunning the instance ends
+// (Requested). With it (o.NewRootDisk required, not opened) the instance
+// keeps running with a new agent channel: AgentConn may be called again,
+// and the previous one is closed. The fake has no RAM: a snapshot keeps
+// files only.
+func (in *Instance) SaveState(ctx context.Context, dir string, o runtime.SaveOptions) error {
+	if o.KeepRunning && o.NewRootDisk == "" {
+		return fmt.Errorf("%w: save state: KeepRunning needs NewRootDisk", errdefs.ErrInvalid)
+	}
+	in.mu.Lock()
+	running := in.state == 1
+	in.mu.Unlock()
+	if !running {
+		return fmt.Errorf("save state: %w", runtime.ErrNotRunning)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("save state dir: %w", err)
+	}
+	if len(ents) > 0 {
+		return fmt.Errorf("%w: save state dir is not empty", errdefs.ErrInvalid)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fake-state"), []byte(in.spec.ID+"\n"), 0o444); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	snap := in.fs.clone()
+	in.rt.mu.Lock()
+	in.rt.snapshots[filepath.Clean(dir)] = snap
+	in.rt.mu.Unlock()
+	if !o.KeepRunning {
+		in.mu.Lock()
+		in.saves = append(in.saves, SaveCall{Dir: dir, Opts: o})
+		in.mu.Unlock()
+		in.end(runtime.ExitStatus{Code: 0, Requested: true})
+		return nil
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.state != 1 {
+		return fmt.Errorf("save state: %w", runtime.ErrNotRunning)
+	}
+	in.saves = append(in.saves, SaveCall{Dir: dir, Opts: o})
+	// The old channel ends as a closed agent connection does; the guest
+	// gets a new one.
+	in.cancel()
+	in.guest.Close()
+	in.host.Close()
+	in.serveLocked()
 	return nil
 }
 

@@ -211,3 +211,80 @@ func TestShutdownPowersOff(t *testing.T) {
 		t.Fatalf("wait = %+v, %v", es, err)
 	}
 }
+
+func TestSaveState(t *testing.T) {
+	rt := fake.New()
+	in, c := started(t, rt)
+	write := func(c *agentapi.Client, path string) {
+		t.Helper()
+		st := c.Files.Write(t.Context())
+		st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Header{Header: &agentv1.WriteHeader{Path: path, Mode: 0o644}}})
+		st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Data{Data: []byte("x")}})
+		if _, err := st.CloseAndReceive(); err != nil {
+			t.Fatalf("write %s: %v", path, err)
+		}
+	}
+	exists := func(c *agentapi.Client, path string) bool {
+		t.Helper()
+		_, err := c.Files.Stat(t.Context(), connect.NewRequest(&agentv1.StatRequest{Path: path}))
+		return err == nil
+	}
+	dial := func(in runtime.Instance) *agentapi.Client {
+		t.Helper()
+		conn, err := in.AgentConn(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := agentapi.Dial(t.Context(), conn, agentapi.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	write(c, "/before")
+	c.Close()
+
+	if err := in.SaveState(t.Context(), t.TempDir(), runtime.SaveOptions{KeepRunning: true}); err == nil {
+		t.Fatal("KeepRunning without NewRootDisk accepted")
+	}
+	live := t.TempDir()
+	if err := in.SaveState(t.Context(), live, runtime.SaveOptions{KeepRunning: true, NewRootDisk: "/d2"}); err != nil {
+		t.Fatal(err)
+	}
+	c = dial(in) // a new channel after a live snapshot
+	write(c, "/after")
+	c.Close()
+	paused := t.TempDir()
+	if err := in.SaveState(t.Context(), paused, runtime.SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := in.Wait(t.Context()); !st.Requested {
+		t.Errorf("exit after pause: %+v", st)
+	}
+	if n := len(in.Saves()); n != 2 {
+		t.Errorf("%d saves recorded", n)
+	}
+
+	for _, tc := range []struct {
+		dir           string
+		snapshottable bool
+		after         bool
+	}{{live, true, false}, {paused, false, true}} {
+		s := spec(t)
+		s.RestoreFrom, s.Snapshottable = tc.dir, tc.snapshottable
+		r, err := rt.Create(t.Context(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		rc := dial(r)
+		if !exists(rc, "/before") || exists(rc, "/after") != tc.after {
+			t.Errorf("restore of %s: wrong files", tc.dir)
+		}
+		r.Kill()
+		r.Wait(t.Context())
+	}
+}

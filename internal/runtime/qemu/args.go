@@ -47,8 +47,11 @@ type argConfig struct {
 
 // fdLayout says which optional descriptors are present.
 type fdLayout struct {
-	Disk     bool
-	Mem      bool // RAM comes from /proc/self/fd/fdMem
+	Disk bool // the root disk at fdDisk
+	// Mem: RAM comes from /proc/self/fd/fdMem. Otherwise (except for the
+	// probe guest) it is anonymous (memory-backend-ram). Both backends
+	// have the id "mem", so RAM migrates between any two layouts.
+	Mem      bool
 	MemShare bool // share=on (template) or share=off (restored clone)
 	Incoming bool // -incoming defer; the state arrives as fd:fdIncoming
 	Net      bool // a virtio-net NIC on the stream socket fdNet
@@ -59,7 +62,7 @@ type fdLayout struct {
 // and initramfs are paths; every other host endpoint is an inherited fd.
 func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 	machine := "microvm,x-option-roms=off,isa-serial=on"
-	if fds.Mem {
+	if fds.Mem || !cfg.Probe {
 		machine += ",memory-backend=mem"
 	}
 	a := []string{
@@ -86,6 +89,10 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 		a = append(a, "-object", fmt.Sprintf(
 			"memory-backend-file,id=mem,size=%dM,mem-path=/proc/self/fd/%d,share=%s",
 			spec.MemoryMiB, fdMem, share))
+	} else if !cfg.Probe {
+		// The same RAM as -m alone, but its block is named "mem" like a
+		// template's, so that SaveState streams restore into any layout.
+		a = append(a, "-object", fmt.Sprintf("memory-backend-ram,id=mem,size=%dM", spec.MemoryMiB))
 	}
 	a = append(a,
 		"-kernel", spec.Kernel,
@@ -96,7 +103,9 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=off", fdQMP),
 		"-mon", "chardev=qmp,mode=control",
 		"-device", "virtio-serial-device",
-		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=off", fdAgent),
+		// A listening socket: the host can connect again after closing
+		// (QEMU 7.2's virtio-serial ports cannot swap backends).
+		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", fdAgent),
 		"-device", "virtserialport,chardev=agent,name="+AgentPortName,
 	)
 	if fds.Disk {

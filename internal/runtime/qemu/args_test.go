@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -39,6 +40,10 @@ func TestBuildArgsGolden(t *testing.T) {
 		{"raw-disk", tcg, func(s *runtime.Spec) { s.RootDiskFormat = "raw" }, disk},
 		{"template", tcg, func(s *runtime.Spec) { s.Snapshottable, s.Network = true, true }, fdLayout{Disk: true, Mem: true, MemShare: true, Net: true}},
 		{"restore", tcg, func(s *runtime.Spec) { s.RestoreFrom, s.Network = "/var/lib/airlock/templates/t1", true }, fdLayout{Disk: true, Mem: true, Incoming: true, Net: true}},
+		{"restore-full", tcg, func(s *runtime.Spec) { s.RestoreFrom, s.Network = "/var/lib/airlock/sandboxes/sbx-0123/pause", true }, fdLayout{Disk: true, Incoming: true, Net: true}},
+		{"restore-full-snapshottable", tcg, func(s *runtime.Spec) {
+			s.RestoreFrom, s.Snapshottable = "/var/lib/airlock/sandboxes/sbx-0123/pause", true
+		}, fdLayout{Disk: true, Mem: true, MemShare: true, Incoming: true}},
 		{"cold-net", tcg, func(s *runtime.Spec) { s.Network = true }, fdLayout{Disk: true, Net: true}},
 		{"probe", argConfig{Accel: "kvm", Probe: true}, func(s *runtime.Spec) { s.ID = "probe,x"; s.RootDisk = ""; s.KernelArgs = nil }, fdLayout{}},
 	}
@@ -88,6 +93,24 @@ func TestTemplateAndCloneDeviceOrder(t *testing.T) {
 	b := devices(buildArgs(cfg, clone, fdLayout{Disk: true, Mem: true, Incoming: true, Net: true}))
 	if strings.Join(a, "\n") != strings.Join(b, "\n") {
 		t.Fatalf("device sets differ:\n%v\n%v", a, b)
+	}
+	// A SaveState stream may come from a cold boot, a clone or a template
+	// and go to an anonymous-RAM or a Snapshottable restore: all have the
+	// same devices and a RAM backend named "mem".
+	cold := goldenSpec()
+	cold.Network = true
+	for _, fds := range []fdLayout{
+		{Disk: true, Net: true},
+		{Disk: true, Incoming: true, Net: true},
+		{Disk: true, Mem: true, MemShare: true, Incoming: true, Net: true},
+	} {
+		argv := buildArgs(cfg, cold, fds)
+		if c := devices(argv); strings.Join(c, "\n") != strings.Join(a, "\n") {
+			t.Errorf("%+v: device set differs:\n%v\n%v", fds, c, a)
+		}
+		if !slices.ContainsFunc(argv, func(s string) bool { return strings.HasPrefix(s, "memory-backend-") && strings.Contains(s, ",id=mem,") }) {
+			t.Errorf("%+v: no RAM backend with id mem: %v", fds, argv)
+		}
 	}
 }
 

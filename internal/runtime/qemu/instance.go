@@ -53,6 +53,9 @@ type instance struct {
 	accel string
 	probe bool
 	log   *slog.Logger
+	// restoreKind is the kind of Spec.RestoreFrom (kindTemplate or
+	// kindFull), "" for a cold boot.
+	restoreKind string
 
 	done chan struct{} // closed when the VMM has exited and all is released
 
@@ -62,12 +65,14 @@ type instance struct {
 	proc       *os.Process // set once QEMU runs
 	qmp        *qmp.Client // set once the QMP handshake is done
 	agent      net.Conn    // host end of the agent channel until handed out
-	agentTaken bool        // AgentConn was called successfully
+	agentTaken bool        // AgentConn was called successfully (reset by a live SaveState)
 	netConn    net.Conn    // host end of the NIC's link (Spec.Network) until handed out
 	netTaken   bool        // NetConn was called successfully
 	shutdown   string      // reason of QMP's SHUTDOWN event
 	status     runtime.ExitStatus
 	startErr   string // one line, if QEMU died during Start
+	rootNode   string // the root disk's active block node ("root", then "root-N" after live snapshots)
+	diskGen    int    // live snapshots taken (names new root nodes)
 	reaped     bool   // own() has reaped QEMU and closed its endpoints
 
 	events sync.WaitGroup // watchEvents; own() waits for it
@@ -77,6 +82,7 @@ var (
 	_ runtime.Instance    = (*instance)(nil)
 	_ runtime.Snapshotter = (*instance)(nil)
 	_ runtime.Networker   = (*instance)(nil)
+	_ runtime.StateSaver  = (*instance)(nil)
 )
 
 func (r *Runtime) newInstance(spec runtime.Spec, accel string, probe bool) *instance {
@@ -87,6 +93,8 @@ func (r *Runtime) newInstance(spec runtime.Spec, accel string, probe bool) *inst
 		probe: probe,
 		log:   r.log.With("sandbox_id", spec.ID),
 		done:  make(chan struct{}),
+
+		rootNode: "root",
 	}
 }
 
@@ -171,6 +179,7 @@ func (in *instance) start(ctx context.Context) (err error) {
 				}
 			}
 			_ = l.release()
+			_ = os.Remove(filepath.Join(in.spec.RunDir, agentSock))
 			in.finish(runtime.ExitStatus{Code: -1, Reason: "VMM failed to start"})
 		}
 	}()
@@ -195,7 +204,14 @@ func (in *instance) start(ctx context.Context) (err error) {
 	}
 	l.childFiles = append(l.childFiles, qmpChild)
 	set(fdQMP, qmpChild)
-	if hostAgent, agentChild, err = socketpairConn("agent"); err != nil {
+	// The agent channel is a listening socket in RunDir that QEMU accepts
+	// on (server=on): the first connection is made here, before QEMU
+	// runs; a live SaveState connects again after the caller closed it.
+	if agentChild, err = listenAgent(in.spec.RunDir); err != nil {
+		return err
+	}
+	if hostAgent, err = dialAgent(in.spec.RunDir); err != nil {
+		agentChild.Close()
 		return err
 	}
 	l.childFiles = append(l.childFiles, agentChild)
@@ -220,8 +236,7 @@ func (in *instance) start(ctx context.Context) (err error) {
 		set(fdDisk, disk)
 		fds.Disk = true
 	}
-	switch {
-	case in.spec.Snapshottable:
+	if in.spec.Snapshottable {
 		mem, err := os.OpenFile(filepath.Join(in.spec.RunDir, "mem.raw"), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
 			return fmt.Errorf("ram file: %w", err)
@@ -236,20 +251,27 @@ func (in *instance) start(ctx context.Context) (err error) {
 		}
 		set(fdMem, mem)
 		fds.Mem, fds.MemShare = true, true
-	case in.spec.RestoreFrom != "":
-		mem, err := in.rt.mems.get(filepath.Join(in.spec.RestoreFrom, "mem.raw"))
-		if err != nil {
-			return fmt.Errorf("snapshot ram: %w", err)
+	}
+	if in.spec.RestoreFrom != "" {
+		if in.restoreKind == kindTemplate {
+			// Create refused Snapshottable with a template.
+			mem, err := in.rt.mems.get(filepath.Join(in.spec.RestoreFrom, snapMem))
+			if err != nil {
+				return fmt.Errorf("snapshot ram: %w", err)
+			}
+			l.childFiles = append(l.childFiles, mem)
+			set(fdMem, mem)
+			fds.Mem = true
 		}
-		l.childFiles = append(l.childFiles, mem)
-		set(fdMem, mem)
-		state, err := os.Open(filepath.Join(in.spec.RestoreFrom, "state.bin"))
+		// A full snapshot's RAM is in its stream: it loads into fresh
+		// anonymous RAM, or into the RAM file of a Snapshottable instance.
+		state, err := os.Open(filepath.Join(in.spec.RestoreFrom, snapState))
 		if err != nil {
 			return fmt.Errorf("snapshot state: %w", err)
 		}
 		l.childFiles = append(l.childFiles, state)
 		set(fdIncoming, state)
-		fds.Mem, fds.Incoming = true, true
+		fds.Incoming = true
 	}
 	// Trailing nils would close nothing useful; drop them.
 	for len(files) > 0 && files[len(files)-1] == nil {
@@ -406,6 +428,7 @@ func (in *instance) own(l *launch, hostQMP net.Conn, started chan<- error) {
 	if err := l.release(); err != nil {
 		in.log.Warn("release instance resources", "err", err)
 	}
+	_ = os.Remove(filepath.Join(in.spec.RunDir, agentSock))
 	in.finish(st)
 }
 
@@ -481,7 +504,8 @@ func (in *instance) watchEvents(q *qmp.Client) {
 }
 
 // AgentConn returns the host end of the agent channel (a *net.UnixConn).
-// It can be taken once, after Start; the caller closes it.
+// It can be taken once after Start, and once more after each live
+// SaveState; the caller closes it.
 func (in *instance) AgentConn(ctx context.Context) (net.Conn, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -638,6 +662,67 @@ func (in *instance) kill(requested bool) {
 	}
 }
 
+// agentSock is the agent channel's listening socket in RunDir.
+const agentSock = "agent.sock"
+
+// maxSunPath is what fits in sockaddr_un.sun_path with its NUL.
+const maxSunPath = 107
+
+// inDir runs fn with a path naming dir/name short enough for a unix
+// socket address: the plain one, or one through /proc/self/fd.
+func inDir(dir, name string, fn func(path string) error) error {
+	p := filepath.Join(dir, name)
+	if len(p) <= maxSunPath {
+		return fn(p)
+	}
+	d, err := os.OpenFile(dir, os.O_RDONLY|oPath|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return fn(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name))
+}
+
+// listenAgent creates the agent channel's listening socket in dir (mode
+// 0600, replacing a stale one) and returns it for QEMU.
+func listenAgent(dir string) (*os.File, error) {
+	_ = os.Remove(filepath.Join(dir, agentSock))
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "agent-listener")
+	err = inDir(dir, agentSock, func(p string) error {
+		if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: p}); err != nil {
+			return err
+		}
+		return os.Chmod(p, 0o600)
+	})
+	if err == nil {
+		err = syscall.Listen(fd, 4)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	return f, nil
+}
+
+// dialAgent connects to the agent channel's socket in dir. It succeeds
+// as soon as the connection is queued, even before QEMU accepts it.
+func dialAgent(dir string) (net.Conn, error) {
+	var c net.Conn
+	err := inDir(dir, agentSock, func(p string) error {
+		var err error
+		c, err = net.DialUnix("unix", nil, &net.UnixAddr{Name: p, Net: "unix"})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	return c, nil
+}
+
 // socketpair returns two connected unix stream sockets as files.
 func socketpair(name string) (host, child *os.File, err error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
@@ -672,10 +757,16 @@ func (in *instance) ResizeRootDisk(ctx context.Context, bytes int64) error {
 	if q == nil {
 		return runtime.ErrNotRunning
 	}
-	if err := q.Execute(ctx, "block_resize", map[string]any{"node-name": "root", "size": bytes}, nil); err != nil {
+	in.mu.Lock()
+	node := in.rootNode
+	in.mu.Unlock()
+	if err := q.Execute(ctx, "block_resize", map[string]any{"node-name": node, "size": bytes}, nil); err != nil {
 		return fmt.Errorf("resize root disk: %w", err)
 	}
 	return nil
 }
 
 var _ runtime.DiskResizer = (*instance)(nil)
+
+// oPath is Linux's O_PATH (not in package syscall).
+const oPath = 0x200000

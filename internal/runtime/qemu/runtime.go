@@ -174,21 +174,21 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Instan
 	if err != nil {
 		return nil, err
 	}
+	kind := ""
 	if spec.RestoreFrom != "" {
-		if err := checkSnapshotMeta(spec, caps.Accel); err != nil {
+		if kind, err = checkSnapshotMeta(spec, caps.Accel); err != nil {
 			return nil, err
 		}
 	}
-	return r.newInstance(spec, caps.Accel, false), nil
+	in := r.newInstance(spec, caps.Accel, false)
+	in.restoreKind = kind
+	return in, nil
 }
 
 // validateSpec adds the qemu runtime's rules to Spec.Validate.
 func validateSpec(spec runtime.Spec) error {
 	if err := spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", errdefs.ErrInvalid, err)
-	}
-	if spec.RestoreFrom != "" && spec.Snapshottable {
-		return fmt.Errorf("%w: spec: a restored instance cannot be snapshotted again (its RAM is a private copy)", errdefs.ErrInvalid)
 	}
 	for _, a := range spec.KernelArgs {
 		if a == "" || strings.ContainsFunc(a, func(r rune) bool { return r <= ' ' || r == 0x7f }) {

@@ -179,7 +179,6 @@ func TestValidateSpec(t *testing.T) {
 	}
 	for _, mut := range []func(*runtime.Spec){
 		func(s *runtime.Spec) { s.CPUs = 0 },
-		func(s *runtime.Spec) { s.RestoreFrom, s.Snapshottable = "/t", true },
 		func(s *runtime.Spec) { s.KernelArgs = []string{"a b"} },
 		func(s *runtime.Spec) { s.KernelArgs = []string{"a\nb"} },
 		func(s *runtime.Spec) { s.KernelArgs = []string{""} },
@@ -196,19 +195,68 @@ func TestSnapshotMetaCheck(t *testing.T) {
 	dir := t.TempDir()
 	s := validSpec(t)
 	s.RestoreFrom = dir
-	if err := checkSnapshotMeta(s, "tcg"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := checkSnapshotMeta(s, "tcg"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("no meta: %v", err)
 	}
-	os.WriteFile(filepath.Join(dir, snapMeta), []byte(`{"version":1,"accel":"tcg","cpus":1,"memory_mib":128,"kernel":"/k","initrd":"/i","root_disk_format":"qcow2"}`), 0o444)
-	if err := checkSnapshotMeta(s, "tcg"); err != nil {
-		t.Fatal(err)
+	const base = `"version":1,"accel":"tcg","cpus":1,"memory_mib":128,"kernel":"/k","initrd":"/i","root_disk_format":"qcow2"`
+	writeMeta := func(extra string) {
+		t.Helper()
+		p := filepath.Join(dir, snapMeta)
+		os.Remove(p)
+		if err := os.WriteFile(p, []byte("{"+base+extra+"}"), 0o444); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := checkSnapshotMeta(s, "kvm"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	// A meta from before kinds existed is a template.
+	writeMeta("")
+	if kind, err := checkSnapshotMeta(s, "tcg"); err != nil || kind != kindTemplate {
+		t.Fatalf("old meta: %q, %v", kind, err)
+	}
+	if _, err := checkSnapshotMeta(s, "kvm"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("accel mismatch: %v", err)
 	}
-	s.MemoryMiB = 256
-	if err := checkSnapshotMeta(s, "tcg"); !errors.Is(err, errdefs.ErrInvalid) {
-		t.Errorf("memory mismatch: %v", err)
+	s.Snapshottable = true
+	if _, err := checkSnapshotMeta(s, "tcg"); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("Snapshottable restore of a template: %v", err)
+	}
+	writeMeta(`,"kind":"full"`)
+	if kind, err := checkSnapshotMeta(s, "tcg"); err != nil || kind != kindFull {
+		t.Errorf("Snapshottable restore of a full snapshot: %q, %v", kind, err)
+	}
+	s.Snapshottable = false
+	for _, c := range []struct {
+		name string
+		mut  func(*runtime.Spec)
+	}{
+		{"memory", func(s *runtime.Spec) { s.MemoryMiB = 256 }},
+		{"cpus", func(s *runtime.Spec) { s.CPUs = 2 }},
+		{"kernel", func(s *runtime.Spec) { s.Kernel = "/k2" }},
+		{"initrd", func(s *runtime.Spec) { s.Initrd = "/i2" }},
+		{"disk format", func(s *runtime.Spec) { s.RootDiskFormat = "raw" }},
+		{"network", func(s *runtime.Spec) { s.Network = true }},
+	} {
+		s2 := s
+		c.mut(&s2)
+		if _, err := checkSnapshotMeta(s2, "tcg"); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%s mismatch: %v", c.name, err)
+		}
+	}
+	writeMeta(`,"kind":"weird"`)
+	if _, err := checkSnapshotMeta(s, "tcg"); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("unknown kind: %v", err)
+	}
+}
+
+// SaveState refuses bad options and non-running instances before touching
+// QEMU.
+func TestSaveStateArgs(t *testing.T) {
+	r := testRuntime(t, Config{Accel: "tcg", UIDBase: 5000, UIDCount: 1})
+	in := r.newInstance(validSpec(t), "tcg", false)
+	if err := in.SaveState(t.Context(), t.TempDir(), runtime.SaveOptions{KeepRunning: true}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("KeepRunning without NewRootDisk: %v", err)
+	}
+	if err := in.SaveState(t.Context(), t.TempDir(), runtime.SaveOptions{}); !errors.Is(err, runtime.ErrNotRunning) {
+		t.Errorf("not started: %v", err)
 	}
 }
 

@@ -18,17 +18,26 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu/qmp"
 )
 
-// Snapshot directory layout (notes §5 (b)).
+// Snapshot directory layout (notes §5 (b)). A template (SaveSnapshot, kind
+// "template") has all three files; a full-state snapshot (SaveState, kind
+// "full") has state.bin, holding every RAM page too, and meta.json.
 const (
-	snapState = "state.bin" // QEMU device state, RAM excluded (x-ignore-shared)
-	snapMem   = "mem.raw"   // guest RAM, sparse
+	snapState = "state.bin" // QEMU migration stream
+	snapMem   = "mem.raw"   // guest RAM of a template, sparse
 	snapMeta  = "meta.json" // what a restore must match
+)
+
+// Snapshot kinds (snapshotMeta.Kind).
+const (
+	kindTemplate = "template" // device state only; RAM in mem.raw (also "" in older metas)
+	kindFull     = "full"     // RAM and device state in state.bin
 )
 
 // snapshotMeta is what a restored instance must match: the device set and
 // RAM layout come from the same Spec fields and accelerator.
 type snapshotMeta struct {
 	Version   int    `json:"version"`
+	Kind      string `json:"kind,omitempty"` // kindTemplate or kindFull
 	Accel     string `json:"accel"`
 	CPUs      int    `json:"cpus"`
 	MemoryMiB int    `json:"memory_mib"`
@@ -45,7 +54,10 @@ type snapshotMeta struct {
 // caller closed the agent channel.
 var snapshotSettle = 300 * time.Millisecond
 
-const ignoreShared = `{"capabilities":[{"capability":"x-ignore-shared","state":true}]}`
+const (
+	ignoreShared   = `{"capabilities":[{"capability":"x-ignore-shared","state":true}]}`
+	noIgnoreShared = `{"capabilities":[{"capability":"x-ignore-shared","state":false}]}`
+)
 
 // SaveSnapshot migrates the running guest's device state into dir/state.bin
 // (its RAM already lives in a file with share=on, so nothing of it is
@@ -127,10 +139,20 @@ func (in *instance) SaveSnapshot(ctx context.Context, dir string) (err error) {
 	if err := moveFile(filepath.Join(in.spec.RunDir, snapMem), filepath.Join(dir, snapMem)); err != nil {
 		return fmt.Errorf("snapshot ram: %w", err)
 	}
+	if err := in.writeMeta(dir, kindTemplate, diskFormat(in.spec), q.Version().String(), snapState, snapMem); err != nil {
+		return err
+	}
+	in.log.Info("snapshot saved", "migrate", migrated, "total", time.Since(t0))
+	return nil
+}
+
+// writeMeta writes dir/meta.json for a snapshot of kind, then makes it and
+// files (in dir) root-owned and 0444 and syncs dir.
+func (in *instance) writeMeta(dir, kind, diskFmt, qemuVersion string, files ...string) error {
 	meta := snapshotMeta{
-		Version: 1, Accel: in.accel, CPUs: in.spec.CPUs, MemoryMiB: in.spec.MemoryMiB,
-		Kernel: in.spec.Kernel, Initrd: in.spec.Initrd, DiskFmt: diskFormat(in.spec), Network: in.spec.Network,
-		QEMU: q.Version().String(), SavedAt: time.Now().UTC().Format(time.RFC3339),
+		Version: 1, Kind: kind, Accel: in.accel, CPUs: in.spec.CPUs, MemoryMiB: in.spec.MemoryMiB,
+		Kernel: in.spec.Kernel, Initrd: in.spec.Initrd, DiskFmt: diskFmt, Network: in.spec.Network,
+		QEMU: qemuVersion, SavedAt: time.Now().UTC().Format(time.RFC3339),
 	}
 	if in.accel != "kvm" {
 		meta.TSCkHz = in.rt.tscKHz
@@ -139,7 +161,7 @@ func (in *instance) SaveSnapshot(ctx context.Context, dir string) (err error) {
 	if err := os.WriteFile(filepath.Join(dir, snapMeta), b, 0o444); err != nil {
 		return fmt.Errorf("snapshot meta: %w", err)
 	}
-	for _, n := range []string{snapState, snapMem, snapMeta} {
+	for _, n := range append(files, snapMeta) {
 		p := filepath.Join(dir, n)
 		if err := errors.Join(os.Chown(p, 0, 0), os.Chmod(p, 0o444)); err != nil {
 			return fmt.Errorf("snapshot: %w", err)
@@ -149,14 +171,19 @@ func (in *instance) SaveSnapshot(ctx context.Context, dir string) (err error) {
 		_ = d.Sync()
 		d.Close()
 	}
-	in.log.Info("snapshot saved", "migrate", migrated, "total", time.Since(t0))
 	return nil
 }
 
 // incoming loads a snapshot into a QEMU started with -incoming defer and
-// waits until the guest runs.
+// waits until the guest runs. A template's stream leaves its RAM out
+// (x-ignore-shared) and resumes by itself; a full one carries all RAM and
+// was saved stopped, so the guest is continued here.
 func (in *instance) incoming(ctx context.Context, q *qmp.Client) error {
-	if err := q.Execute(ctx, "migrate-set-capabilities", json.RawMessage(ignoreShared), nil); err != nil {
+	caps := json.RawMessage(ignoreShared)
+	if in.restoreKind == kindFull {
+		caps = json.RawMessage(noIgnoreShared)
+	}
+	if err := q.Execute(ctx, "migrate-set-capabilities", caps, nil); err != nil {
 		return err
 	}
 	if err := q.Execute(ctx, "migrate-incoming", map[string]string{"uri": fmt.Sprintf("fd:%d", fdIncoming)}, nil); err != nil {
@@ -172,6 +199,16 @@ func (in *instance) incoming(ctx context.Context, q *qmp.Client) error {
 		switch st.Status {
 		case "running":
 			return nil
+		case "paused":
+			if in.restoreKind != kindFull {
+				return errors.New("restore: guest is paused")
+			}
+			if err := waitMigration(ctx, q, "completed"); err != nil {
+				return fmt.Errorf("restore: %w", err)
+			}
+			if err := q.Execute(ctx, "cont", nil, nil); err != nil {
+				return fmt.Errorf("restore: %w", err)
+			}
 		case "inmigrate", "prelaunch", "restore-vm":
 		default:
 			var m struct {
@@ -222,16 +259,28 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // checkSnapshotMeta refuses a restore whose Spec or host does not match the
 // snapshot (QEMU would fail later, less clearly, or resume a broken guest).
-func checkSnapshotMeta(spec runtime.Spec, accel string) error {
+// It returns the snapshot's kind.
+func checkSnapshotMeta(spec runtime.Spec, accel string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(spec.RestoreFrom, snapMeta))
 	if err != nil {
-		return fmt.Errorf("%w: snapshot: %w", errdefs.ErrNotFound, err)
+		return "", fmt.Errorf("%w: snapshot: %w", errdefs.ErrNotFound, err)
 	}
 	var m snapshotMeta
 	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 {
-		return fmt.Errorf("%w: snapshot: unreadable meta.json", errdefs.ErrInvalid)
+		return "", fmt.Errorf("%w: snapshot: unreadable meta.json", errdefs.ErrInvalid)
 	}
+	if m.Kind == "" {
+		m.Kind = kindTemplate
+	}
+	return m.Kind, m.check(spec, accel)
+}
+
+func (m *snapshotMeta) check(spec runtime.Spec, accel string) error {
 	switch {
+	case m.Kind != kindTemplate && m.Kind != kindFull:
+		return fmt.Errorf("%w: snapshot of unknown kind %q", errdefs.ErrInvalid, m.Kind)
+	case m.Kind == kindTemplate && spec.Snapshottable:
+		return fmt.Errorf("%w: spec: an instance restored from a template cannot be snapshotted again (its RAM is a private copy)", errdefs.ErrInvalid)
 	case m.Accel != accel:
 		return fmt.Errorf("%w: snapshot taken under %s, this host uses %s", errdefs.ErrFailedPrecondition, m.Accel, accel)
 	case m.CPUs != spec.CPUs || m.MemoryMiB != spec.MemoryMiB:

@@ -11,6 +11,7 @@ from ._code import CodeError, Execution
 from ._errors import (
     AirlockError,
     Conflict,
+    FailedPrecondition,
     InvalidRequest,
     NotFound,
     PermissionDenied,
@@ -26,6 +27,7 @@ __all__ = [
     "Conflict",
     "ExecResult",
     "Execution",
+    "FailedPrecondition",
     "FileList",
     "InvalidRequest",
     "NotFound",

@@ -172,6 +172,7 @@ class Client:
         *,
         disk_mb: int = 0,
         network: str | Mapping[str, Any] | None = None,
+        idle_pause_s: int = 0,
     ) -> "Sandbox":
         """Start a sandbox. Use it as a context manager to kill it on exit:
         ``with client.create() as sb: ...``.
@@ -192,6 +193,11 @@ class Client:
         The guest sees a placeholder in $OPENAI_API_KEY; the server puts the
         real value into requests to the secret's hosts only, and never
         returns it (``sb.network`` shows names, hosts and placeholders).
+
+        ``idle_pause_s`` pauses the sandbox after that many idle seconds (no
+        exec or code running, no API call on it, no inbound connection); the
+        next call resumes it. 0 (the default): never. Not allowed together
+        with secrets. ``timeout_s`` counts running time only.
         """
         payload: dict[str, Any] = {
             "image": image,
@@ -202,6 +208,8 @@ class Client:
         }
         if network is not None:
             payload["network"] = network if isinstance(network, str) else dict(network)
+        if idle_pause_s:
+            payload["idle_pause_s"] = int(idle_pause_s)
         if env:
             payload["env"] = dict(env)
         if metadata:
@@ -223,6 +231,27 @@ class Client:
     def kill(self, sandbox_id: str) -> None:
         """Stop and delete sandbox ``sandbox_id``."""
         self._json("DELETE", _sb(sandbox_id), ok=(204, 200))
+
+    def pause(self, sandbox_id: str, force: bool = False) -> "Sandbox":
+        """Pause sandbox ``sandbox_id``: its memory, devices and disk are saved
+        on the server's disk and its RAM is freed (state "paused"); its
+        lifetime stands still. Any later call on it resumes it with every
+        process as it was; the guest's open TCP connections are reset.
+        Raises FailedPrecondition while commands, code or transfers run,
+        unless ``force`` (which ends them), and for sandboxes with secrets.
+        Pausing a paused sandbox does nothing. The returned sandbox's
+        ``info["pause"]`` says what was saved: ``{"state_bytes", "save_ms"}``."""
+        return Sandbox(self, self._json("POST", _sb(sandbox_id, "pause"), {"force": bool(force)}))
+
+    def resume(self, sandbox_id: str) -> "Sandbox":
+        """Resume paused sandbox ``sandbox_id`` (a running one is left as it
+        is). Any other call on a paused sandbox resumes it too."""
+        return Sandbox(self, self._json("POST", _sb(sandbox_id, "resume")))
+
+    def keepalive(self, sandbox_id: str) -> None:
+        """Count as activity on ``sandbox_id`` for its idle pause (see
+        ``create(idle_pause_s=...)``); like any call, resumes it if paused."""
+        self._json("POST", _sb(sandbox_id, "keepalive"), ok=(204, 200))
 
     def sandbox(self, sandbox_id: str) -> "Sandbox":
         """A handle on ``sandbox_id`` without fetching it (``info`` holds only the id)."""
@@ -330,6 +359,21 @@ class Sandbox:
     def kill(self) -> None:
         """Stop and delete the sandbox."""
         self._client.kill(self.id)
+
+    def pause(self, force: bool = False) -> "Sandbox":
+        """Pause the sandbox (see Client.pause); ``info["pause"]`` then says
+        what was saved."""
+        self.info = self._client.pause(self.id, force).info
+        return self
+
+    def resume(self) -> "Sandbox":
+        """Resume the sandbox if paused (any other call does it too)."""
+        self.info = self._client.resume(self.id).info
+        return self
+
+    def keepalive(self) -> None:
+        """Count as activity for the idle pause (resumes it if paused)."""
+        self._client.keepalive(self.id)
 
     # -- exec ----------------------------------------------------------------
 

@@ -46,6 +46,11 @@ class Conflict(AirlockError):
     """409 conflict: the resource is in the wrong state for the request."""
 
 
+class FailedPrecondition(AirlockError):
+    """412 failed_precondition: the sandbox is not in a state for this (e.g.
+    pause while commands run, without force)."""
+
+
 class QuotaExceeded(AirlockError):
     """429 resource_exhausted: a quota or rate limit; the message names it."""
 
@@ -69,6 +74,7 @@ _BY_CODE = {
     "permission_denied": PermissionDenied,
     "not_found": NotFound,
     "conflict": Conflict,
+    "failed_precondition": FailedPrecondition,
     "resource_exhausted": QuotaExceeded,
 }
 

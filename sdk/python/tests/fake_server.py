@@ -182,6 +182,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("GET", r"/v1/sandboxes/(\w+)", self.get),
             ("DELETE", r"/v1/sandboxes/(\w+)", self.kill),
             ("POST", r"/v1/sandboxes/(\w+)/timeout", self.set_timeout),
+            ("POST", r"/v1/sandboxes/(\w+)/pause", self.pause),
+            ("POST", r"/v1/sandboxes/(\w+)/resume", self.resume),
+            ("POST", r"/v1/sandboxes/(\w+)/keepalive", self.keepalive),
             ("POST", r"/v1/sandboxes/(\w+)/exec", self.exec),
             ("GET", r"/v1/sandboxes/(\w+)/execs", self.list_execs),
             ("GET", r"/v1/sandboxes/(\w+)/execs/(\w+)", self.get_exec),
@@ -310,7 +313,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                   "disk_mb": 2048, "created_at": "2025-01-02T03:04:05Z", "expires_at": "2025-01-02T03:19:05Z",
                   "accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone",
                   "metadata": body.get("metadata") or {}, "tenant": "t1", "_env": body.get("env") or {},
-                  "network": net}
+                  "network": net, "idle_pause_s": body.get("idle_pause_s", 0)}
             st.sandboxes[sid], st.files[sid], st.execs[sid] = sb, {}, {}
             st.event(sid, "sandbox.create", {})
         self._send(201, {k: v for k, v in sb.items() if not k.startswith("_")})
@@ -339,6 +342,39 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sb = self.state.sandboxes[sid]
         sb["expires_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + body["timeout_s"]))
         self._send(200, {k: v for k, v in sb.items() if not k.startswith("_")})
+
+    def pause(self, q, sid):
+        """A sandbox with metadata busy=1 runs a command: refused without force."""
+        body = self._json_body() or {}
+        sb = self.state.sandboxes[sid]
+        stats = {"state_bytes": 0, "save_ms": 0}
+        if sb["state"] != "paused":
+            if sb["metadata"].get("busy") == "1" and not body.get("force"):
+                return self._fail(412, "failed_precondition", "sandbox has running commands; pause with force")
+            sb.update(state="paused", paused_at="2025-01-02T03:05:00Z", lifetime_left_s=600)
+            stats = {"state_bytes": 123 << 20, "save_ms": 800}
+            self.state.event(sid, "sandbox.pause", {"force": bool(body.get("force"))})
+        out = {k: v for k, v in sb.items() if not k.startswith("_")}
+        out["pause"] = stats
+        self._send(200, out)
+
+    def resume(self, q, sid):
+        self._body()
+        sb = self.state.sandboxes[sid]
+        if sb["state"] == "paused":
+            sb["state"] = "running"
+            sb.pop("lifetime_left_s", None)
+            self.state.event(sid, "sandbox.resume", {})
+        self._send(200, {k: v for k, v in sb.items() if not k.startswith("_")})
+
+    def keepalive(self, q, sid):
+        self._body()
+        sb = self.state.sandboxes[sid]
+        if sb["state"] == "paused":
+            sb["state"] = "running"
+            sb.pop("lifetime_left_s", None)
+        self.state.keepalives = getattr(self.state, "keepalives", 0) + 1
+        self._send(204)
 
     # -- exec ------------------------------------------------------------------
 

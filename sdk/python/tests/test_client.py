@@ -40,6 +40,37 @@ class SandboxTests(FakeTestCase):
             c.get(sb.id)
         self.assertEqual((cm.exception.status, cm.exception.code, cm.exception.request_id), (404, "not_found", "req-1"))
 
+    def test_pause_resume_keepalive(self):
+        c = self.client
+        sb = c.create(idle_pause_s=300)
+        self.assertEqual(sb.info["idle_pause_s"], 300)
+        self.assertEqual(c.create().info["idle_pause_s"], 0)
+
+        self.assertIs(sb.pause(), sb)
+        self.assertEqual(sb.state, "paused")
+        self.assertEqual(sb.info["pause"], {"state_bytes": 123 << 20, "save_ms": 800})
+        self.assertEqual(sb.info["lifetime_left_s"], 600)
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/pause")
+        again = c.pause(sb.id, force=True)  # a no-op
+        self.assertEqual((again.state, again.info["pause"]["state_bytes"]), ("paused", 0))
+        self.assertEqual([s.id for s in c.list(state="paused")], [sb.id])
+
+        self.assertEqual(sb.resume().state, "running")
+        self.assertNotIn("lifetime_left_s", sb.info)
+        c.pause(sb.id)
+        self.assertIsNone(sb.keepalive())
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/keepalive")
+        self.assertEqual(c.get(sb.id).state, "running")  # a keepalive resumes, like any call
+        self.assertEqual(c.resume(sb.id).state, "running")
+
+        busy = c.create(metadata={"busy": "1"})
+        with self.assertRaises(airlock.FailedPrecondition) as cm:
+            busy.pause()
+        self.assertEqual((cm.exception.status, cm.exception.code), (412, "failed_precondition"))
+        self.assertEqual(busy.pause(force=True).state, "paused")
+        with self.assertRaises(airlock.NotFound):
+            c.resume("sbnope")
+
     def test_context_manager_kills(self):
         with self.client.create() as sb:
             sid = sb.id
@@ -118,7 +149,7 @@ class ErrorDecodingTests(unittest.TestCase):
             (429, b'{"error":{"code":"resource_exhausted","message":"rate","request_id":"r4"}}',
              airlock.QuotaExceeded, "resource_exhausted", "rate", "r4"),
             (412, b'{"error":{"code":"failed_precondition","message":"stopping"}}',
-             airlock.AirlockError, "failed_precondition", "stopping", "hdr"),
+             airlock.FailedPrecondition, "failed_precondition", "stopping", "hdr"),
             (502, b"<html>bad gateway</html>", airlock.AirlockError, "internal", "<html>bad gateway</html>", "hdr"),
             (503, b"", airlock.AirlockError, "unavailable", "Service Unavailable", "hdr"),
             (429, b"slow down", airlock.QuotaExceeded, "resource_exhausted", "slow down", "hdr"),

@@ -182,6 +182,16 @@ func (c *Client) SendFD(ctx context.Context, name string, f *os.File) error {
 	return c.execute(ctx, "getfd", map[string]string{"fdname": name}, nil, f)
 }
 
+// ExecuteFD is Execute with f attached to the command with SCM_RIGHTS
+// (e.g. add-fd). The connection must be a *net.UnixConn. QEMU holds its
+// own copy; the caller still owns f.
+func (c *Client) ExecuteFD(ctx context.Context, cmd string, args, result any, f *os.File) error {
+	if _, ok := c.conn.(*net.UnixConn); !ok {
+		return errors.New("qmp: ExecuteFD needs a unix socket connection")
+	}
+	return c.execute(ctx, cmd, args, result, f)
+}
+
 func (c *Client) execute(ctx context.Context, cmd string, args, result any, f *os.File) error {
 	c.mu.Lock()
 	if c.readErr != nil {

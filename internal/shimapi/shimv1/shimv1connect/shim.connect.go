@@ -35,6 +35,8 @@ const _ = connect.IsAtLeastVersion1_13_0
 const (
 	// SessionServiceName is the fully-qualified name of the SessionService service.
 	SessionServiceName = "airlock.shim.v1.SessionService"
+	// LifecycleServiceName is the fully-qualified name of the LifecycleService service.
+	LifecycleServiceName = "airlock.shim.v1.LifecycleService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -57,6 +59,11 @@ const (
 	SessionServiceListProcedure = "/airlock.shim.v1.SessionService/List"
 	// SessionServiceGetProcedure is the fully-qualified name of the SessionService's Get RPC.
 	SessionServiceGetProcedure = "/airlock.shim.v1.SessionService/Get"
+	// LifecycleServicePauseProcedure is the fully-qualified name of the LifecycleService's Pause RPC.
+	LifecycleServicePauseProcedure = "/airlock.shim.v1.LifecycleService/Pause"
+	// LifecycleServiceSnapshotProcedure is the fully-qualified name of the LifecycleService's Snapshot
+	// RPC.
+	LifecycleServiceSnapshotProcedure = "/airlock.shim.v1.LifecycleService/Snapshot"
 )
 
 // SessionServiceClient is a client for the airlock.shim.v1.SessionService service.
@@ -281,4 +288,114 @@ func (UnimplementedSessionServiceHandler) List(context.Context, *connect.Request
 
 func (UnimplementedSessionServiceHandler) Get(context.Context, *connect.Request[shimv1.GetRequest]) (*connect.Response[shimv1.ExecInfo], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v1.SessionService.Get is not implemented"))
+}
+
+// LifecycleServiceClient is a client for the airlock.shim.v1.LifecycleService service.
+type LifecycleServiceClient interface {
+	// Pause saves memory, devices and disk and ends the VMM and the shim. It
+	// fails with FailedPrecondition while execs or code runs are in flight
+	// (they would be cut off) unless force is set, and for a sandbox with
+	// secrets (their values live only in this shim's memory).
+	Pause(context.Context, *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error)
+	// Snapshot saves memory, devices and disk into dir (which the caller
+	// created empty) while the sandbox keeps running. Same preconditions as
+	// Pause.
+	Snapshot(context.Context, *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error)
+}
+
+// NewLifecycleServiceClient constructs a client for the airlock.shim.v1.LifecycleService service.
+// By default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped
+// responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewLifecycleServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) LifecycleServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	lifecycleServiceMethods := shimv1.File_airlock_shim_v1_shim_proto.Services().ByName("LifecycleService").Methods()
+	return &lifecycleServiceClient{
+		pause: connect.NewClient[shimv1.PauseRequest, shimv1.PauseResponse](
+			httpClient,
+			baseURL+LifecycleServicePauseProcedure,
+			connect.WithSchema(lifecycleServiceMethods.ByName("Pause")),
+			connect.WithClientOptions(opts...),
+		),
+		snapshot: connect.NewClient[shimv1.SnapshotRequest, shimv1.SnapshotResponse](
+			httpClient,
+			baseURL+LifecycleServiceSnapshotProcedure,
+			connect.WithSchema(lifecycleServiceMethods.ByName("Snapshot")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// lifecycleServiceClient implements LifecycleServiceClient.
+type lifecycleServiceClient struct {
+	pause    *connect.Client[shimv1.PauseRequest, shimv1.PauseResponse]
+	snapshot *connect.Client[shimv1.SnapshotRequest, shimv1.SnapshotResponse]
+}
+
+// Pause calls airlock.shim.v1.LifecycleService.Pause.
+func (c *lifecycleServiceClient) Pause(ctx context.Context, req *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error) {
+	return c.pause.CallUnary(ctx, req)
+}
+
+// Snapshot calls airlock.shim.v1.LifecycleService.Snapshot.
+func (c *lifecycleServiceClient) Snapshot(ctx context.Context, req *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error) {
+	return c.snapshot.CallUnary(ctx, req)
+}
+
+// LifecycleServiceHandler is an implementation of the airlock.shim.v1.LifecycleService service.
+type LifecycleServiceHandler interface {
+	// Pause saves memory, devices and disk and ends the VMM and the shim. It
+	// fails with FailedPrecondition while execs or code runs are in flight
+	// (they would be cut off) unless force is set, and for a sandbox with
+	// secrets (their values live only in this shim's memory).
+	Pause(context.Context, *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error)
+	// Snapshot saves memory, devices and disk into dir (which the caller
+	// created empty) while the sandbox keeps running. Same preconditions as
+	// Pause.
+	Snapshot(context.Context, *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error)
+}
+
+// NewLifecycleServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewLifecycleServiceHandler(svc LifecycleServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	lifecycleServiceMethods := shimv1.File_airlock_shim_v1_shim_proto.Services().ByName("LifecycleService").Methods()
+	lifecycleServicePauseHandler := connect.NewUnaryHandler(
+		LifecycleServicePauseProcedure,
+		svc.Pause,
+		connect.WithSchema(lifecycleServiceMethods.ByName("Pause")),
+		connect.WithHandlerOptions(opts...),
+	)
+	lifecycleServiceSnapshotHandler := connect.NewUnaryHandler(
+		LifecycleServiceSnapshotProcedure,
+		svc.Snapshot,
+		connect.WithSchema(lifecycleServiceMethods.ByName("Snapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/airlock.shim.v1.LifecycleService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case LifecycleServicePauseProcedure:
+			lifecycleServicePauseHandler.ServeHTTP(w, r)
+		case LifecycleServiceSnapshotProcedure:
+			lifecycleServiceSnapshotHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedLifecycleServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedLifecycleServiceHandler struct{}
+
+func (UnimplementedLifecycleServiceHandler) Pause(context.Context, *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v1.LifecycleService.Pause is not implemented"))
+}
+
+func (UnimplementedLifecycleServiceHandler) Snapshot(context.Context, *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v1.LifecycleService.Snapshot is not implemented"))
 }

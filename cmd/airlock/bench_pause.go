@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+// pauseBench measures pause (guest stopped until the VMM is gone) and
+// resume (until the first exec answers) of a default sandbox whose guest
+// has touched some memory, runs times.
+func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error), runs int) ([][3]string, error) {
+	id, err := cli("create")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _, _ = cli("rm", id) }()
+	// 128 MiB of the guest's RAM written, so the state is not just the
+	// template's pages.
+	if _, err := cli("exec", id, "--", "python3", "-c", "import os; b = os.urandom(128 << 20); open('/dev/shm/fill', 'wb').write(b)"); err != nil {
+		return nil, err
+	}
+	var pauseD, saveD, resumeD []time.Duration
+	var stateBytes int64
+	for range runs {
+		t := time.Now()
+		r, err := m.Pause(ctx, id, false)
+		if err != nil {
+			return nil, fmt.Errorf("pause: %w", err)
+		}
+		pauseD = append(pauseD, time.Since(t))
+		saveD = append(saveD, r.Save)
+		stateBytes = r.StateBytes
+		if pid := m.ShimPID(id); pid > 0 {
+			return nil, fmt.Errorf("the shim (pid %d) still runs after pause", pid)
+		}
+		t = time.Now()
+		if _, err := m.Resume(ctx, id); err != nil {
+			return nil, fmt.Errorf("resume: %w", err)
+		}
+		c, closeFn, err := m.Connect(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		ex, err := sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"true"}}, sandbox.ExecIO{})
+		closeFn()
+		if err != nil || ex.GetExitCode() != 0 {
+			return nil, fmt.Errorf("exec after resume: %v %v", err, ex)
+		}
+		resumeD = append(resumeD, time.Since(t))
+	}
+	note := fmt.Sprintf("median of %d; 512 MiB guest with 128 MiB written; state %d MiB", runs, stateBytes>>20)
+	return [][3]string{
+		{"pause (until the VMM and shim are gone; RAM freed)", ms(median(pauseD)), note + fmt.Sprintf("; guest stopped for the save: %s", ms(median(saveD)))},
+		{"resume until the first exec answers", ms(median(resumeD)), note + "; includes the state digest check"},
+	}, nil
+}

@@ -1,0 +1,86 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// lifecycleTimeout bounds a pause or resume. Neither is abandoned when the
+// client goes away: a save or restore cut half-way helps nobody.
+const lifecycleTimeout = 5 * time.Minute
+
+// pauseResponse is the sandbox after a pause, with what the pause saved.
+type pauseResponse struct {
+	Sandbox
+	Pause pauseStats `json:"pause"`
+}
+
+type pauseStats struct {
+	StateBytes int64 `json:"state_bytes"` // memory and device state written (0: it was already paused)
+	SaveMs     int64 `json:"save_ms"`     // how long the guest was stopped for the save
+}
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var req struct {
+		Force bool `json:"force"`
+	}
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
+	defer cancel()
+	was := sb.State
+	res, err := s.cfg.Sandboxes.Pause(ctx, sb.ID, req.Force)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	stats := pauseStats{StateBytes: res.StateBytes, SaveMs: res.Save.Milliseconds()}
+	s.audit(r, sb.ID, "sandbox.pause", map[string]any{"force": req.Force, "was": string(was),
+		"state_bytes": stats.StateBytes, "save_ms": stats.SaveMs})
+	if sb, err = s.cfg.Sandboxes.Get(ctx, sb.ID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, pauseResponse{viewSandbox(sb), stats})
+}
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
+	defer cancel()
+	was := sb.State
+	start := time.Now()
+	if sb, err = s.cfg.Sandboxes.Resume(ctx, sb.ID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, sb.ID, "sandbox.resume", map[string]any{"was": string(was), "duration_ms": time.Since(start).Milliseconds()})
+	writeJSON(w, http.StatusOK, viewSandbox(sb))
+}
+
+// keepalive counts as activity for the idle-pause timer; like any call it
+// resumes a paused sandbox.
+func (s *Server) keepalive(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.cfg.Sandboxes.Touch(r.Context(), sb.ID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,174 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// MaxIdlePause bounds CreateOptions.IdlePause.
+const MaxIdlePause = 7 * 24 * time.Hour
+
+// resumeWait bounds how long a call waits for another caller's resume.
+const resumeWait = 2 * time.Minute
+
+// PauseResult says what a pause saved.
+type PauseResult struct {
+	StateBytes int64
+	Save       time.Duration // how long the guest was stopped for the save
+}
+
+// Pause saves a running sandbox's memory, devices and disk and ends its
+// VMM and shim: a paused sandbox costs disk only. With force, commands
+// still running are ended; without it such a pause is refused. Pausing a
+// paused sandbox does nothing.
+func (m *Manager) Pause(ctx context.Context, id string, force bool) (PauseResult, error) {
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return PauseResult{}, err
+	}
+	if sb.State == store.StatePaused {
+		return PauseResult{}, nil
+	}
+	if sb.State != store.StateRunning {
+		return PauseResult{}, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, id, sb.State)
+	}
+	hc, closeFn := shimHTTPClient(m.L.Socket(id))
+	defer closeFn()
+	c := shimv1connect.NewLifecycleServiceClient(hc, "http://shim")
+	resp, err := c.Pause(ctx, connect.NewRequest(&shimv1.PauseRequest{Force: force}))
+	if err != nil {
+		return PauseResult{}, shimErr(ctx, "pause", err)
+	}
+	if err := m.waitShimGone(ctx, id, 20*time.Second); err != nil {
+		return PauseResult{}, err
+	}
+	return PauseResult{StateBytes: resp.Msg.GetStateBytes(), Save: time.Duration(resp.Msg.GetSaveMs()) * time.Millisecond}, nil
+}
+
+// Resume restores a paused sandbox and returns once its guest answers,
+// with every process and its memory as they were. Resuming a running
+// sandbox does nothing; concurrent resumes share one.
+func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) {
+	deadline := time.Now().Add(resumeWait)
+	for {
+		sb, err := m.Get(ctx, id)
+		if err != nil {
+			return sb, err
+		}
+		switch sb.State {
+		case store.StateRunning:
+			return sb, nil
+		case store.StatePaused:
+			ok, err := m.Store.SetState(ctx, id, store.StateResuming, "", store.StatePaused)
+			if err != nil {
+				return sb, err
+			}
+			if !ok {
+				continue // another caller got there first
+			}
+			if err := m.startShim(ctx, id, nil); err != nil {
+				return sb, err
+			}
+			return m.Get(ctx, id)
+		case store.StateResuming, store.StatePausing:
+			// Another caller's resume (or a pause finishing): wait.
+		default:
+			msg := fmt.Sprintf("sandbox %s is %s", id, sb.State)
+			if sb.Reason != "" {
+				msg += ": " + sb.Reason
+			}
+			return sb, fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, msg)
+		}
+		if time.Now().After(deadline) {
+			return sb, fmt.Errorf("%w: sandbox %s stayed %s for %s", errdefs.ErrUnavailable, id, sb.State, resumeWait)
+		}
+		select {
+		case <-ctx.Done():
+			return sb, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Touch counts as activity for the sandbox's idle timer (a keepalive). A
+// paused sandbox is resumed, like for any other call.
+func (m *Manager) Touch(ctx context.Context, id string) error {
+	c, closeFn, err := m.Connect(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if _, err := c.Agent.Info(ctx, connect.NewRequest(&agentv1.InfoRequest{})); err != nil {
+		return shimErr(ctx, "touch", err)
+	}
+	return nil
+}
+
+// PauseManifest is written next to a paused sandbox's saved state (and a
+// snapshot's): what a resume needs beyond the catalog row, and the state's
+// digest, checked on resume.
+type PauseManifest struct {
+	Version     int       `json:"version"`
+	Kernel      string    `json:"kernel"`
+	Initrd      string    `json:"initrd"`
+	StateSHA256 string    `json:"state_sha256"`
+	StateBytes  int64     `json:"state_bytes"`
+	PausedAt    time.Time `json:"paused_at"`
+	// DiskSHA256 is the digest of a snapshot's frozen disk overlay (empty
+	// for a paused sandbox, whose disk is its own).
+	DiskSHA256 string `json:"disk_sha256,omitempty"`
+}
+
+// Files of a pause (or snapshot) directory.
+const (
+	PauseStateDir     = "state"         // the runtime's saved state
+	PauseManifestFile = "manifest.json" // PauseManifest
+)
+
+// HashDir is the sha256 over the regular files of dir (name, size,
+// content, in name order) and their total size.
+func HashDir(dir string) (string, int64, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", 0, err
+	}
+	h := sha256.New()
+	var total int64
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		n, err := hashFile(h, filepath.Join(dir, e.Name()), e.Name())
+		if err != nil {
+			return "", 0, err
+		}
+		total += n
+	}
+	return hex.EncodeToString(h.Sum(nil)), total, nil
+}
+
+func hashFile(h io.Writer, path, name string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fmt.Fprintf(h, "%s\x00", name)
+	n, err := io.Copy(h, f)
+	fmt.Fprintf(h, "\x00%d\x00", n)
+	return n, err
+}

@@ -1,0 +1,377 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Snapshot files: snapshots/<id>/{state/, disk.qcow2, manifest.json,
+// template.ref}. The disk is the sandbox's overlay frozen at the moment
+// of the snapshot; it is backed by the template's disk, which
+// PruneTemplates keeps while a snapshot refers to it.
+const snapshotDisk = "disk.qcow2"
+
+// MaxForks bounds one Fork call.
+const MaxForks = 16
+
+var snapshotName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// ValidateSnapshotName checks a user-given snapshot name.
+func ValidateSnapshotName(name string) error {
+	if !snapshotName.MatchString(name) {
+		return fmt.Errorf("%w: snapshot name %q: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", errdefs.ErrInvalid, name)
+	}
+	return nil
+}
+
+// SnapshotsDir holds every snapshot's files.
+func (l Layout) SnapshotsDir() string { return filepath.Join(l.Root, "snapshots") }
+
+// SnapshotDir is one snapshot's files.
+func (l Layout) SnapshotDir(id string) string { return filepath.Join(l.SnapshotsDir(), id) }
+
+// Snapshot saves a running (or paused) sandbox's memory, devices and disk
+// as a named snapshot that new sandboxes start from; the sandbox keeps
+// running (it is paused and resumed: its guest stops for about as long as
+// a pause and a resume take, and its open TCP connections are reset).
+func (m *Manager) Snapshot(ctx context.Context, id, name string, force bool) (store.Snapshot, error) {
+	if err := ValidateSnapshotName(name); err != nil {
+		return store.Snapshot{}, err
+	}
+	return m.snapshot(ctx, id, name, force)
+}
+
+func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (store.Snapshot, error) {
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	if _, err := m.Store.GetSnapshot(ctx, sb.Tenant, name); err == nil {
+		return store.Snapshot{}, fmt.Errorf("%w: snapshot %q exists (remove it first)", errdefs.ErrConflict, name)
+	}
+	wasRunning := sb.State != store.StatePaused
+	if wasRunning {
+		if _, err := m.Pause(ctx, id, force); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
+	sn, err := m.freeze(ctx, sb, name)
+	if wasRunning {
+		if _, rerr := m.Resume(ctx, id); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("resume after snapshot: %w", rerr))
+		}
+	}
+	return sn, err
+}
+
+// freeze turns a paused sandbox's state into a snapshot: the saved state
+// is hard-linked (the sandbox's resume reads it too), the disk overlay
+// moves into the snapshot and the sandbox gets a new overlay on top of it.
+func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (store.Snapshot, error) {
+	sid := randomID(16)
+	dir := m.L.SnapshotDir(sid)
+	if err := os.MkdirAll(filepath.Join(dir, PauseStateDir), 0o700); err != nil {
+		return store.Snapshot{}, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	pdir := m.L.PauseDir(sb.ID)
+	var man PauseManifest
+	b, err := os.ReadFile(filepath.Join(pdir, PauseManifestFile))
+	if err != nil || json.Unmarshal(b, &man) != nil {
+		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has no readable paused state", errdefs.ErrFailedPrecondition, sb.ID)
+	}
+	states, _ := os.ReadDir(filepath.Join(pdir, PauseStateDir))
+	for _, e := range states {
+		if err := os.Link(filepath.Join(pdir, PauseStateDir, e.Name()), filepath.Join(dir, PauseStateDir, e.Name())); err != nil {
+			return store.Snapshot{}, fmt.Errorf("snapshot state: %w", err)
+		}
+	}
+	// The overlay becomes the snapshot's frozen disk; the sandbox continues
+	// on a new overlay backed by it.
+	disk := filepath.Join(dir, snapshotDisk)
+	root := m.L.RootDisk(sb.ID)
+	if err := os.Rename(root, disk); err != nil {
+		return store.Snapshot{}, fmt.Errorf("snapshot disk: %w", err)
+	}
+	if err := CreateOverlay(ctx, root, disk, "qcow2", 0); err != nil {
+		_ = os.Rename(disk, root)
+		return store.Snapshot{}, err
+	}
+	_ = os.Chmod(disk, 0o444) // the VMMs of its sandboxes read it as their uid
+	h := sha256.New()
+	if _, err := hashFile(h, disk, snapshotDisk); err != nil {
+		return store.Snapshot{}, err
+	}
+	man.DiskSHA256 = hex.EncodeToString(h.Sum(nil))
+	mb, _ := json.MarshalIndent(man, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, PauseManifestFile), mb, 0o400); err != nil {
+		return store.Snapshot{}, err
+	}
+	if ref, err := os.ReadFile(m.L.TemplateRef(sb.ID)); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, "template.ref"), ref, 0o600)
+	}
+	// Disk chains: the snapshot is backed by whatever snapshots the
+	// sandbox's disk was; the sandbox now by this one too.
+	refs := readRefs(filepath.Join(m.L.Dir(sb.ID), snapshotRefs))
+	if err := writeRefs(filepath.Join(dir, snapshotRefs), refs); err != nil {
+		return store.Snapshot{}, err
+	}
+	if err := writeRefs(filepath.Join(m.L.Dir(sb.ID), snapshotRefs), append(refs, sid)); err != nil {
+		return store.Snapshot{}, err
+	}
+	sn := store.Snapshot{
+		Tenant: sb.Tenant, Name: name, ID: sid, SandboxID: sb.ID, Image: sb.Image, ImageDigest: sb.ImageDigest,
+		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: sb.Network, Env: sb.Env,
+		Size: dirUsage(dir), Created: time.Now(),
+	}
+	if err := m.Store.PutSnapshot(ctx, sn); err != nil {
+		// The sandbox's new overlay is backed by the frozen disk: keep the
+		// files, under an unlisted id, rather than break the sandbox.
+		ok = true
+		return store.Snapshot{}, err
+	}
+	ok = true
+	return sn, nil
+}
+
+// CreateFromSnapshot starts a sandbox from a snapshot: its memory,
+// processes and disk as they were, with a fresh clock and RNG seed and its
+// own network stack. o may set Timeout, Metadata, IdlePause and Tenant;
+// the size, image, env and network come from the snapshot.
+func (m *Manager) CreateFromSnapshot(ctx context.Context, name string, o CreateOptions) (store.Sandbox, error) {
+	sn, err := m.Store.GetSnapshot(ctx, o.Tenant, name)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != sn.MemoryMiB) || (o.DiskMiB != 0 && o.DiskMiB != sn.DiskMiB) {
+		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from snapshot %q has its size (%d cpus, %d MiB memory, %d MiB disk)", errdefs.ErrInvalid, name, sn.CPUs, sn.MemoryMiB, sn.DiskMiB)
+	}
+	if o.Image != "" && o.Image != sn.Image {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q is of image %q", errdefs.ErrInvalid, name, sn.Image)
+	}
+	if len(o.Secrets) > 0 || len(o.Network.Secrets) > 0 {
+		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from a snapshot cannot have secrets", errdefs.ErrInvalid)
+	}
+	return m.materialize(ctx, sn, "snapshot:"+name, o)
+}
+
+// Fork makes count running copies of a sandbox: a snapshot of it (kept,
+// unlisted, while the forks exist; see PruneSnapshots) and count sandboxes
+// from it.
+func (m *Manager) Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error) {
+	if count < 1 || count > MaxForks {
+		return nil, fmt.Errorf("%w: fork count must be 1 to %d", errdefs.ErrInvalid, MaxForks)
+	}
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := m.snapshot(ctx, id, forkPrefix+randomID(12), force)
+	if err != nil {
+		return nil, err
+	}
+	var out []store.Sandbox
+	for range count {
+		f, err := m.materialize(ctx, sn, "fork:"+id, CreateOptions{Tenant: sb.Tenant, Timeout: time.Duration(sb.TimeoutSec) * time.Second, IdlePause: sb.IdlePause, Metadata: sb.Metadata})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// forkPrefix names the unlisted snapshots forks start from.
+const forkPrefix = "_fork-"
+
+// materialize creates a paused sandbox whose saved state and disk are the
+// snapshot's, then resumes it.
+func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source string, o CreateOptions) (store.Sandbox, error) {
+	sdir := m.L.SnapshotDir(sn.ID)
+	var man PauseManifest
+	b, err := os.ReadFile(filepath.Join(sdir, PauseManifestFile))
+	if err != nil || json.Unmarshal(b, &man) != nil {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q has no readable manifest", errdefs.ErrFailedPrecondition, sn.Name)
+	}
+	h := sha256.New()
+	if _, err := hashFile(h, filepath.Join(sdir, snapshotDisk), snapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q is corrupt: its disk does not match its digest", errdefs.ErrFailedPrecondition, sn.Name)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Timeout < time.Second || o.Timeout > MaxTimeout {
+		return store.Sandbox{}, fmt.Errorf("%w: --timeout must be between 1s and %s", errdefs.ErrInvalid, MaxTimeout)
+	}
+	if o.IdlePause < 0 || o.IdlePause > MaxIdlePause {
+		return store.Sandbox{}, fmt.Errorf("%w: --idle-pause must be between 0 (never) and %s", errdefs.ErrInvalid, MaxIdlePause)
+	}
+	now := time.Now()
+	sb := store.Sandbox{
+		ID: NewID(), State: store.StatePaused, Image: sn.Image, ImageDigest: sn.ImageDigest,
+		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskMiB: sn.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
+		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: sn.Env,
+		Network: sn.Network, IdlePause: o.IdlePause, LifetimeLeft: o.Timeout, Source: source,
+	}
+	dir := m.L.Dir(sb.ID)
+	if err := os.MkdirAll(filepath.Join(m.L.PauseDir(sb.ID), PauseStateDir), 0o700); err != nil {
+		return sb, err
+	}
+	fail := func(err error) (store.Sandbox, error) {
+		_ = os.RemoveAll(dir)
+		return sb, err
+	}
+	states, _ := os.ReadDir(filepath.Join(sdir, PauseStateDir))
+	for _, e := range states {
+		if err := os.Link(filepath.Join(sdir, PauseStateDir, e.Name()), filepath.Join(m.L.PauseDir(sb.ID), PauseStateDir, e.Name())); err != nil {
+			return fail(fmt.Errorf("snapshot state: %w", err))
+		}
+	}
+	if err := os.WriteFile(filepath.Join(m.L.PauseDir(sb.ID), PauseManifestFile), b, 0o400); err != nil {
+		return fail(err)
+	}
+	if err := CreateOverlay(ctx, m.L.RootDisk(sb.ID), filepath.Join(sdir, snapshotDisk), "qcow2", 0); err != nil {
+		return fail(err)
+	}
+	if ref, err := os.ReadFile(filepath.Join(sdir, "template.ref")); err == nil {
+		_ = os.WriteFile(m.L.TemplateRef(sb.ID), ref, 0o600)
+	}
+	if err := writeRefs(filepath.Join(dir, snapshotRefs), append(readRefs(filepath.Join(sdir, snapshotRefs)), sn.ID)); err != nil {
+		return fail(err)
+	}
+	if err := m.Store.CreateSandbox(ctx, sb); err != nil {
+		return fail(err)
+	}
+	if _, err := m.Resume(ctx, sb.ID); err != nil {
+		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
+		return sb, err
+	}
+	return m.Get(ctx, sb.ID)
+}
+
+// snapshotRefs, in a sandbox's or a snapshot's dir, lists the snapshots
+// its disk's backing chain goes through, one id per line.
+const snapshotRefs = "snapshot.refs"
+
+func readRefs(path string) []string {
+	b, _ := os.ReadFile(path)
+	return strings.Fields(string(b))
+}
+
+func writeRefs(path string, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return os.WriteFile(path, []byte(strings.Join(ids, "\n")+"\n"), 0o600)
+}
+
+// snapshotUsers are the sandboxes and snapshots whose disks are backed by
+// snapshot sid.
+func (m *Manager) snapshotUsers(sid string) []string {
+	var out []string
+	for _, pattern := range []string{filepath.Join(m.L.Sandboxes(), "*", snapshotRefs), filepath.Join(m.L.SnapshotsDir(), "*", snapshotRefs)} {
+		refs, _ := filepath.Glob(pattern)
+		for _, r := range refs {
+			if slices.Contains(readRefs(r), sid) {
+				out = append(out, filepath.Base(filepath.Dir(r)))
+			}
+		}
+	}
+	return out
+}
+
+// RemoveSnapshot deletes a snapshot unless sandboxes still start from it
+// (their disks are backed by its disk).
+func (m *Manager) RemoveSnapshot(ctx context.Context, tenant, name string) error {
+	sn, err := m.Store.GetSnapshot(ctx, tenant, name)
+	if err != nil {
+		return err
+	}
+	if users := m.snapshotUsers(sn.ID); len(users) > 0 {
+		return fmt.Errorf("%w: snapshot %q backs the disks of %s (sandboxes or snapshots); remove them first", errdefs.ErrFailedPrecondition, name, strings.Join(users, ", "))
+	}
+	if err := m.Store.DeleteSnapshot(ctx, tenant, name); err != nil {
+		return err
+	}
+	return os.RemoveAll(m.L.SnapshotDir(sn.ID))
+}
+
+// PruneSnapshots removes the unlisted snapshots forks started from once no
+// sandbox uses them any more, and files of snapshots with no catalog row.
+// It returns the bytes freed.
+func (m *Manager) PruneSnapshots(ctx context.Context) (int64, error) {
+	all, err := m.Store.ListSnapshots(ctx, "", true)
+	if err != nil {
+		return 0, err
+	}
+	known := map[string]bool{}
+	var freed int64
+	var errs []error
+	for _, sn := range all {
+		known[sn.ID] = true
+		if !strings.HasPrefix(sn.Name, forkPrefix) || len(m.snapshotUsers(sn.ID)) > 0 {
+			continue
+		}
+		size := dirUsage(m.L.SnapshotDir(sn.ID))
+		if err := m.RemoveSnapshot(ctx, sn.Tenant, sn.Name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		freed += size
+	}
+	dirs, _ := os.ReadDir(m.L.SnapshotsDir())
+	for _, d := range dirs {
+		if known[d.Name()] || len(m.snapshotUsers(d.Name())) > 0 {
+			continue
+		}
+		p := m.L.SnapshotDir(d.Name())
+		if fi, err := os.Stat(p); err == nil && time.Since(fi.ModTime()) < time.Minute {
+			continue // being written
+		}
+		freed += dirUsage(p)
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return freed, errors.Join(errs...)
+}
+
+// DiskUsage is the bytes a sandbox's files take on the host (its disk
+// overlay, paused state, logs), counting allocated blocks.
+func (m *Manager) DiskUsage(id string) int64 { return dirUsage(m.L.Dir(id)) }
+
+// dirUsage sums the allocated bytes of the files under dir.
+func dirUsage(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
+}

@@ -1,0 +1,211 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// activity tracks what keeps a sandbox from being idle: requests in flight
+// on shim.sock, execs the shim owns, inbound connections to published ports
+// and the preview route, and the time the last of them ended.
+type activity struct {
+	inflight atomic.Int64
+	last     atomic.Int64 // unix nanoseconds
+}
+
+func (a *activity) touch() { a.last.Store(time.Now().UnixNano()) }
+
+func (a *activity) begin() { a.inflight.Add(1); a.touch() }
+
+func (a *activity) end() { a.touch(); a.inflight.Add(-1) }
+
+// idleFor is how long nothing has happened, or 0 while something runs.
+func (a *activity) idleFor(now time.Time, busy int64) time.Duration {
+	if a.inflight.Load()+busy > 0 {
+		return 0
+	}
+	return now.Sub(time.Unix(0, a.last.Load()))
+}
+
+// track wraps the shim socket's handler: every request is activity.
+func (a *activity) track(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.begin()
+		defer a.end()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// pauseReq asks the shim's main loop to pause; it answers on reply.
+type pauseReq struct {
+	force bool
+	reply chan pauseResult
+}
+
+type pauseResult struct {
+	resp *shimv1.PauseResponse
+	err  error
+}
+
+// lifecycleService serves LifecycleService on shim.sock.
+type lifecycleService struct {
+	s *shim
+}
+
+func (l lifecycleService) Pause(ctx context.Context, req *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error) {
+	r := pauseReq{force: req.Msg.GetForce(), reply: make(chan pauseResult, 1)}
+	select {
+	case l.s.pauseReq <- r:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	res := <-r.reply
+	if res.err != nil {
+		return nil, res.err
+	}
+	return connect.NewResponse(res.resp), nil
+}
+
+func (l lifecycleService) Snapshot(context.Context, *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("live snapshots are not implemented yet"))
+}
+
+// preconditions for pause: nothing in flight that a pause would cut off
+// (unless forced), and no secrets (their values would not survive).
+func (s *shim) pauseCheck(force bool) error {
+	if len(s.cfg.Secrets) > 0 {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("a sandbox with secrets cannot be paused: their values live only in its supervisor's memory and would be lost"))
+	}
+	if force {
+		return nil
+	}
+	// The Pause request itself is in flight.
+	if n := s.act.inflight.Load() - 1; n > 0 {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d requests (execs, code runs, file transfers) are in flight; wait for them or pause with force", n))
+	}
+	if n := s.busy(); n > 0 {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d commands or connections are running; wait for them or pause with force (they are ended)", n))
+	}
+	return nil
+}
+
+// busy counts owned execs still running and open inbound connections.
+func (s *shim) busy() int64 {
+	var n int64
+	if s.execs != nil {
+		n += int64(s.execs.Running())
+	}
+	if s.net != nil {
+		n += s.net.inbound.Load()
+	}
+	return n
+}
+
+// pause saves the guest to disk and leaves everything but the sandbox's
+// disk and paused state behind; the shim exits after. On an error before
+// the save started, the sandbox keeps running.
+func (s *shim) pause(ctx context.Context, force bool) (*shimv1.PauseResponse, error) {
+	if err := s.pauseCheck(force); err != nil {
+		return nil, err
+	}
+	saver, ok := s.inst.(runtime.StateSaver)
+	if !ok {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this runtime cannot pause sandboxes"))
+	}
+	sb, err := s.st.GetSandbox(ctx, s.cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	left := time.Until(sb.ExpiresAt)
+	dir := s.l.PauseDir(s.cfg.ID)
+	_ = os.RemoveAll(dir)
+	stateDir := filepath.Join(dir, sandbox.PauseStateDir)
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, err
+	}
+	if ok, err := s.st.SetState(ctx, s.cfg.ID, store.StatePausing, "", store.StateRunning); err != nil || !ok {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox is not running (%v)", err))
+	}
+	t0 := time.Now()
+	// Owned execs end (forced), then the agent channel closes: the guest
+	// must see its EOF before it is frozen.
+	if s.execs != nil {
+		s.execs.Close()
+	}
+	_ = s.agent.Close()
+	if err := saver.SaveState(ctx, stateDir, runtime.SaveOptions{}); err != nil {
+		return nil, fmt.Errorf("save guest state: %w", err)
+	}
+	saveDur := time.Since(t0)
+	sum, size, err := sandbox.HashDir(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	bc := s.boot
+	m := sandbox.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: time.Now().UTC()}
+	b, _ := json.MarshalIndent(m, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, sandbox.PauseManifestFile), b, 0o400); err != nil {
+		return nil, err
+	}
+	if ok, err := s.st.SetPaused(ctx, s.cfg.ID, left); err != nil || !ok {
+		return nil, fmt.Errorf("record paused: %v (changed=%v)", err, ok)
+	}
+	s.log.Info("paused", "save", saveDur, "total", time.Since(t0), "state_bytes", size)
+	return &shimv1.PauseResponse{StateBytes: size, SaveMs: saveDur.Milliseconds()}, nil
+}
+
+// resumeSpec checks a paused sandbox's saved state and fills spec to
+// restore it. The digest check runs concurrently with the restore: verify
+// must return nil before the sandbox is marked running.
+func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
+	dir := s.l.PauseDir(s.cfg.ID)
+	b, err := os.ReadFile(filepath.Join(dir, sandbox.PauseManifestFile))
+	if err != nil {
+		return nil, fmt.Errorf("paused state is missing (%v); the sandbox cannot be resumed", err)
+	}
+	var m sandbox.PauseManifest
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.StateSHA256) != 64 {
+		return nil, errors.New("paused state manifest is unreadable; the sandbox cannot be resumed")
+	}
+	for _, p := range []string{m.Kernel, m.Initrd} {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("the guest kernel or initramfs this sandbox was paused with is gone (%s)", p)
+		}
+	}
+	spec.Kernel, spec.Initrd = m.Kernel, m.Initrd
+	spec.RestoreFrom = filepath.Join(dir, sandbox.PauseStateDir)
+	s.boot.Kernel, s.boot.Initrd = m.Kernel, m.Initrd
+	done := make(chan error, 1)
+	go func() {
+		sum, size, err := sandbox.HashDir(spec.RestoreFrom)
+		switch {
+		case err != nil:
+			done <- err
+		case sum != m.StateSHA256 || size != m.StateBytes:
+			done <- errors.New("paused state is corrupt (its digest does not match the manifest); the sandbox cannot be resumed")
+		default:
+			done <- nil
+		}
+	}()
+	var once sync.Once
+	var verr error
+	return func() error {
+		once.Do(func() { verr = <-done })
+		return verr
+	}, nil
+}
