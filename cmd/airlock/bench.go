@@ -146,6 +146,16 @@ func benchCmd(g *globals) *cobra.Command {
 			for _, r := range pr {
 				rows = append(rows, row{r[0], r[1], r[2]})
 			}
+			fr, err := forkBench(ctx, m, cli)
+			if err != nil {
+				return fmt.Errorf("fork bench: %w", err)
+			}
+			if _, err := m.PruneSnapshots(ctx); err != nil { // the forks' base
+				return err
+			}
+			for _, r := range fr {
+				rows = append(rows, row{r[0], r[1], r[2]})
+			}
 
 			if netMiB > 0 {
 				fmt.Fprintln(os.Stderr, "bench: network rows")

@@ -16,6 +16,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 func mcpCmd(g *globals) *cobra.Command {
@@ -117,3 +118,8 @@ func (s mcpService) RunCode(ctx context.Context, id string, req *agentv1.RunCode
 }
 
 var _ mcp.Service = mcpService{}
+
+// GetSnapshot reads the manager's catalog.
+func (s mcpService) GetSnapshot(ctx context.Context, tenant, name string) (store.Snapshot, error) {
+	return s.Store.GetSnapshot(ctx, tenant, name)
+}

@@ -104,18 +104,22 @@ func remoteView(sb *airlock.Sandbox) sandboxView {
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMB, DiskMiB: sb.DiskMB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(), Accel: sb.Accel, Kernel: sb.GuestKernel,
 		StartMode: sb.StartMode, Metadata: sb.Metadata, Tenant: sb.Tenant, Network: viewRemoteNetwork(sb.Network),
-		IdlePauseS: sb.IdlePauseS,
+		IdlePauseS: sb.IdlePauseS, Source: sb.Source,
 	}
+	u := sb.DiskUsageBytes
+	v.DiskUsageBytes = &u
 	v.setPause(sb.PausedAt, sb.State == airlock.StatePaused, sb.LifetimeLeftS)
 	return v
 }
 
-func remoteRun(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions, start *agentv1.ExecStart, interactive bool) error {
+func remoteRun(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions, fromSnapshot string, start *agentv1.ExecStart, interactive bool) error {
 	ctx := cmd.Context()
 	if _, err := remoteExecRequest(start); err != nil {
 		return err // before a sandbox exists
 	}
-	sb, err := c.Create(ctx, remoteCreateOptions(o))
+	ro := remoteCreateOptions(o)
+	ro.FromSnapshot = fromSnapshot
+	sb, err := c.Create(ctx, ro)
 	if err != nil {
 		return &exitError{code: 125, msg: "create sandbox: " + apiMsg(err)}
 	}
@@ -134,8 +138,10 @@ func remoteRun(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions, s
 	return runErr
 }
 
-func remoteCreate(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions) error {
-	sb, err := c.Create(cmd.Context(), remoteCreateOptions(o))
+func remoteCreate(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions, fromSnapshot string) error {
+	ro := remoteCreateOptions(o)
+	ro.FromSnapshot = fromSnapshot
+	sb, err := c.Create(cmd.Context(), ro)
 	if err != nil {
 		return err
 	}
@@ -307,16 +313,20 @@ func remoteCopyOut(cmd *cobra.Command, c *airlock.Client, id, remote, local stri
 	return err
 }
 
-func remoteLs(cmd *cobra.Command, c *airlock.Client, asJSON bool) error {
+func remoteLs(cmd *cobra.Command, c *airlock.Client, asJSON, size bool) error {
 	sbs, err := c.List(cmd.Context(), airlock.ListOptions{})
 	if err != nil {
 		return err
 	}
 	vs := make([]sandboxView, 0, len(sbs))
 	for i := range sbs {
-		vs = append(vs, remoteView(&sbs[i]))
+		v := remoteView(&sbs[i])
+		if !size {
+			v.DiskUsageBytes = nil // as locally: only with --size
+		}
+		vs = append(vs, v)
 	}
-	return printSandboxes(cmd.OutOrStdout(), vs, asJSON)
+	return printSandboxes(cmd.OutOrStdout(), vs, asJSON, size)
 }
 
 func remoteInspect(cmd *cobra.Command, c *airlock.Client, args []string) error {

@@ -34,6 +34,7 @@ type fakeAPI struct {
 	eventsQ    []string         // events query strings
 	pauses     []map[string]any // pause request bodies
 	keepalives int
+	snapReqs   []string // snapshot and fork requests: "METHOD PATH BODY"
 }
 
 type fakeFile struct {
@@ -74,6 +75,7 @@ func newFakeAPI(t *testing.T) (*fakeAPI, *httptest.Server) {
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", f.sandbox(f.putFile))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", f.sandbox(f.getFile))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", f.sandbox(f.stat))
+	f.snapshotRoutes(mux)
 	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.eventsQ = append(f.eventsQ, r.URL.RawQuery)

@@ -55,6 +55,7 @@ func parseDuration(s string) (time.Duration, error) {
 type createFlags struct {
 	image, memory, disk, timeout string
 	idlePause                    string
+	fromSnapshot                 string
 	cpus                         int
 	meta                         []string
 	net                          netFlags
@@ -69,6 +70,37 @@ func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
 	cmd.Flags().StringArrayVar(&f.meta, "meta", nil, "metadata KEY=VALUE (repeatable)")
 	cmd.Flags().StringVar(&f.idlePause, "idle-pause", "0", "pause the sandbox after this long idle (no exec or code running, no call, no inbound connection); the next call resumes it. 0: never")
 	f.net.register(cmd)
+	cmd.Flags().StringVar(&f.fromSnapshot, "from-snapshot", "", "start from this snapshot (see `airlock snapshot`): processes, memory and disk as saved; its image, size, env and network are the snapshot's")
+}
+
+// snapshotOptions fits o to --from-snapshot: the image and size are the
+// snapshot's unless given (then they must match), and network flags are
+// refused (the network is the snapshot's).
+func (f *createFlags) snapshotOptions(cmd *cobra.Command, o sandbox.CreateOptions) (sandbox.CreateOptions, error) {
+	fl := cmd.Flags()
+	for _, name := range []string{"net", "allow", "secret", "publish", "net-rate", "max-conns"} {
+		if fl.Lookup(name) != nil && fl.Changed(name) {
+			return o, fmt.Errorf("%w: --%s: a sandbox from a snapshot has the snapshot's network", errdefs.ErrInvalid, name)
+		}
+	}
+	if !fl.Changed("image") {
+		o.Image = ""
+	}
+	if !fl.Changed("cpus") {
+		o.CPUs = 0
+	}
+	if !fl.Changed("memory") {
+		o.MemoryMiB = 0
+	}
+	return o, nil
+}
+
+// createSandbox creates o locally, from f's snapshot if one is named.
+func (f *createFlags) createSandbox(ctx context.Context, m *sandbox.Manager, o sandbox.CreateOptions) (store.Sandbox, error) {
+	if f.fromSnapshot != "" {
+		return m.CreateFromSnapshot(ctx, f.fromSnapshot, o)
+	}
+	return m.Create(ctx, o)
 }
 
 // options parses the flags; secret values are read with lookupEnv.
@@ -199,6 +231,11 @@ func runCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if cf.fromSnapshot != "" {
+				if o, err = cf.snapshotOptions(cmd, o); err != nil {
+					return err
+				}
+			}
 			start, err := ef.start(args)
 			if err != nil {
 				return err
@@ -208,14 +245,14 @@ func runCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return remoteRun(cmd, c, o, start, ef.interactive)
+				return remoteRun(cmd, c, o, cf.fromSnapshot, start, ef.interactive)
 			}
 			m, done, err := g.manager(ctx)
 			if err != nil {
 				return err
 			}
 			defer done()
-			sb, err := m.Create(ctx, o)
+			sb, err := cf.createSandbox(ctx, m, o)
 			if err != nil {
 				return &exitError{code: 125, msg: err.Error()}
 			}
@@ -243,18 +280,23 @@ func createCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if cf.fromSnapshot != "" {
+				if o, err = cf.snapshotOptions(cmd, o); err != nil {
+					return err
+				}
+			}
 			if c, err := g.remote(); err != nil || c != nil {
 				if err != nil {
 					return err
 				}
-				return remoteCreate(cmd, c, o)
+				return remoteCreate(cmd, c, o, cf.fromSnapshot)
 			}
 			m, done, err := g.manager(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer done()
-			sb, err := m.Create(cmd.Context(), o)
+			sb, err := cf.createSandbox(cmd.Context(), m, o)
 			if err != nil {
 				return err
 			}
@@ -305,7 +347,7 @@ func execCmd(g *globals) *cobra.Command {
 }
 
 func lsCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, size bool
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List sandboxes",
@@ -315,30 +357,51 @@ func lsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printSandboxes(os.Stdout, views(sbs), asJSON)
+			vs := views(sbs)
+			if size {
+				for i := range vs {
+					u := m.DiskUsage(vs[i].ID)
+					vs[i].DiskUsageBytes = &u
+				}
+			}
+			return printSandboxes(os.Stdout, vs, asJSON, size)
 		}, func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
-			return remoteLs(cmd, c, asJSON)
+			return remoteLs(cmd, c, asJSON, size)
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&size, "size", false, "add a DISK USED column: what each sandbox's files take on the host (disk overlay, paused state, logs)")
 	return cmd
 }
 
-// printSandboxes writes sbs as a table or, with asJSON, as a JSON array.
-func printSandboxes(w io.Writer, sbs []sandboxView, asJSON bool) error {
+// printSandboxes writes sbs as a table or, with asJSON, as a JSON array;
+// with size the table has a DISK USED column.
+func printSandboxes(w io.Writer, sbs []sandboxView, asJSON, size bool) error {
 	if asJSON {
 		return writeJSON(w, sbs)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tCPUS\tMEMORY\tDISK\tAGE\tEXPIRES IN")
+	head := "ID\tSTATE\tIMAGE\tCPUS\tMEMORY\tDISK\tAGE\tEXPIRES IN"
+	if size {
+		head += "\tDISK USED"
+	}
+	fmt.Fprintln(tw, head)
 	for _, sb := range sbs {
 		expires := time.Until(sb.ExpiresAt).Round(time.Second).String()
 		if sb.LifetimeLeftS != nil {
 			// The lifetime counts running time only: it stands still while paused.
 			expires = (time.Duration(*sb.LifetimeLeftS) * time.Second).String() + " of running time"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dM\t%s\t%s\n", sb.ID, sb.State, sb.Image, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dM\t%s\t%s", sb.ID, sb.State, sb.Image, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
 			time.Since(sb.CreatedAt).Round(time.Second), expires)
+		if size {
+			var used int64
+			if sb.DiskUsageBytes != nil {
+				used = *sb.DiskUsageBytes
+			}
+			fmt.Fprintf(tw, "\t%s", humanBytes(used))
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
@@ -366,12 +429,17 @@ type sandboxView struct {
 	PausedAt *time.Time `json:"paused_at,omitempty"`
 	// LifetimeLeftS: only while paused, the running time it has left.
 	LifetimeLeftS *int64 `json:"lifetime_left_s,omitempty"`
+	// Source: "snapshot:<name>" or "fork:<id>" ("" for an image).
+	Source string `json:"source"`
+	// DiskUsageBytes: what its files take on the host; set by inspect and
+	// ls --size only.
+	DiskUsageBytes *int64 `json:"disk_usage_bytes,omitempty"`
 }
 
 func view(sb store.Sandbox) sandboxView {
 	v := sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
 		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata, sb.Tenant, viewNetwork(sb.Network),
-		int64(sb.IdlePause / time.Second), nil, nil}
+		int64(sb.IdlePause / time.Second), nil, nil, sb.Source, nil}
 	var left int64
 	if sb.State == store.StatePaused {
 		left = int64(sb.LifetimeLeft / time.Second)
@@ -416,7 +484,10 @@ func inspectCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return writeJSON(os.Stdout, view(sb))
+			v := view(sb)
+			u := m.DiskUsage(sb.ID)
+			v.DiskUsageBytes = &u
+			return writeJSON(os.Stdout, v)
 		}, remoteInspect),
 	}
 }
@@ -473,4 +544,18 @@ func warnTCG(accel string) {
 	if accel == "tcg" {
 		fmt.Fprintln(os.Stderr, "airlock: warning: no usable KVM; this sandbox runs under TCG software emulation (slow). See `airlock doctor`.")
 	}
+}
+
+// humanBytes writes n in binary units: 512B, 1.5K, 20.0M, 3.2G.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%c", float64(n)/float64(div), "KMGTP"[exp])
 }

@@ -61,7 +61,7 @@ func newHarness(t *testing.T, aliceLimits store.APIKey) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Events: st, Keys: st,
+	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Snapshots: h.fake, Events: st, Keys: st,
 		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

@@ -34,10 +34,15 @@ type fake struct {
 	dials []string
 	// pauses and touches record Pause (that did pause) and Touch calls.
 	pauses, touches []string
+	// snaps are the snapshots by tenant + "/" + name; forks records Fork
+	// counts; pruned counts PruneSnapshots calls.
+	snaps  map[string]store.Snapshot
+	forks  []int
+	pruned int
 }
 
 func newFake() *fake {
-	return &fake{sbs: map[string]store.Sandbox{}, files: map[string][]byte{}, stdin: map[string][]byte{}}
+	return &fake{sbs: map[string]store.Sandbox{}, files: map[string][]byte{}, stdin: map[string][]byte{}, snaps: map[string]store.Snapshot{}}
 }
 
 func (f *fake) add(id, tenant string) {
@@ -382,3 +387,119 @@ func (f *fake) RunCode(_ context.Context, _ string, req *agentv1.RunCodeRequest,
 }
 
 var _ Contexts = (*fake)(nil)
+
+// Snapshot refuses a sandbox with secrets or, unless force, a "busy" one,
+// like the manager; the snapshot belongs to the sandbox's tenant.
+func (f *fake) Snapshot(_ context.Context, id, name string, force bool) (store.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	switch {
+	case !ok:
+		return store.Snapshot{}, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
+	case len(sb.Network.Secrets) > 0:
+		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has secrets", errdefs.ErrFailedPrecondition, id)
+	case sb.Metadata["busy"] != "" && !force:
+		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has running commands", errdefs.ErrFailedPrecondition, id)
+	}
+	if _, ok := f.snaps[sb.Tenant+"/"+name]; ok {
+		return store.Snapshot{}, fmt.Errorf("%w: snapshot %q exists", errdefs.ErrConflict, name)
+	}
+	sn := store.Snapshot{Tenant: sb.Tenant, Name: name, ID: fmt.Sprintf("snap%012d", len(f.snaps)), SandboxID: id, Image: "base",
+		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: sb.Network, Env: sb.Env, Size: 64 << 20, Created: time.Now()}
+	f.snaps[sb.Tenant+"/"+name] = sn
+	return sn, nil
+}
+
+func (f *fake) CreateFromSnapshot(_ context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sn, ok := f.snaps[o.Tenant+"/"+name]
+	if !ok {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
+	}
+	if (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.Image != "" && o.Image != sn.Image) {
+		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from snapshot %q has its size and image", errdefs.ErrInvalid, name)
+	}
+	f.n++
+	sb := store.Sandbox{ID: fmt.Sprintf("sbx%09d", f.n), Tenant: o.Tenant, State: store.StateRunning, CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB,
+		DiskMiB: sn.DiskMiB, Env: sn.Env, Network: sn.Network, Metadata: o.Metadata, Image: sn.Image, Source: "snapshot:" + name}
+	f.sbs[sb.ID] = sb
+	f.created = append(f.created, o)
+	return sb, nil
+}
+
+// Fork fails after two copies when the source's metadata says "fail".
+func (f *fake) Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error) {
+	base := fmt.Sprintf("_fork-%d", len(f.forks))
+	if _, err := f.Snapshot(ctx, id, base, force); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.forks = append(f.forks, count)
+	src := f.sbs[id]
+	f.mu.Unlock()
+	var out []store.Sandbox
+	for i := range count {
+		if i == 2 && src.Metadata["fail"] != "" {
+			return out, fmt.Errorf("%w: out of disk", errdefs.ErrResourceExhausted)
+		}
+		sb, err := f.CreateFromSnapshot(ctx, base, sandbox.CreateOptions{Tenant: src.Tenant, Metadata: src.Metadata})
+		if err != nil {
+			return out, err
+		}
+		f.mu.Lock()
+		sb.Source = "fork:" + id
+		f.sbs[sb.ID] = sb
+		f.mu.Unlock()
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
+// RemoveSnapshot refuses while a sandbox made from the snapshot exists.
+func (f *fake) RemoveSnapshot(_ context.Context, tenant, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.snaps[tenant+"/"+name]; !ok {
+		return fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
+	}
+	for _, sb := range f.sbs {
+		if sb.Tenant == tenant && sb.Source == "snapshot:"+name {
+			return fmt.Errorf("%w: snapshot %q backs the disks of %s", errdefs.ErrFailedPrecondition, name, sb.ID)
+		}
+	}
+	delete(f.snaps, tenant+"/"+name)
+	return nil
+}
+
+func (f *fake) PruneSnapshots(context.Context) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pruned++
+	return 5 << 20, nil
+}
+
+func (f *fake) ListSnapshots(_ context.Context, tenant string, all bool) ([]store.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []store.Snapshot
+	for _, sn := range f.snaps {
+		if all || sn.Tenant == tenant {
+			out = append(out, sn)
+		}
+	}
+	return out, nil
+}
+
+func (f *fake) GetSnapshot(_ context.Context, tenant, name string) (store.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sn, ok := f.snaps[tenant+"/"+name]
+	if !ok {
+		return sn, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
+	}
+	return sn, nil
+}
+
+func (f *fake) DiskUsage(id string) int64 { return int64(len(id)) << 20 }

@@ -49,7 +49,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, pauseResponse{viewSandbox(sb), stats})
+	writeJSON(w, http.StatusOK, pauseResponse{s.view(sb), stats})
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
@@ -67,7 +67,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.audit(r, sb.ID, "sandbox.resume", map[string]any{"was": string(was), "duration_ms": time.Since(start).Milliseconds()})
-	writeJSON(w, http.StatusOK, viewSandbox(sb))
+	writeJSON(w, http.StatusOK, s.view(sb))
 }
 
 // keepalive counts as activity for the idle-pause timer; like any call it

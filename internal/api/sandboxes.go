@@ -39,6 +39,12 @@ type Sandbox struct {
 	// lifetime counts running time only, and a resume sets expires_at to
 	// now plus it. Absent unless paused.
 	LifetimeLeftS *int64 `json:"lifetime_left_s,omitempty"`
+	// Source is where the sandbox came from: "" (an image),
+	// "snapshot:<name>" or "fork:<sandbox id>".
+	Source string `json:"source"`
+	// DiskUsageBytes is what the sandbox's files take on the server's disk
+	// (disk overlay, paused state, logs); 0 when the server does not say.
+	DiskUsageBytes int64 `json:"disk_usage_bytes"`
 }
 
 func viewSandbox(sb store.Sandbox) Sandbox {
@@ -51,7 +57,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		CPUs: sb.CPUs, MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
 		Accel: sb.Accel, GuestKernel: sb.Kernel, StartMode: sb.StartMode, Metadata: md, Tenant: sb.Tenant,
-		Network: sb.Network, IdlePauseS: int64(sb.IdlePause / time.Second),
+		Network: sb.Network, IdlePauseS: int64(sb.IdlePause / time.Second), Source: sb.Source,
 	}
 	if !sb.PausedAt.IsZero() {
 		t := sb.PausedAt.UTC()
@@ -60,6 +66,15 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 	if sb.State == store.StatePaused {
 		left := int64(sb.LifetimeLeft / time.Second)
 		v.LifetimeLeftS = &left
+	}
+	return v
+}
+
+// view is viewSandbox with the sandbox's disk usage.
+func (s *Server) view(sb store.Sandbox) Sandbox {
+	v := viewSandbox(sb)
+	if s.cfg.Snapshots != nil {
+		v.DiskUsageBytes = s.cfg.Snapshots.DiskUsage(sb.ID)
 	}
 	return v
 }
@@ -76,6 +91,9 @@ type createRequest struct {
 	// IdlePauseS pauses the sandbox after this many idle seconds (0:
 	// never).
 	IdlePauseS int `json:"idle_pause_s"`
+	// FromSnapshot starts the sandbox from the tenant's snapshot of that
+	// name (its size, image, env and network).
+	FromSnapshot string `json:"from_snapshot"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -94,6 +112,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
 		s.fail(w, r, invalidf("timeout_s must be at most %d", int(sandbox.MaxTimeout/time.Second)))
+		return
+	}
+	if req.FromSnapshot != "" {
+		s.createFromSnapshot(w, r, req)
 		return
 	}
 	o := sandbox.CreateOptions{
@@ -134,7 +156,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	s.metrics.creates.Inc()
 	s.audit(r, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB,
 		"network": networkAudit(sb.Network), "idle_pause_s": int64(sb.IdlePause / time.Second)})
-	writeJSON(w, http.StatusCreated, viewSandbox(sb))
+	writeJSON(w, http.StatusCreated, s.view(sb))
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -159,7 +181,7 @@ next:
 				}
 			}
 		}
-		out = append(out, viewSandbox(sb))
+		out = append(out, s.view(sb))
 	}
 	writeJSON(w, http.StatusOK, map[string][]Sandbox{"sandboxes": out})
 }
@@ -170,7 +192,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, viewSandbox(sb))
+	writeJSON(w, http.StatusOK, s.view(sb))
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
@@ -213,5 +235,5 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, viewSandbox(sb))
+	writeJSON(w, http.StatusOK, s.view(sb))
 }

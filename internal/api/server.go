@@ -32,13 +32,15 @@ var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 1
 
 // Config is what a Server needs. Sandboxes, Files, Events and Keys are
 // required; a nil Execs answers exec routes with 503, a nil Contexts the
-// code and context routes, a nil Ports the preview route.
+// code and context routes, a nil Ports the preview route, a nil Snapshots
+// the snapshot and fork routes (and create with from_snapshot).
 type Config struct {
 	Sandboxes Sandboxes
 	Files     Files
 	Execs     Execs
 	Contexts  Contexts
 	Ports     Ports
+	Snapshots Snapshots
 	Events    Events
 	Keys      Keys
 	Log       *slog.Logger // nil: discard
@@ -103,6 +105,12 @@ var routes = []route{
 	{"POST /v1/sandboxes/{id}/pause", true, (*Server).pauseSandbox},
 	{"POST /v1/sandboxes/{id}/resume", true, (*Server).resumeSandbox},
 	{"POST /v1/sandboxes/{id}/keepalive", true, (*Server).keepalive},
+	{"POST /v1/sandboxes/{id}/snapshot", true, (*Server).snapshotSandbox},
+	{"POST /v1/sandboxes/{id}/fork", true, (*Server).forkSandbox},
+	{"GET /v1/snapshots", true, (*Server).listSnapshots},
+	{"GET /v1/snapshots/{name}", true, (*Server).getSnapshot},
+	{"DELETE /v1/snapshots/{name}", true, (*Server).deleteSnapshot},
+	{"POST /v1/snapshots/prune", true, (*Server).pruneSnapshots},
 	{"POST /v1/sandboxes/{id}/exec", true, (*Server).exec},
 	{"GET /v1/sandboxes/{id}/execs", true, (*Server).listExecs},
 	{"GET /v1/sandboxes/{id}/execs/{exec_id}", true, (*Server).getExec},

@@ -36,6 +36,50 @@ type Sandboxes interface {
 	Touch(ctx context.Context, id string) error
 }
 
+// Snapshots is the snapshot and fork part of the manager (sandbox.Manager's
+// methods of the same names, with the catalog's snapshot reads; see
+// ManagerSnapshots). Errors are categorized with errdefs.
+type Snapshots interface {
+	// Snapshot saves a running or paused sandbox (memory, processes, disk)
+	// as the named snapshot of the sandbox's tenant; the sandbox keeps
+	// running. ErrConflict if the tenant has that name; ErrFailedPrecondition
+	// for a sandbox with secrets or, without force, running commands.
+	Snapshot(ctx context.Context, id, name string, force bool) (store.Snapshot, error)
+	// CreateFromSnapshot starts a sandbox from o.Tenant's snapshot name; o
+	// may set Timeout, Metadata and IdlePause only.
+	CreateFromSnapshot(ctx context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error)
+	// Fork makes count (1..sandbox.MaxForks) running copies of a sandbox. On
+	// an error the copies made so far are returned with it.
+	Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error)
+	// RemoveSnapshot deletes a snapshot; ErrFailedPrecondition while
+	// sandboxes or snapshots are backed by its disk.
+	RemoveSnapshot(ctx context.Context, tenant, name string) error
+	// PruneSnapshots removes unused fork bases and orphaned snapshot files
+	// of every tenant and returns the bytes freed.
+	PruneSnapshots(ctx context.Context) (int64, error)
+	// ListSnapshots returns tenant's snapshots (every tenant's if all),
+	// fork bases included.
+	ListSnapshots(ctx context.Context, tenant string, all bool) ([]store.Snapshot, error)
+	// GetSnapshot returns tenant's snapshot name (ErrNotFound if none).
+	GetSnapshot(ctx context.Context, tenant, name string) (store.Snapshot, error)
+	// DiskUsage is the bytes a sandbox's files take on the host (0 if none).
+	DiskUsage(id string) int64
+}
+
+// ManagerSnapshots is m as Snapshots: the manager's operations and its
+// catalog's reads.
+func ManagerSnapshots(m *sandbox.Manager) Snapshots { return managerSnapshots{m} }
+
+type managerSnapshots struct{ *sandbox.Manager }
+
+func (m managerSnapshots) ListSnapshots(ctx context.Context, tenant string, all bool) ([]store.Snapshot, error) {
+	return m.Store.ListSnapshots(ctx, tenant, all)
+}
+
+func (m managerSnapshots) GetSnapshot(ctx context.Context, tenant, name string) (store.Snapshot, error) {
+	return m.Store.GetSnapshot(ctx, tenant, name)
+}
+
 // Files is the file part of the manager. Paths are validated by the API
 // before they get here. Nothing is buffered whole: data streams.
 type Files interface {
@@ -116,6 +160,7 @@ var (
 	_ Execs     = (*sandbox.Manager)(nil)
 	_ Contexts  = (*sandbox.Manager)(nil)
 	_ Ports     = (*sandbox.Manager)(nil)
+	_ Snapshots = managerSnapshots{}
 	_ Events    = (*store.Store)(nil)
 	_ Keys      = (*store.Store)(nil)
 )

@@ -28,10 +28,12 @@ type fake struct {
 	// resumes records the sandboxes a call resumed (like the manager, any
 	// call on a paused sandbox resumes it).
 	resumes []string
+	// snaps are the snapshots by tenant + "/" + name.
+	snaps map[string]store.Snapshot
 }
 
 func newFake() *fake {
-	return &fake{sbs: map[string]store.Sandbox{}, files: map[string][]byte{}, execs: map[string]*agentv1.ExecStart{}}
+	return &fake{sbs: map[string]store.Sandbox{}, files: map[string][]byte{}, execs: map[string]*agentv1.ExecStart{}, snaps: map[string]store.Snapshot{}}
 }
 
 var _ Service = (*fake)(nil)
@@ -255,4 +257,69 @@ func (f *fake) actions() []string {
 		out = append(out, e.Action+":"+e.KeyID)
 	}
 	return out
+}
+
+func (f *fake) Snapshot(_ context.Context, id, name string, force bool) (store.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	switch {
+	case !ok:
+		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s", errdefs.ErrNotFound, id)
+	case sb.Metadata["busy"] == "1" && !force:
+		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has running commands; use force to end them", errdefs.ErrFailedPrecondition, id)
+	}
+	if _, ok := f.snaps[sb.Tenant+"/"+name]; ok {
+		return store.Snapshot{}, fmt.Errorf("%w: snapshot %q exists", errdefs.ErrConflict, name)
+	}
+	sn := store.Snapshot{Tenant: sb.Tenant, Name: name, ID: fmt.Sprintf("snap%d", len(f.snaps)), SandboxID: id, Image: sb.Image,
+		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, Env: sb.Env, Size: 32 << 20, Created: time.Now()}
+	f.snaps[sb.Tenant+"/"+name] = sn
+	return sn, nil
+}
+
+func (f *fake) GetSnapshot(_ context.Context, tenant, name string) (store.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sn, ok := f.snaps[tenant+"/"+name]
+	if !ok {
+		return sn, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
+	}
+	return sn, nil
+}
+
+func (f *fake) CreateFromSnapshot(_ context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sn, ok := f.snaps[o.Tenant+"/"+name]
+	if !ok {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
+	}
+	f.n++
+	sb := store.Sandbox{ID: fmt.Sprintf("sb%014d", f.n), State: store.StateRunning, Image: sn.Image, CPUs: sn.CPUs,
+		MemoryMiB: sn.MemoryMiB, Tenant: o.Tenant, Env: sn.Env, Metadata: o.Metadata, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour),
+		IdlePause: o.IdlePause, Source: "snapshot:" + name}
+	f.sbs[sb.ID] = sb
+	return sb, nil
+}
+
+func (f *fake) Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error) {
+	base := fmt.Sprintf("_fork-%s-%d", id, time.Now().UnixNano())
+	sn, err := f.Snapshot(ctx, id, base, force)
+	if err != nil {
+		return nil, err
+	}
+	var out []store.Sandbox
+	for range count {
+		sb, err := f.CreateFromSnapshot(ctx, base, sandbox.CreateOptions{Tenant: sn.Tenant})
+		if err != nil {
+			return out, err
+		}
+		f.mu.Lock()
+		sb.Source = "fork:" + id
+		f.sbs[sb.ID] = sb
+		f.mu.Unlock()
+		out = append(out, sb)
+	}
+	return out, nil
 }

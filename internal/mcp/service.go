@@ -31,6 +31,19 @@ type Service interface {
 	Pause(ctx context.Context, id string, force bool) (sandbox.PauseResult, error)
 	// Resume restores a paused sandbox (a running one is a no-op).
 	Resume(ctx context.Context, id string) (store.Sandbox, error)
+	// Snapshot saves a running or paused sandbox as the named snapshot of
+	// its tenant; the sandbox keeps running. ErrConflict if the name is
+	// taken; ErrFailedPrecondition with secrets or, unless force, running
+	// commands.
+	Snapshot(ctx context.Context, id, name string, force bool) (store.Snapshot, error)
+	// GetSnapshot returns tenant's snapshot name (ErrNotFound if none).
+	GetSnapshot(ctx context.Context, tenant, name string) (store.Snapshot, error)
+	// CreateFromSnapshot starts a sandbox from o.Tenant's snapshot name; o
+	// may set Timeout, Metadata and IdlePause only.
+	CreateFromSnapshot(ctx context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error)
+	// Fork makes count running copies of a sandbox; on an error the
+	// copies made so far are returned with it.
+	Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error)
 
 	// StartExec starts an exec session owned by the sandbox's shim.
 	StartExec(ctx context.Context, sandboxID string, start *agentv1.ExecStart, actor sandbox.Actor, killOnDetach bool) (sandbox.ExecInfo, error)

@@ -118,16 +118,6 @@ var errNoSandbox = fmt.Errorf("%w: sandbox not found (see sandbox_list)", errdef
 
 // create makes a sandbox for s, registers it as a resource and audits it.
 func (s *session) create(ctx context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
-	s.mu.Lock()
-	switch {
-	case s.ended:
-		s.mu.Unlock()
-		return store.Sandbox{}, fmt.Errorf("%w: the session has ended", errdefs.ErrFailedPrecondition)
-	case len(s.created) >= s.h.cfg.MaxSessionSandboxes:
-		s.mu.Unlock()
-		return store.Sandbox{}, fmt.Errorf("%w: this session already has %d sandboxes (the most one session may create); kill one with sandbox_kill", errdefs.ErrResourceExhausted, len(s.created))
-	}
-	s.mu.Unlock()
 	o.Tenant = s.p.Tenant
 	if o.CPUs == 0 {
 		o.CPUs = 1
@@ -135,38 +125,89 @@ func (s *session) create(ctx context.Context, o sandbox.CreateOptions) (store.Sa
 	if o.MemoryMiB == 0 {
 		o.MemoryMiB = 512
 	}
-	if s.p.Reserve != nil {
-		release, err := s.p.Reserve(ctx, o.CPUs, o.MemoryMiB)
+	sbs, err := s.boot(ctx, 1, o.CPUs, o.MemoryMiB, func(ctx context.Context) ([]store.Sandbox, error) {
+		sb, err := s.h.cfg.Service.Create(ctx, o)
 		if err != nil {
-			return store.Sandbox{}, err
+			return nil, err
 		}
-		defer release()
-	}
-	// The boot is not abandoned if the call is cancelled half-way: the
-	// manager cleans up failures, and a finished sandbox is removed with
-	// the session.
-	sb, err := s.h.cfg.Service.Create(context.WithoutCancel(ctx), o)
+		return []store.Sandbox{sb}, nil
+	})
 	if err != nil {
-		return sb, err
+		return store.Sandbox{}, err
 	}
-	s.h.audit(ctx, s, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB, "via": "mcp"})
+	return sbs[0], nil
+}
+
+// boot makes n sandboxes of cpus and memMiB each for s with fn: it checks
+// the session's and the principal's limits, then registers the sandboxes
+// as the session's (removed when it ends) and audits them. fn runs under
+// a ctx that is not cancelled with the call (the manager cleans up
+// failures; a finished sandbox is removed with the session); a sandbox it
+// returns with an error is removed.
+func (s *session) boot(ctx context.Context, n, cpus, memMiB int, fn func(ctx context.Context) ([]store.Sandbox, error)) ([]store.Sandbox, error) {
+	s.mu.Lock()
+	switch {
+	case s.ended:
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: the session has ended", errdefs.ErrFailedPrecondition)
+	case len(s.created)+n > s.h.cfg.MaxSessionSandboxes:
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: this session has %d sandboxes and may create at most %d; kill one with sandbox_kill", errdefs.ErrResourceExhausted, len(s.created), s.h.cfg.MaxSessionSandboxes)
+	}
+	s.mu.Unlock()
+	if s.p.Reserve != nil {
+		var releases []func()
+		defer func() {
+			for _, release := range releases {
+				release()
+			}
+		}()
+		for range n {
+			release, err := s.p.Reserve(ctx, cpus, memMiB)
+			if err != nil {
+				return nil, err
+			}
+			releases = append(releases, release)
+		}
+	}
+	bctx := context.WithoutCancel(ctx)
+	sbs, err := fn(bctx)
+	if err != nil {
+		for _, sb := range sbs {
+			_ = s.h.cfg.Service.Remove(bctx, sb.ID)
+		}
+		return nil, err
+	}
+	for _, sb := range sbs {
+		detail := map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB, "via": "mcp"}
+		if sb.Source != "" {
+			detail["source"] = sb.Source
+		}
+		s.h.audit(ctx, s, sb.ID, "sandbox.create", detail)
+	}
 	s.mu.Lock()
 	ended := s.ended
 	if !ended {
-		s.created = append(s.created, sb.ID)
+		for _, sb := range sbs {
+			s.created = append(s.created, sb.ID)
+		}
 	}
 	s.mu.Unlock()
 	if ended { // the session ended while we booted
 		if !s.h.cfg.KeepSandboxes {
-			_ = s.h.cfg.Service.Remove(context.WithoutCancel(ctx), sb.ID)
+			for _, sb := range sbs {
+				_ = s.h.cfg.Service.Remove(bctx, sb.ID)
+			}
 		}
-		return store.Sandbox{}, fmt.Errorf("%w: the session has ended", errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("%w: the session has ended", errdefs.ErrFailedPrecondition)
 	}
-	s.srv.AddResource(&sdk.Resource{
-		URI: resourceURI(sb.ID), Name: "sandbox " + sb.ID, MIMEType: "application/json",
-		Description: "A sandbox created by this MCP session (removed when the session ends).",
-	}, s.readResource)
-	return sb, nil
+	for _, sb := range sbs {
+		s.srv.AddResource(&sdk.Resource{
+			URI: resourceURI(sb.ID), Name: "sandbox " + sb.ID, MIMEType: "application/json",
+			Description: "A sandbox created by this MCP session (removed when the session ends).",
+		}, s.readResource)
+	}
+	return sbs, nil
 }
 
 // removed forgets a sandbox s created.
@@ -258,13 +299,15 @@ type sandboxView struct {
 	// LifetimeLeftS: while paused, the running time left (the lifetime
 	// counts running time only).
 	LifetimeLeftS *int64 `json:"lifetime_left_s,omitempty"`
+	// Source: "snapshot:<name>" or "fork:<sandbox id>" (absent for an image).
+	Source string `json:"source,omitempty"`
 }
 
 func viewSandbox(sb store.Sandbox) sandboxView {
 	v := sandboxView{
 		ID: sb.ID, State: string(sb.State), Reason: sb.Reason, Image: sb.Image, CPUs: sb.CPUs,
 		MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
-		Metadata: sb.Metadata, IdlePauseS: int64(sb.IdlePause / time.Second),
+		Metadata: sb.Metadata, IdlePauseS: int64(sb.IdlePause / time.Second), Source: sb.Source,
 	}
 	if !sb.PausedAt.IsZero() {
 		t := sb.PausedAt.UTC()

@@ -16,6 +16,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 const instructions = `airlock runs untrusted code in disposable microVM sandboxes.
@@ -25,7 +26,9 @@ first use. Sandboxes this session creates are removed when the session ends. Fil
 act on paths inside a sandbox only; nothing on the host is reachable. Sandboxes reach
 the public internet by default (never private, loopback or cloud metadata addresses);
 sandbox_create takes network "deny" with allow rules, or "none". A paused sandbox
-(sandbox_pause, or idle_pause_s) resumes by itself on the next call.`
+(sandbox_pause, or idle_pause_s) resumes by itself on the next call. sandbox_snapshot
+saves a sandbox to start others from (sandbox_create from_snapshot); sandbox_fork copies
+a live one.`
 
 // newServer returns the sdk.Server of session s with every tool.
 func (h *Handler) newServer(s *session) *sdk.Server {
@@ -44,6 +47,8 @@ func (h *Handler) newServer(s *session) *sdk.Server {
 	add(srv, t, "sandbox_kill", "Stop and delete a sandbox now, with everything in it.", t.sandboxKill)
 	add(srv, t, "sandbox_pause", "Pause a sandbox: its memory, processes and disk are saved to the server's disk and its RAM is freed; its lifetime stops counting. The next call on it (run_code, exec, files, or sandbox_resume) resumes it with everything as it was (variables, processes), though the guest's open TCP connections are reset. Refused while commands or code are running unless force (which ends them); sandboxes with secrets cannot pause.", t.sandboxPause)
 	add(srv, t, "sandbox_resume", "Resume a paused sandbox now (any other call on it resumes it too). A running sandbox is left as it is.", t.sandboxResume)
+	add(srv, t, "sandbox_snapshot", "Save a sandbox (memory, processes, files) as a named snapshot; the sandbox keeps running (it stops for about half a second and its open TCP connections are reset). Start new sandboxes from it with sandbox_create from_snapshot. Refused while commands or code run unless force, and for sandboxes with secrets.", t.sandboxSnapshot)
+	add(srv, t, "sandbox_fork", "Make count (1-16, default 1) running copies of a sandbox, each with its processes, variables and files as they are now (a fresh clock and network stack each). The source stops for about half a second. The copies belong to this session like created sandboxes (removed when it ends). Returns their ids.", t.sandboxFork)
 	add(srv, t, "sandbox_set_timeout", "Set a sandbox's remaining lifetime: it is stopped and deleted timeout_s seconds from now.", t.sandboxSetTimeout)
 	add(srv, t, "run_code", "Run code in a stateful code context (like a Jupyter kernel: variables and imports persist between calls of one context). Returns stdout, stderr, the value of the last expression, and images (e.g. matplotlib figures) as image content. An exception is returned as an error result with its traceback. Without sandbox_id the session's own sandbox is used (created on first use).", t.runCode)
 	add(srv, t, "exec", "Run a command in a sandbox and wait for it: returns stdout, stderr and the exit code. cmd is an argv array (no shell); use [\"bash\",\"-lc\",\"...\"] for shell syntax. Without sandbox_id the session's own sandbox is used (created on first use).", t.exec)
@@ -89,15 +94,16 @@ func (t *tools) timeout(sec int) (time.Duration, error) {
 }
 
 type createIn struct {
-	Image      string            `json:"image,omitempty" jsonschema:"image name (default \"base\")"`
-	CPUs       int               `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1-32 (default 1)"`
-	MemoryMB   int               `json:"memory_mb,omitempty" jsonschema:"memory in MiB, 128-65536 (default 512)"`
-	TimeoutS   int               `json:"timeout_s,omitempty" jsonschema:"lifetime in seconds before the sandbox is deleted (default 900, at most 86400)"`
-	Env        map[string]string `json:"env,omitempty" jsonschema:"default environment of every command and code context in the sandbox"`
-	Metadata   map[string]string `json:"metadata,omitempty" jsonschema:"labels (keys 1-64 bytes, values at most 1024)"`
-	Network    string            `json:"network,omitempty" jsonschema:"public (default), deny or none"`
-	Allow      []string          `json:"allow,omitempty" jsonschema:"allow rules: example.com, *.example.com, 203.0.113.7, 203.0.113.0/24, each optionally :port or :lo-hi (makes the default mode deny)"`
-	IdlePauseS int               `json:"idle_pause_s,omitempty" jsonschema:"pause the sandbox after this many idle seconds (no command or code running, no call, no inbound connection); the next call resumes it. 0 (default): never; at most 604800"`
+	Image        string            `json:"image,omitempty" jsonschema:"image name (default \"base\")"`
+	CPUs         int               `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1-32 (default 1)"`
+	MemoryMB     int               `json:"memory_mb,omitempty" jsonschema:"memory in MiB, 128-65536 (default 512)"`
+	TimeoutS     int               `json:"timeout_s,omitempty" jsonschema:"lifetime in seconds before the sandbox is deleted (default 900, at most 86400)"`
+	Env          map[string]string `json:"env,omitempty" jsonschema:"default environment of every command and code context in the sandbox"`
+	Metadata     map[string]string `json:"metadata,omitempty" jsonschema:"labels (keys 1-64 bytes, values at most 1024)"`
+	Network      string            `json:"network,omitempty" jsonschema:"public (default), deny or none"`
+	Allow        []string          `json:"allow,omitempty" jsonschema:"allow rules: example.com, *.example.com, 203.0.113.7, 203.0.113.0/24, each optionally :port or :lo-hi (makes the default mode deny)"`
+	IdlePauseS   int               `json:"idle_pause_s,omitempty" jsonschema:"pause the sandbox after this many idle seconds (no command or code running, no call, no inbound connection); the next call resumes it. 0 (default): never; at most 604800"`
+	FromSnapshot string            `json:"from_snapshot,omitempty" jsonschema:"start from this snapshot (see sandbox_snapshot): processes, variables and files as saved; its image, size, env and network are the snapshot's (leave image, cpus, memory_mb, env, network and allow out)"`
 }
 
 func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
@@ -110,6 +116,9 @@ func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolRe
 	}
 	if in.IdlePauseS < 0 || in.IdlePauseS > int(sandbox.MaxIdlePause/time.Second) {
 		return nil, fmt.Errorf("%w: idle_pause_s must be between 0 (never) and %d", errdefs.ErrInvalid, int(sandbox.MaxIdlePause/time.Second))
+	}
+	if in.FromSnapshot != "" {
+		return t.createFromSnapshot(ctx, in)
 	}
 	sb, err := t.s.create(ctx, sandbox.CreateOptions{
 		Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
@@ -204,6 +213,114 @@ func (t *tools) sandboxResume(ctx context.Context, in idIn) (*sdk.CallToolResult
 	}
 	t.h.audit(ctx, t.s, sb.ID, "sandbox.resume", map[string]any{"was": string(was), "via": "mcp"})
 	return jsonResult(viewSandbox(sb))
+}
+
+// forkBasePrefix names the manager's unlisted fork bases: not for users.
+const forkBasePrefix = "_fork-"
+
+func (t *tools) createFromSnapshot(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
+	if in.Env != nil || in.Network != "" || in.Allow != nil {
+		return nil, fmt.Errorf("%w: from_snapshot: env and network come from the snapshot; leave env, network and allow out", errdefs.ErrInvalid)
+	}
+	sn, err := t.h.cfg.Service.GetSnapshot(ctx, t.s.p.Tenant, in.FromSnapshot)
+	if err != nil || strings.HasPrefix(sn.Name, forkBasePrefix) {
+		return nil, fmt.Errorf("%w: snapshot %q not found", errdefs.ErrNotFound, in.FromSnapshot)
+	}
+	o := sandbox.CreateOptions{
+		Tenant: t.s.p.Tenant, Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
+		Metadata: in.Metadata, IdlePause: time.Duration(in.IdlePauseS) * time.Second,
+	}
+	sbs, err := t.s.boot(ctx, 1, sn.CPUs, sn.MemoryMiB, func(ctx context.Context) ([]store.Sandbox, error) {
+		ctx, cancel := context.WithTimeout(ctx, lifecycleTimeout)
+		defer cancel()
+		sb, err := t.h.cfg.Service.CreateFromSnapshot(ctx, sn.Name, o)
+		if err != nil {
+			return nil, err
+		}
+		return []store.Sandbox{sb}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return jsonResult(viewSandbox(sbs[0]))
+}
+
+type snapshotIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox to save"`
+	Name      string `json:"name" jsonschema:"the snapshot's name: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"`
+	Force     bool   `json:"force,omitempty" jsonschema:"end commands and code still running instead of refusing"`
+}
+
+// snapshotView is a snapshot as tools show it (never env or secrets).
+type snapshotView struct {
+	Name      string    `json:"name"`
+	ID        string    `json:"id"`
+	SandboxID string    `json:"sandbox_id"`
+	Image     string    `json:"image"`
+	CPUs      int       `json:"cpus"`
+	MemoryMB  int       `json:"memory_mb"`
+	DiskMB    int       `json:"disk_mb"`
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func (t *tools) sandboxSnapshot(ctx context.Context, in snapshotIn) (*sdk.CallToolResult, error) {
+	if strings.HasPrefix(in.Name, forkBasePrefix) {
+		return nil, fmt.Errorf("%w: snapshot names starting with %q are reserved", errdefs.ErrInvalid, forkBasePrefix)
+	}
+	if err := sandbox.ValidateSnapshotName(in.Name); err != nil {
+		return nil, err
+	}
+	sb, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleTimeout)
+	defer cancel()
+	sn, err := t.h.cfg.Service.Snapshot(lctx, sb.ID, in.Name, in.Force)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrConflict) {
+			return nil, fmt.Errorf("%w: a snapshot named %q exists", errdefs.ErrInvalid, in.Name)
+		}
+		return nil, err
+	}
+	t.h.audit(ctx, t.s, sb.ID, "snapshot.create", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "force": in.Force, "size_bytes": sn.Size, "via": "mcp"})
+	return jsonResult(snapshotView{sn.Name, sn.ID, sn.SandboxID, sn.Image, sn.CPUs, sn.MemoryMiB, sn.DiskMiB, sn.Size, sn.Created.UTC()})
+}
+
+type forkIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox to copy"`
+	Count     int    `json:"count,omitempty" jsonschema:"how many copies, 1-16 (default 1)"`
+	Force     bool   `json:"force,omitempty" jsonschema:"end commands and code still running in the source instead of refusing"`
+}
+
+func (t *tools) sandboxFork(ctx context.Context, in forkIn) (*sdk.CallToolResult, error) {
+	if in.Count == 0 {
+		in.Count = 1
+	}
+	if in.Count < 1 || in.Count > sandbox.MaxForks {
+		return nil, fmt.Errorf("%w: count must be between 1 and %d", errdefs.ErrInvalid, sandbox.MaxForks)
+	}
+	src, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	forks, err := t.s.boot(ctx, in.Count, src.CPUs, src.MemoryMiB, func(ctx context.Context) ([]store.Sandbox, error) {
+		ctx, cancel := context.WithTimeout(ctx, lifecycleTimeout)
+		defer cancel()
+		return t.h.cfg.Service.Fork(ctx, src.ID, in.Count, in.Force)
+	})
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(forks))
+	views := make([]sandboxView, 0, len(forks))
+	for _, f := range forks {
+		ids = append(ids, f.ID)
+		views = append(views, viewSandbox(f))
+	}
+	t.h.audit(ctx, t.s, src.ID, "sandbox.fork", map[string]any{"count": in.Count, "force": in.Force, "forks": ids, "via": "mcp"})
+	return jsonResult(map[string]any{"sandboxes": views})
 }
 
 type timeoutIn struct {

@@ -84,7 +84,13 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (st
 func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (store.Snapshot, error) {
 	sid := randomID(16)
 	dir := m.L.SnapshotDir(sid)
-	if err := os.MkdirAll(filepath.Join(dir, PauseStateDir), 0o700); err != nil {
+	// The VMMs of sandboxes from the snapshot open its disk by path as
+	// their own uids: the directories must be traversable.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return store.Snapshot{}, err
+	}
+	_ = os.Chmod(m.L.SnapshotsDir(), 0o755)
+	if err := os.Mkdir(filepath.Join(dir, PauseStateDir), 0o700); err != nil {
 		return store.Snapshot{}, err
 	}
 	ok := false
@@ -203,18 +209,13 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, force bool) ([
 // forkPrefix names the unlisted snapshots forks start from.
 const forkPrefix = "_fork-"
 
-// materialize creates a paused sandbox whose saved state and disk are the
-// snapshot's, then resumes it.
+// materialize creates a sandbox from snapshot sn: its shim clones the
+// snapshot's template (built on first use), so sandboxes from one snapshot
+// share the memory pages none of them changed.
 func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source string, o CreateOptions) (store.Sandbox, error) {
 	sdir := m.L.SnapshotDir(sn.ID)
-	var man PauseManifest
-	b, err := os.ReadFile(filepath.Join(sdir, PauseManifestFile))
-	if err != nil || json.Unmarshal(b, &man) != nil {
-		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q has no readable manifest", errdefs.ErrFailedPrecondition, sn.Name)
-	}
-	h := sha256.New()
-	if _, err := hashFile(h, filepath.Join(sdir, snapshotDisk), snapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
-		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q is corrupt: its disk does not match its digest", errdefs.ErrFailedPrecondition, sn.Name)
+	if _, err := os.Stat(filepath.Join(sdir, PauseManifestFile)); err != nil {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q has no manifest", errdefs.ErrFailedPrecondition, sn.Name)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
@@ -227,41 +228,27 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 	}
 	now := time.Now()
 	sb := store.Sandbox{
-		ID: NewID(), State: store.StatePaused, Image: sn.Image, ImageDigest: sn.ImageDigest,
+		ID: NewID(), State: store.StateCreating, Image: sn.Image, ImageDigest: sn.ImageDigest,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskMiB: sn.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: sn.Env,
-		Network: sn.Network, IdlePause: o.IdlePause, LifetimeLeft: o.Timeout, Source: source,
+		Network: sn.Network, IdlePause: o.IdlePause, Source: source,
 	}
 	dir := m.L.Dir(sb.ID)
-	if err := os.MkdirAll(filepath.Join(m.L.PauseDir(sb.ID), PauseStateDir), 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return sb, err
 	}
-	fail := func(err error) (store.Sandbox, error) {
+	if err := errors.Join(
+		os.WriteFile(filepath.Join(dir, FromSnapshotFile), []byte(sn.ID+"\n"), 0o600),
+		writeRefs(filepath.Join(dir, snapshotRefs), append(readRefs(filepath.Join(sdir, snapshotRefs)), sn.ID)),
+	); err != nil {
 		_ = os.RemoveAll(dir)
 		return sb, err
 	}
-	states, _ := os.ReadDir(filepath.Join(sdir, PauseStateDir))
-	for _, e := range states {
-		if err := os.Link(filepath.Join(sdir, PauseStateDir, e.Name()), filepath.Join(m.L.PauseDir(sb.ID), PauseStateDir, e.Name())); err != nil {
-			return fail(fmt.Errorf("snapshot state: %w", err))
-		}
-	}
-	if err := os.WriteFile(filepath.Join(m.L.PauseDir(sb.ID), PauseManifestFile), b, 0o400); err != nil {
-		return fail(err)
-	}
-	if err := CreateOverlay(ctx, m.L.RootDisk(sb.ID), filepath.Join(sdir, snapshotDisk), "qcow2", 0); err != nil {
-		return fail(err)
-	}
-	if ref, err := os.ReadFile(filepath.Join(sdir, "template.ref")); err == nil {
-		_ = os.WriteFile(m.L.TemplateRef(sb.ID), ref, 0o600)
-	}
-	if err := writeRefs(filepath.Join(dir, snapshotRefs), append(readRefs(filepath.Join(sdir, snapshotRefs)), sn.ID)); err != nil {
-		return fail(err)
-	}
 	if err := m.Store.CreateSandbox(ctx, sb); err != nil {
-		return fail(err)
+		_ = os.RemoveAll(dir)
+		return sb, err
 	}
-	if _, err := m.Resume(ctx, sb.ID); err != nil {
+	if err := m.startShim(ctx, sb.ID, nil); err != nil {
 		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
@@ -312,7 +299,7 @@ func (m *Manager) RemoveSnapshot(ctx context.Context, tenant, name string) error
 	if err := m.Store.DeleteSnapshot(ctx, tenant, name); err != nil {
 		return err
 	}
-	return os.RemoveAll(m.L.SnapshotDir(sn.ID))
+	return errors.Join(removeSnapshotTemplate(m.L, sn.ID), os.RemoveAll(m.L.SnapshotDir(sn.ID)))
 }
 
 // PruneSnapshots removes the unlisted snapshots forks started from once no

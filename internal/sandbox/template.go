@@ -86,13 +86,23 @@ func EnsureTemplate(ctx context.Context, l Layout, rt runtime.Runtime, key Templ
 		log = slog.New(slog.DiscardHandler)
 	}
 	key.Format = templateFormat
-	id := key.ID()
-	t := Template{
+	t := newTemplate(l, key.ID(), key)
+	return ensureBuilt(ctx, l, t, func() error { return buildTemplate(ctx, t, rt, log) }, log)
+}
+
+func newTemplate(l Layout, id string, key TemplateKey) Template {
+	return Template{
 		Dir:      filepath.Join(l.Templates(), id),
 		Key:      key,
 		Disk:     filepath.Join(l.Templates(), id, "disk.qcow2"),
 		Snapshot: filepath.Join(l.Templates(), id, "snap"),
 	}
+}
+
+// ensureBuilt returns t once it is complete, running build (which fills
+// t.Dir) under the template's lock if no process has built it yet.
+func ensureBuilt(ctx context.Context, l Layout, t Template, build func() error, log *slog.Logger) (Template, error) {
+	id, key := filepath.Base(t.Dir), t.Key
 	meta := filepath.Join(t.Dir, "meta.json")
 	if _, err := os.Stat(meta); err == nil {
 		return t, nil
@@ -114,7 +124,7 @@ func EnsureTemplate(ctx context.Context, l Layout, rt runtime.Runtime, key Templ
 	}
 	start := time.Now()
 	log.Info("building template", "template", id, "memory_mib", key.MemoryMiB, "cpus", key.CPUs)
-	if err := buildTemplate(ctx, t, rt, log); err != nil {
+	if err := build(); err != nil {
 		_ = os.RemoveAll(t.Dir)
 		return t, fmt.Errorf("build template: %w", err)
 	}

@@ -288,6 +288,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	tmplDisk := sandbox.TemplateDiskMiB(fi.Size())
 	var verify func() error
+	fromSnap := sandbox.ReadFromSnapshot(s.l, sb.ID)
 	if sb.State == store.StateResuming {
 		// Resume: the paused disk stays the root disk; RAM and devices
 		// come from the saved state.
@@ -296,12 +297,27 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		}
 		mode = "resume"
 		mark("check")
-	} else if caps.Snapshots && sb.DiskMiB >= tmplDisk {
+	} else if fromSnap != "" || (caps.Snapshots && sb.DiskMiB >= tmplDisk) {
 		// A disk smaller than the template's cannot be a clone of it: cold boot.
-		t, err := sandbox.EnsureTemplate(ctx, s.l, s.cfg.Runtime, sandbox.TemplateKey{
+		key := sandbox.TemplateKey{
 			ImageDigest: sb.ImageDigest, ImagePath: imgPath, Kernel: bc.Kernel, Initrd: bc.Initrd,
 			CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: tmplDisk, Runtime: s.cfg.Runtime.Name(), Accel: caps.Accel, VMM: caps.VMMVersion,
-		}, s.log)
+		}
+		var t sandbox.Template
+		if fromSnap != "" {
+			// A fork or a sandbox from a snapshot: clone the snapshot's own
+			// template, whose disk has the snapshot's size.
+			key.DiskMiB = sb.DiskMiB
+			t, err = sandbox.EnsureSnapshotTemplate(ctx, s.l, s.cfg.Runtime, fromSnap, key, s.log)
+			if err == nil {
+				bc.Kernel, bc.Initrd = t.Key.Kernel, t.Key.Initrd
+				spec.Kernel, spec.Initrd = bc.Kernel, bc.Initrd
+				s.boot = bc
+				tmplDisk = sb.DiskMiB
+			}
+		} else {
+			t, err = sandbox.EnsureTemplate(ctx, s.l, s.cfg.Runtime, key, s.log)
+		}
 		if err != nil {
 			return err
 		}

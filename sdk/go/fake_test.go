@@ -32,8 +32,9 @@ type fakeServer struct {
 	files     map[string]map[string][]byte
 	execs     map[string]map[string]*fakeExec
 	events    []map[string]any
-	requests  []*http.Request // clones of every request seen (bodies not kept)
-	vars      map[string]int  // code: the one context's variables
+	requests  []*http.Request           // clones of every request seen (bodies not kept)
+	vars      map[string]int            // code: the one context's variables
+	snapshots map[string]map[string]any // name -> wire object
 
 	// uploadStarted, if set, is closed once the first bytes of a PUT body
 	// have arrived (for the streaming test).
@@ -54,6 +55,7 @@ func newFakeServer(t testing.TB) *fakeServer {
 		sandboxes: map[string]map[string]any{},
 		files:     map[string]map[string][]byte{},
 		execs:     map[string]map[string]*fakeExec{},
+		snapshots: map[string]map[string]any{},
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/sandboxes", f.create)
@@ -82,6 +84,12 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/contexts/{ctx}", f.withSandbox(f.contextOp))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts/{ctx}/restart", f.withSandbox(f.contextOp))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts/{ctx}/interrupt", f.withSandbox(f.contextOp))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/snapshot", f.withSandbox(f.snapshot))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", f.withSandbox(f.fork))
+	mux.HandleFunc("GET /v1/snapshots", f.listSnapshots)
+	mux.HandleFunc("GET /v1/snapshots/{name}", f.getSnapshot)
+	mux.HandleFunc("DELETE /v1/snapshots/{name}", f.deleteSnapshot)
+	mux.HandleFunc("POST /v1/snapshots/prune", f.prune)
 	mux.HandleFunc("GET /v1/events", f.eventsHandler)
 	mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", f.withSandbox(f.preview))
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -160,10 +168,22 @@ func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
 		Metadata  map[string]string `json:"metadata"`
 		Network   json.RawMessage   `json:"network"`
 		IdlePause int               `json:"idle_pause_s"`
+		From      string            `json:"from_snapshot"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
 		f.fail(w, 400, "invalid", "bad json")
 		return
+	}
+	source := ""
+	if in.From != "" {
+		f.mu.Lock()
+		sn, ok := f.snapshots[in.From]
+		f.mu.Unlock()
+		if !ok {
+			f.fail(w, 404, "not_found", "snapshot not found")
+			return
+		}
+		in.Image, in.CPUs, in.MemoryMB, source = sn["image"].(string), sn["cpus"].(int), sn["memory_mb"].(int), "snapshot:"+in.From
 	}
 	if in.IdlePause < 0 || in.IdlePause > 604800 {
 		f.fail(w, 400, "invalid", "idle_pause_s must be at most 604800")
@@ -193,7 +213,7 @@ func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
 		"cpus": max(in.CPUs, 1), "memory_mb": max(in.MemoryMB, 512), "disk_mb": 2048,
 		"created_at": now.Format(time.RFC3339), "expires_at": now.Add(time.Duration(cmpInt(in.TimeoutS, 900)) * time.Second).Format(time.RFC3339),
 		"accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone", "metadata": md, "tenant": "t1",
-		"network": network, "idle_pause_s": in.IdlePause,
+		"network": network, "idle_pause_s": in.IdlePause, "source": source, "disk_usage_bytes": 3 << 20,
 	}
 	f.sandboxes[id] = sb
 	f.files[id] = map[string][]byte{}
@@ -763,4 +783,107 @@ func writeJSONResp(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (f *fakeServer) snapshot(w http.ResponseWriter, r *http.Request, id string) {
+	var in struct {
+		Name  string `json:"name"`
+		Force bool   `json:"force"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Name == "" {
+		f.fail(w, 400, "invalid", "name is required")
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.snapshots[in.Name]; ok {
+		f.fail(w, 409, "conflict", "the tenant already has a snapshot of that name")
+		return
+	}
+	sb := f.sandboxes[id]
+	sn := map[string]any{"name": in.Name, "id": fmt.Sprintf("snap%d", len(f.snapshots)), "sandbox_id": id, "tenant": "t1",
+		"image": sb["image"], "image_digest": "sha256:abc", "cpus": sb["cpus"], "memory_mb": sb["memory_mb"], "disk_mb": 2048,
+		"network": sb["network"], "size_bytes": 64 << 20, "created_at": time.Now().UTC().Format(time.RFC3339)}
+	f.snapshots[in.Name] = sn
+	f.event(id, "snapshot.create", map[string]any{"name": in.Name, "force": in.Force})
+	writeJSON(w, 201, sn)
+}
+
+func (f *fakeServer) listSnapshots(w http.ResponseWriter, _ *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := []map[string]any{}
+	for _, sn := range f.snapshots {
+		out = append(out, sn)
+	}
+	writeJSON(w, 200, map[string]any{"snapshots": out})
+}
+
+func (f *fakeServer) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sn, ok := f.snapshots[r.PathValue("name")]
+	if !ok {
+		f.fail(w, 404, "not_found", "snapshot not found")
+		return
+	}
+	writeJSON(w, 200, sn)
+}
+
+// deleteSnapshot refuses while a sandbox made from the snapshot exists.
+func (f *fakeServer) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	name := r.PathValue("name")
+	if _, ok := f.snapshots[name]; !ok {
+		f.fail(w, 404, "not_found", "snapshot not found")
+		return
+	}
+	for _, sb := range f.sandboxes {
+		if sb["source"] == "snapshot:"+name {
+			f.fail(w, 412, "failed_precondition", "the snapshot backs the disks of sandboxes")
+			return
+		}
+	}
+	delete(f.snapshots, name)
+	w.WriteHeader(204)
+}
+
+// prune: the fake's key is not an admin key.
+func (f *fakeServer) prune(w http.ResponseWriter, _ *http.Request) {
+	f.fail(w, 403, "permission_denied", "pruning snapshots needs an admin key")
+}
+
+func (f *fakeServer) fork(w http.ResponseWriter, r *http.Request, id string) {
+	in := struct {
+		Count int  `json:"count"`
+		Force bool `json:"force"`
+	}{Count: 1}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil && err != io.EOF {
+		f.fail(w, 400, "invalid", "bad json")
+		return
+	}
+	if in.Count < 1 || in.Count > 16 {
+		f.fail(w, 400, "invalid", "count must be between 1 and 16")
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	src := f.sandboxes[id]
+	out := []map[string]any{}
+	for range in.Count {
+		f.nextID++
+		fid := fmt.Sprintf("sb%010d", f.nextID)
+		sb := map[string]any{}
+		for k, v := range src {
+			sb[k] = v
+		}
+		sb["id"], sb["source"] = fid, "fork:"+id
+		f.sandboxes[fid] = sb
+		f.files[fid] = map[string][]byte{}
+		f.execs[fid] = map[string]*fakeExec{}
+		out = append(out, sb)
+	}
+	f.event(id, "sandbox.fork", map[string]any{"count": in.Count})
+	writeJSON(w, 201, map[string]any{"sandboxes": out})
 }

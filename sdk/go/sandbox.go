@@ -50,6 +50,12 @@ type Sandbox struct {
 	// lifetime counts running time only, and a resume sets ExpiresAt to now
 	// plus it. Zero unless paused.
 	LifetimeLeftS int64 `json:"lifetime_left_s"`
+	// Source is where the sandbox came from: "" (an image),
+	// "snapshot:<name>" or "fork:<sandbox id>".
+	Source string `json:"source"`
+	// DiskUsageBytes is what the sandbox's files take on the server's disk
+	// (disk overlay, paused state, logs).
+	DiskUsageBytes int64 `json:"disk_usage_bytes"`
 }
 
 // Network modes.
@@ -121,6 +127,12 @@ type CreateOptions struct {
 	// running, no API call on it and no inbound connection. The next call
 	// resumes it. Not allowed together with secrets.
 	IdlePause time.Duration
+	// FromSnapshot starts the sandbox from this snapshot of the key's
+	// tenant (see Client.Snapshot): processes, memory and disk as saved.
+	// Its size, image, env and network are the snapshot's: leave CPUs,
+	// MemoryMB, DiskMB and Image zero (or equal to the snapshot's) and Env
+	// and Network nil; Timeout, Metadata and IdlePause apply.
+	FromSnapshot string
 }
 
 type createRequest struct {
@@ -133,7 +145,8 @@ type createRequest struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Network  *Network          `json:"network,omitempty"`
 	// IdlePauseS: 0 is never, which is also the server's default.
-	IdlePauseS int64 `json:"idle_pause_s,omitempty"`
+	IdlePauseS   int64  `json:"idle_pause_s,omitempty"`
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // seconds converts d to whole seconds, rounding a positive remainder up so
@@ -152,7 +165,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 	in := createRequest{
 		Image: opts.Image, CPUs: opts.CPUs, MemoryMB: opts.MemoryMB, DiskMB: opts.DiskMB,
 		TimeoutS: seconds(opts.Timeout), Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
-		IdlePauseS: seconds(opts.IdlePause),
+		IdlePauseS: seconds(opts.IdlePause), FromSnapshot: opts.FromSnapshot,
 	}
 	var sb Sandbox
 	if err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes", nil, in, &sb, http.StatusCreated, http.StatusOK); err != nil {

@@ -133,3 +133,111 @@ func TestIdlePause(t *testing.T) {
 		t.Fatalf("exec after idle pause: %q", got)
 	}
 }
+
+// smapsRollup returns a process's RSS and PSS in KiB.
+func smapsRollup(t *testing.T, pid int) (rss, pss int64) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "Rss:":
+				rss = v
+			case "Pss:":
+				pss = v
+			}
+		}
+	}
+	return rss, pss
+}
+
+// TestForkDiverges: three forks of a live sandbox start with its memory
+// (a Python variable) and disk, then diverge, and share the memory pages
+// none of them changed.
+func TestForkDiverges(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	if out := e.must(t, "code", id, "x = 41\nprint('set')"); strings.TrimSpace(out) != "set" {
+		t.Fatalf("setup: %q", out)
+	}
+	e.must(t, "exec", id, "--", "sh", "-c", "echo parent > /root/who")
+	out := e.must(t, "fork", id, "--count", "3")
+	forks := strings.Fields(out)
+	if len(forks) != 3 {
+		t.Fatalf("fork printed %q", out)
+	}
+	for _, f := range forks {
+		t.Cleanup(func() { e.run(t, nil, "rm", f) })
+	}
+	rands := map[string]bool{}
+	for i, f := range forks {
+		if got := strings.TrimSpace(e.must(t, "code", f, "print(x + 1)")); got != "42" {
+			t.Errorf("fork %s: x + 1 = %q", f, got)
+		}
+		e.must(t, "exec", f, "--", "sh", "-c", "echo fork"+strconv.Itoa(i)+" > /root/who")
+		rands[strings.TrimSpace(e.must(t, "exec", f, "--", "sh", "-c", "head -c 16 /dev/urandom | od -An -tx1"))] = true
+	}
+	if len(rands) != 3 {
+		t.Errorf("forks read the same /dev/urandom bytes: %v", rands)
+	}
+	for i, f := range forks {
+		if got := e.must(t, "exec", f, "--", "cat", "/root/who"); got != "fork"+strconv.Itoa(i)+"\n" {
+			t.Errorf("fork %d sees %q", i, got)
+		}
+	}
+	if got := e.must(t, "exec", id, "--", "cat", "/root/who"); got != "parent\n" {
+		t.Errorf("the parent sees %q", got)
+	}
+	if got := strings.TrimSpace(e.must(t, "code", id, "print(x)")); got != "41" {
+		t.Errorf("the parent's x is %q", got)
+	}
+	for _, f := range forks {
+		pid := 0
+		for _, p := range processesMentioning(f) {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline")
+			if strings.Contains(string(b), "-M\x00microvm") {
+				pid = p
+			}
+		}
+		if pid == 0 {
+			t.Fatalf("no VMM for fork %s", f)
+		}
+		rss, pss := smapsRollup(t, pid)
+		t.Logf("fork %s VMM: RSS %d MiB, PSS %d MiB", f, rss>>10, pss>>10)
+		if pss*4 > rss*3 {
+			t.Errorf("fork %s shares little memory: PSS %d KiB of RSS %d KiB", f, pss, rss)
+		}
+	}
+}
+
+// TestSnapshotCreateFrom: a named snapshot keeps the sandbox running, and
+// new sandboxes start from it with its memory and disk.
+func TestSnapshotCreateFrom(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	e.must(t, "code", id, "greeting = 'from the snapshot'\nprint(1)")
+	e.must(t, "exec", id, "--", "sh", "-c", "echo saved > /root/state")
+	name := "e2e-" + strings.ToLower(id)
+	e.must(t, "snapshot", id, "--name", name)
+	t.Cleanup(func() { e.run(t, nil, "snapshot", "rm", name) })
+	if st := inspect(t, e, id); st.State != "running" {
+		t.Fatalf("after snapshot the sandbox is %q", st.State)
+	}
+	e.must(t, "exec", id, "--", "sh", "-c", "echo changed > /root/state")
+	n := strings.TrimSpace(e.must(t, "create", "--from-snapshot", name))
+	t.Cleanup(func() { e.run(t, nil, "rm", n) })
+	if got := e.must(t, "exec", n, "--", "cat", "/root/state"); got != "saved\n" {
+		t.Errorf("from-snapshot disk: %q", got)
+	}
+	if got := strings.TrimSpace(e.must(t, "code", n, "print(greeting)")); got != "from the snapshot" {
+		t.Errorf("from-snapshot memory: %q", got)
+	}
+	if r := e.run(t, nil, "snapshot", "rm", name); r.code == 0 {
+		t.Error("snapshot rm succeeded while a sandbox is backed by it")
+	}
+}

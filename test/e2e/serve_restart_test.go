@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -114,5 +115,77 @@ func TestExecSurvivesServerKill(t *testing.T) {
 	}
 	if code != 200 || !seen["exec.start"] || !seen["exec.exit"] {
 		t.Fatalf("audit trail for the exec: %d %s", code, body)
+	}
+}
+
+// TestPausedSurviveRestart: paused sandboxes outlive `serve` and every
+// shim (a simulated host reboot): a new `serve` lists them as paused and
+// resumes each, with its memory, on the next call.
+func TestPausedSurviveRestart(t *testing.T) {
+	e := setup(t)
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "reboot-test"))
+	key = key[strings.LastIndex(key, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
+	start := func() *exec.Cmd {
+		c := e.cmd(context.Background(), nil, "serve", "--listen", addr)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if res, err := s.hc.Get(s.base + "/healthz"); err == nil {
+				res.Body.Close()
+				return c
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("serve did not come up")
+			}
+		}
+	}
+	first := start()
+	var ids []string
+	for i := range 2 {
+		code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+		if code != 201 {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		var sb struct{ ID string }
+		_ = json.Unmarshal(body, &sb)
+		ids = append(ids, sb.ID)
+		t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+		code, body = s.do(key, "POST", "/v1/sandboxes/"+sb.ID+"/code", strings.NewReader(`{"code":"n = `+strconv.Itoa(100+i)+`\nprint(n)"}`))
+		if code != 200 {
+			t.Fatalf("code: %d %s", code, body)
+		}
+		if code, body := s.do(key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", strings.NewReader(`{}`)); code != 200 {
+			t.Fatalf("pause: %d %s", code, body)
+		}
+	}
+	// The host "reboots": serve dies, and no process of the sandboxes is
+	// left (paused sandboxes have none).
+	_ = first.Process.Signal(syscall.SIGKILL)
+	_ = first.Wait()
+	for _, id := range ids {
+		if len(processesMentioning(id)) > 0 {
+			t.Fatalf("a process of paused sandbox %s is still running", id)
+		}
+	}
+	second := start()
+	t.Cleanup(func() { _ = second.Process.Signal(syscall.SIGTERM); _ = second.Wait() })
+	for i, id := range ids {
+		code, body := s.do(key, "GET", "/v1/sandboxes/"+id, nil)
+		if code != 200 || !strings.Contains(string(body), `"state":"paused"`) {
+			t.Fatalf("after restart %s: %d %s", id, code, body)
+		}
+		code, body = s.do(key, "POST", "/v1/sandboxes/"+id+"/code", strings.NewReader(`{"code":"print(n)"}`))
+		if code != 200 || !strings.Contains(string(body), strconv.Itoa(100+i)) {
+			t.Fatalf("code on the paused sandbox after restart: %d %s", code, body)
+		}
 	}
 }

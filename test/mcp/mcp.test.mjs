@@ -39,8 +39,8 @@ async function newClient(transport) {
 async function exercise(client) {
   const tools = (await client.listTools()).tools.map((t) => t.name).sort();
   assert.deepEqual(tools, ["context_create", "context_list", "context_reset", "exec", "file_list", "file_read",
-    "file_write", "run_code", "sandbox_create", "sandbox_kill", "sandbox_list", "sandbox_pause", "sandbox_resume",
-    "sandbox_set_timeout"]);
+    "file_write", "run_code", "sandbox_create", "sandbox_fork", "sandbox_kill", "sandbox_list", "sandbox_pause",
+    "sandbox_resume", "sandbox_set_timeout", "sandbox_snapshot"]);
 
   // exit 3 is reported as an error result with the streams.
   let res = await call(client, "exec", { cmd: ["sh", "-c", "echo out; echo err >&2; exit 3"] });

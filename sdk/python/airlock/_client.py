@@ -163,9 +163,9 @@ class Client:
 
     def create(
         self,
-        image: str = "base",
-        cpus: int = 1,
-        memory_mb: int = 512,
+        image: str | None = None,
+        cpus: int | None = None,
+        memory_mb: int | None = None,
         timeout_s: int = 900,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
@@ -173,6 +173,7 @@ class Client:
         disk_mb: int = 0,
         network: str | Mapping[str, Any] | None = None,
         idle_pause_s: int = 0,
+        from_snapshot: str | None = None,
     ) -> "Sandbox":
         """Start a sandbox. Use it as a context manager to kill it on exit:
         ``with client.create() as sb: ...``.
@@ -198,14 +199,21 @@ class Client:
         exec or code running, no API call on it, no inbound connection); the
         next call resumes it. 0 (the default): never. Not allowed together
         with secrets. ``timeout_s`` counts running time only.
+
+        Defaults: image "base", 1 CPU, 512 MiB, the server's default disk.
+        ``from_snapshot`` starts the sandbox from that snapshot of your
+        tenant (see ``snapshot``): processes, memory and disk as saved. Its
+        image, size, env and network are the snapshot's: leave image, cpus,
+        memory_mb, disk_mb, env and network unset.
         """
-        payload: dict[str, Any] = {
-            "image": image,
-            "cpus": cpus,
-            "memory_mb": memory_mb,
-            "disk_mb": disk_mb,
-            "timeout_s": timeout_s,
-        }
+        payload: dict[str, Any] = {"timeout_s": timeout_s}
+        if from_snapshot:
+            payload["from_snapshot"] = from_snapshot
+        else:
+            image, cpus, memory_mb = image or "base", cpus or 1, memory_mb or 512
+        for k, v in (("image", image), ("cpus", cpus), ("memory_mb", memory_mb), ("disk_mb", disk_mb)):
+            if v:
+                payload[k] = v
         if network is not None:
             payload["network"] = network if isinstance(network, str) else dict(network)
         if idle_pause_s:
@@ -252,6 +260,49 @@ class Client:
         """Count as activity on ``sandbox_id`` for its idle pause (see
         ``create(idle_pause_s=...)``); like any call, resumes it if paused."""
         self._json("POST", _sb(sandbox_id, "keepalive"), ok=(204, 200))
+
+    # -- snapshots and forks ---------------------------------------------------
+
+    def snapshot(self, sandbox_id: str, name: str, force: bool = False) -> dict:
+        """Save running (or paused) sandbox ``sandbox_id`` as the snapshot
+        ``name`` of its tenant; the sandbox keeps running (it is paused and
+        resumed for about half a second, and its guest's open TCP
+        connections are reset). Names: 1-63 letters, digits, ".", "_" or
+        "-", starting with a letter or digit. Returns the snapshot (name,
+        id, sandbox_id, image, cpus, memory_mb, disk_mb, size_bytes,
+        created_at). Raises Conflict if the name is taken, and
+        FailedPrecondition for sandboxes with secrets or, unless ``force``
+        (which ends them), with commands or code running."""
+        return self._json("POST", _sb(sandbox_id, "snapshot"), {"name": name, "force": bool(force)}, ok=(201, 200))
+
+    def list_snapshots(self) -> list[dict]:
+        """Your tenant's snapshots."""
+        return self._json("GET", "/v1/snapshots").get("snapshots") or []
+
+    def get_snapshot(self, name: str) -> dict:
+        """Snapshot ``name`` (NotFound if your tenant has none of that name)."""
+        return self._json("GET", "/v1/snapshots/" + urllib.parse.quote(name, safe=""))
+
+    def delete_snapshot(self, name: str) -> None:
+        """Delete snapshot ``name`` and free its disk. Raises
+        FailedPrecondition while sandboxes made from it (or forked, or
+        snapshots of them) exist: its disk backs theirs."""
+        self._json("DELETE", "/v1/snapshots/" + urllib.parse.quote(name, safe=""), ok=(204, 200))
+
+    def prune_snapshots(self) -> int:
+        """Remove the snapshots forks started from once unused, and orphaned
+        snapshot files; returns the bytes freed. Admin keys only
+        (PermissionDenied otherwise)."""
+        return int(self._json("POST", "/v1/snapshots/prune").get("freed_bytes", 0))
+
+    def fork(self, sandbox_id: str, count: int = 1, force: bool = False) -> list["Sandbox"]:
+        """Make ``count`` (1-16) running copies of sandbox ``sandbox_id``: its
+        processes, memory and disk, each with a fresh clock, RNG reseed and
+        its own network stack. The source is paused and resumed for about
+        half a second. Forks count against your quotas like creates; kill
+        them when done. All or nothing: on an error no fork is left."""
+        out = self._json("POST", _sb(sandbox_id, "fork"), {"count": int(count), "force": bool(force)}, ok=(201, 200))
+        return [Sandbox(self, s) for s in out.get("sandboxes") or []]
 
     def sandbox(self, sandbox_id: str) -> "Sandbox":
         """A handle on ``sandbox_id`` without fetching it (``info`` holds only the id)."""
@@ -365,6 +416,14 @@ class Sandbox:
         what was saved."""
         self.info = self._client.pause(self.id, force).info
         return self
+
+    def snapshot(self, name: str, force: bool = False) -> dict:
+        """Save this sandbox as snapshot ``name`` (see Client.snapshot); it keeps running."""
+        return self._client.snapshot(self.id, name, force)
+
+    def fork(self, count: int = 1, force: bool = False) -> list["Sandbox"]:
+        """``count`` running copies of this sandbox (see Client.fork)."""
+        return self._client.fork(self.id, count, force)
 
     def resume(self) -> "Sandbox":
         """Resume the sandbox if paused (any other call does it too)."""

@@ -51,6 +51,7 @@ class FakeState:
         self.upload_started = threading.Event()
         self.next_id = 0
         self.contexts: dict[str, dict[str, dict]] = {}  # sandbox -> context id -> vars
+        self.snapshots: dict[str, dict] = {}  # name -> wire object
 
     def event(self, sb, action, detail):
         self.events.append(
@@ -185,6 +186,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("POST", r"/v1/sandboxes/(\w+)/pause", self.pause),
             ("POST", r"/v1/sandboxes/(\w+)/resume", self.resume),
             ("POST", r"/v1/sandboxes/(\w+)/keepalive", self.keepalive),
+            ("POST", r"/v1/sandboxes/(\w+)/snapshot", self.snapshot),
+            ("POST", r"/v1/sandboxes/(\w+)/fork", self.fork),
+            ("GET", r"/v1/snapshots", self.list_snapshots),
+            ("POST", r"/v1/snapshots/prune", self.prune_snapshots),
+            ("GET", r"/v1/snapshots/([\w.-]+)", self.get_snapshot),
+            ("DELETE", r"/v1/snapshots/([\w.-]+)", self.delete_snapshot),
             ("POST", r"/v1/sandboxes/(\w+)/exec", self.exec),
             ("GET", r"/v1/sandboxes/(\w+)/execs", self.list_execs),
             ("GET", r"/v1/sandboxes/(\w+)/execs/(\w+)", self.get_exec),
@@ -208,7 +215,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             mo = re.fullmatch(pat, u.path)
             if m == method and mo:
                 args = list(mo.groups())
-                if args:
+                if args and pat.startswith("/v1/sandboxes/"):
                     if args[0] not in st.sandboxes:
                         self._body()
                         return self._fail(404, "not_found", "sandbox not found")
@@ -305,6 +312,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._fail(status, {400: "invalid", 403: "permission_denied"}[status], msg)
         if body.get("cpus", 1) > 32:
             return self._fail(429, "resource_exhausted", "limit cpus_per_tenant=32")
+        source = ""
+        if body.get("from_snapshot"):
+            sn = st.snapshots.get(body["from_snapshot"])
+            if sn is None:
+                return self._fail(404, "not_found", "snapshot not found")
+            if any(k in body for k in ("image", "cpus", "memory_mb", "env", "network")):
+                return self._fail(400, "invalid", "from_snapshot: size, image, env and network come from the snapshot")
+            body.update(image=sn["image"], cpus=sn["cpus"], memory_mb=sn["memory_mb"])
+            source = "snapshot:" + sn["name"]
         with st.lock:
             st.next_id += 1
             sid = f"sb{st.next_id:010d}"
@@ -313,7 +329,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                   "disk_mb": 2048, "created_at": "2025-01-02T03:04:05Z", "expires_at": "2025-01-02T03:19:05Z",
                   "accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone",
                   "metadata": body.get("metadata") or {}, "tenant": "t1", "_env": body.get("env") or {},
-                  "network": net, "idle_pause_s": body.get("idle_pause_s", 0)}
+                  "network": net, "idle_pause_s": body.get("idle_pause_s", 0), "source": source,
+                  "disk_usage_bytes": 3 << 20}
             st.sandboxes[sid], st.files[sid], st.execs[sid] = sb, {}, {}
             st.event(sid, "sandbox.create", {})
         self._send(201, {k: v for k, v in sb.items() if not k.startswith("_")})
@@ -375,6 +392,61 @@ class Handler(http.server.BaseHTTPRequestHandler):
             sb.pop("lifetime_left_s", None)
         self.state.keepalives = getattr(self.state, "keepalives", 0) + 1
         self._send(204)
+
+    # -- snapshots and forks ---------------------------------------------------
+
+    def snapshot(self, q, sid):
+        body = self._json_body() or {}
+        st, sb = self.state, self.state.sandboxes[sid]
+        if not body.get("name"):
+            return self._fail(400, "invalid", "name is required")
+        if body["name"] in st.snapshots:
+            return self._fail(409, "conflict", "the tenant already has a snapshot of that name")
+        sn = {"name": body["name"], "id": "snap%d" % len(st.snapshots), "sandbox_id": sid, "tenant": "t1",
+              "image": sb["image"], "image_digest": "sha256:abc", "cpus": sb["cpus"], "memory_mb": sb["memory_mb"],
+              "disk_mb": 2048, "network": sb["network"], "size_bytes": 64 << 20, "created_at": "2025-01-02T03:06:00Z"}
+        st.snapshots[sn["name"]] = sn
+        st.event(sid, "snapshot.create", {"name": sn["name"], "force": bool(body.get("force"))})
+        self._send(201, sn)
+
+    def list_snapshots(self, q):
+        self._send(200, {"snapshots": list(self.state.snapshots.values())})
+
+    def get_snapshot(self, q, name):
+        sn = self.state.snapshots.get(name)
+        if sn is None:
+            return self._fail(404, "not_found", "snapshot not found")
+        self._send(200, sn)
+
+    def delete_snapshot(self, q, name):
+        self._body()
+        st = self.state
+        if name not in st.snapshots:
+            return self._fail(404, "not_found", "snapshot not found")
+        if any(sb.get("source") == "snapshot:" + name for sb in st.sandboxes.values()):
+            return self._fail(412, "failed_precondition", "the snapshot backs the disks of sandboxes")
+        del st.snapshots[name]
+        self._send(204)
+
+    def prune_snapshots(self, q):
+        self._body()
+        self._fail(403, "permission_denied", "pruning snapshots needs an admin key")
+
+    def fork(self, q, sid):
+        body = self._json_body() or {}
+        count = body.get("count", 1)
+        if not 1 <= count <= 16:
+            return self._fail(400, "invalid", "count must be between 1 and 16")
+        st, out = self.state, []
+        with st.lock:
+            for _ in range(count):
+                st.next_id += 1
+                fid = f"sb{st.next_id:010d}"
+                sb = dict(st.sandboxes[sid], id=fid, source="fork:" + sid)
+                st.sandboxes[fid], st.files[fid], st.execs[fid] = sb, {}, {}
+                out.append({k: v for k, v in sb.items() if not k.startswith("_")})
+            st.event(sid, "sandbox.fork", {"count": count})
+        self._send(201, {"sandboxes": out})
 
     # -- exec ------------------------------------------------------------------
 

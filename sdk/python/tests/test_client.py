@@ -71,6 +71,40 @@ class SandboxTests(FakeTestCase):
         with self.assertRaises(airlock.NotFound):
             c.resume("sbnope")
 
+    def test_snapshot_and_fork(self):
+        c = self.client
+        sb = c.create(cpus=2)
+        self.assertEqual((sb.info["source"], sb.info["disk_usage_bytes"]), ("", 3 << 20))
+        sn = sb.snapshot("after-setup", force=True)
+        self.assertEqual((sn["name"], sn["sandbox_id"], sn["cpus"], sn["size_bytes"]), ("after-setup", sb.id, 2, 64 << 20))
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/snapshot")
+        with self.assertRaises(airlock.Conflict):
+            c.snapshot(sb.id, "after-setup")
+        self.assertEqual([s["name"] for s in c.list_snapshots()], ["after-setup"])
+        self.assertEqual(c.get_snapshot("after-setup")["id"], sn["id"])
+        with self.assertRaises(airlock.NotFound):
+            c.get_snapshot("nope")
+
+        # Only the snapshot's own fields are sent (no default image or size).
+        from_sn = c.create(from_snapshot="after-setup", timeout_s=60)
+        self.assertEqual((from_sn.info["source"], from_sn.info["cpus"]), ("snapshot:after-setup", 2))
+        with self.assertRaises(airlock.FailedPrecondition):
+            c.delete_snapshot("after-setup")
+        from_sn.kill()
+        self.assertIsNone(c.delete_snapshot("after-setup"))
+        self.assertEqual(self.fake.last()["method"], "DELETE")
+        with self.assertRaises(airlock.PermissionDenied):
+            c.prune_snapshots()
+
+        forks = sb.fork(3)
+        self.assertEqual(len(forks), 3)
+        self.assertEqual({f.info["source"] for f in forks}, {"fork:" + sb.id})
+        self.assertEqual(len({f.id for f in forks} | {sb.id}), 4)
+        with self.assertRaises(airlock.InvalidRequest):
+            c.fork(sb.id, 17)
+        with self.assertRaises(airlock.NotFound):
+            c.fork("sbnope", 1)
+
     def test_context_manager_kills(self):
         with self.client.create() as sb:
             sid = sb.id

@@ -1,0 +1,329 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Snapshot is the API's view of a snapshot. Env and secrets are never
+// shown (sandboxes with secrets are never saved).
+type Snapshot struct {
+	Name        string       `json:"name"`
+	ID          string       `json:"id"`
+	SandboxID   string       `json:"sandbox_id"`
+	Tenant      string       `json:"tenant"`
+	Image       string       `json:"image"`
+	ImageDigest string       `json:"image_digest"`
+	CPUs        int          `json:"cpus"`
+	MemoryMB    int          `json:"memory_mb"`
+	DiskMB      int          `json:"disk_mb"`
+	Network     netconf.Spec `json:"network"`
+	SizeBytes   int64        `json:"size_bytes"`
+	CreatedAt   time.Time    `json:"created_at"`
+}
+
+func viewSnapshot(sn store.Snapshot) Snapshot {
+	return Snapshot{
+		Name: sn.Name, ID: sn.ID, SandboxID: sn.SandboxID, Tenant: sn.Tenant, Image: sn.Image, ImageDigest: sn.ImageDigest,
+		CPUs: sn.CPUs, MemoryMB: sn.MemoryMiB, DiskMB: sn.DiskMiB, Network: sn.Network, SizeBytes: sn.Size,
+		CreatedAt: sn.Created.UTC(),
+	}
+}
+
+// forkBasePrefix names the unlisted snapshots forks start from (the
+// manager's fork bases): hidden from lists unless an admin asks for all.
+const forkBasePrefix = "_fork-"
+
+var (
+	errNoSnapshots = &Error{http.StatusServiceUnavailable, "unavailable", "snapshots are not available on this server"}
+	// errNoSnapshot is the one answer for a snapshot that is missing or of
+	// another tenant.
+	errNoSnapshot    = &Error{http.StatusNotFound, "not_found", "snapshot not found"}
+	errSnapshotTaken = &Error{http.StatusConflict, "conflict", "the tenant already has a snapshot of that name (remove it first)"}
+	errSnapshotInUse = &Error{http.StatusPreconditionFailed, "failed_precondition",
+		"the snapshot backs the disks of sandboxes (made from it or forked) or of other snapshots; remove them first"}
+	errCannotSnapshot = &Error{http.StatusPreconditionFailed, "failed_precondition",
+		"the sandbox cannot be saved now: it has secrets, runs commands or code (use force to end them), or is not running"}
+	errPruneNeedsAdmin = &Error{http.StatusForbidden, "permission_denied", "pruning snapshots needs an admin key"}
+)
+
+// snapshotTenant is whose snapshots r acts on: the key's tenant, or for an
+// admin key the ?tenant= query parameter if given.
+func snapshotTenant(r *http.Request) string {
+	k := keyOf(r)
+	if t := r.URL.Query().Get("tenant"); k.Admin && t != "" {
+		return t
+	}
+	return k.Tenant
+}
+
+// snapshotErr gives the manager's snapshot errors their public faces.
+func snapshotErr(err error) error {
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return errNoSnapshot
+	case errors.Is(err, errdefs.ErrConflict):
+		return errSnapshotTaken
+	}
+	return err
+}
+
+func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Snapshots == nil {
+		s.fail(w, r, errNoSnapshots)
+		return
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var req struct {
+		Name  string `json:"name"`
+		Force bool   `json:"force"`
+	}
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Name == "" {
+		s.fail(w, r, invalidf("name is required"))
+		return
+	}
+	if strings.HasPrefix(req.Name, forkBasePrefix) {
+		s.fail(w, r, invalidf("snapshot names starting with %q are reserved", forkBasePrefix))
+		return
+	}
+	if err := sandbox.ValidateSnapshotName(req.Name); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	// Like a pause, a snapshot cut half-way helps nobody.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
+	defer cancel()
+	start := time.Now()
+	sn, err := s.cfg.Snapshots.Snapshot(ctx, sb.ID, req.Name, req.Force)
+	if err != nil {
+		switch {
+		case errors.Is(err, errdefs.ErrConflict):
+			err = errSnapshotTaken
+		case errors.Is(err, errdefs.ErrFailedPrecondition):
+			err = errCannotSnapshot
+		}
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, sb.ID, "snapshot.create", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "force": req.Force,
+		"size_bytes": sn.Size, "duration_ms": time.Since(start).Milliseconds()})
+	writeJSON(w, http.StatusCreated, viewSnapshot(sn))
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Snapshots == nil {
+		s.fail(w, r, errNoSnapshots)
+		return
+	}
+	k := keyOf(r)
+	all := k.Admin && truthy(r.URL.Query().Get("all"))
+	sns, err := s.cfg.Snapshots.ListSnapshots(r.Context(), snapshotTenant(r), all)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := []Snapshot{}
+	for _, sn := range sns {
+		if strings.HasPrefix(sn.Name, forkBasePrefix) && !all {
+			continue
+		}
+		out = append(out, viewSnapshot(sn))
+	}
+	writeJSON(w, http.StatusOK, map[string][]Snapshot{"snapshots": out})
+}
+
+func truthy(v string) bool { return v == "1" || v == "true" }
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Snapshots == nil {
+		s.fail(w, r, errNoSnapshots)
+		return
+	}
+	sn, err := s.cfg.Snapshots.GetSnapshot(r.Context(), snapshotTenant(r), r.PathValue("name"))
+	if err != nil {
+		s.fail(w, r, snapshotErr(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, viewSnapshot(sn))
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Snapshots == nil {
+		s.fail(w, r, errNoSnapshots)
+		return
+	}
+	tenant, name := snapshotTenant(r), r.PathValue("name")
+	sn, err := s.cfg.Snapshots.GetSnapshot(r.Context(), tenant, name)
+	if err != nil {
+		s.fail(w, r, snapshotErr(err))
+		return
+	}
+	if err := s.cfg.Snapshots.RemoveSnapshot(r.Context(), tenant, name); err != nil {
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			err = errSnapshotInUse
+		}
+		s.fail(w, r, snapshotErr(err))
+		return
+	}
+	s.audit(r, sn.SandboxID, "snapshot.delete", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "size_bytes": sn.Size})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// pruneSnapshots removes the fork bases no sandbox uses any more and
+// orphaned snapshot files. It acts across tenants: admin keys only.
+func (s *Server) pruneSnapshots(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Snapshots == nil {
+		s.fail(w, r, errNoSnapshots)
+		return
+	}
+	if !keyOf(r).Admin {
+		s.fail(w, r, errPruneNeedsAdmin)
+		return
+	}
+	freed, err := s.cfg.Snapshots.PruneSnapshots(context.WithoutCancel(r.Context()))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, "", "snapshot.prune", map[string]any{"freed_bytes": freed})
+	writeJSON(w, http.StatusOK, map[string]int64{"freed_bytes": freed})
+}
+
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Snapshots == nil {
+		s.fail(w, r, errNoSnapshots)
+		return
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	req := struct {
+		Count int  `json:"count"`
+		Force bool `json:"force"`
+	}{Count: 1}
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Count < 1 || req.Count > sandbox.MaxForks {
+		s.fail(w, r, invalidf("count must be between 1 and %d", sandbox.MaxForks))
+		return
+	}
+	// Forks count against the quota of the source's tenant, whose they are.
+	k := keyOf(r)
+	release, err := s.reserveN(r.Context(), sb.Tenant, s.limitsOf(k), req.Count, sb.CPUs, sb.MemoryMiB)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
+	defer cancel()
+	forks, err := s.cfg.Snapshots.Fork(ctx, sb.ID, req.Count, req.Force)
+	if err != nil {
+		// All or nothing: the client learns no ids of a failed fork.
+		for _, f := range forks {
+			if rerr := s.cfg.Sandboxes.Remove(ctx, f.ID); rerr != nil {
+				s.log.Error("remove partial fork", "request_id", requestID(r), "sandbox_id", f.ID, "err", rerr)
+			}
+		}
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			err = errCannotSnapshot
+		}
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]Sandbox, 0, len(forks))
+	ids := make([]string, 0, len(forks))
+	for _, f := range forks {
+		s.metrics.creates.Inc()
+		s.audit(r, f.ID, "sandbox.create", map[string]any{"image": f.Image, "cpus": f.CPUs, "memory_mb": f.MemoryMiB,
+			"disk_mb": f.DiskMiB, "source": f.Source, "network": networkAudit(f.Network), "idle_pause_s": int64(f.IdlePause / time.Second)})
+		out = append(out, s.view(f))
+		ids = append(ids, f.ID)
+	}
+	s.audit(r, sb.ID, "sandbox.fork", map[string]any{"count": req.Count, "force": req.Force, "forks": ids})
+	writeJSON(w, http.StatusCreated, map[string][]Sandbox{"sandboxes": out})
+}
+
+// createFromSnapshot serves POST /v1/sandboxes with from_snapshot: the
+// size, image, env and network are the snapshot's.
+func (s *Server) createFromSnapshot(w http.ResponseWriter, r *http.Request, req createRequest) {
+	if s.cfg.Snapshots == nil {
+		s.fail(w, r, errNoSnapshots)
+		return
+	}
+	if req.Env != nil || req.Network != nil {
+		s.fail(w, r, invalidf("from_snapshot: env and network come from the snapshot; leave them out"))
+		return
+	}
+	k := keyOf(r)
+	sn, err := s.cfg.Snapshots.GetSnapshot(r.Context(), k.Tenant, req.FromSnapshot)
+	if err != nil {
+		s.fail(w, r, snapshotErr(err))
+		return
+	}
+	if strings.HasPrefix(sn.Name, forkBasePrefix) {
+		s.fail(w, r, errNoSnapshot)
+		return
+	}
+	o := sandbox.CreateOptions{
+		Tenant: k.Tenant, Image: req.Image, CPUs: req.CPUs, MemoryMiB: req.MemoryMB, DiskMiB: req.DiskMB,
+		Timeout: time.Duration(req.TimeoutS) * time.Second, Metadata: req.Metadata,
+		IdlePause: time.Duration(req.IdlePauseS) * time.Second,
+	}
+	release, err := s.reserve(r.Context(), k.Tenant, s.limitsOf(k), sn.CPUs, sn.MemoryMiB)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
+	defer cancel()
+	sb, err := s.cfg.Snapshots.CreateFromSnapshot(ctx, sn.Name, o)
+	if err != nil {
+		s.fail(w, r, snapshotErr(err))
+		return
+	}
+	s.metrics.creates.Inc()
+	s.audit(r, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB,
+		"source": sb.Source, "network": networkAudit(sb.Network), "idle_pause_s": int64(sb.IdlePause / time.Second)})
+	writeJSON(w, http.StatusCreated, s.view(sb))
+}
+
+// reserveN reserves n sandboxes of cpus and mem each, all or none.
+func (s *Server) reserveN(ctx context.Context, tenant string, lim Limits, n, cpus, mem int) (release func(), err error) {
+	var releases []func()
+	releaseAll := func() {
+		for _, rel := range releases {
+			rel()
+		}
+	}
+	for range n {
+		rel, err := s.reserve(ctx, tenant, lim, cpus, mem)
+		if err != nil {
+			releaseAll()
+			return nil, err
+		}
+		releases = append(releases, rel)
+	}
+	return releaseAll, nil
+}

@@ -1,0 +1,144 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+)
+
+// FromSnapshotFile, in a sandbox's dir, names the snapshot (its id) the
+// sandbox starts from; the shim then clones the snapshot's template.
+const FromSnapshotFile = "from.snapshot"
+
+// snapshotTemplateID is the template a snapshot's sandboxes are cloned
+// from: like an image's template, but booted from the snapshot's state.
+func snapshotTemplateID(sid string) string {
+	h := sha256.Sum256([]byte("snapshot-template:" + sid))
+	return hex.EncodeToString(h[:16])
+}
+
+// EnsureSnapshotTemplate returns the template of snapshot sid, building it
+// once (concurrent callers in any process share one build): the snapshot's
+// full state is restored into a RAM file and saved as a template, whose
+// RAM its clones map copy-on-write and share (a fork template). The
+// snapshot's digests are checked before the build. cpus and memMiB are the
+// snapshot's.
+func EnsureSnapshotTemplate(ctx context.Context, l Layout, rt runtime.Runtime, sid string, key TemplateKey, log *slog.Logger) (Template, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	sdir := l.SnapshotDir(sid)
+	var man PauseManifest
+	b, err := os.ReadFile(filepath.Join(sdir, PauseManifestFile))
+	if err != nil || json.Unmarshal(b, &man) != nil {
+		return Template{}, fmt.Errorf("snapshot %s has no readable manifest", sid)
+	}
+	key.Kernel, key.Initrd, key.Format = man.Kernel, man.Initrd, templateFormat
+	t := newTemplate(l, snapshotTemplateID(sid), key)
+	return ensureBuilt(ctx, l, t, func() error { return buildSnapshotTemplate(ctx, t, rt, sdir, man, log) }, log)
+}
+
+func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, sdir string, man PauseManifest, log *slog.Logger) error {
+	_ = os.RemoveAll(t.Dir)
+	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
+		return err
+	}
+	state := filepath.Join(sdir, PauseStateDir)
+	if sum, size, err := HashDir(state); err != nil || sum != man.StateSHA256 || size != man.StateBytes {
+		return fmt.Errorf("snapshot state is corrupt (its digest does not match the manifest): %v", err)
+	}
+	disk := filepath.Join(sdir, snapshotDisk)
+	h := sha256.New()
+	if _, err := hashFile(h, disk, snapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
+		return fmt.Errorf("snapshot disk is corrupt (its digest does not match the manifest): %v", err)
+	}
+	if err := CreateOverlay(ctx, t.Disk, disk, "qcow2", 0); err != nil {
+		return err
+	}
+	runDir := filepath.Join(t.Dir, "run")
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(runDir)
+	inst, err := rt.Create(ctx, runtime.Spec{
+		ID:             "snap-" + filepath.Base(t.Dir)[:8],
+		CPUs:           t.Key.CPUs,
+		MemoryMiB:      t.Key.MemoryMiB,
+		Kernel:         man.Kernel,
+		Initrd:         man.Initrd,
+		RootDisk:       t.Disk,
+		RootDiskFormat: "qcow2",
+		RunDir:         runDir,
+		RestoreFrom:    state,
+		Snapshottable:  true,
+		Network:        true,
+	})
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = inst.Kill()
+			_, _ = inst.Wait(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := inst.Start(ctx); err != nil {
+		return err
+	}
+	if nw, isNet := inst.(runtime.Networker); isNet {
+		nc, err := nw.NetConn(ctx)
+		if err != nil {
+			return err
+		}
+		var drain sync.WaitGroup
+		drain.Go(func() { _, _ = io.Copy(io.Discard, nc) })
+		defer func() {
+			nc.Close()
+			drain.Wait()
+		}()
+	}
+	// No agent session is opened: the guest's agent waits for a host, as
+	// it did when the snapshot was taken, and so will every clone's.
+	snap, isSnap := inst.(runtime.Snapshotter)
+	if !isSnap {
+		return errors.New("runtime cannot snapshot")
+	}
+	if err := os.MkdirAll(t.Snapshot, 0o755); err != nil {
+		return err
+	}
+	if err := snap.SaveSnapshot(ctx, t.Snapshot); err != nil {
+		return err
+	}
+	ok = true
+	_ = inst.Kill()
+	if _, err := inst.Wait(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	log.Info("snapshot template saved", "template", filepath.Base(t.Dir))
+	return os.Chmod(t.Disk, 0o444)
+}
+
+// removeSnapshotTemplate deletes the template built from snapshot sid.
+func removeSnapshotTemplate(l Layout, sid string) error {
+	dir := filepath.Join(l.Templates(), snapshotTemplateID(sid))
+	_ = os.Remove(dir + ".lock")
+	return os.RemoveAll(dir)
+}
+
+// ReadFromSnapshot returns the snapshot id a sandbox starts from, or "".
+func ReadFromSnapshot(l Layout, id string) string {
+	b, _ := os.ReadFile(filepath.Join(l.Dir(id), FromSnapshotFile))
+	return strings.TrimSpace(string(b))
+}
