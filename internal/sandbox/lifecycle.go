@@ -81,6 +81,10 @@ func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) 
 				continue // another caller got there first
 			}
 			if err := m.startShim(ctx, id, nil); err != nil {
+				// Another resume may have won the shim's lock: wait for it.
+				if cur, gerr := m.Store.GetSandbox(ctx, id); gerr == nil && (cur.State == store.StateRunning || cur.State == store.StateResuming) && m.shimAlive(id) {
+					continue
+				}
 				return sb, err
 			}
 			return m.Get(ctx, id)
@@ -128,9 +132,19 @@ type PauseManifest struct {
 	StateSHA256 string    `json:"state_sha256"`
 	StateBytes  int64     `json:"state_bytes"`
 	PausedAt    time.Time `json:"paused_at"`
-	// DiskSHA256 is the digest of a snapshot's frozen disk overlay (empty
-	// for a paused sandbox, whose disk is its own).
-	DiskSHA256 string `json:"disk_sha256,omitempty"`
+	// For snapshots: the digest of the frozen disk overlay, the
+	// snapshot's content address (over state and disk digests) and what it
+	// was taken of. Empty for a paused sandbox, whose disk is its own.
+	DiskSHA256  string `json:"disk_sha256,omitempty"`
+	Digest      string `json:"digest,omitempty"`
+	ImageDigest string `json:"image_digest,omitempty"`
+	CPUs        int    `json:"cpus,omitempty"`
+	MemoryMiB   int    `json:"memory_mib,omitempty"`
+	DiskMiB     int    `json:"disk_mib,omitempty"`
+	// Runtime and Accel are what saved the state (a restore needs the
+	// same).
+	Runtime string `json:"runtime,omitempty"`
+	Accel   string `json:"accel,omitempty"`
 }
 
 // Files of a pause (or snapshot) directory.

@@ -82,20 +82,30 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (st
 // is hard-linked (the sandbox's resume reads it too), the disk overlay
 // moves into the snapshot and the sandbox gets a new overlay on top of it.
 func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (store.Snapshot, error) {
-	sid := randomID(16)
-	dir := m.L.SnapshotDir(sid)
-	// The VMMs of sandboxes from the snapshot open its disk by path as
-	// their own uids: the directories must be traversable.
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// Built under a temporary name, then renamed to its content address:
+	// the digest of its state and disk.
+	// VMMs open a snapshot's disk by path as their own uids: the
+	// directories are traversable (0711) but not listable, and snapshot
+	// ids are 128-bit digests, so other local users cannot find the disks.
+	_ = os.MkdirAll(m.L.SnapshotsDir(), 0o711)
+	_ = os.Chmod(m.L.SnapshotsDir(), 0o711)
+	tmp := filepath.Join(m.L.SnapshotsDir(), ".tmp-"+randomID(12))
+	if err := os.Mkdir(tmp, 0o711); err != nil {
 		return store.Snapshot{}, err
 	}
-	_ = os.Chmod(m.L.SnapshotsDir(), 0o755)
-	if err := os.Mkdir(filepath.Join(dir, PauseStateDir), 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(tmp, PauseStateDir), 0o700); err != nil {
+		_ = os.RemoveAll(tmp)
 		return store.Snapshot{}, err
 	}
+	dir := tmp
 	ok := false
+	root := m.L.RootDisk(sb.ID)
+	movedDisk := ""
 	defer func() {
 		if !ok {
+			if movedDisk != "" {
+				_ = os.Rename(movedDisk, root)
+			}
 			_ = os.RemoveAll(dir)
 		}
 	}()
@@ -113,21 +123,28 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	}
 	// The overlay becomes the snapshot's frozen disk; the sandbox continues
 	// on a new overlay backed by it.
-	disk := filepath.Join(dir, snapshotDisk)
-	root := m.L.RootDisk(sb.ID)
-	if err := os.Rename(root, disk); err != nil {
+	if err := os.Rename(root, filepath.Join(dir, snapshotDisk)); err != nil {
 		return store.Snapshot{}, fmt.Errorf("snapshot disk: %w", err)
 	}
-	if err := CreateOverlay(ctx, root, disk, "qcow2", 0); err != nil {
-		_ = os.Rename(disk, root)
-		return store.Snapshot{}, err
-	}
-	_ = os.Chmod(disk, 0o444) // the VMMs of its sandboxes read it as their uid
+	movedDisk = filepath.Join(dir, snapshotDisk)
+	_ = os.Chmod(movedDisk, 0o444)
 	h := sha256.New()
-	if _, err := hashFile(h, disk, snapshotDisk); err != nil {
+	if _, err := hashFile(h, movedDisk, snapshotDisk); err != nil {
 		return store.Snapshot{}, err
 	}
 	man.DiskSHA256 = hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256([]byte(man.StateSHA256 + "\n" + man.DiskSHA256 + "\n"))
+	sid := hex.EncodeToString(sum[:16])
+	final := m.L.SnapshotDir(sid)
+	if err := os.Rename(dir, final); err != nil {
+		return store.Snapshot{}, fmt.Errorf("%w: snapshot %s: %v", errdefs.ErrConflict, sid, err)
+	}
+	dir, movedDisk = final, filepath.Join(final, snapshotDisk)
+	if err := CreateOverlay(ctx, root, movedDisk, "qcow2", 0); err != nil {
+		return store.Snapshot{}, err
+	}
+	man.Digest = "sha256:" + hex.EncodeToString(sum[:])
+	man.ImageDigest, man.CPUs, man.MemoryMiB, man.DiskMiB = sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB
 	mb, _ := json.MarshalIndent(man, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, PauseManifestFile), mb, 0o400); err != nil {
 		return store.Snapshot{}, err
@@ -214,8 +231,16 @@ const forkPrefix = "_fork-"
 // share the memory pages none of them changed.
 func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source string, o CreateOptions) (store.Sandbox, error) {
 	sdir := m.L.SnapshotDir(sn.ID)
-	if _, err := os.Stat(filepath.Join(sdir, PauseManifestFile)); err != nil {
-		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q has no manifest", errdefs.ErrFailedPrecondition, sn.Name)
+	var man PauseManifest
+	b, err := os.ReadFile(filepath.Join(sdir, PauseManifestFile))
+	if err != nil || json.Unmarshal(b, &man) != nil {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q has no readable manifest", errdefs.ErrFailedPrecondition, sn.Name)
+	}
+	// The disk backs every sandbox from the snapshot: check it each time
+	// (the state is checked when the snapshot's template is built).
+	h := sha256.New()
+	if _, err := hashFile(h, filepath.Join(sdir, snapshotDisk), snapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q is corrupt: its disk does not match its digest", errdefs.ErrFailedPrecondition, sn.Name)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
@@ -226,12 +251,16 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 	if o.IdlePause < 0 || o.IdlePause > MaxIdlePause {
 		return store.Sandbox{}, fmt.Errorf("%w: --idle-pause must be between 0 (never) and %s", errdefs.ErrInvalid, MaxIdlePause)
 	}
+	// Published host ports belong to the source (they would collide);
+	// a sandbox from a snapshot publishes none.
+	network := sn.Network
+	network.Ports = nil
 	now := time.Now()
 	sb := store.Sandbox{
 		ID: NewID(), State: store.StateCreating, Image: sn.Image, ImageDigest: sn.ImageDigest,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskMiB: sn.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: sn.Env,
-		Network: sn.Network, IdlePause: o.IdlePause, Source: source,
+		Network: network, IdlePause: o.IdlePause, Source: source,
 	}
 	dir := m.L.Dir(sb.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -127,7 +127,10 @@ func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, 
 		return err
 	}
 	log.Info("snapshot template saved", "template", filepath.Base(t.Dir))
-	return os.Chmod(t.Disk, 0o444)
+	// The snapshot's memory is the user's: root only (the runtime hands it
+	// to VMMs as a memfd). The disk is opened by path by VMM uids: the dir
+	// is traversable, not listable.
+	return errors.Join(os.Chmod(t.Snapshot, 0o700), os.Chmod(t.Dir, 0o711), os.Chmod(t.Disk, 0o444))
 }
 
 // removeSnapshotTemplate deletes the template built from snapshot sid.

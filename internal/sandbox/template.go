@@ -107,7 +107,10 @@ func ensureBuilt(ctx context.Context, l Layout, t Template, build func() error, 
 	if _, err := os.Stat(meta); err == nil {
 		return t, nil
 	}
-	if err := os.MkdirAll(l.Templates(), 0o755); err != nil {
+	// Traversable, not listable: sandbox memory lives in snapshot
+	// templates, and disks are found only by knowing their ids.
+	_ = os.MkdirAll(l.Templates(), 0o711)
+	if err := os.Chmod(l.Templates(), 0o711); err != nil {
 		return t, fmt.Errorf("template dir: %w", err)
 	}
 	lf, err := os.OpenFile(filepath.Join(l.Templates(), id+".lock"), os.O_CREATE|os.O_RDWR, 0o600)

@@ -26,6 +26,7 @@ import (
 type activity struct {
 	inflight atomic.Int64
 	last     atomic.Int64 // unix nanoseconds
+	pausing  atomic.Bool  // new requests are refused
 }
 
 func (a *activity) touch() { a.last.Store(time.Now().UnixNano()) }
@@ -45,6 +46,14 @@ func (a *activity) idleFor(now time.Time, busy int64) time.Duration {
 // track wraps the shim socket's handler: every request is activity.
 func (a *activity) track(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.pausing.Load() {
+			// Connect's wire form of an Unavailable error: clients retry,
+			// and the control plane resumes the sandbox.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"code":"unavailable","message":"the sandbox is pausing; retry"}`))
+			return
+		}
 		a.begin()
 		defer a.end()
 		h.ServeHTTP(w, r)
@@ -87,15 +96,15 @@ func (l lifecycleService) Snapshot(context.Context, *connect.Request[shimv1.Snap
 
 // preconditions for pause: nothing in flight that a pause would cut off
 // (unless forced), and no secrets (their values would not survive).
-func (s *shim) pauseCheck(force bool) error {
+func (s *shim) pauseCheck(force bool, own int64) error {
 	if len(s.cfg.Secrets) > 0 {
 		return connect.NewError(connect.CodeFailedPrecondition, errors.New("a sandbox with secrets cannot be paused: their values live only in its supervisor's memory and would be lost"))
 	}
 	if force {
 		return nil
 	}
-	// The Pause request itself is in flight.
-	if n := s.act.inflight.Load() - 1; n > 0 {
+	// own: the Pause request itself, when there is one.
+	if n := s.act.inflight.Load() - own; n > 0 {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d requests (execs, code runs, file transfers) are in flight; wait for them or pause with force", n))
 	}
 	if n := s.busy(); n > 0 {
@@ -119,28 +128,40 @@ func (s *shim) busy() int64 {
 // pause saves the guest to disk and leaves everything but the sandbox's
 // disk and paused state behind; the shim exits after. On an error before
 // the save started, the sandbox keeps running.
-func (s *shim) pause(ctx context.Context, force bool) (*shimv1.PauseResponse, error) {
-	if err := s.pauseCheck(force); err != nil {
-		return nil, err
+// own is how many requests in flight belong to the pause itself (1 for a
+// Pause request, 0 for an idle pause). fatal reports an error after which
+// the sandbox cannot go on running (its agent channel is closed or its VMM
+// gone): the caller must fail it.
+func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv1.PauseResponse, fatal bool, err error) {
+	if err := s.pauseCheck(force, own); err != nil {
+		return nil, false, err
 	}
 	saver, ok := s.inst.(runtime.StateSaver)
 	if !ok {
-		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this runtime cannot pause sandboxes"))
+		return nil, false, connect.NewError(connect.CodeUnimplemented, errors.New("this runtime cannot pause sandboxes"))
 	}
 	sb, err := s.st.GetSandbox(ctx, s.cfg.ID)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	left := time.Until(sb.ExpiresAt)
 	dir := s.l.PauseDir(s.cfg.ID)
 	_ = os.RemoveAll(dir)
 	stateDir := filepath.Join(dir, sandbox.PauseStateDir)
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if ok, err := s.st.SetState(ctx, s.cfg.ID, store.StatePausing, "", store.StateRunning); err != nil || !ok {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox is not running (%v)", err))
+		return nil, false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox is not running (%v)", err))
 	}
+	// From here on new requests are refused (retry after the pause: the
+	// control plane resumes the sandbox), and a failure is fatal.
+	s.act.pausing.Store(true)
+	defer func() {
+		if err != nil {
+			fatal = true
+		}
+	}()
 	t0 := time.Now()
 	// Owned execs end (forced), then the agent channel closes: the guest
 	// must see its EOF before it is frozen.
@@ -149,24 +170,25 @@ func (s *shim) pause(ctx context.Context, force bool) (*shimv1.PauseResponse, er
 	}
 	_ = s.agent.Close()
 	if err := saver.SaveState(ctx, stateDir, runtime.SaveOptions{}); err != nil {
-		return nil, fmt.Errorf("save guest state: %w", err)
+		return nil, true, fmt.Errorf("save guest state: %w", err)
 	}
 	saveDur := time.Since(t0)
 	sum, size, err := sandbox.HashDir(stateDir)
 	if err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	bc := s.boot
-	m := sandbox.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: time.Now().UTC()}
+	m := sandbox.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: time.Now().UTC(),
+		Runtime: s.cfg.Runtime.Name(), Accel: s.accel}
 	b, _ := json.MarshalIndent(m, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, sandbox.PauseManifestFile), b, 0o400); err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	if ok, err := s.st.SetPaused(ctx, s.cfg.ID, left); err != nil || !ok {
-		return nil, fmt.Errorf("record paused: %v (changed=%v)", err, ok)
+		return nil, true, fmt.Errorf("record paused: %v (changed=%v)", err, ok)
 	}
 	s.log.Info("paused", "save", saveDur, "total", time.Since(t0), "state_bytes", size)
-	return &shimv1.PauseResponse{StateBytes: size, SaveMs: saveDur.Milliseconds()}, nil
+	return &shimv1.PauseResponse{StateBytes: size, SaveMs: saveDur.Milliseconds()}, false, nil
 }
 
 // resumeSpec checks a paused sandbox's saved state and fills spec to
@@ -181,6 +203,9 @@ func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 	var m sandbox.PauseManifest
 	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.StateSHA256) != 64 {
 		return nil, errors.New("paused state manifest is unreadable; the sandbox cannot be resumed")
+	}
+	if m.Runtime != "" && m.Runtime != s.cfg.Runtime.Name() {
+		return nil, fmt.Errorf("the sandbox was paused under the %s runtime; this host runs %s", m.Runtime, s.cfg.Runtime.Name())
 	}
 	for _, p := range []string{m.Kernel, m.Initrd} {
 		if _, err := os.Stat(p); err != nil {

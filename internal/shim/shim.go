@@ -88,6 +88,7 @@ type shim struct {
 	net      *network           // the guest's network
 	env      map[string]string  // default environment of execs and contexts
 	boot     sandbox.BootConfig // kernel and initramfs the guest runs
+	accel    string             // "kvm" or "tcg"
 	act      activity           // what keeps the sandbox from idling
 	pauseReq chan pauseReq      // LifecycleService.Pause asks the main loop
 
@@ -136,6 +137,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	sb, err := s.st.GetSandbox(ctx, cfg.ID)
 	if err != nil {
 		return err
+	}
+	if sb.State == store.StatePaused {
+		// A resume whose resuming state a concurrent Reconcile undid
+		// before this shim held its lock: take it again.
+		if ok, err := s.st.SetState(ctx, cfg.ID, store.StateResuming, "", store.StatePaused); err != nil || !ok {
+			return fmt.Errorf("sandbox %s: resume: %v (changed=%v)", cfg.ID, err, ok)
+		}
+		sb.State = store.StateResuming
 	}
 	if sb.State != store.StateCreating && sb.State != store.StateResuming {
 		return fmt.Errorf("sandbox %s is %s, not creating or resuming", cfg.ID, sb.State)
@@ -202,13 +211,18 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			s.teardown(bg, true)
 			return nil
 		case r := <-s.pauseReq:
-			resp, err := s.pause(bg, r.force)
+			resp, fatal, err := s.pause(bg, r.force, 1)
 			r.reply <- pauseResult{resp: resp, err: err}
 			if err == nil {
 				s.teardownPaused(bg)
 				return nil
 			}
 			s.log.Warn("pause refused or failed", "err", err)
+			if fatal {
+				s.fail(bg, "pause failed: "+err.Error())
+				s.teardown(bg, false)
+				return nil
+			}
 		case <-poll.C:
 			if at, err := s.st.GetSandbox(ctx, cfg.ID); err == nil && !at.ExpiresAt.Equal(expiresAt) {
 				expiresAt = at.ExpiresAt
@@ -217,15 +231,20 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			}
 			if sb.IdlePause > 0 && s.act.idleFor(time.Now(), s.busy()) >= sb.IdlePause {
 				s.log.Info("idle; pausing", "idle_pause", sb.IdlePause)
-				if r, err := s.pause(bg, false); err == nil {
+				r, fatal, err := s.pause(bg, false, 0)
+				if err == nil {
 					_, _ = s.st.AppendEvent(bg, store.Event{Tenant: sb.Tenant, SandboxID: sb.ID, Action: "sandbox.pause",
 						Detail: map[string]any{"reason": "idle", "idle_pause_s": sb.IdlePause.Seconds(), "state_bytes": r.GetStateBytes(), "save_ms": r.GetSaveMs()}})
 					s.teardownPaused(bg)
 					return nil
-				} else {
-					s.log.Warn("idle pause failed", "err", err)
-					s.act.touch() // try again after another idle period
 				}
+				s.log.Warn("idle pause failed", "err", err)
+				if fatal {
+					s.fail(bg, "idle pause failed: "+err.Error())
+					s.teardown(bg, false)
+					return nil
+				}
+				s.act.touch() // try again after another idle period
 			}
 		case <-expiry.C:
 			s.log.Info("lifetime timeout reached; removing sandbox")
@@ -266,6 +285,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("probe runtime: %w", err)
 	}
+	s.accel = caps.Accel
 	imgPath := s.l.ImagePath(sb.ImageDigest)
 	if _, err := os.Stat(imgPath); err != nil {
 		return fmt.Errorf("image %q is missing its file (rebuild or re-import it): %w", sb.Image, err)

@@ -240,4 +240,35 @@ func TestSnapshotCreateFrom(t *testing.T) {
 	if r := e.run(t, nil, "snapshot", "rm", name); r.code == 0 {
 		t.Error("snapshot rm succeeded while a sandbox is backed by it")
 	}
+
+	// A corrupt snapshot is refused with a clear error.
+	bad := name + "-bad"
+	e.must(t, "snapshot", id, "--name", bad)
+	t.Cleanup(func() { e.run(t, nil, "snapshot", "rm", bad) })
+	var snaps []struct {
+		Name string `json:"name"`
+		ID   string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(e.must(t, "snapshot", "ls", "--json")), &snaps); err != nil {
+		t.Fatal(err)
+	}
+	for _, sn := range snaps {
+		if sn.Name != bad {
+			continue
+		}
+		f, err := os.OpenFile(e.state+"/snapshots/"+sn.ID+"/state/state.bin", os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = f.WriteAt([]byte("corrupt!"), 4096)
+		f.Close()
+	}
+	r := e.run(t, nil, "create", "--from-snapshot", bad)
+	if r.code == 0 {
+		e.run(t, nil, "rm", strings.TrimSpace(r.stdout))
+		t.Fatal("a sandbox started from a corrupt snapshot")
+	}
+	if !strings.Contains(r.stderr, "corrupt") {
+		t.Errorf("corrupt snapshot: %q", r.stderr)
+	}
 }

@@ -1,0 +1,86 @@
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// TestSnapshotRefsGuardRemoval: a snapshot backing a sandbox's or another
+// snapshot's disk cannot be removed; prune frees unused fork bases and
+// orphaned files only.
+func TestSnapshotRefsGuardRemoval(t *testing.T) {
+	root := t.TempDir()
+	st, err := store.Open(t.Context(), filepath.Join(root, "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	m := &Manager{L: Layout{Root: root}, Store: st}
+	mk := func(name, id string) {
+		t.Helper()
+		if err := os.MkdirAll(m.L.SnapshotDir(id), 0o711); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(m.L.SnapshotDir(id), snapshotDisk), make([]byte, 8192), 0o444); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.PutSnapshot(t.Context(), store.Snapshot{Name: name, ID: id, Created: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("base", "s1")
+	mk("child", "s2")
+	mk(forkPrefix+"x", "s3")
+	// s2 was taken of a sandbox started from s1; sandbox a runs from s2.
+	if err := writeRefs(filepath.Join(m.L.SnapshotDir("s2"), snapshotRefs), []string{"s1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(m.L.Dir("aaaaaaaaaaaa"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeRefs(filepath.Join(m.L.Dir("aaaaaaaaaaaa"), snapshotRefs), []string{"s1", "s2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutSnapshot(t.Context(), store.Snapshot{Name: "base", ID: "s9"}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("duplicate name: %v", err)
+	}
+	for _, name := range []string{"base", "child"} {
+		if err := m.RemoveSnapshot(t.Context(), "", name); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Errorf("rm %s while in use: %v", name, err)
+		}
+	}
+	// An orphan directory (no row, nobody refers to it), old enough.
+	orphan := m.L.SnapshotDir("s4")
+	if err := os.MkdirAll(orphan, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	_ = os.Chtimes(orphan, old, old)
+	if _, err := m.PruneSnapshots(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"s1": true, "s2": true, "s3": false, "s4": false} {
+		if _, err := os.Stat(m.L.SnapshotDir(id)); (err == nil) != want {
+			t.Errorf("after prune, %s exists = %v, want %v", id, err == nil, want)
+		}
+	}
+	// Once the sandbox is gone, child then base can go.
+	_ = os.RemoveAll(m.L.Dir("aaaaaaaaaaaa"))
+	if err := m.RemoveSnapshot(t.Context(), "", "base"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("rm base while child refers to it: %v", err)
+	}
+	for _, name := range []string{"child", "base"} {
+		if err := m.RemoveSnapshot(t.Context(), "", name); err != nil {
+			t.Errorf("rm %s: %v", name, err)
+		}
+	}
+	if err := ValidateSnapshotName(forkPrefix + "x"); err == nil {
+		t.Error("a fork-base name is accepted from users")
+	}
+}
