@@ -139,12 +139,14 @@ func benchCmd(g *globals) *cobra.Command {
 			rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
 
 			fmt.Fprintln(os.Stderr, "bench: pause/resume rows")
-			pr, err := pauseBench(ctx, m, cli, runs)
-			if err != nil {
-				return fmt.Errorf("pause bench: %w", err)
-			}
-			for _, r := range pr {
-				rows = append(rows, row{r[0], r[1], r[2]})
+			for _, fill := range []int{0, 128} {
+				pr, err := pauseBench(ctx, m, cli, runs, fill)
+				if err != nil {
+					return fmt.Errorf("pause bench: %w", err)
+				}
+				for _, r := range pr {
+					rows = append(rows, row{r[0], r[1], r[2]})
+				}
 			}
 			fr, err := forkBench(ctx, m, cli)
 			if err != nil {

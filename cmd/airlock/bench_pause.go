@@ -11,18 +11,19 @@ import (
 )
 
 // pauseBench measures pause (guest stopped until the VMM is gone) and
-// resume (until the first exec answers) of a default sandbox whose guest
-// has touched some memory, runs times.
-func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error), runs int) ([][3]string, error) {
+// resume (until the first exec answers) of a default sandbox, runs times;
+// with fillMiB > 0 the guest first writes that much random data to tmpfs
+// (and as much again passes through a process's memory).
+func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error), runs, fillMiB int) ([][3]string, error) {
 	id, err := cli("create")
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _, _ = cli("rm", id) }()
-	// 128 MiB of the guest's RAM written, so the state is not just the
-	// template's pages.
-	if _, err := cli("exec", id, "--", "python3", "-c", "import os; b = os.urandom(128 << 20); open('/dev/shm/fill', 'wb').write(b)"); err != nil {
-		return nil, err
+	if fillMiB > 0 {
+		if _, err := cli("exec", id, "--", "python3", "-c", fmt.Sprintf("import os; b = os.urandom(%d << 20); open('/dev/shm/fill', 'wb').write(b)", fillMiB)); err != nil {
+			return nil, err
+		}
 	}
 	var pauseD, saveD, resumeD []time.Duration
 	var stateBytes int64
@@ -53,10 +54,14 @@ func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 		}
 		resumeD = append(resumeD, time.Since(t))
 	}
-	note := fmt.Sprintf("median of %d; 512 MiB guest with 128 MiB written; state %d MiB", runs, stateBytes>>20)
+	what := "fresh 512 MiB sandbox"
+	if fillMiB > 0 {
+		what = fmt.Sprintf("512 MiB sandbox after writing %d MiB", fillMiB)
+	}
+	note := fmt.Sprintf("median of %d; state %d MiB", runs, stateBytes>>20)
 	return [][3]string{
-		{"pause (until the VMM and shim are gone; RAM freed)", ms(median(pauseD)), note + fmt.Sprintf("; guest stopped for the save: %s", ms(median(saveD)))},
-		{"resume until the first exec answers", ms(median(resumeD)), note + "; includes the state digest check"},
+		{"pause, " + what + " (until the VMM and shim are gone)", ms(median(pauseD)), note + fmt.Sprintf("; guest stopped for the save: %s", ms(median(saveD)))},
+		{"resume, " + what + ", until the first exec answers", ms(median(resumeD)), note + "; the state digest is checked meanwhile"},
 	}, nil
 }
 

@@ -109,8 +109,12 @@ func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, 
 			drain.Wait()
 		}()
 	}
-	// No agent session is opened: the guest's agent waits for a host, as
-	// it did when the snapshot was taken, and so will every clone's.
+	// The runtime connects the agent channel's host end: close it without
+	// a session, so the guest's agent sees the host go (SaveSnapshot waits
+	// for that) and every clone's agent waits for a new host.
+	if conn, err := inst.AgentConn(ctx); err == nil {
+		_ = conn.Close()
+	}
 	snap, isSnap := inst.(runtime.Snapshotter)
 	if !isSnap {
 		return errors.New("runtime cannot snapshot")

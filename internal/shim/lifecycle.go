@@ -103,6 +103,13 @@ func (s *shim) pauseCheck(force bool, own int64) error {
 	if force {
 		return nil
 	}
+	// A request whose client just got its answer may still be finishing
+	// on this side: give in-flight work a moment to end.
+	for deadline := time.Now().Add(pauseDrain); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if s.act.inflight.Load()-own <= 0 && s.busy() == 0 {
+			break
+		}
+	}
 	// own: the Pause request itself, when there is one.
 	if n := s.act.inflight.Load() - own; n > 0 {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d requests (execs, code runs, file transfers) are in flight; wait for them or pause with force", n))
@@ -112,6 +119,10 @@ func (s *shim) pauseCheck(force bool, own int64) error {
 	}
 	return nil
 }
+
+// pauseDrain is how long a pause waits for in-flight work to end before
+// it refuses (without force).
+const pauseDrain = 2 * time.Second
 
 // busy counts owned execs still running and open inbound connections.
 func (s *shim) busy() int64 {
