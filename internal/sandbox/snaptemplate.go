@@ -7,12 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
@@ -66,12 +65,7 @@ func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, 
 	if err := CreateOverlay(ctx, t.Disk, disk, "qcow2", 0); err != nil {
 		return err
 	}
-	runDir := filepath.Join(t.Dir, "run")
-	if err := os.MkdirAll(runDir, 0o755); err != nil {
-		return err
-	}
-	defer os.RemoveAll(runDir)
-	inst, err := rt.Create(ctx, runtime.Spec{
+	spec := runtime.Spec{
 		ID:             "snap-" + filepath.Base(t.Dir)[:8],
 		CPUs:           t.Key.CPUs,
 		MemoryMiB:      t.Key.MemoryMiB,
@@ -79,55 +73,14 @@ func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, 
 		Initrd:         man.Initrd,
 		RootDisk:       t.Disk,
 		RootDiskFormat: "qcow2",
-		RunDir:         runDir,
 		RestoreFrom:    state,
 		Snapshottable:  true,
 		Network:        true,
-	})
-	if err != nil {
-		return err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = inst.Kill()
-			_, _ = inst.Wait(context.WithoutCancel(ctx))
-		}
-	}()
-	if err := inst.Start(ctx); err != nil {
-		return err
-	}
-	if nw, isNet := inst.(runtime.Networker); isNet {
-		nc, err := nw.NetConn(ctx)
-		if err != nil {
-			return err
-		}
-		var drain sync.WaitGroup
-		drain.Go(func() { _, _ = io.Copy(io.Discard, nc) })
-		defer func() {
-			nc.Close()
-			drain.Wait()
-		}()
-	}
-	// The runtime connects the agent channel's host end: close it without
-	// a session, so the guest's agent sees the host go (SaveSnapshot waits
-	// for that) and every clone's agent waits for a new host.
-	if conn, err := inst.AgentConn(ctx); err == nil {
-		_ = conn.Close()
-	}
-	snap, isSnap := inst.(runtime.Snapshotter)
-	if !isSnap {
-		return errors.New("runtime cannot snapshot")
-	}
-	if err := os.MkdirAll(t.Snapshot, 0o755); err != nil {
-		return err
-	}
-	if err := snap.SaveSnapshot(ctx, t.Snapshot); err != nil {
-		return err
-	}
-	ok = true
-	_ = inst.Kill()
-	if _, err := inst.Wait(context.WithoutCancel(ctx)); err != nil {
+	// No agent session: closing the channel's host end lets the guest's
+	// agent see the host go (SaveSnapshot waits for that), so every
+	// clone's agent waits for a new host.
+	if err := snapshotInstance(ctx, rt, spec, t, func(_ runtime.Instance, conn net.Conn) error { return conn.Close() }); err != nil {
 		return err
 	}
 	log.Info("snapshot template saved", "template", filepath.Base(t.Dir))

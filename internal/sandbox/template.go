@@ -149,12 +149,7 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	if err := CreateOverlay(ctx, t.Disk, t.Key.ImagePath, "raw", t.Key.DiskMiB); err != nil {
 		return err
 	}
-	runDir := filepath.Join(t.Dir, "run")
-	if err := os.MkdirAll(runDir, 0o755); err != nil {
-		return err
-	}
-	defer os.RemoveAll(runDir)
-	inst, err := rt.Create(ctx, runtime.Spec{
+	spec := runtime.Spec{
 		ID:             "tmpl-" + t.Key.ID()[:8],
 		CPUs:           t.Key.CPUs,
 		MemoryMiB:      t.Key.MemoryMiB,
@@ -162,12 +157,31 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 		Initrd:         t.Key.Initrd,
 		RootDisk:       t.Disk,
 		RootDiskFormat: "qcow2",
-		RunDir:         runDir,
 		Snapshottable:  true,
 		// Clones restore into the template's device set: every sandbox
 		// gets a NIC, brought up by its own Sync after the restore.
 		Network: true,
-	})
+	}
+	if err := snapshotInstance(ctx, rt, spec, t, func(inst runtime.Instance, conn net.Conn) error {
+		return warmTemplate(ctx, t, inst, conn, log)
+	}); err != nil {
+		return err
+	}
+	// Frozen from now on: clones' overlays are backed by it.
+	return os.Chmod(t.Disk, 0o444)
+}
+
+// snapshotInstance runs spec (RunDir is set here) until work, given the
+// agent channel's host end (work must close it), is done, then saves it
+// into t.Snapshot and ends it. Nobody serves the guest's link: it is
+// drained so that the guest never stalls on a full socket.
+func snapshotInstance(ctx context.Context, rt runtime.Runtime, spec runtime.Spec, t Template, work func(runtime.Instance, net.Conn) error) error {
+	spec.RunDir = filepath.Join(t.Dir, "run")
+	if err := os.MkdirAll(spec.RunDir, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(spec.RunDir)
+	inst, err := rt.Create(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -181,10 +195,7 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	if err := inst.Start(ctx); err != nil {
 		return err
 	}
-	// Nobody serves the template's link: drain it so that the guest never
-	// stalls on a full socket. Its NIC is down, but the kernel may still
-	// send a frame or two while it boots.
-	if nw, ok := inst.(runtime.Networker); ok {
+	if nw, isNet := inst.(runtime.Networker); isNet {
 		nc, err := nw.NetConn(ctx)
 		if err != nil {
 			return err
@@ -200,6 +211,27 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	if err != nil {
 		return err
 	}
+	if err := work(inst, conn); err != nil {
+		return err
+	}
+	snap, isSnap := inst.(runtime.Snapshotter)
+	if !isSnap {
+		return errors.New("runtime cannot snapshot")
+	}
+	if err := os.MkdirAll(t.Snapshot, 0o755); err != nil {
+		return err
+	}
+	if err := snap.SaveSnapshot(ctx, t.Snapshot); err != nil {
+		return err
+	}
+	ok = true
+	_ = inst.Kill()
+	_, err = inst.Wait(context.WithoutCancel(ctx))
+	return err
+}
+
+// warmTemplate syncs a freshly booted template guest and warms it up.
+func warmTemplate(ctx context.Context, t Template, inst runtime.Instance, conn net.Conn, log *slog.Logger) error {
 	bootCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	c, err := DialAgent(bootCtx, inst, conn)
@@ -229,23 +261,7 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	// Close the agent session; SaveSnapshot waits for the guest to see the
 	// disconnect, so clones start with the agent waiting for a new host.
 	c.Close()
-	snap, isSnap := inst.(runtime.Snapshotter)
-	if !isSnap {
-		return errors.New("runtime cannot snapshot")
-	}
-	if err := os.MkdirAll(t.Snapshot, 0o755); err != nil {
-		return err
-	}
-	if err := snap.SaveSnapshot(ctx, t.Snapshot); err != nil {
-		return err
-	}
-	ok = true
-	_ = inst.Kill()
-	if _, err := inst.Wait(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	// Frozen from now on: clones' overlays are backed by it.
-	return os.Chmod(t.Disk, 0o444)
+	return nil
 }
 
 // DialAgent waits for the agent on conn, failing early with the VMM's exit

@@ -217,10 +217,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				s.teardownPaused(bg)
 				return nil
 			}
-			s.log.Warn("pause refused or failed", "err", err)
-			if fatal {
-				s.fail(bg, "pause failed: "+err.Error())
-				s.teardown(bg, false)
+			if s.pauseFailed(bg, "pause", err, fatal) {
 				return nil
 			}
 		case <-poll.C:
@@ -238,10 +235,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 					s.teardownPaused(bg)
 					return nil
 				}
-				s.log.Warn("idle pause failed", "err", err)
-				if fatal {
-					s.fail(bg, "idle pause failed: "+err.Error())
-					s.teardown(bg, false)
+				if s.pauseFailed(bg, "idle pause", err, fatal) {
 					return nil
 				}
 				s.act.touch() // try again after another idle period
@@ -259,6 +253,18 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return nil
 		}
 	}
+}
+
+// pauseFailed logs a refused or failed pause; a fatal one fails the
+// sandbox and tears it down, and it reports true: the shim is done.
+func (s *shim) pauseFailed(ctx context.Context, what string, err error, fatal bool) bool {
+	s.log.Warn(what+" refused or failed", "err", err)
+	if !fatal {
+		return false
+	}
+	s.fail(ctx, what+" failed: "+err.Error())
+	s.teardown(ctx, false)
+	return true
 }
 
 // expiryPoll is how often the shim re-reads its sandbox's expires_at (a var

@@ -28,23 +28,7 @@ func TestExecSurvivesServerKill(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	start := func() *exec.Cmd {
-		c := e.cmd(context.Background(), nil, "serve", "--listen", addr)
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			if res, err := s.hc.Get(s.base + "/healthz"); err == nil {
-				res.Body.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("serve did not come up")
-			}
-		}
-		return c
-	}
+	start := func() *exec.Cmd { return startServeAt(t, e, addr) }
 	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
 
 	first := start()
@@ -133,21 +117,7 @@ func TestPausedSurviveRestart(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
-	start := func() *exec.Cmd {
-		c := e.cmd(context.Background(), nil, "serve", "--listen", addr)
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			if res, err := s.hc.Get(s.base + "/healthz"); err == nil {
-				res.Body.Close()
-				return c
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("serve did not come up")
-			}
-		}
-	}
+	start := func() *exec.Cmd { return startServeAt(t, e, addr) }
 	first := start()
 	var ids []string
 	for i := range 2 {
@@ -186,6 +156,26 @@ func TestPausedSurviveRestart(t *testing.T) {
 		code, body = s.do(key, "POST", "/v1/sandboxes/"+id+"/code", strings.NewReader(`{"code":"print(n)"}`))
 		if code != 200 || !strings.Contains(string(body), strconv.Itoa(100+i)) {
 			t.Fatalf("code on the paused sandbox after restart: %d %s", code, body)
+		}
+	}
+}
+
+// startServeAt starts `airlock serve` on addr (the caller stops it) and
+// waits until it answers.
+func startServeAt(t *testing.T, e env, addr string) *exec.Cmd {
+	t.Helper()
+	c := e.cmd(context.Background(), nil, "serve", "--listen", addr)
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 5 * time.Second}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if res, err := hc.Get("http://" + addr + "/healthz"); err == nil {
+			res.Body.Close()
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not come up")
 		}
 	}
 }
