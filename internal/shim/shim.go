@@ -174,10 +174,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	ready("ok")
 	s.log.Info("sandbox running")
 	if s.tmpl != nil {
-		go func() { // for the next create, out of this one's latency path
-			time.Sleep(time.Second)
-			s.tmpl.MakeSpare(context.WithoutCancel(ctx))
-		}()
+		// A spare overlay for the next create, out of this one's latency
+		// path; the shim waits for it before it exits.
+		spareCtx, cancelSpare := context.WithCancel(context.WithoutCancel(ctx))
+		var spare sync.WaitGroup
+		spare.Go(func() {
+			select {
+			case <-time.After(time.Second):
+				s.tmpl.MakeSpare(spareCtx)
+			case <-spareCtx.Done():
+			}
+		})
+		defer spare.Wait()
+		defer cancelSpare()
 	}
 
 	exited := make(chan runtime.ExitStatus, 1)
