@@ -26,4 +26,27 @@ if ! command -v go >/dev/null; then
 	echo "deps: Go is required (https://go.dev/dl); /usr/local/go/bin must be on PATH" >&2
 	exit 1
 fi
-echo "deps: ok ($(qemu-system-x86_64 --version | head -1))"
+# gVisor's runsc for the gvisor runtime (hosts without usable KVM). It must be
+# static: runsc re-executes itself inside an empty chroot, where a dynamic
+# binary's loader is missing ("fork/exec /proc/self/exe: no such file").
+RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
+RUNSC=/usr/local/bin/runsc
+runsc_ok() {
+	[[ -x $RUNSC ]] && [[ $(cat "$RUNSC.version" 2>/dev/null) == "$RUNSC_VERSION" ]]
+}
+if ! runsc_ok; then
+	if [[ $(id -u) -ne 0 ]]; then
+		echo "deps: runsc missing; run as root to install it into $RUNSC" >&2
+		exit 1
+	fi
+	echo "deps: building runsc $RUNSC_VERSION (static, about 1.5 min)"
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	CGO_ENABLED=0 GOBIN="$tmp" go install -ldflags='-s -w' "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+	install -m 0755 "$tmp/runsc" "$RUNSC.new"
+	mv -f "$RUNSC.new" "$RUNSC"
+	echo "$RUNSC_VERSION" >"$RUNSC.version"
+	rm -rf "$tmp"
+	trap - EXIT
+fi
+echo "deps: ok ($(qemu-system-x86_64 --version | head -1); $("$RUNSC" --version | head -1))"

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -30,6 +31,10 @@ const PortName = "airlock"
 func Main(log *slog.Logger, level *slog.LevelVar, version string) error {
 	if os.Getpid() != 1 {
 		return errors.New("airlock-agent runs only as PID 1 inside an airlock guest")
+	}
+	if len(os.Args) > 1 && os.Args[1] == ContainerArg {
+		containerMain(log, version)
+		return nil
 	}
 	started := uptime()
 	holdSignals(log)
@@ -158,3 +163,43 @@ func uptime() time.Duration {
 	}
 	return time.Duration(ts.Nano())
 }
+
+// --- Container mode (gVisor runtime, internal/runtime/gvisor). ---
+
+// ContainerArg, as the agent's first argument, selects container mode: the
+// agent is PID 1 of a gVisor (runsc) sandbox rather than of a VM. runsc has
+// already mounted /proc, /sys, /dev and the root overlay, so there is no
+// boot; the control channel is the unix socket on fd 0 (one end of a
+// socketpair the host passed as stdin), served for one host session. The
+// clock and the RNG are the host's: Sync does not set them.
+const ContainerArg = "-container"
+
+func containerMain(log *slog.Logger, version string) {
+	holdSignals(log)
+	rp := reaper.New(reaper.Options{Logger: log, All: true})
+	// gVisor (this runsc) has no cgroup v2: execs run without per-exec
+	// limits; the sandbox as a whole is limited by runsc's host cgroups.
+	srv, err := NewServer(Options{
+		Logger: log, Version: version, Reaper: rp, Guest: true,
+		system: containerSystem{guestSystem{log: log}},
+	})
+	if err == nil {
+		var conn net.Conn
+		if conn, err = net.FileConn(os.Stdin); err == nil {
+			log.Info("serving", "mode", "container", "version", version)
+			err = agentapi.Serve(context.Background(), conn, srv.Handler())
+			_ = conn.Close()
+		}
+	}
+	log.Info("host session ended; idle until the sandbox is stopped", "err", err)
+	for {
+		time.Sleep(time.Hour) // PID 1 must not exit
+	}
+}
+
+// containerSystem is guestSystem without the machine-wide steps a gVisor
+// sandbox does not allow (and does not need).
+type containerSystem struct{ guestSystem }
+
+func (containerSystem) SetClock(time.Time) error { return nil }
+func (containerSystem) AddEntropy([]byte) error  { return nil }

@@ -1,0 +1,213 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// dirsDir holds the extracted trees (the gvisor runtime's image form):
+// images/dirs/sha256-<hex>/, each a read-only bind mount of itself.
+const dirsDir = "dirs"
+
+// DirPath returns where Dir puts img's tree, or "" for a bad digest. It
+// does not say whether the tree exists.
+func (s *Store) DirPath(img Image) string {
+	if !validDigest(img.Digest) {
+		return ""
+	}
+	p := filepath.Join(s.dir, dirsDir, blobPrefix+strings.TrimPrefix(img.Digest, "sha256:"))
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
+}
+
+// Dir returns img's root tree as a directory, extracting its ext4 blob the
+// first time: the blob is loop-mounted read-only, copied with `cp -a` into
+// a staging dir, prepare (if not nil) runs on the copy (the gvisor runtime
+// passes gvisor.PrepareRoot, which adds its mount points), and the copy is
+// renamed into place. The tree is then made a read-only bind mount of
+// itself, so nothing on the host can write it by accident; Dir re-applies
+// that after a reboot. One tree per digest, shared by every sandbox of the
+// image; the gvisor runtime writes each sandbox's changes elsewhere.
+//
+// Safe for concurrent use, also across processes (a lock file per digest).
+// Needs root (mount).
+func (s *Store) Dir(ctx context.Context, img Image, prepare func(root string) error) (string, error) {
+	final := s.DirPath(img)
+	if final == "" {
+		return "", fmt.Errorf("image dir: %w: bad digest", ErrInvalid)
+	}
+	blob := s.Path(img)
+	if _, err := os.Stat(blob); err != nil {
+		return "", fmt.Errorf("image dir: blob: %w", err)
+	}
+	parent := filepath.Dir(final)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", fmt.Errorf("image dir: %w", err)
+	}
+	unlock, err := lockPath(final + ".lock")
+	if err != nil {
+		return "", fmt.Errorf("image dir: %w", err)
+	}
+	defer unlock()
+
+	if _, err := os.Stat(final); err == nil {
+		return final, ensureReadOnly(final)
+	}
+	staging, err := os.MkdirTemp(parent, ".tmp-")
+	if err != nil {
+		return "", fmt.Errorf("image dir: %w", err)
+	}
+	defer func() { _ = os.RemoveAll(staging) }()
+	mnt := filepath.Join(staging, "mnt")
+	tree := filepath.Join(staging, "tree")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return "", fmt.Errorf("image dir: %w", err)
+	}
+	if err := run(ctx, "mount", "-t", "ext4", "-o", "ro,loop,noload", blob, mnt); err != nil {
+		return "", fmt.Errorf("image dir: %w", err)
+	}
+	cpErr := run(ctx, "cp", "-a", "--", mnt, tree)
+	if err := unix.Unmount(mnt, 0); err != nil {
+		_ = unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	if cpErr != nil {
+		return "", fmt.Errorf("image dir: %w", cpErr)
+	}
+	_ = os.RemoveAll(filepath.Join(tree, "lost+found"))
+	if prepare != nil {
+		if err := prepare(tree); err != nil {
+			return "", fmt.Errorf("image dir: %w", err)
+		}
+	}
+	if err := os.Rename(tree, final); err != nil {
+		return "", fmt.Errorf("image dir: %w", err)
+	}
+	s.log.Info("image dir extracted", "digest", img.Digest, "dir", final)
+	return final, ensureReadOnly(final)
+}
+
+// RemoveDir removes img's tree, if any (unmounting its read-only bind).
+// The caller makes sure no sandbox uses it.
+func (s *Store) RemoveDir(img Image) error {
+	final := s.DirPath(img)
+	if final == "" {
+		return fmt.Errorf("image dir: %w: bad digest", ErrInvalid)
+	}
+	if _, err := os.Stat(final); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	unlock, err := lockPath(final + ".lock")
+	if err != nil {
+		return fmt.Errorf("remove image dir: %w", err)
+	}
+	defer unlock()
+	for isMountPoint(final) {
+		if err := unix.Unmount(final, 0); err != nil {
+			return fmt.Errorf("remove image dir: unmount: %w", err)
+		}
+	}
+	if err := os.RemoveAll(final); err != nil {
+		return fmt.Errorf("remove image dir: %w", err)
+	}
+	_ = os.Remove(final + ".lock")
+	return nil
+}
+
+// ensureReadOnly bind-mounts dir read-only onto itself unless it already is.
+func ensureReadOnly(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err == nil && st.Flags&unix.ST_RDONLY != 0 && isMountPoint(dir) {
+		return nil
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("image dir: bind: %w", err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV)
+	if err := unix.Mount("", dir, "", flags, ""); err != nil {
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		return fmt.Errorf("image dir: remount read-only: %w", err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether dir is the root of a mount (its device
+// differs from its parent's, or it appears in mountinfo as a bind).
+func isMountPoint(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMount(f[4]) == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var out []byte
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			ok := true
+			for _, c := range []byte(s[i+1 : i+4]) {
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + c - '0'
+			}
+			if ok {
+				out = append(out, v)
+				i += 3
+				continue
+			}
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
+
+// lockPath takes an exclusive flock on path (created if missing).
+func lockPath(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+func run(ctx context.Context, name string, args ...string) error {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s: %w: %s", name, err, tail(out.String(), 512))
+	}
+	return nil
+}

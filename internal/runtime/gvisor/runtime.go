@@ -1,0 +1,218 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+)
+
+// DefaultRunscPaths are searched, in order, when Config.RunscPath is empty
+// and runsc is not on PATH. scripts/deps.sh installs to the first.
+var DefaultRunscPaths = []string{"/usr/local/bin/runsc"}
+
+// Config configures the gVisor runtime.
+type Config struct {
+	// RunscPath is the runsc binary. It must be statically linked (runsc
+	// re-executes itself inside an empty chroot). Default: runsc on PATH,
+	// else DefaultRunscPaths.
+	RunscPath string
+	// AgentPath is the static airlock-agent binary; it is bind-mounted
+	// read-only into every sandbox at AgentPath and runs as its init.
+	// Required.
+	AgentPath string
+	// Platform is runsc's --platform (default "systrap").
+	Platform string
+	// DiskBytes caps each sandbox's writable layer (runsc --overlay2
+	// size=); 0 means no cap beyond the host's disk.
+	DiskBytes int64
+	// IgnoreCgroups runs sandboxes without host cgroups (--ignore-cgroups):
+	// faster starts (~30 ms) but no CPU or memory limit. Use it on hosts
+	// without writable cgroup controllers.
+	IgnoreCgroups bool
+	// CgroupParent is the cgroup under which each sandbox gets its own
+	// (default "/airlock-gvisor").
+	CgroupParent string
+	// Debug keeps runsc's debug logs in Spec.RunDir/runsc-logs/.
+	Debug bool
+	// Logger receives the runtime's logs (nil: discard).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Platform == "" {
+		c.Platform = "systrap"
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = "/airlock-gvisor"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.RunscPath == "" {
+		p, err := FindRunsc()
+		if err != nil {
+			return err
+		}
+		c.RunscPath = p
+	}
+	return nil
+}
+
+// Validate checks c after defaults.
+func (c Config) Validate() error {
+	switch {
+	case c.AgentPath == "":
+		return errors.New("gvisor: agent path is required")
+	case !filepath.IsAbs(c.AgentPath) || !filepath.IsAbs(c.RunscPath):
+		return errors.New("gvisor: runsc and agent paths must be absolute")
+	case c.DiskBytes < 0:
+		return errors.New("gvisor: disk bytes must not be negative")
+	case !strings.HasPrefix(c.CgroupParent, "/"):
+		return errors.New("gvisor: cgroup parent must start with /")
+	}
+	return nil
+}
+
+// FindRunsc returns the runsc binary on PATH or in DefaultRunscPaths.
+func FindRunsc() (string, error) {
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return filepath.Abs(p)
+	}
+	for _, p := range DefaultRunscPaths {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", errors.New("gvisor: runsc not found (run scripts/deps.sh, or make deps)")
+}
+
+// Runtime runs sandboxes with gVisor's runsc. Safe for concurrent use.
+type Runtime struct {
+	cfg Config
+	log *slog.Logger
+
+	// live counts instances started and not yet cleaned up.
+	live atomic.Int64
+
+	probeMu sync.Mutex
+	probed  *runtime.Capabilities
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns a Runtime for cfg. It runs nothing; see Probe.
+func New(cfg Config) (*Runtime, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Name returns "gvisor".
+func (r *Runtime) Name() string { return "gvisor" }
+
+// Probe runs `runsc --version` and checks that runsc is static and that the
+// agent binary exists. The answer is cached once it succeeds.
+func (r *Runtime) Probe(ctx context.Context) (runtime.Capabilities, error) {
+	r.probeMu.Lock()
+	defer r.probeMu.Unlock()
+	if r.probed != nil {
+		return *r.probed, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, r.cfg.RunscPath, "--version").CombinedOutput()
+	if err != nil {
+		return runtime.Capabilities{}, fmt.Errorf("probe runsc: %w: %s", err, bytes.TrimSpace(out))
+	}
+	if err := checkStatic(r.cfg.RunscPath); err != nil {
+		return runtime.Capabilities{}, err
+	}
+	if _, err := os.Stat(r.cfg.AgentPath); err != nil {
+		return runtime.Capabilities{}, fmt.Errorf("probe agent: %w", err)
+	}
+	version, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	// A `go install` build says VERSION_MISSING; scripts/deps.sh records
+	// the pinned version next to the binary.
+	if b, err := os.ReadFile(r.cfg.RunscPath + ".version"); err == nil {
+		version = "runsc " + strings.TrimSpace(string(b))
+	}
+	caps := runtime.Capabilities{
+		Accel:       "none",
+		AccelReason: "gVisor " + r.cfg.Platform + ": a user-space kernel, no hardware virtualization",
+		VMMVersion:  version,
+	}
+	r.probed = &caps
+	return caps, nil
+}
+
+// Create checks spec and returns an Instance that Start runs. spec.RootDisk
+// is the image's root directory (shared, never written: every write goes
+// to the instance's overlay in spec.RunDir); spec.Kernel and spec.Initrd
+// are not used.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Instance, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case spec.RestoreFrom != "":
+		return nil, errors.New("gvisor: restoring snapshots is not supported")
+	case !filepath.IsAbs(spec.RootDisk) || !filepath.IsAbs(spec.RunDir):
+		return nil, errors.New("gvisor: root dir and run dir must be absolute")
+	}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	return newInstance(r, spec, "airlock-"+sanitizeID(spec.ID)+"-"+hex.EncodeToString(rnd[:])), nil
+}
+
+// InUse returns how many instances have been started and not yet fully
+// cleaned up.
+func (r *Runtime) InUse() int { return int(r.live.Load()) }
+
+// sanitizeID keeps a container ID to runsc's alphabet and a short length.
+func sanitizeID(id string) string {
+	b := []byte(id)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 40 {
+		b = b[:40]
+	}
+	return string(b)
+}
+
+// checkStatic fails if the ELF file at path has a program interpreter: a
+// dynamic runsc cannot re-execute itself inside its empty chroot and fails
+// with "fork/exec /proc/self/exe: no such file or directory".
+func checkStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("probe runsc: %w", err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return errors.New("probe runsc: the binary is dynamically linked; rebuild it with CGO_ENABLED=0 (scripts/deps.sh)")
+		}
+	}
+	return nil
+}
