@@ -20,6 +20,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
@@ -85,6 +86,18 @@ func benchCmd(g *globals) *cobra.Command {
 				runD = append(runD, time.Since(t))
 			}
 			rows = append(rows, row{"`airlock run -- true` (create+exec+rm, CLI processes)", ms(median(runD)), fmt.Sprintf("median of %d", runs)})
+			if _, err := gvisor.FindRunsc(); err == nil {
+				var gvD []time.Duration
+				for range runs {
+					t := time.Now()
+					out, err := cli("--runtime", "gvisor", "run", "--", "python3", "-c", "print(6*7)")
+					if err != nil || out != "42" {
+						return fmt.Errorf("gvisor run: %q %v", out, err)
+					}
+					gvD = append(gvD, time.Since(t))
+				}
+				rows = append(rows, row{"`airlock run --runtime gvisor -- python3 -c 'print(6*7)'`", ms(median(gvD)), fmt.Sprintf("median of %d; gVisor systrap, no network yet", runs)})
+			}
 
 			var createD []time.Duration
 			var ids []string

@@ -35,6 +35,7 @@ func (e *exitError) Error() string { return e.msg }
 type globals struct {
 	stateDir string
 	accel    string
+	runtime  string // "qemu" or "gvisor"
 	logLevel string
 	log      *slog.Logger
 
@@ -124,6 +125,11 @@ func rootCmd(g *globals) *cobra.Command {
 			default:
 				return fmt.Errorf("%w: --accel must be auto, kvm or tcg", errdefs.ErrInvalid)
 			}
+			switch g.runtime {
+			case "qemu", "gvisor":
+			default:
+				return fmt.Errorf("%w: --runtime must be qemu or gvisor", errdefs.ErrInvalid)
+			}
 			return nil
 		},
 	}
@@ -134,6 +140,11 @@ func rootCmd(g *globals) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state directory (env AIRLOCK_STATE_DIR)")
 	root.PersistentFlags().StringVar(&g.accel, "accel", accel, "acceleration: auto (KVM if a probe guest boots, else TCG), kvm or tcg (env AIRLOCK_ACCEL)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	rtName := os.Getenv("AIRLOCK_RUNTIME")
+	if rtName == "" {
+		rtName = "qemu"
+	}
+	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: qemu (microVMs) or gvisor (runsc, no KVM needed; env AIRLOCK_RUNTIME)")
 
 	root.AddCommand(
 		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
@@ -154,7 +165,7 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 	if err != nil {
 		return nil, nil, err
 	}
-	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info"}}
+	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--runtime", g.runtime, "--log-level", "info"}}
 	return m, func() { st.Close() }, nil
 }
 

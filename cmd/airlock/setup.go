@@ -16,10 +16,13 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/bootfiles"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/image"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shim"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // agentPath finds the guest agent binary: --agent, else next to airlock.
@@ -47,6 +50,36 @@ func newRuntime(g *globals, bc sandbox.BootConfig) (*qemu.Runtime, error) {
 		ProbeInitrd: bc.Initrd,
 		Logger:      g.log,
 	})
+}
+
+// sandboxRuntime is the runtime a shim runs its sandbox with (--runtime),
+// and for gvisor the function giving the sandbox's read-only root
+// directory (the image extracted once per digest).
+func sandboxRuntime(ctx context.Context, g *globals, bc sandbox.BootConfig, id string) (runtime.Runtime, func(context.Context, store.Sandbox) (string, error), error) {
+	if g.runtime != "gvisor" {
+		rt, err := newRuntime(g, bc)
+		return rt, nil, err
+	}
+	agent, err := agentPath("")
+	if err != nil {
+		return nil, nil, err
+	}
+	// The writable layer's cap is the sandbox's disk size.
+	var diskBytes int64
+	if st, err := store.Open(ctx, sandbox.Layout{Root: g.stateDir}.Catalog()); err == nil {
+		if sb, err := st.GetSandbox(ctx, id); err == nil {
+			diskBytes = int64(sb.DiskMiB) << 20
+		}
+		st.Close()
+	}
+	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, DiskBytes: diskBytes, Logger: g.log})
+	if err != nil {
+		return nil, nil, err
+	}
+	images := image.NewStore(g.stateDir, nil, g.log)
+	return rt, func(ctx context.Context, sb store.Sandbox) (string, error) {
+		return images.Dir(ctx, image.Image{Name: sb.Image, Digest: sb.ImageDigest}, gvisor.PrepareRoot)
+	}, nil
 }
 
 func setupCmd(g *globals) *cobra.Command {
@@ -214,7 +247,7 @@ func shimCmd(g *globals) *cobra.Command {
 				}
 				return err
 			}
-			rt, err := newRuntime(g, bc)
+			rt, rootDir, err := sandboxRuntime(cmd.Context(), g, bc, id)
 			if err != nil {
 				if ready != nil {
 					fmt.Fprintf(ready, "error: %s\n", err)
@@ -232,7 +265,7 @@ func shimCmd(g *globals) *cobra.Command {
 			}
 			exe, _ := os.Executable()
 			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
-				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, Exe: exe, Secrets: secrets, Log: g.log.With("component", "shim"),
+				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, RootDir: rootDir, Exe: exe, Secrets: secrets, Log: g.log.With("component", "shim"),
 			})
 		},
 	}

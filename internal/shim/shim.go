@@ -64,6 +64,10 @@ type Config struct {
 	// Exe is the airlock binary, for starting template holders ("" to not
 	// share template RAM across processes).
 	Exe string
+	// RootDir, when set, gives the sandbox's root as a read-only directory
+	// (runtimes like gvisor that run on a directory, not a disk image):
+	// then there is no disk overlay and no template.
+	RootDir func(context.Context, store.Sandbox) (string, error)
 	// Secrets are the values of the sandbox's secrets (ReadSecrets).
 	Secrets netconf.Values
 	Log     *slog.Logger
@@ -324,7 +328,19 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	tmplDisk := sandbox.TemplateDiskMiB(fi.Size())
 	var verify func() error
 	fromSnap := sandbox.ReadFromSnapshot(s.l, sb.ID)
-	if sb.State == store.StateResuming {
+	if s.cfg.RootDir != nil {
+		if sb.State == store.StateResuming || fromSnap != "" {
+			return fmt.Errorf("the %s runtime cannot resume or clone saved sandboxes", s.cfg.Runtime.Name())
+		}
+		if sb.Network.Mode != "none" {
+			return fmt.Errorf("the %s runtime has no networking yet: create the sandbox with network mode none", s.cfg.Runtime.Name())
+		}
+		if spec.RootDisk, err = s.cfg.RootDir(ctx, sb); err != nil {
+			return fmt.Errorf("image root: %w", err)
+		}
+		mode = s.cfg.Runtime.Name()
+		mark("rootfs")
+	} else if sb.State == store.StateResuming {
 		// Resume: the paused disk stays the root disk; RAM and devices
 		// come from the saved state.
 		if verify, err = s.resumeSpec(&spec); err != nil {
@@ -411,8 +427,8 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	mark("agent")
 	diskBytes := uint64(sb.DiskMiB) << 20
-	if mode == "resume" {
-		diskBytes = 0 // the filesystem had its size when paused
+	if mode == "resume" || s.cfg.RootDir != nil {
+		diskBytes = 0 // paused with its size, or a directory root (no disk)
 	} else if mode == "template" && sb.DiskMiB == tmplDisk {
 		diskBytes = 0 // the template's filesystem already fills this size
 	} else if mode == "template" {

@@ -1,0 +1,36 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestGVisorRuntime: the same CLI on the gvisor runtime (runsc, installed
+// by `make test`'s deps): the guest is gVisor, exit codes, streams and
+// stdin work, sandboxes are isolated, and a gvisor sandbox has no network
+// yet (asking for one is refused).
+func TestGVisorRuntime(t *testing.T) {
+	e := setup(t)
+	gv := func(args ...string) []string { return append([]string{"--runtime", "gvisor"}, args...) }
+	r := e.run(t, nil, gv("run", "--", "python3", "-c", "import platform; print(6*7, platform.release())")...)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "42 ") || !strings.Contains(r.stdout, "gvisor") {
+		t.Fatalf("run: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	a := strings.TrimSpace(e.must(t, gv("create")...))
+	t.Cleanup(func() { e.run(t, nil, "rm", a) })
+	b := strings.TrimSpace(e.must(t, gv("create")...))
+	t.Cleanup(func() { e.run(t, nil, "rm", b) })
+	if r := e.run(t, nil, "exec", a, "--", "sh", "-c", "echo out; echo err >&2; exit 3"); r.code != 3 || r.stdout != "out\n" || r.stderr != "err\n" {
+		t.Errorf("exec: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := e.run(t, strings.NewReader("from stdin"), "exec", "-i", a, "--", "cat"); r.stdout != "from stdin" {
+		t.Errorf("stdin: %q", r.stdout)
+	}
+	e.must(t, "exec", a, "--", "sh", "-c", "echo secret-of-a > /root/a.txt")
+	if r := e.run(t, nil, "exec", b, "--", "cat", "/root/a.txt"); r.code == 0 {
+		t.Errorf("sandbox b reads a's file: %q", r.stdout)
+	}
+	if r := e.run(t, nil, gv("run", "--net", "public", "--", "true")...); r.code == 0 || !strings.Contains(r.stderr, "no networking") {
+		t.Errorf("gvisor with a network: exit %d %q", r.code, r.stderr)
+	}
+}
