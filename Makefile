@@ -30,6 +30,9 @@ test: setup test-sdk-unit ## every tier: unit, host and vm (TCG here), SDKs and 
 	$(GO) vet ./...
 	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 40m ./...
+	# The network's end-to-end tests again on the gvisor runtime.
+	AIRLOCK_RUNTIME=gvisor AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
+		$(GO) test -count=1 -timeout 20m -run 'TestNetwork|TestPublishedPort|TestGVisorRuntime' ./test/e2e/
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-sdk.sh
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-mcp.sh
 

@@ -96,7 +96,7 @@ func benchCmd(g *globals) *cobra.Command {
 					}
 					gvD = append(gvD, time.Since(t))
 				}
-				rows = append(rows, row{"`airlock run --runtime gvisor -- python3 -c 'print(6*7)'`", ms(median(gvD)), fmt.Sprintf("median of %d; gVisor systrap, no network yet", runs)})
+				rows = append(rows, row{"`airlock run --runtime gvisor -- python3 -c 'print(6*7)'`", ms(median(gvD)), fmt.Sprintf("median of %d; gVisor systrap", runs)})
 			}
 
 			var createD []time.Duration

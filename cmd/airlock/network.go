@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
@@ -168,21 +166,4 @@ func viewRemoteNetwork(n airlock.Network) *networkView {
 		s.Ports = append(s.Ports, netconf.Port{HostIP: p.HostIP, HostPort: p.HostPort, GuestPort: p.GuestPort})
 	}
 	return viewNetwork(s)
-}
-
-// gvisorNetwork applies what the gvisor runtime can do today: it has no
-// networking yet (TCP through its TAP does not complete a handshake), so a
-// sandbox without network flags gets none, with a warning, and asking for
-// a network is an error rather than a sandbox whose network silently fails.
-func (g *globals) gvisorNetwork(stderr io.Writer, o *sandbox.CreateOptions) error {
-	if g.runtime != "gvisor" || os.Getenv("AIRLOCK_HOST") != "" || o.Network.Mode == "none" {
-		return nil
-	}
-	n := o.Network
-	if n.Mode == "" && len(n.Allow) == 0 && len(n.Secrets) == 0 && len(n.Ports) == 0 && n.RateBytes == 0 && n.MaxConns == 0 {
-		o.Network.Mode = "none"
-		fmt.Fprintln(stderr, "airlock: warning: the gvisor runtime has no networking yet; this sandbox has none (--net none)")
-		return nil
-	}
-	return fmt.Errorf("%w: --runtime gvisor has no networking yet: use --net none (or --runtime qemu)", errdefs.ErrUnsupported)
 }

@@ -231,9 +231,6 @@ func runCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := g.gvisorNetwork(cmd.ErrOrStderr(), &o); err != nil {
-				return err
-			}
 			if cf.fromSnapshot != "" {
 				if o, err = cf.snapshotOptions(cmd, o); err != nil {
 					return err
@@ -281,9 +278,6 @@ func createCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, err := cf.options("timeout", g.lookupEnv)
 			if err != nil {
-				return err
-			}
-			if err := g.gvisorNetwork(cmd.ErrOrStderr(), &o); err != nil {
 				return err
 			}
 			if cf.fromSnapshot != "" {

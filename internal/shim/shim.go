@@ -332,9 +332,6 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		if sb.State == store.StateResuming || fromSnap != "" {
 			return fmt.Errorf("the %s runtime cannot resume or clone saved sandboxes", s.cfg.Runtime.Name())
 		}
-		if sb.Network.Mode != "none" {
-			return fmt.Errorf("the %s runtime has no networking yet: create the sandbox with network mode none", s.cfg.Runtime.Name())
-		}
 		if spec.RootDisk, err = s.cfg.RootDir(ctx, sb); err != nil {
 			return fmt.Errorf("image root: %w", err)
 		}

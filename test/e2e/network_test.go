@@ -429,24 +429,42 @@ func TestNetworkSecrets(t *testing.T) {
 	}
 }
 
-// vmmPID finds the qemu process of sandbox id.
+// vmmPID finds the process holding sandbox id's guest memory: its qemu,
+// or under gvisor its runsc-sandbox (the sentry).
 func vmmPID(t *testing.T, id string) int {
 	t.Helper()
 	for _, pid := range processesMentioning(id) {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if strings.Contains(string(b), "qemu-system") || strings.Contains(string(b), "airlock-"+id) {
-			if strings.Contains(string(b), "-M\x00microvm") {
-				return pid
-			}
+		if strings.Contains(string(b), "-M\x00microvm") || strings.HasPrefix(string(b), "runsc-sandbox\x00") {
+			return pid
 		}
 	}
 	t.Fatalf("no VMM process for %s", id)
 	return 0
 }
 
-// processMemoryContains scans every readable mapping of pid.
+// processMemoryContains scans every readable mapping of pid, or, for a
+// gVisor sentry (reading its mappings through /proc kills it), the memory
+// file that holds all of its guest's memory.
 func processMemoryContains(t *testing.T, pid int, needle []byte) bool {
 	t.Helper()
+	if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.HasPrefix(string(cmd), "runsc-sandbox\x00") {
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		scanned := false
+		for _, fd := range fds {
+			p := fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())
+			if link, _ := os.Readlink(p); strings.HasPrefix(link, "/memfd:runsc-memory") {
+				scanned = true
+				if fileHas(t, p, needle) {
+					return true
+				}
+			}
+		}
+		if !scanned {
+			t.Fatalf("no runsc memory file in process %d", pid)
+		}
+		return false
+	}
 	maps, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		t.Fatal(err)
@@ -482,6 +500,29 @@ func processMemoryContains(t *testing.T, pid int, needle []byte) bool {
 		}
 	}
 	return false
+}
+
+// fileHas reports whether the file at p contains needle.
+func fileHas(t *testing.T, p string, needle []byte) bool {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4<<20)
+	var carry []byte
+	for {
+		n, err := f.Read(buf)
+		chunk := append(carry, buf[:n]...)
+		if bytes.Contains(chunk, needle) {
+			return true
+		}
+		carry = append([]byte(nil), chunk[max(0, len(chunk)-len(needle)):]...)
+		if err != nil {
+			return false
+		}
+	}
 }
 
 // fileContaining returns a file under root (images excluded: written before

@@ -62,6 +62,10 @@ func ipCmd(args ...string) error {
 // prepare creates the namespace, lo and the TAP, opens the TAP's fd, gives
 // the TAP the guest's address and default route (runsc copies and then
 // removes them: call again before each run), and starts the relay.
+// guestMAC is the NIC address the shim's netstack expects (QEMU's default,
+// which qemu sandboxes use too).
+const guestMAC = "52:54:00:12:34:56"
+
 func (l *tapLink) prepare() error {
 	if err := ipCmd("netns", "add", l.ns); err != nil {
 		return err
@@ -82,6 +86,9 @@ func (l *tapLink) prepare() error {
 	gw := netconf.GatewayIP.String()
 	for _, args := range [][]string{
 		{"-n", l.ns, "addr", "replace", netip.PrefixFrom(netconf.GuestIP, netconf.PrefixLen).String(), "dev", tapName},
+		// The shim's stack sends to the guest MAC every sandbox has (a
+		// static neighbour); the sentry drops frames for another address.
+		{"-n", l.ns, "link", "set", tapName, "address", guestMAC},
 		{"-n", l.ns, "link", "set", tapName, "up"},
 		{"-n", l.ns, "route", "replace", "default", "via", gw, "dev", tapName},
 	} {
