@@ -186,6 +186,19 @@ func doctorCmd(g *globals) *cobra.Command {
 			} else {
 				row(true, "qemu-img", "found")
 			}
+			if p, err := gvisor.FindRunsc(); err != nil {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", "runsc (gvisor)", "WARN", "not installed: `make deps` builds it; --runtime gvisor needs it")
+			} else if agent, err := agentPath(""); err != nil {
+				row(false, "runsc (gvisor)", p+": "+err.Error())
+			} else if rt, err := gvisor.New(gvisor.Config{RunscPath: p, AgentPath: agent, Logger: g.log}); err == nil {
+				if caps, err := rt.Probe(ctx); err == nil {
+					row(true, "runsc (gvisor)", p+": "+caps.AccelReason+"; limits: memory (cgroups), disk (overlay size); not yet: pids, CPU verified; --runtime gvisor")
+				} else {
+					row(false, "runsc (gvisor)", err.Error())
+				}
+			} else {
+				row(true, "runsc (gvisor)", p)
+			}
 			if fi, err := os.Stat("/dev/kvm"); err != nil {
 				row(true, "/dev/kvm", "absent (guests will use TCG)")
 			} else {
