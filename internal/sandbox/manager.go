@@ -468,6 +468,10 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	// A supervisor that died (killed, host crash) cannot have cleaned up
+	// what its runtime mounted: runsc's state and network namespaces.
+	detachMounts(m.L.Dir(id))
+	detachNetns(id)
 	if err := os.RemoveAll(m.L.Dir(id)); err != nil {
 		return fmt.Errorf("remove sandbox files: %w", err)
 	}
@@ -518,4 +522,36 @@ func (m *Manager) shimPID(id string) int {
 	var pid int
 	_, _ = fmt.Sscanf(string(b), "%d", &pid)
 	return pid
+}
+
+// detachMounts lazily unmounts every mount at or below dir (deepest first).
+func detachMounts(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		if p := f[4]; p == dir || strings.HasPrefix(p, dir+"/") {
+			points = append(points, p)
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range points {
+		_ = unix.Unmount(p, unix.MNT_DETACH)
+	}
+}
+
+// detachNetns removes network namespaces the gvisor runtime created for
+// sandbox id (named airlock-<id>-<suffix> under /run/netns).
+func detachNetns(id string) {
+	nss, _ := filepath.Glob("/run/netns/airlock-" + id + "-*")
+	for _, ns := range nss {
+		_ = unix.Unmount(ns, unix.MNT_DETACH)
+		_ = os.Remove(ns)
+	}
 }
