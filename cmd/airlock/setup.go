@@ -55,7 +55,7 @@ func newRuntime(g *globals, bc sandbox.BootConfig) (*qemu.Runtime, error) {
 // sandboxRuntime is the runtime a shim runs its sandbox with (--runtime),
 // and for gvisor the function giving the sandbox's read-only root
 // directory (the image extracted once per digest).
-func sandboxRuntime(ctx context.Context, g *globals, bc sandbox.BootConfig, id string) (runtime.Runtime, func(context.Context, store.Sandbox) (string, error), error) {
+func sandboxRuntime(g *globals, bc sandbox.BootConfig) (runtime.Runtime, func(context.Context, store.Sandbox) (string, error), error) {
 	if g.runtime != "gvisor" {
 		rt, err := newRuntime(g, bc)
 		return rt, nil, err
@@ -64,15 +64,7 @@ func sandboxRuntime(ctx context.Context, g *globals, bc sandbox.BootConfig, id s
 	if err != nil {
 		return nil, nil, err
 	}
-	// The writable layer's cap is the sandbox's disk size.
-	var diskBytes int64
-	if st, err := store.Open(ctx, sandbox.Layout{Root: g.stateDir}.Catalog()); err == nil {
-		if sb, err := st.GetSandbox(ctx, id); err == nil {
-			diskBytes = int64(sb.DiskMiB) << 20
-		}
-		st.Close()
-	}
-	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, DiskBytes: diskBytes, Logger: g.log})
+	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, Logger: g.log})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -260,7 +252,7 @@ func shimCmd(g *globals) *cobra.Command {
 				}
 				return err
 			}
-			rt, rootDir, err := sandboxRuntime(cmd.Context(), g, bc, id)
+			rt, rootDir, err := sandboxRuntime(g, bc)
 			if err != nil {
 				if ready != nil {
 					fmt.Fprintf(ready, "error: %s\n", err)

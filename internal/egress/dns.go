@@ -46,7 +46,6 @@ func (e *Engine) dnsLeak(b []byte) bool {
 	if !ok {
 		return false
 	}
-	e.blocked.Add(1)
 	e.auditSecret(secrets.Event{Action: "net.secret.block", Host: "dns", Secrets: e.secretNames(ph),
 		Reason: "a DNS query carried a secret placeholder; dropped"})
 	return true

@@ -42,7 +42,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -105,20 +104,20 @@ type Event struct {
 
 // Engine is one sandbox's network.
 type Engine struct {
-	cfg     Config
-	pol     policy.Policy
-	pins    *policy.PinSet
-	res     *dns.Resolver
-	stack   *netstack.Stack
-	ca      *secrets.CA
-	ic      *secrets.Interceptor
-	scan    *secrets.Scanner
-	hosts   []string // every secret host pattern
-	up      *rate.Limiter
-	down    *rate.Limiter
-	ctx     context.Context
-	cancel  context.CancelFunc
-	blocked atomic.Uint64
+	cfg    Config
+	pol    policy.Policy
+	pins   *policy.PinSet
+	res    *dns.Resolver
+	stack  *netstack.Stack
+	ca     *secrets.CA
+	ic     *secrets.Interceptor
+	scan   *secrets.Scanner
+	hosts  []string        // every secret host pattern
+	domain map[string]bool // IDs of the policy's domain rules
+	up     *rate.Limiter
+	down   *rate.Limiter
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // New builds the engine; ServeLink then runs it on the guest's link.
@@ -141,7 +140,12 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	pol = pol.WithHostAddrs(cfg.HostAddrs...)
-	e := &Engine{cfg: cfg, pol: pol, pins: policy.NewPinSet(pinMinTTL, pinMaxTTL, pinEntries)}
+	e := &Engine{cfg: cfg, pol: pol, pins: policy.NewPinSet(pinMinTTL, pinMaxTTL, pinEntries), domain: map[string]bool{}}
+	for _, r := range pol.Rules() {
+		if r.Domain != "" {
+			e.domain[r.ID] = true
+		}
+	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 
 	if len(cfg.DNSUpstream) > 0 {
@@ -192,9 +196,14 @@ func New(cfg Config) (*Engine, error) {
 	if maxConns == 0 {
 		maxConns = netconf.DefaultMaxConns
 	}
+	guestMAC, err := net.ParseMAC(netconf.GuestMAC)
+	if err != nil {
+		return nil, err
+	}
 	e.stack, err = netstack.New(netstack.Config{
 		GatewayIP: netconf.GatewayIP,
 		GuestIP:   netconf.GuestIP,
+		GuestMAC:  guestMAC,
 		Dial:      e.dial,
 		MaxConns:  maxConns,
 		Logger:    cfg.Logger,
@@ -264,8 +273,7 @@ func (e *Engine) dial(ctx context.Context, network string, dst netip.AddrPort) (
 		}
 		return &udpFlow{Conn: up, e: e, dst: dst}, nil
 	}
-	f := &tcpFlow{Conn: up, e: e, dst: dst, names: names, rule: d.RuleID}
-	f.sniCheck = e.domainRule(d.RuleID)
+	f := &tcpFlow{Conn: up, e: e, dst: dst, names: names, sniCheck: e.domain[d.RuleID]}
 	if !f.sniCheck && e.scan == nil && e.up == nil && e.down == nil {
 		return up, nil // nothing to inspect or shape: the stack's plain copy
 	}
@@ -280,17 +288,6 @@ func (e *Engine) decide(network string, dst netip.AddrPort, names []string, sni 
 	return policy.Decide(e.pol, r)
 }
 
-// domainRule reports whether the rule with this ID is a domain rule.
-func (e *Engine) domainRule(id string) bool {
-	s, ok := strings.CutPrefix(id, "allow[")
-	if !ok {
-		return false
-	}
-	i, err := strconv.Atoi(strings.TrimSuffix(s, "]"))
-	rules := e.pol.Rules()
-	return err == nil && i >= 0 && i < len(rules) && rules[i].Domain != ""
-}
-
 // secretHost reports whether name is a host some secret is bound to.
 func (e *Engine) secretHost(name string) bool {
 	return slices.ContainsFunc(e.hosts, func(p string) bool { return secrets.HostMatches(p, name) })
@@ -302,8 +299,7 @@ type tcpFlow struct {
 	e        *Engine
 	dst      netip.AddrPort
 	names    []string
-	rule     string
-	sniCheck bool
+	sniCheck bool // allowed by a domain rule: the SNI must agree
 	// intercepted is set once the secret interceptor owns the flow.
 	intercepted bool
 }
@@ -435,7 +431,6 @@ func (f *tcpFlow) copyUp(guest net.Conn, r io.Reader) {
 	}
 	var pe *secrets.PlaceholderError
 	if errors.As(err, &pe) {
-		e.blocked.Add(1)
 		e.auditSecret(secrets.Event{Action: "net.secret.block", Host: f.dst.String(), Secrets: e.secretNames(pe.Placeholder),
 			Reason: "a secret placeholder was sent to " + f.dst.String() + ", which is not a host the secret is bound to; the connection was closed"})
 	}
@@ -488,7 +483,6 @@ type udpFlow struct {
 func (u *udpFlow) Write(b []byte) (int, error) {
 	if u.e.scan != nil {
 		if ph, ok := u.e.scan.Find(b); ok {
-			u.e.blocked.Add(1)
 			u.e.auditSecret(secrets.Event{Action: "net.secret.block", Host: u.dst.String(), Secrets: u.e.secretNames(ph),
 				Reason: "a UDP datagram to " + u.dst.String() + " carried a secret placeholder; dropped"})
 			return len(b), nil // dropped, the flow goes on

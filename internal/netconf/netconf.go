@@ -35,6 +35,11 @@ const (
 	PlaceholderPrefix = "airlock-secret-"
 )
 
+// GuestMAC is every guest NIC's address (QEMU's default); each guest has
+// its own link, so they never meet. Runtimes give the NIC this address and
+// the shim's stack sends to it.
+const GuestMAC = "52:54:00:12:34:56"
+
 // Guest addressing (fixed: every sandbox has its own link and stack).
 var (
 	GuestIP   = netip.MustParseAddr("10.0.2.15")

@@ -84,6 +84,9 @@ type Spec struct {
 	// restored instance can then become a template, e.g. for fork), not
 	// with one written by SaveSnapshot (qemu: ErrInvalid).
 	Snapshottable bool
+	// WritableBytes caps the writable layer of runtimes whose root is a
+	// directory rather than a disk (gvisor); 0 keeps the runtime's default.
+	WritableBytes int64
 	// Network attaches a virtio-net NIC; its Ethernet frames are exchanged
 	// with the host through Networker.NetConn. A snapshot records whether
 	// it had one: restores from it must set Network the same way.

@@ -90,10 +90,6 @@ func (l lifecycleService) Pause(ctx context.Context, req *connect.Request[shimv1
 	return connect.NewResponse(res.resp), nil
 }
 
-func (l lifecycleService) Snapshot(context.Context, *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("live snapshots are not implemented yet"))
-}
-
 // preconditions for pause: nothing in flight that a pause would cut off
 // (unless forced), and no secrets (their values would not survive).
 func (s *shim) pauseCheck(force bool, own int64) error {

@@ -335,6 +335,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		if spec.RootDisk, err = s.cfg.RootDir(ctx, sb); err != nil {
 			return fmt.Errorf("image root: %w", err)
 		}
+		spec.WritableBytes = int64(sb.DiskMiB) << 20
 		mode = s.cfg.Runtime.Name()
 		mark("rootfs")
 	} else if sb.State == store.StateResuming {
@@ -511,22 +512,37 @@ func (s *shim) serve() error {
 // teardownPaused ends a sandbox that was just paused: its VMM has exited;
 // the root disk and the saved state stay for the resume.
 func (s *shim) teardownPaused(ctx context.Context) {
-	if s.srv != nil {
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		_ = s.srv.Shutdown(sctx)
-		cancel()
-		_ = s.srv.Close()
-		_ = os.Remove(s.l.Socket(s.cfg.ID))
-	}
+	s.stopServing(ctx)
 	if s.net != nil {
 		s.net.close()
 	}
-	if s.inst != nil {
-		_ = s.inst.Kill()
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, _ = s.inst.Wait(wctx)
-		cancel()
+	s.endVMM(ctx)
+}
+
+// stopServing lets replies in flight (the request that asked for the end)
+// finish, then cuts the rest off and removes the socket.
+func (s *shim) stopServing(ctx context.Context) {
+	if s.srv == nil {
+		return
 	}
+	sctx, cancel := context.WithTimeout(ctx, time.Second)
+	_ = s.srv.Shutdown(sctx)
+	cancel()
+	_ = s.srv.Close()
+	_ = os.Remove(s.l.Socket(s.cfg.ID))
+}
+
+// endVMM kills the VMM and waits for it to be gone.
+func (s *shim) endVMM(ctx context.Context) {
+	if s.inst == nil {
+		return
+	}
+	_ = s.inst.Kill()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	if _, err := s.inst.Wait(wctx); err != nil {
+		s.log.Error("vmm did not exit", "err", err)
+	}
+	cancel()
 }
 
 // teardown ends the guest and frees everything but the logs. The guest is
@@ -542,29 +558,14 @@ func (s *shim) teardown(ctx context.Context, removing bool) {
 		// audit trail while the socket and the catalog still work.
 		s.execs.Close()
 	}
-	if s.srv != nil {
-		// Let replies in flight (the Shutdown that asked for this) finish,
-		// then cut the rest (open exec streams) off.
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		_ = s.srv.Shutdown(sctx)
-		cancel()
-		_ = s.srv.Close()
-		_ = os.Remove(s.l.Socket(s.cfg.ID))
-	}
+	s.stopServing(ctx)
 	if s.agent != nil {
 		_ = s.agent.Close()
 	}
 	if s.net != nil {
 		s.net.close()
 	}
-	if s.inst != nil {
-		_ = s.inst.Kill()
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if _, err := s.inst.Wait(wctx); err != nil {
-			s.log.Error("vmm did not exit", "err", err)
-		}
-		cancel()
-	}
+	s.endVMM(ctx)
 	_ = os.Remove(s.l.RootDisk(s.cfg.ID))
 	// Keep console.log; drop anything else the runtime left (memory files).
 	if entries, err := os.ReadDir(s.l.RunDir(s.cfg.ID)); err == nil {

@@ -201,6 +201,9 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 	}
 	defer console.Close()
 
+	if in.spec.WritableBytes > 0 {
+		cfg.DiskBytes = in.spec.WritableBytes
+	}
 	cmd := exec.Command(cfg.RunscPath, runscArgs(cfg, in.paths, in.cid, in.spec.Network)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = guest, console, console
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}

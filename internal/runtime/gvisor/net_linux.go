@@ -62,10 +62,6 @@ func ipCmd(args ...string) error {
 // prepare creates the namespace, lo and the TAP, opens the TAP's fd, gives
 // the TAP the guest's address and default route (runsc copies and then
 // removes them: call again before each run), and starts the relay.
-// guestMAC is the NIC address the shim's netstack expects (QEMU's default,
-// which qemu sandboxes use too).
-const guestMAC = "52:54:00:12:34:56"
-
 func (l *tapLink) prepare() error {
 	if err := ipCmd("netns", "add", l.ns); err != nil {
 		return err
@@ -88,7 +84,7 @@ func (l *tapLink) prepare() error {
 		{"-n", l.ns, "addr", "replace", netip.PrefixFrom(netconf.GuestIP, netconf.PrefixLen).String(), "dev", tapName},
 		// The shim's stack sends to the guest MAC every sandbox has (a
 		// static neighbour); the sentry drops frames for another address.
-		{"-n", l.ns, "link", "set", tapName, "address", guestMAC},
+		{"-n", l.ns, "link", "set", tapName, "address", netconf.GuestMAC},
 		{"-n", l.ns, "link", "set", tapName, "up"},
 		{"-n", l.ns, "route", "replace", "default", "via", gw, "dev", tapName},
 	} {

@@ -36,7 +36,8 @@ type Config struct {
 	AgentPath string
 	// Platform is runsc's --platform (default "systrap").
 	Platform string
-	// DiskBytes caps each sandbox's writable layer (runsc --overlay2
+	// DiskBytes caps each sandbox's writable layer unless its
+	// Spec.WritableBytes does (runsc --overlay2
 	// size=); 0 means no cap beyond the host's disk.
 	DiskBytes int64
 	// IgnoreCgroups runs sandboxes without host cgroups (--ignore-cgroups):

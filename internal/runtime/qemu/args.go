@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
 
@@ -28,9 +29,8 @@ const (
 	fdNet      = 9 // QEMU's end of the NIC's stream socketpair (Spec.Network)
 )
 
-// GuestMAC is the MAC address of every guest's NIC (each guest has its own
-// link, so they need not differ).
-const GuestMAC = "52:54:00:12:34:56"
+// GuestMAC is the MAC address of every guest's NIC.
+const GuestMAC = netconf.GuestMAC
 
 // diskFDSet is the -add-fd set holding the root disk.
 const diskFDSet = 1

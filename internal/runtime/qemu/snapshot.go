@@ -124,16 +124,7 @@ func (in *instance) SaveSnapshot(ctx context.Context, dir string) (err error) {
 	}
 
 	// The source now sits in postmigrate; end it. quit flushes the disk.
-	in.mu.Lock()
-	in.requested = true
-	in.mu.Unlock()
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	qerr := q.Execute(qctx, "quit", nil, nil)
-	cancel()
-	if qerr != nil || !in.waitDone(5*time.Second) {
-		in.kill(true)
-		<-in.done
-	}
+	in.quitMigrated(ctx, q)
 
 	// own() has chowned the RAM file back to root by now.
 	if err := moveFile(filepath.Join(in.spec.RunDir, snapMem), filepath.Join(dir, snapMem)); err != nil {
@@ -172,6 +163,21 @@ func (in *instance) writeMeta(dir, kind, diskFmt, qemuVersion string, files ...s
 		d.Close()
 	}
 	return nil
+}
+
+// quitMigrated ends a VMM whose state was migrated out (it sits in
+// postmigrate; quit flushes the disk), killing it if it does not go.
+func (in *instance) quitMigrated(ctx context.Context, q *qmp.Client) {
+	in.mu.Lock()
+	in.requested = true
+	in.mu.Unlock()
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	qerr := q.Execute(qctx, "quit", nil, nil)
+	cancel()
+	if qerr != nil || !in.waitDone(5*time.Second) {
+		in.kill(true)
+		<-in.done
+	}
 }
 
 // incoming loads a snapshot into a QEMU started with -incoming defer and

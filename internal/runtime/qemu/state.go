@@ -131,16 +131,7 @@ func (in *instance) SaveState(ctx context.Context, dir string, o runtime.SaveOpt
 		resumed = time.Since(stopped)
 	} else {
 		// The source sits in postmigrate; end it. quit flushes the disk.
-		in.mu.Lock()
-		in.requested = true
-		in.mu.Unlock()
-		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		qerr := q.Execute(qctx, "quit", nil, nil)
-		cancel()
-		if qerr != nil || !in.waitDone(5*time.Second) {
-			in.kill(true)
-			<-in.done
-		}
+		in.quitMigrated(ctx, q)
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("save state: %w", err)

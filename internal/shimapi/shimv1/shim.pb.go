@@ -751,111 +751,6 @@ func (x *PauseResponse) GetSaveMs() int64 {
 	return 0
 }
 
-type SnapshotRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Force bool                   `protobuf:"varint,1,opt,name=force,proto3" json:"force,omitempty"`
-	// Absolute directory for the snapshot: state/ and disk.qcow2 go there.
-	Dir           string `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *SnapshotRequest) Reset() {
-	*x = SnapshotRequest{}
-	mi := &file_airlock_shim_v1_shim_proto_msgTypes[13]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *SnapshotRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*SnapshotRequest) ProtoMessage() {}
-
-func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v1_shim_proto_msgTypes[13]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
-func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v1_shim_proto_rawDescGZIP(), []int{13}
-}
-
-func (x *SnapshotRequest) GetForce() bool {
-	if x != nil {
-		return x.Force
-	}
-	return false
-}
-
-func (x *SnapshotRequest) GetDir() string {
-	if x != nil {
-		return x.Dir
-	}
-	return ""
-}
-
-type SnapshotResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	StateBytes    int64                  `protobuf:"varint,1,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
-	SaveMs        int64                  `protobuf:"varint,2,opt,name=save_ms,json=saveMs,proto3" json:"save_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *SnapshotResponse) Reset() {
-	*x = SnapshotResponse{}
-	mi := &file_airlock_shim_v1_shim_proto_msgTypes[14]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *SnapshotResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*SnapshotResponse) ProtoMessage() {}
-
-func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v1_shim_proto_msgTypes[14]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
-func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v1_shim_proto_rawDescGZIP(), []int{14}
-}
-
-func (x *SnapshotResponse) GetStateBytes() int64 {
-	if x != nil {
-		return x.StateBytes
-	}
-	return 0
-}
-
-func (x *SnapshotResponse) GetSaveMs() int64 {
-	if x != nil {
-		return x.SaveMs
-	}
-	return 0
-}
-
 var File_airlock_shim_v1_shim_proto protoreflect.FileDescriptor
 
 const file_airlock_shim_v1_shim_proto_rawDesc = "" +
@@ -901,13 +796,6 @@ const file_airlock_shim_v1_shim_proto_rawDesc = "" +
 	"\rPauseResponse\x12\x1f\n" +
 	"\vstate_bytes\x18\x01 \x01(\x03R\n" +
 	"stateBytes\x12\x17\n" +
-	"\asave_ms\x18\x02 \x01(\x03R\x06saveMs\"9\n" +
-	"\x0fSnapshotRequest\x12\x14\n" +
-	"\x05force\x18\x01 \x01(\bR\x05force\x12\x10\n" +
-	"\x03dir\x18\x02 \x01(\tR\x03dir\"L\n" +
-	"\x10SnapshotResponse\x12\x1f\n" +
-	"\vstate_bytes\x18\x01 \x01(\x03R\n" +
-	"stateBytes\x12\x17\n" +
 	"\asave_ms\x18\x02 \x01(\x03R\x06saveMs*V\n" +
 	"\tExecState\x12\x1a\n" +
 	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
@@ -919,10 +807,9 @@ const file_airlock_shim_v1_shim_proto_rawDesc = "" +
 	"\x05Input\x12\x1d.airlock.shim.v1.InputRequest\x1a\x1e.airlock.shim.v1.InputResponse\x12I\n" +
 	"\x06Signal\x12\x1e.airlock.shim.v1.SignalRequest\x1a\x1f.airlock.shim.v1.SignalResponse\x12C\n" +
 	"\x04List\x12\x1c.airlock.shim.v1.ListRequest\x1a\x1d.airlock.shim.v1.ListResponse\x12=\n" +
-	"\x03Get\x12\x1b.airlock.shim.v1.GetRequest\x1a\x19.airlock.shim.v1.ExecInfo2\xab\x01\n" +
+	"\x03Get\x12\x1b.airlock.shim.v1.GetRequest\x1a\x19.airlock.shim.v1.ExecInfo2Z\n" +
 	"\x10LifecycleService\x12F\n" +
-	"\x05Pause\x12\x1d.airlock.shim.v1.PauseRequest\x1a\x1e.airlock.shim.v1.PauseResponse\x12O\n" +
-	"\bSnapshot\x12 .airlock.shim.v1.SnapshotRequest\x1a!.airlock.shim.v1.SnapshotResponseBCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv1;shimv1b\x06proto3"
+	"\x05Pause\x12\x1d.airlock.shim.v1.PauseRequest\x1a\x1e.airlock.shim.v1.PauseResponseBCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv1;shimv1b\x06proto3"
 
 var (
 	file_airlock_shim_v1_shim_proto_rawDescOnce sync.Once
@@ -937,7 +824,7 @@ func file_airlock_shim_v1_shim_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_shim_v1_shim_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_airlock_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_airlock_shim_v1_shim_proto_goTypes = []any{
 	(ExecState)(0),               // 0: airlock.shim.v1.ExecState
 	(*StartRequest)(nil),         // 1: airlock.shim.v1.StartRequest
@@ -953,17 +840,15 @@ var file_airlock_shim_v1_shim_proto_goTypes = []any{
 	(*GetRequest)(nil),           // 11: airlock.shim.v1.GetRequest
 	(*PauseRequest)(nil),         // 12: airlock.shim.v1.PauseRequest
 	(*PauseResponse)(nil),        // 13: airlock.shim.v1.PauseResponse
-	(*SnapshotRequest)(nil),      // 14: airlock.shim.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),     // 15: airlock.shim.v1.SnapshotResponse
-	(*agentv1.ExecStart)(nil),    // 16: airlock.agent.v1.ExecStart
-	(*agentv1.ExecExited)(nil),   // 17: airlock.agent.v1.ExecExited
-	(*agentv1.ExecResponse)(nil), // 18: airlock.agent.v1.ExecResponse
+	(*agentv1.ExecStart)(nil),    // 14: airlock.agent.v1.ExecStart
+	(*agentv1.ExecExited)(nil),   // 15: airlock.agent.v1.ExecExited
+	(*agentv1.ExecResponse)(nil), // 16: airlock.agent.v1.ExecResponse
 }
 var file_airlock_shim_v1_shim_proto_depIdxs = []int32{
-	16, // 0: airlock.shim.v1.StartRequest.start:type_name -> airlock.agent.v1.ExecStart
+	14, // 0: airlock.shim.v1.StartRequest.start:type_name -> airlock.agent.v1.ExecStart
 	3,  // 1: airlock.shim.v1.StartResponse.info:type_name -> airlock.shim.v1.ExecInfo
 	0,  // 2: airlock.shim.v1.ExecInfo.state:type_name -> airlock.shim.v1.ExecState
-	17, // 3: airlock.shim.v1.ExecInfo.exit:type_name -> airlock.agent.v1.ExecExited
+	15, // 3: airlock.shim.v1.ExecInfo.exit:type_name -> airlock.agent.v1.ExecExited
 	3,  // 4: airlock.shim.v1.ListResponse.execs:type_name -> airlock.shim.v1.ExecInfo
 	1,  // 5: airlock.shim.v1.SessionService.Start:input_type -> airlock.shim.v1.StartRequest
 	4,  // 6: airlock.shim.v1.SessionService.Attach:input_type -> airlock.shim.v1.AttachRequest
@@ -972,17 +857,15 @@ var file_airlock_shim_v1_shim_proto_depIdxs = []int32{
 	9,  // 9: airlock.shim.v1.SessionService.List:input_type -> airlock.shim.v1.ListRequest
 	11, // 10: airlock.shim.v1.SessionService.Get:input_type -> airlock.shim.v1.GetRequest
 	12, // 11: airlock.shim.v1.LifecycleService.Pause:input_type -> airlock.shim.v1.PauseRequest
-	14, // 12: airlock.shim.v1.LifecycleService.Snapshot:input_type -> airlock.shim.v1.SnapshotRequest
-	2,  // 13: airlock.shim.v1.SessionService.Start:output_type -> airlock.shim.v1.StartResponse
-	18, // 14: airlock.shim.v1.SessionService.Attach:output_type -> airlock.agent.v1.ExecResponse
-	6,  // 15: airlock.shim.v1.SessionService.Input:output_type -> airlock.shim.v1.InputResponse
-	8,  // 16: airlock.shim.v1.SessionService.Signal:output_type -> airlock.shim.v1.SignalResponse
-	10, // 17: airlock.shim.v1.SessionService.List:output_type -> airlock.shim.v1.ListResponse
-	3,  // 18: airlock.shim.v1.SessionService.Get:output_type -> airlock.shim.v1.ExecInfo
-	13, // 19: airlock.shim.v1.LifecycleService.Pause:output_type -> airlock.shim.v1.PauseResponse
-	15, // 20: airlock.shim.v1.LifecycleService.Snapshot:output_type -> airlock.shim.v1.SnapshotResponse
-	13, // [13:21] is the sub-list for method output_type
-	5,  // [5:13] is the sub-list for method input_type
+	2,  // 12: airlock.shim.v1.SessionService.Start:output_type -> airlock.shim.v1.StartResponse
+	16, // 13: airlock.shim.v1.SessionService.Attach:output_type -> airlock.agent.v1.ExecResponse
+	6,  // 14: airlock.shim.v1.SessionService.Input:output_type -> airlock.shim.v1.InputResponse
+	8,  // 15: airlock.shim.v1.SessionService.Signal:output_type -> airlock.shim.v1.SignalResponse
+	10, // 16: airlock.shim.v1.SessionService.List:output_type -> airlock.shim.v1.ListResponse
+	3,  // 17: airlock.shim.v1.SessionService.Get:output_type -> airlock.shim.v1.ExecInfo
+	13, // 18: airlock.shim.v1.LifecycleService.Pause:output_type -> airlock.shim.v1.PauseResponse
+	12, // [12:19] is the sub-list for method output_type
+	5,  // [5:12] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -999,7 +882,7 @@ func file_airlock_shim_v1_shim_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v1_shim_proto_rawDesc), len(file_airlock_shim_v1_shim_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

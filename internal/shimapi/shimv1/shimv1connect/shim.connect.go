@@ -61,9 +61,6 @@ const (
 	SessionServiceGetProcedure = "/airlock.shim.v1.SessionService/Get"
 	// LifecycleServicePauseProcedure is the fully-qualified name of the LifecycleService's Pause RPC.
 	LifecycleServicePauseProcedure = "/airlock.shim.v1.LifecycleService/Pause"
-	// LifecycleServiceSnapshotProcedure is the fully-qualified name of the LifecycleService's Snapshot
-	// RPC.
-	LifecycleServiceSnapshotProcedure = "/airlock.shim.v1.LifecycleService/Snapshot"
 )
 
 // SessionServiceClient is a client for the airlock.shim.v1.SessionService service.
@@ -297,10 +294,6 @@ type LifecycleServiceClient interface {
 	// (they would be cut off) unless force is set, and for a sandbox with
 	// secrets (their values live only in this shim's memory).
 	Pause(context.Context, *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error)
-	// Snapshot saves memory, devices and disk into dir (which the caller
-	// created empty) while the sandbox keeps running. Same preconditions as
-	// Pause.
-	Snapshot(context.Context, *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error)
 }
 
 // NewLifecycleServiceClient constructs a client for the airlock.shim.v1.LifecycleService service.
@@ -320,29 +313,17 @@ func NewLifecycleServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(lifecycleServiceMethods.ByName("Pause")),
 			connect.WithClientOptions(opts...),
 		),
-		snapshot: connect.NewClient[shimv1.SnapshotRequest, shimv1.SnapshotResponse](
-			httpClient,
-			baseURL+LifecycleServiceSnapshotProcedure,
-			connect.WithSchema(lifecycleServiceMethods.ByName("Snapshot")),
-			connect.WithClientOptions(opts...),
-		),
 	}
 }
 
 // lifecycleServiceClient implements LifecycleServiceClient.
 type lifecycleServiceClient struct {
-	pause    *connect.Client[shimv1.PauseRequest, shimv1.PauseResponse]
-	snapshot *connect.Client[shimv1.SnapshotRequest, shimv1.SnapshotResponse]
+	pause *connect.Client[shimv1.PauseRequest, shimv1.PauseResponse]
 }
 
 // Pause calls airlock.shim.v1.LifecycleService.Pause.
 func (c *lifecycleServiceClient) Pause(ctx context.Context, req *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error) {
 	return c.pause.CallUnary(ctx, req)
-}
-
-// Snapshot calls airlock.shim.v1.LifecycleService.Snapshot.
-func (c *lifecycleServiceClient) Snapshot(ctx context.Context, req *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error) {
-	return c.snapshot.CallUnary(ctx, req)
 }
 
 // LifecycleServiceHandler is an implementation of the airlock.shim.v1.LifecycleService service.
@@ -352,10 +333,6 @@ type LifecycleServiceHandler interface {
 	// (they would be cut off) unless force is set, and for a sandbox with
 	// secrets (their values live only in this shim's memory).
 	Pause(context.Context, *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error)
-	// Snapshot saves memory, devices and disk into dir (which the caller
-	// created empty) while the sandbox keeps running. Same preconditions as
-	// Pause.
-	Snapshot(context.Context, *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error)
 }
 
 // NewLifecycleServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -371,18 +348,10 @@ func NewLifecycleServiceHandler(svc LifecycleServiceHandler, opts ...connect.Han
 		connect.WithSchema(lifecycleServiceMethods.ByName("Pause")),
 		connect.WithHandlerOptions(opts...),
 	)
-	lifecycleServiceSnapshotHandler := connect.NewUnaryHandler(
-		LifecycleServiceSnapshotProcedure,
-		svc.Snapshot,
-		connect.WithSchema(lifecycleServiceMethods.ByName("Snapshot")),
-		connect.WithHandlerOptions(opts...),
-	)
 	return "/airlock.shim.v1.LifecycleService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LifecycleServicePauseProcedure:
 			lifecycleServicePauseHandler.ServeHTTP(w, r)
-		case LifecycleServiceSnapshotProcedure:
-			lifecycleServiceSnapshotHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -394,8 +363,4 @@ type UnimplementedLifecycleServiceHandler struct{}
 
 func (UnimplementedLifecycleServiceHandler) Pause(context.Context, *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v1.LifecycleService.Pause is not implemented"))
-}
-
-func (UnimplementedLifecycleServiceHandler) Snapshot(context.Context, *connect.Request[shimv1.SnapshotRequest]) (*connect.Response[shimv1.SnapshotResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v1.LifecycleService.Snapshot is not implemented"))
 }
