@@ -472,10 +472,20 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 	// what its runtime mounted: runsc's state and network namespaces.
 	detachMounts(m.L.Dir(id))
 	detachNetns(id)
+	refs := readRefs(filepath.Join(m.L.Dir(id), snapshotRefs))
 	if err := os.RemoveAll(m.L.Dir(id)); err != nil {
 		return fmt.Errorf("remove sandbox files: %w", err)
 	}
-	return m.Store.DeleteSandbox(ctx, id)
+	if err := m.Store.DeleteSandbox(ctx, id); err != nil {
+		return err
+	}
+	if len(refs) > 0 {
+		// The unlisted base of a fork goes with the last sandbox on it.
+		if err := m.removeUnusedForkBases(ctx, refs); err != nil {
+			m.Log.Warn("remove fork bases", "err", err)
+		}
+	}
+	return nil
 }
 
 // waitShimGone waits until the shim's lock is free, killing the shim (and

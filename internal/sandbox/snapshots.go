@@ -331,6 +331,22 @@ func (m *Manager) RemoveSnapshot(ctx context.Context, tenant, name string) error
 	return errors.Join(removeSnapshotTemplate(m.L, sn.ID), os.RemoveAll(m.L.SnapshotDir(sn.ID)))
 }
 
+// removeUnusedForkBases removes those of the snapshots ids that are fork
+// bases no sandbox or snapshot uses any more.
+func (m *Manager) removeUnusedForkBases(ctx context.Context, ids []string) error {
+	all, err := m.Store.ListSnapshots(ctx, "", true)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sn := range all {
+		if slices.Contains(ids, sn.ID) && strings.HasPrefix(sn.Name, forkPrefix) && len(m.snapshotUsers(sn.ID)) == 0 {
+			errs = append(errs, m.RemoveSnapshot(ctx, sn.Tenant, sn.Name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // PruneSnapshots removes the unlisted snapshots forks started from once no
 // sandbox uses them any more, and files of snapshots with no catalog row.
 // It returns the bytes freed.

@@ -84,3 +84,44 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 		t.Error("a fork-base name is accepted from users")
 	}
 }
+
+// TestRemoveFreesForkBase: the unlisted snapshot forks start from goes
+// with the last sandbox whose disk it backs.
+func TestRemoveFreesForkBase(t *testing.T) {
+	root := t.TempDir()
+	st, err := store.Open(t.Context(), filepath.Join(root, "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	m := &Manager{L: Layout{Root: root}, Store: st}
+	if err := os.MkdirAll(m.L.SnapshotDir("base1"), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutSnapshot(t.Context(), store.Snapshot{Name: forkPrefix + "a", ID: "base1", Created: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"aaaaaaaaaaaa", "bbbbbbbbbbbb"} {
+		if err := st.CreateSandbox(t.Context(), store.Sandbox{ID: id, State: store.StatePaused, Image: "base", CreatedAt: time.Now(), ExpiresAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(m.L.Dir(id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeRefs(filepath.Join(m.L.Dir(id), snapshotRefs), []string{"base1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Remove(t.Context(), "aaaaaaaaaaaa"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.L.SnapshotDir("base1")); err != nil {
+		t.Fatal("fork base removed while a sandbox still uses it")
+	}
+	if err := m.Remove(t.Context(), "bbbbbbbbbbbb"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.L.SnapshotDir("base1")); err == nil {
+		t.Fatal("fork base kept after its last sandbox")
+	}
+}

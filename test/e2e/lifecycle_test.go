@@ -219,18 +219,30 @@ func TestForkDiverges(t *testing.T) {
 // new sandboxes start from it with its memory and disk.
 func TestSnapshotCreateFrom(t *testing.T) {
 	e := setup(t)
-	id := e.create(t)
+	// Sandboxes go before the snapshots their disks are backed by, and a
+	// snapshot before the ones taken after it: one cleanup, in that order.
+	var sandboxes, snapshots []string
+	t.Cleanup(func() {
+		for _, sb := range sandboxes {
+			e.run(t, nil, "rm", sb)
+		}
+		for i := len(snapshots) - 1; i >= 0; i-- {
+			e.run(t, nil, "snapshot", "rm", snapshots[i])
+		}
+	})
+	id := strings.TrimSpace(e.must(t, "create"))
+	sandboxes = append(sandboxes, id)
 	e.must(t, "code", id, "greeting = 'from the snapshot'\nprint(1)")
 	e.must(t, "exec", id, "--", "sh", "-c", "echo saved > /root/state")
 	name := "e2e-" + strings.ToLower(id)
 	e.must(t, "snapshot", id, "--name", name)
-	t.Cleanup(func() { e.run(t, nil, "snapshot", "rm", name) })
+	snapshots = append(snapshots, name)
 	if st := inspect(t, e, id); st.State != "running" {
 		t.Fatalf("after snapshot the sandbox is %q", st.State)
 	}
 	e.must(t, "exec", id, "--", "sh", "-c", "echo changed > /root/state")
 	n := strings.TrimSpace(e.must(t, "create", "--from-snapshot", name))
-	t.Cleanup(func() { e.run(t, nil, "rm", n) })
+	sandboxes = append(sandboxes, n)
 	if got := e.must(t, "exec", n, "--", "cat", "/root/state"); got != "saved\n" {
 		t.Errorf("from-snapshot disk: %q", got)
 	}
@@ -244,7 +256,7 @@ func TestSnapshotCreateFrom(t *testing.T) {
 	// A corrupt snapshot is refused with a clear error.
 	bad := name + "-bad"
 	e.must(t, "snapshot", id, "--name", bad)
-	t.Cleanup(func() { e.run(t, nil, "snapshot", "rm", bad) })
+	snapshots = append(snapshots, bad)
 	var snaps []struct {
 		Name string `json:"name"`
 		ID   string `json:"id"`
