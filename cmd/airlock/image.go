@@ -149,6 +149,30 @@ func imageCmd(g *globals) *cobra.Command {
 			fmt.Println(args[0])
 			return nil
 		})}
-	cmd.AddCommand(ls, build, imp, pull, rm)
+	prune := &cobra.Command{Use: "prune", Short: "Remove image blobs and extracted trees that no name and no sandbox uses", Args: cobra.NoArgs,
+		RunE: withStore(func(ctx context.Context, s *image.Store, _ []string) error {
+			m, done, err := g.manager(ctx)
+			if err != nil {
+				return err
+			}
+			defer done()
+			sbs, err := m.List(ctx)
+			if err != nil {
+				return err
+			}
+			used := map[string]bool{}
+			for _, sb := range sbs {
+				used[sb.ImageDigest] = true
+			}
+			removed, err := s.Prune(ctx, func(d string) bool { return used[d] })
+			for _, d := range removed {
+				if rerr := sandbox.RemoveTemplates(m.L, d); rerr != nil {
+					err = errors.Join(err, rerr)
+				}
+				fmt.Println(d)
+			}
+			return err
+		})}
+	cmd.AddCommand(ls, build, imp, pull, rm, prune)
 	return cmd
 }

@@ -184,7 +184,7 @@ func doctorCmd(g *globals) *cobra.Command {
 				row(false, "runsc (gvisor)", p+": "+err.Error())
 			} else if rt, err := gvisor.New(gvisor.Config{RunscPath: p, AgentPath: agent, Logger: g.log}); err == nil {
 				if caps, err := rt.Probe(ctx); err == nil {
-					row(true, "runsc (gvisor)", p+": "+caps.AccelReason+"; limits: memory (cgroups), disk (overlay size); not yet: pids, CPU verified; --runtime gvisor")
+					row(true, "runsc (gvisor)", p+": "+caps.AccelReason+"; "+rt.Limits()+"; --runtime gvisor")
 				} else {
 					row(false, "runsc (gvisor)", err.Error())
 				}

@@ -177,10 +177,11 @@ const ContainerArg = "-container"
 func containerMain(log *slog.Logger, version string) {
 	holdSignals(log)
 	rp := reaper.New(reaper.Options{Logger: log, All: true})
-	// gVisor (this runsc) has no cgroup v2: execs run without per-exec
-	// limits; the sandbox as a whole is limited by runsc's host cgroups.
+	hideSelf(log)
+	cg, pids := containerCgroups(log)
 	srv, err := NewServer(Options{
 		Logger: log, Version: version, Reaper: rp, Guest: true,
+		Cgroups: cg, DefaultPidsLimit: pids,
 		system: containerSystem{guestSystem{log: log}},
 	})
 	if err == nil {
@@ -195,6 +196,67 @@ func containerMain(log *slog.Logger, version string) {
 	for {
 		time.Sleep(time.Hour) // PID 1 must not exit
 	}
+}
+
+// hideSelf lazily unmounts the read-only bind mount the agent was started
+// from (argv[0]; gVisor shows it as a 9p mount of a host file). The
+// running agent keeps its image; nothing re-executes it, and guest
+// processes then see only the image's empty mount point there.
+func hideSelf(log *slog.Logger) {
+	if p := os.Args[0]; strings.HasPrefix(p, "/") {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+			log.Warn("unmount the agent binary", "path", p, "err", err)
+		}
+	}
+}
+
+// containerCgroups mounts the sandbox's cgroup2 tree (runsc runs with
+// --in-sandbox-cgroup=v2, whose pids controller is enforced and
+// hierarchical) and sets up the exec subtree as in a VM. gVisor keeps
+// memory.max but does not enforce it: the sandbox as a whole is bounded by
+// runsc's host cgroup. Each task costs the sentry host memory, so the
+// subtree's task limit comes from the memory size (ContainerTasksPerMiB),
+// not from pid_max: a fork bomb fails to fork before the host's OOM killer
+// would end the whole sandbox. Without cgroups, execs run without limits.
+func containerCgroups(log *slog.Logger) (*cgroup.Manager, uint32) {
+	err := unix.Mount("cgroup2", "/sys/fs/cgroup", "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	if err != nil && !errors.Is(err, unix.EBUSY) {
+		log.Error("cgroups: execs run without limits", "err", err)
+		return nil, 0
+	}
+	mem := memTotal()
+	cg, err := cgroup.Setup(cgroup.Options{Logger: log, Memory: cmp.Or(meminfo("MemAvailable"), mem), TaskLimit: containerTaskLimit(mem)})
+	if err != nil {
+		log.Error("cgroups: execs run without limits", "err", err)
+		return nil, 0
+	}
+	// Half the subtree, so that one exec's fork bomb leaves room for others.
+	pids := uint32(DefaultContainerPids)
+	if sub := cg.SubtreePidsMax(); sub > 0 {
+		pids = uint32(min(DefaultContainerPids, max(sub/2, 1)))
+	}
+	log.Info("cgroups", "mem_total", mem, "subtree_pids_max", cg.SubtreePidsMax(), "pids_default", pids)
+	return cg, pids
+}
+
+// ContainerMiBPerTask is the sentry's host memory per task that a gVisor
+// sandbox's task limit assumes: a forked process costs it about 1.7 MiB
+// (measured with a bash fork bomb on systrap), so with one task per 3 MiB
+// of the memory limit a fork bomb runs out of tasks well before the
+// sandbox's host cgroup runs out of memory. An exec's default pids limit
+// there is half of that, at most DefaultContainerPids (airlock.pids=
+// defaults to it in a VM).
+const (
+	ContainerMiBPerTask  = 3
+	DefaultContainerPids = 1024
+)
+
+// containerTaskLimit is the TaskLimit for a sandbox of mem bytes: its
+// subtree's pids.max (cgroup.PidsMax) comes out at one task per
+// ContainerMiBPerTask, the reserve on top.
+func containerTaskLimit(mem uint64) uint64 {
+	tasks := (mem >> 20) / ContainerMiBPerTask
+	return tasks + max(64, tasks/9)
 }
 
 // containerSystem is guestSystem without the machine-wide steps a gVisor

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/agent/cgroup"
 	"github.com/airlock-sandbox/airlock/internal/agent/reaper"
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 )
@@ -130,3 +131,13 @@ func (f *fakeSystem) SetHostname(name string) error { f.hostname = name; return 
 func (f *fakeSystem) GrowRoot(want uint64) error    { f.grown = true; return nil }
 func (f *fakeSystem) RootSize() (uint64, error)     { return 1 << 30, nil }
 func (f *fakeSystem) PowerOff()                     { f.powerOff <- struct{}{} }
+
+func TestContainerTaskLimit(t *testing.T) {
+	for _, mib := range []uint64{128, 256, 512, 4096, 65536} {
+		got := cgroup.PidsMax(containerTaskLimit(mib << 20))
+		want := mib / ContainerMiBPerTask
+		if got < want*95/100 || got > want {
+			t.Errorf("%d MiB: subtree pids.max %d, want about %d", mib, got, want)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -17,24 +19,8 @@ import (
 func TestDir(t *testing.T) {
 	testutil.RequireRoot(t)
 	s := newTestStore(t)
-	src := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(src, "etc"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "etc/hello"), []byte("hi\n"), 0o640); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("etc/hello", filepath.Join(src, "link")); err != nil {
-		t.Fatal(err)
-	}
 	img := Image{Name: "t", Digest: "sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
-	if err := os.MkdirAll(filepath.Dir(s.blobPath(img.Digest)), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mkfsExt4(t.Context(), src, s.blobPath(img.Digest)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.RemoveDir(img) })
+	writeTestBlob(t, s, img)
 
 	prepared := 0
 	var mu sync.Mutex
@@ -89,5 +75,71 @@ func TestDir(t *testing.T) {
 	}
 	if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("after RemoveDir: %v", err)
+	}
+}
+
+// writeTestBlob writes a small ext4 blob for img (etc/hello, and a link to
+// it) into s; a cleanup removes img's extracted tree.
+func writeTestBlob(t *testing.T, s *Store, img Image) {
+	t.Helper()
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "etc/hello"), []byte("hi\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("etc/hello", filepath.Join(src, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(s.blobPath(img.Digest)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mkfsExt4(t.Context(), src, s.blobPath(img.Digest)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.RemoveDir(img) })
+}
+
+// TestRemoveAndPruneTakeTrees: removing an image's last name removes its
+// extracted tree with its blob, and Prune removes trees that no name
+// refers to unless they are in use.
+func TestRemoveAndPruneTakeTrees(t *testing.T) {
+	testutil.RequireRoot(t)
+	s := newTestStore(t)
+	named := Image{Name: "named", Digest: "sha256:" + strings.Repeat("1", 64)}
+	orphan := Image{Name: "orphan", Digest: "sha256:" + strings.Repeat("2", 64)}
+	for _, img := range []Image{named, orphan} {
+		writeTestBlob(t, s, img)
+		if _, err := s.Dir(t.Context(), img, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.idx.PutImage(t.Context(), named); err != nil {
+		t.Fatal(err)
+	}
+	// The orphan's tree is in use: Prune keeps it, and keeps the named one.
+	inUse := true
+	if _, err := s.Prune(t.Context(), func(d string) bool { return inUse && d == orphan.Digest }); err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range []Image{named, orphan} {
+		if _, err := os.Stat(s.DirPath(img)); err != nil {
+			t.Fatalf("Prune removed %s's tree: %v", img.Name, err)
+		}
+	}
+	inUse = false
+	removed, err := s.Prune(t.Context(), func(string) bool { return inUse })
+	if err != nil || !slices.Contains(removed, orphan.Digest) {
+		t.Fatalf("Prune = %v, %v; want the orphan's digest", removed, err)
+	}
+	if _, err := os.Stat(s.DirPath(orphan)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("orphan tree after Prune: %v", err)
+	}
+	if err := s.Remove(t.Context(), "named"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.DirPath(named)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("tree after Remove: %v", err)
 	}
 }

@@ -176,6 +176,9 @@ func (s *Store) Remove(ctx context.Context, name string) error {
 			return fmt.Errorf("remove image %q: %w", name, err)
 		}
 	}
+	if err := s.RemoveDir(img); err != nil {
+		return fmt.Errorf("remove image %q: %w", name, err)
+	}
 	s.log.Info("image removed", "image", name, "digest", img.Digest)
 	return nil
 }
@@ -216,6 +219,21 @@ func (s *Store) Prune(ctx context.Context, inUse func(digest string) bool) ([]st
 			return removed, fmt.Errorf("prune images: %w", err)
 		}
 		removed = append(removed, d)
+	}
+	// Extracted trees (gvisor) of digests that no name refers to.
+	dirs, _ := os.ReadDir(filepath.Join(s.dir, dirsDir))
+	for _, e := range dirs {
+		hexd, ok := strings.CutPrefix(e.Name(), blobPrefix)
+		d := "sha256:" + hexd
+		if !ok || !e.IsDir() || !validDigest(d) || named[d] || (inUse != nil && inUse(d)) {
+			continue
+		}
+		if err := s.RemoveDir(Image{Digest: d}); err != nil {
+			return removed, fmt.Errorf("prune images: %w", err)
+		}
+		if !slices.Contains(removed, d) {
+			removed = append(removed, d)
+		}
 	}
 	s.cleanStaleTemp(0)
 	return removed, nil

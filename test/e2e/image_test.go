@@ -3,6 +3,7 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,8 +83,15 @@ func TestImportedImageBootsAndIsRemovable(t *testing.T) {
 	if r := e.run(t, nil, "image", "rm", img); r.code == 0 || !strings.Contains(r.stderr, id) {
 		t.Fatalf("image rm while in use: exit %d %q", r.code, r.stderr)
 	}
+	tree := filepath.Join(e.state, "images", "dirs", "sha256-"+strings.TrimPrefix(digest, "sha256:"))
+	if _, err := os.Stat(tree); onGVisor() && err != nil {
+		t.Fatalf("gvisor sandbox ran without the image's extracted tree: %v", err)
+	}
 	e.must(t, "rm", id)
 	e.must(t, "image", "rm", img)
+	if _, err := os.Stat(tree); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("extracted tree of the removed image is left: %v", err)
+	}
 	if strings.Contains(e.must(t, "image", "ls"), img) {
 		t.Fatal("image still listed after rm")
 	}

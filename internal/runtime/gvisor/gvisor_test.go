@@ -1,10 +1,7 @@
 package gvisor
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -223,40 +220,4 @@ func checkNoLeftovers(t *testing.T, f *fixture) {
 			t.Errorf("netns left behind: %s", e.Name())
 		}
 	}
-}
-
-// hashTree hashes every path, mode, size, link target and file content
-// under root.
-func hashTree(t *testing.T, root string) string {
-	t.Helper()
-	h := sha256.New()
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		fmt.Fprintf(h, "%s %v %d %d\n", rel, fi.Mode(), fi.Size(), fi.ModTime().UnixNano())
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			l, _ := os.Readlink(p)
-			fmt.Fprintln(h, l)
-		case fi.Mode().IsRegular():
-			fh, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(h, fh)
-			fh.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }

@@ -12,10 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
@@ -216,4 +219,36 @@ func checkStatic(path string) error {
 		}
 	}
 	return nil
+}
+
+// Limits says which limits sandboxes get on this host, in one line for
+// `airlock doctor`: CPU and memory from host cgroups (when the host lets
+// runsc create them), pids from the cgroup2 tree inside the sandbox
+// (enforced by gVisor's kernel), disk from the writable layer's size.
+func (r *Runtime) Limits() string {
+	const rest = "pids (in-sandbox cgroup2, one task per 3 MiB of memory), disk (overlay size)"
+	if r.cfg.IgnoreCgroups {
+		return "limits: " + rest + "; NOT enforced: CPU, memory (cgroups ignored)"
+	}
+	var missing []string
+	for _, c := range []string{"cpu", "memory"} {
+		if !hostController(c) {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		return "limits: " + rest + "; NOT enforced: " + strings.Join(missing, ", ") + " (no writable host cgroup controller)"
+	}
+	return "limits: CPU and memory (host cgroups), " + rest
+}
+
+// hostController reports whether runsc can put a sandbox under the host
+// cgroup controller c: a writable cgroup v1 hierarchy of it, or c in the
+// cgroup v2 root's controllers.
+func hostController(c string) bool {
+	if unix.Access(filepath.Join("/sys/fs/cgroup", c), unix.W_OK) == nil {
+		return true
+	}
+	b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+	return err == nil && slices.Contains(strings.Fields(string(b)), c)
 }

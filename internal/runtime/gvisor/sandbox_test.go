@@ -22,6 +22,7 @@ import (
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // boot creates and starts spec and completes the agent handshake; cleanups
@@ -172,7 +173,7 @@ func TestSharedRootIsolation(t *testing.T) {
 	if err := unix.Mount("", f.rootfs, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 		t.Fatal(err)
 	}
-	before := hashTree(t, f.rootfs)
+	before := testutil.HashTree(t, f.rootfs)
 	ina, a := boot(t, f, f.spec(t))
 	inb, b := boot(t, f, f.spec(t))
 	writeFile(t, a, "/etc/only-a", "a\n")
@@ -192,7 +193,7 @@ func TestSharedRootIsolation(t *testing.T) {
 	if r := run(t, b, "", "ls", "/bin/true"); r.code != 0 {
 		t.Errorf("b lost /bin/true that a deleted: %+v", r)
 	}
-	if mid := hashTree(t, f.rootfs); mid != before {
+	if mid := testutil.HashTree(t, f.rootfs); mid != before {
 		t.Error("the shared image tree changed while sandboxes ran")
 	}
 	for _, in := range []*instance{ina, inb} {
@@ -200,7 +201,7 @@ func TestSharedRootIsolation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if after := hashTree(t, f.rootfs); after != before {
+	if after := testutil.HashTree(t, f.rootfs); after != before {
 		t.Error("the shared image tree changed")
 	}
 	checkNoLeftovers(t, f)
@@ -267,6 +268,21 @@ func TestLimits(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no host memory cgroup with a 128 MiB limit among %v", matches)
+	}
+	// And the CPU quota: spec.CPUs periods of CPU time per period.
+	quotas, _ := filepath.Glob("/sys/fs/cgroup/cpu/airlock-gvisor/airlock-gv-*/cpu.cfs_quota_us")
+	if v2, _ := filepath.Glob("/sys/fs/cgroup/airlock-gvisor/airlock-gv-*/cpu.max"); len(v2) > 0 {
+		quotas = v2
+	}
+	found = false
+	for _, q := range quotas {
+		b, _ := os.ReadFile(q)
+		if f := strings.Fields(string(b)); len(f) > 0 && f[0] == "100000" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no host cpu cgroup with a quota of 1 CPU among %v", quotas)
 	}
 }
 

@@ -216,6 +216,9 @@ func runscArgs(c Config, p instancePaths, cid string, network bool) []string {
 		"--network=" + netMode,
 		"--overlay2=" + overlay,
 		"--cpu-num-from-quota",
+		// cgroup v2 inside: its pids controller is enforced and
+		// hierarchical (v1's charges an arbitrary hierarchy).
+		"--in-sandbox-cgroup=v2",
 	}
 	if c.IgnoreCgroups {
 		args = append(args, "--ignore-cgroups")

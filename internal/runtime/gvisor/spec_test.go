@@ -54,7 +54,7 @@ func TestRunscArgs(t *testing.T) {
 	t.Parallel()
 	p := instancePaths{root: "/r/runsc", bundle: "/r/bundle", upper: "/r/upper", logDir: "/r/logs"}
 	got := strings.Join(runscArgs(Config{Platform: "systrap", DiskBytes: 1 << 30}, p, "cid", true), " ")
-	want := "--root=/r/runsc --platform=systrap --network=sandbox --overlay2=root:dir=/r/upper,size=1073741824 --cpu-num-from-quota run --bundle /r/bundle cid"
+	want := "--root=/r/runsc --platform=systrap --network=sandbox --overlay2=root:dir=/r/upper,size=1073741824 --cpu-num-from-quota --in-sandbox-cgroup=v2 run --bundle /r/bundle cid"
 	if got != want {
 		t.Errorf("args:\n got %s\nwant %s", got, want)
 	}
