@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -35,9 +36,12 @@ func (e *exitError) Error() string { return e.msg }
 type globals struct {
 	stateDir string
 	accel    string
-	runtime  string // "qemu" or "gvisor"
+	runtime  string // "qemu", "gvisor" or "auto" (see pickRuntime)
 	logLevel string
 	log      *slog.Logger
+
+	rtOnce   sync.Once
+	rtChoice runtimeChoice
 
 	// host and apiKey come from AIRLOCK_HOST and AIRLOCK_API_KEY; with host
 	// set, the sandbox commands go through that API server (see remote).
@@ -126,9 +130,9 @@ func rootCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("%w: --accel must be auto, kvm or tcg", errdefs.ErrInvalid)
 			}
 			switch g.runtime {
-			case "qemu", "gvisor":
+			case "qemu", "gvisor", "auto":
 			default:
-				return fmt.Errorf("%w: --runtime must be qemu or gvisor", errdefs.ErrInvalid)
+				return fmt.Errorf("%w: --runtime must be qemu, gvisor or auto", errdefs.ErrInvalid)
 			}
 			return nil
 		},
@@ -144,7 +148,7 @@ func rootCmd(g *globals) *cobra.Command {
 	if rtName == "" {
 		rtName = "qemu"
 	}
-	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: qemu (microVMs) or gvisor (runsc, no KVM needed; env AIRLOCK_RUNTIME)")
+	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: qemu (microVMs), gvisor (runsc, no KVM needed), or auto (qemu with KVM, else gvisor; `airlock doctor` says which) (env AIRLOCK_RUNTIME)")
 
 	root.AddCommand(
 		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
@@ -165,7 +169,11 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 	if err != nil {
 		return nil, nil, err
 	}
-	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--runtime", g.runtime, "--log-level", "info"}}
+	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info"},
+		Runtime: func(ctx context.Context) (string, error) {
+			c := g.pickRuntime(ctx)
+			return c.name, c.err
+		}}
 	return m, func() { st.Close() }, nil
 }
 

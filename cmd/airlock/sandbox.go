@@ -420,6 +420,7 @@ type sandboxView struct {
 	Accel     string            `json:"accel,omitempty"`
 	Kernel    string            `json:"guest_kernel,omitempty"`
 	StartMode string            `json:"start_mode,omitempty"`
+	Runtime   string            `json:"runtime"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	Tenant    string            `json:"tenant,omitempty"`
 	Network   *networkView      `json:"network,omitempty"`
@@ -438,7 +439,7 @@ type sandboxView struct {
 
 func view(sb store.Sandbox) sandboxView {
 	v := sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
-		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Metadata, sb.Tenant, viewNetwork(sb.Network),
+		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Runtime, sb.Metadata, sb.Tenant, viewNetwork(sb.Network),
 		int64(sb.IdlePause / time.Second), nil, nil, sb.Source, nil}
 	var left int64
 	if sb.State == store.StatePaused {

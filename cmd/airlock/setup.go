@@ -56,9 +56,13 @@ func newRuntime(g *globals, bc sandbox.BootConfig) (*qemu.Runtime, error) {
 // and for gvisor the function giving the sandbox's read-only root
 // directory (the image extracted once per digest).
 func sandboxRuntime(g *globals, bc sandbox.BootConfig) (runtime.Runtime, func(context.Context, store.Sandbox) (string, error), error) {
-	if g.runtime != "gvisor" {
+	switch g.runtime {
+	case "qemu":
 		rt, err := newRuntime(g, bc)
 		return rt, nil, err
+	case "gvisor":
+	default:
+		return nil, nil, fmt.Errorf("%w: a sandbox's runtime is qemu or gvisor, not %q", errdefs.ErrInvalid, g.runtime)
 	}
 	agent, err := agentPath("")
 	if err != nil {
@@ -212,6 +216,17 @@ func doctorCmd(g *globals) *cobra.Command {
 				} else {
 					row(true, "acceleration", caps.Accel+": "+caps.AccelReason)
 				}
+			}
+			if c := g.pickRuntime(ctx); c.err != nil {
+				row(false, "runtime", c.err.Error())
+			} else {
+				why := c.why
+				if g.runtime == "qemu" {
+					if auto := (&globals{stateDir: g.stateDir, accel: g.accel, runtime: "auto", log: g.log}).pickRuntime(ctx); auto.name != c.name {
+						why += "; --runtime auto would pick " + auto.name + " here (" + strings.TrimPrefix(auto.why, "auto: ") + ")"
+					}
+				}
+				row(true, "runtime", c.name+" for new sandboxes: "+why)
 			}
 			if images, done, err := g.images(ctx); err == nil {
 				list, _ := images.List(ctx)

@@ -12,21 +12,23 @@ import (
 
 // Sandbox is the API's view of a sandbox.
 type Sandbox struct {
-	ID          string            `json:"id"`
-	State       string            `json:"state"`
-	Reason      string            `json:"reason"`
-	Image       string            `json:"image"`
-	ImageDigest string            `json:"image_digest"`
-	CPUs        int               `json:"cpus"`
-	MemoryMB    int               `json:"memory_mb"`
-	DiskMB      int               `json:"disk_mb"`
-	CreatedAt   time.Time         `json:"created_at"`
-	ExpiresAt   time.Time         `json:"expires_at"`
-	Accel       string            `json:"accel"`
-	GuestKernel string            `json:"guest_kernel"`
-	StartMode   string            `json:"start_mode"`
-	Metadata    map[string]string `json:"metadata"`
-	Tenant      string            `json:"tenant"`
+	ID          string    `json:"id"`
+	State       string    `json:"state"`
+	Reason      string    `json:"reason"`
+	Image       string    `json:"image"`
+	ImageDigest string    `json:"image_digest"`
+	CPUs        int       `json:"cpus"`
+	MemoryMB    int       `json:"memory_mb"`
+	DiskMB      int       `json:"disk_mb"`
+	CreatedAt   time.Time `json:"created_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	Accel       string    `json:"accel"`
+	GuestKernel string    `json:"guest_kernel"`
+	StartMode   string    `json:"start_mode"`
+	// Runtime runs it: "qemu" (a microVM) or "gvisor" (runsc).
+	Runtime  string            `json:"runtime"`
+	Metadata map[string]string `json:"metadata"`
+	Tenant   string            `json:"tenant"`
 	// Network is the sandbox's network spec as the catalog keeps it: secret
 	// names, hosts and placeholders, never values.
 	Network netconf.Spec `json:"network"`
@@ -56,7 +58,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		ID: sb.ID, State: string(sb.State), Reason: sb.Reason, Image: sb.Image, ImageDigest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
-		Accel: sb.Accel, GuestKernel: sb.Kernel, StartMode: sb.StartMode, Metadata: md, Tenant: sb.Tenant,
+		Accel: sb.Accel, GuestKernel: sb.Kernel, StartMode: sb.StartMode, Runtime: sb.Runtime, Metadata: md, Tenant: sb.Tenant,
 		Network: sb.Network, IdlePauseS: int64(sb.IdlePause / time.Second), Source: sb.Source,
 	}
 	if !sb.PausedAt.IsZero() {

@@ -80,7 +80,7 @@ func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) 
 			if !ok {
 				continue // another caller got there first
 			}
-			if err := m.startShim(ctx, id, nil); err != nil {
+			if err := m.startShim(ctx, sb, nil); err != nil {
 				// Another resume may have won the shim's lock: wait for it.
 				if cur, gerr := m.Store.GetSandbox(ctx, id); gerr == nil && (cur.State == store.StateRunning || cur.State == store.StateResuming) && m.shimAlive(id) {
 					continue

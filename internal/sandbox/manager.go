@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -72,6 +73,9 @@ type Manager struct {
 	Exe string
 	// ShimArgs are extra flags for the shim (e.g. --accel).
 	ShimArgs []string
+	// Runtime picks the runtime of a new sandbox ("qemu" or "gvisor");
+	// nil means qemu. A sandbox keeps its runtime for its lifetime.
+	Runtime func(context.Context) (string, error)
 }
 
 // ImagePath returns the blob path of an image digest ("sha256:<hex>").
@@ -182,12 +186,18 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 	if _, err := m.L.LoadBootConfig(); err != nil {
 		return store.Sandbox{}, err
 	}
+	rt := "qemu"
+	if m.Runtime != nil {
+		if rt, err = m.Runtime(ctx); err != nil {
+			return store.Sandbox{}, err
+		}
+	}
 	now := time.Now()
 	sb := store.Sandbox{
 		ID: NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
 		CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskMiB: o.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: o.Env,
-		Network: o.Network, IdlePause: o.IdlePause,
+		Network: o.Network, IdlePause: o.IdlePause, Runtime: rt,
 	}
 	if err := os.MkdirAll(m.L.Dir(sb.ID), 0o700); err != nil {
 		return sb, fmt.Errorf("create sandbox dir: %w", err)
@@ -196,7 +206,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		_ = os.RemoveAll(m.L.Dir(sb.ID))
 		return sb, err
 	}
-	if err := m.startShim(ctx, sb.ID, o.Secrets); err != nil {
+	if err := m.startShim(ctx, sb, o.Secrets); err != nil {
 		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
@@ -211,9 +221,11 @@ type shimError struct{}
 func (shimError) Error() string        { return "" }
 func (shimError) Is(target error) bool { return target == errdefs.ErrUnavailable }
 
-// startShim starts `airlock shim` detached and waits for its verdict on a
-// pipe: "ok" once the guest answers, or "error: ..." with the reason.
-func (m *Manager) startShim(ctx context.Context, id string, secrets netconf.Values) error {
+// startShim starts `airlock shim` for sb (on sb's runtime) detached and
+// waits for its verdict on a pipe: "ok" once the guest answers, or
+// "error: ..." with the reason.
+func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netconf.Values) error {
+	id := sb.ID
 	exe := m.Exe
 	if exe == "" {
 		var err error
@@ -238,7 +250,7 @@ func (m *Manager) startShim(ctx context.Context, id string, secrets netconf.Valu
 		return err
 	}
 	defer sr.Close()
-	args := append([]string{"shim", "--state-dir", m.L.Root, "--id", id}, m.ShimArgs...)
+	args := append([]string{"shim", "--state-dir", m.L.Root, "--id", id, "--runtime", cmp.Or(sb.Runtime, "qemu")}, m.ShimArgs...)
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{pw, sr} // fd 3: readiness, fd 4: secrets

@@ -277,7 +277,7 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 		_ = os.RemoveAll(dir)
 		return sb, err
 	}
-	if err := m.startShim(ctx, sb.ID, nil); err != nil {
+	if err := m.startShim(ctx, sb, nil); err != nil {
 		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}

@@ -8,6 +8,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -55,7 +56,7 @@ type Sandbox struct {
 	ExpiresAt   time.Time
 	Accel       string // "kvm" or "tcg", set by the shim
 	Kernel      string // guest kernel release
-	StartMode   string // "template" or "cold"
+	StartMode   string // "template", "cold", "restore" or "gvisor"
 	Metadata    map[string]string
 	Tenant      string            // owner ("" for local CLI use)
 	Env         map[string]string // default environment of every exec
@@ -73,6 +74,9 @@ type Sandbox struct {
 	// Source says where the sandbox came from: "" (its image), or
 	// "snapshot:<name>" / "fork:<sandbox id>".
 	Source string
+	// Runtime runs it: "qemu" or "gvisor" (rows from before schema 5 are
+	// qemu). Chosen at create, kept for its lifetime.
+	Runtime string
 }
 
 // ImageRecord maps an image name to its content-addressed blob.
@@ -172,10 +176,12 @@ var migrations = []string{
 		PRIMARY KEY (tenant, name)
 	);
 	PRAGMA user_version = 4;`,
+	`ALTER TABLE sandboxes ADD COLUMN runtime TEXT NOT NULL DEFAULT 'qemu';
+	PRAGMA user_version = 5;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 4
+const schemaVersion = 5
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -297,7 +303,7 @@ func (s *Store) DeleteImage(ctx context.Context, name string) error {
 	return nil
 }
 
-const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source`
+const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source,runtime`
 
 // CreateSandbox inserts a new sandbox row.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
@@ -313,10 +319,10 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
 		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env), string(network),
-		sb.IdlePause.Milliseconds(), sb.LifetimeLeft.Milliseconds(), unixNano(sb.PausedAt), sb.Source)
+		sb.IdlePause.Milliseconds(), sb.LifetimeLeft.Milliseconds(), unixNano(sb.PausedAt), sb.Source, cmp.Or(sb.Runtime, "qemu"))
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
@@ -331,7 +337,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var created, expires, idle, left, paused int64
 	err := r.Scan(&sb.ID, &state, &sb.Reason, &sb.Image, &sb.ImageDigest, &sb.CPUs, &sb.MemoryMiB, &sb.DiskMiB,
 		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env, &network,
-		&idle, &left, &paused, &sb.Source)
+		&idle, &left, &paused, &sb.Source, &sb.Runtime)
 	if err != nil {
 		return sb, err
 	}

@@ -38,8 +38,16 @@ func TestSandboxLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.State != StateRunning || got.Metadata["k"] != "v" || !got.ExpiresAt.Equal(sb.ExpiresAt) {
+	if got.State != StateRunning || got.Metadata["k"] != "v" || !got.ExpiresAt.Equal(sb.ExpiresAt) || got.Runtime != "qemu" {
 		t.Fatalf("got %+v", got)
+	}
+	gv := sb
+	gv.ID, gv.Runtime = "gv", "gvisor"
+	if err := s.CreateSandbox(ctx, gv); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSandbox(ctx, "gv"); err != nil || got.Runtime != "gvisor" {
+		t.Fatalf("runtime gvisor round trip: %+v, %v", got, err)
 	}
 	if err := s.DeleteSandbox(ctx, "abc"); err != nil {
 		t.Fatal(err)

@@ -36,6 +36,7 @@ type Sandbox struct {
 	Accel       string            `json:"accel"`
 	GuestKernel string            `json:"guest_kernel"`
 	StartMode   string            `json:"start_mode"`
+	Runtime     string            `json:"runtime"` // "qemu" or "gvisor"
 	Metadata    map[string]string `json:"metadata"`
 	Tenant      string            `json:"tenant"`
 	// Network is the sandbox's network as the server normalised it (mode

@@ -14,6 +14,7 @@ type inspected struct {
 	Reason        string  `json:"reason"`
 	IdlePauseS    float64 `json:"idle_pause_s"`
 	LifetimeLeftS float64 `json:"lifetime_left_s"`
+	Runtime       string  `json:"runtime"`
 }
 
 func inspect(t *testing.T, e env, id string) inspected {
@@ -84,13 +85,14 @@ print(digest)`)
 		t.Fatalf("disk marker %q", got)
 	}
 
-	// Any call to a paused sandbox resumes it first.
+	// Any call to a paused sandbox resumes it first, on the runtime it
+	// was created with whatever the caller's --runtime says.
 	e.must(t, "pause", id)
-	if got := e.must(t, "exec", id, "--", "cat", "/root/marker"); got != "on-disk\n" {
-		t.Fatalf("exec on a paused sandbox: %q", got)
+	if r := e.runWith(t, []string{"AIRLOCK_RUNTIME=gvisor"}, nil, "exec", id, "--", "cat", "/root/marker"); r.code != 0 || r.stdout != "on-disk\n" {
+		t.Fatalf("exec on a paused sandbox: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
-	if st := inspect(t, e, id); st.State != "running" {
-		t.Fatalf("after an exec on a paused sandbox: %q", st.State)
+	if st := inspect(t, e, id); st.State != "running" || st.Runtime != "qemu" {
+		t.Fatalf("after an exec on a paused sandbox: %+v", st)
 	}
 }
 
