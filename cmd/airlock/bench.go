@@ -68,24 +68,23 @@ func benchCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// Warm-up: builds the template on first use.
-			fmt.Fprintln(os.Stderr, "bench: warming up (builds the template if missing)")
-			if _, err := cli("run", "--", "true"); err != nil {
-				return fmt.Errorf("warm-up run: %w", err)
-			}
-
 			type row struct{ what, value, note string }
 			var rows []row
 
-			var runD []time.Duration
-			for range runs {
-				t := time.Now()
-				if _, err := cli("run", "--", "true"); err != nil {
-					return err
+			for _, rtName := range []string{"qemu", "gvisor"} {
+				if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
+					fmt.Fprintln(os.Stderr, "bench: no runsc, no gvisor rows:", err)
+					continue
 				}
-				runD = append(runD, time.Since(t))
+				fmt.Fprintf(os.Stderr, "bench: %s start, exec and memory rows\n", rtName)
+				sr, err := startBench(ctx, m, cli, rtName, runs, execs)
+				if err != nil {
+					return fmt.Errorf("%s bench: %w", rtName, err)
+				}
+				for _, r := range sr {
+					rows = append(rows, row{r[0], r[1], r[2]})
+				}
 			}
-			rows = append(rows, row{"`airlock run -- true` (create+exec+rm, CLI processes)", ms(median(runD)), fmt.Sprintf("median of %d", runs)})
 			if _, err := gvisor.FindRunsc(); err == nil {
 				var gvD []time.Duration
 				for range runs {
@@ -97,48 +96,6 @@ func benchCmd(g *globals) *cobra.Command {
 					gvD = append(gvD, time.Since(t))
 				}
 				rows = append(rows, row{"`airlock run --runtime gvisor -- python3 -c 'print(6*7)'`", ms(median(gvD)), fmt.Sprintf("median of %d; gVisor systrap", runs)})
-			}
-
-			var createD []time.Duration
-			var ids []string
-			for range runs {
-				t := time.Now()
-				id, err := cli("create")
-				if err != nil {
-					return err
-				}
-				if _, err := cli("exec", id, "--", "true"); err != nil {
-					return err
-				}
-				createD = append(createD, time.Since(t))
-				ids = append(ids, id)
-			}
-			rows = append(rows, row{"`create` until the first exec answers (template clone)", ms(median(createD)), fmt.Sprintf("median of %d, two CLI processes", runs)})
-
-			// Exec round trip through the shim, in one client.
-			c, closeFn, err := m.Connect(ctx, ids[0])
-			if err != nil {
-				return err
-			}
-			var execD []time.Duration
-			for range execs {
-				t := time.Now()
-				ex, err := sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"true"}}, sandbox.ExecIO{})
-				if err != nil || ex.GetExitCode() != 0 {
-					return fmt.Errorf("exec true: %v %v", err, ex)
-				}
-				execD = append(execD, time.Since(t))
-			}
-			closeFn()
-			rows = append(rows, row{"exec round trip (`true`, via shim socket)", ms(median(execD)), fmt.Sprintf("median of %d", execs)})
-
-			time.Sleep(2 * time.Second) // let the idle guest settle
-			rss, pss := sandboxMemory(m.L.ShimLock(ids[0]))
-			rows = append(rows, row{"host memory of an idle sandbox (shim + VMM)", fmt.Sprintf("RSS %d MiB, PSS %d MiB", rss>>10, pss>>10), fmt.Sprintf("%d sandboxes running", len(ids))})
-			for _, id := range ids {
-				if _, err := cli("rm", id); err != nil {
-					return err
-				}
 			}
 
 			var bare []time.Duration
@@ -210,6 +167,80 @@ func benchCmd(g *globals) *cobra.Command {
 	cmd.Flags().IntVar(&netMiB, "net-mib", 64, "size of each network throughput transfer (0 skips the network rows)")
 	cmd.Flags().Int64Var(&transferMiB, "transfer-mib", 200, "size of the API upload/download")
 	return cmd
+}
+
+// startBench measures one runtime: `run -- true`, create until the first
+// exec answers, the exec round trip through the shim, and an idle
+// sandbox's host memory. Rows name the runtime.
+func startBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error), rtName string, runs, execs int) ([][3]string, error) {
+	rcli := func(args ...string) (string, error) { return cli(append([]string{"--runtime", rtName}, args...)...) }
+	// Warm-up: builds the template (qemu) or extracts the image tree
+	// (gvisor) if missing.
+	if _, err := rcli("run", "--", "true"); err != nil {
+		return nil, fmt.Errorf("warm-up run: %w", err)
+	}
+	var rows [][3]string
+	var runD []time.Duration
+	for range runs {
+		t := time.Now()
+		if _, err := rcli("run", "--", "true"); err != nil {
+			return nil, err
+		}
+		runD = append(runD, time.Since(t))
+	}
+	rows = append(rows, [3]string{"`airlock run -- true` (create+exec+rm, CLI processes), " + rtName, ms(median(runD)), fmt.Sprintf("median of %d", runs)})
+
+	var createD []time.Duration
+	var ids []string
+	defer func() {
+		for _, id := range ids {
+			_, _ = cli("rm", id)
+		}
+	}()
+	for range runs {
+		t := time.Now()
+		id, err := rcli("create")
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+		if _, err := cli("exec", id, "--", "true"); err != nil {
+			return nil, err
+		}
+		createD = append(createD, time.Since(t))
+	}
+	how := "template clone"
+	if rtName == "gvisor" {
+		how = "runsc, shared image tree"
+	}
+	rows = append(rows, [3]string{"`create` until the first exec answers (" + how + "), " + rtName, ms(median(createD)), fmt.Sprintf("median of %d, two CLI processes", runs)})
+
+	// Exec round trip through the shim, in one client.
+	c, closeFn, err := m.Connect(ctx, ids[0])
+	if err != nil {
+		return nil, err
+	}
+	var execD []time.Duration
+	for range execs {
+		t := time.Now()
+		ex, err := sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"true"}}, sandbox.ExecIO{})
+		if err != nil || ex.GetExitCode() != 0 {
+			closeFn()
+			return nil, fmt.Errorf("exec true: %v %v", err, ex)
+		}
+		execD = append(execD, time.Since(t))
+	}
+	closeFn()
+	rows = append(rows, [3]string{"exec round trip (`true`, via shim socket), " + rtName, ms(median(execD)), fmt.Sprintf("median of %d", execs)})
+
+	time.Sleep(2 * time.Second) // let the idle guest settle
+	rss, pss := sandboxMemory(m.L.ShimLock(ids[0]))
+	what := "host memory of an idle sandbox (shim + VMM), " + rtName
+	if rtName == "gvisor" {
+		what = "host memory of an idle sandbox (shim + runsc, gofer, sentry), " + rtName
+	}
+	rows = append(rows, [3]string{what, fmt.Sprintf("RSS %d MiB, PSS %d MiB", rss>>10, pss>>10), fmt.Sprintf("%d sandboxes running", len(ids))})
+	return rows, nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
