@@ -314,6 +314,11 @@ func (in *instance) exited(ps *os.ProcessState) {
 		}
 	default:
 		st.Reason = "sandbox ended unexpectedly (" + ps.String() + ")"
+		if ps.ExitCode() == 128+int(syscall.SIGKILL) || st.Signal == syscall.SIGKILL.String() {
+			// The host's OOM killer ends the whole sentry: gVisor does not
+			// enforce memory limits per process inside.
+			st.Reason += fmt.Sprintf("; the sentry was killed: unless someone killed it, the sandbox used up its %d MiB memory limit", in.spec.MemoryMiB)
+		}
 		// runsc's own last words, not the agent's logs (slog text lines).
 		if l := in.consoleTail(); l != "" && !strings.HasPrefix(l, "time=") {
 			st.Reason += ": " + l
