@@ -123,17 +123,12 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			m, done, err := g.manager(ctx)
+			l, users, err := sandboxesByImage(ctx, g)
 			if err != nil {
 				return err
 			}
-			defer done()
-			sbs, err := m.List(ctx)
-			if err != nil {
-				return err
-			}
-			for _, sb := range sbs {
-				if sb.ImageDigest == im.Digest && sb.State != store.StateFailed {
+			for _, sb := range users[im.Digest] {
+				if sb.State != store.StateFailed {
 					return fmt.Errorf("%w: image %q is used by sandbox %s (remove it first)", errdefs.ErrConflict, im.Name, sb.ID)
 				}
 			}
@@ -142,7 +137,7 @@ func imageCmd(g *globals) *cobra.Command {
 			}
 			if _, err := os.Stat(s.Path(im)); errors.Is(err, os.ErrNotExist) {
 				// The blob is gone: drop the templates booted from it.
-				if err := sandbox.RemoveTemplates(m.L, im.Digest); err != nil {
+				if err := sandbox.RemoveTemplates(l, im.Digest); err != nil {
 					return err
 				}
 			}
@@ -151,22 +146,13 @@ func imageCmd(g *globals) *cobra.Command {
 		})}
 	prune := &cobra.Command{Use: "prune", Short: "Remove image blobs and extracted trees that no name and no sandbox uses", Args: cobra.NoArgs,
 		RunE: withStore(func(ctx context.Context, s *image.Store, _ []string) error {
-			m, done, err := g.manager(ctx)
+			l, users, err := sandboxesByImage(ctx, g)
 			if err != nil {
 				return err
 			}
-			defer done()
-			sbs, err := m.List(ctx)
-			if err != nil {
-				return err
-			}
-			used := map[string]bool{}
-			for _, sb := range sbs {
-				used[sb.ImageDigest] = true
-			}
-			removed, err := s.Prune(ctx, func(d string) bool { return used[d] })
+			removed, err := s.Prune(ctx, func(d string) bool { return len(users[d]) > 0 })
 			for _, d := range removed {
-				if rerr := sandbox.RemoveTemplates(m.L, d); rerr != nil {
+				if rerr := sandbox.RemoveTemplates(l, d); rerr != nil {
 					err = errors.Join(err, rerr)
 				}
 				fmt.Println(d)
@@ -175,4 +161,23 @@ func imageCmd(g *globals) *cobra.Command {
 		})}
 	cmd.AddCommand(ls, build, imp, pull, rm, prune)
 	return cmd
+}
+
+// sandboxesByImage returns the catalog's sandboxes by image digest, and
+// the state dir's layout (for the templates of an image).
+func sandboxesByImage(ctx context.Context, g *globals) (sandbox.Layout, map[string][]store.Sandbox, error) {
+	m, done, err := g.manager(ctx)
+	if err != nil {
+		return sandbox.Layout{}, nil, err
+	}
+	defer done()
+	sbs, err := m.List(ctx)
+	if err != nil {
+		return sandbox.Layout{}, nil, err
+	}
+	by := map[string][]store.Sandbox{}
+	for _, sb := range sbs {
+		by[sb.ImageDigest] = append(by[sb.ImageDigest], sb)
+	}
+	return m.L, by, nil
 }

@@ -215,7 +215,7 @@ func hideSelf(log *slog.Logger) {
 // hierarchical) and sets up the exec subtree as in a VM. gVisor keeps
 // memory.max but does not enforce it: the sandbox as a whole is bounded by
 // runsc's host cgroup. Each task costs the sentry host memory, so the
-// subtree's task limit comes from the memory size (ContainerTasksPerMiB),
+// subtree's task limit comes from the memory size (ContainerMiBPerTask),
 // not from pid_max: a fork bomb fails to fork before the host's OOM killer
 // would end the whole sandbox. Without cgroups, execs run without limits.
 func containerCgroups(log *slog.Logger) (*cgroup.Manager, uint32) {

@@ -192,6 +192,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 			return store.Sandbox{}, err
 		}
 	}
+	if rt == "gvisor" && o.IdlePause > 0 {
+		return store.Sandbox{}, fmt.Errorf("%w: gvisor sandboxes cannot pause yet: --idle-pause needs the qemu runtime", errdefs.ErrInvalid)
+	}
 	now := time.Now()
 	sb := store.Sandbox{
 		ID: NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,

@@ -145,7 +145,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv1.P
 	}
 	saver, ok := s.inst.(runtime.StateSaver)
 	if !ok {
-		return nil, false, connect.NewError(connect.CodeUnimplemented, errors.New("this runtime cannot pause sandboxes"))
+		return nil, false, connect.NewError(connect.CodeUnimplemented, errors.New("this sandbox's runtime cannot pause it (gvisor sandboxes cannot pause yet; qemu ones can)"))
 	}
 	sb, err := s.st.GetSandbox(ctx, s.cfg.ID)
 	if err != nil {
