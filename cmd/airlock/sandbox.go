@@ -441,11 +441,7 @@ func view(sb store.Sandbox) sandboxView {
 	v := sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
 		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Runtime, sb.Metadata, sb.Tenant, viewNetwork(sb.Network),
 		int64(sb.IdlePause / time.Second), nil, nil, sb.Source, nil}
-	var left int64
-	if sb.State == store.StatePaused {
-		left = int64(sb.LifetimeLeft / time.Second)
-	}
-	v.setPause(sb.PausedAt, sb.State == store.StatePaused, left)
+	v.PausedAt, v.LifetimeLeftS = sb.PauseView()
 	return v
 }
 

@@ -61,14 +61,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		Accel: sb.Accel, GuestKernel: sb.Kernel, StartMode: sb.StartMode, Runtime: sb.Runtime, Metadata: md, Tenant: sb.Tenant,
 		Network: sb.Network, IdlePauseS: int64(sb.IdlePause / time.Second), Source: sb.Source,
 	}
-	if !sb.PausedAt.IsZero() {
-		t := sb.PausedAt.UTC()
-		v.PausedAt = &t
-	}
-	if sb.State == store.StatePaused {
-		left := int64(sb.LifetimeLeft / time.Second)
-		v.LifetimeLeftS = &left
-	}
+	v.PausedAt, v.LifetimeLeftS = sb.PauseView()
 	return v
 }
 

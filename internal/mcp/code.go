@@ -32,16 +32,11 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 	if err := sandbox.ValidateLanguage(in.Language); err != nil {
 		return nil, err
 	}
-	d, err := t.timeout(in.TimeoutS)
+	ctx, cancel, id, d, err := t.begin(ctx, in.SandboxID, in.TimeoutS)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second) // the guest's timeout fires first
 	defer cancel()
-	id, err := t.s.target(ctx, in.SandboxID)
-	if err != nil {
-		return nil, err
-	}
 	limit := t.h.cfg.MaxOutputBytes
 	out := newOutput(limit)
 	var (

@@ -309,13 +309,6 @@ func viewSandbox(sb store.Sandbox) sandboxView {
 		MemoryMB: sb.MemoryMiB, DiskMB: sb.DiskMiB, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
 		Metadata: sb.Metadata, IdlePauseS: int64(sb.IdlePause / time.Second), Source: sb.Source,
 	}
-	if !sb.PausedAt.IsZero() {
-		t := sb.PausedAt.UTC()
-		v.PausedAt = &t
-	}
-	if sb.State == store.StatePaused {
-		left := int64(sb.LifetimeLeft / time.Second)
-		v.LifetimeLeftS = &left
-	}
+	v.PausedAt, v.LifetimeLeftS = sb.PauseView()
 	return v
 }

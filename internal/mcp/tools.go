@@ -93,6 +93,24 @@ func (t *tools) timeout(sec int) (time.Duration, error) {
 	return time.Duration(sec) * time.Second, nil
 }
 
+// begin validates timeoutS (seconds, 0 for the default) and finds the
+// sandbox a command or code runs in. It returns a context that outlives
+// the timeout by 30 s, so the guest's own timeout fires first, its cancel
+// (a no-op on error), the sandbox id and the timeout.
+func (t *tools) begin(ctx context.Context, sandboxID string, timeoutS int) (context.Context, context.CancelFunc, string, time.Duration, error) {
+	d, err := t.timeout(timeoutS)
+	if err != nil {
+		return ctx, func() {}, "", 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	id, err := t.s.target(ctx, sandboxID)
+	if err != nil {
+		cancel()
+		return ctx, func() {}, "", 0, err
+	}
+	return ctx, cancel, id, d, nil
+}
+
 type createIn struct {
 	Image        string            `json:"image,omitempty" jsonschema:"image name (default \"base\")"`
 	CPUs         int               `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1-32 (default 1)"`
@@ -360,16 +378,11 @@ func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error
 	if len(in.Cmd) == 0 || in.Cmd[0] == "" {
 		return nil, fmt.Errorf("%w: cmd must be a non-empty array", errdefs.ErrInvalid)
 	}
-	d, err := t.timeout(in.TimeoutS)
+	ctx, cancel, id, d, err := t.begin(ctx, in.SandboxID, in.TimeoutS)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second) // the guest's timeout fires first
 	defer cancel()
-	id, err := t.s.target(ctx, in.SandboxID)
-	if err != nil {
-		return nil, err
-	}
 	sb, err := t.h.cfg.Service.Get(ctx, id)
 	if err != nil {
 		return nil, err

@@ -157,10 +157,10 @@ func (m *Manager) contextClient(ctx context.Context, sandboxID string) (agentv1c
 	return c.Contexts, closeFn, nil
 }
 
-// withContexts calls call with a ContextService client of a running
-// sandbox; an error from call is categorised as step.
-func (m *Manager) withContexts(ctx context.Context, sandboxID, step string, call func(agentv1connect.ContextServiceClient) error) error {
-	c, closeFn, err := m.contextClient(ctx, sandboxID)
+// withClient calls call with a client that open makes for a running
+// sandbox, closing it after; an error from call is categorised as step.
+func withClient[C any](ctx context.Context, open func(context.Context, string) (C, func(), error), sandboxID, step string, call func(C) error) error {
+	c, closeFn, err := open(ctx, sandboxID)
 	if err != nil {
 		return err
 	}
@@ -169,6 +169,11 @@ func (m *Manager) withContexts(ctx context.Context, sandboxID, step string, call
 		return shimErr(ctx, step, err)
 	}
 	return nil
+}
+
+// withContexts is withClient for the guest's ContextService.
+func (m *Manager) withContexts(ctx context.Context, sandboxID, step string, call func(agentv1connect.ContextServiceClient) error) error {
+	return withClient(ctx, m.contextClient, sandboxID, step, call)
 }
 
 // CreateContext starts a code context ("python" by default) in a running

@@ -40,18 +40,9 @@ var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}$`)
 // inputChunk is the most stdin data one Input call to the shim carries.
 const inputChunk = 1 << 20
 
-// withSessions calls call with a SessionService client of a running
-// sandbox; an error from call is categorised as step.
+// withSessions is withClient for the shim's SessionService.
 func (m *Manager) withSessions(ctx context.Context, sandboxID, step string, call func(shimv1connect.SessionServiceClient) error) error {
-	c, closeFn, err := m.sessionClient(ctx, sandboxID)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	if err := call(c); err != nil {
-		return shimErr(ctx, step, err)
-	}
-	return nil
+	return withClient(ctx, m.sessionClient, sandboxID, step, call)
 }
 
 // sessionClient returns a SessionService client for a running sandbox's

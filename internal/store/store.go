@@ -79,6 +79,21 @@ type Sandbox struct {
 	Runtime string
 }
 
+// PauseView is how views show sb's pause state: when it was last paused
+// (nil if never), and while it is paused the running time it has left in
+// seconds (nil otherwise).
+func (sb Sandbox) PauseView() (pausedAt *time.Time, lifetimeLeftS *int64) {
+	if !sb.PausedAt.IsZero() {
+		t := sb.PausedAt.UTC()
+		pausedAt = &t
+	}
+	if sb.State == StatePaused {
+		left := int64(sb.LifetimeLeft / time.Second)
+		lifetimeLeftS = &left
+	}
+	return pausedAt, lifetimeLeftS
+}
+
 // ImageRecord maps an image name to its content-addressed blob.
 type ImageRecord struct {
 	Name    string

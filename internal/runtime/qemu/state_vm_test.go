@@ -17,6 +17,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/runtime/runtimetest"
 )
 
 // TestVMSaveState covers StateSaver on one cold-booted 512 MiB guest: a live
@@ -63,7 +64,7 @@ func TestVMSaveState(t *testing.T) {
 
 	// The guest runs on, writing to disk1 only.
 	ac = f.dialAgent(t, in)
-	if got := vmReadFile(t, ac, "/dev/shm/ram-marker"); !bytes.Equal(got, ramMarker) {
+	if got := runtimetest.ReadFile(t, ac, "/dev/shm/ram-marker"); !bytes.Equal(got, ramMarker) {
 		t.Fatalf("after live snapshot: ram marker %q", got)
 	}
 	up1 := ac.Info.GetUptimeSeconds()
@@ -121,7 +122,7 @@ func TestVMSaveState(t *testing.T) {
 				"/dev/shm/ram-marker": ramMarker, "/disk-marker": diskMarker,
 				"/dev/shm/after-live": []byte("y"), "/after-live": bytes.Repeat([]byte("x"), 1<<20),
 			} {
-				if got := vmReadFile(t, rac, p); !bytes.Equal(got, want) {
+				if got := runtimetest.ReadFile(t, rac, p); !bytes.Equal(got, want) {
 					t.Errorf("resumed guest: %s has %d bytes, want %d", p, len(got), len(want))
 				}
 			}
@@ -208,10 +209,10 @@ func TestVMSaveState(t *testing.T) {
 // markers written before it, nothing written after.
 func checkForkView(t *testing.T, ac *agentapi.Client, ramMarker, diskMarker []byte) {
 	t.Helper()
-	if got := vmReadFile(t, ac, "/dev/shm/ram-marker"); !bytes.Equal(got, ramMarker) {
+	if got := runtimetest.ReadFile(t, ac, "/dev/shm/ram-marker"); !bytes.Equal(got, ramMarker) {
 		t.Errorf("ram marker %q", got)
 	}
-	if got := vmReadFile(t, ac, "/disk-marker"); !bytes.Equal(got, diskMarker) {
+	if got := runtimetest.ReadFile(t, ac, "/disk-marker"); !bytes.Equal(got, diskMarker) {
 		t.Errorf("disk marker %q", got)
 	}
 	for _, p := range []string{"/after-live", "/dev/shm/after-live"} {
@@ -277,23 +278,4 @@ func vmWriteFile(t *testing.T, c *agentapi.Client, path string, data []byte) {
 	if _, err := st.CloseAndReceive(); err != nil {
 		t.Fatalf("write %s: %v", path, err)
 	}
-}
-
-func vmReadFile(t *testing.T, c *agentapi.Client, path string) []byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	st, err := c.Files.Read(ctx, connect.NewRequest(&agentv1.ReadRequest{Path: path}))
-	if err != nil {
-		t.Fatalf("read %s: %v", path, err)
-	}
-	defer st.Close()
-	var out []byte
-	for st.Receive() {
-		out = append(out, st.Msg().GetData()...)
-	}
-	if err := st.Err(); err != nil {
-		t.Fatalf("read %s: %v", path, err)
-	}
-	return out
 }

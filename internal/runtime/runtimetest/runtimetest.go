@@ -317,7 +317,7 @@ func testSnapshot(t *testing.T, h *Harness) {
 		clone := start(t, h, cs)
 		cc := dial(t, h, clone)
 		t.Logf("clone %d answered %v after Create", i, time.Since(t0).Round(time.Millisecond))
-		if got := readFile(t, cc, path); !bytes.Equal(got, want) {
+		if got := ReadFile(t, cc, path); !bytes.Equal(got, want) {
 			t.Fatalf("clone %d reads %q, want %q", i, got, want)
 		}
 		clients = append(clients, cc)
@@ -351,9 +351,11 @@ func writeFile(t *testing.T, c *agentapi.Client, path string, data []byte) {
 	}
 }
 
-func readFile(t *testing.T, c *agentapi.Client, path string) []byte {
+// ReadFile reads path from the guest through c's file service, failing t
+// on any error (60 s at most).
+func ReadFile(t *testing.T, c *agentapi.Client, path string) []byte {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	st, err := c.Files.Read(ctx, connect.NewRequest(&agentv1.ReadRequest{Path: path}))
 	if err != nil {
