@@ -1,0 +1,70 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Limits are a tenant's quotas. Zero fields take the server's defaults
+// before they reach the manager.
+type Limits struct {
+	MaxSandboxes int
+	MaxVCPUs     int
+	MaxMemoryMiB int
+	RatePerMin   int
+}
+
+// Caller is who asks the manager to act. Every surface (the local CLI, the
+// HTTP API, MCP, the E2B adapter, the dashboard) builds one and passes it
+// to the manager, which decides what the caller may see and do: adapters
+// translate, the manager decides.
+type Caller struct {
+	// Tenant owns what the caller creates; "" is the local user (the CLI
+	// on the state dir), who is an admin.
+	Tenant string
+	// KeyID is the API key's id, for the audit trail ("" for local use).
+	KeyID string
+	// Admin sees and acts on every tenant's sandboxes.
+	Admin bool
+	// Limits are the tenant's quotas (ignored for admins' own creates only
+	// when Tenant is "").
+	Limits Limits
+	// Via names the surface for the audit trail: "cli", "api", "mcp", ...
+	Via string
+}
+
+// Local is the caller of the CLI working on its own state dir.
+func Local() Caller { return Caller{Admin: true, Via: "cli"} }
+
+// Sees reports whether c may see sb.
+func (c Caller) Sees(sb store.Sandbox) bool { return c.Admin || sb.Tenant == c.Tenant }
+
+// Actor is the audit identity of c.
+func (c Caller) Actor() Actor { return Actor{Tenant: c.Tenant, KeyID: c.KeyID} }
+
+// lookup returns the reconciled sandbox id if c may see it. An absent
+// sandbox, a malformed id and another tenant's sandbox give the same
+// ErrNotFound, byte for byte, so ids cannot be probed.
+func (m *Manager) lookup(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
+	if ValidateID(id) != nil {
+		return store.Sandbox{}, errNoSandbox
+	}
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return store.Sandbox{}, errNoSandbox
+		}
+		return store.Sandbox{}, err
+	}
+	if !c.Sees(sb) {
+		return store.Sandbox{}, errNoSandbox
+	}
+	return sb, nil
+}
+
+// errNoSandbox is the one answer for a sandbox a caller cannot use.
+var errNoSandbox = fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
