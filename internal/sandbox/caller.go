@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -68,3 +69,35 @@ func (m *Manager) lookup(ctx context.Context, c Caller, id string) (store.Sandbo
 
 // errNoSandbox is the one answer for a sandbox a caller cannot use.
 var errNoSandbox = fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
+
+// running returns c's view of sandbox id once it runs (a paused sandbox is
+// resumed first: any call to it just works) and the pooled client of its
+// shim. On the common path (a running sandbox) it reads the catalog once.
+// Errors: errNoSandbox when c may not see id; ErrFailedPrecondition when
+// the sandbox is neither running nor resumable (its reason included).
+func (m *Manager) running(ctx context.Context, c Caller, id string) (store.Sandbox, *shimclient.Client, error) {
+	sb, err := m.lookup(ctx, c, id)
+	if err != nil {
+		return sb, nil, err
+	}
+	switch sb.State {
+	case store.StatePaused, store.StateResuming, store.StatePausing:
+		if sb, err = m.Resume(ctx, id); err != nil {
+			return sb, nil, err
+		}
+	}
+	if sb.State != store.StateRunning {
+		msg := fmt.Sprintf("sandbox %s is %s", id, sb.State)
+		if sb.Reason != "" {
+			msg += ": " + sb.Reason
+		}
+		return sb, nil, fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, msg)
+	}
+	return sb, m.shims().Get(m.L.Socket(id)), nil
+}
+
+// shims returns the manager's pool of shim connections.
+func (m *Manager) shims() *shimclient.Pool {
+	m.poolOnce.Do(func() { m.pool = shimclient.NewPool() })
+	return m.pool
+}

@@ -30,6 +30,7 @@ import (
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
+	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -76,6 +77,9 @@ type Manager struct {
 	// Runtime picks the runtime of a new sandbox ("qemu" or "gvisor");
 	// nil means qemu. A sandbox keeps its runtime for its lifetime.
 	Runtime func(context.Context) (string, error)
+
+	poolOnce sync.Once
+	pool     *shimclient.Pool // see shims
 }
 
 // ImagePath returns the blob path of an image digest ("sha256:<hex>").
