@@ -31,9 +31,6 @@ func (l Layout) ShimLock(id string) string  { return filepath.Join(l.Dir(id), "s
 func (l Layout) ShimLog(id string) string   { return filepath.Join(l.Dir(id), "shim.log") }
 func (l Layout) PortsSock(id string) string { return filepath.Join(l.Dir(id), "ports.sock") }
 func (l Layout) PauseDir(id string) string  { return filepath.Join(l.Dir(id), "paused") }
-func (l Layout) TemplateRef(id string) string {
-	return filepath.Join(l.Dir(id), "template.ref")
-}
 func (l Layout) RootDisk(id string) string { return filepath.Join(l.Dir(id), "root.qcow2") }
 func (l Layout) RunDir(id string) string   { return filepath.Join(l.Dir(id), "run") }
 func (l Layout) Console(id string) string  { return filepath.Join(l.RunDir(id), "console.log") }
