@@ -143,7 +143,8 @@ func (s *Store) DropHolder(ctx context.Context, holder Obj) error {
 // releases every one that nothing holds, in one transaction: a released
 // snapshot loses its catalog row, and a released object's own references
 // go with it, so the candidates only it held are released too. It returns
-// the released objects, whose files the caller deletes. Objects that are
+// the released objects, whose files the caller deletes (a snapshot
+// candidate without a catalog row is not released again). Objects that are
 // not candidates (named snapshots, current templates) are never released
 // and keep what they hold.
 func (s *Store) Collect(ctx context.Context, candidates []Obj) ([]Obj, error) {
@@ -174,8 +175,13 @@ func (s *Store) Collect(ctx context.Context, candidates []Obj) ([]Obj, error) {
 				return nil, fmt.Errorf("collect: %w", err)
 			}
 			if c.Kind == KindSnapshot {
-				if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, c.ID); err != nil {
+				res, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, c.ID)
+				if err != nil {
 					return nil, fmt.Errorf("collect: %w", err)
+				}
+				if n, _ := res.RowsAffected(); n == 0 {
+					released[c] = true // released before: not again
+					continue
 				}
 			}
 			released[c] = true
