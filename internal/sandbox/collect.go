@@ -68,6 +68,14 @@ func (m *Manager) collect(ctx context.Context, extra ...store.Obj) (int64, []sto
 	return freed, released, errors.Join(errs...)
 }
 
+// Collect runs the collector (for remove paths outside the manager: a
+// shim removing its sandbox at the end of its lifetime) and returns the
+// bytes freed.
+func (m *Manager) Collect(ctx context.Context) (int64, error) {
+	freed, _, err := m.collect(ctx)
+	return freed, err
+}
+
 // staleTemplates lists the ids of the templates that are not for bc (an
 // upgrade left them behind) or were half built over an hour ago.
 func staleTemplates(l Layout, bc BootConfig) []string {

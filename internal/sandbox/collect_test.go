@@ -3,6 +3,7 @@ package sandbox
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -159,5 +160,80 @@ func TestReconcile(t *testing.T) {
 	// The current generation's owner gone: settled.
 	if sb, _ = m.Get(ctx, "bbbbbbbbbbbb"); sb.State != store.StatePaused || sb.Gen != 2 {
 		t.Fatalf("owner of generation 2 gone: %s gen %d", sb.State, sb.Gen)
+	}
+}
+
+// TestFreezeRecordsReferences: a snapshot of a paused sandbox holds what
+// the sandbox's disk was backed by and the sandbox holds the snapshot; a
+// freeze whose row cannot be recorded puts the sandbox's disk back.
+func TestFreezeRecordsReferences(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("needs qemu-img (make deps)")
+	}
+	m := testManager(t)
+	ctx := t.Context()
+	const id = "aaaaaaaaaaaa"
+	addSandbox(t, m, id, store.StatePaused)
+	sb, err := m.Store.GetSandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Store.AddRefs(ctx, store.SandboxObj(id), store.RoleDisk, store.TemplateObj("t1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(m.L.PauseDir(id), PauseStateDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), PauseStateDir, "state.bin"), []byte("state"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), PauseManifestFile), []byte(`{"version":1}`), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", m.L.RootDisk(id), "16M").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	sn, err := m.freeze(ctx, sb, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := func(o store.Obj) []store.Obj {
+		ts, err := m.Store.Targets(ctx, o, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ts
+	}
+	if got := targets(store.SnapshotObj(sn.ID)); len(got) != 1 || got[0] != store.TemplateObj("t1") {
+		t.Fatalf("snapshot holds %v", got)
+	}
+	if got := targets(store.SandboxObj(id)); len(got) != 2 || got[0] != store.SnapshotObj(sn.ID) {
+		t.Fatalf("sandbox holds %v", got)
+	}
+	if err := m.RemoveSnapshot(ctx, "", "one"); err == nil {
+		t.Fatal("removed a snapshot the sandbox's disk is backed by")
+	}
+	// The same name again (a race past the check in snapshot): refused,
+	// and the sandbox's disk is the one it had.
+	if _, err := m.freeze(ctx, sb, "one"); err == nil {
+		t.Fatal("second snapshot named one")
+	}
+	out, err := exec.Command("qemu-img", "info", "--output=json", m.L.RootDisk(id)).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Backing string `json:"backing-filename"`
+	}
+	_ = json.Unmarshal(out, &info)
+	if info.Backing != filepath.Join(m.L.SnapshotDir(sn.ID), snapshotDisk) {
+		t.Fatalf("after the refused freeze the disk is backed by %q", info.Backing)
+	}
+	if got := targets(store.SandboxObj(id)); len(got) != 2 {
+		t.Fatalf("after the refused freeze the sandbox holds %v", got)
+	}
+	snaps, _ := os.ReadDir(m.L.SnapshotsDir())
+	if len(snaps) != 1 {
+		t.Fatalf("snapshot dirs left: %d", len(snaps))
 	}
 }

@@ -257,6 +257,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			s.teardown(bg, true)
 			_ = os.RemoveAll(s.l.Dir(cfg.ID))
 			_ = s.st.DeleteSandbox(bg, cfg.ID)
+			// What only this sandbox held (a fork base) goes with it.
+			if _, err := (&sandbox.Manager{L: s.l, Store: s.st, Log: s.log}).Collect(bg); err != nil {
+				s.log.Warn("collect after lifetime end", "err", err)
+			}
 			return nil
 		case sig := <-sigs:
 			s.log.Warn("terminated by signal", "signal", sig.String())
