@@ -110,7 +110,7 @@ func setupCmd(g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "setup: guest kernel %s, initramfs %s\n", k.Release, filepath.Base(initrd))
-			if n, err := sandbox.PruneTemplates(l, bc); err != nil {
+			if n, err := pruneTemplates(ctx, g); err != nil {
 				fmt.Fprintln(os.Stderr, "setup: prune templates:", err)
 			} else if n > 0 {
 				fmt.Fprintf(os.Stderr, "setup: removed %d template(s) of an older kernel or agent\n", n)
@@ -259,6 +259,12 @@ func shimCmd(g *globals) *cobra.Command {
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ready := os.NewFile(3, "ready")
+			// The shim lock the control plane took for this shim (shim.Config.Lock):
+			// close-on-exec at once, so nothing this process starts keeps it.
+			lock := os.NewFile(sandbox.ShimLockFD, "shim.lock")
+			if lock != nil {
+				syscall.CloseOnExec(sandbox.ShimLockFD)
+			}
 			l := sandbox.Layout{Root: g.stateDir}
 			bc, err := l.LoadBootConfig()
 			if err != nil {
@@ -285,7 +291,7 @@ func shimCmd(g *globals) *cobra.Command {
 			}
 			exe, _ := os.Executable()
 			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
-				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, RootDir: rootDir, Exe: exe, Secrets: secrets, Log: g.log.With("component", "shim"),
+				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, RootDir: rootDir, Exe: exe, Secrets: secrets, Lock: lock, Log: g.log.With("component", "shim"),
 			})
 		},
 	}
@@ -313,4 +319,15 @@ func holderCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&id, "template", "", "template id")
 	return cmd
+}
+
+// pruneTemplates removes the templates an upgrade left behind that no
+// sandbox or snapshot holds (sandbox.Manager.PruneTemplates).
+func pruneTemplates(ctx context.Context, g *globals) (int, error) {
+	m, done, err := g.manager(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	return m.PruneTemplates(ctx)
 }

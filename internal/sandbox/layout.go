@@ -31,14 +31,11 @@ func (l Layout) ShimLock(id string) string  { return filepath.Join(l.Dir(id), "s
 func (l Layout) ShimLog(id string) string   { return filepath.Join(l.Dir(id), "shim.log") }
 func (l Layout) PortsSock(id string) string { return filepath.Join(l.Dir(id), "ports.sock") }
 func (l Layout) PauseDir(id string) string  { return filepath.Join(l.Dir(id), "paused") }
-func (l Layout) TemplateRef(id string) string {
-	return filepath.Join(l.Dir(id), "template.ref")
-}
-func (l Layout) RootDisk(id string) string { return filepath.Join(l.Dir(id), "root.qcow2") }
-func (l Layout) RunDir(id string) string   { return filepath.Join(l.Dir(id), "run") }
-func (l Layout) Console(id string) string  { return filepath.Join(l.RunDir(id), "console.log") }
-func (l Layout) Templates() string         { return filepath.Join(l.Root, "templates") }
-func (l Layout) BootConfig() string        { return filepath.Join(l.Root, "boot.json") }
+func (l Layout) RootDisk(id string) string  { return filepath.Join(l.Dir(id), "root.qcow2") }
+func (l Layout) RunDir(id string) string    { return filepath.Join(l.Dir(id), "run") }
+func (l Layout) Console(id string) string   { return filepath.Join(l.RunDir(id), "console.log") }
+func (l Layout) Templates() string          { return filepath.Join(l.Root, "templates") }
+func (l Layout) BootConfig() string         { return filepath.Join(l.Root, "boot.json") }
 
 // idRe matches sandbox IDs: 12 lowercase base32 characters.
 var idRe = regexp.MustCompile(`^[a-z2-7]{12}$`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -73,18 +74,28 @@ func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) 
 		case store.StateRunning:
 			return sb, nil
 		case store.StatePaused:
-			ok, err := m.Store.SetState(ctx, id, store.StateResuming, "", store.StatePaused)
+			// Claim a new generation while holding the shim lock, and hand
+			// the lock to the shim (store.Transition). A busy lock is the
+			// shim that just paused it still exiting: wait for it.
+			lock, err := m.takeShimLock(id)
+			if errors.Is(err, errdefs.ErrConflict) {
+				break
+			}
 			if err != nil {
 				return sb, err
 			}
-			if !ok {
+			claimed, err := m.Store.Transition(ctx, id, store.Change{To: store.StateResuming, From: store.StatePaused, Claim: true})
+			if errors.Is(err, errdefs.ErrConflict) {
+				lock.Close()
 				continue // another caller got there first
 			}
-			if err := m.startShim(ctx, sb, nil); err != nil {
-				// Another resume may have won the shim's lock: wait for it.
-				if cur, gerr := m.Store.GetSandbox(ctx, id); gerr == nil && (cur.State == store.StateRunning || cur.State == store.StateResuming) && m.shimAlive(id) {
-					continue
-				}
+			if err != nil {
+				lock.Close()
+				return sb, err
+			}
+			if err := m.startShim(ctx, claimed, nil, lock); err != nil {
+				// The shim put the sandbox back to paused (saying why), or
+				// it is gone and the next Reconcile does.
 				return sb, err
 			}
 			return m.Get(ctx, id)

@@ -206,14 +206,16 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: o.Env,
 		Network: o.Network, IdlePause: o.IdlePause, Runtime: rt,
 	}
-	if err := os.MkdirAll(m.L.Dir(sb.ID), 0o700); err != nil {
-		return sb, fmt.Errorf("create sandbox dir: %w", err)
+	lock, err := m.newSandboxDir(sb.ID)
+	if err != nil {
+		return sb, err
 	}
 	if err := m.Store.CreateSandbox(ctx, sb); err != nil {
+		lock.Close()
 		_ = os.RemoveAll(m.L.Dir(sb.ID))
 		return sb, err
 	}
-	if err := m.startShim(ctx, sb, o.Secrets); err != nil {
+	if err := m.startShim(ctx, sb, o.Secrets, lock); err != nil {
 		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
@@ -228,10 +230,47 @@ type shimError struct{}
 func (shimError) Error() string        { return "" }
 func (shimError) Is(target error) bool { return target == errdefs.ErrUnavailable }
 
+// newSandboxDir creates sandbox id's directory and takes its shim lock,
+// for the shim that the caller starts after inserting the row.
+func (m *Manager) newSandboxDir(id string) (*os.File, error) {
+	if err := os.MkdirAll(m.L.Dir(id), 0o700); err != nil {
+		return nil, fmt.Errorf("create sandbox dir: %w", err)
+	}
+	lock, err := m.takeShimLock(id)
+	if err != nil {
+		_ = os.RemoveAll(m.L.Dir(id))
+	}
+	return lock, err
+}
+
+// takeShimLock takes sandbox id's shim lock (see store.Transition: a
+// generation is claimed only while holding it, and the lock goes to the
+// shim that startShim starts). It fails with ErrConflict while a shim
+// holds it.
+func (m *Manager) takeShimLock(id string) (*os.File, error) {
+	f, err := os.OpenFile(m.L.ShimLock(id), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("shim lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%w: a shim of sandbox %s is running", errdefs.ErrConflict, id)
+	}
+	return f, nil
+}
+
+// ShimLockFD is the descriptor a shim inherits its sandbox's shim lock on
+// (taken by the control plane before it claimed the generation).
+const ShimLockFD = 5
+
 // startShim starts `airlock shim` for sb (on sb's runtime) detached and
 // waits for its verdict on a pipe: "ok" once the guest answers, or
-// "error: ..." with the reason.
-func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netconf.Values) error {
+// "error: ..." with the reason. lock is sb's shim lock, held by the
+// caller since it claimed sb's generation: the shim inherits it (fd
+// ShimLockFD), so the lock stays held for as long as the owner of that
+// generation lives. startShim closes the caller's copy.
+func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netconf.Values, lock *os.File) error {
+	defer lock.Close()
 	id := sb.ID
 	exe := m.Exe
 	if exe == "" {
@@ -260,7 +299,7 @@ func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netco
 	args := append([]string{"shim", "--state-dir", m.L.Root, "--id", id, "--runtime", cmp.Or(sb.Runtime, "qemu")}, m.ShimArgs...)
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw, sr} // fd 3: readiness, fd 4: secrets
+	cmd.ExtraFiles = []*os.File{pw, sr, lock} // fd 3: readiness, fd 4: secrets, fd 5: shim lock
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// The shim gets the values over the pipe; the caller's own copies in
 	// its environment (`--secret NAME@host` reads $NAME) stay behind.
@@ -276,6 +315,7 @@ func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netco
 	}
 	pw.Close()
 	sr.Close()
+	lock.Close() // the shim holds it now
 	go func() {
 		defer sw.Close()
 		if len(secrets) > 0 {
@@ -321,35 +361,34 @@ func (m *Manager) shimAlive(id string) bool {
 	return false
 }
 
-// Reconcile marks a sandbox failed if the catalog says it is alive but its
-// shim is gone, and returns the fresh row.
+// Reconcile settles a sandbox whose owner is gone and returns the fresh
+// row. An alive sandbox (creating, resuming, running, pausing, stopping)
+// is owned by the shim of its generation, which holds the shim lock from
+// the claim on (store.Transition explains the protocol): a free lock is
+// proof that the owner is gone. Then a sandbox that died resuming or
+// pausing with its saved state whole is paused again (the next resume
+// checks the state), and any other is failed. The verdict is a
+// compare-and-set on the state and generation read: a row that moved on
+// meanwhile (a new owner) is returned as it is now.
 func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox {
-	switch sb.State {
-	case store.StateRunning, store.StateStopping, store.StateCreating, store.StatePausing, store.StateResuming:
-	default:
+	if !sb.State.Alive() || m.shimAlive(sb.ID) {
 		return sb
 	}
-	if (sb.State == store.StateCreating || sb.State == store.StateResuming) && time.Since(sb.CreatedAt) < 10*time.Second {
-		return sb // the shim may not have taken its lock yet
-	}
-	if m.shimAlive(sb.ID) {
-		return sb
-	}
+	c := store.Change{To: store.StateFailed, From: sb.State, Gen: sb.Gen,
+		Reason: "the sandbox's supervisor (shim) exited unexpectedly; its VM was stopped"}
 	if sb.State == store.StateResuming || sb.State == store.StatePausing {
-		// The shim died resuming or pausing: if the saved state is whole,
-		// the sandbox is still paused (the next resume checks it).
-		if _, err := os.Stat(filepath.Join(m.L.PauseDir(sb.ID), "manifest.json")); err == nil {
-			if ok, _ := m.Store.SetState(ctx, sb.ID, store.StatePaused, "", sb.State); ok {
-				sb.State = store.StatePaused
-			}
-			return sb
+		if _, err := os.Stat(filepath.Join(m.L.PauseDir(sb.ID), PauseManifestFile)); err == nil {
+			c = store.Change{To: store.StatePaused, From: sb.State, Gen: sb.Gen, LifetimeLeft: time.Until(sb.ExpiresAt)}
 		}
 	}
-	reason := "the sandbox's supervisor (shim) exited unexpectedly; its VM was stopped"
-	if ok, _ := m.Store.SetState(ctx, sb.ID, store.StateFailed, reason, sb.State); ok {
-		sb.State, sb.Reason = store.StateFailed, reason
+	cur, err := m.Store.Transition(ctx, sb.ID, c)
+	if err != nil {
+		if fresh, gerr := m.Store.GetSandbox(ctx, sb.ID); gerr == nil {
+			return fresh
+		}
+		return sb
 	}
-	return sb
+	return cur
 }
 
 // SetTimeout moves a sandbox's end of life to now + d (the shim watches the
@@ -481,7 +520,7 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 		cancel()
 		closeFn()
 		if err != nil {
-			m.Log.Warn("shim shutdown failed; killing it", "sandbox_id", id, "err", err)
+			m.log().Warn("shim shutdown failed; killing it", "sandbox_id", id, "err", err)
 		}
 		if err := m.waitShimGone(ctx, id, 10*time.Second); err != nil {
 			return err
@@ -491,18 +530,17 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 	// what its runtime mounted: runsc's state and network namespaces.
 	detachMounts(m.L.Dir(id))
 	detachNetns(id)
-	refs := readRefs(filepath.Join(m.L.Dir(id), snapshotRefs))
 	if err := os.RemoveAll(m.L.Dir(id)); err != nil {
 		return fmt.Errorf("remove sandbox files: %w", err)
 	}
+	// The row goes with the disk references it holds; the collector then
+	// frees what only it held (the unlisted base of a fork goes with the
+	// last sandbox on it).
 	if err := m.Store.DeleteSandbox(ctx, id); err != nil {
 		return err
 	}
-	if len(refs) > 0 {
-		// The unlisted base of a fork goes with the last sandbox on it.
-		if err := m.removeUnusedForkBases(ctx, refs); err != nil {
-			m.Log.Warn("remove fork bases", "err", err)
-		}
+	if _, _, err := m.collect(ctx); err != nil {
+		m.log().Warn("collect after rm", "sandbox_id", id, "err", err)
 	}
 	return nil
 }

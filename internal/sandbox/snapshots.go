@@ -10,8 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -19,10 +17,10 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// Snapshot files: snapshots/<id>/{state/, disk.qcow2, manifest.json,
-// template.ref}. The disk is the sandbox's overlay frozen at the moment
-// of the snapshot; it is backed by the template's disk, which
-// PruneTemplates keeps while a snapshot refers to it.
+// Snapshot files: snapshots/<id>/{state/, disk.qcow2, manifest.json}.
+// The disk is the sandbox's overlay frozen at the moment of the snapshot;
+// it is backed by the template's disk (and older snapshots' disks), which
+// the catalog's disk references keep (collect.go).
 const snapshotDisk = "disk.qcow2"
 
 // MaxForks bounds one Fork call.
@@ -101,10 +99,16 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	ok := false
 	root := m.L.RootDisk(sb.ID)
 	movedDisk := ""
+	rootMode := os.FileMode(0o600)
+	if fi, err := os.Stat(root); err == nil {
+		rootMode = fi.Mode().Perm()
+	}
 	defer func() {
 		if !ok {
-			if movedDisk != "" {
-				_ = os.Rename(movedDisk, root)
+			// The sandbox is paused (no VMM has its disk open): its disk
+			// goes back, replacing the overlay made on top of it.
+			if movedDisk != "" && os.Rename(movedDisk, root) == nil {
+				_ = os.Chmod(root, rootMode)
 			}
 			_ = os.RemoveAll(dir)
 		}
@@ -149,27 +153,15 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	if err := os.WriteFile(filepath.Join(dir, PauseManifestFile), mb, 0o400); err != nil {
 		return store.Snapshot{}, err
 	}
-	if ref, err := os.ReadFile(m.L.TemplateRef(sb.ID)); err == nil {
-		_ = os.WriteFile(filepath.Join(dir, "template.ref"), ref, 0o600)
-	}
-	// Disk chains: the snapshot is backed by whatever snapshots the
-	// sandbox's disk was; the sandbox now by this one too.
-	refs := readRefs(filepath.Join(m.L.Dir(sb.ID), snapshotRefs))
-	if err := writeRefs(filepath.Join(dir, snapshotRefs), refs); err != nil {
-		return store.Snapshot{}, err
-	}
-	if err := writeRefs(filepath.Join(m.L.Dir(sb.ID), snapshotRefs), append(refs, sid)); err != nil {
-		return store.Snapshot{}, err
-	}
 	sn := store.Snapshot{
 		Tenant: sb.Tenant, Name: name, ID: sid, SandboxID: sb.ID, Image: sb.Image, ImageDigest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: sb.Network, Env: sb.Env,
 		Size: dirUsage(dir), Created: time.Now(),
 	}
-	if err := m.Store.PutSnapshot(ctx, sn); err != nil {
-		// The sandbox's new overlay is backed by the frozen disk: keep the
-		// files, under an unlisted id, rather than break the sandbox.
-		ok = true
+	// Disk chains: the snapshot is backed by whatever the sandbox's disk
+	// was; the sandbox now by the snapshot too. On failure (a name taken
+	// meanwhile) the deferred undo puts the sandbox's disk back.
+	if err := m.Store.RecordSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
 	}
 	ok = true
@@ -262,117 +254,67 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: sn.Env,
 		Network: network, IdlePause: o.IdlePause, Source: source,
 	}
-	dir := m.L.Dir(sb.ID)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return sb, err
-	}
-	if err := errors.Join(
-		os.WriteFile(filepath.Join(dir, FromSnapshotFile), []byte(sn.ID+"\n"), 0o600),
-		writeRefs(filepath.Join(dir, snapshotRefs), append(readRefs(filepath.Join(sdir, snapshotRefs)), sn.ID)),
-	); err != nil {
-		_ = os.RemoveAll(dir)
+	lock, err := m.newSandboxDir(sb.ID)
+	if err != nil {
 		return sb, err
 	}
 	if err := m.Store.CreateSandbox(ctx, sb); err != nil {
-		_ = os.RemoveAll(dir)
+		lock.Close()
+		_ = os.RemoveAll(m.L.Dir(sb.ID))
 		return sb, err
 	}
-	if err := m.startShim(ctx, sb, nil); err != nil {
+	// The sandbox starts from the snapshot and its disk will be backed by
+	// the snapshot's (the snapshot holds the rest of the chain). Refused
+	// if the collector freed the snapshot meanwhile.
+	ho := store.SandboxObj(sb.ID)
+	if err := errors.Join(m.Store.AddRefs(ctx, ho, store.RoleOrigin, store.SnapshotObj(sn.ID)), m.Store.AddRefs(ctx, ho, store.RoleDisk, store.SnapshotObj(sn.ID))); err != nil {
+		lock.Close()
+		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
+		return sb, err
+	}
+	if err := m.startShim(ctx, sb, nil, lock); err != nil {
 		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
 	return m.Get(ctx, sb.ID)
 }
 
-// snapshotRefs, in a sandbox's or a snapshot's dir, lists the snapshots
-// its disk's backing chain goes through, one id per line.
-const snapshotRefs = "snapshot.refs"
-
-func readRefs(path string) []string {
-	b, _ := os.ReadFile(path)
-	return strings.Fields(string(b))
-}
-
-func writeRefs(path string, ids []string) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	return os.WriteFile(path, []byte(strings.Join(ids, "\n")+"\n"), 0o600)
-}
-
-// snapshotUsers are the sandboxes and snapshots whose disks are backed by
-// snapshot sid.
-func (m *Manager) snapshotUsers(sid string) []string {
-	var out []string
-	for _, pattern := range []string{filepath.Join(m.L.Sandboxes(), "*", snapshotRefs), filepath.Join(m.L.SnapshotsDir(), "*", snapshotRefs)} {
-		refs, _ := filepath.Glob(pattern)
-		for _, r := range refs {
-			if slices.Contains(readRefs(r), sid) {
-				out = append(out, filepath.Base(filepath.Dir(r)))
-			}
-		}
-	}
-	return out
-}
-
-// RemoveSnapshot deletes a snapshot unless sandboxes still start from it
-// (their disks are backed by its disk).
+// RemoveSnapshot deletes a snapshot unless sandboxes or snapshots still
+// hold it (their disks are backed by its disk, or they start from it);
+// then fork bases only it held go too.
 func (m *Manager) RemoveSnapshot(ctx context.Context, tenant, name string) error {
-	sn, err := m.Store.GetSnapshot(ctx, tenant, name)
+	sn, err := m.Store.DeleteSnapshot(ctx, tenant, name)
 	if err != nil {
 		return err
 	}
-	if users := m.snapshotUsers(sn.ID); len(users) > 0 {
-		return fmt.Errorf("%w: snapshot %q backs the disks of %s (sandboxes or snapshots); remove them first", errdefs.ErrFailedPrecondition, name, strings.Join(users, ", "))
+	err = errors.Join(removeSnapshotTemplate(m.L, sn.ID), os.RemoveAll(m.L.SnapshotDir(sn.ID)))
+	if _, _, cerr := m.collect(ctx); cerr != nil {
+		m.log().Warn("collect after snapshot rm", "err", cerr)
 	}
-	if err := m.Store.DeleteSnapshot(ctx, tenant, name); err != nil {
-		return err
-	}
-	return errors.Join(removeSnapshotTemplate(m.L, sn.ID), os.RemoveAll(m.L.SnapshotDir(sn.ID)))
-}
-
-// removeUnusedForkBases removes those of the snapshots ids that are fork
-// bases no sandbox or snapshot uses any more.
-func (m *Manager) removeUnusedForkBases(ctx context.Context, ids []string) error {
-	all, err := m.Store.ListSnapshots(ctx, "", true)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, sn := range all {
-		if slices.Contains(ids, sn.ID) && strings.HasPrefix(sn.Name, forkPrefix) && len(m.snapshotUsers(sn.ID)) == 0 {
-			errs = append(errs, m.RemoveSnapshot(ctx, sn.Tenant, sn.Name))
-		}
-	}
-	return errors.Join(errs...)
+	return err
 }
 
 // PruneSnapshots removes the unlisted snapshots forks started from once no
-// sandbox uses them any more, and files of snapshots with no catalog row.
-// It returns the bytes freed.
+// sandbox uses them any more (the collector), and files of snapshots with
+// no catalog row that nothing holds. It returns the bytes freed.
 func (m *Manager) PruneSnapshots(ctx context.Context) (int64, error) {
+	freed, _, err := m.collect(ctx)
+	errs := []error{err}
 	all, err := m.Store.ListSnapshots(ctx, "", true)
 	if err != nil {
-		return 0, err
+		return freed, errors.Join(append(errs, err)...)
 	}
 	known := map[string]bool{}
-	var freed int64
-	var errs []error
 	for _, sn := range all {
 		known[sn.ID] = true
-		if !strings.HasPrefix(sn.Name, forkPrefix) || len(m.snapshotUsers(sn.ID)) > 0 {
-			continue
-		}
-		size := dirUsage(m.L.SnapshotDir(sn.ID))
-		if err := m.RemoveSnapshot(ctx, sn.Tenant, sn.Name); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		freed += size
 	}
 	dirs, _ := os.ReadDir(m.L.SnapshotsDir())
 	for _, d := range dirs {
-		if known[d.Name()] || len(m.snapshotUsers(d.Name())) > 0 {
+		if known[d.Name()] {
+			continue
+		}
+		if holders, err := m.Store.Holders(ctx, store.SnapshotObj(d.Name())); err != nil || len(holders) > 0 {
+			errs = append(errs, err)
 			continue
 		}
 		p := m.L.SnapshotDir(d.Name())
@@ -382,7 +324,9 @@ func (m *Manager) PruneSnapshots(ctx context.Context) (int64, error) {
 		freed += dirUsage(p)
 		if err := os.RemoveAll(p); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		errs = append(errs, m.Store.DropHolder(ctx, store.SnapshotObj(d.Name())))
 	}
 	return freed, errors.Join(errs...)
 }

@@ -38,13 +38,13 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 	mk("child", "s2")
 	mk(forkPrefix+"x", "s3")
 	// s2 was taken of a sandbox started from s1; sandbox a runs from s2.
-	if err := writeRefs(filepath.Join(m.L.SnapshotDir("s2"), snapshotRefs), []string{"s1"}); err != nil {
+	if err := st.AddRefs(t.Context(), store.SnapshotObj("s2"), store.RoleDisk, store.SnapshotObj("s1")); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(m.L.Dir("aaaaaaaaaaaa"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeRefs(filepath.Join(m.L.Dir("aaaaaaaaaaaa"), snapshotRefs), []string{"s1", "s2"}); err != nil {
+	if err := st.AddRefs(t.Context(), store.SandboxObj("aaaaaaaaaaaa"), store.RoleDisk, store.SnapshotObj("s1"), store.SnapshotObj("s2")); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.PutSnapshot(t.Context(), store.Snapshot{Name: "base", ID: "s9"}); !errors.Is(err, errdefs.ErrConflict) {
@@ -71,7 +71,9 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 		}
 	}
 	// Once the sandbox is gone, child then base can go.
-	_ = os.RemoveAll(m.L.Dir("aaaaaaaaaaaa"))
+	if err := st.DeleteSandbox(t.Context(), "aaaaaaaaaaaa"); err != nil {
+		t.Fatal(err)
+	}
 	if err := m.RemoveSnapshot(t.Context(), "", "base"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("rm base while child refers to it: %v", err)
 	}
@@ -108,7 +110,7 @@ func TestRemoveFreesForkBase(t *testing.T) {
 		if err := os.MkdirAll(m.L.Dir(id), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := writeRefs(filepath.Join(m.L.Dir(id), snapshotRefs), []string{"base1"}); err != nil {
+		if err := st.AddRefs(t.Context(), store.SandboxObj(id), store.RoleDisk, store.SnapshotObj("base1")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,14 +11,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
-
-// FromSnapshotFile, in a sandbox's dir, names the snapshot (its id) the
-// sandbox starts from; the shim then clones the snapshot's template.
-const FromSnapshotFile = "from.snapshot"
 
 // snapshotTemplateID is the template a snapshot's sandboxes are cloned
 // from: like an image's template, but booted from the snapshot's state.
@@ -97,8 +93,12 @@ func removeSnapshotTemplate(l Layout, sid string) error {
 	return os.RemoveAll(dir)
 }
 
-// ReadFromSnapshot returns the snapshot id a sandbox starts from, or "".
-func ReadFromSnapshot(l Layout, id string) string {
-	b, _ := os.ReadFile(filepath.Join(l.Dir(id), FromSnapshotFile))
-	return strings.TrimSpace(string(b))
+// OriginSnapshot returns the id of the snapshot sandbox id starts from
+// (its shim then clones the snapshot's template), or "".
+func OriginSnapshot(ctx context.Context, st *store.Store, id string) (string, error) {
+	objs, err := st.Targets(ctx, store.SandboxObj(id), store.RoleOrigin)
+	if err != nil || len(objs) == 0 {
+		return "", err
+	}
+	return objs[0].ID, nil
 }

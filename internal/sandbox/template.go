@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -366,47 +365,4 @@ func (t Template) MakeSpare(ctx context.Context) {
 		return
 	}
 	_ = os.Rename(tmp, filepath.Join(t.Dir, "spare-"+NewID()+".qcow2"))
-}
-
-// PruneTemplates removes templates built for another kernel or initramfs
-// than bc (left behind by an upgrade), and half-built ones. Running clones
-// are unaffected: their VMMs hold the files open. It returns how many it
-// removed.
-func PruneTemplates(l Layout, bc BootConfig) (int, error) {
-	// Templates that sandboxes' disks are backed by stay (a paused sandbox
-	// needs its chain whole to resume).
-	keep := map[string]bool{}
-	refs, _ := filepath.Glob(filepath.Join(l.Sandboxes(), "*", "template.ref"))
-	snaps, _ := filepath.Glob(filepath.Join(l.Root, "snapshots", "*", "template.ref"))
-	refs = append(refs, snaps...)
-	for _, r := range refs {
-		if b, err := os.ReadFile(r); err == nil {
-			keep[strings.TrimSpace(string(b))] = true
-		}
-	}
-	dirs, _ := filepath.Glob(filepath.Join(l.Templates(), "*"))
-	n := 0
-	var errs []error
-	for _, d := range dirs {
-		fi, err := os.Stat(d)
-		if err != nil || !fi.IsDir() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(d, "meta.json"))
-		var m templateMeta
-		stale := err != nil || json.Unmarshal(b, &m) != nil || m.Key.Kernel != bc.Kernel || m.Key.Initrd != bc.Initrd || m.Key.Format != templateFormat
-		if !stale || keep[d] {
-			continue
-		}
-		if err != nil && time.Since(fi.ModTime()) < time.Hour {
-			continue // may be a build in progress
-		}
-		if err := os.RemoveAll(d); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		_ = os.Remove(d + ".lock")
-		n++
-	}
-	return n, errors.Join(errs...)
 }

@@ -158,7 +158,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv1.P
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, false, err
 	}
-	if ok, err := s.st.SetState(ctx, s.cfg.ID, store.StatePausing, "", store.StateRunning); err != nil || !ok {
+	if _, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StatePausing, Gen: s.gen}); err != nil {
 		return nil, false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox is not running (%v)", err))
 	}
 	// From here on new requests are refused (retry after the pause: the
@@ -191,8 +191,8 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv1.P
 	if err := os.WriteFile(filepath.Join(dir, sandbox.PauseManifestFile), b, 0o400); err != nil {
 		return nil, true, err
 	}
-	if ok, err := s.st.SetPaused(ctx, s.cfg.ID, left); err != nil || !ok {
-		return nil, true, fmt.Errorf("record paused: %v (changed=%v)", err, ok)
+	if _, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StatePaused, Gen: s.gen, LifetimeLeft: left}); err != nil {
+		return nil, true, fmt.Errorf("record paused: %w", err)
 	}
 	s.log.Info("paused", "save", saveDur, "total", time.Since(t0), "state_bytes", size)
 	return &shimv1.PauseResponse{StateBytes: size, SaveMs: saveDur.Milliseconds()}, false, nil

@@ -70,7 +70,13 @@ type Config struct {
 	RootDir func(context.Context, store.Sandbox) (string, error)
 	// Secrets are the values of the sandbox's secrets (ReadSecrets).
 	Secrets netconf.Values
-	Log     *slog.Logger
+	// Lock, if set, is the sandbox's shim lock, already taken by the
+	// control plane that claimed the sandbox's generation and started this
+	// shim (inherited on sandbox.ShimLockFD; see store.Transition). It is
+	// used if it is that file and is locked; otherwise the shim takes the
+	// lock itself.
+	Lock *os.File
+	Log  *slog.Logger
 }
 
 // ramSharer is implemented by runtimes that can map a template's RAM from a
@@ -95,6 +101,7 @@ type shim struct {
 	accel    string             // "kvm" or "tcg"
 	act      activity           // what keeps the sandbox from idling
 	pauseReq chan pauseReq      // LifecycleService.Pause asks the main loop
+	gen      int64              // the generation this shim owns (store.Transition)
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -122,14 +129,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}()
 
-	lock, err := os.OpenFile(s.l.ShimLock(cfg.ID), os.O_CREATE|os.O_RDWR, 0o600)
+	lock, err := shimLock(s.l.ShimLock(cfg.ID), cfg.Lock)
 	if err != nil {
-		return fmt.Errorf("shim lock: %w", err)
+		return fmt.Errorf("sandbox %s: %w", cfg.ID, err)
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return fmt.Errorf("another shim runs sandbox %s", cfg.ID)
-	}
 	_ = lock.Truncate(0)
 	_, _ = lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 
@@ -142,17 +146,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	if sb.State == store.StatePaused {
-		// A resume whose resuming state a concurrent Reconcile undid
-		// before this shim held its lock: take it again.
-		if ok, err := s.st.SetState(ctx, cfg.ID, store.StateResuming, "", store.StatePaused); err != nil || !ok {
-			return fmt.Errorf("sandbox %s: resume: %v (changed=%v)", cfg.ID, err, ok)
-		}
-		sb.State = store.StateResuming
-	}
+	// Holding the lock, this shim owns the row's generation: whoever
+	// claimed it (create, resume) held the lock since and handed it over.
 	if sb.State != store.StateCreating && sb.State != store.StateResuming {
 		return fmt.Errorf("sandbox %s is %s, not creating or resuming", cfg.ID, sb.State)
 	}
+	s.gen = sb.Gen
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -166,7 +165,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			// and says why the resume failed.
 			err = fmt.Errorf("resume: %w", err)
 			s.teardownPaused(bg)
-			_, _ = s.st.SetState(bg, cfg.ID, store.StatePaused, oneLine("last resume failed: "+err.Error()), store.StateResuming)
+			_, _ = s.st.Transition(bg, cfg.ID, store.Change{To: store.StatePaused, Gen: s.gen, Reason: oneLine("last resume failed: " + err.Error())})
 			return err
 		}
 		err = fmt.Errorf("start: %w", err)
@@ -258,6 +257,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			s.teardown(bg, true)
 			_ = os.RemoveAll(s.l.Dir(cfg.ID))
 			_ = s.st.DeleteSandbox(bg, cfg.ID)
+			// What only this sandbox held (a fork base) goes with it.
+			if _, err := (&sandbox.Manager{L: s.l, Store: s.st, Log: s.log}).Collect(bg); err != nil {
+				s.log.Warn("collect after lifetime end", "err", err)
+			}
 			return nil
 		case sig := <-sigs:
 			s.log.Warn("terminated by signal", "signal", sig.String())
@@ -285,7 +288,7 @@ func (s *shim) pauseFailed(ctx context.Context, what string, err error, fatal bo
 var expiryPoll = time.Second
 
 func (s *shim) fail(ctx context.Context, reason string) {
-	if _, err := s.st.SetState(ctx, s.cfg.ID, store.StateFailed, oneLine(reason)); err != nil {
+	if _, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StateFailed, Gen: s.gen, Reason: oneLine(reason)}); err != nil {
 		s.log.Error("record failure", "err", err)
 	}
 }
@@ -327,7 +330,10 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	tmplDisk := sandbox.TemplateDiskMiB(fi.Size())
 	var verify func() error
-	fromSnap := sandbox.ReadFromSnapshot(s.l, sb.ID)
+	fromSnap, err := sandbox.OriginSnapshot(ctx, s.st, sb.ID)
+	if err != nil {
+		return err
+	}
 	if s.cfg.RootDir != nil {
 		if sb.State == store.StateResuming || fromSnap != "" {
 			return fmt.Errorf("the %s runtime cannot resume or clone saved sandboxes", s.cfg.Runtime.Name())
@@ -376,8 +382,11 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 			return err
 		}
 		s.tmpl = &t
-		// Templates a sandbox's disk is backed by are kept by PruneTemplates.
-		_ = os.WriteFile(s.l.TemplateRef(sb.ID), []byte(t.Dir+"\n"), 0o600)
+		// The sandbox's disk is backed by the template's: a disk
+		// reference keeps it (sandbox/collect.go).
+		if err := s.st.AddRefs(ctx, store.SandboxObj(sb.ID), store.RoleDisk, store.TemplateObj(filepath.Base(t.Dir))); err != nil {
+			return err
+		}
 		// Map the template's RAM from its holder, shared with every other
 		// clone, rather than from a private copy in this process.
 		if sharer, ok := s.cfg.Runtime.(ramSharer); ok && s.cfg.Exe != "" {
@@ -464,8 +473,8 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if err := s.serve(); err != nil {
 		return err
 	}
-	if ok, err := s.st.SetState(ctx, sb.ID, store.StateRunning, "", store.StateCreating, store.StateResuming); err != nil || !ok {
-		return fmt.Errorf("mark running: %v (changed=%v)", err, ok)
+	if _, err := s.st.Transition(ctx, sb.ID, store.Change{To: store.StateRunning, Gen: s.gen}); err != nil {
+		return fmt.Errorf("mark running: %w", err)
 	}
 	mark("ready")
 	if mode == "resume" {
@@ -551,7 +560,7 @@ func (s *shim) endVMM(ctx context.Context) {
 // the sandbox stopping first (rm, lifetime).
 func (s *shim) teardown(ctx context.Context, removing bool) {
 	if removing {
-		_, _ = s.st.SetState(ctx, s.cfg.ID, store.StateStopping, "", store.StateRunning)
+		_, _ = s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StateStopping, From: store.StateRunning, Gen: s.gen})
 	}
 	if s.execs != nil {
 		// Owned execs end first, so their exits reach attachers and the
@@ -575,6 +584,32 @@ func (s *shim) teardown(ctx context.Context, removing bool) {
 			}
 		}
 	}
+}
+
+// shimLock returns the sandbox's shim lock at path, locked: inherited if
+// it is that file and this process's lock on it holds (a lock taken on the
+// same open file description is re-taken at once), else taken here. The
+// inherited descriptor is made close-on-exec: the VMM and the other
+// processes the shim starts must not keep the lock after the shim exits.
+func shimLock(path string, inherited *os.File) (*os.File, error) {
+	if inherited != nil {
+		var a, b unix.Stat_t
+		if unix.Fstat(int(inherited.Fd()), &a) == nil && unix.Stat(path, &b) == nil && a.Dev == b.Dev && a.Ino == b.Ino &&
+			unix.Flock(int(inherited.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			unix.CloseOnExec(int(inherited.Fd()))
+			return inherited, nil
+		}
+		_ = inherited.Close()
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("shim lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, errors.New("another shim runs it")
+	}
+	return f, nil
 }
 
 func oneLine(s string) string {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -35,15 +36,31 @@ const snapshotCols = `tenant,name,id,sandbox_id,image,image_digest,cpus,memory_m
 // PutSnapshot records a new snapshot; a name the tenant already uses is
 // ErrAlreadyExists.
 func (s *Store) PutSnapshot(ctx context.Context, sn Snapshot) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("record snapshot: %w", err)
+	}
+	defer tx.Rollback()
+	if err := putSnapshot(ctx, tx, sn); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM snapshots WHERE tenant = ? AND name = ?`, sn.Tenant, sn.Name).Scan(&n); err != nil {
+		return fmt.Errorf("record snapshot: %w", err)
+	}
+	if n > 0 {
+		return fmt.Errorf("%w: snapshot %q exists", errdefs.ErrConflict, sn.Name)
+	}
 	network, _ := json.Marshal(sn.Network)
 	env, _ := json.Marshal(sn.Env)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sn.Tenant, sn.Name, sn.ID, sn.SandboxID, sn.Image, sn.ImageDigest, sn.CPUs, sn.MemoryMiB, sn.DiskMiB,
 		string(network), string(env), sn.Size, sn.Created.UnixNano())
 	if err != nil {
-		if _, gerr := s.GetSnapshot(ctx, sn.Tenant, sn.Name); gerr == nil {
-			return fmt.Errorf("%w: snapshot %q exists", errdefs.ErrConflict, sn.Name)
-		}
 		return fmt.Errorf("record snapshot: %w", err)
 	}
 	return nil
@@ -97,14 +114,69 @@ func (s *Store) ListSnapshots(ctx context.Context, tenant string, all bool) ([]S
 	return out, rows.Err()
 }
 
-// DeleteSnapshot removes a snapshot's row.
-func (s *Store) DeleteSnapshot(ctx context.Context, tenant, name string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE tenant = ? AND name = ?`, tenant, name)
+// DeleteSnapshot removes a snapshot's row and the disk references it
+// holds, and returns it. While anything holds the snapshot (a disk backed
+// by it, a sandbox started from it) it is refused with
+// ErrFailedPrecondition naming the holders; the check and the delete are
+// one transaction.
+func (s *Store) DeleteSnapshot(ctx context.Context, tenant, name string) (Snapshot, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("delete snapshot: %w", err)
+		return Snapshot{}, fmt.Errorf("delete snapshot: %w", err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
+	defer tx.Rollback()
+	sn, err := scanSnapshot(tx.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE tenant = ? AND name = ?`, tenant, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sn, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
 	}
-	return nil
+	if err != nil {
+		return sn, fmt.Errorf("delete snapshot: %w", err)
+	}
+	holders, err := queryObjs(ctx, tx, `SELECT DISTINCT holder_kind, holder_id FROM refs WHERE target_kind = ? AND target_id = ? ORDER BY holder_kind, holder_id`,
+		string(KindSnapshot), sn.ID)
+	if err != nil {
+		return sn, err
+	}
+	if len(holders) > 0 {
+		var names []string
+		for _, h := range holders {
+			names = append(names, h.String())
+		}
+		return sn, fmt.Errorf("%w: snapshot %q backs %s; remove them first", errdefs.ErrFailedPrecondition, name, strings.Join(names, ", "))
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, sn.ID); err != nil {
+		return sn, fmt.Errorf("delete snapshot: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE holder_kind = ? AND holder_id = ?`, string(KindSnapshot), sn.ID); err != nil {
+		return sn, fmt.Errorf("delete snapshot: %w", err)
+	}
+	return sn, tx.Commit()
+}
+
+// RecordSnapshot records a new snapshot taken of a sandbox, in one
+// transaction: its row (a name the tenant already uses is ErrConflict),
+// its disk references (whatever the sandbox's disk was backed by) and the
+// sandbox's new one (its disk is now backed by the snapshot's).
+func (s *Store) RecordSnapshot(ctx context.Context, sn Snapshot) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("record snapshot: %w", err)
+	}
+	defer tx.Rollback()
+	if err := putSnapshot(ctx, tx, sn); err != nil {
+		return err
+	}
+	sb := SandboxObj(sn.SandboxID)
+	chain, err := queryObjs(ctx, tx, `SELECT DISTINCT target_kind, target_id FROM refs WHERE holder_kind = ? AND holder_id = ? AND role = ?`,
+		string(sb.Kind), sb.ID, string(RoleDisk))
+	if err != nil {
+		return err
+	}
+	if err := addRefs(ctx, tx, SnapshotObj(sn.ID), RoleDisk, chain, false); err != nil {
+		return err
+	}
+	if err := addRefs(ctx, tx, sb, RoleDisk, []Obj{SnapshotObj(sn.ID)}, false); err != nil {
+		return err
+	}
+	return tx.Commit()
 }

@@ -77,6 +77,9 @@ type Sandbox struct {
 	// Runtime runs it: "qemu" or "gvisor" (rows from before schema 5 are
 	// qemu). Chosen at create, kept for its lifetime.
 	Runtime string
+	// Gen is the owner generation (see Transition): 1 at create, one more
+	// at each resume.
+	Gen int64
 }
 
 // PauseView is how views show sb's pause state: when it was last paused
@@ -193,10 +196,23 @@ var migrations = []string{
 	PRAGMA user_version = 4;`,
 	`ALTER TABLE sandboxes ADD COLUMN runtime TEXT NOT NULL DEFAULT 'qemu';
 	PRAGMA user_version = 5;`,
+	// v6: owner generations (Transition) and disk references as rows
+	// (refs.go; the ref files of older versions are imported after it).
+	`ALTER TABLE sandboxes ADD COLUMN gen INTEGER NOT NULL DEFAULT 1;
+	CREATE TABLE refs (
+		holder_kind TEXT NOT NULL,
+		holder_id TEXT NOT NULL,
+		role TEXT NOT NULL,
+		target_kind TEXT NOT NULL,
+		target_id TEXT NOT NULL,
+		PRIMARY KEY (holder_kind, holder_id, role, target_kind, target_id)
+	);
+	CREATE INDEX refs_target ON refs(target_kind, target_id);
+	PRAGMA user_version = 6;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 5
+const schemaVersion = 6
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -222,7 +238,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	// immediate transaction that re-checks the version, so processes
 	// opening a new catalog at once cannot reset a migrated one to v1.
 	for ; version < schemaVersion; version++ {
-		if err := migrate(ctx, db, version); err != nil {
+		if err := migrate(ctx, db, filepath.Dir(path), version); err != nil {
 			db.Close()
 			return nil, err
 		}
@@ -233,7 +249,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 
 // migrate runs migration from -> from+1 in one transaction; a concurrent
 // process that migrated first makes it a no-op.
-func migrate(ctx context.Context, db *sql.DB, from int) error {
+// stateDir is the catalog's directory (the state dir), for steps that
+// import files.
+func migrate(ctx context.Context, db *sql.DB, stateDir string, from int) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("migrate catalog: %w", err)
@@ -252,6 +270,11 @@ func migrate(ctx context.Context, db *sql.DB, from int) error {
 	}
 	if _, err := tx.ExecContext(ctx, step); err != nil {
 		return fmt.Errorf("migrate catalog to v%d: %w", from+1, err)
+	}
+	if from+1 == 6 {
+		if err := importRefFiles(ctx, tx, stateDir); err != nil {
+			return fmt.Errorf("migrate catalog to v6: %w", err)
+		}
 	}
 	return tx.Commit()
 }
@@ -318,9 +341,11 @@ func (s *Store) DeleteImage(ctx context.Context, name string) error {
 	return nil
 }
 
-const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source,runtime`
+const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source,runtime,gen`
 
-// CreateSandbox inserts a new sandbox row.
+// CreateSandbox inserts a new sandbox row, owned by generation 1. Its
+// state is sb.State: StateCreating for a new sandbox (other states are for
+// tests and imports); Transition changes it from then on.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	md, err := json.Marshal(sb.Metadata)
 	if err != nil {
@@ -334,7 +359,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)`,
 		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
 		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env), string(network),
 		sb.IdlePause.Milliseconds(), sb.LifetimeLeft.Milliseconds(), unixNano(sb.PausedAt), sb.Source, cmp.Or(sb.Runtime, "qemu"))
@@ -352,7 +377,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var created, expires, idle, left, paused int64
 	err := r.Scan(&sb.ID, &state, &sb.Reason, &sb.Image, &sb.ImageDigest, &sb.CPUs, &sb.MemoryMiB, &sb.DiskMiB,
 		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env, &network,
-		&idle, &left, &paused, &sb.Source, &sb.Runtime)
+		&idle, &left, &paused, &sb.Source, &sb.Runtime, &sb.Gen)
 	if err != nil {
 		return sb, err
 	}
@@ -398,31 +423,6 @@ func (s *Store) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
 	return out, rows.Err()
 }
 
-// SetState moves a sandbox to state with reason. If from is non-empty the
-// update only happens when the current state is one of from; it reports
-// whether a row changed.
-func (s *Store) SetState(ctx context.Context, id string, state State, reason string, from ...State) (bool, error) {
-	q := `UPDATE sandboxes SET state=?, reason=? WHERE id=?`
-	args := []any{string(state), reason, id}
-	if len(from) > 0 {
-		q += ` AND state IN (`
-		for i, f := range from {
-			if i > 0 {
-				q += ","
-			}
-			q += "?"
-			args = append(args, string(f))
-		}
-		q += `)`
-	}
-	res, err := s.db.ExecContext(ctx, q, args...)
-	if err != nil {
-		return false, fmt.Errorf("set sandbox %s state: %w", id, err)
-	}
-	n, _ := res.RowsAffected()
-	return n > 0, nil
-}
-
 // SetRuntimeInfo records what the shim learned while starting the sandbox.
 func (s *Store) SetRuntimeInfo(ctx context.Context, id, accel, kernel, startMode string) error {
 	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET accel=?, kernel=?, start_mode=? WHERE id=?`, accel, kernel, startMode, id)
@@ -432,24 +432,22 @@ func (s *Store) SetRuntimeInfo(ctx context.Context, id, accel, kernel, startMode
 	return nil
 }
 
-// DeleteSandbox removes a sandbox row. Deleting a missing row is not an error.
+// DeleteSandbox removes a sandbox row and the disk references it holds
+// (Collect may then free what they kept). Deleting a missing row is not an
+// error.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id); err != nil {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
-	return nil
-}
-
-// SetPaused records that a running or pausing sandbox is now paused, with
-// the running time it had left; it reports whether the row changed.
-func (s *Store) SetPaused(ctx context.Context, id string, left time.Duration) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = '', lifetime_left_ms = ?, paused_at = ? WHERE id = ? AND state IN (?, ?)`,
-		string(StatePaused), max(left, time.Second).Milliseconds(), time.Now().UnixNano(), id, string(StatePausing), string(StateRunning))
-	if err != nil {
-		return false, fmt.Errorf("set paused %s: %w", id, err)
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
-	n, _ := res.RowsAffected()
-	return n == 1, nil
+	if _, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE holder_kind = ? AND holder_id = ?`, string(KindSandbox), id); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return tx.Commit()
 }
 
 // SetLifetimeLeft sets the running time a paused sandbox has left; it

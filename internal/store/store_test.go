@@ -26,13 +26,11 @@ func TestSandboxLifecycle(t *testing.T) {
 	if err := s.CreateSandbox(ctx, sb); err == nil {
 		t.Fatal("duplicate id accepted")
 	}
-	ok, err := s.SetState(ctx, "abc", StateRunning, "", StateCreating)
-	if err != nil || !ok {
-		t.Fatalf("SetState = %v, %v", ok, err)
+	if _, err := s.Transition(ctx, "abc", Change{To: StateRunning, From: StateCreating}); err != nil {
+		t.Fatalf("Transition = %v", err)
 	}
-	ok, _ = s.SetState(ctx, "abc", StateFailed, "x", StateCreating)
-	if ok {
-		t.Fatal("conditional SetState changed a row in the wrong state")
+	if _, err := s.Transition(ctx, "abc", Change{To: StateFailed, Reason: "x", From: StateCreating}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("conditional Transition on a row in the wrong state: %v", err)
 	}
 	got, err := s.GetSandbox(ctx, "abc")
 	if err != nil {
