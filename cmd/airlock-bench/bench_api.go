@@ -40,7 +40,11 @@ func apiBench(ctx context.Context, cfg config, m *sandbox.Manager, runs, concurr
 	if err != nil {
 		return nil, err
 	}
-	defer m.Store.RevokeKey(context.WithoutCancel(ctx), k.ID)
+	defer func() {
+		if err := m.Store.RevokeKey(context.WithoutCancel(ctx), k.ID); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: revoke the API key:", err)
+		}
+	}()
 	srv := exec.Command(cfg.airlock, "--state-dir", cfg.stateDir, "--accel", cfg.accel, "serve", "--listen", addr)
 	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := srv.Start(); err != nil {

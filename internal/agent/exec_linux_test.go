@@ -30,7 +30,7 @@ func (env *testEnv) runExec(t *testing.T, ctx context.Context, start *agentv1.Ex
 	t.Helper()
 	begin := time.Now()
 	stream := env.c.Exec.Exec(ctx)
-	defer stream.CloseResponse()
+	defer func() { _ = stream.CloseResponse() }()
 	send := func(m *agentv1.ExecRequest) {
 		if err := stream.Send(m); err != nil && !errors.Is(err, io.EOF) {
 			t.Errorf("send: %v", err)

@@ -46,7 +46,7 @@ func upstreamTLS(t *testing.T, name string) (uint16, *x509.CertPool, func() []st
 		mu.Lock()
 		seen = append(seen, r.Header.Get("Authorization"))
 		mu.Unlock()
-		io.WriteString(w, "ok")
+		_, _ = io.WriteString(w, "ok")
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })

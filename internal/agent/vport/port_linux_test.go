@@ -51,7 +51,9 @@ func TestSessionReadWriteEOF(t *testing.T) {
 	if err != nil || string(buf[:n]) != "ping" {
 		t.Fatalf("read %q, %v", buf[:n], err)
 	}
-	unix.Shutdown(host, unix.SHUT_WR) // the host goes away: read() returns 0
+	if err := unix.Shutdown(host, unix.SHUT_WR); err != nil {
+		t.Fatal(err)
+	} // the host goes away: read() returns 0
 	if _, err := c.Read(buf); !errors.Is(err, io.EOF) {
 		t.Fatalf("read after host left: %v, want EOF", err)
 	}

@@ -39,7 +39,7 @@ func TestVMSaveState(t *testing.T) {
 	if err := in.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer in.Kill()
+	defer func() { _ = in.Kill() }()
 	ac := f.dialAgent(t, in)
 	ramMarker, diskMarker := []byte("in guest RAM only\n"), []byte("on the root disk\n")
 	vmWriteFile(t, ac, "/dev/shm/ram-marker", ramMarker)
@@ -128,8 +128,8 @@ func TestVMSaveState(t *testing.T) {
 			}
 		}
 		rac.Close()
-		r.Kill()
-		r.Wait(t.Context())
+		_ = r.Kill()
+		_, _ = r.Wait(t.Context())
 	}
 	slices.Sort(times)
 	t.Logf("resume to first agent answer: median %v (min %v, max %v)", times[len(times)/2], times[0], times[len(times)-1])
@@ -147,7 +147,7 @@ func TestVMSaveState(t *testing.T) {
 	if err := fk.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer fk.Kill()
+	defer func() { _ = fk.Kill() }()
 	fac := f.dialAgent(t, fk)
 	t.Logf("restore of the live snapshot (Snapshottable): agent answered after %v", time.Since(t0))
 	checkForkView(t, fac, ramMarker, diskMarker)
@@ -173,7 +173,7 @@ func TestVMSaveState(t *testing.T) {
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Kill()
+	defer func() { _ = c.Kill() }()
 	cac := f.dialAgent(t, c)
 	t.Logf("clone of the fork template: agent answered after %v", time.Since(t0))
 	checkForkView(t, cac, ramMarker, diskMarker)
@@ -199,7 +199,7 @@ func TestVMSaveState(t *testing.T) {
 	if err := r.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer r.Kill()
+	defer func() { _ = r.Kill() }()
 	rac := f.dialAgent(t, r)
 	defer rac.Close()
 	checkForkView(t, rac, ramMarker, diskMarker)
