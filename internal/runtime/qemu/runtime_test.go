@@ -14,6 +14,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -83,9 +84,7 @@ func TestProbeVerdicts(t *testing.T) {
 		}
 	})
 	t.Run("root only device", func(t *testing.T) {
-		if os.Geteuid() != 0 {
-			t.Skip("needs root to open a 0600 root-owned file")
-		}
+		testutil.NeedRoot(t) // to open a 0600 root-owned file
 		dev := filepath.Join(dir, "kvm0600")
 		if err := os.WriteFile(dev, nil, 0o600); err != nil {
 			t.Fatal(err)
