@@ -15,8 +15,9 @@ GVISOR_SKIP := TestPauseResume|TestIdlePause|TestForkDiverges|TestSnapshotCreate
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := .cache/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
 PROTOC_VERSION := 3.21.12
-# Where generated code lives (check-generate diffs these).
-GENERATED := internal/agentapi internal/shimapi
+# Generated code (check-generate diffs it): the protocol packages, and any
+# .pb.go / .connect.go a new proto's go_package puts elsewhere.
+GENERATED := internal/agentapi internal/shimapi ':(glob)**/*.pb.go' ':(glob)**/*.connect.go'
 
 .PHONY: help deps build setup demo test test-unit test-race test-sdk-unit test-host test-vm bench generate check-generate lint fuzz clean
 
