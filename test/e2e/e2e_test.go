@@ -188,6 +188,7 @@ func TestForkBombDoesNotStopOtherExecs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cancel(); _ = bomb.Wait() }()
+	bombStart := time.Now()
 	// The second exec proves something only once the bomb has spread to its
 	// pids limit: bash reports the forks the limit refused (EAGAIN).
 	if !testutil.WaitFor(t, 60*time.Second, func() bool {
@@ -195,6 +196,7 @@ func TestForkBombDoesNotStopOtherExecs(t *testing.T) {
 	}) {
 		t.Fatalf("the fork bomb never hit its pids limit; its stderr: %q", tail(bombErr.String(), 2000))
 	}
+	t.Logf("the fork bomb hit its pids limit %s after its exec started", time.Since(bombStart).Round(time.Millisecond))
 	start := time.Now()
 	r := e.run(t, nil, "exec", "--timeout", "60s", id, "--", "echo", "alive")
 	if r.code != 0 || r.stdout != "alive\n" {
