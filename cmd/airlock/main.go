@@ -97,8 +97,8 @@ By default every command works on the local state directory (--state-dir).
 Remote mode: with AIRLOCK_HOST (e.g. http://127.0.0.1:7070) and AIRLOCK_API_KEY
 set, run, create, exec, cp, ls, inspect, rm and events go through that
 airlock API server (` + "`airlock serve`" + `) instead; their flags and exit codes
-are the same. The other commands (serve, keys, image, setup, doctor, logs,
-bench) always use the local state directory.
+are the same. The other commands (serve, keys, image, setup, doctor, logs)
+always use the local state directory.
 
 Environment:
   AIRLOCK_HOST       API server for the remote mode
@@ -153,7 +153,7 @@ func rootCmd(g *globals) *cobra.Command {
 	root.AddCommand(
 		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
 		pauseCmd(g), resumeCmd(g), touchCmd(g), snapshotCmd(g), forkCmd(g),
-		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), benchCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
+		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
 		mcpCmd(g), codeCmd(g), contextsCmd(g),
 	)
 	return root

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/bootfiles"
+	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/image"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
@@ -292,6 +293,7 @@ func shimCmd(g *globals) *cobra.Command {
 			exe, _ := os.Executable()
 			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
 				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, RootDir: rootDir, Exe: exe, Secrets: secrets, Lock: lock, Log: g.log.With("component", "shim"),
+				DNS: envknob.DNS.Get(), UpstreamCAFile: envknob.UpstreamCAFile.Get(), TestDialMap: envknob.TestDialMap.Get(),
 			})
 		},
 	}

@@ -3,8 +3,10 @@ package agent
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // codeRun is what one Run returned.
@@ -166,12 +169,17 @@ func TestContextInterruptRestartDelete(t *testing.T) {
 	}
 	env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "y = 5"})
 	done := make(chan *codeRun, 1)
+	looping := filepath.Join(t.TempDir(), "looping")
 	go func() {
-		r, _ := env.tryRun(context.Background(), &agentv1.RunCodeRequest{ContextId: id, Code: "import time\nwhile True: time.sleep(0.01)"})
+		code := fmt.Sprintf("import pathlib, time\npathlib.Path(%q).touch()\nwhile True: time.sleep(0.01)", looping)
+		r, _ := env.tryRun(context.Background(), &agentv1.RunCodeRequest{ContextId: id, Code: code})
 		done <- r
 	}()
 	waitState(t, env, id, "busy")
-	time.Sleep(500 * time.Millisecond) // an idle kernel ignores SIGINT
+	// An idle kernel ignores SIGINT: interrupt once the code runs its loop.
+	if !testutil.WaitFor(t, 30*time.Second, func() bool { _, err := os.Stat(looping); return err == nil }) {
+		t.Fatal("the cell never started its loop")
+	}
 	if _, err := env.c.Contexts.Interrupt(t.Context(), connect.NewRequest(&agentv1.InterruptContextRequest{Id: id})); err != nil {
 		t.Fatal(err)
 	}

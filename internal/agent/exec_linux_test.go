@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // execResult is everything one exec stream returned.
@@ -30,7 +31,7 @@ func (env *testEnv) runExec(t *testing.T, ctx context.Context, start *agentv1.Ex
 	t.Helper()
 	begin := time.Now()
 	stream := env.c.Exec.Exec(ctx)
-	defer stream.CloseResponse()
+	defer func() { _ = stream.CloseResponse() }()
 	send := func(m *agentv1.ExecRequest) {
 		if err := stream.Send(m); err != nil && !errors.Is(err, io.EOF) {
 			t.Errorf("send: %v", err)
@@ -302,9 +303,7 @@ func TestExecCancelKillsProcess(t *testing.T) {
 
 func TestExecUser(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("changing user needs root")
-	}
+	testutil.NeedRoot(t) // changing user needs root
 	env := newTestEnv(t)
 	res := mustExec(t, env, &agentv1.ExecStart{Argv: []string{"sh", "-c", `echo $(id -u) $(id -g) $(id -G) $HOME $USER; pwd`}, User: "alice"}, nil)
 	if want := "1234 1234 1234 50 " + filepath.Join(env.dir, "alice") + " alice\n/\n"; res.stdout.String() != want {

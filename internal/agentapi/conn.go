@@ -115,7 +115,7 @@ func waitBanner(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	case <-ctx.Done():
 		// Unblock the reader, then wait for it so no goroutine outlives us.
 		_ = conn.SetReadDeadline(time.Unix(1, 0))
-		<-done
+		<-done //nolint:errcheck // the reader's error is the deadline just set; staticcheck S1005 refuses "_ ="
 		_ = conn.SetReadDeadline(time.Time{})
 		return nil, fmt.Errorf("wait for agent: %w", context.Cause(ctx))
 	}

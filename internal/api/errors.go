@@ -71,7 +71,7 @@ func publicError(err error) *Error {
 			msg := c.message
 			// Validation messages of the manager name only the user's own
 			// values; keep them (without CLI flag dashes).
-			if c.err == errdefs.ErrInvalid {
+			if c.err == errdefs.ErrInvalid { //nolint:errorlint // compares the table's own sentinel, not a returned error
 				msg = strings.ReplaceAll(strings.TrimPrefix(err.Error(), errdefs.ErrInvalid.Error()+": "), "--", "")
 			}
 			return &Error{c.status, c.code, msg}

@@ -191,7 +191,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
 	defer func() {
 		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler {
+			if v == http.ErrAbortHandler { //nolint:errorlint // a recovered panic value, compared as net/http documents
 				panic(v)
 			}
 			s.log.Error("handler panic", "request_id", id, "route", r.Pattern, "panic", v)

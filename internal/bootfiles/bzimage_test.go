@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/pierrec/lz4/v4"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // lz4Legacy compresses data as the kernel build does (lz4 -l): the legacy
@@ -193,11 +195,10 @@ func toolCompress(t testing.TB, b []byte, name string, args ...string) []byte {
 }
 
 // requireTool skips t when a compression tool the code shells out to is
-// missing. These tools are part of every Debian install (xz-utils,
-// zstd from `make deps`).
+// missing, and fails it in the tiers of `make test` (testutil.NeedTool).
+// These tools are part of every Debian install (xz-utils, zstd from `make
+// deps`).
 func requireTool(t testing.TB, name string) {
 	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s not installed (apt-get install xz-utils zstd)", name)
-	}
+	testutil.NeedTool(t, name, "make deps, or apt-get install xz-utils zstd")
 }

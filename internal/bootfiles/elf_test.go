@@ -22,9 +22,9 @@ type fakeELF struct {
 func note(name string, typ uint32, desc []byte) []byte {
 	var b bytes.Buffer
 	nm := append([]byte(name), 0)
-	binary.Write(&b, binary.LittleEndian, uint32(len(nm)))
-	binary.Write(&b, binary.LittleEndian, uint32(len(desc)))
-	binary.Write(&b, binary.LittleEndian, typ)
+	_ = binary.Write(&b, binary.LittleEndian, uint32(len(nm)))
+	_ = binary.Write(&b, binary.LittleEndian, uint32(len(desc)))
+	_ = binary.Write(&b, binary.LittleEndian, typ)
 	b.Write(nm)
 	for b.Len()%4 != 0 {
 		b.WriteByte(0)

@@ -159,9 +159,13 @@ func TestBuildInitramfsRejectsBadAgent(t *testing.T) {
 	k := fakeKernel(t, FlavorCloud)
 	dir := t.TempDir()
 	script := filepath.Join(dir, "agent.sh")
-	os.WriteFile(script, []byte("#!/bin/sh\n"), 0o755)
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	dynamic := filepath.Join(dir, "dynamic")
-	os.WriteFile(dynamic, buildELF(t, fakeELF{interp: "/lib64/ld-linux-x86-64.so.2"}), 0o755)
+	if err := os.WriteFile(dynamic, buildELF(t, fakeELF{interp: "/lib64/ld-linux-x86-64.so.2"}), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []string{script, dynamic, filepath.Join(dir, "missing")} {
 		if _, err := BuildInitramfs(t.Context(), t.TempDir(), k, p); err == nil {
 			t.Errorf("%s accepted as agent", filepath.Base(p))

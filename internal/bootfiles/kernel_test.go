@@ -64,9 +64,15 @@ func TestFindKernel(t *testing.T) {
 	// Install a fake release by hand, as EnsureKernel lays it out.
 	const release = "6.1.0-99-cloud-amd64"
 	dir := filepath.Join(state, kernelsDir, release)
-	os.MkdirAll(filepath.Join(dir, "lib", "modules", release), 0o755)
-	os.WriteFile(filepath.Join(dir, vmlinuxFile), buildELF(t, fakeELF{notes: pvhNote()}), 0o444)
-	os.WriteFile(filepath.Join(dir, metaFile), []byte(`{"flavor":"cloud","release":"`+release+`","package":"linux-image-`+release+`","version":"1"}`), 0o444)
+	if err := os.MkdirAll(filepath.Join(dir, "lib", "modules", release), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, vmlinuxFile), buildELF(t, fakeELF{notes: pvhNote()}), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, metaFile), []byte(`{"flavor":"cloud","release":"`+release+`","package":"linux-image-`+release+`","version":"1"}`), 0o444); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := FindKernel(state, FlavorCloud); !errors.Is(err, ErrNotInstalled) {
 		t.Fatalf("no current pointer: err = %v", err)
 	}

@@ -21,7 +21,6 @@ func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
 type upstream struct {
 	addr    string
 	queries atomic.Int32
-	mu      sync.Mutex
 	zone    map[string][]mdns.RR // fqdn, lower case
 	hold    chan struct{}        // "slow.test." waits on it
 	started chan struct{}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/netconf"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // upstreamTLS serves HTTPS for name on 127.0.0.1, recording Authorization
@@ -46,7 +47,7 @@ func upstreamTLS(t *testing.T, name string) (uint16, *x509.CertPool, func() []st
 		mu.Lock()
 		seen = append(seen, r.Header.Get("Authorization"))
 		mu.Unlock()
-		io.WriteString(w, "ok")
+		_, _ = io.WriteString(w, "ok")
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
@@ -135,8 +136,9 @@ func TestSNIMustMatchTheDomainRule(t *testing.T) {
 		t.Fatal("a TLS handshake with a mismatched SNI went through")
 	}
 	c.Close()
-	time.Sleep(100 * time.Millisecond)
-	if !slices.ContainsFunc(e.actions(), func(s string) bool { return strings.HasPrefix(s, "net.deny") && strings.HasSuffix(s, "sni:mismatch") }) {
+	if !testutil.WaitFor(t, 5*time.Second, func() bool {
+		return slices.ContainsFunc(e.actions(), func(s string) bool { return strings.HasPrefix(s, "net.deny") && strings.HasSuffix(s, "sni:mismatch") })
+	}) {
 		t.Fatalf("no sni:mismatch denial in %v", e.actions())
 	}
 	// The upstream connection was dialled (before the hello existed) but

@@ -70,8 +70,12 @@ func TestFinishBaseTree(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	outside := filepath.Join(t.TempDir(), "host-resolv.conf")
-	os.WriteFile(outside, []byte("nameserver 10.0.0.1\n"), 0o644)
-	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	if err := os.WriteFile(outside, []byte("nameserver 10.0.0.1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	// mmdebstrap or a package may leave resolv.conf as a symlink: it must
 	// be replaced, never written through.
 	if err := os.Symlink(outside, filepath.Join(root, "etc", "resolv.conf")); err != nil {

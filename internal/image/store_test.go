@@ -156,7 +156,9 @@ func TestStoreGetListRemove(t *testing.T) {
 		t.Fatal("named blob pruned")
 	}
 	inUse := fakeBlob(t, s, "x", "x")
-	s.idx.DeleteImage(ctx, "x")
+	if err := s.idx.DeleteImage(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
 	if removed, _ := s.Prune(ctx, func(d string) bool { return d == inUse.Digest }); len(removed) != 0 {
 		t.Fatalf("Prune removed an in-use blob: %v", removed)
 	}
@@ -170,7 +172,9 @@ func TestStoreVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := s.Path(img)
-	os.Chmod(p, 0o644)
+	if err := os.Chmod(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(p, []byte("evil"), 0o644); err != nil {
 		t.Fatal(err)
 	}

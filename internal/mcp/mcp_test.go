@@ -283,7 +283,7 @@ func TestHTTPTenants(t *testing.T) {
 	if txt, _ = call(t, a, "sandbox_list", nil); !strings.Contains(txt, sb.ID) {
 		t.Errorf("tenant a does not see its sandbox: %s", txt)
 	}
-	if resp, err := http.Post(srv.URL, "application/json", strings.NewReader(`{}`)); err != nil || resp.StatusCode != http.StatusUnauthorized {
+	if resp, err := (&http.Client{Timeout: 10 * time.Second}).Post(srv.URL, "application/json", strings.NewReader(`{}`)); err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("no key: %v %v", resp, err)
 	}
 	_ = a.Close() // DELETE ends the session

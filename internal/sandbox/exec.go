@@ -28,7 +28,7 @@ func Exec(ctx context.Context, c *agentapi.Client, start *agentv1.ExecStart, std
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st := c.Exec.Exec(ctx)
-	defer st.CloseResponse()
+	defer func() { _ = st.CloseResponse() }()
 	if err := st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Start{Start: start}}); err != nil {
 		_, rerr := st.Receive()
 		return nil, fmt.Errorf("start exec: %w", errors.Join(err, rerr))

@@ -120,7 +120,7 @@ func ensureBuilt(ctx context.Context, l Layout, t Template, build func() error, 
 	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
 		return t, fmt.Errorf("template lock: %w", err)
 	}
-	defer unix.Flock(int(lf.Fd()), unix.LOCK_UN)
+	defer func() { _ = unix.Flock(int(lf.Fd()), unix.LOCK_UN) }() // closing lf releases it too
 	if _, err := os.Stat(meta); err == nil {
 		return t, nil // another process built it while we waited
 	}

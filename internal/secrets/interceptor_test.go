@@ -95,12 +95,12 @@ func (h *harness) handle(w http.ResponseWriter, r *http.Request) {
 	case "/stream":
 		f := w.(http.Flusher)
 		for i := 0; i < len(auth); i += 5 {
-			io.WriteString(w, auth[i:min(i+5, len(auth))])
+			_, _ = io.WriteString(w, auth[i:min(i+5, len(auth))])
 			f.Flush()
 		}
-		io.WriteString(w, "|end")
+		_, _ = io.WriteString(w, "|end")
 	default:
-		io.WriteString(w, "ok")
+		_, _ = io.WriteString(w, "ok")
 	}
 }
 
@@ -169,7 +169,7 @@ func (h *harness) connect(t *testing.T, sni string, check func(string) error) *g
 	g.br = bufio.NewReader(g.Conn)
 	t.Cleanup(func() {
 		g.Conn.Close()
-		<-g.serve
+		<-g.serve //nolint:errcheck // only waiting for the goroutine to end; its result is not the subject here
 	})
 	return g
 }

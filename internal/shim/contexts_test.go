@@ -104,12 +104,16 @@ func TestContextsThroughShimAndManager(t *testing.T) {
 	if _, err := m.CreateContext(ctx, h.id, &agentv1.CreateContextRequest{Id: "js1"}); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("duplicate id: %v", err)
 	}
-	runCode(t, m, h.id, &agentv1.RunCodeRequest{Code: "let y = 5", ContextId: "js1"})
+	if _, err := runCode(t, m, h.id, &agentv1.RunCodeRequest{Code: "let y = 5", ContextId: "js1"}); err != nil {
+		t.Fatal(err)
+	}
 	r, _ = runCode(t, m, h.id, &agentv1.RunCodeRequest{Code: "y * 3", ContextId: "js1"})
 	if len(r.results) != 1 || string(r.results[0].GetData()["text/plain"]) != "15" {
 		t.Fatalf("js state: %v", r.results)
 	}
-	runCode(t, m, h.id, &agentv1.RunCodeRequest{Code: "n=4", Language: "bash"})
+	if _, err := runCode(t, m, h.id, &agentv1.RunCodeRequest{Code: "n=4", Language: "bash"}); err != nil {
+		t.Fatal(err)
+	}
 	r, _ = runCode(t, m, h.id, &agentv1.RunCodeRequest{Code: "echo $n", Language: "bash"})
 	if r.stdout.String() != "4\n" {
 		t.Fatalf("bash state: %q", r.stdout.String())

@@ -19,26 +19,11 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/egress"
+	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
-)
-
-// Environment read by the shim (operator settings and test hooks; a guest
-// or an API caller cannot set them).
-const (
-	// EnvDNS lists the DNS servers the shim forwards guest queries to
-	// ("ip[:port],..."); default: the nameservers of /etc/resolv.conf.
-	EnvDNS = "AIRLOCK_DNS"
-	// EnvUpstreamCA is a PEM file of extra CAs trusted for upstreams of
-	// intercepted (secret-bearing) connections, e.g. a corporate proxy CA.
-	EnvUpstreamCA = "AIRLOCK_UPSTREAM_CA_FILE"
-	// EnvTestDialMap is a TEST HOOK: "a.b.c.d=w.x.y.z,..." makes the shim
-	// dial w.x.y.z whenever the policy allowed a flow to a.b.c.d (same
-	// port), so a listener on this machine can stand in for a public
-	// address. The policy still decides on a.b.c.d.
-	EnvTestDialMap = "AIRLOCK_TEST_DIAL_MAP"
 )
 
 // maxSecretsJSON bounds what the shim reads from the secrets pipe.
@@ -104,15 +89,15 @@ func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.
 			n.close()
 		}
 	}()
-	up, err := dnsUpstream()
+	up, err := dnsUpstream(s.cfg.DNS)
 	if err != nil {
 		s.log.Warn("no DNS upstream; guest DNS queries will fail", "err", err)
 	}
-	dial, err := testDialer(os.Getenv(EnvTestDialMap))
+	dial, err := testDialer(s.cfg.TestDialMap)
 	if err != nil {
 		return nil, err
 	}
-	roots, err := upstreamRoots(os.Getenv(EnvUpstreamCA))
+	roots, err := upstreamRoots(s.cfg.UpstreamCAFile)
 	if err != nil {
 		return nil, err
 	}
@@ -315,11 +300,11 @@ func hostAddrs() []netip.Addr {
 	return out
 }
 
-// dnsUpstream returns AIRLOCK_DNS or the nameservers of /etc/resolv.conf,
-// as "ip:port".
-func dnsUpstream() ([]string, error) {
+// dnsUpstream returns the servers in dns ("ip[:port],...", Config.DNS) or
+// else the nameservers of /etc/resolv.conf, as "ip:port".
+func dnsUpstream(dns string) ([]string, error) {
 	var list []string
-	if v := os.Getenv(EnvDNS); v != "" {
+	if v := dns; v != "" {
 		list = strings.Split(v, ",")
 	} else {
 		f, err := os.Open("/etc/resolv.conf")
@@ -346,12 +331,12 @@ func dnsUpstream() ([]string, error) {
 		}
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no nameserver configured (set " + EnvDNS + ")")
+		return nil, errors.New("no nameserver configured (set " + envknob.DNS.Name + ")")
 	}
 	return out, nil
 }
 
-// testDialer parses the EnvTestDialMap test hook.
+// testDialer parses the dial-map test hook (Config.TestDialMap).
 func testDialer(spec string) (egress.DialFunc, error) {
 	var d net.Dialer
 	if spec == "" {
@@ -363,7 +348,7 @@ func testDialer(spec string) (egress.DialFunc, error) {
 		from, err1 := netip.ParseAddr(strings.TrimSpace(k))
 		to, err2 := netip.ParseAddr(strings.TrimSpace(v))
 		if !ok || err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("%s: bad entry %q (want ip=ip)", EnvTestDialMap, kv)
+			return nil, fmt.Errorf("%s: bad entry %q (want ip=ip)", envknob.TestDialMap.Name, kv)
 		}
 		m[from] = to
 	}
@@ -388,10 +373,10 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", EnvUpstreamCA, err)
+		return nil, fmt.Errorf("%s: %w", envknob.UpstreamCAFile.Name, err)
 	}
 	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s: %s holds no PEM certificate", EnvUpstreamCA, path)
+		return nil, fmt.Errorf("%s: %s holds no PEM certificate", envknob.UpstreamCAFile.Name, path)
 	}
 	return pool, nil
 }

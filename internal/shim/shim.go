@@ -76,7 +76,17 @@ type Config struct {
 	// used if it is that file and is locked; otherwise the shim takes the
 	// lock itself.
 	Lock *os.File
-	Log  *slog.Logger
+	// DNS lists the resolvers ("ip[:port],...") guest DNS queries are
+	// forwarded to; "" means the nameservers of /etc/resolv.conf.
+	DNS string
+	// UpstreamCAFile is a PEM file of extra CAs trusted for the upstreams
+	// of intercepted connections ("" for none).
+	UpstreamCAFile string
+	// TestDialMap is a TEST HOOK ("a.b.c.d=w.x.y.z,..."): where the policy
+	// allowed a flow to a.b.c.d the shim dials w.x.y.z instead. Only
+	// `airlock shim` sets it, from envknob.TestDialMap.
+	TestDialMap string
+	Log         *slog.Logger
 }
 
 // ramSharer is implemented by runtimes that can map a template's RAM from a

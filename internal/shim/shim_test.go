@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // harness is a state dir with an image, boot files and one sandbox row,
@@ -34,9 +34,7 @@ type harness struct {
 
 func newHarness(t *testing.T, lifetime time.Duration) *harness {
 	t.Helper()
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("needs qemu-img (make deps)") // overlays are real qcow2 files
-	}
+	testutil.NeedTool(t, "qemu-img", "make deps") // overlays are real qcow2 files
 	ctx := t.Context()
 	h := &harness{l: sandbox.Layout{Root: t.TempDir()}, rt: fake.New(), id: sandbox.NewID(), done: make(chan error, 1)}
 	var err error

@@ -256,7 +256,7 @@ func migrate(ctx context.Context, db *sql.DB, stateDir string, from int) error {
 	if err != nil {
 		return fmt.Errorf("migrate catalog: %w", err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }() // sql.ErrTxDone after Commit
 	var v int
 	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
 		return fmt.Errorf("migrate catalog: %w", err)

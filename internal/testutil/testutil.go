@@ -89,3 +89,32 @@ func BootFiles(t testing.TB) (kernel, initrd string) {
 	}
 	return bc.Kernel, bc.Initrd
 }
+
+// NeedRoot skips t when not running as root, but fails it when the host
+// tier was requested (AIRLOCK_TEST_ROOT=1): a test that can run anywhere
+// as root must not vanish from the tier that promised root.
+func NeedRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("AIRLOCK_TEST_ROOT") == "1" {
+		t.Fatal("AIRLOCK_TEST_ROOT=1 but the test is not running as root")
+	}
+	t.Skip("needs root (the host tier, AIRLOCK_TEST_ROOT=1, fails instead of skipping)")
+}
+
+// NeedTool skips t when the program name is not on PATH, but fails it when
+// the host or vm tier was requested (AIRLOCK_TEST_ROOT=1 or
+// AIRLOCK_TEST_VM=1: `make test`, which installs every tool with `make
+// deps` first). hint says how to install it.
+func NeedTool(t testing.TB, name, hint string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err == nil {
+		return
+	}
+	if os.Getenv("AIRLOCK_TEST_ROOT") == "1" || os.Getenv("AIRLOCK_TEST_VM") == "1" {
+		t.Fatalf("%s is not installed (%s); the requested test tiers need it", name, hint)
+	}
+	t.Skipf("%s not installed (%s); set AIRLOCK_TEST_ROOT=1 or AIRLOCK_TEST_VM=1 to make this fail", name, hint)
+}

@@ -64,14 +64,14 @@ func New(baseURL, apiKey string, opts ...Option) *Client {
 // AIRLOCK_API_KEY. It fails if AIRLOCK_HOST is unset; a missing key is left
 // to the server to reject (401).
 func NewFromEnv(opts ...Option) (*Client, error) {
-	host := os.Getenv("AIRLOCK_HOST")
+	host := os.Getenv("AIRLOCK_HOST") //nolint:forbidigo // NewFromEnv is the SDK's documented way to read AIRLOCK_HOST
 	if host == "" {
 		return nil, errors.New("airlock: AIRLOCK_HOST is not set")
 	}
 	if !strings.Contains(host, "://") {
 		host = "http://" + host
 	}
-	return New(host, os.Getenv("AIRLOCK_API_KEY"), opts...), nil
+	return New(host, os.Getenv("AIRLOCK_API_KEY"), opts...), nil //nolint:forbidigo // as above, AIRLOCK_API_KEY
 }
 
 // sandboxPath returns the path of sandbox id followed by the given segments.

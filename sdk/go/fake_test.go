@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
 // fakeServer implements the API contract's routes minimally, in memory.
@@ -681,15 +683,11 @@ func (f *fakeServer) eventsHandler(w http.ResponseWriter, r *http.Request) {
 }
 
 // TestLiveAgainstFake runs the live test's body against the fake server, so
-// that the live tier's own code is exercised by the unit tier.
+// that the live tier's own code is exercised by the unit tier (-short
+// included: it needs no server of its own).
 func TestLiveAgainstFake(t *testing.T) {
 	f := newFakeServer(t)
-	t.Setenv("AIRLOCK_TEST_API", f.srv.URL)
-	t.Setenv("AIRLOCK_TEST_API_KEY", f.key)
-	if testing.Short() {
-		t.Skip("the live test skips under -short")
-	}
-	TestLiveSandbox(t)
+	liveSandbox(t, airlock.New(f.srv.URL, f.key))
 }
 
 // fakePNG is the image the fake's "plot()" returns.

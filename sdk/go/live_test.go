@@ -34,8 +34,11 @@ func liveClient(t *testing.T) *airlock.Client {
 	return airlock.New(host, key)
 }
 
-func TestLiveSandbox(t *testing.T) {
-	c := liveClient(t)
+func TestLiveSandbox(t *testing.T) { liveSandbox(t, liveClient(t)) }
+
+// liveSandbox is TestLiveSandbox's body, against c (a live server, or the
+// fake in the unit tier: TestLiveAgainstFake).
+func liveSandbox(t *testing.T, c *airlock.Client) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute) // TCG, and maybe a template build
 	defer cancel()
 

@@ -10,7 +10,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
-	"gopkg.in/yaml.v3"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"gopkg.in/yaml.v3"
 )
 
 // apiServer is a running `airlock serve` on a free loopback port.

@@ -182,11 +182,21 @@ func TestForkBombDoesNotStopOtherExecs(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	bomb := e.cmd(ctx, nil, "exec", "--timeout", "60s", id, "--", "bash", "-c", ":(){ :|:& };:; sleep 60")
+	var bombErr testutil.Buffer
+	bomb.Stderr = &bombErr
 	if err := bomb.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { cancel(); _ = bomb.Wait() }()
-	time.Sleep(3 * time.Second) // let it spread to its pids limit
+	bombStart := time.Now()
+	// The second exec proves something only once the bomb has spread to its
+	// pids limit: bash reports the forks the limit refused (EAGAIN).
+	if !testutil.WaitFor(t, 60*time.Second, func() bool {
+		return strings.Contains(bombErr.String(), "fork") && strings.Contains(bombErr.String(), "Resource temporarily unavailable")
+	}) {
+		t.Fatalf("the fork bomb never hit its pids limit; its stderr: %q", tail(bombErr.String(), 2000))
+	}
+	t.Logf("the fork bomb hit its pids limit %s after its exec started", time.Since(bombStart).Round(time.Millisecond))
 	start := time.Now()
 	r := e.run(t, nil, "exec", "--timeout", "60s", id, "--", "echo", "alive")
 	if r.code != 0 || r.stdout != "alive\n" {
@@ -339,11 +349,18 @@ func TestCrashAndCleanup(t *testing.T) {
 	// Killing the CLI mid-exec leaves the sandbox running and usable.
 	id := e.create(t)
 	ctx, cancel := context.WithCancel(t.Context())
-	c := e.cmd(ctx, nil, "exec", id, "--", "sleep", "30")
+	c := e.cmd(ctx, nil, "exec", id, "--", "sh", "-c", "echo started; exec sleep 30")
+	var out testutil.Buffer
+	c.Stdout = &out
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// Kill the CLI only once the exec runs in the guest (else this tests a
+	// CLI killed before it asked for anything).
+	if !testutil.WaitFor(t, 60*time.Second, func() bool { return out.String() == "started\n" }) {
+		_ = c.Process.Kill()
+		t.Fatalf("the exec never started: stdout %q", out.String())
+	}
 	_ = c.Process.Signal(syscall.SIGKILL)
 	_ = c.Wait()
 	cancel()
@@ -472,4 +489,12 @@ func TestErrorsAreActionable(t *testing.T) {
 			t.Errorf("airlock %v: exit %d, stderr %q; want an error mentioning %q", c.args, res[i].code, res[i].stderr, c.want)
 		}
 	}
+}
+
+// tail returns the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"strings"
 	"sync"
@@ -19,7 +20,7 @@ func TestOutputCapAndPidsLimit(t *testing.T) {
 	var errb strings.Builder
 	c.Stderr = &errb
 	out, err := c.Output()
-	if ee, ok := err.(*exec.ExitError); err != nil && !ok {
+	if ee, ok := errors.AsType[*exec.ExitError](err); err != nil && !ok {
 		t.Fatal(err)
 	} else if ok && ee.ExitCode() != 0 {
 		t.Fatalf("exit %d: %s", ee.ExitCode(), errb.String())

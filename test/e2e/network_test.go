@@ -622,7 +622,7 @@ for i in $(seq 50); do python3 -c 'import socket;socket.create_connection(("127.
 		t.Fatalf("inspect ports: %+v (want the host port the shim chose)", info.Network.Ports)
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d/hostname", info.Network.Ports[0].HostPort)
-	res, err := http.Get(url)
+	res, err := (&http.Client{Timeout: 30 * time.Second}).Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

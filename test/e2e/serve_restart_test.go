@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // TestExecSurvivesServerKill: `kill -9` of `serve` during a long exec; after
@@ -49,7 +51,14 @@ func TestExecSurvivesServerKill(t *testing.T) {
 	}
 	_ = json.Unmarshal(body, &ex)
 
-	time.Sleep(500 * time.Millisecond)
+	// Kill serve while the exec runs in the guest (it sleeps 4 s).
+	var state struct{ State string }
+	if !testutil.WaitFor(t, 30*time.Second, func() bool {
+		code, body = s.do(key, "GET", "/v1/sandboxes/"+sb.ID+"/execs/"+ex.ExecID, nil)
+		return code == 200 && json.Unmarshal(body, &state) == nil && state.State == "running"
+	}) {
+		t.Fatalf("the background exec is not running before serve is killed: %d %s", code, body)
+	}
 	_ = first.Process.Signal(syscall.SIGKILL)
 	_ = first.Wait()
 

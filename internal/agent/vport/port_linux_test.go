@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // pair returns a Port over one end of a blocking socketpair and the other
@@ -27,6 +29,21 @@ func pair(t *testing.T) (*Port, int) {
 	}
 	t.Cleanup(func() { p.Close(); unix.Close(fds[1]) })
 	return p, fds[1]
+}
+
+// waitReading waits until a Read is inside p (it holds the read lock while
+// it polls and reads), instead of sleeping and hoping it got there.
+func waitReading(t *testing.T, p *Port) {
+	t.Helper()
+	if !testutil.WaitFor(t, 5*time.Second, func() bool {
+		if p.rmu.TryLock() {
+			p.rmu.Unlock()
+			return false
+		}
+		return true
+	}) {
+		t.Fatal("the Read never started")
+	}
 }
 
 func TestSessionReadWriteEOF(t *testing.T) {
@@ -51,7 +68,10 @@ func TestSessionReadWriteEOF(t *testing.T) {
 	if err != nil || string(buf[:n]) != "ping" {
 		t.Fatalf("read %q, %v", buf[:n], err)
 	}
-	unix.Shutdown(host, unix.SHUT_WR) // the host goes away: read() returns 0
+	// The host goes away: read() returns 0.
+	if err := unix.Shutdown(host, unix.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Read(buf); !errors.Is(err, io.EOF) {
 		t.Fatalf("read after host left: %v, want EOF", err)
 	}
@@ -68,7 +88,7 @@ func TestStaleReadHandsBytesToNextSession(t *testing.T) {
 		_, err := old.Read(make([]byte, 16))
 		res <- err
 	}()
-	time.Sleep(20 * time.Millisecond) // let it block in read(2)
+	waitReading(t, p)
 	old.Close()
 	next := p.Conn()
 	if _, err := unix.Write(host, []byte("hello")); err != nil {
@@ -125,7 +145,7 @@ func TestCloseUnblocksRead(t *testing.T) {
 		_, err := c.Read(make([]byte, 16))
 		res <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	waitReading(t, p)
 	c.Close()
 	select {
 	case err := <-res:

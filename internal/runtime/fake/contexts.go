@@ -287,10 +287,10 @@ func (cs *codeContexts) Run(ctx context.Context, req *connect.Request[agentv1.Ru
 			return err
 		}
 	case errors.Is(err, errStopped):
-		switch context.Cause(runCtx) {
-		case errTimedOut:
+		switch cause := context.Cause(runCtx); {
+		case errors.Is(cause, errTimedOut):
 			timedOut = true
-		case errInterrupted:
+		case errors.Is(cause, errInterrupted):
 			if err := send(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{Name: "KeyboardInterrupt"}}}); err != nil {
 				return err
 			}

@@ -71,7 +71,7 @@ func started(t *testing.T, rt *fake.Runtime) (*fake.Instance, *agentapi.Client) 
 	if err := in.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { in.Kill(); in.Wait(context.Background()) })
+	t.Cleanup(func() { _ = in.Kill(); _, _ = in.Wait(context.Background()) })
 	conn, err := in.AgentConn(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -97,8 +97,8 @@ func run(t *testing.T, c *agentapi.Client, ctx context.Context, stdin string, ar
 		return execResult{}, err
 	}
 	if stdin != "" {
-		st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Stdin{Stdin: []byte(stdin)}})
-		st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_CloseStdin{CloseStdin: true}})
+		_ = st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Stdin{Stdin: []byte(stdin)}})
+		_ = st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_CloseStdin{CloseStdin: true}})
 	}
 	var r execResult
 	for {
@@ -148,7 +148,7 @@ func TestExec(t *testing.T) {
 	defer cancel()
 	t0 := time.Now()
 	st := c.Exec.Exec(ctx)
-	st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{Argv: []string{"sleep", "10"}}}})
+	_ = st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{Argv: []string{"sleep", "10"}}}})
 	for {
 		if _, err := st.Receive(); err != nil {
 			break
@@ -167,8 +167,8 @@ func TestFilesAndCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws := c.Files.Write(ctx)
-	ws.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Header{Header: &agentv1.WriteHeader{Path: "/a/b/f"}}})
-	ws.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Data{Data: []byte("data")}})
+	_ = ws.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Header{Header: &agentv1.WriteHeader{Path: "/a/b/f"}}})
+	_ = ws.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Data{Data: []byte("data")}})
 	if _, err := ws.CloseAndReceive(); err != nil {
 		t.Fatal(err)
 	}
@@ -218,8 +218,8 @@ func TestSaveState(t *testing.T) {
 	write := func(c *agentapi.Client, path string) {
 		t.Helper()
 		st := c.Files.Write(t.Context())
-		st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Header{Header: &agentv1.WriteHeader{Path: path, Mode: 0o644}}})
-		st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Data{Data: []byte("x")}})
+		_ = st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Header{Header: &agentv1.WriteHeader{Path: path, Mode: 0o644}}})
+		_ = st.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Data{Data: []byte("x")}})
 		if _, err := st.CloseAndReceive(); err != nil {
 			t.Fatalf("write %s: %v", path, err)
 		}
@@ -284,7 +284,7 @@ func TestSaveState(t *testing.T) {
 		if !exists(rc, "/before") || exists(rc, "/after") != tc.after {
 			t.Errorf("restore of %s: wrong files", tc.dir)
 		}
-		r.Kill()
-		r.Wait(t.Context())
+		_ = r.Kill()
+		_, _ = r.Wait(t.Context())
 	}
 }

@@ -59,7 +59,7 @@ func TestMain(m *testing.M) {
 func buildAgent(t *testing.T) string {
 	t.Helper()
 	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "airlock-gvisor-agent-")
+		dir, err := os.MkdirTemp("", "airlock-gvisor-agent-") //nolint:usetesting // built once per test binary, shared by every test
 		if err != nil {
 			agentErr = err
 			return
@@ -143,7 +143,7 @@ func newFixture(t *testing.T, tweak ...func(*Config)) *fixture {
 
 func (f *fixture) spec(t *testing.T) runtime.Spec {
 	i := f.n.Add(1)
-	dir, err := os.MkdirTemp(f.base, "run-")
+	dir, err := os.MkdirTemp(f.base, "run-") //nolint:usetesting // under the fixture's base directory, not the test's
 	if err != nil {
 		t.Fatal(err)
 	}

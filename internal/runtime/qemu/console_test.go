@@ -14,12 +14,12 @@ func TestConsoleLogCapsAndKeepsTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newConsoleLog(f, 100)
-	c.Write([]byte("[    0.000000] Linux version 6.1\n"))
+	_, _ = c.Write([]byte("[    0.000000] Linux version 6.1\n"))
 	for range 10000 {
-		c.Write([]byte("noise noise noise noise noise noise noise noise\n"))
+		_, _ = c.Write([]byte("noise noise noise noise noise noise noise noise\n"))
 	}
-	c.Write([]byte("[    2.100000] Kernel panic - not syncing: Attempted to kill init!\x1b[0m exitcode=0x00000100\n"))
-	c.Write([]byte("[    2.100001] Kernel panic - not syncing: second\n"))
+	_, _ = c.Write([]byte("[    2.100000] Kernel panic - not syncing: Attempted to kill init!\x1b[0m exitcode=0x00000100\n"))
+	_, _ = c.Write([]byte("[    2.100001] Kernel panic - not syncing: second\n"))
 	if got := c.PanicMessage(); got != "Kernel panic - not syncing: Attempted to kill init![0m exitcode=0x00000100" {
 		t.Errorf("panic = %q", got)
 	}
@@ -48,7 +48,7 @@ func TestSanitize(t *testing.T) {
 func TestCappedWriter(t *testing.T) {
 	var sb strings.Builder
 	w := &cappedWriter{w: &sb, limit: 10}
-	w.Write([]byte("qemu: first\nqemu-system-x86_64: could not load kernel\n"))
+	_, _ = w.Write([]byte("qemu: first\nqemu-system-x86_64: could not load kernel\n"))
 	if sb.Len() != 10 {
 		t.Errorf("wrote %d", sb.Len())
 	}

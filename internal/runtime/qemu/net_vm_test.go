@@ -52,7 +52,7 @@ func TestVMNetwork(t *testing.T) {
 	if err := tmpl.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer tmpl.Kill()
+	defer func() { _ = tmpl.Kill() }()
 	nc := netConn(t, tmpl)
 	if _, err := tmpl.(runtime.Networker).NetConn(t.Context()); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("second NetConn: %v", err)
@@ -98,7 +98,7 @@ func TestVMNetwork(t *testing.T) {
 	if err := clone.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer clone.Kill()
+	defer func() { _ = clone.Kill() }()
 	cnc := netConn(t, clone)
 	defer cnc.Close()
 	cac := f.dialAgent(t, clone)
@@ -156,7 +156,7 @@ func syncNet(t *testing.T, f *vmFixture, ac *agentapi.Client, n *agentv1.Network
 func readFrame(t *testing.T, f *vmFixture, nc net.Conn) string {
 	t.Helper()
 	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second * f.scale))
-	defer nc.SetReadDeadline(time.Time{})
+	defer func() { _ = nc.SetReadDeadline(time.Time{}) }()
 	var hdr [4]byte
 	for {
 		if _, err := io.ReadFull(nc, hdr[:]); err != nil {

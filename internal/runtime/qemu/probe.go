@@ -137,7 +137,7 @@ func (r *Runtime) bootProbeGuestWith(ctx context.Context, accel string, timeout 
 	case <-in.done:
 	}
 	_ = conn.Close() // unblocks findBanner
-	<-errc
+	<-errc           //nolint:errcheck // findBanner's error is the close just done; staticcheck S1005 refuses "_ ="
 	select {
 	case <-in.done:
 		st, _ := in.Wait(context.WithoutCancel(ctx))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -59,11 +60,19 @@ func testRuntime(t *testing.T, cfg Config) *Runtime {
 func TestProbeVerdicts(t *testing.T) {
 	dir := t.TempDir()
 	kernel, initrd := filepath.Join(dir, "vmlinux"), filepath.Join(dir, "initrd")
-	os.WriteFile(kernel, []byte("k"), 0o444)
-	os.WriteFile(initrd, []byte("i"), 0o444)
+	if err := os.WriteFile(kernel, []byte("k"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(initrd, []byte("i"), 0o444); err != nil {
+		t.Fatal(err)
+	}
 	worldDev := filepath.Join(dir, "kvm")
-	os.WriteFile(worldDev, nil, 0o666)
-	os.Chmod(worldDev, 0o666)
+	if err := os.WriteFile(worldDev, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(worldDev, 0o666); err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("no device", func(t *testing.T) {
 		r := testRuntime(t, Config{ProbeKernel: kernel, ProbeInitrd: initrd})
@@ -75,11 +84,11 @@ func TestProbeVerdicts(t *testing.T) {
 		}
 	})
 	t.Run("root only device", func(t *testing.T) {
-		if os.Geteuid() != 0 {
-			t.Skip("needs root to open a 0600 root-owned file")
-		}
+		testutil.NeedRoot(t) // to open a 0600 root-owned file
 		dev := filepath.Join(dir, "kvm0600")
-		os.WriteFile(dev, nil, 0o600)
+		if err := os.WriteFile(dev, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
 		r := testRuntime(t, Config{ProbeKernel: kernel, ProbeInitrd: initrd})
 		r.kvmDevice = dev
 		accel, reason := r.probeKVM(t.Context(), "7.2")
@@ -113,7 +122,9 @@ func TestProbeVerdicts(t *testing.T) {
 			t.Fatalf("probe guest booted %d times, want 1 (cached)", boots)
 		}
 		// A new probe kernel invalidates the verdict.
-		os.WriteFile(kernel, []byte("k2"), 0o444)
+		if err := os.WriteFile(kernel, []byte("k2"), 0o444); err != nil {
+			t.Fatal(err)
+		}
 		r := testRuntime(t, Config{StateDir: state, ProbeKernel: kernel, ProbeInitrd: initrd})
 		r.kvmDevice = worldDev
 		r.bootProbe = func(context.Context) error { boots++; return probeError("KVM guest did not boot within 3s") }
@@ -147,12 +158,16 @@ func TestProbeVerdicts(t *testing.T) {
 func TestKVMGroup(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "dev")
-	os.WriteFile(p, nil, 0o600)
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		mode os.FileMode
 		ok   bool
 	}{{0o666, true}, {0o660, false}, {0o600, false}} {
-		os.Chmod(p, c.mode)
+		if err := os.Chmod(p, c.mode); err != nil {
+			t.Fatal(err)
+		}
 		gid, err := kvmGroup(p)
 		// 0660 is usable only with a non-root group; t.TempDir files
 		// belong to our group, which is root's when run as root.
@@ -264,9 +279,15 @@ func TestSealedCopyIsReadOnlyAndSparse(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "mem.raw")
 	f, _ := os.Create(p)
-	f.Truncate(64 << 20)
-	f.WriteAt([]byte("page at 1M"), 1<<20)
-	f.WriteAt([]byte("page at 40M"), 40<<20)
+	if err := f.Truncate(64 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("page at 1M"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("page at 40M"), 40<<20); err != nil {
+		t.Fatal(err)
+	}
 	f.Close()
 
 	var c memCache
@@ -281,7 +302,9 @@ func TestSealedCopyIsReadOnlyAndSparse(t *testing.T) {
 		t.Fatalf("size %d", fi.Size())
 	}
 	buf := make([]byte, 11)
-	m.ReadAt(buf, 40<<20)
+	if _, err := m.ReadAt(buf, 40<<20); err != nil {
+		t.Fatal(err)
+	}
 	if string(buf) != "page at 40M" {
 		t.Fatalf("read %q", buf)
 	}
@@ -313,8 +336,10 @@ func TestSealedCopyIsReadOnlyAndSparse(t *testing.T) {
 		t.Fatal(err)
 	}
 	copy(mem[1<<20:], "changed")
-	syscall.Munmap(mem)
-	m.ReadAt(buf[:10], 1<<20)
+	_ = syscall.Munmap(mem)
+	if _, err := m.ReadAt(buf[:10], 1<<20); err != nil {
+		t.Fatal(err)
+	}
 	if string(buf[:10]) != "page at 1M" {
 		t.Fatalf("private write leaked into the copy: %q", buf[:10])
 	}
@@ -323,19 +348,36 @@ func TestSealedCopyIsReadOnlyAndSparse(t *testing.T) {
 	m2, _ := c.get(p)
 	defer m2.Close()
 	var a, b syscall.Stat_t
-	syscall.Fstat(int(m.Fd()), &a)
-	syscall.Fstat(int(m2.Fd()), &b)
+	if err := syscall.Fstat(int(m.Fd()), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Fstat(int(m2.Fd()), &b); err != nil {
+		t.Fatal(err)
+	}
 	if a.Ino != b.Ino {
 		t.Error("second get made a new copy")
 	}
-	time.Sleep(10 * time.Millisecond)
-	os.WriteFile(p, bytes.Repeat([]byte{1}, 4096), 0o644)
+	before, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, bytes.Repeat([]byte{1}, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The cache keys on mtime among others: make the change visible
+	// whatever the filesystem's timestamp granularity, without a sleep.
+	later := before.ModTime().Add(time.Second)
+	if err := os.Chtimes(p, later, later); err != nil {
+		t.Fatal(err)
+	}
 	m3, err := c.get(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m3.Close()
-	syscall.Fstat(int(m3.Fd()), &b)
+	if err := syscall.Fstat(int(m3.Fd()), &b); err != nil {
+		t.Fatal(err)
+	}
 	if a.Ino == b.Ino {
 		t.Error("changed source reused the old copy")
 	}
@@ -348,7 +390,9 @@ func TestFailedStartReleases(t *testing.T) {
 	r := testRuntime(t, Config{Accel: "tcg", UIDBase: 5000, UIDCount: 1})
 	s := validSpec(t)
 	disk := filepath.Join(t.TempDir(), "d")
-	os.WriteFile(disk, nil, 0o600)
+	if err := os.WriteFile(disk, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s.RootDisk = disk
 	fdsBefore := countFDs(t)
 	in, err := r.Create(t.Context(), s)
@@ -371,7 +415,7 @@ func TestFailedStartReleases(t *testing.T) {
 	if err != nil {
 		t.Fatalf("uid not released: %v", err)
 	}
-	l.Release()
+	_ = l.Release()
 	if after := countFDs(t); after > fdsBefore {
 		t.Errorf("descriptors: %d before, %d after", fdsBefore, after)
 	}
@@ -420,14 +464,20 @@ func countFDs(t *testing.T) int {
 func TestCopySparse(t *testing.T) {
 	dir := t.TempDir()
 	src, _ := os.Create(filepath.Join(dir, "src"))
-	src.Truncate(10 << 20)
-	src.WriteAt([]byte("hello"), 5<<20)
+	if err := src.Truncate(10 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.WriteAt([]byte("hello"), 5<<20); err != nil {
+		t.Fatal(err)
+	}
 	dst, _ := os.Create(filepath.Join(dir, "dst"))
 	if err := copySparse(dst, src); err != nil {
 		t.Fatal(err)
 	}
 	b := make([]byte, 5)
-	dst.ReadAt(b, 5<<20)
+	if _, err := dst.ReadAt(b, 5<<20); err != nil {
+		t.Fatal(err)
+	}
 	fi, _ := dst.Stat()
 	if string(b) != "hello" || fi.Size() != 10<<20 {
 		t.Fatalf("%q %d", b, fi.Size())
@@ -438,7 +488,9 @@ func TestCopySparse(t *testing.T) {
 
 func TestUseSnapshotRAM(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, snapMem), bytes.Repeat([]byte{7}, 8192), 0o444)
+	if err := os.WriteFile(filepath.Join(dir, snapMem), bytes.Repeat([]byte{7}, 8192), 0o444); err != nil {
+		t.Fatal(err)
+	}
 	r := testRuntime(t, Config{Accel: "tcg"})
 	defer r.Close()
 	m, err := SealSnapshotRAM(dir)
@@ -455,8 +507,12 @@ func TestUseSnapshotRAM(t *testing.T) {
 	}
 	defer got.Close()
 	var a, b syscall.Stat_t
-	syscall.Fstat(int(m.Fd()), &a)
-	syscall.Fstat(int(got.Fd()), &b)
+	if err := syscall.Fstat(int(m.Fd()), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Fstat(int(got.Fd()), &b); err != nil {
+		t.Fatal(err)
+	}
 	if a.Ino != b.Ino {
 		t.Fatal("runtime made its own copy")
 	}

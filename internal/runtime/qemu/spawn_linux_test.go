@@ -48,12 +48,12 @@ func TestParentDeathKillsVMM(t *testing.T) {
 	}
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil {
-		helper.Process.Kill()
+		_ = helper.Process.Kill()
 		t.Fatalf("helper: %v", err)
 	}
 	f := strings.Fields(line)
 	if len(f) != 2 || f[0] != "pid" {
-		helper.Process.Kill()
+		_ = helper.Process.Kill()
 		t.Fatalf("helper said %q", line)
 	}
 	pid, _ := strconv.Atoi(f[1])
@@ -74,7 +74,7 @@ func TestParentDeathKillsVMM(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			syscall.Kill(pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 			t.Fatalf("child %d survived its parent's death", pid)
 		}
 		time.Sleep(10 * time.Millisecond)

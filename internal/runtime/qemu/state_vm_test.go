@@ -18,6 +18,7 @@ import (
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/runtimetest"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // TestVMSaveState covers StateSaver on one cold-booted 512 MiB guest: a live
@@ -39,7 +40,7 @@ func TestVMSaveState(t *testing.T) {
 	if err := in.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer in.Kill()
+	defer func() { _ = in.Kill() }()
 	ac := f.dialAgent(t, in)
 	ramMarker, diskMarker := []byte("in guest RAM only\n"), []byte("on the root disk\n")
 	vmWriteFile(t, ac, "/dev/shm/ram-marker", ramMarker)
@@ -68,15 +69,20 @@ func TestVMSaveState(t *testing.T) {
 		t.Fatalf("after live snapshot: ram marker %q", got)
 	}
 	up1 := ac.Info.GetUptimeSeconds()
-	time.Sleep(200 * time.Millisecond)
 	vmWriteFile(t, ac, "/after-live", bytes.Repeat([]byte("x"), 1<<20))
 	vmWriteFile(t, ac, "/dev/shm/after-live", []byte("y"))
-	info, err := ac.Agent.Info(t.Context(), connect.NewRequest(&agentv1.InfoRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if up2 := info.Msg.GetUptimeSeconds(); up2 <= up1 {
-		t.Errorf("guest uptime %v then %v: not running?", up1, up2)
+	// Its clock advances (polled: no guess at how long that takes).
+	var up2 float64
+	var infoErr error
+	if !testutil.WaitFor(t, 10*time.Second, func() bool {
+		info, err := ac.Agent.Info(t.Context(), connect.NewRequest(&agentv1.InfoRequest{}))
+		if infoErr = err; err != nil {
+			return true
+		}
+		up2 = info.Msg.GetUptimeSeconds()
+		return up2 > up1
+	}) || infoErr != nil {
+		t.Errorf("guest uptime %v then %v (%v): not running?", up1, up2, infoErr)
 	}
 	ac.Close()
 
@@ -128,8 +134,8 @@ func TestVMSaveState(t *testing.T) {
 			}
 		}
 		rac.Close()
-		r.Kill()
-		r.Wait(t.Context())
+		_ = r.Kill()
+		_, _ = r.Wait(t.Context())
 	}
 	slices.Sort(times)
 	t.Logf("resume to first agent answer: median %v (min %v, max %v)", times[len(times)/2], times[0], times[len(times)-1])
@@ -147,7 +153,7 @@ func TestVMSaveState(t *testing.T) {
 	if err := fk.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer fk.Kill()
+	defer func() { _ = fk.Kill() }()
 	fac := f.dialAgent(t, fk)
 	t.Logf("restore of the live snapshot (Snapshottable): agent answered after %v", time.Since(t0))
 	checkForkView(t, fac, ramMarker, diskMarker)
@@ -173,7 +179,7 @@ func TestVMSaveState(t *testing.T) {
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Kill()
+	defer func() { _ = c.Kill() }()
 	cac := f.dialAgent(t, c)
 	t.Logf("clone of the fork template: agent answered after %v", time.Since(t0))
 	checkForkView(t, cac, ramMarker, diskMarker)
@@ -199,7 +205,7 @@ func TestVMSaveState(t *testing.T) {
 	if err := r.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer r.Kill()
+	defer func() { _ = r.Kill() }()
 	rac := f.dialAgent(t, r)
 	defer rac.Close()
 	checkForkView(t, rac, ramMarker, diskMarker)

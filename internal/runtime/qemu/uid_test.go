@@ -41,6 +41,6 @@ func TestUIDLeases(t *testing.T) {
 		t.Fatalf("got uid %d, want the freed %d", l.UID, freed)
 	}
 	for _, l := range append(leases, l) {
-		l.Release()
+		_ = l.Release()
 	}
 }

@@ -69,7 +69,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // backing chain, which QEMU opens by path).
 func world(t *testing.T) string {
 	t.Helper()
-	d, err := os.MkdirTemp("", "airlock-vmtest-")
+	d, err := os.MkdirTemp("", "airlock-vmtest-") //nolint:usetesting // t.TempDir's parent is 0700: VMM uids could not traverse it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func (f *vmFixture) waitBanner(t *testing.T, in runtime.Instance, d time.Duratio
 		}
 	case <-time.After(d * f.scale):
 		c.Close()
-		<-errc
+		<-errc //nolint:errcheck // only waiting for the goroutine to end; its result is not the subject here
 		t.Fatal("no agent banner")
 	}
 	return c
@@ -239,7 +239,7 @@ func TestVMSnapshotRestore(t *testing.T) {
 	if err := tmpl.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer tmpl.Kill()
+	defer func() { _ = tmpl.Kill() }()
 	f.waitBanner(t, tmpl, 20*time.Second).Close()
 	t.Logf("template boot to banner: %v", time.Since(t0))
 
@@ -318,7 +318,7 @@ func TestVMSnapshotRestore(t *testing.T) {
 			t.Logf("idle clone memory: %v %s", st, pss)
 		}
 		ac.Close()
-		c.Kill()
+		_ = c.Kill()
 		if es, _ := c.Wait(t.Context()); !es.Requested {
 			t.Errorf("clone exit %+v", es)
 		}
@@ -341,8 +341,12 @@ func TestVMProbeGuest(t *testing.T) {
 	// The KVM path for real: with a device that passes our checks, QEMU
 	// itself must open /dev/kvm as the VMM uid.
 	dev := filepath.Join(t.TempDir(), "kvm")
-	os.WriteFile(dev, nil, 0o666)
-	os.Chmod(dev, 0o666)
+	if err := os.WriteFile(dev, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dev, 0o666); err != nil {
+		t.Fatal(err)
+	}
 	r, err := New(Config{StateDir: t.TempDir(), ProbeKernel: f.kernel, ProbeInitrd: f.initrd})
 	if err != nil {
 		t.Fatal(err)
@@ -375,7 +379,7 @@ func TestVMGuestPanicReason(t *testing.T) {
 	defer cancel()
 	st, err := in.Wait(ctx)
 	if err != nil {
-		in.Kill()
+		_ = in.Kill()
 		t.Fatal(err)
 	}
 	t.Logf("exit: %+v", st)

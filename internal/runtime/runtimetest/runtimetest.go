@@ -251,7 +251,7 @@ func testFailedStart(t *testing.T, h *Harness) {
 	ctx, cancel := context.WithTimeout(t.Context(), h.bootTimeout())
 	defer cancel()
 	if err := in.Start(ctx); err == nil {
-		in.Kill()
+		_ = in.Kill()
 		wait(t, in)
 		t.Fatal("Start of a broken spec succeeded")
 	}

@@ -233,14 +233,24 @@ func TestNoGreeting(t *testing.T) {
 }
 
 func TestCloseFailsPending(t *testing.T) {
-	f, host := startFake(t, greeting, basicHandler)
+	received := make(chan struct{}, 1)
+	f, host := startFake(t, greeting, func(cmd map[string]any, fds []int) []string {
+		if cmd["execute"] == "hang" {
+			received <- struct{}{}
+		}
+		return basicHandler(cmd, fds)
+	})
 	c, err := Dial(t.Context(), host)
 	if err != nil {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- c.Execute(t.Context(), "hang", nil, nil) }()
-	time.Sleep(10 * time.Millisecond)
+	select {
+	case <-received: // the call is pending
+	case <-time.After(5 * time.Second):
+		t.Fatal("the command never reached QEMU")
+	}
 	f.conn.Close() // QEMU exits
 	select {
 	case err := <-errc:

@@ -16,8 +16,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/cobra"
-
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
@@ -31,142 +29,126 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-func benchCmd(g *globals) *cobra.Command {
-	var runs, execs, apiConcurrent, netMiB int
-	var transferMiB int64
-	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Measure start latency, exec round trip and memory; print a table",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			exe, err := os.Executable()
-			if err != nil {
-				return err
-			}
-			base := []string{"--state-dir", g.stateDir, "--accel", g.accel}
-			cli := func(args ...string) (string, error) {
-				c := exec.CommandContext(ctx, exe, append(slices.Clone(base), args...)...)
-				c.Stderr = os.Stderr
-				out, err := c.Output()
-				return strings.TrimSpace(string(out)), err
-			}
-			m, done, err := g.manager(ctx)
-			if err != nil {
-				return err
-			}
-			defer done()
-			bc, err := m.L.LoadBootConfig()
-			if err != nil {
-				return err
-			}
-			rt, err := newRuntime(g, bc)
-			if err != nil {
-				return err
-			}
-			caps, err := rt.Probe(ctx)
-			if err != nil {
-				return err
-			}
-			type row struct{ what, value, note string }
-			var rows []row
+// benchOptions are the command's flags.
+type benchOptions struct {
+	runs, execs, apiConcurrent, netMiB int
+	transferMiB                        int64
+}
 
-			for _, rtName := range []string{"qemu", "gvisor"} {
-				if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
-					fmt.Fprintln(os.Stderr, "bench: no runsc, no gvisor rows:", err)
-					continue
-				}
-				fmt.Fprintf(os.Stderr, "bench: %s start, exec and memory rows\n", rtName)
-				sr, err := startBench(ctx, m, cli, rtName, runs, execs)
-				if err != nil {
-					return fmt.Errorf("%s bench: %w", rtName, err)
-				}
-				for _, r := range sr {
-					rows = append(rows, row{r[0], r[1], r[2]})
-				}
-			}
-			if _, err := gvisor.FindRunsc(); err == nil {
-				var gvD []time.Duration
-				for range runs {
-					t := time.Now()
-					out, err := cli("--runtime", "gvisor", "run", "--", "python3", "-c", "print(6*7)")
-					if err != nil || out != "42" {
-						return fmt.Errorf("gvisor run: %q %v", out, err)
-					}
-					gvD = append(gvD, time.Since(t))
-				}
-				rows = append(rows, row{"`airlock run --runtime gvisor -- python3 -c 'print(6*7)'`", ms(median(gvD)), fmt.Sprintf("median of %d; gVisor systrap", runs)})
-			}
-
-			var bare []time.Duration
-			for range runs {
-				d, err := bareBoot(ctx, bc, g.stateDir)
-				if err != nil {
-					return fmt.Errorf("bare qemu boot: %w", err)
-				}
-				bare = append(bare, d)
-			}
-			rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
-
-			fmt.Fprintln(os.Stderr, "bench: pause/resume rows")
-			for _, fill := range []int{0, 128} {
-				pr, err := pauseBench(ctx, m, cli, runs, fill)
-				if err != nil {
-					return fmt.Errorf("pause bench: %w", err)
-				}
-				for _, r := range pr {
-					rows = append(rows, row{r[0], r[1], r[2]})
-				}
-			}
-			fr, err := forkBench(ctx, m, cli)
-			if err != nil {
-				return fmt.Errorf("fork bench: %w", err)
-			}
-			if _, err := m.PruneSnapshots(ctx); err != nil { // the forks' base
-				return err
-			}
-			for _, r := range fr {
-				rows = append(rows, row{r[0], r[1], r[2]})
-			}
-
-			if netMiB > 0 {
-				fmt.Fprintln(os.Stderr, "bench: network rows")
-				nr, err := netBench(ctx, cli, netMiB, 50)
-				if err != nil {
-					return fmt.Errorf("network bench: %w", err)
-				}
-				for _, r := range nr {
-					rows = append(rows, row{r[0], r[1], r[2]})
-				}
-			}
-
-			if apiConcurrent > 0 {
-				fmt.Fprintln(os.Stderr, "bench: API rows (starts airlock serve)")
-				ar, err := apiBench(ctx, g, m, exe, runs, apiConcurrent, transferMiB)
-				if err != nil {
-					return fmt.Errorf("api bench: %w", err)
-				}
-				for _, r := range ar {
-					rows = append(rows, row(r))
-				}
-			}
-
-			fmt.Printf("airlock bench: accel=%s (%s), %s, guest kernel %s, %d host CPUs\n\n", caps.Accel, caps.AccelReason, caps.VMMVersion, bc.KernelRelease, cpuCount())
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "| measurement\t| result\t| notes\t|")
-			fmt.Fprintln(tw, "|---\t|---\t|---\t|")
-			for _, r := range rows {
-				fmt.Fprintf(tw, "| %s\t| %s\t| %s\t|\n", r.what, r.value, r.note)
-			}
-			return tw.Flush()
-		},
+// bench measures every row and prints the table on stdout (progress on
+// stderr).
+func bench(ctx context.Context, cfg config, o benchOptions) error {
+	runs, execs := o.runs, o.execs
+	c := airlockCLI{ctx: ctx, cfg: cfg, base: []string{"--state-dir", cfg.stateDir, "--accel", cfg.accel}}
+	cli := c.run
+	m, done, err := openManager(ctx, cfg)
+	if err != nil {
+		return err
 	}
-	cmd.Flags().IntVar(&runs, "runs", 5, "samples for the latency rows")
-	cmd.Flags().IntVar(&execs, "execs", 100, "samples for the exec round trip")
-	cmd.Flags().IntVar(&apiConcurrent, "api-concurrent", 20, "concurrent creates through the HTTP API (0 skips the API rows)")
-	cmd.Flags().IntVar(&netMiB, "net-mib", 64, "size of each network throughput transfer (0 skips the network rows)")
-	cmd.Flags().Int64Var(&transferMiB, "transfer-mib", 200, "size of the API upload/download")
-	return cmd
+	defer done()
+	bc, err := m.L.LoadBootConfig()
+	if err != nil {
+		return err
+	}
+	rt, err := newQEMU(cfg, bc)
+	if err != nil {
+		return err
+	}
+	caps, err := rt.Probe(ctx)
+	if err != nil {
+		return err
+	}
+	type row struct{ what, value, note string }
+	var rows []row
+
+	for _, rtName := range []string{"qemu", "gvisor"} {
+		if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
+			fmt.Fprintln(os.Stderr, "bench: no runsc, no gvisor rows:", err)
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s start, exec and memory rows\n", rtName)
+		sr, err := startBench(ctx, m, cli, rtName, runs, execs)
+		if err != nil {
+			return fmt.Errorf("%s bench: %w", rtName, err)
+		}
+		for _, r := range sr {
+			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+	if _, err := gvisor.FindRunsc(); err == nil {
+		var gvD []time.Duration
+		for range runs {
+			t := time.Now()
+			out, err := cli("--runtime", "gvisor", "run", "--", "python3", "-c", "print(6*7)")
+			if err != nil || out != "42" {
+				return fmt.Errorf("gvisor run: %q %v", out, err)
+			}
+			gvD = append(gvD, time.Since(t))
+		}
+		rows = append(rows, row{"`airlock run --runtime gvisor -- python3 -c 'print(6*7)'`", ms(median(gvD)), fmt.Sprintf("median of %d; gVisor systrap", runs)})
+	}
+
+	var bare []time.Duration
+	for range runs {
+		d, err := bareBoot(ctx, bc, cfg.stateDir)
+		if err != nil {
+			return fmt.Errorf("bare qemu boot: %w", err)
+		}
+		bare = append(bare, d)
+	}
+	rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
+
+	fmt.Fprintln(os.Stderr, "bench: pause/resume rows")
+	for _, fill := range []int{0, 128} {
+		pr, err := pauseBench(ctx, m, cli, runs, fill)
+		if err != nil {
+			return fmt.Errorf("pause bench: %w", err)
+		}
+		for _, r := range pr {
+			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+	fr, err := forkBench(ctx, m, cli)
+	if err != nil {
+		return fmt.Errorf("fork bench: %w", err)
+	}
+	if _, err := m.PruneSnapshots(ctx); err != nil { // the forks' base
+		return err
+	}
+	for _, r := range fr {
+		rows = append(rows, row{r[0], r[1], r[2]})
+	}
+
+	if o.netMiB > 0 {
+		fmt.Fprintln(os.Stderr, "bench: network rows")
+		nr, err := netBench(ctx, c, o.netMiB, 50)
+		if err != nil {
+			return fmt.Errorf("network bench: %w", err)
+		}
+		for _, r := range nr {
+			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+
+	if o.apiConcurrent > 0 {
+		fmt.Fprintln(os.Stderr, "bench: API rows (starts airlock serve)")
+		ar, err := apiBench(ctx, cfg, m, runs, o.apiConcurrent, o.transferMiB)
+		if err != nil {
+			return fmt.Errorf("api bench: %w", err)
+		}
+		for _, r := range ar {
+			rows = append(rows, row(r))
+		}
+	}
+
+	fmt.Printf("airlock bench: accel=%s (%s), %s, guest kernel %s, %d host CPUs\n\n", caps.Accel, caps.AccelReason, caps.VMMVersion, bc.KernelRelease, cpuCount())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "| measurement\t| result\t| notes\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "| %s\t| %s\t| %s\t|\n", r.what, r.value, r.note)
+	}
+	return tw.Flush()
 }
 
 // startBench measures one runtime: `run -- true`, create until the first

@@ -28,7 +28,7 @@ type benchRow struct{ what, value, note string }
 // apiBench starts a real `airlock serve`, then measures creates through the
 // API (one at a time and 20 at once) and a 200 MB upload and download with
 // the server's peak RSS.
-func apiBench(ctx context.Context, g *globals, m *sandbox.Manager, exe string, runs, concurrent int, transferMiB int64) ([]benchRow, error) {
+func apiBench(ctx context.Context, cfg config, m *sandbox.Manager, runs, concurrent int, transferMiB int64) ([]benchRow, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -40,8 +40,12 @@ func apiBench(ctx context.Context, g *globals, m *sandbox.Manager, exe string, r
 	if err != nil {
 		return nil, err
 	}
-	defer m.Store.RevokeKey(context.WithoutCancel(ctx), k.ID)
-	srv := exec.Command(exe, "--state-dir", g.stateDir, "--accel", g.accel, "serve", "--listen", addr)
+	defer func() {
+		if err := m.Store.RevokeKey(context.WithoutCancel(ctx), k.ID); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: revoke the API key:", err)
+		}
+	}()
+	srv := exec.Command(cfg.airlock, "--state-dir", cfg.stateDir, "--accel", cfg.accel, "serve", "--listen", addr)
 	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := srv.Start(); err != nil {
 		return nil, err

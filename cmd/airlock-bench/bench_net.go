@@ -5,14 +5,15 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"github.com/airlock-sandbox/airlock/internal/envknob"
 )
 
 // benchPublicIP is the address the guest dials in the network rows. The
-// shim's dial-map test hook (AIRLOCK_TEST_DIAL_MAP) sends it to 127.0.0.1,
+// shim's dial-map test hook (envknob.TestDialMap) sends it to 127.0.0.1,
 // so the policy decides on a public address and the bytes land on a
 // listener of this host; nothing leaves the machine.
 const benchPublicIP = "93.184.215.10"
@@ -21,7 +22,7 @@ const benchPublicIP = "93.184.215.10"
 // user-space stack both ways, and connection setup as the guest sees it
 // (connect() returns once the shim has dialled the host listener and
 // completed the guest's handshake).
-func netBench(ctx context.Context, cli func(...string) (string, error), mib, conns int) ([][3]string, error) {
+func netBench(ctx context.Context, c airlockCLI, mib, conns int) ([][3]string, error) {
 	sink, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -56,14 +57,10 @@ func netBench(ctx context.Context, cli func(...string) (string, error), mib, con
 		}
 	}()
 	port := sink.Addr().(*net.TCPAddr).Port
-	old, had := os.LookupEnv("AIRLOCK_TEST_DIAL_MAP")
-	os.Setenv("AIRLOCK_TEST_DIAL_MAP", benchPublicIP+"=127.0.0.1")
-	id, err := cli("create")
-	if had {
-		os.Setenv("AIRLOCK_TEST_DIAL_MAP", old)
-	} else {
-		os.Unsetenv("AIRLOCK_TEST_DIAL_MAP")
-	}
+	cli := c.run
+	// The hook reaches this sandbox's shim only: `airlock create` passes
+	// its environment to the shim it starts.
+	id, err := c.runEnv([]string{envknob.TestDialMap.Setting(benchPublicIP + "=127.0.0.1")}, "create")
 	if err != nil {
 		return nil, err
 	}
