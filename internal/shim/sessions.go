@@ -15,11 +15,11 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// Limits on the execs a shim owns (SessionService).
+// Limits on the execs a shim owns (ExecService).
 const (
 	// maxRunningSessions caps execs running at once in one sandbox.
 	maxRunningSessions = 64
@@ -112,9 +112,10 @@ func (t *sessions) goLocked(f func()) bool {
 
 // Start starts an exec that the shim owns and returns once the guest
 // reported its pid. ctx bounds only the wait for that; the exec itself
-// lives until it exits or the shim closes.
-func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1.ExecInfo, error) {
-	start := req.GetStart()
+// lives until it exits or the shim closes. tenant and keyID are recorded
+// in the audit trail; with killOnDetach the exec is killed when its last
+// attacher goes away.
+func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, keyID string, killOnDetach bool) (*session, error) {
 	if err := checkStart(start); err != nil {
 		return nil, err
 	}
@@ -158,7 +159,7 @@ func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1
 	}
 	s := &session{
 		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin(),
-		tenant: req.GetTenant(), keyID: req.GetKeyId(), killOnDetach: req.GetKillOnDetach(),
+		tenant: tenant, keyID: keyID, killOnDetach: killOnDetach,
 		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
 	}
 	if err := t.audit(s, "exec.start", map[string]any{
@@ -177,7 +178,7 @@ func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
 	}
 	t.log.Debug("exec session started", "exec_id", s.id, "pid", s.pid)
-	return s.info(), nil
+	return s, nil
 }
 
 func (t *sessions) audit(s *session, action string, detail map[string]any) error {
@@ -327,7 +328,7 @@ func (t *sessions) Get(id string) (*session, error) {
 }
 
 // List returns every known session, oldest first.
-func (t *sessions) List() []*shimv1.ExecInfo {
+func (t *sessions) List() []*shimv2.ExecInfo {
 	t.mu.Lock()
 	all := make([]*session, 0, len(t.byID))
 	for _, s := range t.byID {
@@ -335,7 +336,7 @@ func (t *sessions) List() []*shimv1.ExecInfo {
 	}
 	t.mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i].startedAt.Before(all[j].startedAt) })
-	out := make([]*shimv1.ExecInfo, len(all))
+	out := make([]*shimv2.ExecInfo, len(all))
 	for i, s := range all {
 		out[i] = s.info()
 	}
@@ -359,15 +360,15 @@ func (t *sessions) Close() {
 	t.wg.Wait()
 }
 
-func (s *session) info() *shimv1.ExecInfo {
+func (s *session) info() *shimv2.ExecInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	in := &shimv1.ExecInfo{
-		ExecId: s.id, Argv: s.argv, Pid: s.pid, State: shimv1.ExecState_EXEC_STATE_RUNNING,
-		StartedAt: s.startedAt.UnixNano(), Exit: s.exit,
+	in := &shimv2.ExecInfo{
+		ExecId: s.id, Argv: s.argv, Pid: s.pid, State: shimv2.ExecState_EXEC_STATE_RUNNING,
+		StartedAt: s.startedAt.UnixNano(),
 	}
 	if s.exit != nil {
-		in.State, in.EndedAt = shimv1.ExecState_EXEC_STATE_EXITED, s.endedAt.UnixNano()
+		in.State, in.EndedAt, in.Exit = shimv2.ExecState_EXEC_STATE_EXITED, s.endedAt.UnixNano(), wireExit(s.exit)
 	}
 	return in
 }
