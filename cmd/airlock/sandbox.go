@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -205,6 +206,16 @@ func runExec(ctx context.Context, m *sandbox.Manager, id string, spec guest.Exec
 	if err != nil {
 		if ctx.Err() != nil {
 			return &exitError{code: 130, msg: "interrupted"}
+		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			// The manager's answer is the same for every missing sandbox;
+			// the local user gets the catalog's actionable words.
+			if _, gerr := m.Get(ctx, id); gerr != nil {
+				return &exitError{code: 125, msg: gerr.Error()}
+			}
+		}
+		if errors.Is(err, errdefs.ErrFailedPrecondition) && strings.HasPrefix(err.Error(), errdefs.ErrFailedPrecondition.Error()+": sandbox ") {
+			return &exitError{code: 125, msg: err.Error()} // not running: the sandbox's own state
 		}
 		return &exitError{code: 125, msg: "exec in " + id + ": " + err.Error()}
 	}

@@ -300,7 +300,7 @@ func (s *fakeStream) Stdin(data []byte) error {
 	return nil
 }
 
-func (s *fakeStream) CloseStdin() error   { return nil }
+func (s *fakeStream) CloseStdin() error    { return nil }
 func (s *fakeStream) Signal(sig int) error { return nil }
 func (s *fakeStream) Finish() error        { return nil }
 func (s *fakeStream) Close()               {}

@@ -83,3 +83,7 @@ func (m *Manager) GetExec(ctx context.Context, c Caller, sandboxID, execID strin
 	}
 	return sc.GetExec(ctx, execID)
 }
+
+// ShimDials reports how many connections the manager has dialed to
+// sandbox id's shim (tests and benchmarks check that calls share one).
+func (m *Manager) ShimDials(id string) int { return m.shims().Get(m.L.Socket(id)).Dials() }

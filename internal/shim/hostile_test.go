@@ -86,7 +86,14 @@ func relayOverHostileAgent(t *testing.T) *shimclient.Client {
 	}
 	go func() { _ = srv.Serve(ln) }()
 	c := shimclient.New(sock)
-	t.Cleanup(func() { c.Close(); srv.Close(); tbl.Close(); ac.Close(); gconn.Close(); st.Close() })
+	t.Cleanup(func() {
+		c.Close()
+		srv.Close()
+		tbl.Close()
+		ac.Close()
+		gconn.Close()
+		st.Close()
+	})
 	return c
 }
 
@@ -146,5 +153,38 @@ func TestRelayCapsOutputOfHostileAgent(t *testing.T) {
 	}
 	if w.n != 1<<20 || !ex.Truncated {
 		t.Fatalf("got %d bytes, truncated=%v; want exactly 1 MiB and truncated", w.n, ex.Truncated)
+	}
+}
+
+// TestStartingStreamHoldsOutputBack: the stream that started an exec reads
+// its output like a pipe: a reader that falls far behind (here 32 times the
+// retained output) is not cut off; it gets every byte up to the cap.
+func TestStartingStreamHoldsOutputBack(t *testing.T) {
+	oldCap, oldGrace := retainCap, timeoutGrace
+	retainCap, timeoutGrace = 64<<10, 0
+	t.Cleanup(func() { retainCap, timeoutGrace = oldCap, oldGrace })
+	c := relayOverHostileAgent(t)
+	st, err := c.Exec(t.Context(), guest.ExecSpec{Argv: []string{"flood"}, Timeout: 3 * time.Second, MaxOutputBytes: 2 << 20}, shimclient.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	n := 0
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", n, err)
+		}
+		if ev.Kind == guest.ExecExited {
+			if n != 2<<20 || !ev.Exit.Truncated {
+				t.Fatalf("got %d bytes, exit %+v; want all 2 MiB, truncated", n, ev.Exit)
+			}
+			return
+		}
+		if n == 0 {
+			// Fall behind: the flood goes on while nobody reads.
+			time.Sleep(300 * time.Millisecond)
+		}
+		n += len(ev.Data)
 	}
 }

@@ -91,6 +91,14 @@ type attacher struct {
 	qBytes int
 	err    error // set when cut off for falling behind
 	wake   chan struct{}
+	// flow: the stream that started the exec reads its output like a pipe:
+	// instead of being cut off when it falls behind, it holds the exec's
+	// output back (the guest's writes block) until it caught up or went
+	// away. space is signalled when it took its queue; gone is closed when
+	// it detached.
+	flow  bool
+	space chan struct{}
+	gone  chan struct{}
 }
 
 func (a *attacher) notify() {
@@ -219,10 +227,33 @@ func (t *sessions) pump(s *session) {
 
 func outputLen(ev *agentv1.ExecResponse) int { return len(ev.GetStdout()) + len(ev.GetStderr()) }
 
-// publish retains an output event and queues it for every attacher.
+// publish retains an output event and queues it for every attacher. A
+// flow-controlling attacher that is too far behind holds it back first.
 func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
 	n := outputLen(ev)
 	s.mu.Lock()
+	for {
+		var behind *attacher
+		for a := range s.attachers {
+			if a.flow && a.qBytes > 0 && a.qBytes+n > retainCap {
+				behind = a
+				break
+			}
+		}
+		if behind == nil {
+			break
+		}
+		s.mu.Unlock()
+		select {
+		case <-behind.space:
+		case <-behind.gone:
+		case <-t.ctx.Done():
+		}
+		s.mu.Lock()
+		if t.ctx.Err() != nil {
+			break
+		}
+	}
 	defer s.mu.Unlock()
 	s.out = append(s.out, ev)
 	s.outBytes += n
@@ -422,8 +453,9 @@ func (s *session) Signal(sig int32) error {
 
 // Attach calls send for the retained output (fromStart), then live output,
 // then the exit, and returns nil after the exit. It returns ctx's error if
-// ctx ends first, and a ResourceExhausted error if it fell too far behind.
-func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send func(*agentv1.ExecResponse) error) error {
+// ctx ends first, and a ResourceExhausted error if it fell too far behind
+// (unless flow: then it holds the exec's output back instead).
+func (s *session) Attach(ctx context.Context, t *sessions, fromStart, flow bool, send func(*agentv1.ExecResponse) error) error {
 	s.mu.Lock()
 	var backlog []*agentv1.ExecResponse
 	if fromStart {
@@ -437,7 +469,7 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send 
 	if s.exit != nil {
 		backlog = append(backlog, &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: s.exit}})
 	} else {
-		a = &attacher{wake: make(chan struct{}, 1)}
+		a = &attacher{wake: make(chan struct{}, 1), flow: flow, space: make(chan struct{}, 1), gone: make(chan struct{})}
 		s.attachers[a] = struct{}{}
 	}
 	s.mu.Unlock()
@@ -462,6 +494,10 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send 
 		q, err := a.q, a.err
 		a.q, a.qBytes = nil, 0
 		s.mu.Unlock()
+		select {
+		case a.space <- struct{}{}:
+		default:
+		}
 		for _, ev := range q {
 			if err := send(ev); err != nil {
 				return err
@@ -477,6 +513,7 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send 
 }
 
 func (s *session) detach(t *sessions, a *attacher) {
+	close(a.gone)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.attachers[a]; ok {

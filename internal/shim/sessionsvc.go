@@ -55,6 +55,7 @@ func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.Exe
 		s         *session
 		fromStart = true
 		output    = true
+		flow      bool // the starting stream holds the output back
 	)
 	switch m := first.GetMsg().(type) {
 	case *shimv2.ExecClientMessage_Start:
@@ -66,6 +67,7 @@ func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.Exe
 		if s, err = v.t.Start(ctx, start, a.GetTenant(), a.GetKeyId(), m.Start.GetKillOnDetach()); err != nil {
 			return err
 		}
+		flow = true
 	case *shimv2.ExecClientMessage_Attach:
 		if s, err = v.lookup(m.Attach.GetExecId()); err != nil {
 			return err
@@ -107,7 +109,7 @@ func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.Exe
 			}
 		}
 	}()
-	return s.Attach(ctx, v.t, fromStart, func(ev *agentv1.ExecResponse) error {
+	return s.Attach(ctx, v.t, fromStart, flow, func(ev *agentv1.ExecResponse) error {
 		out := wireEvent(ev)
 		if out == nil {
 			return nil

@@ -56,8 +56,10 @@ type ExecServiceClient interface {
 	// `start` (run a new exec) or `attach` (join a known one by id); the
 	// server answers `started` (the exec's info) first. Then, with output,
 	// the server sends stdout/stderr chunks and exactly one `exited`, after
-	// which the stream ends; an attacher that falls too far behind is cut off
-	// with RESOURCE_EXHAUSTED. The client may send stdin, close_stdin, signal
+	// which the stream ends. The stream that started the exec reads its
+	// output like a pipe: when it falls behind, the exec's output is held
+	// back until it caught up (or went away); a later attacher that falls
+	// too far behind is cut off with RESOURCE_EXHAUSTED. The client may send stdin, close_stdin, signal
 	// and resize at any time; on an output stream their failures are dropped
 	// (the exit tells), on a control stream (attach without output) the first
 	// failure ends the stream with its error and a clean end of the client's
@@ -132,8 +134,10 @@ type ExecServiceHandler interface {
 	// `start` (run a new exec) or `attach` (join a known one by id); the
 	// server answers `started` (the exec's info) first. Then, with output,
 	// the server sends stdout/stderr chunks and exactly one `exited`, after
-	// which the stream ends; an attacher that falls too far behind is cut off
-	// with RESOURCE_EXHAUSTED. The client may send stdin, close_stdin, signal
+	// which the stream ends. The stream that started the exec reads its
+	// output like a pipe: when it falls behind, the exec's output is held
+	// back until it caught up (or went away); a later attacher that falls
+	// too far behind is cut off with RESOURCE_EXHAUSTED. The client may send stdin, close_stdin, signal
 	// and resize at any time; on an output stream their failures are dropped
 	// (the exit tells), on a control stream (attach without output) the first
 	// failure ends the stream with its error and a clean end of the client's

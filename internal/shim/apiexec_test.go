@@ -1,0 +1,59 @@
+package shim
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// TestAPIExecOneConnectionOneRead: one exec through the HTTP API (with
+// stdin) reaches a real shim over one connection and reads the sandbox's
+// row once; a second exec reuses the connection.
+func TestAPIExecOneConnectionOneRead(t *testing.T) {
+	h := newHarness(t, time.Hour)
+	defer h.stop(t)
+	m := h.manager()
+	srv, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Events: h.st, Keys: h.st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	_, key, err := h.st.CreateKey(t.Context(), store.APIKey{Tenant: "ops", Admin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func() string {
+		t.Helper()
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/sandboxes/"+h.id+"/exec", strings.NewReader(`{"cmd":["cat"],"stdin":"hi"}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if res.StatusCode != 200 || !strings.Contains(string(b), `"data":"hi"`) || !strings.Contains(string(b), `{"code":0,`) {
+			t.Fatalf("exec: %d %s", res.StatusCode, b)
+		}
+		return string(b)
+	}
+	reads := h.st.SandboxReads()
+	exec()
+	if n := h.st.SandboxReads() - reads; n != 1 {
+		t.Errorf("one API exec read the sandbox row %d times, want 1", n)
+	}
+	if n := m.ShimDials(h.id); n != 1 {
+		t.Errorf("one API exec dialed the shim %d times, want 1", n)
+	}
+	exec()
+	if n := m.ShimDials(h.id); n != 1 {
+		t.Errorf("two API execs dialed the shim %d times, want 1 (pooled)", n)
+	}
+}
