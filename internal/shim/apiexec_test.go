@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,9 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -55,5 +59,23 @@ func TestAPIExecOneConnectionOneRead(t *testing.T) {
 	exec()
 	if n := m.ShimDials(h.id); n != 1 {
 		t.Errorf("two API execs dialed the shim %d times, want 1 (pooled)", n)
+	}
+	// Another tenant's caller gets the sandbox-not-found answer from the
+	// manager, and nothing reaches the shim.
+	other := sandbox.Caller{Tenant: "other", KeyID: "k2", Via: "api"}
+	for _, call := range []func() error{
+		func() error {
+			_, err := m.Exec(t.Context(), other, h.id, guest.ExecSpec{Argv: []string{"true"}}, false)
+			return err
+		},
+		func() error { _, err := m.ListExecs(t.Context(), other, h.id); return err },
+		func() error { _, err := m.GetExec(t.Context(), other, h.id, "aaaaaaaaaaaaaaaa"); return err },
+	} {
+		if err := call(); !errors.Is(err, errdefs.ErrNotFound) || guest.IsNoExec(err) {
+			t.Errorf("another tenant: %v", err)
+		}
+	}
+	if n := m.ShimDials(h.id); n != 1 {
+		t.Errorf("another tenant's calls dialed the shim (%d dials)", n)
 	}
 }
