@@ -162,11 +162,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	s.metrics.execLat.Observe(time.Since(t0).Seconds())
 	info := st.Info()
 	if req.Stdin != nil {
-		err := st.Stdin(stdin)
-		if err == nil && !req.StdinOpen {
-			err = st.CloseStdin()
-		}
-		if err != nil {
+		if err := s.execStdinOnce(r, ex, st, stdin, !req.StdinOpen, req.Background); err != nil {
 			s.log.Warn("exec stdin", "request_id", requestID(r), "sandbox_id", sid, "exec_id", info.ID, "err", err)
 		}
 	}
@@ -181,6 +177,30 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.stream(r, nw, st, sid)
+}
+
+// execStdinOnce hands the request's stdin to a just started exec. A
+// streamed exec sends it on its own stream (which stays open until the
+// exit). A background exec's stream ends at once, which could drop input
+// still in flight: its stdin goes over a control stream whose end reports
+// that the shim passed all of it on.
+func (s *Server) execStdinOnce(r *http.Request, ex Execs, st guest.ExecStream, data []byte, closeStdin, background bool) error {
+	if background {
+		cs, err := ex.ExecControl(r.Context(), execCaller(r), r.PathValue("id"), st.Info().ID)
+		if err != nil {
+			return err
+		}
+		defer cs.Close()
+		st = cs
+	}
+	err := st.Stdin(data)
+	if err == nil && closeStdin {
+		err = st.CloseStdin()
+	}
+	if err == nil && background {
+		err = st.Finish()
+	}
+	return err
 }
 
 // ndjson writes one JSON object per line and flushes after each, with a

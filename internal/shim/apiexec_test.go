@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -60,6 +61,34 @@ func TestAPIExecOneConnectionOneRead(t *testing.T) {
 	if n := m.ShimDials(h.id); n != 1 {
 		t.Errorf("two API execs dialed the shim %d times, want 1 (pooled)", n)
 	}
+	// A background exec's stdin reaches it although its start stream ended.
+	do := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, hs.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	code, body := do("POST", "/v1/sandboxes/"+h.id+"/exec", `{"cmd":["cat"],"stdin":"in the background","background":true}`)
+	var bg struct {
+		ExecID string `json:"exec_id"`
+	}
+	if err := json.Unmarshal([]byte(body), &bg); code != 202 || err != nil {
+		t.Fatalf("background exec: %d %s", code, body)
+	}
+	if code, body = do("GET", "/v1/sandboxes/"+h.id+"/execs/"+bg.ExecID+"/stream", ""); code != 200 ||
+		!strings.Contains(body, `"data":"in the background"`) || !strings.Contains(body, `{"code":0,`) {
+		t.Fatalf("background exec's stream: %d %s", code, body)
+	}
+	if n := m.ShimDials(h.id); n != 1 {
+		t.Errorf("background exec and re-attach dialed the shim %d times, want 1", n)
+	}
+
 	// Another tenant's caller gets the sandbox-not-found answer from the
 	// manager, and nothing reaches the shim.
 	other := sandbox.Caller{Tenant: "other", KeyID: "k2", Via: "api"}
