@@ -138,8 +138,19 @@ func apiBench(ctx context.Context, cfg config, m *sandbox.Manager, runs, concurr
 	rows = append(rows, benchRow{fmt.Sprintf("API creates, %d at once: p50 / p95", concurrent),
 		ms(ds[len(ds)/2]) + " / " + ms(ds[len(ds)*95/100]), fmt.Sprintf("all %d succeeded; %s wall for all", len(ds), ms(wall))})
 
-	// 200 MB up and down through the API, server memory watched.
+	// Exec round trip through the API: start, stream and exit of `true`.
 	id := ids[0]
+	var execD []time.Duration
+	for range max(runs, 20) {
+		t := time.Now()
+		if err := call("POST", "/v1/sandboxes/"+id+"/exec", strings.NewReader(`{"cmd":["true"]}`), nil); err != nil {
+			return nil, err
+		}
+		execD = append(execD, time.Since(t))
+	}
+	rows = append(rows, benchRow{"API exec round trip (`POST .../exec` of `true`, NDJSON to the exit)", ms(median(execD)), fmt.Sprintf("median of %d, one sandbox", len(execD))})
+
+	// 200 MB up and down through the API, server memory watched.
 	src := make([]byte, 1<<20)
 	_, _ = rand.Read(src)
 	upHash := sha256.New()

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -43,14 +42,8 @@ func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 		if _, err := m.Resume(ctx, id); err != nil {
 			return nil, fmt.Errorf("resume: %w", err)
 		}
-		c, closeFn, err := m.Connect(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		ex, err := sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"true"}}, sandbox.ExecIO{})
-		closeFn()
-		if err != nil || ex.GetExitCode() != 0 {
-			return nil, fmt.Errorf("exec after resume: %v %v", err, ex)
+		if err := benchTrue(ctx, m, id); err != nil {
+			return nil, fmt.Errorf("after resume: %w", err)
 		}
 		resumeD = append(resumeD, time.Since(t))
 	}

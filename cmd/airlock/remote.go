@@ -19,8 +19,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shim"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -80,20 +80,10 @@ func remoteCreateOptions(o sandbox.CreateOptions) airlock.CreateOptions {
 }
 
 // remoteExecRequest translates the parsed exec flags for the API.
-func remoteExecRequest(start *agentv1.ExecStart) (airlock.ExecRequest, error) {
-	req := airlock.ExecRequest{
-		Cmd: start.GetArgv(), Cwd: start.GetCwd(), User: start.GetUser(),
-		Timeout: time.Duration(start.GetTimeoutMs()) * time.Millisecond,
-	}
-	if start.GetPidsLimit() != 0 {
+func remoteExecRequest(spec guest.ExecSpec) (airlock.ExecRequest, error) {
+	req := airlock.ExecRequest{Cmd: spec.Argv, Cwd: spec.Cwd, User: spec.User, Timeout: spec.Timeout, Env: spec.Env}
+	if spec.PidsLimit != 0 {
 		return req, fmt.Errorf("%w: --pids-limit is not supported through AIRLOCK_HOST", errdefs.ErrInvalid)
-	}
-	for _, kv := range start.GetEnv() {
-		k, v, _ := strings.Cut(kv, "=")
-		if req.Env == nil {
-			req.Env = map[string]string{}
-		}
-		req.Env[k] = v
 	}
 	return req, nil
 }
@@ -112,7 +102,7 @@ func remoteView(sb *airlock.Sandbox) sandboxView {
 	return v
 }
 
-func remoteRun(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions, fromSnapshot string, start *agentv1.ExecStart, interactive bool) error {
+func remoteRun(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions, fromSnapshot string, start guest.ExecSpec, interactive bool) error {
 	ctx := cmd.Context()
 	if _, err := remoteExecRequest(start); err != nil {
 		return err // before a sandbox exists
@@ -156,7 +146,7 @@ func remoteCreate(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions
 // remoteExec runs start in sandbox id through the API, streaming its output
 // to the command's stdout and stderr and, if interactive, the command's
 // stdin to it. Interrupting airlock kills the command in the sandbox.
-func remoteExec(cmd *cobra.Command, c *airlock.Client, id string, start *agentv1.ExecStart, interactive bool) error {
+func remoteExec(cmd *cobra.Command, c *airlock.Client, id string, start guest.ExecSpec, interactive bool) error {
 	req, err := remoteExecRequest(start)
 	if err != nil {
 		return err
@@ -209,10 +199,7 @@ func remoteExec(cmd *cobra.Command, c *airlock.Client, id string, start *agentv1
 		}
 		return remoteExecFailed(parent, id, err)
 	}
-	ex := &agentv1.ExecExited{
-		ExitCode: int32(st.Code), Signal: int32(st.Signal),
-		TimedOut: st.TimedOut, OutputTruncated: st.Truncated,
-	}
+	ex := &guest.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut, Truncated: st.Truncated}
 	return exitFor(cmd.ErrOrStderr(), ex, start)
 }
 

@@ -3,18 +3,21 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
@@ -160,61 +163,128 @@ func (f *execFlags) register(cmd *cobra.Command, timeoutName string) {
 	cmd.Flags().Uint32Var(&f.pids, "pids-limit", 0, "max processes for the command (default 1024)")
 }
 
-func (f *execFlags) start(argv []string) (*agentv1.ExecStart, error) {
-	s := &agentv1.ExecStart{Argv: argv, Cwd: f.workdir, User: f.user, PidsLimit: f.pids}
+func (f *execFlags) start(argv []string) (guest.ExecSpec, error) {
+	s := guest.ExecSpec{Argv: argv, Cwd: f.workdir, User: f.user, PidsLimit: f.pids, Stdin: f.interactive}
 	for _, kv := range f.env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return nil, fmt.Errorf("%w: --env %q is not KEY=VALUE", errdefs.ErrInvalid, kv)
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return s, fmt.Errorf("%w: --env %q is not KEY=VALUE", errdefs.ErrInvalid, kv)
 		}
-		s.Env = append(s.Env, kv)
+		if s.Env == nil {
+			s.Env = map[string]string{}
+		}
+		s.Env[k] = v
 	}
 	if f.timeout != "" {
 		d, err := parseDuration(f.timeout)
 		if err != nil {
-			return nil, err
+			return s, err
 		}
 		if d > 24*time.Hour {
-			return nil, fmt.Errorf("%w: exec timeout above 24h", errdefs.ErrInvalid)
+			return s, fmt.Errorf("%w: exec timeout above 24h", errdefs.ErrInvalid)
 		}
-		s.TimeoutMs = uint32(d / time.Millisecond)
+		s.Timeout = d
 	}
 	return s, nil
 }
 
-// runExec runs one exec through the shim and turns its end into an exit code.
-func runExec(ctx context.Context, m *sandbox.Manager, id string, start *agentv1.ExecStart, interactive bool) error {
-	c, closeFn, err := m.Connect(ctx, id)
-	if err != nil {
-		return &exitError{code: 125, msg: err.Error()}
-	}
-	defer closeFn()
-	stdio := sandbox.ExecIO{Stdout: os.Stdout, Stderr: os.Stderr}
-	if interactive {
-		stdio.Stdin = os.Stdin
-	}
-	ex, err := sandbox.Exec(ctx, c, start, stdio)
+// runExec runs spec in sandbox id through the manager's one exec path and
+// turns its end into an exit code. The exec belongs to the sandbox's shim,
+// as one started through the API does: if airlock is killed, it keeps
+// running (its output and exit stay readable through the API). SIGINT and
+// SIGTERM are forwarded to it (a second one sends SIGKILL); stdout and
+// stderr stream to airlock's own.
+func runExec(ctx context.Context, m *sandbox.Manager, id string, spec guest.ExecSpec) error {
+	// Signals are forwarded, not obeyed: the stream must outlive ctx (which
+	// ends on them) until the exec reports its exit.
+	sigc := make(chan os.Signal, 4)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	st, err := m.Exec(sctx, sandbox.Local(), id, spec, false)
 	if err != nil {
 		if ctx.Err() != nil {
-			return &exitError{code: 130, msg: "interrupted; the command was killed"}
+			return &exitError{code: 130, msg: "interrupted"}
+		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			// The manager's answer is the same for every missing sandbox;
+			// the local user gets the catalog's actionable words.
+			if _, gerr := m.Get(ctx, id); gerr != nil {
+				return &exitError{code: 125, msg: gerr.Error()}
+			}
+		}
+		if errors.Is(err, errdefs.ErrFailedPrecondition) && strings.HasPrefix(err.Error(), errdefs.ErrFailedPrecondition.Error()+": sandbox ") {
+			return &exitError{code: 125, msg: err.Error()} // not running: the sandbox's own state
 		}
 		return &exitError{code: 125, msg: "exec in " + id + ": " + err.Error()}
 	}
-	return exitFor(os.Stderr, ex, start)
+	defer st.Close()
+	if spec.Stdin {
+		// Not waited for: a read from a terminal cannot be interrupted. The
+		// goroutine ends at the reader's next return once the stream is done.
+		go pumpLocalStdin(st, os.Stdin)
+	}
+	events := make(chan execResult, 1)
+	go func() { events <- drain(st, os.Stdout, os.Stderr) }()
+	signals := 0
+	for {
+		select {
+		case res := <-events:
+			if res.err != nil {
+				return &exitError{code: 125, msg: "exec in " + id + ": " + res.err.Error()}
+			}
+			return exitFor(os.Stderr, res.exit, spec)
+		case sig := <-sigc:
+			n := 9
+			if s, ok := sig.(syscall.Signal); ok && signals == 0 {
+				n = int(s)
+			}
+			signals++
+			_ = st.Signal(n)
+		}
+	}
+}
+
+type execResult struct {
+	exit *guest.ExitStatus
+	err  error
+}
+
+// drain is guest.Drain as an execResult.
+func drain(st guest.ExecStream, stdout, stderr io.Writer) execResult {
+	exit, err := guest.Drain(st, stdout, stderr)
+	return execResult{exit: exit, err: err}
+}
+
+// pumpLocalStdin sends r to the exec's stdin, then closes it.
+func pumpLocalStdin(st guest.ExecStream, r io.Reader) {
+	buf := make([]byte, stdinChunk)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 && st.Stdin(buf[:n]) != nil {
+			return
+		}
+		if err != nil {
+			_ = st.CloseStdin()
+			return
+		}
+	}
 }
 
 // exitFor turns an exec's end into airlock's exit: the command's own code,
 // 124 for a timeout, 128+N for signal N; the truncation marker goes to stderr.
-func exitFor(stderr io.Writer, ex *agentv1.ExecExited, start *agentv1.ExecStart) error {
-	if ex.GetOutputTruncated() {
+func exitFor(stderr io.Writer, ex *guest.ExitStatus, spec guest.ExecSpec) error {
+	if ex.Truncated {
 		fmt.Fprintf(stderr, "\n[airlock: output truncated: more than the output limit was produced]\n")
 	}
 	switch {
-	case ex.GetTimedOut():
-		return &exitError{code: 124, msg: fmt.Sprintf("command timed out after %s and was killed", time.Duration(start.GetTimeoutMs())*time.Millisecond)}
-	case ex.GetSignal() > 0:
-		return &exitError{code: 128 + int(ex.GetSignal()), msg: fmt.Sprintf("command killed by signal %d", ex.GetSignal())}
-	case ex.GetExitCode() != 0:
-		return &exitError{code: int(ex.GetExitCode())}
+	case ex.TimedOut:
+		return &exitError{code: 124, msg: fmt.Sprintf("command timed out after %s and was killed", spec.Timeout)}
+	case ex.Signal > 0:
+		return &exitError{code: 128 + ex.Signal, msg: fmt.Sprintf("command killed by signal %d", ex.Signal)}
+	case ex.Code != 0:
+		return &exitError{code: ex.Code}
 	}
 	return nil
 }
@@ -257,7 +327,7 @@ func runCmd(g *globals) *cobra.Command {
 				return &exitError{code: 125, msg: err.Error()}
 			}
 			warnTCG(sb.Accel)
-			runErr := runExec(ctx, m, sb.ID, start, ef.interactive)
+			runErr := runExec(ctx, m, sb.ID, start)
 			if err := m.Remove(context.WithoutCancel(ctx), sb.ID); err != nil {
 				fmt.Fprintln(os.Stderr, "airlock: remove sandbox:", err)
 			}
@@ -338,7 +408,7 @@ func execCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			return runExec(cmd.Context(), m, args[0], start, ef.interactive)
+			return runExec(cmd.Context(), m, args[0], start)
 		},
 	}
 	cmd.Flags().SetInterspersed(false)

@@ -5,14 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"maps"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 type execRequest struct {
@@ -46,15 +45,15 @@ type exitView struct {
 	DurationMS int64 `json:"duration_ms"`
 }
 
-func viewExit(ex *agentv1.ExecExited) *exitView {
+func viewExit(ex *guest.ExitStatus) *exitView {
 	if ex == nil {
 		return nil
 	}
-	code := ex.GetExitCode()
-	if ex.GetSignal() > 0 {
+	code := int32(ex.Code)
+	if ex.Signal > 0 {
 		code = -1
 	}
-	return &exitView{code, ex.GetSignal(), ex.GetTimedOut(), ex.GetOutputTruncated(), ex.GetDurationMs()}
+	return &exitView{code, int32(ex.Signal), ex.TimedOut, ex.Truncated, ex.Duration.Milliseconds()}
 }
 
 func viewExec(e ExecInfo) Exec {
@@ -78,41 +77,54 @@ func (s *Server) execs(w http.ResponseWriter, r *http.Request) (Execs, bool) {
 	return s.cfg.Execs, true
 }
 
-// startFor builds the agent's ExecStart: the sandbox's env under the
-// request's.
-func startFor(req execRequest, sandboxEnv map[string]string) (*agentv1.ExecStart, error) {
-	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
-		return nil, invalidf("cmd must be a non-empty array")
+// execCaller is who r's key is, for the manager (which decides what it may
+// see).
+func execCaller(r *http.Request) sandbox.Caller {
+	k := keyOf(r)
+	return sandbox.Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Via: "api",
+		Limits: sandbox.Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, RatePerMin: k.RatePerMin}}
+}
+
+// execFail answers an error of the exec service: a sandbox the caller
+// cannot use and an unknown exec keep the API's own words. A request that
+// is invalid for a sandbox the caller cannot use is answered 404 all the
+// same (so ids cannot be probed): only this error path reads the sandbox
+// again.
+func (s *Server) execFail(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case guest.IsNoExec(err):
+		err = errNoExec
+	case errors.Is(err, errdefs.ErrNotFound):
+		err = errNoSandbox
+	case publicError(err).Status == http.StatusBadRequest:
+		s.requestFail(w, r, err)
+		return
 	}
+	s.fail(w, r, err)
+}
+
+// requestFail answers a request the API refused before the manager saw
+// it, or errNoSandbox if the caller cannot use the sandbox.
+func (s *Server) requestFail(w http.ResponseWriter, r *http.Request, err error) {
+	if _, verr := s.sandbox(r); verr != nil {
+		err = verr
+	}
+	s.fail(w, r, err)
+}
+
+// specFor translates the request (the sandbox's env is merged under it by
+// the shim; the manager validates the rest).
+func specFor(req execRequest) (guest.ExecSpec, error) {
 	if req.TimeoutS < 0 || req.TimeoutS > 24*3600 {
-		return nil, invalidf("timeout_s must be between 0 and 86400")
+		return guest.ExecSpec{}, invalidf("timeout_s must be between 0 and 86400")
 	}
-	env := maps.Clone(sandboxEnv)
-	if env == nil {
-		env = map[string]string{}
-	}
-	for k, v := range req.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
-			return nil, invalidf("env names must be non-empty without '=' or NUL, values without NUL")
-		}
-		env[k] = v
-	}
-	st := &agentv1.ExecStart{
-		Argv: req.Cmd, Cwd: req.Cwd, User: req.User,
-		Stdin: req.Stdin != nil || req.StdinOpen, TimeoutMs: uint32(req.TimeoutS) * 1000,
-	}
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		st.Env = append(st.Env, k+"="+env[k])
-	}
-	return st, nil
+	return guest.ExecSpec{
+		Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User,
+		Stdin: req.Stdin != nil || req.StdinOpen, Timeout: time.Duration(req.TimeoutS) * time.Second,
+	}, nil
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.sandbox(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
 	ex, ok := s.execs(w, r)
 	if !ok {
 		return
@@ -120,12 +132,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	b64 := r.URL.Query().Get("encoding") == "base64"
 	var req execRequest
 	if err := decodeJSON(w, r, &req); err != nil {
-		s.fail(w, r, err)
+		s.requestFail(w, r, err)
 		return
 	}
-	start, err := startFor(req, sb.Env)
+	spec, err := specFor(req)
 	if err != nil {
-		s.fail(w, r, err)
+		s.requestFail(w, r, err)
 		return
 	}
 	var stdin []byte
@@ -133,22 +145,25 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		stdin = []byte(*req.Stdin)
 		if b64 {
 			if stdin, err = base64.StdEncoding.DecodeString(*req.Stdin); err != nil {
-				s.fail(w, r, invalidf("stdin is not valid base64"))
+				s.requestFail(w, r, invalidf("stdin is not valid base64"))
 				return
 			}
 		}
 	}
-	k := keyOf(r)
+	sid := r.PathValue("id")
 	t0 := time.Now()
-	info, err := ex.StartExec(r.Context(), sb.ID, start, Actor{Tenant: k.Tenant, KeyID: k.ID}, req.KillOnDisconnect)
+	// A background exec has no stream whose end could kill it.
+	st, err := ex.Exec(r.Context(), execCaller(r), sid, spec, req.KillOnDisconnect && !req.Background)
 	if err != nil {
-		s.fail(w, r, err)
+		s.execFail(w, r, err)
 		return
 	}
+	defer st.Close()
 	s.metrics.execLat.Observe(time.Since(t0).Seconds())
+	info := st.Info()
 	if req.Stdin != nil {
-		if err := ex.ExecInput(r.Context(), sb.ID, info.ID, stdin, !req.StdinOpen); err != nil {
-			s.log.Warn("exec stdin", "request_id", requestID(r), "sandbox_id", sb.ID, "exec_id", info.ID, "err", err)
+		if err := s.execStdinOnce(r, ex, st, stdin, !req.StdinOpen, req.Background); err != nil {
+			s.log.Warn("exec stdin", "request_id", requestID(r), "sandbox_id", sid, "exec_id", info.ID, "err", err)
 		}
 	}
 	if req.Background {
@@ -161,7 +176,31 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	if err := nw.line(map[string]any{"type": "start", "exec_id": info.ID, "pid": info.PID}); err != nil {
 		return
 	}
-	s.attach(r, nw, ex, sb.ID, info.ID)
+	s.stream(r, nw, st, sid)
+}
+
+// execStdinOnce hands the request's stdin to a just started exec. A
+// streamed exec sends it on its own stream (which stays open until the
+// exit). A background exec's stream ends at once, which could drop input
+// still in flight: its stdin goes over a control stream whose end reports
+// that the shim passed all of it on.
+func (s *Server) execStdinOnce(r *http.Request, ex Execs, st guest.ExecStream, data []byte, closeStdin, background bool) error {
+	if background {
+		cs, err := ex.ExecControl(r.Context(), execCaller(r), r.PathValue("id"), st.Info().ID)
+		if err != nil {
+			return err
+		}
+		defer cs.Close()
+		st = cs
+	}
+	err := st.Stdin(data)
+	if err == nil && closeStdin {
+		err = st.CloseStdin()
+	}
+	if err == nil && background {
+		err = st.Finish()
+	}
+	return err
 }
 
 // ndjson writes one JSON object per line and flushes after each, with a
@@ -193,75 +232,48 @@ func (n *ndjson) data(b []byte) string {
 }
 
 // event writes one exec event; done is true after the exit line.
-func (n *ndjson) event(ev *agentv1.ExecResponse) (done bool, err error) {
-	switch e := ev.GetEvent().(type) {
-	case *agentv1.ExecResponse_Stdout:
-		return false, n.line(map[string]any{"type": "stdout", "data": n.data(e.Stdout)})
-	case *agentv1.ExecResponse_Stderr:
-		return false, n.line(map[string]any{"type": "stderr", "data": n.data(e.Stderr)})
-	case *agentv1.ExecResponse_Exited:
-		x := viewExit(e.Exited)
+func (n *ndjson) event(ev guest.ExecEvent) (done bool, err error) {
+	switch ev.Kind {
+	case guest.ExecStdout:
+		return false, n.line(map[string]any{"type": "stdout", "data": n.data(ev.Data)})
+	case guest.ExecStderr:
+		return false, n.line(map[string]any{"type": "stderr", "data": n.data(ev.Data)})
+	case guest.ExecExited:
+		x := viewExit(ev.Exit)
+		if x == nil {
+			x = &exitView{}
+		}
 		return true, n.line(map[string]any{"type": "exit", "code": x.Code, "signal": x.Signal, "timeout": x.Timeout,
 			"truncated": x.Truncated, "duration_ms": x.DurationMS})
 	}
-	return false, nil // "started" is not repeated
+	return false, nil
 }
 
-var errStreamDone = errors.New("exit written")
-
-// attach streams an exec's events to nw until its exit line, the client's
+// stream writes an exec's events to nw until its exit line, the client's
 // departure (the exec keeps running unless kill_on_disconnect) or an error.
-func (s *Server) attach(r *http.Request, nw *ndjson, ex Execs, sandboxID, execID string) {
-	err := ex.AttachExec(r.Context(), sandboxID, execID, true, func(ev *agentv1.ExecResponse) error {
-		done, err := nw.event(ev)
-		if err == nil && done {
-			return errStreamDone
+func (s *Server) stream(r *http.Request, nw *ndjson, st guest.ExecStream, sandboxID string) {
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			if r.Context().Err() == nil {
+				s.log.Warn("exec stream ended early", "request_id", requestID(r), "sandbox_id", sandboxID, "exec_id", st.Info().ID, "err", err)
+			}
+			return
 		}
-		return err
-	})
-	if err != nil && !errors.Is(err, errStreamDone) && r.Context().Err() == nil {
-		s.log.Warn("exec stream ended early", "request_id", requestID(r), "sandbox_id", sandboxID, "exec_id", execID, "err", err)
-	}
-}
-
-// execOf resolves {id} and {exec_id}; an unknown or malformed exec id is
-// errNoExec.
-func (s *Server) execOf(w http.ResponseWriter, r *http.Request) (Execs, string, ExecInfo, bool) {
-	sb, err := s.sandbox(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return nil, "", ExecInfo{}, false
-	}
-	ex, ok := s.execs(w, r)
-	if !ok {
-		return nil, "", ExecInfo{}, false
-	}
-	// A malformed id is ErrNotFound from GetExec, like an unknown one.
-	eid := r.PathValue("exec_id")
-	info, err := ex.GetExec(r.Context(), sb.ID, eid)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			err = errNoExec
+		if done, err := nw.event(ev); err != nil || done {
+			return
 		}
-		s.fail(w, r, err)
-		return nil, "", ExecInfo{}, false
 	}
-	return ex, sb.ID, info, true
 }
 
 func (s *Server) listExecs(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.sandbox(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
 	ex, ok := s.execs(w, r)
 	if !ok {
 		return
 	}
-	infos, err := ex.ListExecs(r.Context(), sb.ID)
+	infos, err := ex.ListExecs(r.Context(), execCaller(r), r.PathValue("id"))
 	if err != nil {
-		s.fail(w, r, err)
+		s.execFail(w, r, err)
 		return
 	}
 	out := make([]Exec, 0, len(infos))
@@ -272,28 +284,57 @@ func (s *Server) listExecs(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getExec(w http.ResponseWriter, r *http.Request) {
-	if _, _, info, ok := s.execOf(w, r); ok {
-		writeJSON(w, http.StatusOK, viewExec(info))
-	}
-}
-
-func (s *Server) streamExec(w http.ResponseWriter, r *http.Request) {
-	ex, sid, info, ok := s.execOf(w, r)
+	ex, ok := s.execs(w, r)
 	if !ok {
 		return
 	}
+	info, err := ex.GetExec(r.Context(), execCaller(r), r.PathValue("id"), r.PathValue("exec_id"))
+	if err != nil {
+		s.execFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewExec(info))
+}
+
+func (s *Server) streamExec(w http.ResponseWriter, r *http.Request) {
+	ex, ok := s.execs(w, r)
+	if !ok {
+		return
+	}
+	sid := r.PathValue("id")
+	st, err := ex.AttachExec(r.Context(), execCaller(r), sid, r.PathValue("exec_id"), true)
+	if err != nil {
+		s.execFail(w, r, err)
+		return
+	}
+	defer st.Close()
 	nw := newNDJSON(w, r.URL.Query().Get("encoding") == "base64")
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	_ = nw.rc.Flush()
-	s.attach(r, nw, ex, sid, info.ID)
+	s.stream(r, nw, st, sid)
+}
+
+// control opens a control stream to {exec_id} of {id}, or answers.
+func (s *Server) control(w http.ResponseWriter, r *http.Request) (guest.ExecStream, bool) {
+	ex, ok := s.execs(w, r)
+	if !ok {
+		return nil, false
+	}
+	st, err := ex.ExecControl(r.Context(), execCaller(r), r.PathValue("id"), r.PathValue("exec_id"))
+	if err != nil {
+		s.execFail(w, r, err)
+		return nil, false
+	}
+	return st, true
 }
 
 func (s *Server) execStdin(w http.ResponseWriter, r *http.Request) {
-	ex, sid, info, ok := s.execOf(w, r)
+	st, ok := s.control(w, r)
 	if !ok {
 		return
 	}
+	defer st.Close()
 	closeStdin := r.URL.Query().Get("close") == "true"
 	// Streamed in chunks: a large body never sits in memory whole.
 	body := idleReader{r.Body, http.NewResponseController(w)}
@@ -301,8 +342,8 @@ func (s *Server) execStdin(w http.ResponseWriter, r *http.Request) {
 	for {
 		n, rerr := io.ReadFull(body, buf)
 		last := rerr != nil
-		if n > 0 || (last && closeStdin) {
-			if err := ex.ExecInput(r.Context(), sid, info.ID, buf[:n], last && closeStdin); err != nil {
+		if n > 0 {
+			if err := st.Stdin(buf[:n]); err != nil {
 				s.fail(w, r, err)
 				return
 			}
@@ -315,14 +356,25 @@ func (s *Server) execStdin(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 	}
+	if closeStdin {
+		if err := st.CloseStdin(); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	if err := st.Finish(); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) execSignal(w http.ResponseWriter, r *http.Request) {
-	ex, sid, info, ok := s.execOf(w, r)
+	st, ok := s.control(w, r)
 	if !ok {
 		return
 	}
+	defer st.Close()
 	var req struct {
 		Signal int32 `json:"signal"`
 	}
@@ -334,7 +386,11 @@ func (s *Server) execSignal(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidf("signal must be between 1 and 64"))
 		return
 	}
-	if err := ex.ExecSignal(r.Context(), sid, info.ID, req.Signal); err != nil {
+	if err := st.Signal(int(req.Signal)); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := st.Finish(); err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -5,12 +5,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"sync"
 	"time"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -22,8 +24,8 @@ type fake struct {
 	n       int
 	sbs     map[string]store.Sandbox
 	files   map[string][]byte // id + path
-	starts  []*agentv1.ExecStart
-	actors  []Actor
+	starts  []fakeStart
+	actors  []sandbox.Actor
 	stdin   map[string][]byte
 	created []sandbox.CreateOptions
 	ctxReqs []*agentv1.CreateContextRequest
@@ -198,52 +200,124 @@ func (f *fake) RemoveFile(_ context.Context, id, p string, _ bool) error {
 
 const fakeExecID = "aaaaaaaaaaaaaaaa"
 
-func (f *fake) StartExec(_ context.Context, _ string, start *agentv1.ExecStart, actor Actor, _ bool) (ExecInfo, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.starts = append(f.starts, start)
-	f.actors = append(f.actors, actor)
-	return ExecInfo{ID: fakeExecID, Argv: start.Argv, PID: 42, State: "running", StartedAt: time.Now()}, nil
+// fakeStart is what reached the fake's "shim" for an exec: the env merged
+// as the shim merges it (the sandbox's under the request's).
+type fakeStart struct {
+	Argv  []string
+	Env   []string
+	Stdin bool
 }
 
-// AttachExec replays: started, stdout "out\xff" (not UTF-8), stderr
-// (stdin so far), exit 3.
-func (f *fake) AttachExec(_ context.Context, _, execID string, _ bool, fn func(*agentv1.ExecResponse) error) error {
-	if execID != fakeExecID {
-		return errdefs.ErrNotFound
-	}
+// visible returns sandbox id if c may see it (ErrNotFound otherwise), as
+// the manager decides.
+func (f *fake) visible(c sandbox.Caller, id string) (store.Sandbox, error) {
 	f.mu.Lock()
-	in := f.stdin[execID]
-	f.mu.Unlock()
-	for _, ev := range []*agentv1.ExecResponse{
-		{Event: &agentv1.ExecResponse_Started{Started: &agentv1.ExecStarted{Pid: 42}}},
-		{Event: &agentv1.ExecResponse_Stdout{Stdout: []byte("out\xff")}},
-		{Event: &agentv1.ExecResponse_Stderr{Stderr: in}},
-		{Event: &agentv1.ExecResponse_Exited{Exited: &agentv1.ExecExited{ExitCode: 3, DurationMs: 5}}},
-	} {
-		if err := fn(ev); err != nil {
-			return err
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok || !c.Sees(sb) {
+		return store.Sandbox{}, fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+func (f *fake) Exec(_ context.Context, c sandbox.Caller, id string, spec guest.ExecSpec, _ bool) (guest.ExecStream, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	sb, err := f.visible(c, id)
+	if err != nil {
+		return nil, err
+	}
+	env := maps.Clone(sb.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, spec.Env)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.starts = append(f.starts, fakeStart{Argv: spec.Argv, Env: guest.ExecSpec{Env: env}.EnvList(), Stdin: spec.Stdin})
+	f.actors = append(f.actors, c.Actor())
+	return &fakeStream{f: f, info: ExecInfo{ID: fakeExecID, Argv: spec.Argv, PID: 42, State: "running", StartedAt: time.Now()}, output: true}, nil
+}
+
+func (f *fake) attach(c sandbox.Caller, id, execID string, output bool) (guest.ExecStream, error) {
+	if _, err := f.visible(c, id); err != nil {
+		return nil, err
+	}
+	if execID != fakeExecID {
+		return nil, guest.ErrNoExec
+	}
+	return &fakeStream{f: f, info: ExecInfo{ID: fakeExecID, Argv: []string{"true"}, PID: 42, State: "running"}, output: output}, nil
+}
+
+func (f *fake) AttachExec(_ context.Context, c sandbox.Caller, id, execID string, _ bool) (guest.ExecStream, error) {
+	return f.attach(c, id, execID, true)
+}
+
+func (f *fake) ExecControl(_ context.Context, c sandbox.Caller, id, execID string) (guest.ExecStream, error) {
+	return f.attach(c, id, execID, false)
+}
+
+// fakeStream replays: stdout "out\xff" (not UTF-8), stderr (the stdin
+// written so far), exit 3.
+type fakeStream struct {
+	f      *fake
+	info   ExecInfo
+	output bool
+	evs    []guest.ExecEvent
+	begun  bool
+}
+
+func (s *fakeStream) Info() guest.ExecInfo { return s.info }
+
+func (s *fakeStream) Recv() (guest.ExecEvent, error) {
+	if !s.output {
+		return guest.ExecEvent{}, io.EOF
+	}
+	if !s.begun {
+		s.begun = true
+		s.f.mu.Lock()
+		in := s.f.stdin[s.info.ID]
+		s.f.mu.Unlock()
+		s.evs = []guest.ExecEvent{
+			{Kind: guest.ExecStdout, Data: []byte("out\xff")},
+			{Kind: guest.ExecStderr, Data: in},
+			{Kind: guest.ExecExited, Exit: &guest.ExitStatus{Code: 3, Duration: 5 * time.Millisecond}},
 		}
 	}
+	if len(s.evs) == 0 {
+		return guest.ExecEvent{}, io.EOF
+	}
+	ev := s.evs[0]
+	s.evs = s.evs[1:]
+	return ev, nil
+}
+
+func (s *fakeStream) Stdin(data []byte) error {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	s.f.stdin[s.info.ID] = append(s.f.stdin[s.info.ID], data...)
 	return nil
 }
 
-func (f *fake) ExecInput(_ context.Context, _, execID string, data []byte, _ bool) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.stdin[execID] = append(f.stdin[execID], data...)
-	return nil
-}
+func (s *fakeStream) CloseStdin() error    { return nil }
+func (s *fakeStream) Signal(sig int) error { return nil }
+func (s *fakeStream) Finish() error        { return nil }
+func (s *fakeStream) Close()               {}
 
-func (f *fake) ExecSignal(context.Context, string, string, int32) error { return nil }
-
-func (f *fake) ListExecs(context.Context, string) ([]ExecInfo, error) {
+func (f *fake) ListExecs(_ context.Context, c sandbox.Caller, id string) ([]ExecInfo, error) {
+	if _, err := f.visible(c, id); err != nil {
+		return nil, err
+	}
 	return []ExecInfo{{ID: fakeExecID, Argv: []string{"true"}, State: "running"}}, nil
 }
 
-func (f *fake) GetExec(_ context.Context, _, execID string) (ExecInfo, error) {
+func (f *fake) GetExec(_ context.Context, c sandbox.Caller, id, execID string) (ExecInfo, error) {
+	if _, err := f.visible(c, id); err != nil {
+		return ExecInfo{}, err
+	}
 	if execID != fakeExecID {
-		return ExecInfo{}, fmt.Errorf("%w: exec", errdefs.ErrNotFound)
+		return ExecInfo{}, guest.ErrNoExec
 	}
 	return ExecInfo{ID: fakeExecID, Argv: []string{"true"}, State: "running"}, nil
 }

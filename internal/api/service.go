@@ -7,6 +7,7 @@ import (
 	"time"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -94,27 +95,25 @@ type Files interface {
 	RemoveFile(ctx context.Context, id, p string, recursive bool) error
 }
 
-// Actor is who asks for an exec (the shim writes it to the audit trail).
-type Actor = sandbox.Actor
-
 // ExecInfo describes one exec session.
-type ExecInfo = sandbox.ExecInfo
+type ExecInfo = guest.ExecInfo
 
-// Execs is the exec-session part of the manager: sessions are owned by the
-// sandbox's shim, so they outlive the HTTP request that started them.
+// Execs is the exec part of the manager (sandbox.Manager's methods of the
+// same names; see there for the contracts). Execs are owned by the
+// sandbox's shim, so they outlive the HTTP request that started them. The
+// manager decides what the caller may see: a sandbox it may not use is
+// ErrNotFound, an unknown exec guest.ErrNoExec.
 type Execs interface {
-	// StartExec starts a session; killOnDetach kills it when its last
-	// attached stream goes away.
-	StartExec(ctx context.Context, sandboxID string, start *agentv1.ExecStart, actor Actor, killOnDetach bool) (ExecInfo, error)
-	// AttachExec calls fn with the session's events (from the start of its
-	// retained output if fromStart) until it exits, fn fails or ctx ends.
-	AttachExec(ctx context.Context, sandboxID, execID string, fromStart bool, fn func(*agentv1.ExecResponse) error) error
-	// ExecInput writes to the session's stdin, then closes it if asked.
-	ExecInput(ctx context.Context, sandboxID, execID string, data []byte, closeStdin bool) error
-	// ExecSignal sends a signal to the session's process.
-	ExecSignal(ctx context.Context, sandboxID, execID string, sig int32) error
-	ListExecs(ctx context.Context, sandboxID string) ([]ExecInfo, error)
-	GetExec(ctx context.Context, sandboxID, execID string) (ExecInfo, error)
+	// Exec starts spec and returns its stream once it runs; killOnDetach
+	// kills it when its last attached stream goes away.
+	Exec(ctx context.Context, c sandbox.Caller, sandboxID string, spec guest.ExecSpec, killOnDetach bool) (guest.ExecStream, error)
+	// AttachExec streams an exec's output (from the start of what the shim
+	// retained if fromStart) until its exit.
+	AttachExec(ctx context.Context, c sandbox.Caller, sandboxID, execID string, fromStart bool) (guest.ExecStream, error)
+	// ExecControl opens a stream for an exec's stdin and signals only.
+	ExecControl(ctx context.Context, c sandbox.Caller, sandboxID, execID string) (guest.ExecStream, error)
+	ListExecs(ctx context.Context, c sandbox.Caller, sandboxID string) ([]ExecInfo, error)
+	GetExec(ctx context.Context, c sandbox.Caller, sandboxID, execID string) (ExecInfo, error)
 }
 
 // Contexts is the code-context part of the manager (sandbox.Manager's

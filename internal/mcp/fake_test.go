@@ -12,6 +12,7 @@ import (
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -24,7 +25,7 @@ type fake struct {
 	sbs    map[string]store.Sandbox
 	files  map[string][]byte // sandbox id + path
 	events []store.Event
-	execs  map[string]*agentv1.ExecStart
+	execs  map[string]guest.ExecSpec
 	// resumes records the sandboxes a call resumed (like the manager, any
 	// call on a paused sandbox resumes it).
 	resumes []string
@@ -33,7 +34,7 @@ type fake struct {
 }
 
 func newFake() *fake {
-	return &fake{sbs: map[string]store.Sandbox{}, files: map[string][]byte{}, execs: map[string]*agentv1.ExecStart{}, snaps: map[string]store.Snapshot{}}
+	return &fake{sbs: map[string]store.Sandbox{}, files: map[string][]byte{}, execs: map[string]guest.ExecSpec{}, snaps: map[string]store.Snapshot{}}
 }
 
 var _ Service = (*fake)(nil)
@@ -144,35 +145,56 @@ func (f *fake) resumeLocked(id string) error {
 	return nil
 }
 
-func (f *fake) StartExec(_ context.Context, id string, start *agentv1.ExecStart, _ sandbox.Actor, _ bool) (sandbox.ExecInfo, error) {
+func (f *fake) Exec(_ context.Context, c sandbox.Caller, id string, spec guest.ExecSpec, _ bool) (guest.ExecStream, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.resumeLocked(id); err != nil {
-		return sandbox.ExecInfo{}, err
+	if sb, ok := f.sbs[id]; ok && !c.Sees(sb) {
+		return nil, fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
 	}
-	f.execs["abcdefghijklmnop"] = start
-	return sandbox.ExecInfo{ID: "abcdefghijklmnop"}, nil
+	if err := f.resumeLocked(id); err != nil {
+		return nil, err
+	}
+	f.execs["abcdefghijklmnop"] = spec
+	return newFakeStream(spec.Argv), nil
 }
 
-// AttachExec: stdout is the argv joined; "fail" exits 3 with stderr; "big"
+// fakeStream: stdout is the argv joined; "fail" exits 3 with stderr; "big"
 // prints 1 MiB.
-func (f *fake) AttachExec(_ context.Context, _, execID string, _ bool, fn func(*agentv1.ExecResponse) error) error {
-	f.mu.Lock()
-	start := f.execs[execID]
-	f.mu.Unlock()
-	argv := start.GetArgv()
-	code := int32(0)
+type fakeStream struct{ evs []guest.ExecEvent }
+
+func newFakeStream(argv []string) *fakeStream {
+	code := 0
+	var evs []guest.ExecEvent
 	switch argv[0] {
 	case "fail":
-		_ = fn(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: []byte("boom\n")}})
+		evs = append(evs, guest.ExecEvent{Kind: guest.ExecStderr, Data: []byte("boom\n")})
 		code = 3
 	case "big":
-		_ = fn(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: bytes.Repeat([]byte("x"), 1<<20)}})
+		evs = append(evs, guest.ExecEvent{Kind: guest.ExecStdout, Data: bytes.Repeat([]byte("x"), 1<<20)})
 	default:
-		_ = fn(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: []byte(strings.Join(argv, " ") + "\n")}})
+		evs = append(evs, guest.ExecEvent{Kind: guest.ExecStdout, Data: []byte(strings.Join(argv, " ") + "\n")})
 	}
-	return fn(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: &agentv1.ExecExited{ExitCode: code}}})
+	evs = append(evs, guest.ExecEvent{Kind: guest.ExecExited, Exit: &guest.ExitStatus{Code: code}})
+	return &fakeStream{evs: evs}
 }
+
+func (s *fakeStream) Info() guest.ExecInfo { return guest.ExecInfo{ID: "abcdefghijklmnop"} }
+func (s *fakeStream) Recv() (guest.ExecEvent, error) {
+	if len(s.evs) == 0 {
+		return guest.ExecEvent{}, io.EOF
+	}
+	ev := s.evs[0]
+	s.evs = s.evs[1:]
+	return ev, nil
+}
+func (s *fakeStream) Stdin([]byte) error { return nil }
+func (s *fakeStream) CloseStdin() error  { return nil }
+func (s *fakeStream) Signal(int) error   { return nil }
+func (s *fakeStream) Finish() error      { return nil }
+func (s *fakeStream) Close()             {}
 
 func (f *fake) WriteFile(_ context.Context, id, p string, _ uint32, r io.Reader) (int64, error) {
 	b, err := io.ReadAll(r)

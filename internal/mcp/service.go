@@ -6,6 +6,7 @@ import (
 	"time"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -45,10 +46,10 @@ type Service interface {
 	// copies made so far are returned with it.
 	Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error)
 
-	// StartExec starts an exec session owned by the sandbox's shim.
-	StartExec(ctx context.Context, sandboxID string, start *agentv1.ExecStart, actor sandbox.Actor, killOnDetach bool) (sandbox.ExecInfo, error)
-	// AttachExec calls fn with the exec's events until it exits.
-	AttachExec(ctx context.Context, sandboxID, execID string, fromStart bool, fn func(*agentv1.ExecResponse) error) error
+	// Exec starts spec in the sandbox for c and returns its stream once it
+	// runs (sandbox.Manager.Exec: the shim merges the sandbox's env under
+	// spec.Env); with killOnDetach closing the stream kills it.
+	Exec(ctx context.Context, c sandbox.Caller, sandboxID string, spec guest.ExecSpec, killOnDetach bool) (guest.ExecStream, error)
 
 	// WriteFile streams r into p (mode, parents made).
 	WriteFile(ctx context.Context, id, p string, mode uint32, r io.Reader) (int64, error)

@@ -42,7 +42,10 @@ func (s *session) keyID() string {
 	return "mcp:" + s.id
 }
 
-func (s *session) actor() sandbox.Actor { return sandbox.Actor{Tenant: s.p.Tenant, KeyID: s.keyID()} }
+// caller is s's principal for the manager.
+func (s *session) caller() sandbox.Caller {
+	return sandbox.Caller{Tenant: s.p.Tenant, KeyID: s.keyID(), Admin: s.p.Admin, Via: "mcp"}
+}
 
 // watch starts, once, the goroutine that removes s's sandboxes when ss ends.
 func (s *session) watch(ss *sdk.ServerSession) {

@@ -5,15 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -372,8 +371,6 @@ type execIn struct {
 	TimeoutS  int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (default 60)"`
 }
 
-var errExited = errors.New("exited")
-
 func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error) {
 	if len(in.Cmd) == 0 || in.Cmd[0] == "" {
 		return nil, fmt.Errorf("%w: cmd must be a non-empty array", errdefs.ErrInvalid)
@@ -383,58 +380,41 @@ func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error
 		return nil, err
 	}
 	defer cancel()
-	sb, err := t.h.cfg.Service.Get(ctx, id)
+	spec := guest.ExecSpec{Argv: in.Cmd, Env: in.Env, Cwd: in.Cwd, Timeout: d}
+	st, err := t.h.cfg.Service.Exec(ctx, t.s.caller(), id, spec, true)
 	if err != nil {
 		return nil, err
 	}
-	env := maps.Clone(sb.Env)
-	if env == nil {
-		env = map[string]string{}
-	}
-	for k, v := range in.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
-			return nil, fmt.Errorf("%w: env names must be non-empty without '=' or NUL, values without NUL", errdefs.ErrInvalid)
-		}
-		env[k] = v
-	}
-	start := &agentv1.ExecStart{Argv: in.Cmd, Cwd: in.Cwd, TimeoutMs: uint32(d / time.Millisecond)}
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		start.Env = append(start.Env, k+"="+env[k])
-	}
-	info, err := t.h.cfg.Service.StartExec(ctx, id, start, t.s.actor(), true)
-	if err != nil {
-		return nil, err
-	}
+	defer st.Close()
 	out := newOutput(t.h.cfg.MaxOutputBytes)
-	var exit *agentv1.ExecExited
-	err = t.h.cfg.Service.AttachExec(ctx, id, info.ID, true, func(ev *agentv1.ExecResponse) error {
-		switch e := ev.GetEvent().(type) {
-		case *agentv1.ExecResponse_Stdout:
-			out.stdout.add(e.Stdout)
-		case *agentv1.ExecResponse_Stderr:
-			out.stderr.add(e.Stderr)
-		case *agentv1.ExecResponse_Exited:
-			exit = e.Exited
-			return errExited
+	var exit *guest.ExitStatus
+	for exit == nil {
+		ev, err := st.Recv()
+		if err != nil {
+			return nil, err
 		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errExited) {
-		return nil, err
+		switch ev.Kind {
+		case guest.ExecStdout:
+			out.stdout.add(ev.Data)
+		case guest.ExecStderr:
+			out.stderr.add(ev.Data)
+		case guest.ExecExited:
+			exit = ev.Exit
+		}
 	}
-	code := exit.GetExitCode()
+	code := exit.Code
 	status := fmt.Sprintf("exit_code: %d", code)
-	if exit.GetSignal() > 0 {
+	if exit.Signal > 0 {
 		code = -1
-		status = fmt.Sprintf("exit_code: -1 (killed by signal %d)", exit.GetSignal())
+		status = fmt.Sprintf("exit_code: -1 (killed by signal %d)", exit.Signal)
 	}
-	if exit.GetTimedOut() {
+	if exit.TimedOut {
 		status += fmt.Sprintf(" (timed out after %s)", d)
 	}
-	if exit.GetOutputTruncated() {
+	if exit.Truncated {
 		status += " (the guest dropped output beyond its cap)"
 	}
-	res := textResult(out.text(status + fmt.Sprintf("\nsandbox_id: %s\nduration_ms: %d", id, exit.GetDurationMs())))
+	res := textResult(out.text(status + fmt.Sprintf("\nsandbox_id: %s\nduration_ms: %d", id, exit.Duration.Milliseconds())))
 	res.StructuredContent = nil
 	res.IsError = code != 0
 	return res, nil

@@ -31,12 +31,3 @@ func TestSessionErrCategories(t *testing.T) {
 		t.Errorf("cancelled: %v", err)
 	}
 }
-
-func TestExecIDsAreCheckedBeforeDialing(t *testing.T) {
-	m := &Manager{L: Layout{Root: t.TempDir()}}
-	for _, id := range []string{"", "short", "AAAAAAAAAAAAAAAA", "aaaaaaaaaaaaaaa1", "../../../etc/pas"} {
-		if _, err := m.GetExec(t.Context(), "aaaaaaaaaaaa", id); !errors.Is(err, errdefs.ErrNotFound) {
-			t.Errorf("%q: %v", id, err)
-		}
-	}
-}

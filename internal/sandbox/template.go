@@ -253,7 +253,7 @@ func warmTemplate(ctx context.Context, t Template, inst runtime.Instance, conn n
 	// Warm the guest page cache and TCG with what most sandboxes run first;
 	// the template's RAM (page cache included) is shared by every clone.
 	for _, argv := range [][]string{{"true"}, {"sh", "-c", "command -v python3 >/dev/null && python3 -c 'import sys' || true"}} {
-		if _, err := Exec(bootCtx, c, &agentv1.ExecStart{Argv: argv, TimeoutMs: 60000}, ExecIO{}); err != nil {
+		if err := warmExec(bootCtx, c, argv); err != nil {
 			log.Warn("template warm-up", "argv", argv, "err", err)
 		}
 	}
@@ -261,6 +261,27 @@ func warmTemplate(ctx context.Context, t Template, inst runtime.Instance, conn n
 	// disconnect, so clones start with the agent waiting for a new host.
 	c.Close()
 	return nil
+}
+
+// warmExec runs argv in a template guest straight through the agent (no
+// shim runs yet) and waits for its exit, discarding its output.
+func warmExec(ctx context.Context, c *agentapi.Client, argv []string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := c.Exec.Exec(ctx)
+	defer st.CloseResponse()
+	if err := st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{Argv: argv, TimeoutMs: 60000}}}); err != nil {
+		return err
+	}
+	for {
+		ev, err := st.Receive()
+		if err != nil {
+			return err
+		}
+		if ev.GetExited() != nil {
+			return nil
+		}
+	}
 }
 
 // DialAgent waits for the agent on conn, failing early with the VMM's exit

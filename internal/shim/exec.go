@@ -40,8 +40,8 @@ func checkStart(start *agentv1.ExecStart) error {
 
 // guardedExec is one agent exec stream with the host-side limits applied:
 // the output cap (checkStart's MaxOutputBytes) and the deadline
-// (timeout_ms + timeoutGrace) hold whatever the guest does. Used by the
-// relay (one exec per client stream) and by sessions (execs the shim owns).
+// (timeout_ms + timeoutGrace) hold whatever the guest does. Every exec the
+// shim owns (sessions) runs on one.
 //
 // Next must be called from one goroutine; Send and CloseRequest from any;
 // Close may be called at any time and more than once.

@@ -2,6 +2,8 @@ package shim
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -13,7 +15,10 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
+	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // hostileAgent ignores exec timeouts and floods output.
@@ -32,6 +37,11 @@ func (hostileAgent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.Exe
 	if err != nil {
 		return err
 	}
+	// It reports the start (the shim owns only execs that started), then
+	// misbehaves.
+	if err := st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Started{Started: &agentv1.ExecStarted{Pid: 2}}}); err != nil {
+		return err
+	}
 	chunk := make([]byte, 32<<10)
 	for {
 		if first.GetStart().GetArgv()[0] == "flood" {
@@ -48,20 +58,24 @@ func (hostileAgent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.Exe
 	}
 }
 
-// relayOverHostileAgent serves the relay on a unix socket, forwarding to a
-// hostile agent over net.Pipe, and returns a client for it.
-func relayOverHostileAgent(t *testing.T) *agentapi.Client {
+// relayOverHostileAgent serves the shim's ExecService on a unix socket,
+// forwarding to a hostile agent over net.Pipe, and returns a client for it.
+func relayOverHostileAgent(t *testing.T) *shimclient.Client {
 	t.Helper()
-	host, guest := net.Pipe()
+	host, gconn := net.Pipe()
 	h := hostileAgent{}
-	go func() { _ = agentapi.Serve(context.Background(), guest, agentapi.NewHandler(h, h, h)) }()
+	go func() { _ = agentapi.Serve(context.Background(), gconn, agentapi.NewHandler(h, h, h)) }()
 	ac, err := agentapi.Dial(t.Context(), host, agentapi.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &relay{agent: ac, shutdown: func(context.Context) error { return nil }}
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := newSessions(ac, st, "hostilehostil", nil, slog.New(slog.DiscardHandler))
 	mux := http.NewServeMux()
-	mux.Handle(agentv1connect.NewExecServiceHandler(r))
+	mux.Handle(shimv2connect.NewExecServiceHandler(execService{t: tbl, log: slog.New(slog.DiscardHandler)}))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: mux, Protocols: &p}
@@ -71,9 +85,38 @@ func relayOverHostileAgent(t *testing.T) *agentapi.Client {
 		t.Fatal(err)
 	}
 	go func() { _ = srv.Serve(ln) }()
-	c, closeFn := sandbox.ShimClient(sock)
-	t.Cleanup(func() { closeFn(); srv.Close(); ac.Close(); guest.Close() })
+	c := shimclient.New(sock)
+	t.Cleanup(func() {
+		c.Close()
+		srv.Close()
+		tbl.Close()
+		ac.Close()
+		gconn.Close()
+		st.Close()
+	})
 	return c
+}
+
+// runStream runs spec over one exec stream, counting its stdout into w,
+// and returns its exit.
+func runStream(ctx context.Context, c *shimclient.Client, spec guest.ExecSpec, w io.Writer) (*guest.ExitStatus, error) {
+	st, err := c.Exec(ctx, spec, shimclient.StartOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		switch ev.Kind {
+		case guest.ExecStdout:
+			_, _ = w.Write(ev.Data)
+		case guest.ExecExited:
+			return ev.Exit, nil
+		}
+	}
 }
 
 func TestRelayEnforcesTimeoutAgainstHostileAgent(t *testing.T) {
@@ -82,11 +125,11 @@ func TestRelayEnforcesTimeoutAgainstHostileAgent(t *testing.T) {
 	t.Cleanup(func() { timeoutGrace = old })
 	c := relayOverHostileAgent(t)
 	start := time.Now()
-	ex, err := sandbox.Exec(t.Context(), c, &agentv1.ExecStart{Argv: []string{"hang"}, TimeoutMs: 100}, sandbox.ExecIO{})
+	ex, err := runStream(t.Context(), c, guest.ExecSpec{Argv: []string{"hang"}, Timeout: 100 * time.Millisecond}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !ex.GetTimedOut() {
+	if !ex.TimedOut {
 		t.Fatalf("exit %v: want timed_out from the host", ex)
 	}
 	if el := time.Since(start); el > 3*time.Second {
@@ -104,11 +147,41 @@ func TestRelayCapsOutputOfHostileAgent(t *testing.T) {
 	t.Cleanup(func() { timeoutGrace = old })
 	c := relayOverHostileAgent(t)
 	var w countWriter
-	ex, err := sandbox.Exec(t.Context(), c, &agentv1.ExecStart{Argv: []string{"flood"}, TimeoutMs: 3000, MaxOutputBytes: 1 << 20}, sandbox.ExecIO{Stdout: &w})
+	ex, err := runStream(t.Context(), c, guest.ExecSpec{Argv: []string{"flood"}, Timeout: 3 * time.Second, MaxOutputBytes: 1 << 20}, &w)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.n != 1<<20 || !ex.GetOutputTruncated() {
-		t.Fatalf("got %d bytes, truncated=%v; want exactly 1 MiB and truncated", w.n, ex.GetOutputTruncated())
+	if w.n != 1<<20 || !ex.Truncated {
+		t.Fatalf("got %d bytes, truncated=%v; want exactly 1 MiB and truncated", w.n, ex.Truncated)
+	}
+}
+
+// TestStartingStreamHoldsOutputBack: the stream that started an exec reads
+// its output like a pipe: a reader that falls far behind (here 32 times the
+// retained output) is not cut off; it gets every byte up to the cap.
+func TestStartingStreamHoldsOutputBack(t *testing.T) {
+	oldCap := retainCap
+	retainCap = 64 << 10
+	t.Cleanup(func() { retainCap = oldCap })
+	c := relayOverHostileAgent(t)
+	st, err := c.Exec(t.Context(), guest.ExecSpec{Argv: []string{"flood"}, Timeout: time.Hour, MaxOutputBytes: 2 << 20}, shimclient.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	n := 0
+	for n < 2<<20 {
+		ev, err := st.Recv()
+		if err != nil || ev.Kind == guest.ExecExited {
+			t.Fatalf("after %d bytes: %v %+v; want all 2 MiB", n, err, ev.Exit)
+		}
+		if n == 0 {
+			// Fall behind: the flood goes on while nobody reads.
+			time.Sleep(300 * time.Millisecond)
+		}
+		n += len(ev.Data)
+	}
+	if n != 2<<20 {
+		t.Fatalf("got %d bytes, want the 2 MiB cap", n)
 	}
 }

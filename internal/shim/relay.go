@@ -71,50 +71,6 @@ func (r *relay) Shutdown(ctx context.Context, _ *connect.Request[agentv1.Shutdow
 	return connect.NewResponse(&agentv1.ShutdownResponse{}), nil
 }
 
-// Exec relays one exec stream, enforcing the output cap and the timeout on
-// the host side (guardedExec). The exec ends with the client's stream.
-func (r *relay) Exec(ctx context.Context, cs *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse]) error {
-	first, err := cs.Receive()
-	if err != nil {
-		return invalid(fmt.Errorf("read exec start: %w", err))
-	}
-	g, err := openExec(ctx, r.agent, first.GetStart(), r.env)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
-
-	// Client -> guest: stdin, close, signals. Not waited for: it blocks in
-	// cs.Receive until the client sends or this handler returns (which ends
-	// the request), and it touches nothing that outlives the handler.
-	go func() {
-		for {
-			msg, err := cs.Receive()
-			if err != nil {
-				_ = g.CloseRequest()
-				return
-			}
-			if err := g.Send(msg); err != nil {
-				return
-			}
-		}
-	}()
-
-	// Guest -> client.
-	for {
-		ev, err := g.Next()
-		if err != nil {
-			return err
-		}
-		if err := cs.Send(ev); err != nil {
-			return err
-		}
-		if ev.GetExited() != nil {
-			return nil
-		}
-	}
-}
-
 func relayErr(step string, err error) error {
 	var ce *connect.Error
 	if errors.As(err, &ce) {

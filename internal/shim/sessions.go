@@ -15,11 +15,11 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// Limits on the execs a shim owns (SessionService).
+// Limits on the execs a shim owns (ExecService).
 const (
 	// maxRunningSessions caps execs running at once in one sandbox.
 	maxRunningSessions = 64
@@ -91,6 +91,14 @@ type attacher struct {
 	qBytes int
 	err    error // set when cut off for falling behind
 	wake   chan struct{}
+	// flow: the stream that started the exec reads its output like a pipe:
+	// instead of being cut off when it falls behind, it holds the exec's
+	// output back (the guest's writes block) until it caught up or went
+	// away. space is signalled when it took its queue; gone is closed when
+	// it detached.
+	flow  bool
+	space chan struct{}
+	gone  chan struct{}
 }
 
 func (a *attacher) notify() {
@@ -112,9 +120,10 @@ func (t *sessions) goLocked(f func()) bool {
 
 // Start starts an exec that the shim owns and returns once the guest
 // reported its pid. ctx bounds only the wait for that; the exec itself
-// lives until it exits or the shim closes.
-func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1.ExecInfo, error) {
-	start := req.GetStart()
+// lives until it exits or the shim closes. tenant and keyID are recorded
+// in the audit trail; with killOnDetach the exec is killed when its last
+// attacher goes away.
+func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, keyID string, killOnDetach bool) (*session, error) {
 	if err := checkStart(start); err != nil {
 		return nil, err
 	}
@@ -158,7 +167,7 @@ func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1
 	}
 	s := &session{
 		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin(),
-		tenant: req.GetTenant(), keyID: req.GetKeyId(), killOnDetach: req.GetKillOnDetach(),
+		tenant: tenant, keyID: keyID, killOnDetach: killOnDetach,
 		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
 	}
 	if err := t.audit(s, "exec.start", map[string]any{
@@ -177,7 +186,7 @@ func (t *sessions) Start(ctx context.Context, req *shimv1.StartRequest) (*shimv1
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
 	}
 	t.log.Debug("exec session started", "exec_id", s.id, "pid", s.pid)
-	return s.info(), nil
+	return s, nil
 }
 
 func (t *sessions) audit(s *session, action string, detail map[string]any) error {
@@ -218,10 +227,33 @@ func (t *sessions) pump(s *session) {
 
 func outputLen(ev *agentv1.ExecResponse) int { return len(ev.GetStdout()) + len(ev.GetStderr()) }
 
-// publish retains an output event and queues it for every attacher.
+// publish retains an output event and queues it for every attacher. A
+// flow-controlling attacher that is too far behind holds it back first.
 func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
 	n := outputLen(ev)
 	s.mu.Lock()
+	for {
+		var behind *attacher
+		for a := range s.attachers {
+			if a.flow && a.qBytes > 0 && a.qBytes+n > retainCap {
+				behind = a
+				break
+			}
+		}
+		if behind == nil {
+			break
+		}
+		s.mu.Unlock()
+		select {
+		case <-behind.space:
+		case <-behind.gone:
+		case <-t.ctx.Done():
+		}
+		s.mu.Lock()
+		if t.ctx.Err() != nil {
+			break
+		}
+	}
 	defer s.mu.Unlock()
 	s.out = append(s.out, ev)
 	s.outBytes += n
@@ -327,7 +359,7 @@ func (t *sessions) Get(id string) (*session, error) {
 }
 
 // List returns every known session, oldest first.
-func (t *sessions) List() []*shimv1.ExecInfo {
+func (t *sessions) List() []*shimv2.ExecInfo {
 	t.mu.Lock()
 	all := make([]*session, 0, len(t.byID))
 	for _, s := range t.byID {
@@ -335,7 +367,7 @@ func (t *sessions) List() []*shimv1.ExecInfo {
 	}
 	t.mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i].startedAt.Before(all[j].startedAt) })
-	out := make([]*shimv1.ExecInfo, len(all))
+	out := make([]*shimv2.ExecInfo, len(all))
 	for i, s := range all {
 		out[i] = s.info()
 	}
@@ -359,15 +391,15 @@ func (t *sessions) Close() {
 	t.wg.Wait()
 }
 
-func (s *session) info() *shimv1.ExecInfo {
+func (s *session) info() *shimv2.ExecInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	in := &shimv1.ExecInfo{
-		ExecId: s.id, Argv: s.argv, Pid: s.pid, State: shimv1.ExecState_EXEC_STATE_RUNNING,
-		StartedAt: s.startedAt.UnixNano(), Exit: s.exit,
+	in := &shimv2.ExecInfo{
+		ExecId: s.id, Argv: s.argv, Pid: s.pid, State: shimv2.ExecState_EXEC_STATE_RUNNING,
+		StartedAt: s.startedAt.UnixNano(),
 	}
 	if s.exit != nil {
-		in.State, in.EndedAt = shimv1.ExecState_EXEC_STATE_EXITED, s.endedAt.UnixNano()
+		in.State, in.EndedAt, in.Exit = shimv2.ExecState_EXEC_STATE_EXITED, s.endedAt.UnixNano(), wireExit(s.exit)
 	}
 	return in
 }
@@ -421,8 +453,9 @@ func (s *session) Signal(sig int32) error {
 
 // Attach calls send for the retained output (fromStart), then live output,
 // then the exit, and returns nil after the exit. It returns ctx's error if
-// ctx ends first, and a ResourceExhausted error if it fell too far behind.
-func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send func(*agentv1.ExecResponse) error) error {
+// ctx ends first, and a ResourceExhausted error if it fell too far behind
+// (unless flow: then it holds the exec's output back instead).
+func (s *session) Attach(ctx context.Context, t *sessions, fromStart, flow bool, send func(*agentv1.ExecResponse) error) error {
 	s.mu.Lock()
 	var backlog []*agentv1.ExecResponse
 	if fromStart {
@@ -436,7 +469,7 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send 
 	if s.exit != nil {
 		backlog = append(backlog, &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: s.exit}})
 	} else {
-		a = &attacher{wake: make(chan struct{}, 1)}
+		a = &attacher{wake: make(chan struct{}, 1), flow: flow, space: make(chan struct{}, 1), gone: make(chan struct{})}
 		s.attachers[a] = struct{}{}
 	}
 	s.mu.Unlock()
@@ -461,6 +494,10 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send 
 		q, err := a.q, a.err
 		a.q, a.qBytes = nil, 0
 		s.mu.Unlock()
+		select {
+		case a.space <- struct{}{}:
+		default:
+		}
 		for _, ev := range q {
 			if err := send(ev); err != nil {
 				return err
@@ -476,6 +513,7 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send 
 }
 
 func (s *session) detach(t *sessions, a *attacher) {
+	close(a.gone)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.attachers[a]; ok {

@@ -14,9 +14,82 @@ import (
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
+
+// local is the caller of these tests: the CLI on its own state dir.
+var local = sandbox.Local()
+
+// startExec starts spec through the manager's one exec path and detaches
+// at once (the exec keeps running): the exec's info.
+func startExec(ctx context.Context, m *sandbox.Manager, c sandbox.Caller, sbID string, spec guest.ExecSpec) (guest.ExecInfo, error) {
+	st, err := m.Exec(ctx, c, sbID, spec, false)
+	if err != nil {
+		return guest.ExecInfo{}, err
+	}
+	st.Close()
+	return st.Info(), nil
+}
+
+// execInput writes data to an exec's stdin over a control stream, then
+// closes stdin if closeStdin, and returns the shim's verdict.
+func execInput(ctx context.Context, m *sandbox.Manager, sbID, execID string, data []byte, closeStdin bool) error {
+	st, err := m.ExecControl(ctx, local, sbID, execID)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Stdin(data); err != nil {
+		return err
+	}
+	if closeStdin {
+		if err := st.CloseStdin(); err != nil {
+			return err
+		}
+	}
+	return st.Finish()
+}
+
+// execSignal sends sig to an exec over a control stream.
+func execSignal(ctx context.Context, m *sandbox.Manager, sbID, execID string, sig int) error {
+	st, err := m.ExecControl(ctx, local, sbID, execID)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Signal(sig); err != nil {
+		return err
+	}
+	return st.Finish()
+}
+
+// attachExec calls fn for each event of an attach until the exit (nil),
+// an error of fn, or ctx's end (its error).
+func attachExec(ctx context.Context, m *sandbox.Manager, sbID, execID string, fromStart bool, fn func(guest.ExecEvent) error) error {
+	st, err := m.AttachExec(ctx, local, sbID, execID, fromStart)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+		if ev.Kind == guest.ExecExited {
+			return nil
+		}
+	}
+}
 
 // manager returns a Manager over the harness's state dir: what the API
 // server uses. A new one per call stands for a restarted server.
@@ -38,24 +111,24 @@ func (h *harness) stop(t *testing.T) {
 // collected is what an attach delivered.
 type collected struct {
 	stdout, stderr bytes.Buffer
-	exit           *agentv1.ExecExited
+	exit           *guest.ExitStatus
 	events         int
 }
 
-func (c *collected) add(ev *agentv1.ExecResponse) error {
+func (c *collected) add(ev guest.ExecEvent) error {
 	c.events++
-	switch e := ev.GetEvent().(type) {
-	case *agentv1.ExecResponse_Stdout:
-		c.stdout.Write(e.Stdout)
-	case *agentv1.ExecResponse_Stderr:
-		c.stderr.Write(e.Stderr)
-	case *agentv1.ExecResponse_Exited:
+	switch ev.Kind {
+	case guest.ExecStdout:
+		c.stdout.Write(ev.Data)
+	case guest.ExecStderr:
+		c.stderr.Write(ev.Data)
+	case guest.ExecExited:
 		if c.exit != nil {
 			return errors.New("second exited event")
 		}
-		c.exit = e.Exited
+		c.exit = ev.Exit
 	default:
-		return fmt.Errorf("unexpected event %T", e)
+		return fmt.Errorf("unexpected event %v", ev.Kind)
 	}
 	return nil
 }
@@ -63,7 +136,7 @@ func (c *collected) add(ev *agentv1.ExecResponse) error {
 func attachAll(t *testing.T, m *sandbox.Manager, sbID, execID string, fromStart bool) *collected {
 	t.Helper()
 	var c collected
-	if err := m.AttachExec(t.Context(), sbID, execID, fromStart, c.add); err != nil {
+	if err := attachExec(t.Context(), m, sbID, execID, fromStart, c.add); err != nil {
 		t.Fatalf("attach: %v", err)
 	}
 	if c.exit == nil {
@@ -77,11 +150,11 @@ func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
 	defer h.stop(t)
 	ctx := t.Context()
 	m := h.manager()
-	info, err := m.StartExec(ctx, h.id, &agentv1.ExecStart{Argv: []string{"cat"}, Stdin: true}, sandbox.Actor{Tenant: "t1", KeyID: "k1"}, false)
+	info, err := startExec(ctx, m, sandbox.Caller{Tenant: "t1", KeyID: "k1", Admin: true}, h.id, guest.ExecSpec{Argv: []string{"cat"}, Stdin: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(info.ID) != 16 || info.State != sandbox.ExecStateRunning || info.PID == 0 || info.Exit != nil {
+	if len(info.ID) != 16 || info.State != guest.ExecStateRunning || info.PID == 0 || info.Exit != nil {
 		t.Fatalf("start info: %+v", info)
 	}
 
@@ -90,13 +163,13 @@ func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
 	got := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- m.AttachExec(actx, h.id, info.ID, false, func(ev *agentv1.ExecResponse) error {
-			got <- string(ev.GetStdout())
+		errc <- attachExec(actx, m, h.id, info.ID, false, func(ev guest.ExecEvent) error {
+			got <- string(ev.Data)
 			return nil
 		})
 	}()
 	time.Sleep(50 * time.Millisecond) // let the attacher register before the input
-	if err := m.ExecInput(ctx, h.id, info.ID, []byte("hello\n"), false); err != nil {
+	if err := execInput(ctx, m, h.id, info.ID, []byte("hello\n"), false); err != nil {
 		t.Fatal(err)
 	}
 	if s := <-got; s != "hello\n" {
@@ -108,18 +181,18 @@ func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
 	}
 
 	// The exec kept running without attachers.
-	if err := m.ExecInput(ctx, h.id, info.ID, []byte("world\n"), true); err != nil {
+	if err := execInput(ctx, m, h.id, info.ID, []byte("world\n"), true); err != nil {
 		t.Fatal(err)
 	}
 	// A new manager (a restarted server) replays everything and the exit.
 	m2 := h.manager()
 	c := attachAll(t, m2, h.id, info.ID, true)
-	if c.stdout.String() != "hello\nworld\n" || c.exit.GetExitCode() != 0 || c.exit.GetSignal() != 0 {
+	if c.stdout.String() != "hello\nworld\n" || c.exit.Code != 0 || c.exit.Signal != 0 {
 		t.Fatalf("replay: %q exit %v", c.stdout.String(), c.exit)
 	}
 	// After the exit: state, exit status, and another full replay.
-	gi, err := m2.GetExec(ctx, h.id, info.ID)
-	if err != nil || gi.State != sandbox.ExecStateExited || gi.Exit == nil || gi.EndedAt.Before(gi.StartedAt) || gi.Argv[0] != "cat" {
+	gi, err := m2.GetExec(ctx, local, h.id, info.ID)
+	if err != nil || gi.State != guest.ExecStateExited || gi.Exit == nil || gi.EndedAt.Before(gi.StartedAt) || gi.Argv[0] != "cat" {
 		t.Fatalf("get after exit: %+v %v", gi, err)
 	}
 	if c2 := attachAll(t, m2, h.id, info.ID, true); c2.stdout.String() != "hello\nworld\n" {
@@ -128,15 +201,15 @@ func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
 	if c3 := attachAll(t, m2, h.id, info.ID, false); c3.events != 1 {
 		t.Fatalf("attach without replay after exit: %d events", c3.events)
 	}
-	list, err := m2.ListExecs(ctx, h.id)
+	list, err := m2.ListExecs(ctx, local, h.id)
 	if err != nil || len(list) != 1 || list[0].ID != info.ID {
 		t.Fatalf("list: %+v %v", list, err)
 	}
-	if err := m2.ExecInput(ctx, h.id, info.ID, []byte("x"), false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := execInput(ctx, m2, h.id, info.ID, []byte("x"), false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("input after exit: %v", err)
 	}
 	for _, id := range []string{"aaaaaaaaaaaaaaaa", "nope"} {
-		if _, err := m2.GetExec(ctx, h.id, id); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := m2.GetExec(ctx, local, h.id, id); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("get %q: %v", id, err)
 		}
 	}
@@ -147,7 +220,8 @@ func TestSessionConcurrentAttachersSignalAndAudit(t *testing.T) {
 	ctx := t.Context()
 	m := h.manager()
 	actor := sandbox.Actor{Tenant: "acme", KeyID: "key12345"}
-	info, err := m.StartExec(ctx, h.id, &agentv1.ExecStart{Argv: []string{"cat"}, Stdin: true, Cwd: "/tmp", User: "nobody"}, actor, false)
+	caller := sandbox.Caller{Tenant: actor.Tenant, KeyID: actor.KeyID, Admin: true}
+	info, err := startExec(ctx, m, caller, h.id, guest.ExecSpec{Argv: []string{"cat"}, Stdin: true, Cwd: "/tmp", User: "nobody"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,40 +230,40 @@ func TestSessionConcurrentAttachersSignalAndAudit(t *testing.T) {
 	for i := range res {
 		res[i] = &collected{}
 		wg.Go(func() {
-			if err := m.AttachExec(ctx, h.id, info.ID, true, res[i].add); err != nil {
+			if err := attachExec(ctx, m, h.id, info.ID, true, res[i].add); err != nil {
 				t.Errorf("attacher %d: %v", i, err)
 			}
 		})
 	}
 	for _, s := range []string{"a\n", "b\n", "c\n"} {
-		if err := m.ExecInput(ctx, h.id, info.ID, []byte(s), false); err != nil {
+		if err := execInput(ctx, m, h.id, info.ID, []byte(s), false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := m.ExecSignal(ctx, h.id, info.ID, 15); err != nil {
+	if err := execSignal(ctx, m, h.id, info.ID, 15); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
 	for i, c := range res {
-		if c.stdout.String() != "a\nb\nc\n" || c.exit.GetSignal() != 15 || c.exit.GetExitCode() != -1 {
+		if c.stdout.String() != "a\nb\nc\n" || c.exit.Signal != 15 || c.exit.Code != -1 {
 			t.Fatalf("attacher %d: %q exit %v", i, c.stdout.String(), c.exit)
 		}
 	}
-	if err := m.ExecSignal(ctx, h.id, info.ID, 0); !errors.Is(err, errdefs.ErrInvalid) {
+	if err := execSignal(ctx, m, h.id, info.ID, 0); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("signal 0: %v", err)
 	}
 
 	// A running exec is ended, and audited, when the sandbox stops.
-	sleeper, err := m.StartExec(ctx, h.id, &agentv1.ExecStart{Argv: []string{"sleep", "60"}}, actor, false)
+	sleeper, err := startExec(ctx, m, caller, h.id, guest.ExecSpec{Argv: []string{"sleep", "60"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var sc collected
 	done := make(chan error, 1)
-	go func() { done <- m.AttachExec(context.Background(), h.id, sleeper.ID, false, sc.add) }()
+	go func() { done <- attachExec(context.Background(), m, h.id, sleeper.ID, false, sc.add) }()
 	time.Sleep(50 * time.Millisecond)
 	h.stop(t)
-	if err := <-done; err != nil || sc.exit.GetSignal() != 9 {
+	if err := <-done; err != nil || sc.exit.Signal != 9 {
 		t.Fatalf("attacher at stop: %v %v", err, sc.exit)
 	}
 
@@ -233,7 +307,7 @@ func TestSessionRetentionDropsOldest(t *testing.T) {
 	defer h.stop(t)
 	ctx := t.Context()
 	m := h.manager()
-	info, err := m.StartExec(ctx, h.id, &agentv1.ExecStart{Argv: []string{"cat"}, Stdin: true}, sandbox.Actor{}, false)
+	info, err := startExec(ctx, m, local, h.id, guest.ExecSpec{Argv: []string{"cat"}, Stdin: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +315,7 @@ func TestSessionRetentionDropsOldest(t *testing.T) {
 	for i := range 3 {
 		chunk := bytes.Repeat([]byte{'a' + byte(i)}, 1000)
 		all = append(all, chunk...)
-		if err := m.ExecInput(ctx, h.id, info.ID, chunk, i == 2); err != nil {
+		if err := execInput(ctx, m, h.id, info.ID, chunk, i == 2); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -260,35 +334,39 @@ func TestSessionKillOnDetach(t *testing.T) {
 	defer h.stop(t)
 	ctx := t.Context()
 	m := h.manager()
-	info, err := m.StartExec(ctx, h.id, &agentv1.ExecStart{Argv: []string{"sleep", "60"}}, sandbox.Actor{}, true)
+	// The starting stream is the first attacher; a second one comes and
+	// goes without killing it.
+	st, err := m.Exec(ctx, local, h.id, guest.ExecSpec{Argv: []string{"sleep", "60"}}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
+	info := st.Info()
 	actx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- m.AttachExec(actx, h.id, info.ID, true, func(*agentv1.ExecResponse) error { return nil })
+		done <- attachExec(actx, m, h.id, info.ID, true, func(guest.ExecEvent) error { return nil })
 	}()
 	time.Sleep(100 * time.Millisecond)
-	if gi, err := m.GetExec(ctx, h.id, info.ID); err != nil || gi.State != sandbox.ExecStateRunning {
+	cancel()
+	<-done
+	if gi, err := m.GetExec(ctx, local, h.id, info.ID); err != nil || gi.State != guest.ExecStateRunning {
 		t.Fatalf("while attached: %+v %v", gi, err)
 	}
-	cancel()
-	<-done //nolint:errcheck // only waiting for the goroutine to end; its result is not the subject here
-	if gi := waitExited(t, m, h.id, info.ID); gi.Exit.GetSignal() != 9 {
+	st.Close()
+	if gi := waitExited(t, m, h.id, info.ID); gi.Exit.Signal != 9 {
 		t.Fatalf("exit %v, want signal 9", gi.Exit)
 	}
 }
 
-func waitExited(t *testing.T, m *sandbox.Manager, sbID, execID string) sandbox.ExecInfo {
+func waitExited(t *testing.T, m *sandbox.Manager, sbID, execID string) guest.ExecInfo {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		gi, err := m.GetExec(t.Context(), sbID, execID)
+		gi, err := m.GetExec(t.Context(), local, sbID, execID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if gi.State == sandbox.ExecStateExited {
+		if gi.State == guest.ExecStateExited {
 			return gi
 		}
 		if time.Now().After(deadline) {
@@ -303,20 +381,28 @@ func TestSessionHostTimeoutAndBadStart(t *testing.T) {
 	defer h.stop(t)
 	ctx := t.Context()
 	m := h.manager()
-	if _, err := m.StartExec(ctx, h.id, &agentv1.ExecStart{Argv: []string{"true"}, Cwd: "tmp"}, sandbox.Actor{}, false); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := startExec(ctx, m, local, h.id, guest.ExecSpec{Argv: []string{"true"}, Cwd: "tmp"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("relative cwd: %v", err)
 	}
-	if _, err := m.StartExec(ctx, h.id, &agentv1.ExecStart{}, sandbox.Actor{}, false); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := startExec(ctx, m, local, h.id, guest.ExecSpec{}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("empty argv: %v", err)
 	}
-	info, err := m.StartExec(ctx, h.id, &agentv1.ExecStart{Argv: []string{"sleep", "60"}, TimeoutMs: 100}, sandbox.Actor{}, false)
+	// The shim checks on its own what reaches it past the manager.
+	sc := shimclient.New(h.l.Socket(h.id))
+	defer sc.Close()
+	for _, spec := range []guest.ExecSpec{{Argv: []string{"true"}, Cwd: "tmp"}, {}, {Argv: []string{""}}} {
+		if _, err := sc.Exec(ctx, spec, shimclient.StartOptions{}); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Fatalf("shim, spec %+v: %v", spec, err)
+		}
+	}
+	info, err := startExec(ctx, m, local, h.id, guest.ExecSpec{Argv: []string{"sleep", "60"}, Timeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := attachAll(t, m, h.id, info.ID, true); !c.exit.GetTimedOut() {
+	if c := attachAll(t, m, h.id, info.ID, true); !c.exit.TimedOut {
 		t.Fatalf("exit %v, want timed out", c.exit)
 	}
-	if err := m.ExecInput(ctx, h.id, info.ID, []byte("x"), false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := execInput(ctx, m, h.id, info.ID, []byte("x"), false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("input without stdin: %v", err)
 	}
 }
@@ -349,7 +435,7 @@ func TestSessionNotRunningSandbox(t *testing.T) {
 	h := newHarness(t, time.Hour)
 	h.stop(t)
 	m := h.manager()
-	if _, err := m.ListExecs(t.Context(), h.id); !errors.Is(err, errdefs.ErrFailedPrecondition) && !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := m.ListExecs(t.Context(), local, h.id); !errors.Is(err, errdefs.ErrFailedPrecondition) && !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("list on a stopped sandbox: %v", err)
 	}
 }
@@ -364,13 +450,13 @@ func TestSessionCutsOffSlowAttacherOnly(t *testing.T) {
 	block := make(chan struct{})
 	slowErr := make(chan error, 1)
 	go func() {
-		slowErr <- s.Attach(t.Context(), tbl, false, func(*agentv1.ExecResponse) error { <-block; return nil })
+		slowErr <- s.Attach(t.Context(), tbl, false, false, func(*agentv1.ExecResponse) error { <-block; return nil })
 	}()
 	fastCtx, cancelFast := context.WithCancel(t.Context())
 	fastGot := make(chan int)
 	fastErr := make(chan error, 1)
 	go func() {
-		fastErr <- s.Attach(fastCtx, tbl, false, func(ev *agentv1.ExecResponse) error { fastGot <- len(ev.GetStdout()); return nil })
+		fastErr <- s.Attach(fastCtx, tbl, false, false, func(ev *agentv1.ExecResponse) error { fastGot <- len(ev.GetStdout()); return nil })
 	}()
 	for {
 		s.mu.Lock()

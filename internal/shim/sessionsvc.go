@@ -3,73 +3,167 @@ package shim
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
-	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 )
 
-// sessionService serves SessionService (proto/airlock/shim/v1) on the shim
-// socket over the shim's session table.
-type sessionService struct {
-	t *sessions
+// execService serves ExecService (proto/airlock/shim/v2) on the shim
+// socket over the shim's session table: start and attach, output, stdin
+// and signals travel on one stream per client.
+type execService struct {
+	t   *sessions
+	log *slog.Logger
 }
 
-var _ shimv1connect.SessionServiceHandler = sessionService{}
+var _ shimv2connect.ExecServiceHandler = execService{}
 
-func (v sessionService) lookup(id string) (*session, error) {
-	if !sandbox.ValidExecID(id) {
+func (v execService) lookup(id string) (*session, error) {
+	if !guest.ValidExecID(id) {
 		return nil, connect.NewError(connect.CodeNotFound, errors.New("no such exec"))
 	}
 	return v.t.Get(id)
 }
 
-func (v sessionService) Start(ctx context.Context, req *connect.Request[shimv1.StartRequest]) (*connect.Response[shimv1.StartResponse], error) {
-	info, err := v.t.Start(ctx, req.Msg)
-	if err != nil {
-		return nil, err
+// startFor maps a v2 spec to the guest's start message.
+func startFor(sp *shimv2.ExecSpec) (*agentv1.ExecStart, error) {
+	if sp == nil {
+		return nil, invalid(errors.New("start has no spec"))
 	}
-	return connect.NewResponse(&shimv1.StartResponse{Info: info}), nil
+	if sp.GetTty() {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("not a terminal: terminals are not supported yet"))
+	}
+	return &agentv1.ExecStart{
+		Argv: sp.GetArgv(), Env: sp.GetEnv(), Cwd: sp.GetCwd(), User: sp.GetUser(), Stdin: sp.GetStdin(),
+		TimeoutMs: sp.GetTimeoutMs(), MaxOutputBytes: sp.GetMaxOutputBytes(), PidsLimit: sp.GetPidsLimit(),
+	}, nil
 }
 
-func (v sessionService) Attach(ctx context.Context, req *connect.Request[shimv1.AttachRequest], out *connect.ServerStream[agentv1.ExecResponse]) error {
-	s, err := v.lookup(req.Msg.GetExecId())
+func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.ExecClientMessage, shimv2.ExecServerMessage]) error {
+	first, err := cs.Receive()
 	if err != nil {
+		return invalid(fmt.Errorf("read the first exec message: %w", err))
+	}
+	var (
+		s         *session
+		fromStart = true
+		output    = true
+		flow      bool // the starting stream holds the output back
+	)
+	switch m := first.GetMsg().(type) {
+	case *shimv2.ExecClientMessage_Start:
+		start, err := startFor(m.Start.GetSpec())
+		if err != nil {
+			return err
+		}
+		a := m.Start.GetActor()
+		if s, err = v.t.Start(ctx, start, a.GetTenant(), a.GetKeyId(), m.Start.GetKillOnDetach()); err != nil {
+			return err
+		}
+		flow = true
+	case *shimv2.ExecClientMessage_Attach:
+		if s, err = v.lookup(m.Attach.GetExecId()); err != nil {
+			return err
+		}
+		fromStart, output = m.Attach.GetFromStart(), !m.Attach.GetNoOutput()
+	default:
+		return invalid(errors.New("the first exec message must be start or attach"))
+	}
+	if err := cs.Send(&shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Started{Started: s.info()}}); err != nil {
 		return err
 	}
-	return s.Attach(ctx, v.t, req.Msg.GetFromStart(), out.Send)
+	if !output {
+		// A control stream: apply each message; the first failure ends the
+		// stream, the client's clean end is the OK.
+		for {
+			msg, err := cs.Receive()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := v.apply(s, msg); err != nil {
+				return err
+			}
+		}
+	}
+	// Client -> exec. Not waited for: it blocks in cs.Receive until the
+	// client sends or this handler returns (which ends the request), and it
+	// touches nothing that outlives the handler but the session.
+	go func() {
+		for {
+			msg, err := cs.Receive()
+			if err != nil {
+				return
+			}
+			if err := v.apply(s, msg); err != nil {
+				v.log.Debug("exec stream input dropped", "exec_id", s.id, "err", err)
+			}
+		}
+	}()
+	return s.Attach(ctx, v.t, fromStart, flow, func(ev *agentv1.ExecResponse) error {
+		out := wireEvent(ev)
+		if out == nil {
+			return nil
+		}
+		return cs.Send(out)
+	})
 }
 
-func (v sessionService) Input(_ context.Context, req *connect.Request[shimv1.InputRequest]) (*connect.Response[shimv1.InputResponse], error) {
-	s, err := v.lookup(req.Msg.GetExecId())
-	if err != nil {
-		return nil, err
+// apply hands one client message after the first to the exec.
+func (v execService) apply(s *session, msg *shimv2.ExecClientMessage) error {
+	switch m := msg.GetMsg().(type) {
+	case *shimv2.ExecClientMessage_Stdin:
+		return s.Input(m.Stdin, false)
+	case *shimv2.ExecClientMessage_CloseStdin:
+		return s.Input(nil, m.CloseStdin)
+	case *shimv2.ExecClientMessage_Signal:
+		return s.Signal(m.Signal)
+	case *shimv2.ExecClientMessage_Resize:
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("not a terminal"))
+	case *shimv2.ExecClientMessage_Start, *shimv2.ExecClientMessage_Attach:
+		return invalid(errors.New("start or attach after the first exec message"))
+	default:
+		return invalid(errors.New("unknown exec message"))
 	}
-	if err := s.Input(req.Msg.GetData(), req.Msg.GetClose()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&shimv1.InputResponse{}), nil
 }
 
-func (v sessionService) Signal(_ context.Context, req *connect.Request[shimv1.SignalRequest]) (*connect.Response[shimv1.SignalResponse], error) {
-	s, err := v.lookup(req.Msg.GetExecId())
-	if err != nil {
-		return nil, err
+// wireEvent maps a retained agent event to the v2 stream (nil: not sent).
+func wireEvent(ev *agentv1.ExecResponse) *shimv2.ExecServerMessage {
+	switch e := ev.GetEvent().(type) {
+	case *agentv1.ExecResponse_Stdout:
+		return &shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Stdout{Stdout: e.Stdout}}
+	case *agentv1.ExecResponse_Stderr:
+		return &shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Stderr{Stderr: e.Stderr}}
+	case *agentv1.ExecResponse_Exited:
+		return &shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Exited{Exited: wireExit(e.Exited)}}
 	}
-	if err := s.Signal(req.Msg.GetSignal()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&shimv1.SignalResponse{}), nil
+	return nil
 }
 
-func (v sessionService) List(context.Context, *connect.Request[shimv1.ListRequest]) (*connect.Response[shimv1.ListResponse], error) {
-	return connect.NewResponse(&shimv1.ListResponse{Execs: v.t.List()}), nil
+func wireExit(ex *agentv1.ExecExited) *shimv2.ExecExit {
+	if ex == nil {
+		return nil
+	}
+	return &shimv2.ExecExit{
+		ExitCode: ex.GetExitCode(), Signal: ex.GetSignal(), TimedOut: ex.GetTimedOut(),
+		OutputTruncated: ex.GetOutputTruncated(), DurationMs: ex.GetDurationMs(),
+	}
 }
 
-func (v sessionService) Get(_ context.Context, req *connect.Request[shimv1.GetRequest]) (*connect.Response[shimv1.ExecInfo], error) {
+func (v execService) List(context.Context, *connect.Request[shimv2.ListExecsRequest]) (*connect.Response[shimv2.ListExecsResponse], error) {
+	return connect.NewResponse(&shimv2.ListExecsResponse{Execs: v.t.List()}), nil
+}
+
+func (v execService) Get(_ context.Context, req *connect.Request[shimv2.GetExecRequest]) (*connect.Response[shimv2.ExecInfo], error) {
 	s, err := v.lookup(req.Msg.GetExecId())
 	if err != nil {
 		return nil, err
@@ -77,5 +171,5 @@ func (v sessionService) Get(_ context.Context, req *connect.Request[shimv1.GetRe
 	return connect.NewResponse(s.info()), nil
 }
 
-// maxInputMessage caps one SessionService request (Input data).
+// maxInputMessage caps one ExecService client message (stdin data).
 const maxInputMessage = 8 << 20

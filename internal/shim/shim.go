@@ -14,11 +14,11 @@
 //   - lifetime: at the row's expires_at (re-read every second, so
 //     store.SetExpiry moves it) the shim stops the guest and deletes the
 //     sandbox itself.
-//   - execs: besides relaying ExecService (an exec that lives as long as
-//     the client's stream), the shim serves SessionService
-//     (proto/airlock/shim/v1): execs it owns, which outlive their callers,
-//     keep their output (capped) and exit status, and are audited in the
-//     catalog (exec.start, exec.exit).
+//   - execs: the shim serves ExecService (proto/airlock/shim/v2): execs it
+//     owns, started and attached on one stream per client, which outlive
+//     their callers (unless kill_on_detach), keep their output (capped)
+//     and exit status, and are audited in the catalog (exec.start,
+//     exec.exit).
 //   - crash: if the VMM dies, the row becomes failed with the reason from
 //     the guest console; the disk is freed, logs are kept until `rm`. If the
 //     shim dies, its VMM dies with it (parent-death signal) and the manager
@@ -50,6 +50,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -104,7 +105,7 @@ type shim struct {
 	agent    *agentapi.Client
 	srv      *http.Server
 	tmpl     *sandbox.Template  // the template this sandbox was cloned from, if any
-	execs    *sessions          // execs the shim owns (SessionService)
+	execs    *sessions          // execs the shim owns (ExecService)
 	net      *network           // the guest's network
 	env      map[string]string  // default environment of execs and contexts
 	boot     sandbox.BootConfig // kernel and initramfs the guest runs
@@ -511,11 +512,10 @@ func (s *shim) serve() error {
 	}}
 	mux := http.NewServeMux()
 	mux.Handle(agentv1connect.NewAgentServiceHandler(r))
-	mux.Handle(agentv1connect.NewExecServiceHandler(r))
 	mux.Handle(agentv1connect.NewFileServiceHandler(r))
 	mux.Handle(agentv1connect.NewContextServiceHandler(&contextRelay{agent: s.agent, env: env}))
 	s.execs = newSessions(s.agent, s.st, s.cfg.ID, env, s.log)
-	mux.Handle(shimv1connect.NewSessionServiceHandler(sessionService{t: s.execs}, connect.WithReadMaxBytes(maxInputMessage)))
+	mux.Handle(shimv2connect.NewExecServiceHandler(execService{t: s.execs, log: s.log}, connect.WithReadMaxBytes(maxInputMessage)))
 	mux.Handle(shimv1connect.NewLifecycleServiceHandler(lifecycleService{s: s}))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)

@@ -16,8 +16,10 @@ import (
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
@@ -101,13 +103,15 @@ func TestShimServesExecAndStops(t *testing.T) {
 		t.Fatalf("after start: %+v %v", sb, err)
 	}
 	c, closeFn := sandbox.ShimClient(h.l.Socket(h.id))
-	var out, errb bytes.Buffer
-	ex, err := sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"echo", "hello"}}, sandbox.ExecIO{Stdout: &out, Stderr: &errb})
-	if err != nil || ex.GetExitCode() != 0 || out.String() != "hello\n" {
+	sc := shimclient.New(h.l.Socket(h.id))
+	defer sc.Close()
+	var out bytes.Buffer
+	ex, err := runStream(ctx, sc, guest.ExecSpec{Argv: []string{"echo", "hello"}}, &out)
+	if err != nil || ex.Code != 0 || out.String() != "hello\n" {
 		t.Fatalf("exec echo: %v %v %q", ex, err, out.String())
 	}
-	ex, err = sandbox.Exec(ctx, c, &agentv1.ExecStart{Argv: []string{"exit", "7"}}, sandbox.ExecIO{})
-	if err != nil || ex.GetExitCode() != 7 {
+	ex, err = runStream(ctx, sc, guest.ExecSpec{Argv: []string{"exit", "7"}}, io.Discard)
+	if err != nil || ex.Code != 7 {
 		t.Fatalf("exit 7: %v %v", ex, err)
 	}
 	// Host-side path validation happens before the guest sees anything.

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	_ "modernc.org/sqlite" // database/sql driver "sqlite"
@@ -109,7 +110,13 @@ type ImageRecord struct {
 // Store is the catalog. Safe for concurrent use.
 type Store struct {
 	db *sql.DB
+	// sandboxReads counts GetSandbox calls (SandboxReads).
+	sandboxReads atomic.Int64
 }
+
+// SandboxReads reports how many times GetSandbox read a sandbox's row
+// (tests and benchmarks check how often a path reads the catalog).
+func (s *Store) SandboxReads() int64 { return s.sandboxReads.Load() }
 
 const schema = `
 CREATE TABLE IF NOT EXISTS images (
@@ -395,6 +402,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 
 // GetSandbox returns one sandbox, or an error wrapping ErrNotFound.
 func (s *Store) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	s.sandboxReads.Add(1)
 	sb, err := scanSandbox(s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return sb, fmt.Errorf("%w: no sandbox %q (see `airlock ls`)", errdefs.ErrNotFound, id)

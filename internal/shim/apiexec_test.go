@@ -1,0 +1,110 @@
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// TestAPIExecOneConnectionOneRead: one exec through the HTTP API (with
+// stdin) reaches a real shim over one connection and reads the sandbox's
+// row once; a second exec reuses the connection.
+func TestAPIExecOneConnectionOneRead(t *testing.T) {
+	h := newHarness(t, time.Hour)
+	defer h.stop(t)
+	m := h.manager()
+	srv, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Events: h.st, Keys: h.st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	_, key, err := h.st.CreateKey(t.Context(), store.APIKey{Tenant: "ops", Admin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func() string {
+		t.Helper()
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/sandboxes/"+h.id+"/exec", strings.NewReader(`{"cmd":["cat"],"stdin":"hi"}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if res.StatusCode != 200 || !strings.Contains(string(b), `"data":"hi"`) || !strings.Contains(string(b), `{"code":0,`) {
+			t.Fatalf("exec: %d %s", res.StatusCode, b)
+		}
+		return string(b)
+	}
+	reads := h.st.SandboxReads()
+	exec()
+	if n := h.st.SandboxReads() - reads; n != 1 {
+		t.Errorf("one API exec read the sandbox row %d times, want 1", n)
+	}
+	if n := m.ShimDials(h.id); n != 1 {
+		t.Errorf("one API exec dialed the shim %d times, want 1", n)
+	}
+	exec()
+	if n := m.ShimDials(h.id); n != 1 {
+		t.Errorf("two API execs dialed the shim %d times, want 1 (pooled)", n)
+	}
+	// A background exec's stdin reaches it although its start stream ended.
+	do := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, hs.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	code, body := do("POST", "/v1/sandboxes/"+h.id+"/exec", `{"cmd":["cat"],"stdin":"in the background","background":true}`)
+	var bg struct {
+		ExecID string `json:"exec_id"`
+	}
+	if err := json.Unmarshal([]byte(body), &bg); code != 202 || err != nil {
+		t.Fatalf("background exec: %d %s", code, body)
+	}
+	if code, body = do("GET", "/v1/sandboxes/"+h.id+"/execs/"+bg.ExecID+"/stream", ""); code != 200 ||
+		!strings.Contains(body, `"data":"in the background"`) || !strings.Contains(body, `{"code":0,`) {
+		t.Fatalf("background exec's stream: %d %s", code, body)
+	}
+	if n := m.ShimDials(h.id); n != 1 {
+		t.Errorf("background exec and re-attach dialed the shim %d times, want 1", n)
+	}
+
+	// Another tenant's caller gets the sandbox-not-found answer from the
+	// manager, and nothing reaches the shim.
+	other := sandbox.Caller{Tenant: "other", KeyID: "k2", Via: "api"}
+	for _, call := range []func() error{
+		func() error {
+			_, err := m.Exec(t.Context(), other, h.id, guest.ExecSpec{Argv: []string{"true"}}, false)
+			return err
+		},
+		func() error { _, err := m.ListExecs(t.Context(), other, h.id); return err },
+		func() error { _, err := m.GetExec(t.Context(), other, h.id, "aaaaaaaaaaaaaaaa"); return err },
+	} {
+		if err := call(); !errors.Is(err, errdefs.ErrNotFound) || guest.IsNoExec(err) {
+			t.Errorf("another tenant: %v", err)
+		}
+	}
+	if n := m.ShimDials(h.id); n != 1 {
+		t.Errorf("another tenant's calls dialed the shim (%d dials)", n)
+	}
+}
