@@ -61,7 +61,7 @@ generate: ## regenerate protobuf/Connect code (needs protoc)
 	protoc --plugin=protoc-gen-go=.cache/gen/protoc-gen-go --plugin=protoc-gen-connect-go=.cache/gen/protoc-gen-connect-go \
 		-I proto --go_out=. --go_opt=module=github.com/airlock-sandbox/airlock \
 		--connect-go_out=. --connect-go_opt=module=github.com/airlock-sandbox/airlock \
-		proto/airlock/agent/v1/agent.proto proto/airlock/shim/v1/shim.proto
+		proto/airlock/agent/v1/agent.proto proto/airlock/shim/v1/shim.proto proto/airlock/shim/v2/*.proto
 
 lint: ## gofmt and go vet (golangci-lint is not set up yet)
 	@test -z "$$(gofmt -l cmd internal test sdk/go)" || { gofmt -l cmd internal test sdk/go; echo "lint: run gofmt -w"; exit 1; }

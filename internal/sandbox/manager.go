@@ -22,12 +22,10 @@ import (
 	"syscall"
 	"time"
 
-	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
@@ -475,11 +473,12 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 		}
 	}
 	if m.shimAlive(id) {
-		c, closeFn := ShimClient(m.L.Socket(id))
+		sock := m.L.Socket(id)
 		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		_, err := c.Agent.Shutdown(sctx, connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true}))
+		err := m.shims().Get(sock).Shutdown(sctx)
 		cancel()
-		closeFn()
+		// The shim exits: streams still open on its connection end.
+		m.shims().Drop(sock)
 		if err != nil {
 			m.Log.Warn("shim shutdown failed; killing it", "sandbox_id", id, "err", err)
 		}

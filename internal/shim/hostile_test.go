@@ -59,7 +59,7 @@ func relayOverHostileAgent(t *testing.T) *agentapi.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &relay{agent: ac, shutdown: func(context.Context) error { return nil }}
+	r := &relay{agent: ac}
 	mux := http.NewServeMux()
 	mux.Handle(agentv1connect.NewExecServiceHandler(r))
 	var p http.Protocols
