@@ -63,7 +63,7 @@ func viewFile(fi guest.FileInfo) FileInfo {
 	}
 }
 
-// callerOf is who r's key is, for the manager.
+// callerOf returns the caller of an authenticated request.
 func callerOf(r *http.Request) sandbox.Caller {
 	k := keyOf(r)
 	return sandbox.Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Via: "api"}

@@ -46,7 +46,7 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 		cerr    *guest.CodeError
 		end     guest.CodeEnd
 	)
-	err = t.h.cfg.Service.RunCode(ctx, t.s.p.caller(), id, guest.CodeRequest{
+	err = t.h.cfg.Service.RunCode(ctx, t.s.caller(), id, guest.CodeRequest{
 		ContextID: in.Context, Language: in.Language, Code: in.Code,
 		Timeout: d.Truncate(time.Millisecond), MaxOutputBytes: uint64(8 * limit),
 	}, func(ev guest.CodeEvent) error {
@@ -136,7 +136,7 @@ func (t *tools) contextCreate(ctx context.Context, in contextCreateIn) (*sdk.Cal
 		}
 		req.Env = append(req.Env, k+"="+in.Env[k])
 	}
-	info, err := t.h.cfg.Service.CreateContext(ctx, t.s.p.caller(), id, req)
+	info, err := t.h.cfg.Service.CreateContext(ctx, t.s.caller(), id, req)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +154,7 @@ func (t *tools) contextList(ctx context.Context, in contextListIn) (*sdk.CallToo
 	if err != nil {
 		return nil, err
 	}
-	infos, err := t.h.cfg.Service.ListContexts(ctx, t.s.p.caller(), id)
+	infos, err := t.h.cfg.Service.ListContexts(ctx, t.s.caller(), id)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +180,7 @@ func (t *tools) contextReset(ctx context.Context, in contextResetIn) (*sdk.CallT
 	if err != nil {
 		return nil, err
 	}
-	info, err := t.h.cfg.Service.RestartContext(ctx, t.s.p.caller(), id, in.Context)
+	info, err := t.h.cfg.Service.RestartContext(ctx, t.s.caller(), id, in.Context)
 	if err != nil {
 		return nil, err
 	}

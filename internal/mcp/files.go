@@ -82,7 +82,7 @@ func (t *tools) fileRead(ctx context.Context, in fileReadIn) (*sdk.CallToolResul
 	}
 	w := &capWriter{limit: limit}
 	var size uint64
-	_, err = t.h.cfg.Service.ReadFile(ctx, t.s.p.caller(), id, p, w, func(fi guest.FileInfo) { size = fi.Size })
+	_, err = t.h.cfg.Service.ReadFile(ctx, t.s.caller(), id, p, w, func(fi guest.FileInfo) { size = fi.Size })
 	capped := errors.Is(err, errCapped)
 	if err != nil && !capped {
 		return nil, err
@@ -160,7 +160,7 @@ func (t *tools) fileWrite(ctx context.Context, in fileWriteIn) (*sdk.CallToolRes
 	if err != nil {
 		return nil, err
 	}
-	n, err := t.h.cfg.Service.WriteFile(ctx, t.s.p.caller(), id, p, mode, bytes.NewReader(data))
+	n, err := t.h.cfg.Service.WriteFile(ctx, t.s.caller(), id, p, mode, bytes.NewReader(data))
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +188,7 @@ func (t *tools) fileList(ctx context.Context, in fileListIn) (*sdk.CallToolResul
 	if err != nil {
 		return nil, err
 	}
-	ls, err := t.h.cfg.Service.ListFiles(ctx, t.s.p.caller(), id, p, uint32(depth))
+	ls, err := t.h.cfg.Service.ListFiles(ctx, t.s.caller(), id, p, uint32(depth))
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +211,7 @@ func (t *tools) fileList(ctx context.Context, in fileListIn) (*sdk.CallToolResul
 	return textResult(out.text(status)), nil
 }
 
-// caller is who p is, for the manager.
-func (p Principal) caller() sandbox.Caller {
-	return sandbox.Caller{Tenant: p.Tenant, KeyID: p.KeyID, Admin: p.Admin, Via: "mcp"}
+// caller is s's principal for the manager.
+func (s *session) caller() sandbox.Caller {
+	return sandbox.Caller{Tenant: s.p.Tenant, KeyID: s.keyID(), Admin: s.p.Admin, Via: "mcp"}
 }
