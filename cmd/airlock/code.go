@@ -18,8 +18,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
@@ -115,20 +115,20 @@ func (p *codePrinter) exit() error {
 }
 
 // event handles one local event.
-func (p *codePrinter) event(ev *agentv1.RunCodeEvent) error {
-	switch e := ev.GetEvent().(type) {
-	case *agentv1.RunCodeEvent_Stdout:
-		_, err := p.stdout.Write(e.Stdout)
+func (p *codePrinter) event(ev guest.CodeEvent) error {
+	switch ev.Kind {
+	case guest.EventStdout:
+		_, err := p.stdout.Write(ev.Data)
 		return err
-	case *agentv1.RunCodeEvent_Stderr:
-		_, err := p.stderr.Write(e.Stderr)
+	case guest.EventStderr:
+		_, err := p.stderr.Write(ev.Data)
 		return err
-	case *agentv1.RunCodeEvent_Result:
-		return p.result(e.Result.GetIsMainResult(), e.Result.GetData())
-	case *agentv1.RunCodeEvent_Error:
-		p.codeError(e.Error.GetName(), e.Error.GetValue(), e.Error.GetTraceback())
-	case *agentv1.RunCodeEvent_End:
-		p.timedOut, p.truncated = e.End.GetTimedOut(), e.End.GetTruncated()
+	case guest.EventResult:
+		return p.result(ev.Result.Main, ev.Result.Data)
+	case guest.EventError:
+		p.codeError(ev.Error.Name, ev.Error.Value, ev.Error.Traceback)
+	case guest.EventEnd:
+		p.timedOut, p.truncated = ev.End.TimedOut, ev.End.Truncated
 	}
 	return nil
 }
@@ -194,8 +194,8 @@ stdin when neither is given.`,
 				return err
 			}
 			defer done()
-			req := &agentv1.RunCodeRequest{Code: code, Language: lang, ContextId: ctxID, TimeoutMs: uint32(d / time.Millisecond)}
-			if err := m.RunCode(cmd.Context(), id, req, p.event); err != nil {
+			req := guest.CodeRequest{Code: code, Language: lang, ContextID: ctxID, Timeout: d.Truncate(time.Millisecond)}
+			if err := m.RunCode(cmd.Context(), sandbox.Local(), id, req, p.event); err != nil {
 				return err
 			}
 			return p.exit()
@@ -234,8 +234,8 @@ type contextView struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-func localContext(in *agentv1.ContextInfo) contextView {
-	return contextView{in.GetId(), in.GetLanguage(), in.GetState(), in.GetIsDefault(), in.GetCwd(), time.Unix(0, in.GetCreatedUnixNano()).UTC()}
+func localContext(in guest.ContextInfo) contextView {
+	return contextView{in.ID, in.Language, in.State, in.IsDefault, in.Cwd, in.CreatedAt.UTC()}
 }
 
 func remoteContext(in *airlock.Context) contextView {
@@ -265,7 +265,7 @@ func contextsCmd(g *globals) *cobra.Command {
 	ls := &cobra.Command{
 		Use: "ls ID", Short: "List code contexts", Args: cobra.ExactArgs(1),
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			infos, err := m.ListContexts(cmd.Context(), args[0])
+			infos, err := m.ListContexts(cmd.Context(), sandbox.Local(), args[0])
 			if err != nil {
 				return err
 			}
@@ -293,11 +293,11 @@ func contextsCmd(g *globals) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create ID", Short: "Create a code context; prints its id", Args: cobra.ExactArgs(1),
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			info, err := m.CreateContext(cmd.Context(), args[0], &agentv1.CreateContextRequest{Language: lang, Id: id, Cwd: cwd, Env: env})
+			info, err := m.CreateContext(cmd.Context(), sandbox.Local(), args[0], guest.ContextSpec{Language: lang, ID: id, Cwd: cwd, Env: env})
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), info.GetId())
+			fmt.Fprintln(cmd.OutOrStdout(), info.ID)
 			return nil
 		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			o := airlock.ContextOptions{ID: id, Language: lang, Cwd: cwd}
@@ -337,14 +337,14 @@ func contextsCmd(g *globals) *cobra.Command {
 	}
 	rm := op("rm", "Delete a code context (its state is lost)",
 		func(m *sandbox.Manager, cmd *cobra.Command, id, cid string) error {
-			return m.DeleteContext(cmd.Context(), id, cid)
+			return m.DeleteContext(cmd.Context(), sandbox.Local(), id, cid)
 		},
 		func(c *airlock.Client, cmd *cobra.Command, id, cid string) error {
 			return c.DeleteContext(cmd.Context(), id, cid)
 		})
 	restart := op("restart", "Restart a code context's interpreter (state is lost)",
 		func(m *sandbox.Manager, cmd *cobra.Command, id, cid string) error {
-			_, err := m.RestartContext(cmd.Context(), id, cid)
+			_, err := m.RestartContext(cmd.Context(), sandbox.Local(), id, cid)
 			return err
 		},
 		func(c *airlock.Client, cmd *cobra.Command, id, cid string) error {
@@ -353,7 +353,7 @@ func contextsCmd(g *globals) *cobra.Command {
 		})
 	interrupt := op("interrupt", "Interrupt the code running in a context",
 		func(m *sandbox.Manager, cmd *cobra.Command, id, cid string) error {
-			return m.InterruptContext(cmd.Context(), id, cid)
+			return m.InterruptContext(cmd.Context(), sandbox.Local(), id, cid)
 		},
 		func(c *airlock.Client, cmd *cobra.Command, id, cid string) error {
 			return c.InterruptContext(cmd.Context(), id, cid)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
 )
 
@@ -17,12 +17,12 @@ func TestCodePrinter(t *testing.T) {
 	var out, errb bytes.Buffer
 	dir := t.TempDir()
 	p := &codePrinter{stdout: &out, stderr: &errb, out: dir}
-	for _, ev := range []*agentv1.RunCodeEvent{
-		{Event: &agentv1.RunCodeEvent_Stdout{Stdout: []byte("hi\n")}},
-		{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"image/png": fake.FakePNG, "text/plain": []byte("<Figure>")}}}},
-		{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, IsMainResult: true}}},
-		{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{Name: "ZeroDivisionError", Value: "division by zero", Traceback: []string{"Traceback"}}}},
-		{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{}}},
+	for _, ev := range []guest.CodeEvent{
+		{Kind: guest.EventStdout, Data: []byte("hi\n")},
+		{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"image/png": fake.FakePNG, "text/plain": []byte("<Figure>")}}},
+		{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, Main: true}},
+		{Kind: guest.EventError, Error: &guest.CodeError{Name: "ZeroDivisionError", Value: "division by zero", Traceback: []string{"Traceback"}}},
+		{Kind: guest.EventEnd, End: &guest.CodeEnd{}},
 	} {
 		if err := p.event(ev); err != nil {
 			t.Fatal(err)
@@ -44,8 +44,8 @@ func TestCodePrinter(t *testing.T) {
 	// Without --out: a note; a timeout exits 124.
 	errb.Reset()
 	p = &codePrinter{stdout: &out, stderr: &errb}
-	_ = p.event(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"image/png": fake.FakePNG}}}})
-	_ = p.event(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{TimedOut: true}}})
+	_ = p.event(guest.CodeEvent{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"image/png": fake.FakePNG}}})
+	_ = p.event(guest.CodeEvent{Kind: guest.EventEnd, End: &guest.CodeEnd{TimedOut: true}})
 	if !strings.Contains(errb.String(), "use --out DIR to save") {
 		t.Fatalf("note %q", errb.String())
 	}

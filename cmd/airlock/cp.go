@@ -8,12 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
-	"github.com/airlock-sandbox/airlock/internal/agentapi"
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shim"
 )
@@ -54,36 +52,28 @@ func cpCmd(g *globals) *cobra.Command {
 			defer done()
 			ctx := cmd.Context()
 			if dRemote {
-				c, closeFn, err := m.Connect(ctx, did)
-				if err != nil {
+				if _, err := m.Get(ctx, did); err != nil {
 					return err
 				}
-				defer closeFn()
-				n, err := copyIn(ctx, c, args[0], dpath)
+				n, err := copyIn(ctx, m, did, args[0], dpath)
 				if err != nil {
 					return err
 				}
 				g.log.Info("copied", "bytes", n)
 				return nil
 			}
-			sb, err := m.Get(ctx, sid)
-			if err != nil {
+			if _, err := m.Get(ctx, sid); err != nil {
 				return err
 			}
-			c, closeFn, err := m.Connect(ctx, sid)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			// A hostile guest must not fill the host's disk: no real file in
-			// the sandbox can be larger than the sandbox's disk.
-			_, err = copyOut(ctx, c, spath, args[1], int64(sb.DiskMiB)<<20)
+			// A hostile guest must not fill the host's disk: the manager
+			// refuses more than the sandbox's disk size.
+			_, err = copyOut(ctx, m, sid, spath, args[1])
 			return err
 		},
 	}
 }
 
-func copyIn(ctx context.Context, c *agentapi.Client, local, remote string) (int64, error) {
+func copyIn(ctx context.Context, m *sandbox.Manager, id, local, remote string) (int64, error) {
 	f, fi, err := openRegular(local)
 	if err != nil {
 		return 0, err
@@ -91,15 +81,14 @@ func copyIn(ctx context.Context, c *agentapi.Client, local, remote string) (int6
 	defer f.Close()
 	if strings.HasSuffix(remote, "/") {
 		remote += filepath.Base(local)
-	} else if st, err := c.Files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: path.Clean(remote)})); err == nil &&
-		st.Msg.GetInfo().GetType() == agentv1.FileType_FILE_TYPE_DIRECTORY {
+	} else if st, err := m.StatFile(ctx, sandbox.Local(), id, path.Clean(remote)); err == nil && st.Type == guest.FileDirectory {
 		remote = path.Join(remote, filepath.Base(local))
 	}
 	remote = path.Clean(remote)
 	if err := shim.ValidateGuestPath(remote); err != nil {
 		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
 	}
-	n, err := sandbox.WriteFile(ctx, c, remote, uint32(fi.Mode().Perm()), f)
+	n, err := m.WriteFile(ctx, sandbox.Local(), id, remote, uint32(fi.Mode().Perm()), f)
 	if err != nil {
 		return n, fmt.Errorf("copy to %s: %w", remote, err)
 	}
@@ -124,14 +113,14 @@ func openRegular(local string) (*os.File, os.FileInfo, error) {
 	return f, fi, nil
 }
 
-// copyOut copies a guest file to local, refusing more than limit bytes.
-func copyOut(ctx context.Context, c *agentapi.Client, remote, local string, limit int64) (int64, error) {
+// copyOut copies a guest file to local (at most the sandbox's disk size).
+func copyOut(ctx context.Context, m *sandbox.Manager, id, remote, local string) (int64, error) {
 	if err := shim.ValidateGuestPath(remote); err != nil {
 		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
 	}
 	return writeLocal(local, path.Base(remote), func(tmp *os.File) (int64, os.FileMode, error) {
 		var mode os.FileMode = 0o644
-		n, err := sandbox.ReadFile(ctx, c, remote, limit, tmp, func(fi *agentv1.FileInfo) { mode = os.FileMode(fi.GetMode() & 0o777) })
+		n, err := m.ReadFile(ctx, sandbox.Local(), id, remote, tmp, func(fi guest.FileInfo) { mode = os.FileMode(fi.Mode & 0o777) })
 		if err != nil {
 			return n, 0, fmt.Errorf("copy from %s: %w", remote, err)
 		}

@@ -11,7 +11,6 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
@@ -78,44 +77,9 @@ func mountMCP(g *globals, s *api.Server, m *sandbox.Manager) (func(context.Conte
 	return h.Close, nil
 }
 
-// mcpService is the manager as mcp.Service. Until the manager has code
-// contexts, their tools answer ErrUnsupported.
+// mcpService is the manager as mcp.Service (with its catalog's snapshot
+// reads).
 type mcpService struct{ *sandbox.Manager }
-
-var errNoContexts = fmt.Errorf("%w: code contexts are not available in this build", errdefs.ErrUnsupported)
-
-func (s mcpService) contexts() (mcp.Contexts, bool) {
-	c, ok := any(s.Manager).(mcp.Contexts)
-	return c, ok
-}
-
-func (s mcpService) CreateContext(ctx context.Context, id string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error) {
-	if c, ok := s.contexts(); ok {
-		return c.CreateContext(ctx, id, req)
-	}
-	return nil, errNoContexts
-}
-
-func (s mcpService) ListContexts(ctx context.Context, id string) ([]*agentv1.ContextInfo, error) {
-	if c, ok := s.contexts(); ok {
-		return c.ListContexts(ctx, id)
-	}
-	return nil, errNoContexts
-}
-
-func (s mcpService) RestartContext(ctx context.Context, id, cid string) (*agentv1.ContextInfo, error) {
-	if c, ok := s.contexts(); ok {
-		return c.RestartContext(ctx, id, cid)
-	}
-	return nil, errNoContexts
-}
-
-func (s mcpService) RunCode(ctx context.Context, id string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error {
-	if c, ok := s.contexts(); ok {
-		return c.RunCode(ctx, id, req, fn)
-	}
-	return errNoContexts
-}
 
 var _ mcp.Service = mcpService{}
 

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -24,10 +24,10 @@ type Context struct {
 	IsDefault bool      `json:"is_default"`
 }
 
-func viewContext(in *agentv1.ContextInfo) Context {
+func viewContext(in guest.ContextInfo) Context {
 	return Context{
-		ID: in.GetId(), Language: in.GetLanguage(), Cwd: in.GetCwd(),
-		CreatedAt: time.Unix(0, in.GetCreatedUnixNano()).UTC(), State: in.GetState(), IsDefault: in.GetIsDefault(),
+		ID: in.ID, Language: in.Language, Cwd: in.Cwd,
+		CreatedAt: in.CreatedAt.UTC(), State: in.State, IsDefault: in.IsDefault,
 	}
 }
 
@@ -114,7 +114,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidf("give context or language, not both"))
 		return
 	}
-	areq := &agentv1.RunCodeRequest{ContextId: req.Context, Language: req.Language, Code: req.Code, TimeoutMs: uint32(req.TimeoutS) * 1000}
+	areq := guest.CodeRequest{ContextID: req.Context, Language: req.Language, Code: req.Code, Timeout: time.Duration(req.TimeoutS) * time.Second}
 	if err := sandbox.ValidateRunCode(areq); err != nil {
 		s.fail(w, r, err)
 		return
@@ -126,39 +126,39 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 	t0 := time.Now()
 	nw := newNDJSON(w, false)
 	started := false
-	var end *agentv1.CodeEnd
+	var end *guest.CodeEnd
 	var errName string
-	err := cs.RunCode(r.Context(), sid, areq, func(ev *agentv1.RunCodeEvent) error {
+	err := cs.RunCode(r.Context(), callerOf(r), sid, areq, func(ev guest.CodeEvent) error {
 		if !started {
 			w.Header().Set("Content-Type", "application/x-ndjson")
 			w.WriteHeader(http.StatusOK)
 			started = true
 		}
-		switch e := ev.GetEvent().(type) {
-		case *agentv1.RunCodeEvent_Stdout:
-			return nw.line(map[string]any{"type": "stdout", "data": nw.data(e.Stdout)})
-		case *agentv1.RunCodeEvent_Stderr:
-			return nw.line(map[string]any{"type": "stderr", "data": nw.data(e.Stderr)})
-		case *agentv1.RunCodeEvent_Result:
-			return nw.line(map[string]any{"type": "result", "main": e.Result.GetIsMainResult(), "data": resultData(e.Result.GetData())})
-		case *agentv1.RunCodeEvent_Error:
-			errName = e.Error.GetName()
-			tb := e.Error.GetTraceback()
+		switch ev.Kind {
+		case guest.EventStdout:
+			return nw.line(map[string]any{"type": "stdout", "data": nw.data(ev.Data)})
+		case guest.EventStderr:
+			return nw.line(map[string]any{"type": "stderr", "data": nw.data(ev.Data)})
+		case guest.EventResult:
+			return nw.line(map[string]any{"type": "result", "main": ev.Result.Main, "data": resultData(ev.Result.Data)})
+		case guest.EventError:
+			errName = ev.Error.Name
+			tb := ev.Error.Traceback
 			if tb == nil {
 				tb = []string{}
 			}
-			return nw.line(map[string]any{"type": "error", "name": e.Error.GetName(), "value": e.Error.GetValue(), "traceback": tb})
-		case *agentv1.RunCodeEvent_End:
-			end = e.End
-			return nw.line(map[string]any{"type": "end", "timed_out": end.GetTimedOut(), "truncated": end.GetTruncated(),
-				"duration_ms": end.GetDurationMs(), "execution_count": end.GetExecutionCount(), "context": end.GetContextId()})
+			return nw.line(map[string]any{"type": "error", "name": ev.Error.Name, "value": ev.Error.Value, "traceback": tb})
+		case guest.EventEnd:
+			end = ev.End
+			return nw.line(map[string]any{"type": "end", "timed_out": end.TimedOut, "truncated": end.Truncated,
+				"duration_ms": end.Duration.Milliseconds(), "execution_count": end.ExecutionCount, "context": end.ContextID})
 		}
 		return nil
 	})
 	detail := map[string]any{"context": req.Context, "language": lang, "duration_ms": time.Since(t0).Milliseconds()}
 	if end != nil {
-		detail["context"] = end.GetContextId()
-		detail["timed_out"] = end.GetTimedOut()
+		detail["context"] = end.ContextID
+		detail["timed_out"] = end.TimedOut
 	}
 	if errName != "" {
 		detail["error"] = clipName(errName)
@@ -194,7 +194,7 @@ func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	infos, err := cs.ListContexts(r.Context(), sid)
+	infos, err := cs.ListContexts(r.Context(), callerOf(r), sid)
 	if err != nil {
 		s.contextFail(w, r, err)
 		return
@@ -216,7 +216,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	areq := &agentv1.CreateContextRequest{Id: req.ID, Language: req.Language, Cwd: req.Cwd}
+	areq := guest.ContextSpec{ID: req.ID, Language: req.Language, Cwd: req.Cwd}
 	for _, k := range slices.Sorted(maps.Keys(req.Env)) {
 		areq.Env = append(areq.Env, k+"="+req.Env[k])
 	}
@@ -224,7 +224,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	info, err := cs.CreateContext(r.Context(), sid, areq)
+	info, err := cs.CreateContext(r.Context(), callerOf(r), sid, areq)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrUnsupported) {
 			err = errOldAgent
@@ -232,7 +232,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, sid, "context.create", map[string]any{"context": info.GetId(), "language": info.GetLanguage()})
+	s.audit(r, sid, "context.create", map[string]any{"context": info.ID, "language": info.Language})
 	writeJSON(w, http.StatusCreated, viewContext(info))
 }
 
@@ -256,7 +256,7 @@ func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := cs.DeleteContext(r.Context(), sid, cid); err != nil {
+	if err := cs.DeleteContext(r.Context(), callerOf(r), sid, cid); err != nil {
 		s.contextFail(w, r, err)
 		return
 	}
@@ -269,7 +269,7 @@ func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	info, err := cs.RestartContext(r.Context(), sid, cid)
+	info, err := cs.RestartContext(r.Context(), callerOf(r), sid, cid)
 	if err != nil {
 		s.contextFail(w, r, err)
 		return
@@ -282,7 +282,7 @@ func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := cs.InterruptContext(r.Context(), sid, cid); err != nil {
+	if err := cs.InterruptContext(r.Context(), callerOf(r), sid, cid); err != nil {
 		s.contextFail(w, r, err)
 		return
 	}

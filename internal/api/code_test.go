@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -58,7 +59,7 @@ func TestRunCodeStreams(t *testing.T) {
 	h.fake.mu.Lock()
 	run := h.fake.runs[len(h.fake.runs)-1]
 	h.fake.mu.Unlock()
-	if run.GetTimeoutMs() != 5000 || run.GetCode() != "1/0" {
+	if run.Timeout != 5*time.Second || run.Code != "1/0" {
 		t.Fatalf("request %v", run)
 	}
 	evs, _ := h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: "aliceaaaaaaa"})
@@ -100,7 +101,7 @@ func TestContextRoutes(t *testing.T) {
 		t.Fatalf("create: %d %s", r.code, r.body)
 	}
 	h.fake.mu.Lock()
-	env := h.fake.ctxReqs[0].GetEnv()
+	env := h.fake.ctxReqs[0].Env
 	h.fake.mu.Unlock()
 	if strings.Join(env, ",") != "A=1,B=2" {
 		t.Fatalf("env %v", env)

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -28,8 +27,8 @@ type fake struct {
 	actors  []sandbox.Actor
 	stdin   map[string][]byte
 	created []sandbox.CreateOptions
-	ctxReqs []*agentv1.CreateContextRequest
-	runs    []*agentv1.RunCodeRequest
+	ctxReqs []guest.ContextSpec
+	runs    []guest.CodeRequest
 	// guest, if set, accepts the conns DialPort returns (an in-test HTTP
 	// server on the other end of a pipe); dials records every DialPort.
 	guest *pipeListener
@@ -152,7 +151,7 @@ func (f *fake) Touch(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fake) WriteFile(_ context.Context, id, p string, _ uint32, r io.Reader) (int64, error) {
+func (f *fake) WriteFile(_ context.Context, _ sandbox.Caller, id, p string, _ uint32, r io.Reader) (int64, error) {
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return 0, err
@@ -163,35 +162,35 @@ func (f *fake) WriteFile(_ context.Context, id, p string, _ uint32, r io.Reader)
 	return int64(len(b)), nil
 }
 
-func (f *fake) ReadFile(_ context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (int64, error) {
+func (f *fake) ReadFile(_ context.Context, _ sandbox.Caller, id, p string, w io.Writer, info func(guest.FileInfo)) (int64, error) {
 	f.mu.Lock()
 	b, ok := f.files[id+p]
 	f.mu.Unlock()
 	if !ok {
 		return 0, fmt.Errorf("%w: read %s: no such file", errdefs.ErrNotFound, p)
 	}
-	info(&agentv1.FileInfo{Path: p, Type: agentv1.FileType_FILE_TYPE_REGULAR, Size: uint64(len(b))})
+	info(guest.FileInfo{Path: p, Type: guest.FileRegular, Size: uint64(len(b)), Mtime: time.Unix(0, 0)})
 	n, err := io.Copy(w, bytes.NewReader(b))
 	return n, err
 }
 
-func (f *fake) StatFile(_ context.Context, id, p string) (*agentv1.FileInfo, error) {
+func (f *fake) StatFile(_ context.Context, _ sandbox.Caller, id, p string) (guest.FileInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, ok := f.files[id+p]
 	if !ok {
-		return nil, fmt.Errorf("%w: stat %s", errdefs.ErrNotFound, p)
+		return guest.FileInfo{}, fmt.Errorf("%w: stat %s", errdefs.ErrNotFound, p)
 	}
-	return &agentv1.FileInfo{Path: p, Type: agentv1.FileType_FILE_TYPE_REGULAR, Size: uint64(len(b))}, nil
+	return guest.FileInfo{Path: p, Type: guest.FileRegular, Size: uint64(len(b)), Mtime: time.Unix(0, 0)}, nil
 }
 
-func (f *fake) ListFiles(context.Context, string, string, uint32) ([]*agentv1.FileInfo, bool, error) {
-	return []*agentv1.FileInfo{{Path: "/x", Name: "x", Type: agentv1.FileType_FILE_TYPE_DIRECTORY}}, false, nil
+func (f *fake) ListFiles(context.Context, sandbox.Caller, string, string, uint32) (guest.FileList, error) {
+	return guest.FileList{Entries: []guest.FileInfo{{Path: "/x", Name: "x", Type: guest.FileDirectory, Mtime: time.Unix(0, 0)}}}, nil
 }
 
-func (f *fake) Mkdir(context.Context, string, string, bool) error { return nil }
+func (f *fake) Mkdir(context.Context, sandbox.Caller, string, string, bool) error { return nil }
 
-func (f *fake) RemoveFile(_ context.Context, id, p string, _ bool) error {
+func (f *fake) RemoveFile(_ context.Context, _ sandbox.Caller, id, p string, _ bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.files, id+p)
@@ -388,23 +387,23 @@ var (
 
 var fakePNG = []byte("\x89PNG\r\n\x1a\nfake")
 
-func (f *fake) CreateContext(_ context.Context, _ string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error) {
+func (f *fake) CreateContext(_ context.Context, _ sandbox.Caller, _ string, req guest.ContextSpec) (guest.ContextInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ctxReqs = append(f.ctxReqs, req)
-	id := req.GetId()
+	id := req.ID
 	if id == "" {
 		id = "ctx-1"
 	}
-	lang := req.GetLanguage()
+	lang := req.Language
 	if lang == "" {
 		lang = "python"
 	}
-	return &agentv1.ContextInfo{Id: id, Language: lang, Cwd: "/root", State: "idle", CreatedUnixNano: 1}, nil
+	return guest.ContextInfo{ID: id, Language: lang, Cwd: "/root", State: "idle", CreatedAt: time.Unix(0, 1)}, nil
 }
 
-func (f *fake) ListContexts(context.Context, string) ([]*agentv1.ContextInfo, error) {
-	return []*agentv1.ContextInfo{{Id: "c1", Language: "python", Cwd: "/root", State: "idle", IsDefault: true}}, nil
+func (f *fake) ListContexts(context.Context, sandbox.Caller, string) ([]guest.ContextInfo, error) {
+	return []guest.ContextInfo{{ID: "c1", Language: "python", Cwd: "/root", State: "idle", IsDefault: true, CreatedAt: time.Unix(0, 0)}}, nil
 }
 
 func (f *fake) checkCtx(id string) error {
@@ -414,44 +413,48 @@ func (f *fake) checkCtx(id string) error {
 	return nil
 }
 
-func (f *fake) DeleteContext(_ context.Context, _, id string) error { return f.checkCtx(id) }
-
-func (f *fake) RestartContext(_ context.Context, _, id string) (*agentv1.ContextInfo, error) {
-	if err := f.checkCtx(id); err != nil {
-		return nil, err
-	}
-	return &agentv1.ContextInfo{Id: id, Language: "python", State: "idle"}, nil
+func (f *fake) DeleteContext(_ context.Context, _ sandbox.Caller, _, id string) error {
+	return f.checkCtx(id)
 }
 
-func (f *fake) InterruptContext(_ context.Context, _, id string) error { return f.checkCtx(id) }
+func (f *fake) RestartContext(_ context.Context, _ sandbox.Caller, _, id string) (guest.ContextInfo, error) {
+	if err := f.checkCtx(id); err != nil {
+		return guest.ContextInfo{}, err
+	}
+	return guest.ContextInfo{ID: id, Language: "python", State: "idle", CreatedAt: time.Unix(0, 0)}, nil
+}
+
+func (f *fake) InterruptContext(_ context.Context, _ sandbox.Caller, _, id string) error {
+	return f.checkCtx(id)
+}
 
 // RunCode: code "old" fails as an old agent; otherwise stdout "hi\n",
 // stderr "warn\xff", a PNG display result, the main result "42", an error
 // if the code is "1/0", and the end.
-func (f *fake) RunCode(_ context.Context, _ string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error {
+func (f *fake) RunCode(_ context.Context, _ sandbox.Caller, _ string, req guest.CodeRequest, fn func(guest.CodeEvent) error) error {
 	f.mu.Lock()
 	f.runs = append(f.runs, req)
 	f.mu.Unlock()
-	if req.GetContextId() != "" {
-		if err := f.checkCtx(req.GetContextId()); err != nil {
+	if req.ContextID != "" {
+		if err := f.checkCtx(req.ContextID); err != nil {
 			return err
 		}
 	}
-	if req.GetCode() == "old" {
+	if req.Code == "old" {
 		return fmt.Errorf("%w: run code: the guest agent is too old", errdefs.ErrUnsupported)
 	}
-	evs := []*agentv1.RunCodeEvent{
-		{Event: &agentv1.RunCodeEvent_Stdout{Stdout: []byte("hi\n")}},
-		{Event: &agentv1.RunCodeEvent_Stderr{Stderr: []byte("warn\xff")}},
-		{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"image/png": fakePNG, "text/plain": []byte("<Figure>")}}}},
-		{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, IsMainResult: true}}},
+	evs := []guest.CodeEvent{
+		{Kind: guest.EventStdout, Data: []byte("hi\n")},
+		{Kind: guest.EventStderr, Data: []byte("warn\xff")},
+		{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"image/png": fakePNG, "text/plain": []byte("<Figure>")}}},
+		{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, Main: true}},
 	}
-	if req.GetCode() == "1/0" {
-		evs = append(evs, &agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{
-			Name: "ZeroDivisionError", Value: "division by zero", Traceback: []string{"Traceback", "ZeroDivisionError: division by zero"}}}})
+	if req.Code == "1/0" {
+		evs = append(evs, guest.CodeEvent{Kind: guest.EventError, Error: &guest.CodeError{
+			Name: "ZeroDivisionError", Value: "division by zero", Traceback: []string{"Traceback", "ZeroDivisionError: division by zero"}}})
 	}
-	evs = append(evs, &agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{
-		DurationMs: 7, ExecutionCount: 3, ContextId: "python-default", TimedOut: req.GetCode() == "while True: pass"}}})
+	evs = append(evs, guest.CodeEvent{Kind: guest.EventEnd, End: &guest.CodeEnd{
+		Duration: 7 * time.Millisecond, ExecutionCount: 3, ContextID: "python-default", TimedOut: req.Code == "while True: pass"}})
 	for _, ev := range evs {
 		if err := fn(ev); err != nil {
 			return err

@@ -8,7 +8,8 @@ import (
 	"strings"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // ioIdle is how long a client may stall an upload or download before the
@@ -46,20 +47,26 @@ type FileInfo struct {
 	SymlinkTarget string    `json:"symlink_target"`
 }
 
-func viewFile(fi *agentv1.FileInfo) FileInfo {
+func viewFile(fi guest.FileInfo) FileInfo {
 	t := "other"
-	switch fi.GetType() {
-	case agentv1.FileType_FILE_TYPE_REGULAR:
+	switch fi.Type {
+	case guest.FileRegular:
 		t = "file"
-	case agentv1.FileType_FILE_TYPE_DIRECTORY:
+	case guest.FileDirectory:
 		t = "dir"
-	case agentv1.FileType_FILE_TYPE_SYMLINK:
+	case guest.FileSymlink:
 		t = "symlink"
 	}
 	return FileInfo{
-		Path: fi.GetPath(), Name: fi.GetName(), Type: t, Size: fi.GetSize(), Mode: fi.GetMode(),
-		Mtime: time.Unix(0, fi.GetMtimeUnixNano()).UTC(), UID: fi.GetUid(), GID: fi.GetGid(), SymlinkTarget: fi.GetSymlinkTarget(),
+		Path: fi.Path, Name: fi.Name, Type: t, Size: fi.Size, Mode: fi.Mode,
+		Mtime: fi.Mtime.UTC(), UID: fi.UID, GID: fi.GID, SymlinkTarget: fi.SymlinkTarget,
 	}
+}
+
+// callerOf returns the caller of an authenticated request.
+func callerOf(r *http.Request) sandbox.Caller {
+	k := keyOf(r)
+	return sandbox.Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Via: "api"}
 }
 
 // sandboxAndPath resolves {id} (tenant-checked) and ?path=.
@@ -101,7 +108,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// Streamed: no cap but the sandbox's disk, one chunk in memory.
-	n, err := s.cfg.Files.WriteFile(r.Context(), id, p, uint32(mode), idleReader{r.Body, http.NewResponseController(w)})
+	n, err := s.cfg.Files.WriteFile(r.Context(), callerOf(r), id, p, uint32(mode), idleReader{r.Body, http.NewResponseController(w)})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -134,9 +141,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	lw := &lazyWriter{w: w, rc: http.NewResponseController(w)}
-	_, err := s.cfg.Files.ReadFile(r.Context(), id, p, lw, func(fi *agentv1.FileInfo) {
-		if !lw.started && fi.GetType() == agentv1.FileType_FILE_TYPE_REGULAR {
-			w.Header().Set("Content-Length", strconv.FormatUint(fi.GetSize(), 10))
+	_, err := s.cfg.Files.ReadFile(r.Context(), callerOf(r), id, p, lw, func(fi guest.FileInfo) {
+		if !lw.started && fi.Type == guest.FileRegular {
+			w.Header().Set("Content-Length", strconv.FormatUint(fi.Size, 10))
 		}
 	})
 	switch {
@@ -159,7 +166,7 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := s.cfg.Files.RemoveFile(r.Context(), id, p, r.URL.Query().Get("recursive") == "true"); err != nil {
+	if err := s.cfg.Files.RemoveFile(r.Context(), callerOf(r), id, p, r.URL.Query().Get("recursive") == "true"); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -180,16 +187,16 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	entries, truncated, err := s.cfg.Files.ListFiles(r.Context(), id, p, uint32(depth))
+	ls, err := s.cfg.Files.ListFiles(r.Context(), callerOf(r), id, p, uint32(depth))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]FileInfo, 0, len(entries))
-	for _, e := range entries {
+	out := make([]FileInfo, 0, len(ls.Entries))
+	for _, e := range ls.Entries {
 		out = append(out, viewFile(e))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"entries": out, "truncated": truncated})
+	writeJSON(w, http.StatusOK, map[string]any{"entries": out, "truncated": ls.Truncated})
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
@@ -197,7 +204,7 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	fi, err := s.cfg.Files.StatFile(r.Context(), id, p)
+	fi, err := s.cfg.Files.StatFile(r.Context(), callerOf(r), id, p)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -221,7 +228,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 	}
 	p, err := filePath(req.Path)
 	if err == nil {
-		err = s.cfg.Files.Mkdir(r.Context(), sb.ID, p, req.Parents)
+		err = s.cfg.Files.Mkdir(r.Context(), callerOf(r), sb.ID, p, req.Parents)
 	}
 	if err != nil {
 		s.fail(w, r, err)

@@ -6,7 +6,6 @@ import (
 	"net"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -81,18 +80,19 @@ func (m managerSnapshots) GetSnapshot(ctx context.Context, tenant, name string) 
 	return m.Store.GetSnapshot(ctx, tenant, name)
 }
 
-// Files is the file part of the manager. Paths are validated by the API
-// before they get here. Nothing is buffered whole: data streams.
+// Files is the file part of the manager (sandbox.Manager's methods of the
+// same names). Paths are validated by the API before they get here. Nothing
+// is buffered whole: data streams.
 type Files interface {
 	// WriteFile streams r into p (mode, parents made) and returns its size.
-	WriteFile(ctx context.Context, id, p string, mode uint32, r io.Reader) (int64, error)
+	WriteFile(ctx context.Context, c sandbox.Caller, id, p string, mode uint32, r io.Reader) (int64, error)
 	// ReadFile streams p to w (capped at the sandbox's disk size); info is
 	// called before the first byte.
-	ReadFile(ctx context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (int64, error)
-	StatFile(ctx context.Context, id, p string) (*agentv1.FileInfo, error)
-	ListFiles(ctx context.Context, id, p string, depth uint32) ([]*agentv1.FileInfo, bool, error)
-	Mkdir(ctx context.Context, id, p string, parents bool) error
-	RemoveFile(ctx context.Context, id, p string, recursive bool) error
+	ReadFile(ctx context.Context, c sandbox.Caller, id, p string, w io.Writer, info func(guest.FileInfo)) (int64, error)
+	StatFile(ctx context.Context, c sandbox.Caller, id, p string) (guest.FileInfo, error)
+	ListFiles(ctx context.Context, c sandbox.Caller, id, p string, depth uint32) (guest.FileList, error)
+	Mkdir(ctx context.Context, c sandbox.Caller, id, p string, parents bool) error
+	RemoveFile(ctx context.Context, c sandbox.Caller, id, p string, recursive bool) error
 }
 
 // ExecInfo describes one exec session.
@@ -119,14 +119,14 @@ type Execs interface {
 // Contexts is the code-context part of the manager (sandbox.Manager's
 // methods of the same names; see there for the contracts).
 type Contexts interface {
-	CreateContext(ctx context.Context, sandboxID string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error)
-	ListContexts(ctx context.Context, sandboxID string) ([]*agentv1.ContextInfo, error)
-	DeleteContext(ctx context.Context, sandboxID, contextID string) error
-	RestartContext(ctx context.Context, sandboxID, contextID string) (*agentv1.ContextInfo, error)
-	InterruptContext(ctx context.Context, sandboxID, contextID string) error
-	// RunCode calls fn for every event, the last being `end`, and returns
+	CreateContext(ctx context.Context, c sandbox.Caller, sandboxID string, spec guest.ContextSpec) (guest.ContextInfo, error)
+	ListContexts(ctx context.Context, c sandbox.Caller, sandboxID string) ([]guest.ContextInfo, error)
+	DeleteContext(ctx context.Context, c sandbox.Caller, sandboxID, contextID string) error
+	RestartContext(ctx context.Context, c sandbox.Caller, sandboxID, contextID string) (guest.ContextInfo, error)
+	InterruptContext(ctx context.Context, c sandbox.Caller, sandboxID, contextID string) error
+	// RunCode calls fn for every event, the last being the end, and returns
 	// nil after it.
-	RunCode(ctx context.Context, sandboxID string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error
+	RunCode(ctx context.Context, c sandbox.Caller, sandboxID string, req guest.CodeRequest, fn func(guest.CodeEvent) error) error
 }
 
 // Ports reaches TCP ports inside sandboxes (the preview route).

@@ -9,8 +9,8 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -43,20 +43,20 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 		results []string
 		images  []sdk.Content
 		imgNote []string
-		cerr    *agentv1.CodeError
-		end     *agentv1.CodeEnd
+		cerr    *guest.CodeError
+		end     guest.CodeEnd
 	)
-	err = t.h.cfg.Service.RunCode(ctx, id, &agentv1.RunCodeRequest{
-		ContextId: in.Context, Language: in.Language, Code: in.Code,
-		TimeoutMs: uint32(d / time.Millisecond), MaxOutputBytes: uint64(8 * limit),
-	}, func(ev *agentv1.RunCodeEvent) error {
-		switch e := ev.GetEvent().(type) {
-		case *agentv1.RunCodeEvent_Stdout:
-			out.stdout.add(e.Stdout)
-		case *agentv1.RunCodeEvent_Stderr:
-			out.stderr.add(e.Stderr)
-		case *agentv1.RunCodeEvent_Result:
-			data := e.Result.GetData()
+	err = t.h.cfg.Service.RunCode(ctx, t.s.caller(), id, guest.CodeRequest{
+		ContextID: in.Context, Language: in.Language, Code: in.Code,
+		Timeout: d.Truncate(time.Millisecond), MaxOutputBytes: uint64(8 * limit),
+	}, func(ev guest.CodeEvent) error {
+		switch ev.Kind {
+		case guest.EventStdout:
+			out.stdout.add(ev.Data)
+		case guest.EventStderr:
+			out.stderr.add(ev.Data)
+		case guest.EventResult:
+			data := ev.Result.Data
 			for _, mime := range []string{"image/png", "image/jpeg"} {
 				if img, ok := data[mime]; ok {
 					switch {
@@ -72,15 +72,15 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 			}
 			if txt, ok := data["text/plain"]; ok {
 				label := "display"
-				if e.Result.GetIsMainResult() {
+				if ev.Result.Main {
 					label = "result"
 				}
 				results = append(results, fmt.Sprintf("--- %s ---\n%s", label, strings.ToValidUTF8(string(txt), "\uFFFD")))
 			}
-		case *agentv1.RunCodeEvent_Error:
-			cerr = e.Error
-		case *agentv1.RunCodeEvent_End:
-			end = e.End
+		case guest.EventError:
+			cerr = ev.Error
+		case guest.EventEnd:
+			end = *ev.End
 		}
 		return nil
 	})
@@ -98,19 +98,19 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 	}
 	status = append(status, imgNote...)
 	if cerr != nil {
-		tb, _ := out.take(strings.Join(cerr.GetTraceback(), "\n"))
-		status = append(status, fmt.Sprintf("--- error ---\n%s: %s\n%s", cerr.GetName(), cerr.GetValue(), tb))
+		tb, _ := out.take(strings.Join(cerr.Traceback, "\n"))
+		status = append(status, fmt.Sprintf("--- error ---\n%s: %s\n%s", cerr.Name, cerr.Value, tb))
 	}
-	if end.GetTimedOut() {
+	if end.TimedOut {
 		status = append(status, fmt.Sprintf("[timed out after %s: the code was interrupted; the context survives]", d))
 	}
-	if end.GetTruncated() {
+	if end.Truncated {
 		status = append(status, "[output beyond the guest's cap was dropped]")
 	}
 	status = append(status, fmt.Sprintf("sandbox_id: %s\ncontext_id: %s\nexecution_count: %d\nduration_ms: %d",
-		id, end.GetContextId(), end.GetExecutionCount(), end.GetDurationMs()))
+		id, end.ContextID, end.ExecutionCount, end.Duration.Milliseconds()))
 	res := &sdk.CallToolResult{Content: append([]sdk.Content{&sdk.TextContent{Text: out.text(strings.Join(status, "\n"))}}, images...)}
-	res.IsError = cerr != nil || end.GetTimedOut()
+	res.IsError = cerr != nil || end.TimedOut
 	return res, nil
 }
 
@@ -129,14 +129,14 @@ func (t *tools) contextCreate(ctx context.Context, in contextCreateIn) (*sdk.Cal
 	if err != nil {
 		return nil, err
 	}
-	req := &agentv1.CreateContextRequest{Language: in.Language, Id: in.ID, Cwd: in.Cwd}
+	req := guest.ContextSpec{Language: in.Language, ID: in.ID, Cwd: in.Cwd}
 	for _, k := range sortedKeys(in.Env) {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return nil, fmt.Errorf("%w: env names must be non-empty without '=' or NUL", errdefs.ErrInvalid)
 		}
 		req.Env = append(req.Env, k+"="+in.Env[k])
 	}
-	info, err := t.h.cfg.Service.CreateContext(ctx, id, req)
+	info, err := t.h.cfg.Service.CreateContext(ctx, t.s.caller(), id, req)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +154,7 @@ func (t *tools) contextList(ctx context.Context, in contextListIn) (*sdk.CallToo
 	if err != nil {
 		return nil, err
 	}
-	infos, err := t.h.cfg.Service.ListContexts(ctx, id)
+	infos, err := t.h.cfg.Service.ListContexts(ctx, t.s.caller(), id)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +180,7 @@ func (t *tools) contextReset(ctx context.Context, in contextResetIn) (*sdk.CallT
 	if err != nil {
 		return nil, err
 	}
-	info, err := t.h.cfg.Service.RestartContext(ctx, id, in.Context)
+	info, err := t.h.cfg.Service.RestartContext(ctx, t.s.caller(), id, in.Context)
 	if err != nil {
 		return nil, err
 	}
@@ -196,9 +196,9 @@ type contextView struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-func viewContext(c *agentv1.ContextInfo) contextView {
-	return contextView{ID: c.GetId(), Language: c.GetLanguage(), Cwd: c.GetCwd(), State: c.GetState(),
-		IsDefault: c.GetIsDefault(), CreatedAt: time.Unix(0, c.GetCreatedUnixNano()).UTC()}
+func viewContext(c guest.ContextInfo) contextView {
+	return contextView{ID: c.ID, Language: c.Language, Cwd: c.Cwd, State: c.State,
+		IsDefault: c.IsDefault, CreatedAt: c.CreatedAt.UTC()}
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -196,7 +195,7 @@ func (s *fakeStream) Signal(int) error   { return nil }
 func (s *fakeStream) Finish() error      { return nil }
 func (s *fakeStream) Close()             {}
 
-func (f *fake) WriteFile(_ context.Context, id, p string, _ uint32, r io.Reader) (int64, error) {
+func (f *fake) WriteFile(_ context.Context, _ sandbox.Caller, id, p string, _ uint32, r io.Reader) (int64, error) {
 	b, err := io.ReadAll(r)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -204,64 +203,64 @@ func (f *fake) WriteFile(_ context.Context, id, p string, _ uint32, r io.Reader)
 	return int64(len(b)), err
 }
 
-func (f *fake) ReadFile(_ context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (int64, error) {
+func (f *fake) ReadFile(_ context.Context, _ sandbox.Caller, id, p string, w io.Writer, info func(guest.FileInfo)) (int64, error) {
 	f.mu.Lock()
 	b, ok := f.files[id+p]
 	f.mu.Unlock()
 	if !ok {
 		return 0, fmt.Errorf("%w: read %s: no such file", errdefs.ErrNotFound, p)
 	}
-	info(&agentv1.FileInfo{Path: p, Size: uint64(len(b))})
+	info(guest.FileInfo{Path: p, Size: uint64(len(b))})
 	n, err := w.Write(b)
 	return int64(n), err
 }
 
-func (f *fake) ListFiles(_ context.Context, id, p string, _ uint32) ([]*agentv1.FileInfo, bool, error) {
+func (f *fake) ListFiles(_ context.Context, _ sandbox.Caller, id, p string, _ uint32) (guest.FileList, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []*agentv1.FileInfo
+	var out guest.FileList
 	for k, b := range f.files {
 		if name, ok := strings.CutPrefix(k, id+p); ok {
-			out = append(out, &agentv1.FileInfo{Path: p + name, Type: agentv1.FileType_FILE_TYPE_REGULAR, Size: uint64(len(b)), Mode: 0o644})
+			out.Entries = append(out.Entries, guest.FileInfo{Path: p + name, Type: guest.FileRegular, Size: uint64(len(b)), Mode: 0o644})
 		}
 	}
-	return out, false, nil
+	return out, nil
 }
 
-func (f *fake) CreateContext(_ context.Context, _ string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error) {
-	return &agentv1.ContextInfo{Id: req.GetId(), Language: "python", State: "idle"}, nil
+func (f *fake) CreateContext(_ context.Context, _ sandbox.Caller, _ string, req guest.ContextSpec) (guest.ContextInfo, error) {
+	return guest.ContextInfo{ID: req.ID, Language: "python", State: "idle", CreatedAt: time.Unix(0, 0)}, nil
 }
 
-func (f *fake) ListContexts(context.Context, string) ([]*agentv1.ContextInfo, error) {
-	return []*agentv1.ContextInfo{{Id: "python", Language: "python", State: "idle", IsDefault: true}}, nil
+func (f *fake) ListContexts(context.Context, sandbox.Caller, string) ([]guest.ContextInfo, error) {
+	return []guest.ContextInfo{{ID: "python", Language: "python", State: "idle", IsDefault: true, CreatedAt: time.Unix(0, 0)}}, nil
 }
 
-func (f *fake) RestartContext(_ context.Context, _, id string) (*agentv1.ContextInfo, error) {
+func (f *fake) RestartContext(_ context.Context, _ sandbox.Caller, _, id string) (guest.ContextInfo, error) {
 	if id == "nope" {
-		return nil, fmt.Errorf("%w: no context %q", errdefs.ErrNotFound, id)
+		return guest.ContextInfo{}, fmt.Errorf("%w: no context %q", errdefs.ErrNotFound, id)
 	}
-	return &agentv1.ContextInfo{Id: id, Language: "python", State: "idle"}, nil
+	return guest.ContextInfo{ID: id, Language: "python", State: "idle", CreatedAt: time.Unix(0, 0)}, nil
 }
 
 var png = []byte("\x89PNG\r\n\x1a\nfakepng")
 
 // RunCode: "raise" gives an error with traceback; anything else prints the
 // code, displays a PNG and returns 42.
-func (f *fake) RunCode(_ context.Context, id string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error {
+func (f *fake) RunCode(_ context.Context, _ sandbox.Caller, id string, req guest.CodeRequest, fn func(guest.CodeEvent) error) error {
 	f.mu.Lock()
 	err := f.resumeLocked(id)
 	f.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if req.GetCode() == "raise" {
-		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{Name: "ValueError", Value: "bad", Traceback: []string{"Traceback (most recent call last):", "  line 1"}}}})
+	if req.Code == "raise" {
+		_ = fn(guest.CodeEvent{Kind: guest.EventError, Error: &guest.CodeError{Name: "ValueError", Value: "bad", Traceback: []string{"Traceback (most recent call last):", "  line 1"}}})
 	} else {
-		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Stdout{Stdout: []byte("ran " + req.GetCode() + "\n")}})
-		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"image/png": png, "text/plain": []byte("<Figure>")}}}})
-		_ = fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, IsMainResult: true}}})
+		_ = fn(guest.CodeEvent{Kind: guest.EventStdout, Data: []byte("ran " + req.Code + "\n")})
+		_ = fn(guest.CodeEvent{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"image/png": png, "text/plain": []byte("<Figure>")}}})
+		_ = fn(guest.CodeEvent{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, Main: true}})
 	}
-	return fn(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{ContextId: "python", ExecutionCount: 1}}})
+	return fn(guest.CodeEvent{Kind: guest.EventEnd, End: &guest.CodeEnd{ContextID: "python", ExecutionCount: 1}})
 }
 
 func (f *fake) AppendEvent(_ context.Context, e store.Event) (int64, error) {

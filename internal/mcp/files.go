@@ -12,8 +12,8 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 )
 
 // File tools act inside a sandbox only: paths are guest paths, checked
@@ -81,7 +81,7 @@ func (t *tools) fileRead(ctx context.Context, in fileReadIn) (*sdk.CallToolResul
 	}
 	w := &capWriter{limit: limit}
 	var size uint64
-	_, err = t.h.cfg.Service.ReadFile(ctx, id, p, w, func(fi *agentv1.FileInfo) { size = fi.GetSize() })
+	_, err = t.h.cfg.Service.ReadFile(ctx, t.s.caller(), id, p, w, func(fi guest.FileInfo) { size = fi.Size })
 	capped := errors.Is(err, errCapped)
 	if err != nil && !capped {
 		return nil, err
@@ -159,7 +159,7 @@ func (t *tools) fileWrite(ctx context.Context, in fileWriteIn) (*sdk.CallToolRes
 	if err != nil {
 		return nil, err
 	}
-	n, err := t.h.cfg.Service.WriteFile(ctx, id, p, mode, bytes.NewReader(data))
+	n, err := t.h.cfg.Service.WriteFile(ctx, t.s.caller(), id, p, mode, bytes.NewReader(data))
 	if err != nil {
 		return nil, err
 	}
@@ -187,24 +187,24 @@ func (t *tools) fileList(ctx context.Context, in fileListIn) (*sdk.CallToolResul
 	if err != nil {
 		return nil, err
 	}
-	entries, truncated, err := t.h.cfg.Service.ListFiles(ctx, id, p, uint32(depth))
+	ls, err := t.h.cfg.Service.ListFiles(ctx, t.s.caller(), id, p, uint32(depth))
 	if err != nil {
 		return nil, err
 	}
 	out := newOutput(t.h.cfg.MaxOutputBytes)
-	for _, e := range entries {
-		typ := map[agentv1.FileType]string{agentv1.FileType_FILE_TYPE_DIRECTORY: "dir", agentv1.FileType_FILE_TYPE_SYMLINK: "link", agentv1.FileType_FILE_TYPE_OTHER: "other"}[e.GetType()]
+	for _, e := range ls.Entries {
+		typ := map[guest.FileType]string{guest.FileDirectory: "dir", guest.FileSymlink: "link", guest.FileOther: "other"}[e.Type]
 		if typ == "" {
 			typ = "file"
 		}
-		line := fmt.Sprintf("%-4s %10d %04o %s", typ, e.GetSize(), e.GetMode(), e.GetPath())
-		if e.GetSymlinkTarget() != "" {
-			line += " -> " + e.GetSymlinkTarget()
+		line := fmt.Sprintf("%-4s %10d %04o %s", typ, e.Size, e.Mode, e.Path)
+		if e.SymlinkTarget != "" {
+			line += " -> " + e.SymlinkTarget
 		}
 		out.stdout.add([]byte(line + "\n"))
 	}
-	status := fmt.Sprintf("%d entries", len(entries))
-	if truncated {
+	status := fmt.Sprintf("%d entries", len(ls.Entries))
+	if ls.Truncated {
 		status += " (the guest's entry cap was reached: list a subdirectory)"
 	}
 	return textResult(out.text(status)), nil

@@ -5,7 +5,6 @@ import (
 	"io"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -52,22 +51,22 @@ type Service interface {
 	Exec(ctx context.Context, c sandbox.Caller, sandboxID string, spec guest.ExecSpec, killOnDetach bool) (guest.ExecStream, error)
 
 	// WriteFile streams r into p (mode, parents made).
-	WriteFile(ctx context.Context, id, p string, mode uint32, r io.Reader) (int64, error)
+	WriteFile(ctx context.Context, c sandbox.Caller, id, p string, mode uint32, r io.Reader) (int64, error)
 	// ReadFile streams p to w; info is called before the first byte.
-	ReadFile(ctx context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (int64, error)
+	ReadFile(ctx context.Context, c sandbox.Caller, id, p string, w io.Writer, info func(guest.FileInfo)) (int64, error)
 	// ListFiles lists directory p to depth levels.
-	ListFiles(ctx context.Context, id, p string, depth uint32) ([]*agentv1.FileInfo, bool, error)
+	ListFiles(ctx context.Context, c sandbox.Caller, id, p string, depth uint32) (guest.FileList, error)
 
 	Contexts
 }
 
 // Contexts is the code-context part of the manager.
 type Contexts interface {
-	CreateContext(ctx context.Context, sandboxID string, req *agentv1.CreateContextRequest) (*agentv1.ContextInfo, error)
-	ListContexts(ctx context.Context, sandboxID string) ([]*agentv1.ContextInfo, error)
-	RestartContext(ctx context.Context, sandboxID, contextID string) (*agentv1.ContextInfo, error)
+	CreateContext(ctx context.Context, c sandbox.Caller, sandboxID string, spec guest.ContextSpec) (guest.ContextInfo, error)
+	ListContexts(ctx context.Context, c sandbox.Caller, sandboxID string) ([]guest.ContextInfo, error)
+	RestartContext(ctx context.Context, c sandbox.Caller, sandboxID, contextID string) (guest.ContextInfo, error)
 	// RunCode runs code and calls fn with each event, ending with one end.
-	RunCode(ctx context.Context, sandboxID string, req *agentv1.RunCodeRequest, fn func(*agentv1.RunCodeEvent) error) error
+	RunCode(ctx context.Context, c sandbox.Caller, sandboxID string, req guest.CodeRequest, fn func(guest.CodeEvent) error) error
 }
 
 // Events is the audit trail.

@@ -11,12 +11,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"connectrpc.com/connect"
-
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
-	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
-	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -27,10 +23,7 @@ const MaxIdlePause = 7 * 24 * time.Hour
 const resumeWait = 2 * time.Minute
 
 // PauseResult says what a pause saved.
-type PauseResult struct {
-	StateBytes int64
-	Save       time.Duration // how long the guest was stopped for the save
-}
+type PauseResult = guest.PauseResult
 
 // Pause saves a running sandbox's memory, devices and disk and ends its
 // VMM and shim: a paused sandbox costs disk only. With force, commands
@@ -47,17 +40,17 @@ func (m *Manager) Pause(ctx context.Context, id string, force bool) (PauseResult
 	if sb.State != store.StateRunning {
 		return PauseResult{}, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, id, sb.State)
 	}
-	hc, closeFn := shimHTTPClient(m.L.Socket(id))
-	defer closeFn()
-	c := shimv1connect.NewLifecycleServiceClient(hc, "http://shim")
-	resp, err := c.Pause(ctx, connect.NewRequest(&shimv1.PauseRequest{Force: force}))
+	sock := m.L.Socket(id)
+	res, err := m.shims().Get(sock).Pause(ctx, force)
 	if err != nil {
-		return PauseResult{}, shimErr(ctx, "pause", err)
+		return PauseResult{}, err
 	}
+	// The shim exits: its connection goes (a resume starts a new shim).
+	m.shims().Drop(sock)
 	if err := m.waitShimGone(ctx, id, 20*time.Second); err != nil {
 		return PauseResult{}, err
 	}
-	return PauseResult{StateBytes: resp.Msg.GetStateBytes(), Save: time.Duration(resp.Msg.GetSaveMs()) * time.Millisecond}, nil
+	return res, nil
 }
 
 // Resume restores a paused sandbox and returns once its guest answers,
@@ -119,18 +112,25 @@ func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) 
 	}
 }
 
-// Touch counts as activity for the sandbox's idle timer (a keepalive). A
-// paused sandbox is resumed, like for any other call.
+// Touch counts as activity for the sandbox's idle timer (a keepalive),
+// answered by its shim without the guest. A paused sandbox is resumed, like
+// for any other call.
 func (m *Manager) Touch(ctx context.Context, id string) error {
-	c, closeFn, err := m.Connect(ctx, id)
+	_, sc, err := m.running(ctx, Local(), id)
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	if _, err := c.Agent.Info(ctx, connect.NewRequest(&agentv1.InfoRequest{})); err != nil {
-		return shimErr(ctx, "touch", err)
+	return sc.Touch(ctx)
+}
+
+// Stats returns what sandbox id's shim knows of it without asking the guest
+// (a paused sandbox is resumed first). Stats is not activity.
+func (m *Manager) Stats(ctx context.Context, c Caller, id string) (guest.Stats, error) {
+	_, sc, err := m.running(ctx, c, id)
+	if err != nil {
+		return guest.Stats{}, err
 	}
-	return nil
+	return sc.Stats(ctx)
 }
 
 // PauseManifest is written next to a paused sandbox's saved state (and a

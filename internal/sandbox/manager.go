@@ -4,15 +4,12 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,12 +19,8 @@ import (
 	"syscall"
 	"time"
 
-	"connectrpc.com/connect"
-	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
 
-	"github.com/airlock-sandbox/airlock/internal/agentapi"
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
@@ -431,16 +424,6 @@ func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
 	return sbs, nil
 }
 
-// Connect returns a client for a running sandbox's shim. The caller closes
-// it with CloseShimClient... via the returned close func.
-func (m *Manager) Connect(ctx context.Context, id string) (*agentapi.Client, func(), error) {
-	if err := m.requireRunning(ctx, id); err != nil {
-		return nil, nil, err
-	}
-	c, closeFn := ShimClient(m.L.Socket(id))
-	return c, closeFn, nil
-}
-
 // requireRunning returns an error wrapping ErrFailedPrecondition unless
 // the (reconciled) sandbox id is running. A paused sandbox is resumed
 // first: any call to it just works.
@@ -465,43 +448,6 @@ func (m *Manager) requireRunning(ctx context.Context, id string) error {
 	return nil
 }
 
-// ShimClient returns an agent-protocol client for a shim socket.
-func ShimClient(sock string) (*agentapi.Client, func()) {
-	hc, closeFn := shimHTTPClient(sock)
-	return agentapi.NewClient(hc, "http://shim", agentapi.Options{MaxMessageBytes: 8 << 20}), closeFn
-}
-
-// shimHTTPClient returns an h2c client whose every request goes to the
-// shim socket sock, and a func that closes its connections: call it once
-// done with the client (a cancelled stream can keep a connection busy for
-// a while after its body was closed, so idle-only closing would leak it).
-func shimHTTPClient(sock string) (*http.Client, func()) {
-	var mu sync.Mutex
-	var conns []net.Conn
-	tr := &http2.Transport{
-		AllowHTTP: true,
-		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "unix", sock)
-			if err == nil {
-				mu.Lock()
-				conns = append(conns, c)
-				mu.Unlock()
-			}
-			return c, err
-		},
-	}
-	return &http.Client{Transport: tr}, func() {
-		tr.CloseIdleConnections()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		conns = nil
-	}
-}
-
 // Remove stops a sandbox (through its shim when alive) and deletes every
 // trace of it: shim, VMM, files, catalog row. Removing twice is fine.
 func (m *Manager) Remove(ctx context.Context, id string) error {
@@ -514,11 +460,12 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 		}
 	}
 	if m.shimAlive(id) {
-		c, closeFn := ShimClient(m.L.Socket(id))
+		sock := m.L.Socket(id)
 		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		_, err := c.Agent.Shutdown(sctx, connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true}))
+		err := m.shims().Get(sock).Shutdown(sctx)
 		cancel()
-		closeFn()
+		// The shim exits: streams still open on its connection end.
+		m.shims().Drop(sock)
 		if err != nil {
 			m.log().Warn("shim shutdown failed; killing it", "sandbox_id", id, "err", err)
 		}

@@ -12,8 +12,10 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
-	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 )
 
 // Host-side bounds on what a guest's ContextService may send back.
@@ -32,21 +34,20 @@ const (
 	maxInfoString = 4096
 )
 
-// contextRelay serves ContextService on the shim socket, forwarding to the
-// guest with the limits a hostile agent cannot ignore: ids and languages
-// are checked before the guest sees them, a run's output (stdout + stderr +
-// result bytes) is capped, its deadline (timeout + timeoutGrace) holds,
-// results are bounded (sandbox.MaxResultEntries values of at most
-// sandbox.MaxResultValueBytes each), unknown events are dropped, and every
-// run ends with exactly one `end`.
+// contextRelay serves the shim's ContextService (proto/airlock/shim/v2) by
+// mapping it to the guest's, with the limits a hostile agent cannot
+// ignore: ids and languages are checked before the guest sees them, a
+// run's output (stdout + stderr + result bytes) is capped, its deadline
+// (timeout + timeoutGrace) holds, results are bounded
+// (sandbox.MaxResultEntries values of at most sandbox.MaxResultValueBytes
+// each), unknown events are dropped, and every run ends with exactly one
+// `end`.
 type contextRelay struct {
-	agentv1connect.UnimplementedContextServiceHandler
-
 	agent *agentapi.Client
 	env   []string // the sandbox's default environment
 }
 
-var _ agentv1connect.ContextServiceHandler = (*contextRelay)(nil)
+var _ shimv2connect.ContextServiceHandler = (*contextRelay)(nil)
 
 // require refuses agents that predate ContextService.
 func (r *contextRelay) require() error {
@@ -91,100 +92,113 @@ func checkInfo(in *agentv1.ContextInfo) error {
 
 func badGuest(err error) error { return connect.NewError(connect.CodeUnavailable, err) }
 
-func (r *contextRelay) Create(ctx context.Context, req *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
+// wireContextInfo maps a checked guest ContextInfo.
+func wireContextInfo(in *agentv1.ContextInfo) *shimv2.ContextInfo {
+	return &shimv2.ContextInfo{Id: in.GetId(), Language: in.GetLanguage(), Cwd: in.GetCwd(),
+		CreatedUnixNano: in.GetCreatedUnixNano(), State: in.GetState(), IsDefault: in.GetIsDefault()}
+}
+
+func (r *contextRelay) Create(ctx context.Context, req *connect.Request[shimv2.CreateContextRequest]) (*connect.Response[shimv2.ContextInfo], error) {
 	if err := r.require(); err != nil {
 		return nil, err
 	}
-	if err := sandbox.ValidateCreateContext(req.Msg); err != nil {
+	m := req.Msg
+	if err := sandbox.ValidateCreateContext(guest.ContextSpec{ID: m.GetId(), Language: m.GetLanguage(), Cwd: m.GetCwd(), Env: m.GetEnv()}); err != nil {
 		return nil, hostErr(err)
 	}
-	if c := req.Msg.GetCwd(); c != "" {
+	if c := m.GetCwd(); c != "" {
 		if err := ValidateGuestPath(c); err != nil {
 			return nil, invalid(fmt.Errorf("cwd: %w", err))
 		}
 	}
-	req.Msg.Env = withDefaults(r.env, req.Msg.GetEnv())
-	resp, err := r.agent.Contexts.Create(ctx, req)
+	resp, err := r.agent.Contexts.Create(ctx, connect.NewRequest(&agentv1.CreateContextRequest{
+		Language: m.GetLanguage(), Id: m.GetId(), Cwd: m.GetCwd(), Env: withDefaults(r.env, m.GetEnv()),
+	}))
 	if err != nil {
 		return nil, relayErr("create context", err)
 	}
 	if err := checkInfo(resp.Msg); err != nil {
 		return nil, badGuest(err)
 	}
-	return resp, nil
+	return connect.NewResponse(wireContextInfo(resp.Msg)), nil
 }
 
-func (r *contextRelay) List(ctx context.Context, req *connect.Request[agentv1.ListContextsRequest]) (*connect.Response[agentv1.ListContextsResponse], error) {
+func (r *contextRelay) List(ctx context.Context, _ *connect.Request[shimv2.ListContextsRequest]) (*connect.Response[shimv2.ListContextsResponse], error) {
 	if err := r.require(); err != nil {
 		return nil, err
 	}
-	resp, err := r.agent.Contexts.List(ctx, req)
+	resp, err := r.agent.Contexts.List(ctx, connect.NewRequest(&agentv1.ListContextsRequest{}))
 	if err != nil {
 		return nil, relayErr("list contexts", err)
 	}
 	if len(resp.Msg.GetContexts()) > maxContexts {
 		return nil, badGuest(fmt.Errorf("guest listed more than %d contexts", maxContexts))
 	}
+	out := &shimv2.ListContextsResponse{Contexts: make([]*shimv2.ContextInfo, 0, len(resp.Msg.GetContexts()))}
 	for _, in := range resp.Msg.GetContexts() {
 		if err := checkInfo(in); err != nil {
 			return nil, badGuest(err)
 		}
+		out.Contexts = append(out.Contexts, wireContextInfo(in))
 	}
-	return resp, nil
+	return connect.NewResponse(out), nil
 }
 
-func (r *contextRelay) Delete(ctx context.Context, req *connect.Request[agentv1.DeleteContextRequest]) (*connect.Response[agentv1.DeleteContextResponse], error) {
+func (r *contextRelay) Delete(ctx context.Context, req *connect.Request[shimv2.DeleteContextRequest]) (*connect.Response[shimv2.DeleteContextResponse], error) {
 	if err := r.require(); err != nil {
 		return nil, err
 	}
 	if err := checkRef(req.Msg.GetId()); err != nil {
 		return nil, err
 	}
-	if _, err := r.agent.Contexts.Delete(ctx, req); err != nil {
+	if _, err := r.agent.Contexts.Delete(ctx, connect.NewRequest(&agentv1.DeleteContextRequest{Id: req.Msg.GetId()})); err != nil {
 		return nil, relayErr("delete context", err)
 	}
-	return connect.NewResponse(&agentv1.DeleteContextResponse{}), nil
+	return connect.NewResponse(&shimv2.DeleteContextResponse{}), nil
 }
 
-func (r *contextRelay) Restart(ctx context.Context, req *connect.Request[agentv1.RestartContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
+func (r *contextRelay) Restart(ctx context.Context, req *connect.Request[shimv2.RestartContextRequest]) (*connect.Response[shimv2.ContextInfo], error) {
 	if err := r.require(); err != nil {
 		return nil, err
 	}
 	if err := checkRef(req.Msg.GetId()); err != nil {
 		return nil, err
 	}
-	resp, err := r.agent.Contexts.Restart(ctx, req)
+	resp, err := r.agent.Contexts.Restart(ctx, connect.NewRequest(&agentv1.RestartContextRequest{Id: req.Msg.GetId()}))
 	if err != nil {
 		return nil, relayErr("restart context", err)
 	}
 	if err := checkInfo(resp.Msg); err != nil {
 		return nil, badGuest(err)
 	}
-	return resp, nil
+	return connect.NewResponse(wireContextInfo(resp.Msg)), nil
 }
 
-func (r *contextRelay) Interrupt(ctx context.Context, req *connect.Request[agentv1.InterruptContextRequest]) (*connect.Response[agentv1.InterruptContextResponse], error) {
+func (r *contextRelay) Interrupt(ctx context.Context, req *connect.Request[shimv2.InterruptContextRequest]) (*connect.Response[shimv2.InterruptContextResponse], error) {
 	if err := r.require(); err != nil {
 		return nil, err
 	}
 	if err := checkRef(req.Msg.GetId()); err != nil {
 		return nil, err
 	}
-	if _, err := r.agent.Contexts.Interrupt(ctx, req); err != nil {
+	if _, err := r.agent.Contexts.Interrupt(ctx, connect.NewRequest(&agentv1.InterruptContextRequest{Id: req.Msg.GetId()})); err != nil {
 		return nil, relayErr("interrupt context", err)
 	}
-	return connect.NewResponse(&agentv1.InterruptContextResponse{}), nil
+	return connect.NewResponse(&shimv2.InterruptContextResponse{}), nil
 }
 
 // Run relays one run, applying runGuard's limits.
-func (r *contextRelay) Run(ctx context.Context, req *connect.Request[agentv1.RunCodeRequest], out *connect.ServerStream[agentv1.RunCodeEvent]) error {
+func (r *contextRelay) Run(ctx context.Context, req *connect.Request[shimv2.RunCodeRequest], out *connect.ServerStream[shimv2.CodeEvent]) error {
 	if err := r.require(); err != nil {
 		return err
 	}
-	msg := req.Msg
-	if err := sandbox.ValidateRunCode(msg); err != nil {
+	m := req.Msg
+	if err := sandbox.ValidateRunCode(guest.CodeRequest{ContextID: m.GetContextId(), Language: m.GetLanguage(), Code: m.GetCode(),
+		Timeout: time.Duration(m.GetTimeoutMs()) * time.Millisecond}); err != nil {
 		return hostErr(err)
 	}
+	msg := &agentv1.RunCodeRequest{ContextId: m.GetContextId(), Language: m.GetLanguage(), Code: m.GetCode(),
+		TimeoutMs: m.GetTimeoutMs(), MaxOutputBytes: m.GetMaxOutputBytes()}
 	if limit := msg.GetMaxOutputBytes(); limit == 0 || limit > sandbox.MaxCodeOutputBytes {
 		msg.MaxOutputBytes = sandbox.MaxCodeOutputBytes
 	}
@@ -199,7 +213,7 @@ func (r *contextRelay) Run(ctx context.Context, req *connect.Request[agentv1.Run
 	in, err := r.agent.Contexts.Run(ctx, connect.NewRequest(msg))
 	if err != nil {
 		if g.hostTimedOut.Load() {
-			return out.Send(g.madeUpEnd())
+			return out.Send(wireCodeEvent(g.madeUpEnd()))
 		}
 		return relayErr("run code", err)
 	}
@@ -209,7 +223,7 @@ func (r *contextRelay) Run(ctx context.Context, req *connect.Request[agentv1.Run
 		if ev == nil {
 			continue
 		}
-		if err := out.Send(ev); err != nil {
+		if err := out.Send(wireCodeEvent(ev)); err != nil {
 			return err
 		}
 		if done {
@@ -217,12 +231,32 @@ func (r *contextRelay) Run(ctx context.Context, req *connect.Request[agentv1.Run
 		}
 	}
 	if g.hostTimedOut.Load() {
-		return out.Send(g.madeUpEnd())
+		return out.Send(wireCodeEvent(g.madeUpEnd()))
 	}
 	if err := in.Err(); err != nil {
 		return relayErr("run code", err)
 	}
 	return connect.NewError(connect.CodeUnavailable, errors.New("guest ended the run without an end event"))
+}
+
+// wireCodeEvent maps an event runGuard.filter admitted (or made up).
+func wireCodeEvent(ev *agentv1.RunCodeEvent) *shimv2.CodeEvent {
+	switch e := ev.GetEvent().(type) {
+	case *agentv1.RunCodeEvent_Stdout:
+		return &shimv2.CodeEvent{Event: &shimv2.CodeEvent_Stdout{Stdout: e.Stdout}}
+	case *agentv1.RunCodeEvent_Stderr:
+		return &shimv2.CodeEvent{Event: &shimv2.CodeEvent_Stderr{Stderr: e.Stderr}}
+	case *agentv1.RunCodeEvent_Result:
+		return &shimv2.CodeEvent{Event: &shimv2.CodeEvent_Result{Result: &shimv2.CodeResult{Data: e.Result.GetData(), Main: e.Result.GetIsMainResult()}}}
+	case *agentv1.RunCodeEvent_Error:
+		return &shimv2.CodeEvent{Event: &shimv2.CodeEvent_Error{Error: &shimv2.CodeError{
+			Name: e.Error.GetName(), Value: e.Error.GetValue(), Traceback: e.Error.GetTraceback()}}}
+	case *agentv1.RunCodeEvent_End:
+		return &shimv2.CodeEvent{Event: &shimv2.CodeEvent_End{End: &shimv2.CodeEnd{
+			TimedOut: e.End.GetTimedOut(), Truncated: e.End.GetTruncated(), DurationMs: e.End.GetDurationMs(),
+			ExecutionCount: e.End.GetExecutionCount(), ContextId: e.End.GetContextId()}}}
+	}
+	return &shimv2.CodeEvent{}
 }
 
 // runGuard applies the host-side limits to one run's events.

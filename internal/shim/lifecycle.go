@@ -16,7 +16,8 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -54,6 +55,12 @@ func (a *activity) track(h http.Handler) http.Handler {
 			_, _ = w.Write([]byte(`{"code":"unavailable","message":"the sandbox is pausing; retry"}`))
 			return
 		}
+		if r.URL.Path == shimv2connect.LifecycleServiceStatsProcedure {
+			// Looking is not activity: a poller must not keep the
+			// sandbox from idling.
+			h.ServeHTTP(w, r)
+			return
+		}
 		a.begin()
 		defer a.end()
 		h.ServeHTTP(w, r)
@@ -67,16 +74,22 @@ type pauseReq struct {
 }
 
 type pauseResult struct {
-	resp *shimv1.PauseResponse
+	resp *shimv2.PauseResponse
 	err  error
 }
 
-// lifecycleService serves LifecycleService on shim.sock.
+// lifecycleService serves LifecycleService (proto/airlock/shim/v2) on
+// shim.sock: Pause and Shutdown go to the shim's main loop; Touch and Stats
+// are answered here, without the guest.
 type lifecycleService struct {
 	s *shim
+	// since is when the guest started running under this shim.
+	since time.Time
 }
 
-func (l lifecycleService) Pause(ctx context.Context, req *connect.Request[shimv1.PauseRequest]) (*connect.Response[shimv1.PauseResponse], error) {
+var _ shimv2connect.LifecycleServiceHandler = lifecycleService{}
+
+func (l lifecycleService) Pause(ctx context.Context, req *connect.Request[shimv2.PauseRequest]) (*connect.Response[shimv2.PauseResponse], error) {
 	r := pauseReq{force: req.Msg.GetForce(), reply: make(chan pauseResult, 1)}
 	select {
 	case l.s.pauseReq <- r:
@@ -88,6 +101,37 @@ func (l lifecycleService) Pause(ctx context.Context, req *connect.Request[shimv1
 		return nil, res.err
 	}
 	return connect.NewResponse(res.resp), nil
+}
+
+// Shutdown asks the main loop to delete the sandbox (teardown, then the
+// shim exits); it does not wait for it.
+func (l lifecycleService) Shutdown(context.Context, *connect.Request[shimv2.ShutdownRequest]) (*connect.Response[shimv2.ShutdownResponse], error) {
+	l.s.stopOnce.Do(func() { close(l.s.stopReq) })
+	return connect.NewResponse(&shimv2.ShutdownResponse{}), nil
+}
+
+// Touch is activity: the request itself (activity.track) and an explicit
+// touch, for a handler that would run outside track.
+func (l lifecycleService) Touch(context.Context, *connect.Request[shimv2.TouchRequest]) (*connect.Response[shimv2.TouchResponse], error) {
+	l.s.act.touch()
+	return connect.NewResponse(&shimv2.TouchResponse{}), nil
+}
+
+// Stats reports the shim's own counters.
+func (l lifecycleService) Stats(context.Context, *connect.Request[shimv2.StatsRequest]) (*connect.Response[shimv2.StatsResponse], error) {
+	s := l.s
+	resp := &shimv2.StatsResponse{
+		Runtime: s.cfg.Runtime.Name(), Accel: s.accel, RunningSinceUnixNano: l.since.UnixNano(),
+		// Stats requests are not tracked (see activity.track).
+		RequestsInFlight: uint32(max(s.act.inflight.Load(), 0)), LastActivityUnixNano: s.act.last.Load(),
+	}
+	if s.execs != nil {
+		resp.RunningExecs = uint32(s.execs.Running())
+	}
+	if s.net != nil {
+		resp.InboundConnections = uint32(max(s.net.inbound.Load(), 0))
+	}
+	return connect.NewResponse(resp), nil
 }
 
 // preconditions for pause: nothing in flight that a pause would cut off
@@ -139,7 +183,7 @@ func (s *shim) busy() int64 {
 // Pause request, 0 for an idle pause). fatal reports an error after which
 // the sandbox cannot go on running (its agent channel is closed or its VMM
 // gone): the caller must fail it.
-func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv1.PauseResponse, fatal bool, err error) {
+func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.PauseResponse, fatal bool, err error) {
 	if err := s.pauseCheck(force, own); err != nil {
 		return nil, false, err
 	}
@@ -195,7 +239,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv1.P
 		return nil, true, fmt.Errorf("record paused: %w", err)
 	}
 	s.log.Info("paused", "save", saveDur, "total", time.Since(t0), "state_bytes", size)
-	return &shimv1.PauseResponse{StateBytes: size, SaveMs: saveDur.Milliseconds()}, false, nil
+	return &shimv2.PauseResponse{StateBytes: size, SaveMs: saveDur.Milliseconds()}, false, nil
 }
 
 // resumeSpec checks a paused sandbox's saved state and fills spec to

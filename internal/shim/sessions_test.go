@@ -100,9 +100,9 @@ func (h *harness) manager() *sandbox.Manager {
 // stop shuts the sandbox down through its shim and waits for the shim.
 func (h *harness) stop(t *testing.T) {
 	t.Helper()
-	c, closeFn := sandbox.ShimClient(h.l.Socket(h.id))
-	defer closeFn()
-	if _, err := c.Agent.Shutdown(context.Background(), connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true})); err != nil {
+	c := shimclient.New(h.l.Socket(h.id))
+	defer c.Close()
+	if err := c.Shutdown(context.Background()); err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
 	h.wait(t)

@@ -6,11 +6,12 @@
 //   - start: the manager creates the catalog row (state creating) and the
 //     sandbox dir, then starts the shim detached with fd 3 a pipe. The shim
 //     takes an exclusive flock on shim.lock (held until it exits), boots or
-//     restores the guest, serves the agent services on shim.sock, marks the
+//     restores the guest, serves its services on shim.sock, marks the
 //     row running and writes "ok\n" to fd 3; on failure it marks the row
 //     failed and writes "error: <reason>\n".
-//   - delete: AgentService.Shutdown on shim.sock stops the guest; the shim
-//     exits and the manager removes the files and the row.
+//   - delete: LifecycleService.Shutdown (proto/airlock/shim/v2) on
+//     shim.sock stops the guest; the shim exits and the manager removes the
+//     files and the row.
 //   - lifetime: at the row's expires_at (re-read every second, so
 //     store.SetExpiry moves it) the shim stops the guest and deletes the
 //     sandbox itself.
@@ -45,11 +46,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
-	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv1/shimv1connect"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -496,7 +495,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	return nil
 }
 
-// serve listens on shim.sock and relays the agent services.
+// serve listens on shim.sock and serves the shim's services.
 func (s *shim) serve() error {
 	sock := s.l.Socket(s.cfg.ID)
 	_ = os.Remove(sock)
@@ -506,17 +505,14 @@ func (s *shim) serve() error {
 	}
 	_ = os.Chmod(sock, 0o600)
 	env := envList(s.env)
-	r := &relay{agent: s.agent, env: env, shutdown: func(context.Context) error {
-		s.stopOnce.Do(func() { close(s.stopReq) })
-		return nil
-	}}
 	mux := http.NewServeMux()
-	mux.Handle(agentv1connect.NewAgentServiceHandler(r))
-	mux.Handle(agentv1connect.NewFileServiceHandler(r))
-	mux.Handle(agentv1connect.NewContextServiceHandler(&contextRelay{agent: s.agent, env: env}))
+	// The shim's own contract (proto/airlock/shim/v2), mapped to the guest
+	// protocol inside.
+	mux.Handle(shimv2connect.NewFileServiceHandler(fileService{agent: s.agent}))
+	mux.Handle(shimv2connect.NewContextServiceHandler(&contextRelay{agent: s.agent, env: env}))
+	mux.Handle(shimv2connect.NewLifecycleServiceHandler(lifecycleService{s: s, since: time.Now()}))
 	s.execs = newSessions(s.agent, s.st, s.cfg.ID, env, s.log)
 	mux.Handle(shimv2connect.NewExecServiceHandler(execService{t: s.execs, log: s.log}, connect.WithReadMaxBytes(maxInputMessage)))
-	mux.Handle(shimv1connect.NewLifecycleServiceHandler(lifecycleService{s: s}))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	s.srv = &http.Server{Handler: s.act.track(mux), Protocols: &p, ReadHeaderTimeout: 10 * time.Second}

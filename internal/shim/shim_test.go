@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,12 +16,16 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
@@ -102,9 +109,7 @@ func TestShimServesExecAndStops(t *testing.T) {
 	if err != nil || sb.State != store.StateRunning || sb.StartMode != "template" {
 		t.Fatalf("after start: %+v %v", sb, err)
 	}
-	c, closeFn := sandbox.ShimClient(h.l.Socket(h.id))
 	sc := shimclient.New(h.l.Socket(h.id))
-	defer sc.Close()
 	var out bytes.Buffer
 	ex, err := runStream(ctx, sc, guest.ExecSpec{Argv: []string{"echo", "hello"}}, &out)
 	if err != nil || ex.Code != 0 || out.String() != "hello\n" {
@@ -115,14 +120,20 @@ func TestShimServesExecAndStops(t *testing.T) {
 		t.Fatalf("exit 7: %v %v", ex, err)
 	}
 	// Host-side path validation happens before the guest sees anything.
-	_, err = c.Files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: "../etc/passwd"}))
+	files := shimv2connect.NewFileServiceClient(h2c(t, h.l.Socket(h.id)), "http://shim")
+	_, err = files.Stat(ctx, connect.NewRequest(&shimv2.StatFileRequest{Path: "../etc/passwd"}))
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("relative path: %v", err)
 	}
-	if _, err := c.Agent.Shutdown(ctx, connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true})); err != nil {
+	// The guest's own services are not served on the shim socket.
+	agent := agentv1connect.NewAgentServiceClient(h2c(t, h.l.Socket(h.id)), "http://shim")
+	if _, err := agent.Shutdown(ctx, connect.NewRequest(&agentv1.ShutdownRequest{Poweroff: true})); connect.CodeOf(err) != connect.CodeUnimplemented {
+		t.Fatalf("agent shutdown on the shim socket: %v", err)
+	}
+	if err := sc.Shutdown(ctx); err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
-	closeFn()
+	sc.Close()
 	h.wait(t)
 	if _, err := os.Stat(h.l.RootDisk(h.id)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("root disk left after stop: %v", err)
@@ -155,4 +166,16 @@ func TestShimRemovesSandboxAtLifetime(t *testing.T) {
 	if _, err := os.Stat(h.l.Dir(h.id)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("dir after lifetime: %v", err)
 	}
+}
+
+// h2c returns a plain HTTP/2 client of the shim socket sock, for tests that
+// speak a service's wire form directly.
+func h2c(t *testing.T, sock string) *http.Client {
+	t.Helper()
+	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
 }

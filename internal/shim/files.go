@@ -1,0 +1,171 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
+)
+
+// fileService serves the shim's FileService (proto/airlock/shim/v2) by
+// mapping it to the guest's: paths are validated before the guest sees
+// them, the guest's replies come through the host-side agent client (which
+// caps message sizes), and its error text is bounded.
+type fileService struct {
+	agent *agentapi.Client
+}
+
+var _ shimv2connect.FileServiceHandler = fileService{}
+
+// wireFileType maps the guest's file type to the shim's.
+func wireFileType(t agentv1.FileType) shimv2.FileType {
+	switch t {
+	case agentv1.FileType_FILE_TYPE_REGULAR:
+		return shimv2.FileType_FILE_TYPE_REGULAR
+	case agentv1.FileType_FILE_TYPE_DIRECTORY:
+		return shimv2.FileType_FILE_TYPE_DIRECTORY
+	case agentv1.FileType_FILE_TYPE_SYMLINK:
+		return shimv2.FileType_FILE_TYPE_SYMLINK
+	case agentv1.FileType_FILE_TYPE_OTHER:
+		return shimv2.FileType_FILE_TYPE_OTHER
+	}
+	return shimv2.FileType_FILE_TYPE_UNSPECIFIED
+}
+
+// wireFileInfo maps a guest FileInfo (nil stays nil).
+func wireFileInfo(in *agentv1.FileInfo) *shimv2.FileInfo {
+	if in == nil {
+		return nil
+	}
+	return &shimv2.FileInfo{
+		Path: in.GetPath(), Name: in.GetName(), Type: wireFileType(in.GetType()), Size: in.GetSize(), Mode: in.GetMode(),
+		MtimeUnixNano: in.GetMtimeUnixNano(), Uid: in.GetUid(), Gid: in.GetGid(), SymlinkTarget: in.GetSymlinkTarget(),
+	}
+}
+
+func checkPath(p string) error {
+	if err := ValidateGuestPath(p); err != nil {
+		return invalid(err)
+	}
+	return nil
+}
+
+func (f fileService) Stat(ctx context.Context, req *connect.Request[shimv2.StatFileRequest]) (*connect.Response[shimv2.StatFileResponse], error) {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return nil, err
+	}
+	resp, err := f.agent.Files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: req.Msg.GetPath()}))
+	if err != nil {
+		return nil, relayErr("stat", err)
+	}
+	return connect.NewResponse(&shimv2.StatFileResponse{Info: wireFileInfo(resp.Msg.GetInfo())}), nil
+}
+
+func (f fileService) List(ctx context.Context, req *connect.Request[shimv2.ListFilesRequest]) (*connect.Response[shimv2.ListFilesResponse], error) {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return nil, err
+	}
+	resp, err := f.agent.Files.List(ctx, connect.NewRequest(&agentv1.ListRequest{Path: req.Msg.GetPath(), Depth: req.Msg.GetDepth()}))
+	if err != nil {
+		return nil, relayErr("list", err)
+	}
+	out := &shimv2.ListFilesResponse{Truncated: resp.Msg.GetTruncated(), Entries: make([]*shimv2.FileInfo, 0, len(resp.Msg.GetEntries()))}
+	for _, e := range resp.Msg.GetEntries() {
+		out.Entries = append(out.Entries, wireFileInfo(e))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (f fileService) Mkdir(ctx context.Context, req *connect.Request[shimv2.MkdirRequest]) (*connect.Response[shimv2.MkdirResponse], error) {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return nil, err
+	}
+	if _, err := f.agent.Files.Mkdir(ctx, connect.NewRequest(&agentv1.MkdirRequest{Path: req.Msg.GetPath(), Parents: req.Msg.GetParents(), Mode: req.Msg.GetMode()})); err != nil {
+		return nil, relayErr("mkdir", err)
+	}
+	return connect.NewResponse(&shimv2.MkdirResponse{}), nil
+}
+
+func (f fileService) Remove(ctx context.Context, req *connect.Request[shimv2.RemoveFileRequest]) (*connect.Response[shimv2.RemoveFileResponse], error) {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return nil, err
+	}
+	if _, err := f.agent.Files.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: req.Msg.GetPath(), Recursive: req.Msg.GetRecursive()})); err != nil {
+		return nil, relayErr("remove", err)
+	}
+	return connect.NewResponse(&shimv2.RemoveFileResponse{}), nil
+}
+
+func (f fileService) Read(ctx context.Context, req *connect.Request[shimv2.ReadFileRequest], out *connect.ServerStream[shimv2.ReadFileResponse]) error {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return err
+	}
+	in, err := f.agent.Files.Read(ctx, connect.NewRequest(&agentv1.ReadRequest{Path: req.Msg.GetPath()}))
+	if err != nil {
+		return relayErr("read", err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		var msg *shimv2.ReadFileResponse
+		switch m := in.Msg().GetMsg().(type) {
+		case *agentv1.ReadResponse_Info:
+			msg = &shimv2.ReadFileResponse{Msg: &shimv2.ReadFileResponse_Info{Info: wireFileInfo(m.Info)}}
+		case *agentv1.ReadResponse_Data:
+			msg = &shimv2.ReadFileResponse{Msg: &shimv2.ReadFileResponse_Data{Data: m.Data}}
+		default:
+			continue // unknown message from a newer or hostile agent
+		}
+		if err := out.Send(msg); err != nil {
+			return err
+		}
+	}
+	if err := in.Err(); err != nil {
+		return relayErr("read", err)
+	}
+	return nil
+}
+
+func (f fileService) Write(ctx context.Context, in *connect.ClientStream[shimv2.WriteFileRequest]) (*connect.Response[shimv2.WriteFileResponse], error) {
+	if !in.Receive() {
+		return nil, invalid(fmt.Errorf("read write header: %w", in.Err()))
+	}
+	h := in.Msg().GetHeader()
+	if h == nil {
+		return nil, invalid(errors.New("first write message must be the header"))
+	}
+	if err := checkPath(h.GetPath()); err != nil {
+		return nil, err
+	}
+	out := f.agent.Files.Write(ctx)
+	if err := out.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Header{Header: &agentv1.WriteHeader{
+		Path: h.GetPath(), Mode: h.GetMode(), Parents: h.GetParents(),
+	}}}); err != nil {
+		_, rerr := out.CloseAndReceive()
+		return nil, relayErr("write", errors.Join(err, rerr))
+	}
+	for in.Receive() {
+		data := in.Msg().GetData()
+		if data == nil {
+			continue
+		}
+		if err := out.Send(&agentv1.WriteRequest{Msg: &agentv1.WriteRequest_Data{Data: data}}); err != nil {
+			break // the real error comes from CloseAndReceive
+		}
+	}
+	if err := in.Err(); err != nil {
+		// The client went away mid-upload: abandon so the guest keeps the
+		// old file.
+		return nil, relayErr("write", err)
+	}
+	resp, err := out.CloseAndReceive()
+	if err != nil {
+		return nil, relayErr("write", err)
+	}
+	return connect.NewResponse(&shimv2.WriteFileResponse{BytesWritten: resp.Msg.GetBytesWritten()}), nil
+}

@@ -1,0 +1,62 @@
+package shimclient
+
+import (
+	"context"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
+)
+
+// lifecycle returns a LifecycleService client on c's connection.
+func (c *Client) lifecycle() shimv2connect.LifecycleServiceClient {
+	return shimv2connect.NewLifecycleServiceClient(c.hc, baseURL, clientOptions()...)
+}
+
+// Pause saves the sandbox and ends its VMM and shim; it returns once the
+// state is saved, before the shim is gone. Errors: ErrFailedPrecondition
+// (work in flight without force, secrets, not running), ErrUnsupported
+// (the runtime cannot pause), ErrUnavailable.
+func (c *Client) Pause(ctx context.Context, force bool) (guest.PauseResult, error) {
+	resp, err := c.lifecycle().Pause(ctx, connect.NewRequest(&shimv2.PauseRequest{Force: force}))
+	if err != nil {
+		return guest.PauseResult{}, wireErr(ctx, "pause", err)
+	}
+	return guest.PauseResult{StateBytes: resp.Msg.GetStateBytes(), Save: time.Duration(resp.Msg.GetSaveMs()) * time.Millisecond}, nil
+}
+
+// Shutdown asks the shim to delete the sandbox (stop the guest, free its
+// resources, exit). It returns before the shim is gone.
+func (c *Client) Shutdown(ctx context.Context) error {
+	if _, err := c.lifecycle().Shutdown(ctx, connect.NewRequest(&shimv2.ShutdownRequest{})); err != nil {
+		return wireErr(ctx, "shutdown", err)
+	}
+	return nil
+}
+
+// Touch counts as activity for the sandbox's idle-pause timer; the guest
+// is not involved.
+func (c *Client) Touch(ctx context.Context) error {
+	if _, err := c.lifecycle().Touch(ctx, connect.NewRequest(&shimv2.TouchRequest{})); err != nil {
+		return wireErr(ctx, "touch", err)
+	}
+	return nil
+}
+
+// Stats returns what the shim knows of the sandbox without the guest. It
+// is not activity: polling it does not keep the sandbox from idling.
+func (c *Client) Stats(ctx context.Context) (guest.Stats, error) {
+	resp, err := c.lifecycle().Stats(ctx, connect.NewRequest(&shimv2.StatsRequest{}))
+	if err != nil {
+		return guest.Stats{}, wireErr(ctx, "stats", err)
+	}
+	m := resp.Msg
+	return guest.Stats{
+		Runtime: m.GetRuntime(), Accel: m.GetAccel(), RunningSince: time.Unix(0, m.GetRunningSinceUnixNano()),
+		RunningExecs: int(m.GetRunningExecs()), RequestsInFlight: int(m.GetRequestsInFlight()),
+		InboundConnections: int(m.GetInboundConnections()), LastActivity: time.Unix(0, m.GetLastActivityUnixNano()),
+	}, nil
+}
