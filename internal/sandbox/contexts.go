@@ -233,17 +233,3 @@ func (m *Manager) RunCode(ctx context.Context, c Caller, sandboxID string, req g
 	}
 	return sc.RunCode(ctx, req, fn)
 }
-
-// withClient calls call with a client that open makes for a running
-// sandbox, closing it after; an error from call is categorised as step.
-func withClient[C any](ctx context.Context, open func(context.Context, string) (C, func(), error), sandboxID, step string, call func(C) error) error {
-	c, closeFn, err := open(ctx, sandboxID)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	if err := call(c); err != nil {
-		return shimErr(ctx, step, err)
-	}
-	return nil
-}

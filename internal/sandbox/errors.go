@@ -43,33 +43,3 @@ func shimErr(ctx context.Context, step string, err error) error {
 	}
 	return fmt.Errorf("%w: %s: %s", category(connect.CodeOf(err)), step, msg)
 }
-
-// msgStream is the receiving side of a server stream from a shim.
-type msgStream[T any] interface {
-	Receive() bool
-	Msg() *T
-	Err() error
-}
-
-// pump calls fn for each message of st, skipping those skip reports, until
-// last reports the final one (then it returns nil). Errors from fn are
-// returned as they are; a broken stream is categorised as step, and a
-// stream that ends early is ErrUnavailable saying it ended without final.
-func pump[T any](ctx context.Context, step, final string, st msgStream[T], fn func(*T) error, skip, last func(*T) bool) error {
-	for st.Receive() {
-		msg := st.Msg()
-		if skip != nil && skip(msg) {
-			continue
-		}
-		if err := fn(msg); err != nil {
-			return err
-		}
-		if last(msg) {
-			return nil
-		}
-	}
-	if err := st.Err(); err != nil {
-		return shimErr(ctx, step, err)
-	}
-	return fmt.Errorf("%w: %s: the stream ended without %s", errdefs.ErrUnavailable, step, final)
-}

@@ -269,7 +269,7 @@ func warmExec(ctx context.Context, c *agentapi.Client, argv []string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st := c.Exec.Exec(ctx)
-	defer st.CloseResponse()
+	defer func() { _ = st.CloseResponse() }()
 	if err := st.Send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{Argv: argv, TimeoutMs: 60000}}}); err != nil {
 		return err
 	}

@@ -107,12 +107,16 @@ func TestContextsThroughShimAndManager(t *testing.T) {
 	if _, err := m.CreateContext(ctx, sandbox.Local(), h.id, guest.ContextSpec{ID: "js1"}); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("duplicate id: %v", err)
 	}
-	runCode(t, m, h.id, guest.CodeRequest{Code: "let y = 5", ContextID: "js1"})
+	if _, err := runCode(t, m, h.id, guest.CodeRequest{Code: "let y = 5", ContextID: "js1"}); err != nil {
+		t.Fatal(err)
+	}
 	r, _ = runCode(t, m, h.id, guest.CodeRequest{Code: "y * 3", ContextID: "js1"})
 	if len(r.results) != 1 || string(r.results[0].Data["text/plain"]) != "15" {
 		t.Fatalf("js state: %v", r.results)
 	}
-	runCode(t, m, h.id, guest.CodeRequest{Code: "n=4", Language: "bash"})
+	if _, err := runCode(t, m, h.id, guest.CodeRequest{Code: "n=4", Language: "bash"}); err != nil {
+		t.Fatal(err)
+	}
 	r, _ = runCode(t, m, h.id, guest.CodeRequest{Code: "echo $n", Language: "bash"})
 	if r.stdout.String() != "4\n" {
 		t.Fatalf("bash state: %q", r.stdout.String())

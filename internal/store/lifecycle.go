@@ -104,7 +104,7 @@ func (s *Store) Transition(ctx context.Context, id string, c Change) (Sandbox, e
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	var cur string
 	var gen int64
 	err = tx.QueryRowContext(ctx, `SELECT state, gen FROM sandboxes WHERE id = ?`, id).Scan(&cur, &gen)

@@ -62,7 +62,7 @@ func (s *Store) AddRefs(ctx context.Context, holder Obj, role Role, targets ...O
 	if err != nil {
 		return fmt.Errorf("add refs: %w", err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	if err := addRefs(ctx, tx, holder, role, targets, true); err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func (s *Store) Collect(ctx context.Context, candidates []Obj) ([]Obj, error) {
 	if err != nil {
 		return nil, fmt.Errorf("collect: %w", err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	released := map[Obj]bool{}
 	var out []Obj
 	for changed := true; changed; {

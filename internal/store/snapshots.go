@@ -40,7 +40,7 @@ func (s *Store) PutSnapshot(ctx context.Context, sn Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("record snapshot: %w", err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	if err := putSnapshot(ctx, tx, sn); err != nil {
 		return err
 	}
@@ -124,7 +124,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, tenant, name string) (Snapsh
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("delete snapshot: %w", err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	sn, err := scanSnapshot(tx.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE tenant = ? AND name = ?`, tenant, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return sn, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
@@ -162,7 +162,7 @@ func (s *Store) RecordSnapshot(ctx context.Context, sn Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("record snapshot: %w", err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	if err := putSnapshot(ctx, tx, sn); err != nil {
 		return err
 	}

@@ -448,7 +448,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	if _, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
