@@ -174,7 +174,7 @@ type session struct {
 	host     string   // normalised SNI
 	inject   injector // secrets bound to host
 	foreign  map[string]string
-	scanner  *Scanner // placeholders of secrets not bound to host
+	scanner  *Scanner  // placeholders of secrets not bound to host
 	scrub    *replacer // value rules, and the credentials built so far (at most maxCredentials)
 	ncreds   int
 	guest    *tls.Conn
