@@ -54,7 +54,12 @@ func (in injector) headerValue(name, v string, used []bool) (string, *credential
 			cred = strings.TrimLeft(cred, " ")
 			if dec, err := base64.StdEncoding.DecodeString(cred); err == nil {
 				if s := in.replace(string(dec), nil, used); s != string(dec) {
-					return scheme + " " + base64.StdEncoding.EncodeToString([]byte(s)), &credential{guest: string(dec), sent: s}
+					// A value with a colon in the user-id would move the
+					// split between user-id and password (RFC 7617), and a
+					// host echoing the two would hand back pieces of it.
+					user, _, _ := strings.Cut(string(dec), ":")
+					colon := strings.Contains(in.replace(user, nil, make([]bool, len(in.bound))), ":")
+					return scheme + " " + base64.StdEncoding.EncodeToString([]byte(s)), &credential{guest: string(dec), sent: s, colonInUser: colon}
 				}
 			}
 		}

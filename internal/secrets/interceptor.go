@@ -345,6 +345,11 @@ func (s *session) serveRequest() (again bool, err error) {
 
 	injected, creds := s.inject.request(req)
 	for _, c := range creds {
+		if c.colonInUser {
+			return false, s.refuse(refuse(http.StatusBadRequest, "a secret whose value has a colon cannot be the user-id of a Basic credential"), ev)
+		}
+	}
+	for _, c := range creds {
 		if s.ncreds < maxCredentials {
 			s.ncreds++
 			s.scrub = s.scrub.with(credentialRules(c))

@@ -61,6 +61,7 @@ func valueRules(bindings []Binding) []rule {
 // values (as the upstream received it).
 type credential struct {
 	guest, sent string
+	colonInUser bool // a value with a colon was put in the user-id
 }
 
 // credentialRules scrubs the exact encodings of a credential, restoring the
@@ -241,71 +242,83 @@ func lowerPercent(s string) string {
 	return string(b)
 }
 
-// jsonForms returns the forms s takes inside a JSON string as common
-// encoders write it, those that differ from s: minimal escaping (`\"`,
-// `\\`; Python, JavaScript, Go without HTML escaping), Go's default (also
-// `\u003c`, `\u003e`, `\u0026`), PHP's (also `\/`), .NET's (also `+`, `'`,
-// backquote and HTML characters as upper-case `\u00XX`), and, for a value
-// with non-ASCII characters, each of those with every non-ASCII character
-// as `\uXXXX` (Python's ensure_ascii; lower and upper-case hex).
+// jsonForms returns the forms s takes inside a JSON string as encoders
+// write it, those that differ from s. Backslash is always `\\`; each other
+// character an encoder may escape is written, consistently within one
+// form, in each way encoders use: `"` as `\"` or `\u0022`; `/` raw or `\/`
+// (PHP); `<`, `>`, `&` raw or `\u003c` (Go) or `\u003C` (.NET); `+` raw or
+// `\u002b` or `\u002B` (.NET); `'` and backquote raw or `\u0027`,
+// `\u0060`; non-ASCII characters raw or `\uXXXX` in either case (Python's
+// ensure_ascii). Only the classes s holds multiply the forms.
 func jsonForms(s string) []string {
-	type style struct {
-		esc   map[rune]string
-		upper bool // hex case of non-ASCII escapes
+	type class struct {
+		has     func(rune) bool
+		options []func(r rune) (string, bool)
 	}
-	minimal := map[rune]string{'"': `\"`, '\\': `\\`}
-	with := func(extra map[rune]string) map[rune]string {
-		m := map[rune]string{'"': `\"`, '\\': `\\`}
-		for k, v := range extra {
-			m[k] = v
+	hexEsc := func(upper bool) func(rune) (string, bool) {
+		return func(r rune) (string, bool) {
+			format := `\u%04x`
+			if upper {
+				format = `\u%04X`
+			}
+			if r > 0xffff {
+				r -= 0x10000
+				return fmt.Sprintf(format, 0xd800+(r>>10)) + fmt.Sprintf(format, 0xdc00+(r&0x3ff)), true
+			}
+			return fmt.Sprintf(format, r), true
 		}
-		return m
 	}
-	styles := []style{
-		{esc: minimal},
-		{esc: with(map[rune]string{'<': `\u003c`, '>': `\u003e`, '&': `\u0026`, '\u2028': `\u2028`, '\u2029': `\u2029`})},
-		{esc: with(map[rune]string{'/': `\/`})},
-		{esc: with(map[rune]string{'"': `\u0022`, '\'': `\u0027`, '+': `\u002B`, '<': `\u003C`, '>': `\u003E`, '&': `\u0026`, '`': `\u0060`}), upper: true},
-		{esc: with(map[rune]string{'+': `\u002b`})},
+	raw := func(rune) (string, bool) { return "", false }
+	in := func(set string) func(rune) bool { return func(r rune) bool { return strings.ContainsRune(set, r) } }
+	classes := []class{
+		{in(`"`), []func(rune) (string, bool){func(rune) (string, bool) { return `\"`, true }, hexEsc(false), hexEsc(true)}},
+		{in(`\`), []func(rune) (string, bool){func(rune) (string, bool) { return `\\`, true }}},
+		{in("/"), []func(rune) (string, bool){raw, func(rune) (string, bool) { return `\/`, true }}},
+		{in("<>&"), []func(rune) (string, bool){raw, hexEsc(false), hexEsc(true)}},
+		{in("+"), []func(rune) (string, bool){raw, hexEsc(false), hexEsc(true)}},
+		{in("'`"), []func(rune) (string, bool){raw, hexEsc(false)}},
+		{func(r rune) bool { return r >= utf8.RuneSelf }, []func(rune) (string, bool){raw, hexEsc(false), hexEsc(true)}},
+	}
+	var present []class
+	for _, c := range classes {
+		if strings.ContainsFunc(s, c.has) {
+			present = append(present, c)
+		}
 	}
 	seen := map[string]bool{s: true}
 	var out []string
-	add := func(f string) {
-		if !seen[f] {
+	choice := make([]int, len(present))
+	for {
+		var b strings.Builder
+		for _, r := range s {
+			written := false
+			for i, c := range present {
+				if c.has(r) {
+					if e, ok := c.options[choice[i]](r); ok {
+						b.WriteString(e)
+						written = true
+					}
+					break
+				}
+			}
+			if !written {
+				b.WriteRune(r)
+			}
+		}
+		if f := b.String(); !seen[f] {
 			seen[f] = true
 			out = append(out, f)
 		}
-	}
-	nonASCII := strings.ContainsFunc(s, func(r rune) bool { return r >= utf8.RuneSelf })
-	for _, st := range styles {
-		for _, escapeNonASCII := range []bool{false, true} {
-			if escapeNonASCII && !nonASCII {
-				continue
+		// Next combination.
+		i := 0
+		for ; i < len(present); i++ {
+			if choice[i]++; choice[i] < len(present[i].options) {
+				break
 			}
-			var b strings.Builder
-			for _, r := range s {
-				if e, ok := st.esc[r]; ok {
-					b.WriteString(e)
-					continue
-				}
-				if escapeNonASCII && r >= utf8.RuneSelf {
-					format := `\u%04x`
-					if st.upper {
-						format = `\u%04X`
-					}
-					if r > 0xffff {
-						r -= 0x10000
-						fmt.Fprintf(&b, format, 0xd800+(r>>10))
-						fmt.Fprintf(&b, format, 0xdc00+(r&0x3ff))
-						continue
-					}
-					fmt.Fprintf(&b, format, r)
-					continue
-				}
-				b.WriteRune(r)
-			}
-			add(b.String())
+			choice[i] = 0
+		}
+		if i == len(present) {
+			return out
 		}
 	}
-	return out
 }
