@@ -158,6 +158,9 @@ func echoRun(t *testing.T, values [2]string) (got []string, h *harness) {
 	g := h.connect(t, "api.test", nil)
 	for _, format := range []string{"text", "json", "php", "dotnet"} {
 		for _, enc := range []string{"", "gzip", "deflate", "rawdeflate", "askgzip", "big"} {
+			if enc == "big" && format != "json" {
+				continue // the streamed path once is enough
+			}
 			for _, raw := range echoRequests() {
 				extra := "X-Echo-Format: " + format + "\r\n"
 				switch enc {
@@ -264,6 +267,21 @@ func TestInterceptRefusesColonInUserID(t *testing.T) {
 	resp, body := g.do(t, "GET /echo HTTP/1.1\r\nHost: api.test\r\nAuthorization: Basic "+cred+"\r\n\r\n")
 	if resp.StatusCode != http.StatusBadRequest || len(h.seen()) != 0 {
 		t.Fatalf("status %d: %q; upstream saw %d requests", resp.StatusCode, body, len(h.seen()))
+	}
+}
+
+func TestInterceptRefusesPartialToInjected(t *testing.T) {
+	t.Parallel()
+	h := &harness{}
+	h.start(t, echoSecrets(echoValues1), func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Range", "bytes 0-3/10")
+		w.WriteHeader(http.StatusPartialContent)
+		io.WriteString(w, r.Header.Get("Authorization")[7:11])
+	})
+	g := h.connect(t, "api.test", nil)
+	resp, body := g.do(t, "GET /x HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer "+ph1+"\r\n\r\n")
+	if resp.StatusCode != http.StatusBadGateway || strings.Contains(body, echoValues1[0][:4]) {
+		t.Fatalf("status %d: %q", resp.StatusCode, body)
 	}
 }
 
