@@ -42,12 +42,15 @@ func contentCoding(h http.Header) (coding string, ok bool) {
 // newDecoder returns a reader of body decoded from coding ("gzip" or
 // "deflate"). Deflate is the zlib format (RFC 9110), or raw deflate, which
 // some servers send instead, when the first two bytes are not a zlib
-// header. The decoder streams: it holds a window, never the whole body.
+// header. An empty body decodes to an empty body. The decoder streams: it holds a window, never the whole body.
 func newDecoder(coding string, body io.Reader) (io.Reader, error) {
-	if coding == "gzip" {
-		return gzip.NewReader(body)
-	}
 	br := bufio.NewReader(body)
+	if _, err := br.Peek(1); err == io.EOF {
+		return br, nil // an empty body, whatever its coding claims
+	}
+	if coding == "gzip" {
+		return gzip.NewReader(br)
+	}
 	if h, err := br.Peek(2); err == nil && h[0]&0x0f == 8 && (uint(h[0])<<8|uint(h[1]))%31 == 0 {
 		return zlib.NewReader(br)
 	}

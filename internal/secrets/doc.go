@@ -71,6 +71,7 @@
 //     longer decodes to prefix+placeholder+suffix exactly). Runs shorter
 //     than 8 characters (values under about 6 bytes) are not scrubbed in
 //     this form;
+//   - the forms above HTML-escaped (Go's and Python's entities);
 //   - each of these as JSON encoders escape it, in every combination of
 //     the usual escapes (`\"` or `\u0022`, `\/`, `\u003c`/`\u003C` for
 //     `<>&`, `\u002b`/`\u002B` for `+`, `\u0027`, `\uXXXX` for non-ASCII).

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
@@ -73,13 +74,16 @@ func echoHandler(h *harness) http.HandlerFunc {
 		}
 		var out []byte
 		switch format := r.Header.Get("X-Echo-Format"); format {
-		case "text":
+		case "text", "html":
 			var b bytes.Buffer
 			fmt.Fprintf(&b, "%s\n", m["line"])
 			r.Header.Write(&b)
 			fmt.Fprintf(&b, "path=%s rawpath=%s query=%s decoded=%v user=%v password=%v b64=%v\nbody=%s",
 				r.URL.Path, r.URL.RawPath, r.URL.RawQuery, r.URL.Query(), m["user"], m["password"], m["b64"], body)
 			out = b.Bytes()
+			if format == "html" {
+				out = []byte(html.EscapeString(string(out)))
+			}
 		default:
 			var err error
 			if out, err = json.Marshal(m); err != nil {
@@ -156,7 +160,7 @@ func echoRun(t *testing.T, values [2]string) (got []string, h *harness) {
 	h = &harness{}
 	h.start(t, echoSecrets(values), echoHandler(h))
 	g := h.connect(t, "api.test", nil)
-	for _, format := range []string{"text", "json", "php", "dotnet"} {
+	for _, format := range []string{"text", "html", "json", "php", "dotnet"} {
 		for _, enc := range []string{"", "gzip", "deflate", "rawdeflate", "askgzip", "big"} {
 			if enc == "big" && format != "json" {
 				continue // the streamed path once is enough
@@ -282,6 +286,20 @@ func TestInterceptRefusesPartialToInjected(t *testing.T) {
 	resp, body := g.do(t, "GET /x HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer "+ph1+"\r\n\r\n")
 	if resp.StatusCode != http.StatusBadGateway || strings.Contains(body, echoValues1[0][:4]) {
 		t.Fatalf("status %d: %q", resp.StatusCode, body)
+	}
+}
+
+func TestInterceptEmptyEncodedBody(t *testing.T) {
+	t.Parallel()
+	h := &harness{}
+	h.start(t, echoSecrets(echoValues1), func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.(http.Flusher).Flush() // chunked, and empty
+	})
+	g := h.connect(t, "api.test", nil)
+	resp, body := g.do(t, "GET /x HTTP/1.1\r\nHost: api.test\r\n\r\n")
+	if resp.StatusCode != http.StatusOK || body != "" || resp.Header.Get("Content-Encoding") != "" {
+		t.Fatalf("status %d %v: %q", resp.StatusCode, resp.Header, body)
 	}
 }
 

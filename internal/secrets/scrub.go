@@ -3,6 +3,7 @@ package secrets
 import (
 	"encoding/base64"
 	"fmt"
+	"html"
 	"net/url"
 	"strings"
 	"unicode/utf8"
@@ -19,6 +20,7 @@ import (
 //     standard and URL-safe base64, padded and not (see credentialRules);
 //   - the base64 of the value at each of the three byte alignments, in both
 //     alphabets (see b64Rules), whatever precedes or follows it;
+//   - each of these HTML-escaped (Go's and Python's entities);
 //   - each of these as a JSON string escapes it (jsonForms).
 //
 // minB64Core is the shortest run of base64 characters that is scrubbed as
@@ -35,6 +37,10 @@ const (
 	maxCredentials   = 16
 )
 
+// htmlPython escapes as Python's html.escape (Go's html.EscapeString writes
+// &#39; and &#34; instead).
+var htmlPython = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;")
+
 // valueRules returns the scrub rules for every binding's value.
 func valueRules(bindings []Binding) []rule {
 	var rules []rule
@@ -45,6 +51,9 @@ func valueRules(bindings []Binding) []rule {
 			url.PathEscape(b.Value),
 			lowerPercent(url.QueryEscape(b.Value)),
 			lowerPercent(url.PathEscape(b.Value)),
+		}
+		for _, f := range plain[:len(plain):len(plain)] {
+			plain = append(plain, html.EscapeString(f), htmlPython.Replace(f))
 		}
 		for _, f := range plain {
 			for _, j := range append([]string{f}, jsonForms(f)...) {
