@@ -37,19 +37,53 @@
 // Placeholders of secrets bound to the host are replaced by their values in
 // every header value (inside the base64 of an Authorization or
 // Proxy-Authorization "Basic" credential too), in the query (query-escaped)
-// and in the path (path-escaped). Placeholders of any other secret, plain or
-// encoded as the Scanner knows, in the request line, headers or body stop
-// the request ("net.secret.block"): a body of known length up to 1 MiB is
-// read whole and checked before the upstream sees anything; a larger or
-// chunked body is streamed through a [Guard], so the upstream may have
-// received the head and part of the body when the connection is cut. Bodies
-// are never rewritten.
+// and in the path (path-escaped). A value holding a colon is refused as the
+// user-id of a Basic credential (it would move the user-id/password split,
+// and a host echoing the two would return pieces of it). Placeholders of any
+// other secret, plain or encoded as the Scanner knows, in the request line,
+// headers or body stop the request ("net.secret.block"): a body of known
+// length up to 1 MiB is read whole and checked before the upstream sees
+// anything; a larger or chunked body is streamed through a [Guard], so the
+// upstream may have received the head and part of the body when the
+// connection is cut. Bodies are never rewritten.
 //
-// Responses are scrubbed: every real value of the interceptor's secrets in a
-// response header is replaced by its placeholder, and so it is in a body
-// that is not content-encoded (a body of known length up to 1 MiB keeps an
-// exact Content-Length, larger ones are re-framed as chunked). Response
-// trailers are dropped.
+// Every request is sent with "Accept-Encoding: identity" and without TE; a
+// request carrying a value is sent without Range and If-Range (a server may
+// ignore a range, so a client must cope with the whole response), and a 206
+// answer to it is refused with a 502: a range could cut the value into
+// pieces that no scrubber recognises.
+//
+// Responses are scrubbed: in response headers and bodies, every form in
+// which the interceptor put a value on the wire is replaced by the same
+// form of its placeholder (a header whose name carries one is dropped):
+//
+//   - the raw value; its url.QueryEscape and url.PathEscape forms, with
+//     upper- and lower-case hex;
+//   - the exact Basic credentials built for this connection's requests
+//     (the first 16, up to 1 KiB each), in standard and URL-safe base64,
+//     padded or not, which become the guest's own credential again;
+//   - the base64 of the value after any prefix and before any suffix, in
+//     both alphabets and at the three byte alignments: the run of
+//     characters that depends on the value alone is replaced by the
+//     placeholder's run, and the characters on either side, which mix the
+//     value's first or last bits with the prefix or suffix, are rewritten
+//     so that none of the value's bits remain (the surrounding base64 no
+//     longer decodes to prefix+placeholder+suffix exactly). Runs shorter
+//     than 8 characters (values under about 6 bytes) are not scrubbed in
+//     this form;
+//   - the forms above HTML-escaped (Go's and Python's entities);
+//   - each of these as JSON encoders escape it, in every combination of
+//     the usual escapes (`\"` or `\u0022`, `\/`, `\u003c`/`\u003C` for
+//     `<>&`, `\u002b`/`\u002B` for `+`, `\u0027`, `\uXXXX` for non-ASCII).
+//
+// A body with Content-Encoding gzip, x-gzip or deflate (zlib or raw) is
+// decompressed, scrubbed and sent identity-encoded (Content-Encoding,
+// Content-Length and digests of the encoded body removed); decompression is
+// streamed at the pace the guest reads, never buffered beyond 1 MiB. Any
+// other coding (br, zstd, compress, unknown, or two codings) is refused
+// with a 502 and a "net.secret.block" event. A body of known length up to
+// 1 MiB (after decoding) keeps an exact Content-Length, larger ones are
+// re-framed as chunked. Response trailers are dropped.
 //
 // One audit [Event] is emitted per request with an injected value
 // ("net.secret.inject"), per refusal ("net.secret.block") and per TLS or
@@ -61,9 +95,16 @@
 //   - HTTP/2 to the guest (only http/1.1 is offered; the preface is refused)
 //     and HTTP/1.0 requests.
 //   - Protocol upgrades: WebSocket and h2c.
-//   - Scrubbing reflected values from compressed (any Content-Encoding)
-//     response bodies, from encoded forms of a value (base64, percent-
-//     encoding), or from response trailers (they are dropped).
+//   - A host that transforms a value beyond the forms above before
+//     returning it: other encodings (hex, base32, base64 wrapped across
+//     lines or of a percent-encoded form, double escaping, encryption,
+//     compression inside a body, such as a gzip file or a compressed
+//     cookie), or pieces of it (a value split at a delimiter the host
+//     parses, such as ';' in a cookie or ',' in a list header, truncated,
+//     or served in ranges to a later request that carried no value). A
+//     host a secret is bound to is trusted not to do so; an echo of the
+//     request, verbatim or decoded and re-encoded as JSON, is covered.
+//   - Reflected values in response trailers (they are dropped).
 //   - Injection into request bodies, and into encoded placeholders other than
 //     a Basic credential.
 //   - Detection of placeholders hidden by encodings the Scanner does not

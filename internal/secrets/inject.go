@@ -14,12 +14,16 @@ type injector struct {
 }
 
 // request rewrites req in place and returns the names of the secrets it
-// injected, in binding order.
-func (in injector) request(req *http.Request) []string {
+// injected, in binding order, and the Basic credentials it re-encoded.
+func (in injector) request(req *http.Request) (names []string, creds []credential) {
 	used := make([]bool, len(in.bound))
 	for name, values := range req.Header {
 		for i, v := range values {
-			values[i] = in.headerValue(name, v, used)
+			var c *credential
+			values[i], c = in.headerValue(name, v, used)
+			if c != nil {
+				creds = append(creds, *c)
+			}
 		}
 	}
 	if q := req.URL.RawQuery; q != "" {
@@ -32,31 +36,35 @@ func (in injector) request(req *http.Request) []string {
 			}
 		}
 	}
-	var names []string
 	for i, b := range in.bound {
 		if used[i] {
 			names = append(names, b.Name)
 		}
 	}
-	return names
+	return names, creds
 }
 
 // headerValue replaces placeholders in one header value; inside an
 // Authorization or Proxy-Authorization "Basic" credential it decodes the
-// base64, replaces and re-encodes.
-func (in injector) headerValue(name, v string, used []bool) string {
+// base64, replaces and re-encodes, and returns the credential it built.
+func (in injector) headerValue(name, v string, used []bool) (string, *credential) {
 	if strings.EqualFold(name, "Authorization") || strings.EqualFold(name, "Proxy-Authorization") {
 		scheme, cred, ok := strings.Cut(v, " ")
 		if ok && strings.EqualFold(scheme, "Basic") {
 			cred = strings.TrimLeft(cred, " ")
 			if dec, err := base64.StdEncoding.DecodeString(cred); err == nil {
 				if s := in.replace(string(dec), nil, used); s != string(dec) {
-					return scheme + " " + base64.StdEncoding.EncodeToString([]byte(s))
+					// A value with a colon in the user-id would move the
+					// split between user-id and password (RFC 7617), and a
+					// host echoing the two would hand back pieces of it.
+					user, _, _ := strings.Cut(string(dec), ":")
+					colon := strings.Contains(in.replace(user, nil, make([]bool, len(in.bound))), ":")
+					return scheme + " " + base64.StdEncoding.EncodeToString([]byte(s)), &credential{guest: string(dec), sent: s, colonInUser: colon}
 				}
 			}
 		}
 	}
-	return in.replace(v, nil, used)
+	return in.replace(v, nil, used), nil
 }
 
 // replace swaps every bound placeholder in s for its value, passed through

@@ -174,8 +174,9 @@ type session struct {
 	host     string   // normalised SNI
 	inject   injector // secrets bound to host
 	foreign  map[string]string
-	scanner  *Scanner // placeholders of secrets not bound to host
-	scrub    *replacer
+	scanner  *Scanner  // placeholders of secrets not bound to host
+	scrub    *replacer // value rules, and the credentials built so far (at most maxCredentials)
+	ncreds   int
 	guest    *tls.Conn
 	gr       *bufio.Reader
 	gw       *bufio.Writer
@@ -196,11 +197,7 @@ func (s *session) emit(ev Event) {
 // run does the handshakes, then serves requests.
 func (s *session) run(ctx context.Context, f Flow) error {
 	ic := s.ic
-	var oldnew []string
-	for _, b := range ic.Secrets {
-		oldnew = append(oldnew, b.Value, b.Placeholder)
-	}
-	s.scrub = newReplacer(oldnew...)
+	s.scrub = newReplacerRules(valueRules(ic.Secrets))
 
 	guestConn := &deadlineConn{Conn: f.Guest, timeout: orDefault(ic.IdleTimeout, DefaultIdleTimeout)}
 	upConn := &deadlineConn{Conn: f.Upstream, timeout: orDefault(ic.UpstreamTimeout, DefaultUpstreamTimeout)}
@@ -346,7 +343,28 @@ func (s *session) serveRequest() (again bool, err error) {
 		}
 	}
 
-	injected := s.inject.request(req)
+	injected, creds := s.inject.request(req)
+	for _, c := range creds {
+		if c.colonInUser {
+			return false, s.refuse(refuse(http.StatusBadRequest, "a secret whose value has a colon cannot be the user-id of a Basic credential"), ev)
+		}
+	}
+	for _, c := range creds {
+		if s.ncreds < maxCredentials {
+			s.ncreds++
+			s.scrub = s.scrub.with(credentialRules(c))
+		}
+	}
+	// Responses come back identity-encoded, so that they can be scrubbed
+	// (relayResponse decodes gzip and deflate if the upstream encodes
+	// anyway). A request carrying a value asks for the whole response: a
+	// range could cut the value into pieces no scrubber recognises.
+	req.Header.Set("Accept-Encoding", "identity")
+	req.Header.Del("TE")
+	if len(injected) > 0 {
+		req.Header.Del("Range")
+		req.Header.Del("If-Range")
+	}
 	req.URL.Scheme, req.URL.Host, req.URL.User = "", "", nil
 	req.Host = h.host
 	if _, ok := req.Header["User-Agent"]; !ok {
@@ -383,12 +401,12 @@ func (s *session) serveRequest() (again bool, err error) {
 	if len(injected) > 0 {
 		s.emit(Event{Action: ActionInject, Secrets: injected, Method: ev.Method, Path: ev.Path})
 	}
-	return s.relayResponse(req, ev)
+	return s.relayResponse(req, ev, len(injected) > 0)
 }
 
 // relayResponse reads the upstream's response to req, scrubs it and writes
-// it to the guest.
-func (s *session) relayResponse(req *http.Request, ev Event) (again bool, err error) {
+// it to the guest. injected says whether req carried a value.
+func (s *session) relayResponse(req *http.Request, ev Event, injected bool) (again bool, err error) {
 	var resp *http.Response
 	for {
 		resp, err = http.ReadResponse(s.ur, req)
@@ -406,6 +424,9 @@ func (s *session) relayResponse(req *http.Request, ev Event) (again bool, err er
 		}
 	}
 	defer resp.Body.Close()
+	if injected && resp.StatusCode == http.StatusPartialContent {
+		return false, s.refuse(refuse(http.StatusBadGateway, "upstream sent a partial response to a request carrying a secret"), ev)
+	}
 	s.scrubHeader(resp.Header)
 	resp.Header.Del("Trailer")
 	resp.Trailer = nil // trailers are dropped rather than scrubbed
@@ -415,18 +436,17 @@ func (s *session) relayResponse(req *http.Request, ev Event) (again bool, err er
 
 	hasBody := resp.Body != http.NoBody && req.Method != http.MethodHead &&
 		resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified
-	if ce := resp.Header.Get("Content-Encoding"); hasBody && (ce == "" || strings.EqualFold(ce, "identity")) {
-		if resp.ContentLength >= 0 && resp.ContentLength <= maxBufferedBody {
-			b, err := io.ReadAll(resp.Body)
-			if err != nil {
-				return false, s.upstreamFailed(ev, fmt.Errorf("read upstream response body: %w", err))
-			}
-			b, _ = s.scrub.transform(nil, b, true)
-			resp.Body = io.NopCloser(bytes.NewReader(b))
-			resp.ContentLength = int64(len(b))
-		} else {
-			resp.Body = replaceReader(resp.Body, s.scrub)
-			resp.ContentLength = -1
+	if hasBody {
+		coding, ok := contentCoding(resp.Header)
+		if !ok {
+			return false, s.refuse(refuse(http.StatusBadGateway, "upstream response has a Content-Encoding that cannot be scrubbed"), ev)
+		}
+		body, length, err := s.scrubBody(resp, coding)
+		if err != nil {
+			return false, s.upstreamFailed(ev, err)
+		}
+		resp.Body, resp.ContentLength = body, length
+		if length < 0 {
 			resp.TransferEncoding = []string{"chunked"}
 			resp.Header.Del("Content-Length")
 		}
@@ -438,6 +458,47 @@ func (s *session) relayResponse(req *http.Request, ev Event) (again bool, err er
 		return false, fmt.Errorf("relay response: %w", err)
 	}
 	return !resp.Close, nil
+}
+
+// scrubBody returns resp's body decoded (if coding is not "") and scrubbed,
+// and its length (-1: unknown, sent chunked). A body of at most
+// maxBufferedBody bytes (after decoding) is read whole and keeps an exact
+// length; a larger one, or one of unknown length, is streamed. A decoded
+// body is never held whole: decompression goes at the pace the guest reads.
+func (s *session) scrubBody(resp *http.Response, coding string) (io.ReadCloser, int64, error) {
+	if coding == "" {
+		if resp.ContentLength >= 0 && resp.ContentLength <= maxBufferedBody {
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				return nil, 0, fmt.Errorf("read upstream response body: %w", err)
+			}
+			b, _ = s.scrub.transform(nil, b, true)
+			return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
+		}
+		return replaceReader(resp.Body, s.scrub), -1, nil
+	}
+	dec, err := newDecoder(coding, resp.Body)
+	if err != nil {
+		return nil, 0, fmt.Errorf("decode upstream response body (%s): %w", coding, err)
+	}
+	// The guest gets the decoded representation: headers describing the
+	// encoded one go.
+	for _, h := range []string{"Content-Encoding", "Content-Length", "Content-MD5", "Content-Digest", "Repr-Digest", "Digest"} {
+		resp.Header.Del(h)
+	}
+	b, err := io.ReadAll(io.LimitReader(dec, maxBufferedBody+1))
+	if err != nil {
+		return nil, 0, fmt.Errorf("decode upstream response body (%s): %w", coding, err)
+	}
+	if len(b) <= maxBufferedBody {
+		b, _ = s.scrub.transform(nil, b, true)
+		return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
+	}
+	rest := struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(b), dec), resp.Body}
+	return replaceReader(rest, s.scrub), -1, nil
 }
 
 // writeInterim relays a 1xx response (headers only).

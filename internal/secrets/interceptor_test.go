@@ -50,12 +50,18 @@ type harness struct {
 // trusts only that CA.
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	h := &harness{}
+	return h.start(t, testSecrets, h.handle)
+}
+
+// start runs handler as the upstream and an Interceptor for secrets.
+func (h *harness) start(t *testing.T, secrets []Binding, handler http.HandlerFunc) *harness {
+	t.Helper()
 	upCA, err := NewCA([]string{"api.test", "other.test", "*.wild.test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{}
-	h.srv = httptest.NewUnstartedServer(http.HandlerFunc(h.handle))
+	h.srv = httptest.NewUnstartedServer(handler)
 	h.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes we abort are expected
 	h.srv.TLS = &tls.Config{GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) { return upCA.Leaf(hi.ServerName) }}
 	h.srv.StartTLS()
@@ -67,7 +73,7 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.ic = &Interceptor{CA: ca, Secrets: testSecrets, RootCAs: roots, Audit: func(ev Event) {
+	h.ic = &Interceptor{CA: ca, Secrets: secrets, RootCAs: roots, Audit: func(ev Event) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		h.events = append(h.events, ev)

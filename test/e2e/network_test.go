@@ -3,12 +3,14 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -17,8 +19,10 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -630,5 +634,127 @@ for i in $(seq 50); do python3 -c 'import socket;socket.create_connection(("127.
 	res.Body.Close()
 	if res.StatusCode != 200 || string(b) != "airlock\n" {
 		t.Fatalf("GET %s: %d %q", url, res.StatusCode, b)
+	}
+}
+
+// TestNetworkSecretEcho: an allowed host that echoes every request back
+// (headers, query, path, body; gzip-compressed when asked, or even when
+// not) returns nothing from which the guest can read the value: not raw,
+// not URL-escaped, not inside the echoed Basic credential, not compressed.
+func TestNetworkSecretEcho(t *testing.T) {
+	e := setup(t)
+	const value = "sk+e2e/REAL=9f8e+7d6c/5b4a==39281706"
+	caPEM, cert := testCA(t, "api.test")
+	caFile := filepath.Join(t.TempDir(), "upstream-ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var dump bytes.Buffer
+		fmt.Fprintf(&dump, "%s %s\n", r.Method, r.RequestURI)
+		_ = r.Header.Write(&dump)
+		fmt.Fprintf(&dump, "path=%s query=%v\n%s", r.URL.Path, r.URL.Query(), body)
+		mu.Lock()
+		seen = append(seen, dump.String())
+		mu.Unlock()
+		js, _ := json.Marshal(map[string]any{"headers": r.Header, "path": r.URL.Path, "query": r.URL.Query()})
+		dump.Write(js)
+		w.Header().Set("X-Echo-Auth", r.Header.Get("Authorization"))
+		w.Header().Set("X-Echo-Query", r.URL.RawQuery)
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") || r.Header.Get("X-Force-Gzip") != "" {
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			_, _ = zw.Write(dump.Bytes())
+			_ = zw.Close()
+			return
+		}
+		_, _ = w.Write(dump.Bytes())
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+
+	dns := testutil.StartDNS(t, map[string][]string{"api.test": {pubC}})
+	extra := []string{
+		"AIRLOCK_TEST_DIAL_MAP=" + pubC + "=127.0.0.1",
+		"AIRLOCK_DNS=" + dns.Addr,
+		"AIRLOCK_UPSTREAM_CA_FILE=" + caFile,
+		"API_KEY=" + value,
+	}
+	r := e.runWith(t, extra, nil, "create", "--secret", "API_KEY@api.test")
+	if r.code != 0 {
+		t.Fatalf("create: %s", r.stderr)
+	}
+	id := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { e.run(t, nil, "rm", id) })
+
+	base := "https://api.test:" + port
+	cmds := []string{
+		`curl -sS -D - ` + base + `/h -H "Authorization: Bearer $API_KEY" -H "X-Key: k=$API_KEY;"`,
+		`curl -sS -D - -u "user:$API_KEY" ` + base + `/basic`,
+		`curl -sS -D - -u "us:$API_KEY" ` + base + `/basic2`,
+		`curl -sS -D - "` + base + `/q?key=$API_KEY&x=a${API_KEY}b"`,
+		`curl -sS -D - "` + base + `/p/$API_KEY/x"`,
+		`curl -sS -D - --compressed -H "Authorization: Bearer $API_KEY" "` + base + `/gz?key=$API_KEY"`,
+		`curl -sS -D - -H "X-Force-Gzip: 1" -u "user:$API_KEY" "` + base + `/forced/$API_KEY?key=$API_KEY"`,
+		`curl -sS -D - -H "Accept-Encoding: gzip" -H "Authorization: Bearer $API_KEY" ` + base + `/raw-gzip-asked`,
+	}
+	var guestSaw bytes.Buffer
+	for _, c := range cmds {
+		out := e.run(t, nil, "exec", id, "--", "sh", "-c", c)
+		if out.code != 0 || !strings.Contains(out.stdout, "200") {
+			t.Fatalf("%s: exit %d\n%s\n%s", c, out.code, out.stdout, out.stderr)
+		}
+		guestSaw.WriteString(out.stdout)
+		if strings.Contains(strings.ToLower(out.stdout), "content-encoding") {
+			t.Errorf("%s: the guest got an encoded response:\n%s", c, out.stdout)
+		}
+	}
+	// The subject ran: the upstream received the value in each form.
+	mu.Lock()
+	all := strings.Join(seen, "\n")
+	n := len(seen)
+	mu.Unlock()
+	for _, form := range []string{"Bearer " + value, url.QueryEscape(value), url.PathEscape(value),
+		base64.StdEncoding.EncodeToString([]byte("user:" + value)), "Accept-Encoding: identity"} {
+		if !strings.Contains(all, form) {
+			t.Errorf("the upstream never received %q", form)
+		}
+	}
+	if n != len(cmds) || strings.Contains(all, "Accept-Encoding: gzip") {
+		t.Errorf("upstream saw %d requests:\n%s", n, all)
+	}
+	// What the guest read, decoded every way it could try.
+	got := guestSaw.Bytes()
+	views := [][]byte{got, []byte(strings.ReplaceAll(string(got), `\/`, "/"))}
+	views = append(views, regexp.MustCompile(`%[0-9A-Fa-f]{2}`).ReplaceAllFunc(got, func(b []byte) []byte {
+		d, _ := url.PathUnescape(string(b))
+		return []byte(d)
+	}))
+	for _, run := range regexp.MustCompile(`[A-Za-z0-9+/_-]{8,}`).FindAll(got, -1) {
+		s := strings.NewReplacer("-", "+", "_", "/").Replace(string(run))
+		for off := range 4 {
+			if off < len(s) {
+				d, _ := base64.RawStdEncoding.DecodeString(s[off : off+(len(s)-off)/4*4])
+				views = append(views, d)
+			}
+		}
+	}
+	for _, v := range views {
+		for _, form := range []string{value, url.QueryEscape(value), url.PathEscape(value), value[:12], value[len(value)-12:]} {
+			if bytes.Contains(v, []byte(form)) {
+				t.Fatalf("the guest can read the value (%q) from:\n%s", form, got)
+			}
+		}
+	}
+	if !strings.Contains(string(got), "airlock-secret-") {
+		t.Errorf("the echoes did not come back as placeholders:\n%s", got)
 	}
 }
