@@ -95,8 +95,11 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint (.golangci.yml; pinned
 	$(GOLANGCI_LINT) run ./...
 	cd sdk/go && $(CURDIR)/$(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
-fuzz: ## fuzz the host side of the agent protocol for 30s
-	$(GO) test -run '^$$' -fuzz FuzzClientFromGuest -fuzztime 30s ./internal/agentapi/
+FUZZTIME ?= 30s
+fuzz: ## fuzz the agent protocol's host side and the secret interceptor, $(FUZZTIME) each
+	$(GO) test -run '^$$' -fuzz FuzzClientFromGuest -fuzztime $(FUZZTIME) ./internal/agentapi/
+	$(GO) test -run '^$$' -fuzz FuzzRequestHead -fuzztime $(FUZZTIME) ./internal/secrets/
+	$(GO) test -run '^$$' -fuzz FuzzReplacerStream -fuzztime $(FUZZTIME) ./internal/secrets/
 
 clean:
 	rm -rf bin .cache
