@@ -122,7 +122,7 @@ func benchCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("fork bench: %w", err)
 			}
-			if _, err := m.PruneSnapshots(ctx); err != nil { // the forks' base
+			if _, err := m.PruneSnapshots(ctx, sandbox.Local()); err != nil { // the forks' base
 				return err
 			}
 			for _, r := range fr {

@@ -66,7 +66,7 @@ func cpCmd(g *globals) *cobra.Command {
 				g.log.Info("copied", "bytes", n)
 				return nil
 			}
-			sb, err := m.Get(ctx, sid)
+			sb, err := m.Get(ctx, sandbox.Local(), sid)
 			if err != nil {
 				return err
 			}

@@ -98,9 +98,9 @@ func (f *createFlags) snapshotOptions(cmd *cobra.Command, o sandbox.CreateOption
 // createSandbox creates o locally, from f's snapshot if one is named.
 func (f *createFlags) createSandbox(ctx context.Context, m *sandbox.Manager, o sandbox.CreateOptions) (store.Sandbox, error) {
 	if f.fromSnapshot != "" {
-		return m.CreateFromSnapshot(ctx, f.fromSnapshot, o)
+		return m.CreateFromSnapshot(ctx, sandbox.Local(), f.fromSnapshot, o)
 	}
-	return m.Create(ctx, o)
+	return m.Create(ctx, sandbox.Local(), o)
 }
 
 // options parses the flags; secret values are read with lookupEnv.
@@ -258,7 +258,7 @@ func runCmd(g *globals) *cobra.Command {
 			}
 			warnTCG(sb.Accel)
 			runErr := runExec(ctx, m, sb.ID, start, ef.interactive)
-			if err := m.Remove(context.WithoutCancel(ctx), sb.ID); err != nil {
+			if err := m.Remove(context.WithoutCancel(ctx), sandbox.Local(), sb.ID); err != nil {
 				fmt.Fprintln(os.Stderr, "airlock: remove sandbox:", err)
 			}
 			return runErr
@@ -353,7 +353,7 @@ func lsCmd(g *globals) *cobra.Command {
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			sbs, err := m.List(cmd.Context())
+			sbs, err := m.List(cmd.Context(), sandbox.Local())
 			if err != nil {
 				return err
 			}
@@ -477,7 +477,7 @@ func inspectCmd(g *globals) *cobra.Command {
 		Short: "Show a sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			sb, err := m.Get(cmd.Context(), args[0])
+			sb, err := m.Get(cmd.Context(), sandbox.Local(), args[0])
 			if err != nil {
 				return err
 			}
@@ -495,7 +495,7 @@ func logsCmd(g *globals) *cobra.Command {
 		Short: "Print a sandbox's supervisor log and guest console",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			if _, err := m.Get(cmd.Context(), args[0]); err != nil {
+			if _, err := m.Get(cmd.Context(), sandbox.Local(), args[0]); err != nil {
 				return err
 			}
 			for _, f := range []struct{ title, path string }{{"supervisor", m.L.ShimLog(args[0])}, {"guest console", m.L.Console(args[0])}} {
@@ -520,7 +520,7 @@ func rmCmd(g *globals) *cobra.Command {
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			var failed int
 			for _, id := range args {
-				if err := m.Remove(cmd.Context(), id); err != nil {
+				if err := m.Remove(cmd.Context(), sandbox.Local(), id); err != nil {
 					fmt.Fprintln(os.Stderr, "airlock: rm", id+":", err)
 					failed++
 					continue

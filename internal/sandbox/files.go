@@ -124,7 +124,7 @@ func (m *Manager) WriteFile(ctx context.Context, id, p string, mode uint32, r io
 // ReadFile streams file p of sandbox id to w, at most the sandbox's disk
 // size (see the package function).
 func (m *Manager) ReadFile(ctx context.Context, id, p string, w io.Writer, info func(*agentv1.FileInfo)) (n int64, err error) {
-	sb, err := m.Get(ctx, id)
+	sb, err := m.get(ctx, id)
 	if err != nil {
 		return 0, err
 	}

@@ -31,12 +31,26 @@ type PauseResult struct {
 	Save       time.Duration // how long the guest was stopped for the save
 }
 
-// Pause saves a running sandbox's memory, devices and disk and ends its
+// Pause saves c's running sandbox's memory, devices and disk and ends its
 // VMM and shim: a paused sandbox costs disk only. With force, commands
 // still running are ended; without it such a pause is refused. Pausing a
-// paused sandbox does nothing.
-func (m *Manager) Pause(ctx context.Context, id string, force bool) (PauseResult, error) {
-	sb, err := m.Get(ctx, id)
+// paused sandbox does nothing. Audited as sandbox.pause (no-ops too).
+func (m *Manager) Pause(ctx context.Context, c Caller, id string, force bool) (PauseResult, error) {
+	sb, err := m.lookup(ctx, c, id)
+	if err != nil {
+		return PauseResult{}, err
+	}
+	res, err := m.pause(ctx, id, force)
+	if err != nil {
+		return res, err
+	}
+	m.audit(ctx, c, id, "sandbox.pause", map[string]any{"force": force, "was": string(sb.State),
+		"state_bytes": res.StateBytes, "save_ms": res.Save.Milliseconds()})
+	return res, nil
+}
+
+func (m *Manager) pause(ctx context.Context, id string, force bool) (PauseResult, error) {
+	sb, err := m.get(ctx, id)
 	if err != nil {
 		return PauseResult{}, err
 	}
@@ -59,13 +73,30 @@ func (m *Manager) Pause(ctx context.Context, id string, force bool) (PauseResult
 	return PauseResult{StateBytes: resp.Msg.GetStateBytes(), Save: time.Duration(resp.Msg.GetSaveMs()) * time.Millisecond}, nil
 }
 
-// Resume restores a paused sandbox and returns once its guest answers,
+// Resume restores c's paused sandbox and returns once its guest answers,
 // with every process and its memory as they were. Resuming a running
-// sandbox does nothing; concurrent resumes share one.
-func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) {
+// sandbox does nothing; concurrent resumes share one. Audited as
+// sandbox.resume.
+func (m *Manager) Resume(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
+	sb, err := m.lookup(ctx, c, id)
+	if err != nil {
+		return sb, err
+	}
+	start := time.Now()
+	cur, err := m.resume(ctx, id)
+	if err != nil {
+		return cur, err
+	}
+	m.audit(ctx, c, id, "sandbox.resume", map[string]any{"was": string(sb.State), "duration_ms": time.Since(start).Milliseconds()})
+	return cur, nil
+}
+
+// resume is Resume for the manager's own use (any call to a paused
+// sandbox resumes it): whoever owns id, no audit.
+func (m *Manager) resume(ctx context.Context, id string) (store.Sandbox, error) {
 	deadline := time.Now().Add(resumeWait)
 	for {
-		sb, err := m.Get(ctx, id)
+		sb, err := m.get(ctx, id)
 		if err != nil {
 			return sb, err
 		}
@@ -87,7 +118,7 @@ func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) 
 				}
 				return sb, err
 			}
-			return m.Get(ctx, id)
+			return m.get(ctx, id)
 		case store.StateResuming, store.StatePausing:
 			// Another caller's resume (or a pause finishing): wait.
 		default:
@@ -108,9 +139,12 @@ func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) 
 	}
 }
 
-// Touch counts as activity for the sandbox's idle timer (a keepalive). A
-// paused sandbox is resumed, like for any other call.
-func (m *Manager) Touch(ctx context.Context, id string) error {
+// Touch counts as activity for the idle timer of c's sandbox (a
+// keepalive). A paused sandbox is resumed, like for any other call.
+func (m *Manager) Touch(ctx context.Context, caller Caller, id string) error {
+	if _, err := m.lookup(ctx, caller, id); err != nil {
+		return err
+	}
 	c, closeFn, err := m.Connect(ctx, id)
 	if err != nil {
 		return err
