@@ -112,7 +112,7 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 	if err != nil {
 		return fmt.Errorf("fork bench: %w", err)
 	}
-	if _, err := m.PruneSnapshots(ctx); err != nil { // the forks' base
+	if _, err := m.PruneSnapshots(ctx, sandbox.Local()); err != nil { // the forks' base
 		return err
 	}
 	for _, r := range fr {

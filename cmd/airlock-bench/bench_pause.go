@@ -28,7 +28,7 @@ func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 	var stateBytes int64
 	for range runs {
 		t := time.Now()
-		r, err := m.Pause(ctx, id, false)
+		r, err := m.Pause(ctx, sandbox.Local(), id, false)
 		if err != nil {
 			return nil, fmt.Errorf("pause: %w", err)
 		}
@@ -39,7 +39,7 @@ func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 			return nil, fmt.Errorf("the shim (pid %d) still runs after pause", pid)
 		}
 		t = time.Now()
-		if _, err := m.Resume(ctx, id); err != nil {
+		if _, err := m.Resume(ctx, sandbox.Local(), id); err != nil {
 			return nil, fmt.Errorf("resume: %w", err)
 		}
 		if err := benchTrue(ctx, m, id); err != nil {
@@ -70,7 +70,7 @@ func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (str
 		return nil, err
 	}
 	t := time.Now()
-	forks, err := m.Fork(ctx, id, 3, false)
+	forks, err := m.Fork(ctx, sandbox.Local(), id, 3, false)
 	d := time.Since(t)
 	for _, f := range forks {
 		defer func() { _, _ = cli("rm", f.ID) }()

@@ -52,7 +52,7 @@ func cpCmd(g *globals) *cobra.Command {
 			defer done()
 			ctx := cmd.Context()
 			if dRemote {
-				if _, err := m.Get(ctx, did); err != nil {
+				if _, err := m.Get(ctx, sandbox.Local(), did); err != nil {
 					return err
 				}
 				n, err := copyIn(ctx, m, did, args[0], dpath)
@@ -62,7 +62,7 @@ func cpCmd(g *globals) *cobra.Command {
 				g.log.Info("copied", "bytes", n)
 				return nil
 			}
-			if _, err := m.Get(ctx, sid); err != nil {
+			if _, err := m.Get(ctx, sandbox.Local(), sid); err != nil {
 				return err
 			}
 			// A hostile guest must not fill the host's disk: the manager

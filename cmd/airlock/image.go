@@ -171,7 +171,7 @@ func sandboxesByImage(ctx context.Context, g *globals) (sandbox.Layout, map[stri
 		return sandbox.Layout{}, nil, err
 	}
 	defer done()
-	sbs, err := m.List(ctx)
+	sbs, err := m.List(ctx, sandbox.Local())
 	if err != nil {
 		return sandbox.Layout{}, nil, err
 	}

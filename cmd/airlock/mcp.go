@@ -2,20 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
-	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 func mcpCmd(g *globals) *cobra.Command {
@@ -38,7 +33,7 @@ Example client config:
 		Args: cobra.NoArgs,
 		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
 			h, err := mcp.New(mcp.Config{
-				Service: mcpService{m}, Events: m.Store, Log: g.log, Version: version,
+				Service: mcpService{m}, Log: g.log, Version: version,
 				KeepSandboxes: keep, DefaultTimeout: timeout,
 			})
 			if err != nil {
@@ -52,27 +47,16 @@ Example client config:
 	return cmd
 }
 
-// mountMCP serves the MCP tools at /mcp of s, for the tenant of each
-// request's API key. The returned func ends the sessions (removing their
-// sandboxes).
+// mountMCP serves the MCP tools at /mcp of s, as the caller of each
+// request's API key (the manager checks its quotas). The returned func
+// ends the sessions (removing their sandboxes).
 func mountMCP(g *globals, s *api.Server, m *sandbox.Manager) (func(context.Context) error, error) {
-	h, err := mcp.New(mcp.Config{Service: mcpService{m}, Events: m.Store, Log: g.log, Version: version})
+	h, err := mcp.New(mcp.Config{Service: mcpService{m}, Log: g.log, Version: version})
 	if err != nil {
 		return nil, err
 	}
 	s.HandleAuthenticated("/mcp", h.HTTPHandler(func(r *http.Request) (mcp.Principal, bool) {
-		k, ok := api.KeyOf(r.Context())
-		if !ok {
-			return mcp.Principal{}, false
-		}
-		return mcp.Principal{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin,
-			Reserve: func(ctx context.Context, cpus, mem int) (func(), error) {
-				release, err := s.Reserve(ctx, k, cpus, mem)
-				if e, ok := errors.AsType[*api.Error](err); ok {
-					return nil, fmt.Errorf("%w: %s", errdefs.ErrResourceExhausted, strings.TrimPrefix(e.Message, "quota "))
-				}
-				return release, err
-			}}, true
+		return api.CallerOf(r.Context())
 	}))
 	return h.Close, nil
 }
@@ -82,8 +66,3 @@ func mountMCP(g *globals, s *api.Server, m *sandbox.Manager) (func(context.Conte
 type mcpService struct{ *sandbox.Manager }
 
 var _ mcp.Service = mcpService{}
-
-// GetSnapshot reads the manager's catalog.
-func (s mcpService) GetSnapshot(ctx context.Context, tenant, name string) (store.Snapshot, error) {
-	return s.Store.GetSnapshot(ctx, tenant, name)
-}

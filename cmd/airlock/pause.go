@@ -62,7 +62,7 @@ A paused sandbox's lifetime stands still (it counts running time only).`,
 			return forEachID(cmd, "pause", args, func(id string) error {
 				ctx, cancel := lifecycleCtx(cmd)
 				defer cancel()
-				res, err := m.Pause(ctx, id, force)
+				res, err := m.Pause(ctx, sandbox.Local(), id, force)
 				if err != nil {
 					return err
 				}
@@ -96,7 +96,7 @@ func resumeCmd(g *globals) *cobra.Command {
 				ctx, cancel := lifecycleCtx(cmd)
 				defer cancel()
 				start := time.Now()
-				if _, err := m.Resume(ctx, id); err != nil {
+				if _, err := m.Resume(ctx, sandbox.Local(), id); err != nil {
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), resumedLine(id, time.Since(start)))
@@ -123,7 +123,7 @@ func touchCmd(g *globals) *cobra.Command {
 		Short: "Keepalive: count as activity for a sandbox's --idle-pause timer (resumes a paused one)",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			return m.Touch(cmd.Context(), args[0])
+			return m.Touch(cmd.Context(), sandbox.Local(), args[0])
 		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			return c.Keepalive(cmd.Context(), args[0])
 		}),

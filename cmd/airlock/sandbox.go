@@ -101,9 +101,9 @@ func (f *createFlags) snapshotOptions(cmd *cobra.Command, o sandbox.CreateOption
 // createSandbox creates o locally, from f's snapshot if one is named.
 func (f *createFlags) createSandbox(ctx context.Context, m *sandbox.Manager, o sandbox.CreateOptions) (store.Sandbox, error) {
 	if f.fromSnapshot != "" {
-		return m.CreateFromSnapshot(ctx, f.fromSnapshot, o)
+		return m.CreateFromSnapshot(ctx, sandbox.Local(), f.fromSnapshot, o)
 	}
-	return m.Create(ctx, o)
+	return m.Create(ctx, sandbox.Local(), o)
 }
 
 // options parses the flags; secret values are read with lookupEnv.
@@ -210,7 +210,7 @@ func runExec(ctx context.Context, m *sandbox.Manager, id string, spec guest.Exec
 		if errors.Is(err, errdefs.ErrNotFound) {
 			// The manager's answer is the same for every missing sandbox;
 			// the local user gets the catalog's actionable words.
-			if _, gerr := m.Get(ctx, id); gerr != nil {
+			if _, gerr := m.Get(ctx, sandbox.Local(), id); gerr != nil {
 				return &exitError{code: 125, msg: gerr.Error()}
 			}
 		}
@@ -328,7 +328,7 @@ func runCmd(g *globals) *cobra.Command {
 			}
 			warnTCG(sb.Accel)
 			runErr := runExec(ctx, m, sb.ID, start)
-			if err := m.Remove(context.WithoutCancel(ctx), sb.ID); err != nil {
+			if err := m.Remove(context.WithoutCancel(ctx), sandbox.Local(), sb.ID); err != nil {
 				fmt.Fprintln(os.Stderr, "airlock: remove sandbox:", err)
 			}
 			return runErr
@@ -423,7 +423,7 @@ func lsCmd(g *globals) *cobra.Command {
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			sbs, err := m.List(cmd.Context())
+			sbs, err := m.List(cmd.Context(), sandbox.Local())
 			if err != nil {
 				return err
 			}
@@ -547,7 +547,7 @@ func inspectCmd(g *globals) *cobra.Command {
 		Short: "Show a sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			sb, err := m.Get(cmd.Context(), args[0])
+			sb, err := m.Get(cmd.Context(), sandbox.Local(), args[0])
 			if err != nil {
 				return err
 			}
@@ -565,7 +565,7 @@ func logsCmd(g *globals) *cobra.Command {
 		Short: "Print a sandbox's supervisor log and guest console",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			if _, err := m.Get(cmd.Context(), args[0]); err != nil {
+			if _, err := m.Get(cmd.Context(), sandbox.Local(), args[0]); err != nil {
 				return err
 			}
 			for _, f := range []struct{ title, path string }{{"supervisor", m.L.ShimLog(args[0])}, {"guest console", m.L.Console(args[0])}} {
@@ -590,7 +590,7 @@ func rmCmd(g *globals) *cobra.Command {
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			var failed int
 			for _, id := range args {
-				if err := m.Remove(cmd.Context(), id); err != nil {
+				if err := m.Remove(cmd.Context(), sandbox.Local(), id); err != nil {
 					fmt.Fprintln(os.Stderr, "airlock: rm", id+":", err)
 					failed++
 					continue

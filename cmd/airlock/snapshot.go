@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -71,7 +70,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	run := g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 		ctx, cancel := lifecycleCtx(cmd)
 		defer cancel()
-		sn, err := m.Snapshot(ctx, args[0], name, force)
+		sn, err := m.Snapshot(ctx, sandbox.Local(), args[0], name, force)
 		if err != nil {
 			return err
 		}
@@ -138,15 +137,13 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 		Short: "List snapshots: name, source sandbox, image, size, age",
 		Args:  cobra.NoArgs,
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			sns, err := m.Store.ListSnapshots(cmd.Context(), "", all)
+			sns, err := m.ListSnapshots(cmd.Context(), sandbox.Local(), "", all)
 			if err != nil {
 				return err
 			}
 			vs := []snapshotView{}
 			for _, sn := range sns {
-				if all || !strings.HasPrefix(sn.Name, forkBasePrefix) {
-					vs = append(vs, viewSnapshot(sn))
-				}
+				vs = append(vs, viewSnapshot(sn))
 			}
 			return printSnapshots(cmd.OutOrStdout(), vs, asJSON)
 		}, func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
@@ -179,7 +176,7 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 		Args:  cobra.MinimumNArgs(1),
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			return forEachID(cmd, "snapshot rm", args, func(name string) error {
-				if err := m.RemoveSnapshot(cmd.Context(), tenant, name); err != nil {
+				if err := m.RemoveSnapshot(cmd.Context(), sandbox.Local(), tenant, name); err != nil {
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), name)
@@ -211,7 +208,7 @@ func snapshotPruneCmd(g *globals) *cobra.Command {
 		Short: "Remove the snapshots forks started from once unused, and orphaned snapshot files",
 		Args:  cobra.NoArgs,
 		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			freed, err := m.PruneSnapshots(context.WithoutCancel(cmd.Context()))
+			freed, err := m.PruneSnapshots(context.WithoutCancel(cmd.Context()), sandbox.Local())
 			report(cmd, freed)
 			return err
 		}, func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
@@ -244,11 +241,8 @@ copy fails, none is left. Commands or code running in the source are refused unl
 			}
 			ctx, cancel := lifecycleCtx(cmd)
 			defer cancel()
-			forks, err := m.Fork(ctx, args[0], count, force)
+			forks, err := m.Fork(ctx, sandbox.Local(), args[0], count, force) // all or none
 			if err != nil {
-				for _, f := range forks {
-					err = errors.Join(err, m.Remove(ctx, f.ID))
-				}
 				return err
 			}
 			for _, f := range forks {

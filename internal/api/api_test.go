@@ -54,6 +54,7 @@ func newHarness(t *testing.T, aliceLimits store.APIKey) *harness {
 	}
 	t.Cleanup(func() { st.Close() })
 	h := &harness{t: t, fake: newFake(), st: st, logs: &syncBuffer{}}
+	h.fake.ev = st
 	aliceLimits.Tenant = "alice"
 	_, h.alice, _ = st.CreateKey(t.Context(), aliceLimits)
 	_, h.bob, _ = st.CreateKey(t.Context(), store.APIKey{Tenant: "bob"})

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // Error is an error with a public face: its code and message go to the
@@ -65,6 +66,9 @@ func publicError(err error) *Error {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return errTooLarge
+	}
+	if q, ok := errors.AsType[*sandbox.QuotaError](err); ok {
+		return &Error{http.StatusTooManyRequests, "resource_exhausted", "quota " + q.Detail()}
 	}
 	for _, c := range categories {
 		if errors.Is(err, c.err) {

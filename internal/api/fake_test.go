@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,6 +41,53 @@ type fake struct {
 	snaps  map[string]store.Snapshot
 	forks  []int
 	pruned int
+	// Like the manager, the fake decides for the caller: what it sees
+	// (Caller.Sees), its quota (sandbox.Quotas) and the audit trail (ev).
+	quota sandbox.Quotas
+	ev    Events
+}
+
+// audit writes an event as the manager does: c's tenant, key and via.
+func (f *fake) audit(c sandbox.Caller, id, action string, detail map[string]any) {
+	if f.ev == nil {
+		return
+	}
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	detail["via"] = c.Via
+	_, _ = f.ev.AppendEvent(context.Background(), store.Event{Tenant: c.Tenant, KeyID: c.KeyID, SandboxID: id, Action: action, Detail: detail})
+}
+
+func (f *fake) auditCreate(c sandbox.Caller, sb store.Sandbox) {
+	d := map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB,
+		"network": sandbox.NetworkAudit(sb.Network), "idle_pause_s": int64(sb.IdlePause / time.Second)}
+	if sb.Source != "" {
+		d["source"] = sb.Source
+	}
+	f.audit(c, sb.ID, "sandbox.create", d)
+}
+
+// lookup is the manager's: another tenant's sandbox is not found.
+func (f *fake) lookup(c sandbox.Caller, id string) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok || !c.Sees(sb) {
+		return store.Sandbox{}, fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// reserve checks the quota of owner with c's limits, like the manager.
+func (f *fake) reserve(c sandbox.Caller, owner string, n, cpus, mem int) (func(), error) {
+	f.mu.Lock()
+	live := make([]store.Sandbox, 0, len(f.sbs))
+	for _, sb := range f.sbs {
+		live = append(live, sb)
+	}
+	f.mu.Unlock()
+	return f.quota.Reserve(c, owner, live, n, cpus, mem)
 }
 
 func newFake() *fake {
@@ -53,7 +101,27 @@ func (f *fake) add(id, tenant string) {
 		Env: map[string]string{"A": "sandbox", "B": "sandbox"}}
 }
 
-func (f *fake) Create(_ context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
+func (f *fake) Create(_ context.Context, c sandbox.Caller, o sandbox.CreateOptions) (store.Sandbox, error) {
+	o.Tenant = c.Tenant
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 512
+	}
+	release, err := f.reserve(c, c.Tenant, 1, o.CPUs, o.MemoryMiB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer release()
+	sb, err := f.create(o)
+	if err == nil {
+		f.auditCreate(c, sb)
+	}
+	return sb, err
+}
+
+func (f *fake) create(o sandbox.CreateOptions) (store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.n++
@@ -69,45 +137,63 @@ func (f *fake) Create(_ context.Context, o sandbox.CreateOptions) (store.Sandbox
 	return sb, nil
 }
 
-func (f *fake) Get(_ context.Context, id string) (store.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	sb, ok := f.sbs[id]
-	if !ok {
-		return sb, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
-	}
-	return sb, nil
+func (f *fake) Get(_ context.Context, c sandbox.Caller, id string) (store.Sandbox, error) {
+	return f.lookup(c, id)
 }
 
-func (f *fake) List(context.Context) ([]store.Sandbox, error) {
+func (f *fake) List(_ context.Context, c sandbox.Caller) ([]store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []store.Sandbox
 	for _, sb := range f.sbs {
-		out = append(out, sb)
+		if c.Sees(sb) {
+			out = append(out, sb)
+		}
 	}
 	return out, nil
 }
 
-func (f *fake) Remove(_ context.Context, id string) error {
+func (f *fake) Remove(_ context.Context, c sandbox.Caller, id string) error {
+	if _, err := f.lookup(c, id); err != nil {
+		return err
+	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	delete(f.sbs, id)
+	f.mu.Unlock()
+	f.audit(c, id, "sandbox.delete", nil)
 	return nil
 }
 
-func (f *fake) SetTimeout(_ context.Context, id string, d time.Duration) error {
+func (f *fake) SetTimeout(_ context.Context, c sandbox.Caller, id string, d time.Duration) error {
+	if _, err := f.lookup(c, id); err != nil {
+		return err
+	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	sb := f.sbs[id]
 	sb.ExpiresAt = time.Now().Add(d)
 	f.sbs[id] = sb
+	f.mu.Unlock()
+	f.audit(c, id, "sandbox.timeout", map[string]any{"timeout_s": int(d / time.Second)})
 	return nil
 }
 
 // Pause refuses a sandbox with a running exec ("busy" metadata) unless
-// force, like the manager; pausing twice is a no-op.
-func (f *fake) Pause(_ context.Context, id string, force bool) (sandbox.PauseResult, error) {
+// force, like the manager; pausing twice is a no-op (audited all the
+// same).
+func (f *fake) Pause(_ context.Context, c sandbox.Caller, id string, force bool) (sandbox.PauseResult, error) {
+	was, err := f.lookup(c, id)
+	if err != nil {
+		return sandbox.PauseResult{}, err
+	}
+	res, err := f.pause(id, force)
+	if err == nil {
+		f.audit(c, id, "sandbox.pause", map[string]any{"force": force, "was": string(was.State),
+			"state_bytes": res.StateBytes, "save_ms": res.Save.Milliseconds()})
+	}
+	return res, err
+}
+
+func (f *fake) pause(id string, force bool) (sandbox.PauseResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
@@ -127,21 +213,26 @@ func (f *fake) Pause(_ context.Context, id string, force bool) (sandbox.PauseRes
 	return sandbox.PauseResult{StateBytes: 123 << 20, Save: 800 * time.Millisecond}, nil
 }
 
-func (f *fake) Resume(_ context.Context, id string) (store.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	sb, ok := f.sbs[id]
-	if !ok {
-		return sb, fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
+func (f *fake) Resume(_ context.Context, c sandbox.Caller, id string) (store.Sandbox, error) {
+	was, err := f.lookup(c, id)
+	if err != nil {
+		return was, err
 	}
+	f.mu.Lock()
+	sb := f.sbs[id]
 	if sb.State == store.StatePaused {
 		sb.State, sb.ExpiresAt, sb.LifetimeLeft = store.StateRunning, time.Now().Add(sb.LifetimeLeft), 0
 		f.sbs[id] = sb
 	}
+	f.mu.Unlock()
+	f.audit(c, id, "sandbox.resume", map[string]any{"was": string(was.State), "duration_ms": 0})
 	return sb, nil
 }
 
-func (f *fake) Touch(_ context.Context, id string) error {
+func (f *fake) Touch(_ context.Context, c sandbox.Caller, id string) error {
+	if _, err := f.lookup(c, id); err != nil {
+		return err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.sbs[id]; !ok {
@@ -323,7 +414,10 @@ func (f *fake) GetExec(_ context.Context, c sandbox.Caller, id, execID string) (
 
 // DialPort hands the guest server one end of a pipe. Port 9 has nothing
 // listening (ErrUnavailable), as has every port without a guest server.
-func (f *fake) DialPort(ctx context.Context, id string, port uint16) (net.Conn, error) {
+func (f *fake) DialPort(ctx context.Context, caller sandbox.Caller, id string, port uint16) (net.Conn, error) {
+	if _, err := f.lookup(caller, id); err != nil {
+		return nil, err
+	}
 	f.mu.Lock()
 	f.dials = append(f.dials, fmt.Sprintf("%s:%d", id, port))
 	g := f.guest
@@ -467,7 +561,18 @@ var _ Contexts = (*fake)(nil)
 
 // Snapshot refuses a sandbox with secrets or, unless force, a "busy" one,
 // like the manager; the snapshot belongs to the sandbox's tenant.
-func (f *fake) Snapshot(_ context.Context, id, name string, force bool) (store.Snapshot, error) {
+func (f *fake) Snapshot(_ context.Context, c sandbox.Caller, id, name string, force bool) (store.Snapshot, error) {
+	if _, err := f.lookup(c, id); err != nil {
+		return store.Snapshot{}, err
+	}
+	sn, err := f.snapshot(id, name, force)
+	if err == nil {
+		f.audit(c, id, "snapshot.create", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "force": force, "size_bytes": sn.Size, "duration_ms": 0})
+	}
+	return sn, err
+}
+
+func (f *fake) snapshot(id, name string, force bool) (store.Snapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
@@ -488,13 +593,32 @@ func (f *fake) Snapshot(_ context.Context, id, name string, force bool) (store.S
 	return sn, nil
 }
 
-func (f *fake) CreateFromSnapshot(_ context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error) {
+// CreateFromSnapshot checks the quota and audits like the manager; fork
+// bases are not found.
+func (f *fake) CreateFromSnapshot(_ context.Context, c sandbox.Caller, name string, o sandbox.CreateOptions) (store.Sandbox, error) {
+	o.Tenant = c.Tenant
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	sn, ok := f.snaps[o.Tenant+"/"+name]
-	if !ok {
+	f.mu.Unlock()
+	if !ok || strings.HasPrefix(name, "_fork-") {
 		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
 	}
+	release, err := f.reserve(c, c.Tenant, 1, sn.CPUs, sn.MemoryMiB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer release()
+	sb, err := f.materialize(name, o)
+	if err == nil {
+		f.auditCreate(c, sb)
+	}
+	return sb, err
+}
+
+func (f *fake) materialize(name string, o sandbox.CreateOptions) (store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sn := f.snaps[o.Tenant+"/"+name]
 	if (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.Image != "" && o.Image != sn.Image) {
 		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from snapshot %q has its size and image", errdefs.ErrInvalid, name)
 	}
@@ -506,24 +630,42 @@ func (f *fake) CreateFromSnapshot(_ context.Context, name string, o sandbox.Crea
 	return sb, nil
 }
 
-// Fork fails after two copies when the source's metadata says "fail".
-func (f *fake) Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error) {
+// Fork fails after two copies when the source's metadata says "fail";
+// like the manager, it charges the source's tenant, removes partial
+// copies and audits.
+func (f *fake) Fork(_ context.Context, c sandbox.Caller, id string, count int, force bool) ([]store.Sandbox, error) {
+	src, err := f.lookup(c, id)
+	if err != nil {
+		return nil, err
+	}
+	release, err := f.reserve(c, src.Tenant, count, src.CPUs, src.MemoryMiB)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	base := fmt.Sprintf("_fork-%d", len(f.forks))
-	if _, err := f.Snapshot(ctx, id, base, force); err != nil {
+	if _, err := f.snapshot(id, base, force); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
 	f.forks = append(f.forks, count)
-	src := f.sbs[id]
 	f.mu.Unlock()
 	var out []store.Sandbox
 	for i := range count {
 		if i == 2 && src.Metadata["fail"] != "" {
-			return out, fmt.Errorf("%w: out of disk", errdefs.ErrResourceExhausted)
+			err = fmt.Errorf("%w: out of disk", errdefs.ErrResourceExhausted)
 		}
-		sb, err := f.CreateFromSnapshot(ctx, base, sandbox.CreateOptions{Tenant: src.Tenant, Metadata: src.Metadata})
+		var sb store.Sandbox
+		if err == nil {
+			sb, err = f.materialize(base, sandbox.CreateOptions{Tenant: src.Tenant, Metadata: src.Metadata})
+		}
 		if err != nil {
-			return out, err
+			f.mu.Lock()
+			for _, sb := range out {
+				delete(f.sbs, sb.ID)
+			}
+			f.mu.Unlock()
+			return nil, err
 		}
 		f.mu.Lock()
 		sb.Source = "fork:" + id
@@ -531,45 +673,71 @@ func (f *fake) Fork(ctx context.Context, id string, count int, force bool) ([]st
 		f.mu.Unlock()
 		out = append(out, sb)
 	}
+	ids := make([]string, 0, len(out))
+	for _, sb := range out {
+		f.auditCreate(c, sb)
+		ids = append(ids, sb.ID)
+	}
+	f.audit(c, id, "sandbox.fork", map[string]any{"count": count, "force": force, "forks": ids})
 	return out, nil
 }
 
+// snapshotTenant is the manager's: an admin may name a tenant.
+func snapshotTenantOf(c sandbox.Caller, tenant string) string {
+	if c.Admin && tenant != "" {
+		return tenant
+	}
+	return c.Tenant
+}
+
 // RemoveSnapshot refuses while a sandbox made from the snapshot exists.
-func (f *fake) RemoveSnapshot(_ context.Context, tenant, name string) error {
+func (f *fake) RemoveSnapshot(_ context.Context, c sandbox.Caller, tenant, name string) error {
+	tenant = snapshotTenantOf(c, tenant)
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, ok := f.snaps[tenant+"/"+name]; !ok {
+	sn, ok := f.snaps[tenant+"/"+name]
+	if !ok {
+		f.mu.Unlock()
 		return fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
 	}
 	for _, sb := range f.sbs {
 		if sb.Tenant == tenant && sb.Source == "snapshot:"+name {
+			f.mu.Unlock()
 			return fmt.Errorf("%w: snapshot %q backs the disks of %s", errdefs.ErrFailedPrecondition, name, sb.ID)
 		}
 	}
 	delete(f.snaps, tenant+"/"+name)
+	f.mu.Unlock()
+	f.audit(c, sn.SandboxID, "snapshot.delete", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "size_bytes": sn.Size})
 	return nil
 }
 
-func (f *fake) PruneSnapshots(context.Context) (int64, error) {
+func (f *fake) PruneSnapshots(_ context.Context, c sandbox.Caller) (int64, error) {
+	if !c.Admin {
+		return 0, sandbox.ErrNeedsAdmin
+	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.pruned++
+	f.mu.Unlock()
+	f.audit(c, "", "snapshot.prune", map[string]any{"freed_bytes": 5 << 20})
 	return 5 << 20, nil
 }
 
-func (f *fake) ListSnapshots(_ context.Context, tenant string, all bool) ([]store.Snapshot, error) {
+func (f *fake) ListSnapshots(_ context.Context, c sandbox.Caller, tenant string, all bool) ([]store.Snapshot, error) {
+	all = all && c.Admin
+	tenant = snapshotTenantOf(c, tenant)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []store.Snapshot
 	for _, sn := range f.snaps {
-		if all || sn.Tenant == tenant {
+		if all || (sn.Tenant == tenant && !strings.HasPrefix(sn.Name, "_fork-")) {
 			out = append(out, sn)
 		}
 	}
 	return out, nil
 }
 
-func (f *fake) GetSnapshot(_ context.Context, tenant, name string) (store.Snapshot, error) {
+func (f *fake) GetSnapshot(_ context.Context, c sandbox.Caller, tenant, name string) (store.Snapshot, error) {
+	tenant = snapshotTenantOf(c, tenant)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sn, ok := f.snaps[tenant+"/"+name]

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/guest"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // ioIdle is how long a client may stall an upload or download before the
@@ -61,12 +60,6 @@ func viewFile(fi guest.FileInfo) FileInfo {
 		Path: fi.Path, Name: fi.Name, Type: t, Size: fi.Size, Mode: fi.Mode,
 		Mtime: fi.Mtime.UTC(), UID: fi.UID, GID: fi.GID, SymlinkTarget: fi.SymlinkTarget,
 	}
-}
-
-// callerOf returns the caller of an authenticated request.
-func callerOf(r *http.Request) sandbox.Caller {
-	k := keyOf(r)
-	return sandbox.Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Via: "api"}
 }
 
 // sandboxAndPath resolves {id} (tenant-checked) and ?path=.

@@ -36,16 +36,13 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
 	defer cancel()
-	was := sb.State
-	res, err := s.cfg.Sandboxes.Pause(ctx, sb.ID, req.Force)
+	res, err := s.cfg.Sandboxes.Pause(ctx, callerOf(r), sb.ID, req.Force)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	stats := pauseStats{StateBytes: res.StateBytes, SaveMs: res.Save.Milliseconds()}
-	s.audit(r, sb.ID, "sandbox.pause", map[string]any{"force": req.Force, "was": string(was),
-		"state_bytes": stats.StateBytes, "save_ms": stats.SaveMs})
-	if sb, err = s.cfg.Sandboxes.Get(ctx, sb.ID); err != nil {
+	if sb, err = s.cfg.Sandboxes.Get(ctx, callerOf(r), sb.ID); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -60,13 +57,10 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
 	defer cancel()
-	was := sb.State
-	start := time.Now()
-	if sb, err = s.cfg.Sandboxes.Resume(ctx, sb.ID); err != nil {
+	if sb, err = s.cfg.Sandboxes.Resume(ctx, callerOf(r), sb.ID); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, sb.ID, "sandbox.resume", map[string]any{"was": string(was), "duration_ms": time.Since(start).Milliseconds()})
 	writeJSON(w, http.StatusOK, s.view(sb))
 }
 
@@ -78,7 +72,7 @@ func (s *Server) keepalive(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.cfg.Sandboxes.Touch(r.Context(), sb.ID); err != nil {
+	if err := s.cfg.Sandboxes.Touch(r.Context(), callerOf(r), sb.ID); err != nil {
 		s.fail(w, r, err)
 		return
 	}

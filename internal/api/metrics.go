@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -34,7 +35,7 @@ func (c sandboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	sbs, err := c.sb.List(ctx)
+	sbs, err := c.sb.List(ctx, sandbox.Caller{Admin: true, Via: "metrics"})
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.desc, err)
 		return

@@ -92,17 +92,3 @@ func networkOptions(req *networkRequest, admin bool) (netconf.Spec, netconf.Valu
 	}
 	return spec, vals, nil
 }
-
-// networkAudit is the audit detail of a network spec: mode, rule and port
-// counts, and secret names (never values or placeholders).
-func networkAudit(n netconf.Spec) map[string]any {
-	d := map[string]any{"mode": n.Mode, "allow": len(n.Allow), "ports": len(n.Ports)}
-	if len(n.Secrets) > 0 {
-		names := make([]string, 0, len(n.Secrets))
-		for _, sec := range n.Secrets {
-			names = append(names, sec.Name)
-		}
-		d["secrets"] = names
-	}
-	return d
-}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // MaxPreviewBody caps the request body of one preview request (streamed,
@@ -44,7 +45,8 @@ func (s *Server) newPreviewProxy() *httputil.ReverseProxy {
 			if !ok || perr != nil {
 				return nil, errors.New("preview: bad upstream address")
 			}
-			return s.cfg.Ports.DialPort(ctx, id, uint16(port))
+			t, _ := ctx.Value(previewKey{}).(previewTarget)
+			return s.cfg.Ports.DialPort(ctx, t.caller, id, uint16(port))
 		},
 		DisableKeepAlives:      true,
 		DisableCompression:     true, // pass the client's Accept-Encoding through
@@ -81,15 +83,16 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxPreviewBody)
 	}
-	ctx := context.WithValue(r.Context(), previewKey{}, previewTarget{id: sb.ID, port: uint16(port)})
+	ctx := context.WithValue(r.Context(), previewKey{}, previewTarget{id: sb.ID, port: uint16(port), caller: callerOf(r)})
 	s.previewProxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
 type previewKey struct{}
 
 type previewTarget struct {
-	id   string
-	port uint16
+	id     string
+	port   uint16
+	caller sandbox.Caller
 }
 
 // rewritePreview points the outbound request at the guest port: the path

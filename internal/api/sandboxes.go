@@ -118,16 +118,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		Timeout: time.Duration(req.TimeoutS) * time.Second, Metadata: req.Metadata, Env: req.Env,
 		IdlePause: time.Duration(req.IdlePauseS) * time.Second,
 	}
-	if o.CPUs == 0 {
-		o.CPUs = 1
-	}
-	if o.MemoryMiB == 0 {
-		o.MemoryMiB = 512
-	}
-	k := keyOf(r)
-	o.Tenant = k.Tenant
+	c := callerOf(r)
 	var err error
-	if o.Network, o.Secrets, err = networkOptions(req.Network, k.Admin); err != nil {
+	if o.Network, o.Secrets, err = networkOptions(req.Network, c.Admin); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -135,38 +128,28 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidf("idle_pause_s: a sandbox with secrets cannot pause; drop idle_pause_s or the secrets"))
 		return
 	}
-	release, err := s.reserve(r.Context(), k.Tenant, s.limitsOf(k), o.CPUs, o.MemoryMiB)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	defer release()
-	// The boot must not be abandoned half-way because the client left: the
-	// manager cleans up on failure, but a finished sandbox is better.
-	sb, err := s.cfg.Sandboxes.Create(r.Context(), o)
+	// The manager checks the quota, cleans up on failure and audits.
+	sb, err := s.cfg.Sandboxes.Create(r.Context(), c, o)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	s.metrics.creates.Inc()
-	s.audit(r, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB,
-		"network": networkAudit(sb.Network), "idle_pause_s": int64(sb.IdlePause / time.Second)})
 	writeJSON(w, http.StatusCreated, s.view(sb))
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
-	sbs, err := s.cfg.Sandboxes.List(r.Context())
+	sbs, err := s.cfg.Sandboxes.List(r.Context(), callerOf(r))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	q := r.URL.Query()
 	state := q.Get("state")
-	k := keyOf(r)
 	out := []Sandbox{}
 next:
 	for _, sb := range sbs {
-		if !visible(k, sb) || (state != "" && string(sb.State) != state) {
+		if state != "" && string(sb.State) != state {
 			continue
 		}
 		for name, vals := range q {
@@ -196,11 +179,10 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.cfg.Sandboxes.Remove(r.Context(), sb.ID); err != nil {
+	if err := s.cfg.Sandboxes.Remove(r.Context(), callerOf(r), sb.ID); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, sb.ID, "sandbox.delete", nil)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -221,12 +203,11 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidf("timeout_s must be between 1 and %d", int(sandbox.MaxTimeout/time.Second)))
 		return
 	}
-	if err := s.cfg.Sandboxes.SetTimeout(r.Context(), sb.ID, time.Duration(req.TimeoutS)*time.Second); err != nil {
+	if err := s.cfg.Sandboxes.SetTimeout(r.Context(), callerOf(r), sb.ID, time.Duration(req.TimeoutS)*time.Second); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, sb.ID, "sandbox.timeout", map[string]any{"timeout_s": req.TimeoutS})
-	if sb, err = s.cfg.Sandboxes.Get(r.Context(), sb.ID); err != nil {
+	if sb, err = s.cfg.Sandboxes.Get(r.Context(), callerOf(r), sb.ID); err != nil {
 		s.fail(w, r, err)
 		return
 	}

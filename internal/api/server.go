@@ -14,21 +14,17 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // Limits are a tenant's quotas. Zero fields of a key take the server's
-// defaults.
-type Limits struct {
-	MaxSandboxes int
-	MaxVCPUs     int
-	MaxMemoryMiB int
-	RatePerMin   int
-}
+// defaults (Config.Defaults, then DefaultLimits); the manager checks them.
+type Limits = sandbox.Limits
 
 // DefaultLimits apply to keys that set no limit of their own (secure by
 // default: no key is unlimited).
-var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 10, RatePerMin: 1200}
+var DefaultLimits = sandbox.DefaultLimits
 
 // Config is what a Server needs. Sandboxes, Files, Events and Keys are
 // required; a nil Execs answers exec routes with 503, a nil Contexts the
@@ -79,9 +75,6 @@ type Server struct {
 	mu sync.Mutex
 	// limiters are the per-tenant request buckets.
 	limiters map[string]*rate.Limiter
-	// pending counts the resources of creates in flight per tenant (quota
-	// checks count them with the catalog's live sandboxes).
-	pending map[string]Limits
 }
 
 // route is one entry of the route table; auth is false only for /healthz
@@ -142,7 +135,6 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, log: cfg.Log, mux: http.NewServeMux(),
 		deniedAudit: rate.NewLimiter(10, 20),
 		limiters:    map[string]*rate.Limiter{},
-		pending:     map[string]Limits{},
 	}
 	s.metrics = newMetrics(cfg.Sandboxes)
 	s.previewProxy = s.newPreviewProxy()
@@ -166,22 +158,16 @@ func New(cfg Config) (*Server, error) {
 }
 
 // HandleAuthenticated serves h at pattern behind the API's key check and
-// rate limit (used for /mcp); h reads the key with KeyOf. Call it before
-// serving.
+// rate limit (used for /mcp); h reads the key with KeyOf and the caller
+// with CallerOf. Call it before serving.
 func (s *Server) HandleAuthenticated(pattern string, h http.Handler) {
 	s.mux.Handle(pattern, s.instrument(pattern, s.authenticate(h)))
 }
 
 // KeyOf returns the key a request was authenticated with.
 func KeyOf(ctx context.Context) (store.APIKey, bool) {
-	k, ok := ctx.Value(keyCtx{}).(store.APIKey)
-	return k, ok
-}
-
-// Reserve checks a create of cpus and memMiB against k's tenant quota and
-// holds them until release (for adapters that create sandboxes).
-func (s *Server) Reserve(ctx context.Context, k store.APIKey, cpus, memMiB int) (release func(), err error) {
-	return s.reserve(ctx, k.Tenant, s.limitsOf(k), cpus, memMiB)
+	a, ok := ctx.Value(keyCtx{}).(authed)
+	return a.key, ok
 }
 
 // ServeHTTP implements http.Handler.

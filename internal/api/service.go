@@ -11,78 +11,69 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// Sandboxes is the lifecycle part of the manager the API needs. Errors are
-// categorized with errdefs.
+// Sandboxes is the lifecycle part of the manager the API needs. Every
+// method acts for a caller: the manager decides what it may see (another
+// tenant's sandbox is ErrNotFound, like a missing one), checks its quotas
+// and writes the audit trail. Errors are categorized with errdefs.
 type Sandboxes interface {
-	// Create boots a sandbox and returns its row once the guest answers.
-	Create(ctx context.Context, o sandbox.CreateOptions) (store.Sandbox, error)
-	// Get returns one sandbox (ErrNotFound if missing).
-	Get(ctx context.Context, id string) (store.Sandbox, error)
-	// List returns every sandbox of every tenant.
-	List(ctx context.Context) ([]store.Sandbox, error)
-	// Remove stops and deletes a sandbox; removing twice is fine.
-	Remove(ctx context.Context, id string) error
+	// Create boots a sandbox of c's tenant and returns its row once the
+	// guest answers (*sandbox.QuotaError over quota).
+	Create(ctx context.Context, c sandbox.Caller, o sandbox.CreateOptions) (store.Sandbox, error)
+	// Get returns one sandbox c may see (ErrNotFound if none).
+	Get(ctx context.Context, c sandbox.Caller, id string) (store.Sandbox, error)
+	// List returns the sandboxes c may see.
+	List(ctx context.Context, c sandbox.Caller) ([]store.Sandbox, error)
+	// Remove stops and deletes a sandbox.
+	Remove(ctx context.Context, c sandbox.Caller, id string) error
 	// SetTimeout moves the sandbox's expiry to now + d.
-	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	SetTimeout(ctx context.Context, c sandbox.Caller, id string, d time.Duration) error
 	// Pause saves a running sandbox to disk and ends its VMM (a paused
 	// sandbox is a no-op). Without force it is refused
 	// (ErrFailedPrecondition) while commands or code are running.
-	Pause(ctx context.Context, id string, force bool) (sandbox.PauseResult, error)
+	Pause(ctx context.Context, c sandbox.Caller, id string, force bool) (sandbox.PauseResult, error)
 	// Resume restores a paused sandbox (a running one is a no-op) and
 	// returns its row once the guest answers.
-	Resume(ctx context.Context, id string) (store.Sandbox, error)
+	Resume(ctx context.Context, c sandbox.Caller, id string) (store.Sandbox, error)
 	// Touch counts as activity for the idle-pause timer (and resumes a
 	// paused sandbox).
-	Touch(ctx context.Context, id string) error
+	Touch(ctx context.Context, c sandbox.Caller, id string) error
 }
 
 // Snapshots is the snapshot and fork part of the manager (sandbox.Manager's
-// methods of the same names, with the catalog's snapshot reads; see
-// ManagerSnapshots). Errors are categorized with errdefs.
+// methods of the same names), acting for a caller like Sandboxes. Errors
+// are categorized with errdefs.
 type Snapshots interface {
 	// Snapshot saves a running or paused sandbox (memory, processes, disk)
 	// as the named snapshot of the sandbox's tenant; the sandbox keeps
 	// running. ErrConflict if the tenant has that name; ErrFailedPrecondition
 	// for a sandbox with secrets or, without force, running commands.
-	Snapshot(ctx context.Context, id, name string, force bool) (store.Snapshot, error)
-	// CreateFromSnapshot starts a sandbox from o.Tenant's snapshot name; o
-	// may set Timeout, Metadata and IdlePause only.
-	CreateFromSnapshot(ctx context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error)
-	// Fork makes count (1..sandbox.MaxForks) running copies of a sandbox. On
-	// an error the copies made so far are returned with it.
-	Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error)
-	// RemoveSnapshot deletes a snapshot; ErrFailedPrecondition while
-	// sandboxes or snapshots are backed by its disk.
-	RemoveSnapshot(ctx context.Context, tenant, name string) error
+	Snapshot(ctx context.Context, c sandbox.Caller, id, name string, force bool) (store.Snapshot, error)
+	// CreateFromSnapshot starts a sandbox from c's tenant's snapshot name;
+	// o may set Timeout, Metadata and IdlePause only.
+	CreateFromSnapshot(ctx context.Context, c sandbox.Caller, name string, o sandbox.CreateOptions) (store.Sandbox, error)
+	// Fork makes count (1..sandbox.MaxForks) running copies of a sandbox,
+	// all or none.
+	Fork(ctx context.Context, c sandbox.Caller, id string, count int, force bool) ([]store.Sandbox, error)
+	// RemoveSnapshot deletes a snapshot of c's tenant (of tenant for an
+	// admin who names one); ErrFailedPrecondition while sandboxes or
+	// snapshots are backed by its disk.
+	RemoveSnapshot(ctx context.Context, c sandbox.Caller, tenant, name string) error
 	// PruneSnapshots removes unused fork bases and orphaned snapshot files
-	// of every tenant and returns the bytes freed.
-	PruneSnapshots(ctx context.Context) (int64, error)
-	// ListSnapshots returns tenant's snapshots (every tenant's if all),
-	// fork bases included.
-	ListSnapshots(ctx context.Context, tenant string, all bool) ([]store.Snapshot, error)
-	// GetSnapshot returns tenant's snapshot name (ErrNotFound if none).
-	GetSnapshot(ctx context.Context, tenant, name string) (store.Snapshot, error)
+	// of every tenant and returns the bytes freed; sandbox.ErrNeedsAdmin
+	// unless c is an admin.
+	PruneSnapshots(ctx context.Context, c sandbox.Caller) (int64, error)
+	// ListSnapshots returns c's tenant's snapshots (tenant's for an admin
+	// who names one; every tenant's, fork bases included, if all and c is
+	// an admin).
+	ListSnapshots(ctx context.Context, c sandbox.Caller, tenant string, all bool) ([]store.Snapshot, error)
+	// GetSnapshot returns c's tenant's snapshot name (ErrNotFound if none).
+	GetSnapshot(ctx context.Context, c sandbox.Caller, tenant, name string) (store.Snapshot, error)
 	// DiskUsage is the bytes a sandbox's files take on the host (0 if none).
 	DiskUsage(id string) int64
 }
 
-// ManagerSnapshots is m as Snapshots: the manager's operations and its
-// catalog's reads.
-func ManagerSnapshots(m *sandbox.Manager) Snapshots { return managerSnapshots{m} }
-
-type managerSnapshots struct{ *sandbox.Manager }
-
-func (m managerSnapshots) ListSnapshots(ctx context.Context, tenant string, all bool) ([]store.Snapshot, error) {
-	return m.Store.ListSnapshots(ctx, tenant, all)
-}
-
-func (m managerSnapshots) GetSnapshot(ctx context.Context, tenant, name string) (store.Snapshot, error) {
-	return m.Store.GetSnapshot(ctx, tenant, name)
-}
-
-// Files is the file part of the manager (sandbox.Manager's methods of the
-// same names). Paths are validated by the API before they get here. Nothing
-// is buffered whole: data streams.
+// Files is the file part of the manager. Paths are validated by the API
+// before they get here. Nothing is buffered whole: data streams.
 type Files interface {
 	// WriteFile streams r into p (mode, parents made) and returns its size.
 	WriteFile(ctx context.Context, c sandbox.Caller, id, p string, mode uint32, r io.Reader) (int64, error)
@@ -136,8 +127,9 @@ type Ports interface {
 	// categorized: ErrInvalid for port 0, ErrNotFound or
 	// ErrFailedPrecondition when the sandbox is missing or not running,
 	// ErrUnavailable when its network cannot be reached or nothing listens.
-	// Safe for concurrent use.
-	DialPort(ctx context.Context, id string, port uint16) (net.Conn, error)
+	// ErrNotFound also when c may not see the sandbox. Safe for concurrent
+	// use.
+	DialPort(ctx context.Context, c sandbox.Caller, id string, port uint16) (net.Conn, error)
 }
 
 // Events is the audit trail.
@@ -159,7 +151,7 @@ var (
 	_ Execs     = (*sandbox.Manager)(nil)
 	_ Contexts  = (*sandbox.Manager)(nil)
 	_ Ports     = (*sandbox.Manager)(nil)
-	_ Snapshots = managerSnapshots{}
+	_ Snapshots = (*sandbox.Manager)(nil)
 	_ Events    = (*store.Store)(nil)
 	_ Keys      = (*store.Store)(nil)
 )

@@ -55,15 +55,9 @@ var (
 	errPruneNeedsAdmin = &Error{http.StatusForbidden, "permission_denied", "pruning snapshots needs an admin key"}
 )
 
-// snapshotTenant is whose snapshots r acts on: the key's tenant, or for an
-// admin key the ?tenant= query parameter if given.
-func snapshotTenant(r *http.Request) string {
-	k := keyOf(r)
-	if t := r.URL.Query().Get("tenant"); k.Admin && t != "" {
-		return t
-	}
-	return k.Tenant
-}
+// snapshotTenant is the ?tenant= query parameter: whose snapshots an
+// admin acts on (the manager ignores it for other callers).
+func snapshotTenant(r *http.Request) string { return r.URL.Query().Get("tenant") }
 
 // snapshotErr gives the manager's snapshot errors their public faces.
 func snapshotErr(err error) error {
@@ -109,8 +103,7 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) {
 	// Like a pause, a snapshot cut half-way helps nobody.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
 	defer cancel()
-	start := time.Now()
-	sn, err := s.cfg.Snapshots.Snapshot(ctx, sb.ID, req.Name, req.Force)
+	sn, err := s.cfg.Snapshots.Snapshot(ctx, callerOf(r), sb.ID, req.Name, req.Force)
 	if err != nil {
 		switch {
 		case errors.Is(err, errdefs.ErrConflict):
@@ -121,8 +114,6 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, sb.ID, "snapshot.create", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "force": req.Force,
-		"size_bytes": sn.Size, "duration_ms": time.Since(start).Milliseconds()})
 	writeJSON(w, http.StatusCreated, viewSnapshot(sn))
 }
 
@@ -131,18 +122,13 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errNoSnapshots)
 		return
 	}
-	k := keyOf(r)
-	all := k.Admin && truthy(r.URL.Query().Get("all"))
-	sns, err := s.cfg.Snapshots.ListSnapshots(r.Context(), snapshotTenant(r), all)
+	sns, err := s.cfg.Snapshots.ListSnapshots(r.Context(), callerOf(r), snapshotTenant(r), truthy(r.URL.Query().Get("all")))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	out := []Snapshot{}
 	for _, sn := range sns {
-		if strings.HasPrefix(sn.Name, forkBasePrefix) && !all {
-			continue
-		}
 		out = append(out, viewSnapshot(sn))
 	}
 	writeJSON(w, http.StatusOK, map[string][]Snapshot{"snapshots": out})
@@ -155,7 +141,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errNoSnapshots)
 		return
 	}
-	sn, err := s.cfg.Snapshots.GetSnapshot(r.Context(), snapshotTenant(r), r.PathValue("name"))
+	sn, err := s.cfg.Snapshots.GetSnapshot(r.Context(), callerOf(r), snapshotTenant(r), r.PathValue("name"))
 	if err != nil {
 		s.fail(w, r, snapshotErr(err))
 		return
@@ -168,20 +154,13 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errNoSnapshots)
 		return
 	}
-	tenant, name := snapshotTenant(r), r.PathValue("name")
-	sn, err := s.cfg.Snapshots.GetSnapshot(r.Context(), tenant, name)
-	if err != nil {
-		s.fail(w, r, snapshotErr(err))
-		return
-	}
-	if err := s.cfg.Snapshots.RemoveSnapshot(r.Context(), tenant, name); err != nil {
+	if err := s.cfg.Snapshots.RemoveSnapshot(r.Context(), callerOf(r), snapshotTenant(r), r.PathValue("name")); err != nil {
 		if errors.Is(err, errdefs.ErrFailedPrecondition) {
 			err = errSnapshotInUse
 		}
 		s.fail(w, r, snapshotErr(err))
 		return
 	}
-	s.audit(r, sn.SandboxID, "snapshot.delete", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "size_bytes": sn.Size})
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -192,16 +171,14 @@ func (s *Server) pruneSnapshots(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errNoSnapshots)
 		return
 	}
-	if !keyOf(r).Admin {
-		s.fail(w, r, errPruneNeedsAdmin)
-		return
-	}
-	freed, err := s.cfg.Snapshots.PruneSnapshots(context.WithoutCancel(r.Context()))
+	freed, err := s.cfg.Snapshots.PruneSnapshots(context.WithoutCancel(r.Context()), callerOf(r))
 	if err != nil {
+		if errors.Is(err, sandbox.ErrNeedsAdmin) {
+			err = errPruneNeedsAdmin
+		}
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, "", "snapshot.prune", map[string]any{"freed_bytes": freed})
 	writeJSON(w, http.StatusOK, map[string]int64{"freed_bytes": freed})
 }
 
@@ -227,24 +204,13 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidf("count must be between 1 and %d", sandbox.MaxForks))
 		return
 	}
-	// Forks count against the quota of the source's tenant, whose they are.
-	k := keyOf(r)
-	release, err := s.reserveN(r.Context(), sb.Tenant, s.limitsOf(k), req.Count, sb.CPUs, sb.MemoryMiB)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	defer release()
+	// The manager charges the forks to the source's tenant, whose they
+	// are, and makes all or none: the client learns no ids of a failed
+	// fork.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
 	defer cancel()
-	forks, err := s.cfg.Snapshots.Fork(ctx, sb.ID, req.Count, req.Force)
+	forks, err := s.cfg.Snapshots.Fork(ctx, callerOf(r), sb.ID, req.Count, req.Force)
 	if err != nil {
-		// All or nothing: the client learns no ids of a failed fork.
-		for _, f := range forks {
-			if rerr := s.cfg.Sandboxes.Remove(ctx, f.ID); rerr != nil {
-				s.log.Error("remove partial fork", "request_id", requestID(r), "sandbox_id", f.ID, "err", rerr)
-			}
-		}
 		if errors.Is(err, errdefs.ErrFailedPrecondition) {
 			err = errCannotSnapshot
 		}
@@ -252,15 +218,10 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := make([]Sandbox, 0, len(forks))
-	ids := make([]string, 0, len(forks))
 	for _, f := range forks {
 		s.metrics.creates.Inc()
-		s.audit(r, f.ID, "sandbox.create", map[string]any{"image": f.Image, "cpus": f.CPUs, "memory_mb": f.MemoryMiB,
-			"disk_mb": f.DiskMiB, "source": f.Source, "network": networkAudit(f.Network), "idle_pause_s": int64(f.IdlePause / time.Second)})
 		out = append(out, s.view(f))
-		ids = append(ids, f.ID)
 	}
-	s.audit(r, sb.ID, "sandbox.fork", map[string]any{"count": req.Count, "force": req.Force, "forks": ids})
 	writeJSON(w, http.StatusCreated, map[string][]Sandbox{"sandboxes": out})
 }
 
@@ -275,55 +236,20 @@ func (s *Server) createFromSnapshot(w http.ResponseWriter, r *http.Request, req 
 		s.fail(w, r, invalidf("from_snapshot: env and network come from the snapshot; leave them out"))
 		return
 	}
-	k := keyOf(r)
-	sn, err := s.cfg.Snapshots.GetSnapshot(r.Context(), k.Tenant, req.FromSnapshot)
-	if err != nil {
-		s.fail(w, r, snapshotErr(err))
-		return
-	}
-	if strings.HasPrefix(sn.Name, forkBasePrefix) {
-		s.fail(w, r, errNoSnapshot)
-		return
-	}
+	// The snapshot is the caller's tenant's (fork bases are not found); the
+	// manager checks the quota and audits.
 	o := sandbox.CreateOptions{
-		Tenant: k.Tenant, Image: req.Image, CPUs: req.CPUs, MemoryMiB: req.MemoryMB, DiskMiB: req.DiskMB,
+		Image: req.Image, CPUs: req.CPUs, MemoryMiB: req.MemoryMB, DiskMiB: req.DiskMB,
 		Timeout: time.Duration(req.TimeoutS) * time.Second, Metadata: req.Metadata,
 		IdlePause: time.Duration(req.IdlePauseS) * time.Second,
 	}
-	release, err := s.reserve(r.Context(), k.Tenant, s.limitsOf(k), sn.CPUs, sn.MemoryMiB)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	defer release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
 	defer cancel()
-	sb, err := s.cfg.Snapshots.CreateFromSnapshot(ctx, sn.Name, o)
+	sb, err := s.cfg.Snapshots.CreateFromSnapshot(ctx, callerOf(r), req.FromSnapshot, o)
 	if err != nil {
 		s.fail(w, r, snapshotErr(err))
 		return
 	}
 	s.metrics.creates.Inc()
-	s.audit(r, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB,
-		"source": sb.Source, "network": networkAudit(sb.Network), "idle_pause_s": int64(sb.IdlePause / time.Second)})
 	writeJSON(w, http.StatusCreated, s.view(sb))
-}
-
-// reserveN reserves n sandboxes of cpus and mem each, all or none.
-func (s *Server) reserveN(ctx context.Context, tenant string, lim Limits, n, cpus, mem int) (release func(), err error) {
-	var releases []func()
-	releaseAll := func() {
-		for _, rel := range releases {
-			rel()
-		}
-	}
-	for range n {
-		rel, err := s.reserve(ctx, tenant, lim, cpus, mem)
-		if err != nil {
-			releaseAll()
-			return nil, err
-		}
-		releases = append(releases, rel)
-	}
-	return releaseAll, nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -193,7 +194,7 @@ func TestForkAllOrNothing(t *testing.T) {
 	if r := h.do(h.alice, "POST", "/v1/sandboxes/aliceaaaaaaa/fork", strings.NewReader(`{"count":3}`)); r.code != http.StatusTooManyRequests {
 		t.Fatalf("fork: %d %s", r.code, r.body)
 	}
-	sbs, _ := h.fake.List(t.Context())
+	sbs, _ := h.fake.List(t.Context(), sandbox.Local())
 	if len(sbs) != 2 {
 		t.Fatalf("partial forks left behind: %d sandboxes", len(sbs))
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,7 +39,7 @@ func newFake() *fake {
 
 var _ Service = (*fake)(nil)
 
-func (f *fake) Create(_ context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
+func (f *fake) blindCreate(_ context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if o.Image != "" && o.Image != "base" {
@@ -52,7 +53,7 @@ func (f *fake) Create(_ context.Context, o sandbox.CreateOptions) (store.Sandbox
 	return sb, nil
 }
 
-func (f *fake) Get(_ context.Context, id string) (store.Sandbox, error) {
+func (f *fake) blindGet(_ context.Context, id string) (store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
@@ -62,7 +63,7 @@ func (f *fake) Get(_ context.Context, id string) (store.Sandbox, error) {
 	return sb, nil
 }
 
-func (f *fake) List(context.Context) ([]store.Sandbox, error) {
+func (f *fake) blindList(context.Context) ([]store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []store.Sandbox
@@ -72,14 +73,14 @@ func (f *fake) List(context.Context) ([]store.Sandbox, error) {
 	return out, nil
 }
 
-func (f *fake) Remove(_ context.Context, id string) error {
+func (f *fake) blindRemove(_ context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.sbs, id)
 	return nil
 }
 
-func (f *fake) SetTimeout(_ context.Context, id string, d time.Duration) error {
+func (f *fake) blindSetTimeout(_ context.Context, id string, d time.Duration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
@@ -105,7 +106,7 @@ func (f *fake) ids() []string {
 
 // Pause: a sandbox with metadata busy=1 runs a command (refused without
 // force).
-func (f *fake) Pause(_ context.Context, id string, force bool) (sandbox.PauseResult, error) {
+func (f *fake) blindPause(_ context.Context, id string, force bool) (sandbox.PauseResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
@@ -122,7 +123,7 @@ func (f *fake) Pause(_ context.Context, id string, force bool) (sandbox.PauseRes
 	return sandbox.PauseResult{StateBytes: 64 << 20, Save: 300 * time.Millisecond}, nil
 }
 
-func (f *fake) Resume(_ context.Context, id string) (store.Sandbox, error) {
+func (f *fake) blindResume(_ context.Context, id string) (store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.resumeLocked(id); err != nil {
@@ -280,7 +281,7 @@ func (f *fake) actions() []string {
 	return out
 }
 
-func (f *fake) Snapshot(_ context.Context, id, name string, force bool) (store.Snapshot, error) {
+func (f *fake) blindSnapshot(_ context.Context, id, name string, force bool) (store.Snapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
@@ -309,7 +310,7 @@ func (f *fake) GetSnapshot(_ context.Context, tenant, name string) (store.Snapsh
 	return sn, nil
 }
 
-func (f *fake) CreateFromSnapshot(_ context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error) {
+func (f *fake) blindCreateFromSnapshot(_ context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sn, ok := f.snaps[o.Tenant+"/"+name]
@@ -324,15 +325,15 @@ func (f *fake) CreateFromSnapshot(_ context.Context, name string, o sandbox.Crea
 	return sb, nil
 }
 
-func (f *fake) Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error) {
+func (f *fake) blindFork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error) {
 	base := fmt.Sprintf("_fork-%s-%d", id, time.Now().UnixNano())
-	sn, err := f.Snapshot(ctx, id, base, force)
+	sn, err := f.blindSnapshot(ctx, id, base, force)
 	if err != nil {
 		return nil, err
 	}
 	var out []store.Sandbox
 	for range count {
-		sb, err := f.CreateFromSnapshot(ctx, base, sandbox.CreateOptions{Tenant: sn.Tenant})
+		sb, err := f.blindCreateFromSnapshot(ctx, base, sandbox.CreateOptions{Tenant: sn.Tenant})
 		if err != nil {
 			return out, err
 		}
@@ -343,4 +344,134 @@ func (f *fake) Fork(ctx context.Context, id string, count int, force bool) ([]st
 		out = append(out, sb)
 	}
 	return out, nil
+}
+
+// The Service methods decide like the manager: what the caller sees
+// (another tenant's sandbox is not found) and the audit trail (AppendEvent
+// as the caller, with via). The blind methods above act.
+
+func (f *fake) audit(c sandbox.Caller, id, action string, detail map[string]any) {
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	detail["via"] = c.Via
+	_, _ = f.AppendEvent(context.Background(), store.Event{Tenant: c.Tenant, KeyID: c.KeyID, SandboxID: id, Action: action, Detail: detail})
+}
+
+func (f *fake) Get(ctx context.Context, c sandbox.Caller, id string) (store.Sandbox, error) {
+	sb, err := f.blindGet(ctx, id)
+	if err == nil && !c.Sees(sb) {
+		return store.Sandbox{}, fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
+	}
+	return sb, err
+}
+
+func (f *fake) List(ctx context.Context, c sandbox.Caller) ([]store.Sandbox, error) {
+	sbs, err := f.blindList(ctx)
+	return slices.DeleteFunc(sbs, func(sb store.Sandbox) bool { return !c.Sees(sb) }), err
+}
+
+func (f *fake) Create(ctx context.Context, c sandbox.Caller, o sandbox.CreateOptions) (store.Sandbox, error) {
+	o.Tenant = c.Tenant
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 512
+	}
+	sb, err := f.blindCreate(ctx, o)
+	if err == nil {
+		f.audit(c, sb.ID, "sandbox.create", map[string]any{"image": sb.Image})
+	}
+	return sb, err
+}
+
+func (f *fake) Remove(ctx context.Context, c sandbox.Caller, id string) error {
+	if _, err := f.Get(ctx, c, id); err != nil {
+		return err
+	}
+	if err := f.blindRemove(ctx, id); err != nil {
+		return err
+	}
+	f.audit(c, id, "sandbox.delete", nil)
+	return nil
+}
+
+func (f *fake) SetTimeout(ctx context.Context, c sandbox.Caller, id string, d time.Duration) error {
+	if _, err := f.Get(ctx, c, id); err != nil {
+		return err
+	}
+	if err := f.blindSetTimeout(ctx, id, d); err != nil {
+		return err
+	}
+	f.audit(c, id, "sandbox.timeout", map[string]any{"timeout_s": int(d / time.Second)})
+	return nil
+}
+
+func (f *fake) Pause(ctx context.Context, c sandbox.Caller, id string, force bool) (sandbox.PauseResult, error) {
+	was, err := f.Get(ctx, c, id)
+	if err != nil {
+		return sandbox.PauseResult{}, err
+	}
+	res, err := f.blindPause(ctx, id, force)
+	if err == nil {
+		f.audit(c, id, "sandbox.pause", map[string]any{"force": force, "was": string(was.State)})
+	}
+	return res, err
+}
+
+func (f *fake) Resume(ctx context.Context, c sandbox.Caller, id string) (store.Sandbox, error) {
+	was, err := f.Get(ctx, c, id)
+	if err != nil {
+		return was, err
+	}
+	sb, err := f.blindResume(ctx, id)
+	if err == nil {
+		f.audit(c, id, "sandbox.resume", map[string]any{"was": string(was.State)})
+	}
+	return sb, err
+}
+
+func (f *fake) Snapshot(ctx context.Context, c sandbox.Caller, id, name string, force bool) (store.Snapshot, error) {
+	if _, err := f.Get(ctx, c, id); err != nil {
+		return store.Snapshot{}, err
+	}
+	sn, err := f.blindSnapshot(ctx, id, name, force)
+	if err == nil {
+		f.audit(c, id, "snapshot.create", map[string]any{"name": sn.Name, "snapshot_id": sn.ID})
+	}
+	return sn, err
+}
+
+func (f *fake) CreateFromSnapshot(ctx context.Context, c sandbox.Caller, name string, o sandbox.CreateOptions) (store.Sandbox, error) {
+	o.Tenant = c.Tenant
+	if strings.HasPrefix(name, "_fork-") {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
+	}
+	sb, err := f.blindCreateFromSnapshot(ctx, name, o)
+	if err == nil {
+		f.audit(c, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "source": sb.Source})
+	}
+	return sb, err
+}
+
+// Fork is all or nothing, like the manager.
+func (f *fake) Fork(ctx context.Context, c sandbox.Caller, id string, count int, force bool) ([]store.Sandbox, error) {
+	if _, err := f.Get(ctx, c, id); err != nil {
+		return nil, err
+	}
+	forks, err := f.blindFork(ctx, id, count, force)
+	if err != nil {
+		for _, sb := range forks {
+			_ = f.blindRemove(ctx, sb.ID)
+		}
+		return nil, err
+	}
+	ids := make([]string, 0, len(forks))
+	for _, sb := range forks {
+		f.audit(c, sb.ID, "sandbox.create", map[string]any{"image": sb.Image, "source": sb.Source})
+		ids = append(ids, sb.ID)
+	}
+	f.audit(c, id, "sandbox.fork", map[string]any{"count": count, "force": force, "forks": ids})
+	return forks, nil
 }

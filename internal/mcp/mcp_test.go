@@ -52,7 +52,7 @@ func call(t *testing.T, cs *sdk.ClientSession, name string, args map[string]any)
 }
 
 func newHandler(t *testing.T, f *fake, mod func(*Config)) *Handler {
-	cfg := Config{Service: f, Events: f}
+	cfg := Config{Service: f}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -12,14 +12,11 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// Config is what a Handler needs. Service and Events are required.
+// Config is what a Handler needs. Service is required.
 type Config struct {
 	Service Service
-	Events  Events
 	Log     *slog.Logger // nil: discard
 	Version string       // reported to clients
 
@@ -33,7 +30,7 @@ type Config struct {
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
 	// MaxSessionSandboxes caps the sandboxes one session may create
-	// (default 10), on top of the principal's quota.
+	// (default 10), on top of the principal's quota (the manager's).
 	MaxSessionSandboxes int
 	// SessionIdle closes HTTP sessions that sent nothing for this long
 	// (default 30 min); their sandboxes are then removed.
@@ -42,8 +39,8 @@ type Config struct {
 
 // Validate checks c and fills in defaults.
 func (c *Config) Validate() error {
-	if c.Service == nil || c.Events == nil {
-		return errors.New("mcp: Service and Events are required")
+	if c.Service == nil {
+		return errors.New("mcp: Service is required")
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -176,7 +173,12 @@ func (h *Handler) newSession(p Principal) *session {
 	if h.closed {
 		return nil
 	}
-	s := &session{h: h, p: p, id: newID()}
+	s := &session{h: h, id: newID()}
+	p.Via = "mcp"
+	if p.KeyID == "" {
+		p.KeyID = "mcp:" + s.id // the audit trail's key id of a stdio session
+	}
+	s.p = p
 	s.srv = h.newServer(s)
 	h.sessions[s] = struct{}{}
 	return s
@@ -186,15 +188,6 @@ func (h *Handler) forget(s *session) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.sessions, s)
-}
-
-// audit records an event as s's principal.
-func (h *Handler) audit(ctx context.Context, s *session, sandboxID, action string, detail map[string]any) {
-	if _, err := h.cfg.Events.AppendEvent(context.WithoutCancel(ctx), store.Event{
-		Tenant: s.p.Tenant, KeyID: s.keyID(), SandboxID: sandboxID, Action: action, Detail: detail,
-	}); err != nil {
-		h.log.Error("audit", "session", s.id, "action", action, "err", err)
-	}
 }
 
 func newID() string {

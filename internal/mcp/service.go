@@ -10,40 +10,41 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// Service is the part of the sandbox manager MCP needs. Errors are
-// categorized with errdefs; their text may name host details and is not
-// shown to clients except for ErrInvalid, ErrNotFound,
-// ErrFailedPrecondition and ErrResourceExhausted (see publicText).
+// Service is the part of the sandbox manager MCP needs. Lifecycle
+// methods act for a caller: the manager decides what it may see (another
+// tenant's sandbox is ErrNotFound, like a missing one), checks its quotas
+// and writes the audit trail. Errors are categorized with errdefs; their
+// text may name host details and is not shown to clients except for
+// ErrInvalid, ErrNotFound, ErrFailedPrecondition and ErrResourceExhausted
+// (see publicText).
 type Service interface {
-	// Create boots a sandbox and returns its row once the guest answers.
-	Create(ctx context.Context, o sandbox.CreateOptions) (store.Sandbox, error)
-	// Get returns one sandbox (ErrNotFound if missing).
-	Get(ctx context.Context, id string) (store.Sandbox, error)
-	// List returns every sandbox of every tenant.
-	List(ctx context.Context) ([]store.Sandbox, error)
-	// Remove stops and deletes a sandbox; removing twice is fine.
-	Remove(ctx context.Context, id string) error
+	// Create boots a sandbox of c's tenant and returns its row once the
+	// guest answers (*sandbox.QuotaError over quota).
+	Create(ctx context.Context, c sandbox.Caller, o sandbox.CreateOptions) (store.Sandbox, error)
+	// Get returns one sandbox c may see (ErrNotFound if none).
+	Get(ctx context.Context, c sandbox.Caller, id string) (store.Sandbox, error)
+	// List returns the sandboxes c may see.
+	List(ctx context.Context, c sandbox.Caller) ([]store.Sandbox, error)
+	// Remove stops and deletes a sandbox.
+	Remove(ctx context.Context, c sandbox.Caller, id string) error
 	// SetTimeout moves the sandbox's expiry to now + d.
-	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	SetTimeout(ctx context.Context, c sandbox.Caller, id string, d time.Duration) error
 	// Pause saves a running sandbox to disk and ends its VMM (a paused one
 	// is a no-op); without force it is refused (ErrFailedPrecondition)
 	// while commands or code run. Every other call resumes it first.
-	Pause(ctx context.Context, id string, force bool) (sandbox.PauseResult, error)
+	Pause(ctx context.Context, c sandbox.Caller, id string, force bool) (sandbox.PauseResult, error)
 	// Resume restores a paused sandbox (a running one is a no-op).
-	Resume(ctx context.Context, id string) (store.Sandbox, error)
+	Resume(ctx context.Context, c sandbox.Caller, id string) (store.Sandbox, error)
 	// Snapshot saves a running or paused sandbox as the named snapshot of
 	// its tenant; the sandbox keeps running. ErrConflict if the name is
 	// taken; ErrFailedPrecondition with secrets or, unless force, running
 	// commands.
-	Snapshot(ctx context.Context, id, name string, force bool) (store.Snapshot, error)
-	// GetSnapshot returns tenant's snapshot name (ErrNotFound if none).
-	GetSnapshot(ctx context.Context, tenant, name string) (store.Snapshot, error)
-	// CreateFromSnapshot starts a sandbox from o.Tenant's snapshot name; o
-	// may set Timeout, Metadata and IdlePause only.
-	CreateFromSnapshot(ctx context.Context, name string, o sandbox.CreateOptions) (store.Sandbox, error)
-	// Fork makes count running copies of a sandbox; on an error the
-	// copies made so far are returned with it.
-	Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error)
+	Snapshot(ctx context.Context, c sandbox.Caller, id, name string, force bool) (store.Snapshot, error)
+	// CreateFromSnapshot starts a sandbox from c's tenant's snapshot name
+	// (ErrNotFound if none); o may set Timeout, Metadata and IdlePause only.
+	CreateFromSnapshot(ctx context.Context, c sandbox.Caller, name string, o sandbox.CreateOptions) (store.Sandbox, error)
+	// Fork makes count running copies of a sandbox, all or none.
+	Fork(ctx context.Context, c sandbox.Caller, id string, count int, force bool) ([]store.Sandbox, error)
 
 	// Exec starts spec in the sandbox for c and returns its stream once it
 	// runs (sandbox.Manager.Exec: the shim merges the sandbox's env under
@@ -69,19 +70,7 @@ type Contexts interface {
 	RunCode(ctx context.Context, c sandbox.Caller, sandboxID string, req guest.CodeRequest, fn func(guest.CodeEvent) error) error
 }
 
-// Events is the audit trail.
-type Events interface {
-	AppendEvent(ctx context.Context, e store.Event) (int64, error)
-}
-
-// Principal is who a session acts as.
-type Principal struct {
-	Tenant string // "" is the local user
-	KeyID  string // API key id; "" on stdio (the audit trail then says "mcp:<session>")
-	Admin  bool   // sees every tenant's sandboxes
-	// Reserve, if set, checks a create of cpus and memMiB against the
-	// principal's quota and holds them until release is called.
-	Reserve func(ctx context.Context, cpus, memMiB int) (release func(), err error)
-}
-
-func (p Principal) sees(sb store.Sandbox) bool { return p.Admin || sb.Tenant == p.Tenant }
+// Principal is who a session acts as: the manager's caller. Tenant "" is
+// the local user; KeyID "" (stdio) becomes "mcp:<session>" in the audit
+// trail; Via is set to "mcp" by the handler.
+type Principal = sandbox.Caller

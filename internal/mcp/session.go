@@ -34,18 +34,10 @@ type session struct {
 	ended   bool               // the session ended: create nothing more
 }
 
-// keyID is the audit trail's key id for s.
-func (s *session) keyID() string {
-	if s.p.KeyID != "" {
-		return s.p.KeyID
-	}
-	return "mcp:" + s.id
-}
+// caller is s's principal for the manager (KeyID and Via set by the handler).
+func (s *session) caller() sandbox.Caller { return s.p }
 
-// caller is s's principal for the manager.
-func (s *session) caller() sandbox.Caller {
-	return sandbox.Caller{Tenant: s.p.Tenant, KeyID: s.keyID(), Admin: s.p.Admin, Via: "mcp"}
-}
+func (s *session) actor() sandbox.Actor { return s.p.Actor() }
 
 // watch starts, once, the goroutine that removes s's sandboxes when ss ends.
 func (s *session) watch(ss *sdk.ServerSession) {
@@ -93,43 +85,31 @@ func (s *session) end() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, id := range ids {
-		if err := s.h.cfg.Service.Remove(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := s.h.cfg.Service.Remove(ctx, s.p, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			s.h.log.Warn("remove session sandbox", "session", s.id, "sandbox_id", id, "err", err)
-			continue
 		}
-		s.h.audit(ctx, s, id, "sandbox.delete", map[string]any{"reason": "mcp session ended"})
 	}
 }
 
-// sandbox returns the sandbox id if s's principal may see it; every other
-// case is errNoSandbox.
+// sandbox returns the sandbox id if s's principal may see it (the manager
+// decides); every other case is errNoSandbox.
 func (s *session) sandbox(ctx context.Context, id string) (store.Sandbox, error) {
-	sb, err := s.h.cfg.Service.Get(ctx, id)
+	sb, err := s.h.cfg.Service.Get(ctx, s.p, id)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
 			return sb, errNoSandbox
 		}
 		return sb, err
 	}
-	if !s.p.sees(sb) {
-		return store.Sandbox{}, errNoSandbox
-	}
 	return sb, nil
 }
 
 var errNoSandbox = fmt.Errorf("%w: sandbox not found (see sandbox_list)", errdefs.ErrNotFound)
 
-// create makes a sandbox for s, registers it as a resource and audits it.
+// create makes a sandbox for s and registers it as a resource.
 func (s *session) create(ctx context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
-	o.Tenant = s.p.Tenant
-	if o.CPUs == 0 {
-		o.CPUs = 1
-	}
-	if o.MemoryMiB == 0 {
-		o.MemoryMiB = 512
-	}
-	sbs, err := s.boot(ctx, 1, o.CPUs, o.MemoryMiB, func(ctx context.Context) ([]store.Sandbox, error) {
-		sb, err := s.h.cfg.Service.Create(ctx, o)
+	sbs, err := s.boot(ctx, 1, func(ctx context.Context) ([]store.Sandbox, error) {
+		sb, err := s.h.cfg.Service.Create(ctx, s.p, o)
 		if err != nil {
 			return nil, err
 		}
@@ -141,13 +121,12 @@ func (s *session) create(ctx context.Context, o sandbox.CreateOptions) (store.Sa
 	return sbs[0], nil
 }
 
-// boot makes n sandboxes of cpus and memMiB each for s with fn: it checks
-// the session's and the principal's limits, then registers the sandboxes
-// as the session's (removed when it ends) and audits them. fn runs under
-// a ctx that is not cancelled with the call (the manager cleans up
-// failures; a finished sandbox is removed with the session); a sandbox it
-// returns with an error is removed.
-func (s *session) boot(ctx context.Context, n, cpus, memMiB int, fn func(ctx context.Context) ([]store.Sandbox, error)) ([]store.Sandbox, error) {
+// boot makes n sandboxes for s with fn: it checks the session's limit
+// (fn's manager call checks the principal's quota), then registers the
+// sandboxes as the session's (removed when it ends). fn runs under a ctx
+// that is not cancelled with the call (the manager cleans up failures; a
+// finished sandbox is removed with the session).
+func (s *session) boot(ctx context.Context, n int, fn func(ctx context.Context) ([]store.Sandbox, error)) ([]store.Sandbox, error) {
 	s.mu.Lock()
 	switch {
 	case s.ended:
@@ -158,35 +137,10 @@ func (s *session) boot(ctx context.Context, n, cpus, memMiB int, fn func(ctx con
 		return nil, fmt.Errorf("%w: this session has %d sandboxes and may create at most %d; kill one with sandbox_kill", errdefs.ErrResourceExhausted, len(s.created), s.h.cfg.MaxSessionSandboxes)
 	}
 	s.mu.Unlock()
-	if s.p.Reserve != nil {
-		var releases []func()
-		defer func() {
-			for _, release := range releases {
-				release()
-			}
-		}()
-		for range n {
-			release, err := s.p.Reserve(ctx, cpus, memMiB)
-			if err != nil {
-				return nil, err
-			}
-			releases = append(releases, release)
-		}
-	}
 	bctx := context.WithoutCancel(ctx)
 	sbs, err := fn(bctx)
 	if err != nil {
-		for _, sb := range sbs {
-			_ = s.h.cfg.Service.Remove(bctx, sb.ID)
-		}
 		return nil, err
-	}
-	for _, sb := range sbs {
-		detail := map[string]any{"image": sb.Image, "cpus": sb.CPUs, "memory_mb": sb.MemoryMiB, "disk_mb": sb.DiskMiB, "via": "mcp"}
-		if sb.Source != "" {
-			detail["source"] = sb.Source
-		}
-		s.h.audit(ctx, s, sb.ID, "sandbox.create", detail)
 	}
 	s.mu.Lock()
 	ended := s.ended
@@ -199,7 +153,7 @@ func (s *session) boot(ctx context.Context, n, cpus, memMiB int, fn func(ctx con
 	if ended { // the session ended while we booted
 		if !s.h.cfg.KeepSandboxes {
 			for _, sb := range sbs {
-				_ = s.h.cfg.Service.Remove(bctx, sb.ID)
+				_ = s.h.cfg.Service.Remove(bctx, s.p, sb.ID)
 			}
 		}
 		return nil, fmt.Errorf("%w: the session has ended", errdefs.ErrFailedPrecondition)
@@ -242,7 +196,7 @@ func (s *session) target(ctx context.Context, id string) (string, error) {
 	def := s.def
 	s.mu.Unlock()
 	if def != "" {
-		if sb, err := s.h.cfg.Service.Get(ctx, def); err == nil && usable(sb.State) {
+		if sb, err := s.h.cfg.Service.Get(ctx, s.p, def); err == nil && usable(sb.State) {
 			return def, nil // a paused one is resumed by the call that uses it
 		}
 		s.removed(def) // expired or failed: make a new one

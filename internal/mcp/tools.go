@@ -150,7 +150,7 @@ func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolRe
 type listIn struct{}
 
 func (t *tools) sandboxList(ctx context.Context, _ listIn) (*sdk.CallToolResult, error) {
-	sbs, err := t.h.cfg.Service.List(ctx)
+	sbs, err := t.h.cfg.Service.List(ctx, t.s.p)
 	if err != nil {
 		return nil, err
 	}
@@ -164,9 +164,7 @@ func (t *tools) sandboxList(ctx context.Context, _ listIn) (*sdk.CallToolResult,
 	}
 	out := []row{}
 	for _, sb := range sbs {
-		if t.s.p.sees(sb) {
-			out = append(out, row{viewSandbox(sb), slices.Contains(mine, sb.ID), sb.ID == def})
-		}
+		out = append(out, row{viewSandbox(sb), slices.Contains(mine, sb.ID), sb.ID == def})
 	}
 	return jsonResult(map[string]any{"sandboxes": out})
 }
@@ -180,11 +178,10 @@ func (t *tools) sandboxKill(ctx context.Context, in idIn) (*sdk.CallToolResult, 
 	if err != nil {
 		return nil, err
 	}
-	if err := t.h.cfg.Service.Remove(context.WithoutCancel(ctx), sb.ID); err != nil {
+	if err := t.h.cfg.Service.Remove(context.WithoutCancel(ctx), t.s.p, sb.ID); err != nil {
 		return nil, err
 	}
 	t.s.removed(sb.ID)
-	t.h.audit(ctx, t.s, sb.ID, "sandbox.delete", nil)
 	return textResult("sandbox " + sb.ID + " removed"), nil
 }
 
@@ -204,14 +201,11 @@ func (t *tools) sandboxPause(ctx context.Context, in pauseIn) (*sdk.CallToolResu
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleTimeout)
 	defer cancel()
-	was := sb.State
-	res, err := t.h.cfg.Service.Pause(lctx, sb.ID, in.Force)
+	res, err := t.h.cfg.Service.Pause(lctx, t.s.p, sb.ID, in.Force)
 	if err != nil {
 		return nil, err
 	}
-	t.h.audit(ctx, t.s, sb.ID, "sandbox.pause", map[string]any{"force": in.Force, "was": string(was),
-		"state_bytes": res.StateBytes, "save_ms": res.Save.Milliseconds(), "via": "mcp"})
-	if sb, err = t.h.cfg.Service.Get(lctx, sb.ID); err != nil {
+	if sb, err = t.h.cfg.Service.Get(lctx, t.s.p, sb.ID); err != nil {
 		return nil, err
 	}
 	return jsonResult(map[string]any{"sandbox": viewSandbox(sb), "state_bytes": res.StateBytes, "save_ms": res.Save.Milliseconds()})
@@ -224,11 +218,9 @@ func (t *tools) sandboxResume(ctx context.Context, in idIn) (*sdk.CallToolResult
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleTimeout)
 	defer cancel()
-	was := sb.State
-	if sb, err = t.h.cfg.Service.Resume(lctx, sb.ID); err != nil {
+	if sb, err = t.h.cfg.Service.Resume(lctx, t.s.p, sb.ID); err != nil {
 		return nil, err
 	}
-	t.h.audit(ctx, t.s, sb.ID, "sandbox.resume", map[string]any{"was": string(was), "via": "mcp"})
 	return jsonResult(viewSandbox(sb))
 }
 
@@ -239,18 +231,17 @@ func (t *tools) createFromSnapshot(ctx context.Context, in createIn) (*sdk.CallT
 	if in.Env != nil || in.Network != "" || in.Allow != nil {
 		return nil, fmt.Errorf("%w: from_snapshot: env and network come from the snapshot; leave env, network and allow out", errdefs.ErrInvalid)
 	}
-	sn, err := t.h.cfg.Service.GetSnapshot(ctx, t.s.p.Tenant, in.FromSnapshot)
-	if err != nil || strings.HasPrefix(sn.Name, forkBasePrefix) {
-		return nil, fmt.Errorf("%w: snapshot %q not found", errdefs.ErrNotFound, in.FromSnapshot)
-	}
 	o := sandbox.CreateOptions{
-		Tenant: t.s.p.Tenant, Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
+		Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
 		Metadata: in.Metadata, IdlePause: time.Duration(in.IdlePauseS) * time.Second,
 	}
-	sbs, err := t.s.boot(ctx, 1, sn.CPUs, sn.MemoryMiB, func(ctx context.Context) ([]store.Sandbox, error) {
+	sbs, err := t.s.boot(ctx, 1, func(ctx context.Context) ([]store.Sandbox, error) {
 		ctx, cancel := context.WithTimeout(ctx, lifecycleTimeout)
 		defer cancel()
-		sb, err := t.h.cfg.Service.CreateFromSnapshot(ctx, sn.Name, o)
+		sb, err := t.h.cfg.Service.CreateFromSnapshot(ctx, t.s.p, in.FromSnapshot, o)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("%w: snapshot %q not found", errdefs.ErrNotFound, in.FromSnapshot)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -294,14 +285,13 @@ func (t *tools) sandboxSnapshot(ctx context.Context, in snapshotIn) (*sdk.CallTo
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleTimeout)
 	defer cancel()
-	sn, err := t.h.cfg.Service.Snapshot(lctx, sb.ID, in.Name, in.Force)
+	sn, err := t.h.cfg.Service.Snapshot(lctx, t.s.p, sb.ID, in.Name, in.Force)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) {
 			return nil, fmt.Errorf("%w: a snapshot named %q exists", errdefs.ErrInvalid, in.Name)
 		}
 		return nil, err
 	}
-	t.h.audit(ctx, t.s, sb.ID, "snapshot.create", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "force": in.Force, "size_bytes": sn.Size, "via": "mcp"})
 	return jsonResult(snapshotView{sn.Name, sn.ID, sn.SandboxID, sn.Image, sn.CPUs, sn.MemoryMiB, sn.DiskMiB, sn.Size, sn.Created.UTC()})
 }
 
@@ -322,21 +312,18 @@ func (t *tools) sandboxFork(ctx context.Context, in forkIn) (*sdk.CallToolResult
 	if err != nil {
 		return nil, err
 	}
-	forks, err := t.s.boot(ctx, in.Count, src.CPUs, src.MemoryMiB, func(ctx context.Context) ([]store.Sandbox, error) {
+	forks, err := t.s.boot(ctx, in.Count, func(ctx context.Context) ([]store.Sandbox, error) {
 		ctx, cancel := context.WithTimeout(ctx, lifecycleTimeout)
 		defer cancel()
-		return t.h.cfg.Service.Fork(ctx, src.ID, in.Count, in.Force)
+		return t.h.cfg.Service.Fork(ctx, t.s.p, src.ID, in.Count, in.Force)
 	})
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]string, 0, len(forks))
 	views := make([]sandboxView, 0, len(forks))
 	for _, f := range forks {
-		ids = append(ids, f.ID)
 		views = append(views, viewSandbox(f))
 	}
-	t.h.audit(ctx, t.s, src.ID, "sandbox.fork", map[string]any{"count": in.Count, "force": in.Force, "forks": ids, "via": "mcp"})
 	return jsonResult(map[string]any{"sandboxes": views})
 }
 
@@ -353,11 +340,10 @@ func (t *tools) sandboxSetTimeout(ctx context.Context, in timeoutIn) (*sdk.CallT
 	if err != nil {
 		return nil, err
 	}
-	if err := t.h.cfg.Service.SetTimeout(ctx, sb.ID, time.Duration(in.TimeoutS)*time.Second); err != nil {
+	if err := t.h.cfg.Service.SetTimeout(ctx, t.s.p, sb.ID, time.Duration(in.TimeoutS)*time.Second); err != nil {
 		return nil, err
 	}
-	t.h.audit(ctx, t.s, sb.ID, "sandbox.timeout", map[string]any{"timeout_s": in.TimeoutS})
-	if sb, err = t.h.cfg.Service.Get(ctx, sb.ID); err != nil {
+	if sb, err = t.h.cfg.Service.Get(ctx, t.s.p, sb.ID); err != nil {
 		return nil, err
 	}
 	return jsonResult(viewSandbox(sb))

@@ -10,13 +10,40 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// Limits are a tenant's quotas. Zero fields take the server's defaults
-// before they reach the manager.
+// Limits are a tenant's quotas. Zero fields take defaults (Or).
 type Limits struct {
 	MaxSandboxes int
 	MaxVCPUs     int
 	MaxMemoryMiB int
-	RatePerMin   int
+	RatePerMin   int // requests per minute (the HTTP API's rate limiter)
+}
+
+// DefaultLimits apply where neither a key nor the server sets a limit
+// (secure by default: no tenant is unlimited).
+var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 10, RatePerMin: 1200}
+
+// Or returns l with its zero fields taken from d.
+func (l Limits) Or(d Limits) Limits {
+	pick := func(v, def int) int {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
+	return Limits{
+		MaxSandboxes: pick(l.MaxSandboxes, d.MaxSandboxes),
+		MaxVCPUs:     pick(l.MaxVCPUs, d.MaxVCPUs),
+		MaxMemoryMiB: pick(l.MaxMemoryMiB, d.MaxMemoryMiB),
+		RatePerMin:   pick(l.RatePerMin, d.RatePerMin),
+	}
+}
+
+// KeyCaller is the caller acting with API key k through surface via: the
+// key's tenant, id and admin flag, and its limits with defaults (then
+// DefaultLimits) filling the ones it does not set.
+func KeyCaller(k store.APIKey, defaults Limits, via string) Caller {
+	own := Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, RatePerMin: k.RatePerMin}
+	return Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Limits: own.Or(defaults).Or(DefaultLimits), Via: via}
 }
 
 // Caller is who asks the manager to act. Every surface (the local CLI, the
@@ -31,8 +58,8 @@ type Caller struct {
 	KeyID string
 	// Admin sees and acts on every tenant's sandboxes.
 	Admin bool
-	// Limits are the tenant's quotas (ignored for admins' own creates only
-	// when Tenant is "").
+	// Limits are the tenant's quotas, checked by every create (zero
+	// fields: DefaultLimits). The local user (Tenant "") has none.
 	Limits Limits
 	// Via names the surface for the audit trail: "cli", "api", "mcp", ...
 	Via string
@@ -47,20 +74,14 @@ func (c Caller) Sees(sb store.Sandbox) bool { return c.Admin || sb.Tenant == c.T
 // Actor is the audit identity of c.
 func (c Caller) Actor() Actor { return Actor{Tenant: c.Tenant, KeyID: c.KeyID} }
 
-// lookup returns the reconciled sandbox id if c may see it. An absent
-// sandbox, a malformed id and another tenant's sandbox give the same
-// ErrNotFound, byte for byte, so ids cannot be probed. An admin, who sees
-// every sandbox, gets Get's own errors (they say what is wrong).
+// lookup returns the reconciled sandbox id if c may see it. For a caller
+// that is not an admin, an absent sandbox, a malformed id and another
+// tenant's sandbox give the same ErrNotFound, byte for byte, so ids cannot
+// be probed; an admin (who sees everything) gets the precise error.
 func (m *Manager) lookup(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
-	if c.Admin {
-		return m.Get(ctx, id)
-	}
-	if ValidateID(id) != nil {
-		return store.Sandbox{}, errNoSandbox
-	}
-	sb, err := m.Get(ctx, id)
+	sb, err := m.get(ctx, id)
 	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
+		if !c.Admin && (errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid)) {
 			return store.Sandbox{}, errNoSandbox
 		}
 		return store.Sandbox{}, err
@@ -86,7 +107,7 @@ func (m *Manager) running(ctx context.Context, c Caller, id string) (store.Sandb
 	}
 	switch sb.State {
 	case store.StatePaused, store.StateResuming, store.StatePausing:
-		if sb, err = m.Resume(ctx, id); err != nil {
+		if sb, err = m.resume(ctx, id); err != nil {
 			return sb, nil, err
 		}
 	}

@@ -80,13 +80,13 @@ func TestCollectTemplates(t *testing.T) {
 		t.Fatalf("prune with the old template held: %d, %v; old kept %v", n, err, exists("old"))
 	}
 	mkTemplate(snapshotTemplateID("snap1"), "vmlinux-old")
-	if err := m.Remove(ctx, "aaaaaaaaaaaa"); err != nil {
+	if err := m.Remove(ctx, Local(), "aaaaaaaaaaaa"); err != nil {
 		t.Fatal(err)
 	}
 	if !exists("old") {
 		t.Fatal("old template freed while a sandbox's disk is backed by it")
 	}
-	if err := m.Remove(ctx, "bbbbbbbbbbbb"); err != nil {
+	if err := m.Remove(ctx, Local(), "bbbbbbbbbbbb"); err != nil {
 		t.Fatal(err)
 	}
 	if exists("old") || !exists("current") || !exists(snapshotTemplateID("snap1")) {
@@ -107,12 +107,12 @@ func TestReconcile(t *testing.T) {
 	if _, err := m.takeShimLock("aaaaaaaaaaaa"); err == nil {
 		t.Fatal("shim lock taken twice")
 	}
-	sb, err := m.Get(ctx, "aaaaaaaaaaaa")
+	sb, err := m.Get(ctx, Local(), "aaaaaaaaaaaa")
 	if err != nil || sb.State != store.StateRunning {
 		t.Fatalf("with the lock held: %s, %v", sb.State, err)
 	}
 	lock.Close()
-	if sb, _ = m.Get(ctx, "aaaaaaaaaaaa"); sb.State != store.StateFailed || sb.Reason == "" {
+	if sb, _ = m.Get(ctx, Local(), "aaaaaaaaaaaa"); sb.State != store.StateFailed || sb.Reason == "" {
 		t.Fatalf("with the lock free: %s %q", sb.State, sb.Reason)
 	}
 
@@ -126,12 +126,12 @@ func TestReconcile(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), PauseManifestFile), []byte("{}"), 0o400); err != nil {
 			t.Fatal(err)
 		}
-		if sb, _ = m.Get(ctx, id); sb.State != store.StatePaused || (st == store.StatePausing && sb.LifetimeLeft < 50*time.Minute) {
+		if sb, _ = m.Get(ctx, Local(), id); sb.State != store.StatePaused || (st == store.StatePausing && sb.LifetimeLeft < 50*time.Minute) {
 			t.Fatalf("died %s: %s, %s left", st, sb.State, sb.LifetimeLeft)
 		}
 	}
 	addSandbox(t, m, "dddddddddddd", store.StatePausing)
-	if sb, _ = m.Get(ctx, "dddddddddddd"); sb.State != store.StateFailed {
+	if sb, _ = m.Get(ctx, Local(), "dddddddddddd"); sb.State != store.StateFailed {
 		t.Fatalf("died pausing without a whole save: %s", sb.State)
 	}
 
@@ -158,7 +158,7 @@ func TestReconcile(t *testing.T) {
 		t.Fatalf("verdict on an older generation: %s gen %d", got.State, got.Gen)
 	}
 	// The current generation's owner gone: settled.
-	if sb, _ = m.Get(ctx, "bbbbbbbbbbbb"); sb.State != store.StatePaused || sb.Gen != 2 {
+	if sb, _ = m.Get(ctx, Local(), "bbbbbbbbbbbb"); sb.State != store.StatePaused || sb.Gen != 2 {
 		t.Fatalf("owner of generation 2 gone: %s gen %d", sb.State, sb.Gen)
 	}
 }
@@ -210,7 +210,7 @@ func TestFreezeRecordsReferences(t *testing.T) {
 	if got := targets(store.SandboxObj(id)); len(got) != 2 || got[0] != store.SnapshotObj(sn.ID) {
 		t.Fatalf("sandbox holds %v", got)
 	}
-	if err := m.RemoveSnapshot(ctx, "", "one"); err == nil {
+	if err := m.RemoveSnapshot(ctx, Local(), "", "one"); err == nil {
 		t.Fatal("removed a snapshot the sandbox's disk is backed by")
 	}
 	// The same name again (a race past the check in snapshot): refused,

@@ -25,12 +25,26 @@ const resumeWait = 2 * time.Minute
 // PauseResult says what a pause saved.
 type PauseResult = guest.PauseResult
 
-// Pause saves a running sandbox's memory, devices and disk and ends its
+// Pause saves c's running sandbox's memory, devices and disk and ends its
 // VMM and shim: a paused sandbox costs disk only. With force, commands
 // still running are ended; without it such a pause is refused. Pausing a
-// paused sandbox does nothing.
-func (m *Manager) Pause(ctx context.Context, id string, force bool) (PauseResult, error) {
-	sb, err := m.Get(ctx, id)
+// paused sandbox does nothing. Audited as sandbox.pause (no-ops too).
+func (m *Manager) Pause(ctx context.Context, c Caller, id string, force bool) (PauseResult, error) {
+	sb, err := m.lookup(ctx, c, id)
+	if err != nil {
+		return PauseResult{}, err
+	}
+	res, err := m.pause(ctx, id, force)
+	if err != nil {
+		return res, err
+	}
+	m.audit(ctx, c, id, "sandbox.pause", map[string]any{"force": force, "was": string(sb.State),
+		"state_bytes": res.StateBytes, "save_ms": res.Save.Milliseconds()})
+	return res, nil
+}
+
+func (m *Manager) pause(ctx context.Context, id string, force bool) (PauseResult, error) {
+	sb, err := m.get(ctx, id)
 	if err != nil {
 		return PauseResult{}, err
 	}
@@ -53,13 +67,30 @@ func (m *Manager) Pause(ctx context.Context, id string, force bool) (PauseResult
 	return res, nil
 }
 
-// Resume restores a paused sandbox and returns once its guest answers,
+// Resume restores c's paused sandbox and returns once its guest answers,
 // with every process and its memory as they were. Resuming a running
-// sandbox does nothing; concurrent resumes share one.
-func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) {
+// sandbox does nothing; concurrent resumes share one. Audited as
+// sandbox.resume.
+func (m *Manager) Resume(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
+	sb, err := m.lookup(ctx, c, id)
+	if err != nil {
+		return sb, err
+	}
+	start := time.Now()
+	cur, err := m.resume(ctx, id)
+	if err != nil {
+		return cur, err
+	}
+	m.audit(ctx, c, id, "sandbox.resume", map[string]any{"was": string(sb.State), "duration_ms": time.Since(start).Milliseconds()})
+	return cur, nil
+}
+
+// resume is Resume for the manager's own use (any call to a paused
+// sandbox resumes it): whoever owns id, no audit.
+func (m *Manager) resume(ctx context.Context, id string) (store.Sandbox, error) {
 	deadline := time.Now().Add(resumeWait)
 	for {
-		sb, err := m.Get(ctx, id)
+		sb, err := m.get(ctx, id)
 		if err != nil {
 			return sb, err
 		}
@@ -91,7 +122,7 @@ func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) 
 				// it is gone and the next Reconcile does.
 				return sb, err
 			}
-			return m.Get(ctx, id)
+			return m.get(ctx, id)
 		case store.StateResuming, store.StatePausing:
 			// Another caller's resume (or a pause finishing): wait.
 		default:
@@ -112,11 +143,11 @@ func (m *Manager) Resume(ctx context.Context, id string) (store.Sandbox, error) 
 	}
 }
 
-// Touch counts as activity for the sandbox's idle timer (a keepalive),
-// answered by its shim without the guest. A paused sandbox is resumed, like
-// for any other call.
-func (m *Manager) Touch(ctx context.Context, id string) error {
-	_, sc, err := m.running(ctx, Local(), id)
+// Touch counts as activity for the idle timer of c's sandbox (a
+// keepalive), answered by its shim without the guest. A paused sandbox is
+// resumed, like for any other call.
+func (m *Manager) Touch(ctx context.Context, c Caller, id string) error {
+	_, sc, err := m.running(ctx, c, id)
 	if err != nil {
 		return err
 	}

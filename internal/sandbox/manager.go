@@ -45,7 +45,7 @@ type CreateOptions struct {
 	DiskMiB   int // 0: TemplateDiskMiB (the image size plus 512 MiB, at least 2 GiB)
 	Timeout   time.Duration
 	Metadata  map[string]string
-	Tenant    string            // owner; "" for local CLI use
+	Tenant    string            // owner: set by the manager to the caller's tenant
 	Env       map[string]string // default environment of every exec
 	// Network is the egress policy, secrets, published ports and limits.
 	Network netconf.Spec
@@ -73,6 +73,7 @@ type Manager struct {
 
 	poolOnce sync.Once
 	pool     *shimclient.Pool // see shims
+	quota    Quotas           // creates in flight (see reserve)
 }
 
 // ImagePath returns the blob path of an image digest ("sha256:<hex>").
@@ -164,9 +165,33 @@ var caEnv = map[string]string{
 	"SSL_CERT_FILE":       "/etc/ssl/certs/ca-certificates.crt",
 }
 
-// Create records a sandbox, starts its shim and waits until the guest
-// answers. On failure nothing is left behind.
-func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, error) {
+// Create makes a sandbox owned by c's tenant within c's quota: it records
+// it, starts its shim and waits until the guest answers, then audits
+// sandbox.create. On failure nothing is left behind. A create over quota
+// is a *QuotaError.
+func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.Sandbox, error) {
+	o.Tenant = c.Tenant
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 512
+	}
+	release, err := m.reserve(ctx, c, c.Tenant, 1, o.CPUs, o.MemoryMiB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer release()
+	sb, err := m.create(ctx, o)
+	if err != nil {
+		return sb, err
+	}
+	m.auditCreate(ctx, c, sb)
+	return sb, nil
+}
+
+// create is Create for o.Tenant, without quota or audit.
+func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, error) {
 	if o.Image == "" {
 		o.Image = "base"
 	}
@@ -209,7 +234,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		return sb, err
 	}
 	if err := m.startShim(ctx, sb, o.Secrets, lock); err != nil {
-		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
+		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
 	return m.Store.GetSandbox(ctx, sb.ID)
@@ -384,12 +409,21 @@ func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox
 	return cur
 }
 
-// SetTimeout moves a sandbox's end of life to now + d (the shim watches the
-// catalog and stops the sandbox then). d is between 1s and MaxTimeout.
-func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
-	if err := ValidateID(id); err != nil {
+// SetTimeout moves the end of life of c's sandbox id to now + d (the shim
+// watches the catalog and stops the sandbox then) and audits
+// sandbox.timeout. d is between 1s and MaxTimeout.
+func (m *Manager) SetTimeout(ctx context.Context, c Caller, id string, d time.Duration) error {
+	if _, err := m.lookup(ctx, c, id); err != nil {
 		return err
 	}
+	if err := m.setTimeout(ctx, id, d); err != nil {
+		return err
+	}
+	m.audit(ctx, c, id, "sandbox.timeout", map[string]any{"timeout_s": int(d / time.Second)})
+	return nil
+}
+
+func (m *Manager) setTimeout(ctx context.Context, id string, d time.Duration) error {
 	if d < time.Second || d > MaxTimeout {
 		return fmt.Errorf("%w: timeout must be between 1s and %s", errdefs.ErrInvalid, MaxTimeout)
 	}
@@ -400,8 +434,14 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	return m.Store.SetExpiry(ctx, id, time.Now().Add(d))
 }
 
-// Get returns a reconciled sandbox.
-func (m *Manager) Get(ctx context.Context, id string) (store.Sandbox, error) {
+// Get returns sandbox id, reconciled, if c may see it (see lookup for
+// the errors).
+func (m *Manager) Get(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
+	return m.lookup(ctx, c, id)
+}
+
+// get returns a reconciled sandbox, whoever owns it.
+func (m *Manager) get(ctx context.Context, id string) (store.Sandbox, error) {
 	if err := ValidateID(id); err != nil {
 		return store.Sandbox{}, err
 	}
@@ -412,8 +452,24 @@ func (m *Manager) Get(ctx context.Context, id string) (store.Sandbox, error) {
 	return m.Reconcile(ctx, sb), nil
 }
 
-// List returns all reconciled sandboxes.
-func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
+// List returns the reconciled sandboxes c may see: its tenant's, or every
+// tenant's for an admin.
+func (m *Manager) List(ctx context.Context, c Caller) ([]store.Sandbox, error) {
+	sbs, err := m.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := sbs[:0]
+	for _, sb := range sbs {
+		if c.Sees(sb) {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}
+
+// list returns every tenant's reconciled sandboxes.
+func (m *Manager) list(ctx context.Context) ([]store.Sandbox, error) {
 	sbs, err := m.Store.ListSandboxes(ctx)
 	if err != nil {
 		return nil, err
@@ -428,13 +484,13 @@ func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
 // the (reconciled) sandbox id is running. A paused sandbox is resumed
 // first: any call to it just works.
 func (m *Manager) requireRunning(ctx context.Context, id string) error {
-	sb, err := m.Get(ctx, id)
+	sb, err := m.get(ctx, id)
 	if err != nil {
 		return err
 	}
 	switch sb.State {
 	case store.StatePaused, store.StateResuming, store.StatePausing:
-		if sb, err = m.Resume(ctx, id); err != nil {
+		if sb, err = m.resume(ctx, id); err != nil {
 			return err
 		}
 	}
@@ -448,9 +504,24 @@ func (m *Manager) requireRunning(ctx context.Context, id string) error {
 	return nil
 }
 
-// Remove stops a sandbox (through its shim when alive) and deletes every
-// trace of it: shim, VMM, files, catalog row. Removing twice is fine.
-func (m *Manager) Remove(ctx context.Context, id string) error {
+// Remove stops c's sandbox id (through its shim when alive), deletes every
+// trace of it (shim, VMM, files, catalog row) and audits sandbox.delete.
+// An admin may also remove what is left of a sandbox with no catalog row
+// (its files).
+func (m *Manager) Remove(ctx context.Context, c Caller, id string) error {
+	if _, err := m.lookup(ctx, c, id); err != nil && (!c.Admin || !errors.Is(err, errdefs.ErrNotFound)) {
+		return err
+	}
+	if err := m.remove(ctx, id); err != nil {
+		return err
+	}
+	m.audit(ctx, c, id, "sandbox.delete", nil)
+	return nil
+}
+
+// remove is Remove for the manager's own use: whoever owns id, no audit.
+// Removing twice is fine.
+func (m *Manager) remove(ctx context.Context, id string) error {
 	if err := ValidateID(id); err != nil {
 		return err
 	}

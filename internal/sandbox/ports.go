@@ -22,11 +22,14 @@ import (
 // "error: <reason>\n"; after "ok" the socket carries the TCP stream.
 const portsDialTimeout = 10 * time.Second
 
-// DialPort opens a TCP stream to port of a running sandbox's guest,
-// through its shim (published ports and the API's preview route use it).
-func (m *Manager) DialPort(ctx context.Context, id string, port uint16) (net.Conn, error) {
+// DialPort opens a TCP stream to port of c's running sandbox's guest,
+// through its shim (the API's preview route uses it).
+func (m *Manager) DialPort(ctx context.Context, c Caller, id string, port uint16) (net.Conn, error) {
 	if port == 0 {
 		return nil, fmt.Errorf("%w: port must be 1-65535", errdefs.ErrInvalid)
+	}
+	if _, err := m.lookup(ctx, c, id); err != nil {
+		return nil, err
 	}
 	if err := m.requireRunning(ctx, id); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -45,16 +46,27 @@ func (l Layout) SnapshotDir(id string) string { return filepath.Join(l.Snapshots
 // Snapshot saves a running (or paused) sandbox's memory, devices and disk
 // as a named snapshot that new sandboxes start from; the sandbox keeps
 // running (it is paused and resumed: its guest stops for about as long as
-// a pause and a resume take, and its open TCP connections are reset).
-func (m *Manager) Snapshot(ctx context.Context, id, name string, force bool) (store.Snapshot, error) {
+// a pause and a resume take, and its open TCP connections are reset). The
+// snapshot is the sandbox's tenant's; it is audited as snapshot.create.
+func (m *Manager) Snapshot(ctx context.Context, c Caller, id, name string, force bool) (store.Snapshot, error) {
+	if _, err := m.lookup(ctx, c, id); err != nil {
+		return store.Snapshot{}, err
+	}
 	if err := ValidateSnapshotName(name); err != nil {
 		return store.Snapshot{}, err
 	}
-	return m.snapshot(ctx, id, name, force)
+	start := time.Now()
+	sn, err := m.snapshot(ctx, id, name, force)
+	if err != nil {
+		return sn, err
+	}
+	m.audit(ctx, c, id, "snapshot.create", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "force": force,
+		"size_bytes": sn.Size, "duration_ms": time.Since(start).Milliseconds()})
+	return sn, nil
 }
 
 func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (store.Snapshot, error) {
-	sb, err := m.Get(ctx, id)
+	sb, err := m.get(ctx, id)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
@@ -63,13 +75,13 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (st
 	}
 	wasRunning := sb.State != store.StatePaused
 	if wasRunning {
-		if _, err := m.Pause(ctx, id, force); err != nil {
+		if _, err := m.pause(ctx, id, force); err != nil {
 			return store.Snapshot{}, err
 		}
 	}
 	sn, err := m.freeze(ctx, sb, name)
 	if wasRunning {
-		if _, rerr := m.Resume(ctx, id); rerr != nil {
+		if _, rerr := m.resume(ctx, id); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("resume after snapshot: %w", rerr))
 		}
 	}
@@ -170,13 +182,24 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 
 // CreateFromSnapshot starts a sandbox from a snapshot: its memory,
 // processes and disk as they were, with a fresh clock and RNG seed and its
-// own network stack. o may set Timeout, Metadata, IdlePause and Tenant;
-// the size, image, env and network come from the snapshot.
-func (m *Manager) CreateFromSnapshot(ctx context.Context, name string, o CreateOptions) (store.Sandbox, error) {
+// own network stack. It is c's tenant's snapshot and sandbox, within c's
+// quota (a *QuotaError), audited as sandbox.create. o may set Timeout,
+// Metadata and IdlePause; the size, image, env and network come from the
+// snapshot. Fork bases are not found here.
+func (m *Manager) CreateFromSnapshot(ctx context.Context, c Caller, name string, o CreateOptions) (store.Sandbox, error) {
+	o.Tenant = c.Tenant
+	if strings.HasPrefix(name, forkPrefix) {
+		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
+	}
 	sn, err := m.Store.GetSnapshot(ctx, o.Tenant, name)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
+	release, err := m.reserve(ctx, c, c.Tenant, 1, sn.CPUs, sn.MemoryMiB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer release()
 	if (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != sn.MemoryMiB) || (o.DiskMiB != 0 && o.DiskMiB != sn.DiskMiB) {
 		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from snapshot %q has its size (%d cpus, %d MiB memory, %d MiB disk)", errdefs.ErrInvalid, name, sn.CPUs, sn.MemoryMiB, sn.DiskMiB)
 	}
@@ -186,20 +209,33 @@ func (m *Manager) CreateFromSnapshot(ctx context.Context, name string, o CreateO
 	if len(o.Secrets) > 0 || len(o.Network.Secrets) > 0 {
 		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from a snapshot cannot have secrets", errdefs.ErrInvalid)
 	}
-	return m.materialize(ctx, sn, "snapshot:"+name, o)
+	sb, err := m.materialize(ctx, sn, "snapshot:"+name, o)
+	if err != nil {
+		return sb, err
+	}
+	m.auditCreate(ctx, c, sb)
+	return sb, nil
 }
 
-// Fork makes count running copies of a sandbox: a snapshot of it (kept,
-// unlisted, while the forks exist; see PruneSnapshots) and count sandboxes
-// from it.
-func (m *Manager) Fork(ctx context.Context, id string, count int, force bool) ([]store.Sandbox, error) {
+// Fork makes count running copies of c's sandbox id: a snapshot of it
+// (kept, unlisted, while the forks exist; see PruneSnapshots) and count
+// sandboxes from it. The copies are the source's tenant's and count
+// against its quota with c's limits (a *QuotaError). All or nothing: on
+// an error the copies made so far are removed. Each copy is audited as
+// sandbox.create, the source as sandbox.fork.
+func (m *Manager) Fork(ctx context.Context, c Caller, id string, count int, force bool) ([]store.Sandbox, error) {
 	if count < 1 || count > MaxForks {
 		return nil, fmt.Errorf("%w: fork count must be 1 to %d", errdefs.ErrInvalid, MaxForks)
 	}
-	sb, err := m.Get(ctx, id)
+	sb, err := m.lookup(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}
+	release, err := m.reserve(ctx, c, sb.Tenant, count, sb.CPUs, sb.MemoryMiB)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	sn, err := m.snapshot(ctx, id, forkPrefix+randomID(12), force)
 	if err != nil {
 		return nil, err
@@ -208,10 +244,21 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, force bool) ([
 	for range count {
 		f, err := m.materialize(ctx, sn, "fork:"+id, CreateOptions{Tenant: sb.Tenant, Timeout: time.Duration(sb.TimeoutSec) * time.Second, IdlePause: sb.IdlePause, Metadata: sb.Metadata})
 		if err != nil {
-			return out, err
+			for _, f := range out {
+				if rerr := m.remove(context.WithoutCancel(ctx), f.ID); rerr != nil && m.Log != nil {
+					m.Log.Error("remove partial fork", "sandbox_id", f.ID, "err", rerr)
+				}
+			}
+			return nil, err
 		}
 		out = append(out, f)
 	}
+	ids := make([]string, 0, len(out))
+	for _, f := range out {
+		m.auditCreate(ctx, c, f)
+		ids = append(ids, f.ID)
+	}
+	m.audit(ctx, c, id, "sandbox.fork", map[string]any{"count": count, "force": force, "forks": ids})
 	return out, nil
 }
 
@@ -269,20 +316,73 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 	ho := store.SandboxObj(sb.ID)
 	if err := errors.Join(m.Store.AddRefs(ctx, ho, store.RoleOrigin, store.SnapshotObj(sn.ID)), m.Store.AddRefs(ctx, ho, store.RoleDisk, store.SnapshotObj(sn.ID))); err != nil {
 		lock.Close()
-		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
+		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
 	if err := m.startShim(ctx, sb, nil, lock); err != nil {
-		_ = m.Remove(context.WithoutCancel(ctx), sb.ID)
+		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
-	return m.Get(ctx, sb.ID)
+	return m.get(ctx, sb.ID)
 }
 
-// RemoveSnapshot deletes a snapshot unless sandboxes or snapshots still
+// ErrNeedsAdmin refuses a caller that is not an admin an action across
+// tenants (PruneSnapshots). It is an ErrFailedPrecondition.
+var ErrNeedsAdmin = fmt.Errorf("%w: this needs an admin", errdefs.ErrFailedPrecondition)
+
+// snapshotTenant is whose snapshots c acts on: c's tenant, or for an
+// admin the tenant asked for, if any.
+func (c Caller) snapshotTenant(tenant string) string {
+	if c.Admin && tenant != "" {
+		return tenant
+	}
+	return c.Tenant
+}
+
+// ListSnapshots returns the snapshots of c's tenant (of tenant if c is an
+// admin and tenant is not ""), or with all (admins only) every tenant's;
+// fork bases are listed only with all.
+func (m *Manager) ListSnapshots(ctx context.Context, c Caller, tenant string, all bool) ([]store.Snapshot, error) {
+	all = all && c.Admin
+	sns, err := m.Store.ListSnapshots(ctx, c.snapshotTenant(tenant), all)
+	if err != nil {
+		return nil, err
+	}
+	out := sns[:0]
+	for _, sn := range sns {
+		if all || !strings.HasPrefix(sn.Name, forkPrefix) {
+			out = append(out, sn)
+		}
+	}
+	return out, nil
+}
+
+// GetSnapshot returns snapshot name of c's tenant (of tenant for an
+// admin who names one); ErrNotFound if there is none.
+func (m *Manager) GetSnapshot(ctx context.Context, c Caller, tenant, name string) (store.Snapshot, error) {
+	return m.Store.GetSnapshot(ctx, c.snapshotTenant(tenant), name)
+}
+
+// RemoveSnapshot deletes snapshot name of c's tenant (of tenant for an
+// admin who names one) unless sandboxes or snapshots still start from it
+// (ErrFailedPrecondition), and audits snapshot.delete.
+func (m *Manager) RemoveSnapshot(ctx context.Context, c Caller, tenant, name string) error {
+	tenant = c.snapshotTenant(tenant)
+	sn, err := m.Store.GetSnapshot(ctx, tenant, name)
+	if err != nil {
+		return err
+	}
+	if err := m.removeSnapshot(ctx, tenant, name); err != nil {
+		return err
+	}
+	m.audit(ctx, c, sn.SandboxID, "snapshot.delete", map[string]any{"name": sn.Name, "snapshot_id": sn.ID, "size_bytes": sn.Size})
+	return nil
+}
+
+// removeSnapshot deletes a snapshot unless sandboxes or snapshots still
 // hold it (their disks are backed by its disk, or they start from it);
 // then fork bases only it held go too.
-func (m *Manager) RemoveSnapshot(ctx context.Context, tenant, name string) error {
+func (m *Manager) removeSnapshot(ctx context.Context, tenant, name string) error {
 	sn, err := m.Store.DeleteSnapshot(ctx, tenant, name)
 	if err != nil {
 		return err
@@ -295,9 +395,22 @@ func (m *Manager) RemoveSnapshot(ctx context.Context, tenant, name string) error
 }
 
 // PruneSnapshots removes the unlisted snapshots forks started from once no
-// sandbox uses them any more (the collector), and files of snapshots with
-// no catalog row that nothing holds. It returns the bytes freed.
-func (m *Manager) PruneSnapshots(ctx context.Context) (int64, error) {
+// sandbox uses them any more, and files of snapshots with no catalog row,
+// of every tenant: admins only (ErrNeedsAdmin). It returns the bytes freed
+// and audits snapshot.prune.
+func (m *Manager) PruneSnapshots(ctx context.Context, c Caller) (int64, error) {
+	if !c.Admin {
+		return 0, ErrNeedsAdmin
+	}
+	freed, err := m.pruneSnapshots(ctx)
+	if err != nil {
+		return freed, err
+	}
+	m.audit(ctx, c, "", "snapshot.prune", map[string]any{"freed_bytes": freed})
+	return freed, nil
+}
+
+func (m *Manager) pruneSnapshots(ctx context.Context) (int64, error) {
 	freed, _, err := m.collect(ctx)
 	errs := []error{err}
 	all, err := m.Store.ListSnapshots(ctx, "", true)

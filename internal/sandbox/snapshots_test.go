@@ -51,7 +51,7 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 		t.Fatalf("duplicate name: %v", err)
 	}
 	for _, name := range []string{"base", "child"} {
-		if err := m.RemoveSnapshot(t.Context(), "", name); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		if err := m.RemoveSnapshot(t.Context(), Local(), "", name); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 			t.Errorf("rm %s while in use: %v", name, err)
 		}
 	}
@@ -62,7 +62,7 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 	}
 	old := time.Now().Add(-time.Hour)
 	_ = os.Chtimes(orphan, old, old)
-	if _, err := m.PruneSnapshots(t.Context()); err != nil {
+	if _, err := m.PruneSnapshots(t.Context(), Local()); err != nil {
 		t.Fatal(err)
 	}
 	for id, want := range map[string]bool{"s1": true, "s2": true, "s3": false, "s4": false} {
@@ -74,11 +74,11 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 	if err := st.DeleteSandbox(t.Context(), "aaaaaaaaaaaa"); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.RemoveSnapshot(t.Context(), "", "base"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := m.RemoveSnapshot(t.Context(), Local(), "", "base"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("rm base while child refers to it: %v", err)
 	}
 	for _, name := range []string{"child", "base"} {
-		if err := m.RemoveSnapshot(t.Context(), "", name); err != nil {
+		if err := m.RemoveSnapshot(t.Context(), Local(), "", name); err != nil {
 			t.Errorf("rm %s: %v", name, err)
 		}
 	}
@@ -114,13 +114,13 @@ func TestRemoveFreesForkBase(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := m.Remove(t.Context(), "aaaaaaaaaaaa"); err != nil {
+	if err := m.Remove(t.Context(), Local(), "aaaaaaaaaaaa"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(m.L.SnapshotDir("base1")); err != nil {
 		t.Fatal("fork base removed while a sandbox still uses it")
 	}
-	if err := m.Remove(t.Context(), "bbbbbbbbbbbb"); err != nil {
+	if err := m.Remove(t.Context(), Local(), "bbbbbbbbbbbb"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(m.L.SnapshotDir("base1")); err == nil {

@@ -98,7 +98,7 @@ func TestLifecycleTouchAndStats(t *testing.T) {
 	if err != nil || !again.LastActivity.Equal(before) {
 		t.Fatalf("stats moved the activity clock: %v -> %v (%v)", before, again.LastActivity, err)
 	}
-	if err := h.manager().Touch(ctx, h.id); err != nil {
+	if err := h.manager().Touch(ctx, sandbox.Local(), h.id); err != nil {
 		t.Fatal(err)
 	}
 	after, err := sc.Stats(ctx)
