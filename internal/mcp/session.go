@@ -37,8 +37,6 @@ type session struct {
 // caller is s's principal for the manager (KeyID and Via set by the handler).
 func (s *session) caller() sandbox.Caller { return s.p }
 
-func (s *session) actor() sandbox.Actor { return s.p.Actor() }
-
 // watch starts, once, the goroutine that removes s's sandboxes when ss ends.
 func (s *session) watch(ss *sdk.ServerSession) {
 	s.mu.Lock()

@@ -77,7 +77,7 @@ func echoHandler(h *harness) http.HandlerFunc {
 		case "text", "html":
 			var b bytes.Buffer
 			fmt.Fprintf(&b, "%s\n", m["line"])
-			r.Header.Write(&b)
+			_ = r.Header.Write(&b)
 			fmt.Fprintf(&b, "path=%s rawpath=%s query=%s decoded=%v user=%v password=%v b64=%v\nbody=%s",
 				r.URL.Path, r.URL.RawPath, r.URL.RawQuery, r.URL.Query(), m["user"], m["password"], m["b64"], body)
 			out = b.Bytes()
@@ -119,15 +119,15 @@ func echoHandler(h *harness) http.HandlerFunc {
 		case "br":
 			b.Write(out) // not really brotli: the interceptor must refuse it unread
 		default:
-			w.Write(out)
+			_, _ = w.Write(out)
 			return
 		}
 		if zw != nil {
-			zw.Write(out)
+			_, _ = zw.Write(out)
 			zw.Close()
 		}
 		w.Header().Set("Content-Encoding", enc)
-		w.Write(b.Bytes())
+		_, _ = w.Write(b.Bytes())
 	}
 }
 
@@ -188,7 +188,7 @@ func echoRun(t *testing.T, values [2]string) (got []string, h *harness) {
 				}
 				resp.Header.Del("Date")
 				var hdr bytes.Buffer
-				resp.Header.Write(&hdr)
+				_ = resp.Header.Write(&hdr)
 				got = append(got, fmt.Sprintf("%d %v %s\n%s", resp.StatusCode, resp.TransferEncoding, hdr.String(), body))
 				if resp.StatusCode != 200 {
 					t.Fatalf("%q (%s, %s): status %d: %s", raw, format, enc, resp.StatusCode, body)
@@ -280,7 +280,7 @@ func TestInterceptRefusesPartialToInjected(t *testing.T) {
 	h.start(t, echoSecrets(echoValues1), func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Range", "bytes 0-3/10")
 		w.WriteHeader(http.StatusPartialContent)
-		io.WriteString(w, r.Header.Get("Authorization")[7:11])
+		_, _ = io.WriteString(w, r.Header.Get("Authorization")[7:11])
 	})
 	g := h.connect(t, "api.test", nil)
 	resp, body := g.do(t, "GET /x HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer "+ph1+"\r\n\r\n")
