@@ -414,8 +414,10 @@ func TestNetworkSecrets(t *testing.T) {
 	}
 
 	// Nor in the guest's files or process environments.
-	scan := e.run(t, nil, "exec", id, "--", "sh", "-c",
-		`cat /proc/[0-9]*/environ 2>/dev/null | grep -c -F "$1"; grep -r -l -F "$1" /etc /root /home /tmp /var /usr/local /run /opt 2>/dev/null | head -5; echo done`, "sh", value)
+	// The value goes in on stdin, not argv: execs are audited with their
+	// argv, and the audit trail is checked below.
+	scan := e.run(t, strings.NewReader(value), "exec", "-i", id, "--", "sh", "-c",
+		`v=$(cat); cat /proc/[0-9]*/environ 2>/dev/null | grep -c -F "$v"; grep -r -l -F "$v" /etc /root /home /tmp /var /usr/local /run /opt 2>/dev/null | head -5; echo done`)
 	if lines := strings.Fields(scan.stdout); len(lines) != 2 || lines[0] != "0" || lines[1] != "done" {
 		t.Errorf("guest scan for the value: %q %q", scan.stdout, scan.stderr)
 	}
