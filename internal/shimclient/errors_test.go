@@ -1,4 +1,4 @@
-package sandbox
+package shimclient
 
 import (
 	"context"
@@ -20,14 +20,14 @@ func TestSessionErrCategories(t *testing.T) {
 		connect.CodeUnavailable:        errdefs.ErrUnavailable,
 		connect.CodeInternal:           errdefs.ErrUnavailable,
 	} {
-		err := shimErr(ctx, "step", connect.NewError(code, errors.New("msg")))
+		err := wireErr(ctx, "step", connect.NewError(code, errors.New("msg")))
 		if !errors.Is(err, want) || err.Error() != want.Error()+": step: msg" {
 			t.Errorf("%v: %v", code, err)
 		}
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := shimErr(cctx, "step", connect.NewError(connect.CodeCanceled, errors.New("x"))); !errors.Is(err, context.Canceled) {
+	if err := wireErr(cctx, "step", connect.NewError(connect.CodeCanceled, errors.New("x"))); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled: %v", err)
 	}
 }
