@@ -19,6 +19,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // hostileAgent ignores exec timeouts and floods output.
@@ -62,6 +63,14 @@ func (hostileAgent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.Exe
 // forwarding to a hostile agent over net.Pipe, and returns a client for it.
 func relayOverHostileAgent(t *testing.T) *shimclient.Client {
 	t.Helper()
+	c, _ := hostileShim(t)
+	return c
+}
+
+// hostileShim is relayOverHostileAgent that also returns the shim's
+// session table, for tests that look at a session's state.
+func hostileShim(t *testing.T) (*shimclient.Client, *sessions) {
+	t.Helper()
 	host, gconn := net.Pipe()
 	h := hostileAgent{}
 	go func() { _ = agentapi.Serve(context.Background(), gconn, agentapi.NewHandler(h, h, h)) }()
@@ -94,7 +103,7 @@ func relayOverHostileAgent(t *testing.T) *shimclient.Client {
 		gconn.Close()
 		st.Close()
 	})
-	return c
+	return c, tbl
 }
 
 // runStream runs spec over one exec stream, counting its stdout into w,
@@ -163,7 +172,7 @@ func TestStartingStreamHoldsOutputBack(t *testing.T) {
 	oldCap := retainCap
 	retainCap = 64 << 10
 	t.Cleanup(func() { retainCap = oldCap })
-	c := relayOverHostileAgent(t)
+	c, tbl := hostileShim(t)
 	st, err := c.Exec(t.Context(), guest.ExecSpec{Argv: []string{"flood"}, Timeout: time.Hour, MaxOutputBytes: 2 << 20}, shimclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -176,8 +185,19 @@ func TestStartingStreamHoldsOutputBack(t *testing.T) {
 			t.Fatalf("after %d bytes: %v %+v; want all 2 MiB", n, err, ev.Exit)
 		}
 		if n == 0 {
-			// Fall behind: the flood goes on while nobody reads.
-			time.Sleep(300 * time.Millisecond)
+			// Fall behind: nobody reads until the flood has gone past what
+			// the shim retains (it dropped the oldest output).
+			s, err := tbl.Get(st.Info().ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !testutil.WaitFor(t, 30*time.Second, func() bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.dropped > 0
+			}) {
+				t.Fatal("the flood never went past the retained output")
+			}
 		}
 		n += len(ev.Data)
 	}

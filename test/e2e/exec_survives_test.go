@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // TestExecSurvivesCLIKill: `kill -9` of `airlock exec` mid-command leaves
@@ -44,14 +46,12 @@ func TestExecSurvivesCLIKill(t *testing.T) {
 	}
 
 	// The command finishes in the guest.
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(250 * time.Millisecond) {
-		r := e.run(t, nil, "exec", id, "--", "cat", "/tmp/x")
-		if r.code == 0 && r.stdout == "done\n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/tmp/x after the CLI was killed: exit %d %q %q", r.code, r.stdout, r.stderr)
-		}
+	var r result
+	if !testutil.WaitFor(t, 60*time.Second, func() bool {
+		r = e.run(t, nil, "exec", id, "--", "cat", "/tmp/x")
+		return r.code == 0 && r.stdout == "done\n"
+	}) {
+		t.Fatalf("/tmp/x after the CLI was killed: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 
 	// The shim recorded its exit: the API lists it exited with code 0.
