@@ -11,7 +11,6 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 type execRequest struct {
@@ -75,14 +74,6 @@ func (s *Server) execs(w http.ResponseWriter, r *http.Request) (Execs, bool) {
 		return nil, false
 	}
 	return s.cfg.Execs, true
-}
-
-// execCaller is who r's key is, for the manager (which decides what it may
-// see).
-func execCaller(r *http.Request) sandbox.Caller {
-	k := keyOf(r)
-	return sandbox.Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Via: "api",
-		Limits: sandbox.Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, RatePerMin: k.RatePerMin}}
 }
 
 // execFail answers an error of the exec service: a sandbox the caller
@@ -153,7 +144,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	sid := r.PathValue("id")
 	t0 := time.Now()
 	// A background exec has no stream whose end could kill it.
-	st, err := ex.Exec(r.Context(), execCaller(r), sid, spec, req.KillOnDisconnect && !req.Background)
+	st, err := ex.Exec(r.Context(), callerOf(r), sid, spec, req.KillOnDisconnect && !req.Background)
 	if err != nil {
 		s.execFail(w, r, err)
 		return
@@ -186,7 +177,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 // that the shim passed all of it on.
 func (s *Server) execStdinOnce(r *http.Request, ex Execs, st guest.ExecStream, data []byte, closeStdin, background bool) error {
 	if background {
-		cs, err := ex.ExecControl(r.Context(), execCaller(r), r.PathValue("id"), st.Info().ID)
+		cs, err := ex.ExecControl(r.Context(), callerOf(r), r.PathValue("id"), st.Info().ID)
 		if err != nil {
 			return err
 		}
@@ -271,7 +262,7 @@ func (s *Server) listExecs(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	infos, err := ex.ListExecs(r.Context(), execCaller(r), r.PathValue("id"))
+	infos, err := ex.ListExecs(r.Context(), callerOf(r), r.PathValue("id"))
 	if err != nil {
 		s.execFail(w, r, err)
 		return
@@ -288,7 +279,7 @@ func (s *Server) getExec(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	info, err := ex.GetExec(r.Context(), execCaller(r), r.PathValue("id"), r.PathValue("exec_id"))
+	info, err := ex.GetExec(r.Context(), callerOf(r), r.PathValue("id"), r.PathValue("exec_id"))
 	if err != nil {
 		s.execFail(w, r, err)
 		return
@@ -302,7 +293,7 @@ func (s *Server) streamExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sid := r.PathValue("id")
-	st, err := ex.AttachExec(r.Context(), execCaller(r), sid, r.PathValue("exec_id"), true)
+	st, err := ex.AttachExec(r.Context(), callerOf(r), sid, r.PathValue("exec_id"), true)
 	if err != nil {
 		s.execFail(w, r, err)
 		return
@@ -321,7 +312,7 @@ func (s *Server) control(w http.ResponseWriter, r *http.Request) (guest.ExecStre
 	if !ok {
 		return nil, false
 	}
-	st, err := ex.ExecControl(r.Context(), execCaller(r), r.PathValue("id"), r.PathValue("exec_id"))
+	st, err := ex.ExecControl(r.Context(), callerOf(r), r.PathValue("id"), r.PathValue("exec_id"))
 	if err != nil {
 		s.execFail(w, r, err)
 		return nil, false

@@ -298,23 +298,11 @@ type fakeStart struct {
 	Stdin bool
 }
 
-// visible returns sandbox id if c may see it (ErrNotFound otherwise), as
-// the manager decides.
-func (f *fake) visible(c sandbox.Caller, id string) (store.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	sb, ok := f.sbs[id]
-	if !ok || !c.Sees(sb) {
-		return store.Sandbox{}, fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
-	}
-	return sb, nil
-}
-
 func (f *fake) Exec(_ context.Context, c sandbox.Caller, id string, spec guest.ExecSpec, _ bool) (guest.ExecStream, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	sb, err := f.visible(c, id)
+	sb, err := f.lookup(c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -331,7 +319,7 @@ func (f *fake) Exec(_ context.Context, c sandbox.Caller, id string, spec guest.E
 }
 
 func (f *fake) attach(c sandbox.Caller, id, execID string, output bool) (guest.ExecStream, error) {
-	if _, err := f.visible(c, id); err != nil {
+	if _, err := f.lookup(c, id); err != nil {
 		return nil, err
 	}
 	if execID != fakeExecID {
@@ -396,14 +384,14 @@ func (s *fakeStream) Finish() error        { return nil }
 func (s *fakeStream) Close()               {}
 
 func (f *fake) ListExecs(_ context.Context, c sandbox.Caller, id string) ([]ExecInfo, error) {
-	if _, err := f.visible(c, id); err != nil {
+	if _, err := f.lookup(c, id); err != nil {
 		return nil, err
 	}
 	return []ExecInfo{{ID: fakeExecID, Argv: []string{"true"}, State: "running"}}, nil
 }
 
 func (f *fake) GetExec(_ context.Context, c sandbox.Caller, id, execID string) (ExecInfo, error) {
-	if _, err := f.visible(c, id); err != nil {
+	if _, err := f.lookup(c, id); err != nil {
 		return ExecInfo{}, err
 	}
 	if execID != fakeExecID {

@@ -52,9 +52,9 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 	}, func(ev guest.CodeEvent) error {
 		switch ev.Kind {
 		case guest.EventStdout:
-			out.stdout.add(ev.Data)
+			_, _ = out.stdout.Write(ev.Data)
 		case guest.EventStderr:
-			out.stderr.add(ev.Data)
+			_, _ = out.stderr.Write(ev.Data)
 		case guest.EventResult:
 			data := ev.Result.Data
 			for _, mime := range []string{"image/png", "image/jpeg"} {

@@ -201,7 +201,7 @@ func (t *tools) fileList(ctx context.Context, in fileListIn) (*sdk.CallToolResul
 		if e.SymlinkTarget != "" {
 			line += " -> " + e.SymlinkTarget
 		}
-		out.stdout.add([]byte(line + "\n"))
+		_, _ = out.stdout.Write([]byte(line + "\n"))
 	}
 	status := fmt.Sprintf("%d entries", len(ls.Entries))
 	if ls.Truncated {

@@ -25,11 +25,14 @@ func newOutput(limit int) *output {
 	return &output{budget: b, stdout: &stream{name: "stdout", budget: b}, stderr: &stream{name: "stderr", budget: b}}
 }
 
-func (s *stream) add(p []byte) {
+// Write keeps what fits the budget and counts the rest as dropped; it
+// never fails.
+func (s *stream) Write(p []byte) (int, error) {
 	n := min(len(p), max(*s.budget, 0))
 	s.buf.Write(p[:n])
 	*s.budget -= n
 	s.dropped += int64(len(p) - n)
+	return len(p), nil
 }
 
 // take spends up to len(p) bytes of the budget on extra text and returns

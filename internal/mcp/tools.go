@@ -373,20 +373,9 @@ func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error
 	}
 	defer st.Close()
 	out := newOutput(t.h.cfg.MaxOutputBytes)
-	var exit *guest.ExitStatus
-	for exit == nil {
-		ev, err := st.Recv()
-		if err != nil {
-			return nil, err
-		}
-		switch ev.Kind {
-		case guest.ExecStdout:
-			out.stdout.add(ev.Data)
-		case guest.ExecStderr:
-			out.stderr.add(ev.Data)
-		case guest.ExecExited:
-			exit = ev.Exit
-		}
+	exit, err := guest.Drain(st, out.stdout, out.stderr)
+	if err != nil {
+		return nil, err
 	}
 	code := exit.Code
 	status := fmt.Sprintf("exit_code: %d", code)

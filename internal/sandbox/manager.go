@@ -480,30 +480,6 @@ func (m *Manager) list(ctx context.Context) ([]store.Sandbox, error) {
 	return sbs, nil
 }
 
-// requireRunning returns an error wrapping ErrFailedPrecondition unless
-// the (reconciled) sandbox id is running. A paused sandbox is resumed
-// first: any call to it just works.
-func (m *Manager) requireRunning(ctx context.Context, id string) error {
-	sb, err := m.get(ctx, id)
-	if err != nil {
-		return err
-	}
-	switch sb.State {
-	case store.StatePaused, store.StateResuming, store.StatePausing:
-		if sb, err = m.resume(ctx, id); err != nil {
-			return err
-		}
-	}
-	if sb.State != store.StateRunning {
-		msg := fmt.Sprintf("sandbox %s is %s", id, sb.State)
-		if sb.Reason != "" {
-			msg += ": " + sb.Reason
-		}
-		return fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, msg)
-	}
-	return nil
-}
-
 // Remove stops c's sandbox id (through its shim when alive), deletes every
 // trace of it (shim, VMM, files, catalog row) and audits sandbox.delete.
 // An admin may also remove what is left of a sandbox with no catalog row

@@ -28,10 +28,7 @@ func (m *Manager) DialPort(ctx context.Context, c Caller, id string, port uint16
 	if port == 0 {
 		return nil, fmt.Errorf("%w: port must be 1-65535", errdefs.ErrInvalid)
 	}
-	if _, err := m.lookup(ctx, c, id); err != nil {
-		return nil, err
-	}
-	if err := m.requireRunning(ctx, id); err != nil {
+	if _, _, err := m.running(ctx, c, id); err != nil {
 		return nil, err
 	}
 	return DialGuestPort(ctx, m.L.PortsSock(id), port)
