@@ -19,7 +19,7 @@ PROTOC_VERSION := 3.21.12
 # .pb.go / .connect.go a new proto's go_package puts elsewhere.
 GENERATED := internal/agentapi internal/shimapi ':(glob)**/*.pb.go' ':(glob)**/*.connect.go'
 
-.PHONY: help deps build setup demo test test-unit test-race test-sdk-unit test-host test-vm bench generate check-generate lint fuzz clean
+.PHONY: help deps build setup demo test test-unit test-race test-sdk-unit test-host test-vm bench generate check-generate lint fuzz test-fuzz-short clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,7 @@ test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -
 	$(MAKE) lint
 	$(MAKE) check-generate
 	$(MAKE) test-race
+	$(MAKE) test-fuzz-short
 	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 40m ./...
 	# The end-to-end suite again on the gvisor runtime, but for what needs
@@ -95,11 +96,12 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint (.golangci.yml; pinned
 	$(GOLANGCI_LINT) run ./...
 	cd sdk/go && $(CURDIR)/$(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
-FUZZTIME ?= 30s
-fuzz: ## fuzz the agent protocol's host side and the secret interceptor, $(FUZZTIME) each
-	$(GO) test -run '^$$' -fuzz FuzzClientFromGuest -fuzztime $(FUZZTIME) ./internal/agentapi/
-	$(GO) test -run '^$$' -fuzz FuzzRequestHead -fuzztime $(FUZZTIME) ./internal/secrets/
-	$(GO) test -run '^$$' -fuzz FuzzReplacerStream -fuzztime $(FUZZTIME) ./internal/secrets/
+FUZZTIME ?= 60s
+fuzz: ## every fuzz target (API bodies, MCP transport, DNS, secret interceptor, agent protocol, policy), $(FUZZTIME) each
+	GO=$(GO) scripts/fuzz.sh $(FUZZTIME)
+
+test-fuzz-short: ## every fuzz target for a short budget (part of make test)
+	GO=$(GO) scripts/fuzz.sh 4s
 
 clean:
 	rm -rf bin .cache

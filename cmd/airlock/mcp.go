@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"time"
 
-	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
@@ -39,7 +38,7 @@ Example client config:
 			if err != nil {
 				return err
 			}
-			return h.ServeStdio(cmd.Context(), &sdk.StdioTransport{})
+			return h.ServeStdio(cmd.Context(), &mcp.StdioTransport{})
 		}),
 	}
 	cmd.Flags().BoolVar(&keep, "keep-sandboxes", false, "leave the session's sandboxes to their timeout when it ends")

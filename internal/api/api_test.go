@@ -20,7 +20,7 @@ import (
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
 
 type harness struct {
-	t                 *testing.T
+	t                 testing.TB
 	url               string
 	fake              *fake
 	st                *store.Store
@@ -46,7 +46,7 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-func newHarness(t *testing.T, aliceLimits store.APIKey) *harness {
+func newHarness(t testing.TB, aliceLimits store.APIKey) *harness {
 	t.Helper()
 	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
 	if err != nil {

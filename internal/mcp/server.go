@@ -89,7 +89,7 @@ func New(cfg Config) (*Handler, error) {
 }
 
 // ServeStdio serves one session as the local user on t (an
-// sdk.StdioTransport in production) until the client goes away or ctx
+// StdioTransport in production) until the client goes away or ctx
 // ends, then removes the session's sandboxes.
 func (h *Handler) ServeStdio(ctx context.Context, t sdk.Transport) error {
 	s := h.newSession(Principal{})
@@ -128,6 +128,7 @@ func (h *Handler) HTTPHandler(authenticate func(r *http.Request) (Principal, boo
 		}
 		return s.srv
 	}, &sdk.StreamableHTTPOptions{Logger: h.log, SessionTimeout: h.cfg.SessionIdle})
+	checked := checkBody(sh)
 	verify := func(ctx context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
 		p, ok := authenticate(r)
 		if !ok {
@@ -140,7 +141,7 @@ func (h *Handler) HTTPHandler(authenticate func(r *http.Request) (Principal, boo
 	bearer := auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})
 	return bearer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, _ := authenticate(r)
-		sh.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+		checked.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	}))
 }
 
