@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -207,7 +208,19 @@ func remoteExecFailed(parent context.Context, id string, err error) error {
 	if parent.Err() != nil {
 		return &exitError{code: 130, msg: "interrupted; the command was killed"}
 	}
+	if ae, ok := errors.AsType[*airlock.APIError](err); ok && errors.Is(ae, airlock.ErrExecNotStarted) {
+		return notStartedExit(strings.HasPrefix(ae.Message, guest.StartNotFound), ae.Message)
+	}
 	return &exitError{code: 125, msg: "exec in " + id + ": " + apiMsg(err)}
+}
+
+// notStartedExit is the exit of a command the guest could not start: 127
+// for a missing executable, cwd or user, 126 otherwise (shell convention).
+func notStartedExit(notFound bool, msg string) error {
+	if notFound {
+		return &exitError{code: 127, msg: msg}
+	}
+	return &exitError{code: 126, msg: msg}
 }
 
 // killExec sends SIGKILL to an exec whose stream airlock gave up on.

@@ -207,6 +207,9 @@ func runExec(ctx context.Context, m *sandbox.Manager, id string, spec guest.Exec
 		if ctx.Err() != nil {
 			return &exitError{code: 130, msg: "interrupted"}
 		}
+		if se, ok := guest.AsStartError(err); ok {
+			return notStartedExit(se.NotFound, se.Error())
+		}
 		if errors.Is(err, errdefs.ErrNotFound) {
 			// The manager's answer is the same for every missing sandbox;
 			// the local user gets the catalog's actionable words.

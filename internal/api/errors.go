@@ -67,6 +67,9 @@ func publicError(err error) *Error {
 	if errors.As(err, &mbe) {
 		return errTooLarge
 	}
+	if errors.Is(err, sandbox.ErrNoSandbox) {
+		return errNoSandbox // the manager's answer for a sandbox the caller cannot use
+	}
 	if q, ok := errors.AsType[*sandbox.QuotaError](err); ok {
 		return &Error{http.StatusTooManyRequests, "resource_exhausted", "quota " + q.Detail()}
 	}

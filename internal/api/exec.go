@@ -77,12 +77,16 @@ func (s *Server) execs(w http.ResponseWriter, r *http.Request) (Execs, bool) {
 }
 
 // execFail answers an error of the exec service: a sandbox the caller
-// cannot use and an unknown exec keep the API's own words. A request that
+// cannot use and an unknown exec keep the API's own words; a program the
+// guest could not start is 422 exec_not_started (the sandbox is fine, so
+// it must not read as a missing sandbox). A request that
 // is invalid for a sandbox the caller cannot use is answered 404 all the
 // same (so ids cannot be probed): only this error path reads the sandbox
 // again.
 func (s *Server) execFail(w http.ResponseWriter, r *http.Request, err error) {
-	switch {
+	switch se, notStarted := guest.AsStartError(err); {
+	case notStarted:
+		err = &Error{http.StatusUnprocessableEntity, "exec_not_started", se.Error()}
 	case guest.IsNoExec(err):
 		err = errNoExec
 	case errors.Is(err, errdefs.ErrNotFound):

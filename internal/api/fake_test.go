@@ -74,7 +74,7 @@ func (f *fake) lookup(c sandbox.Caller, id string) (store.Sandbox, error) {
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
 	if !ok || !c.Sees(sb) {
-		return store.Sandbox{}, fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
+		return store.Sandbox{}, fmt.Errorf("%w: %w", errdefs.ErrNotFound, sandbox.ErrNoSandbox)
 	}
 	return sb, nil
 }
@@ -242,7 +242,10 @@ func (f *fake) Touch(_ context.Context, c sandbox.Caller, id string) error {
 	return nil
 }
 
-func (f *fake) WriteFile(_ context.Context, _ sandbox.Caller, id, p string, _ uint32, r io.Reader) (int64, error) {
+func (f *fake) WriteFile(_ context.Context, c sandbox.Caller, id, p string, _ uint32, r io.Reader) (int64, error) {
+	if _, err := f.lookup(c, id); err != nil {
+		return 0, err
+	}
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return 0, err
@@ -253,7 +256,10 @@ func (f *fake) WriteFile(_ context.Context, _ sandbox.Caller, id, p string, _ ui
 	return int64(len(b)), nil
 }
 
-func (f *fake) ReadFile(_ context.Context, _ sandbox.Caller, id, p string, w io.Writer, info func(guest.FileInfo)) (int64, error) {
+func (f *fake) ReadFile(_ context.Context, c sandbox.Caller, id, p string, w io.Writer, info func(guest.FileInfo)) (int64, error) {
+	if _, err := f.lookup(c, id); err != nil {
+		return 0, err
+	}
 	f.mu.Lock()
 	b, ok := f.files[id+p]
 	f.mu.Unlock()
@@ -265,7 +271,10 @@ func (f *fake) ReadFile(_ context.Context, _ sandbox.Caller, id, p string, w io.
 	return n, err
 }
 
-func (f *fake) StatFile(_ context.Context, _ sandbox.Caller, id, p string) (guest.FileInfo, error) {
+func (f *fake) StatFile(_ context.Context, c sandbox.Caller, id, p string) (guest.FileInfo, error) {
+	if _, err := f.lookup(c, id); err != nil {
+		return guest.FileInfo{}, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, ok := f.files[id+p]
@@ -275,13 +284,22 @@ func (f *fake) StatFile(_ context.Context, _ sandbox.Caller, id, p string) (gues
 	return guest.FileInfo{Path: p, Type: guest.FileRegular, Size: uint64(len(b)), Mtime: time.Unix(0, 0)}, nil
 }
 
-func (f *fake) ListFiles(context.Context, sandbox.Caller, string, string, uint32) (guest.FileList, error) {
+func (f *fake) ListFiles(_ context.Context, c sandbox.Caller, id, _ string, _ uint32) (guest.FileList, error) {
+	if _, err := f.lookup(c, id); err != nil {
+		return guest.FileList{}, err
+	}
 	return guest.FileList{Entries: []guest.FileInfo{{Path: "/x", Name: "x", Type: guest.FileDirectory, Mtime: time.Unix(0, 0)}}}, nil
 }
 
-func (f *fake) Mkdir(context.Context, sandbox.Caller, string, string, bool) error { return nil }
+func (f *fake) Mkdir(_ context.Context, c sandbox.Caller, id, _ string, _ bool) error {
+	_, err := f.lookup(c, id)
+	return err
+}
 
-func (f *fake) RemoveFile(_ context.Context, _ sandbox.Caller, id, p string, _ bool) error {
+func (f *fake) RemoveFile(_ context.Context, c sandbox.Caller, id, p string, _ bool) error {
+	if _, err := f.lookup(c, id); err != nil {
+		return err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.files, id+p)
@@ -469,7 +487,10 @@ var (
 
 var fakePNG = []byte("\x89PNG\r\n\x1a\nfake")
 
-func (f *fake) CreateContext(_ context.Context, _ sandbox.Caller, _ string, req guest.ContextSpec) (guest.ContextInfo, error) {
+func (f *fake) CreateContext(_ context.Context, c sandbox.Caller, sid string, req guest.ContextSpec) (guest.ContextInfo, error) {
+	if _, err := f.lookup(c, sid); err != nil {
+		return guest.ContextInfo{}, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ctxReqs = append(f.ctxReqs, req)
@@ -484,7 +505,10 @@ func (f *fake) CreateContext(_ context.Context, _ sandbox.Caller, _ string, req 
 	return guest.ContextInfo{ID: id, Language: lang, Cwd: "/root", State: "idle", CreatedAt: time.Unix(0, 1)}, nil
 }
 
-func (f *fake) ListContexts(context.Context, sandbox.Caller, string) ([]guest.ContextInfo, error) {
+func (f *fake) ListContexts(_ context.Context, c sandbox.Caller, sid string) ([]guest.ContextInfo, error) {
+	if _, err := f.lookup(c, sid); err != nil {
+		return nil, err
+	}
 	return []guest.ContextInfo{{ID: "c1", Language: "python", Cwd: "/root", State: "idle", IsDefault: true, CreatedAt: time.Unix(0, 0)}}, nil
 }
 
@@ -495,25 +519,37 @@ func (f *fake) checkCtx(id string) error {
 	return nil
 }
 
-func (f *fake) DeleteContext(_ context.Context, _ sandbox.Caller, _, id string) error {
+func (f *fake) DeleteContext(_ context.Context, c sandbox.Caller, sid, id string) error {
+	if _, err := f.lookup(c, sid); err != nil {
+		return err
+	}
 	return f.checkCtx(id)
 }
 
-func (f *fake) RestartContext(_ context.Context, _ sandbox.Caller, _, id string) (guest.ContextInfo, error) {
+func (f *fake) RestartContext(_ context.Context, c sandbox.Caller, sid, id string) (guest.ContextInfo, error) {
+	if _, err := f.lookup(c, sid); err != nil {
+		return guest.ContextInfo{}, err
+	}
 	if err := f.checkCtx(id); err != nil {
 		return guest.ContextInfo{}, err
 	}
 	return guest.ContextInfo{ID: id, Language: "python", State: "idle", CreatedAt: time.Unix(0, 0)}, nil
 }
 
-func (f *fake) InterruptContext(_ context.Context, _ sandbox.Caller, _, id string) error {
+func (f *fake) InterruptContext(_ context.Context, c sandbox.Caller, sid, id string) error {
+	if _, err := f.lookup(c, sid); err != nil {
+		return err
+	}
 	return f.checkCtx(id)
 }
 
 // RunCode: code "old" fails as an old agent; otherwise stdout "hi\n",
 // stderr "warn\xff", a PNG display result, the main result "42", an error
 // if the code is "1/0", and the end.
-func (f *fake) RunCode(_ context.Context, _ sandbox.Caller, _ string, req guest.CodeRequest, fn func(guest.CodeEvent) error) error {
+func (f *fake) RunCode(_ context.Context, c sandbox.Caller, sid string, req guest.CodeRequest, fn func(guest.CodeEvent) error) error {
+	if _, err := f.lookup(c, sid); err != nil {
+		return err
+	}
 	f.mu.Lock()
 	f.runs = append(f.runs, req)
 	f.mu.Unlock()

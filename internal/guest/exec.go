@@ -155,6 +155,31 @@ var ErrNoExec = fmt.Errorf("%w: exec not found", errdefs.ErrNotFound)
 // IsNoExec reports whether err says the exec is unknown.
 func IsNoExec(err error) bool { return errors.Is(err, ErrNoExec) }
 
+// StartError is an exec the guest could not start for a reason of the
+// program's own: no such executable, a working directory that does not
+// exist, an unknown user, a file that is not executable. The sandbox is
+// fine: surfaces answer it apart from "sandbox not found". Reason is the
+// guest's (bounded, valid UTF-8); NotFound tells "not found" reasons (exit
+// status 127 by shell convention) from the others (126).
+type StartError struct {
+	Reason   string
+	NotFound bool
+}
+
+// StartNotFound begins the text of a StartError whose reason is a missing
+// executable, cwd, user or group.
+const StartNotFound = "the exec did not start (not found): "
+
+func (e *StartError) Error() string {
+	if e.NotFound {
+		return StartNotFound + e.Reason
+	}
+	return "the exec did not start: " + e.Reason
+}
+
+// AsStartError returns err's StartError, if it is one.
+func AsStartError(err error) (*StartError, bool) { return errors.AsType[*StartError](err) }
+
 // Drain writes an exec's output to stdout and stderr (nil discards) until
 // its exit and returns the exit status. A failed write kills the exec
 // (nobody reads its output any more) and is returned.

@@ -67,7 +67,7 @@ func add[In any](srv *sdk.Server, t *tools, name, desc string, fn func(ctx conte
 		t.s.watch(req.Session)
 		res, err := fn(ctx, in)
 		if err != nil {
-			if !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrNotFound) {
+			if _, notStarted := guest.AsStartError(err); !notStarted && !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrNotFound) {
 				t.h.log.Warn("mcp tool failed", "session", t.s.id, "tool", name, "err", err)
 			}
 			return errorResult(publicText(err)), nil, nil
@@ -399,6 +399,9 @@ func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error
 // categories whose messages name only the caller's values, a generic
 // sentence for the others (their text may hold host paths).
 func publicText(err error) string {
+	if se, ok := guest.AsStartError(err); ok {
+		return se.Error() // the sandbox is fine; the guest's reason
+	}
 	for _, c := range []struct {
 		err  error
 		keep bool

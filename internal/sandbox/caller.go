@@ -74,14 +74,18 @@ func (c Caller) Sees(sb store.Sandbox) bool { return c.Admin || sb.Tenant == c.T
 // Actor is the audit identity of c.
 func (c Caller) Actor() Actor { return Actor{Tenant: c.Tenant, KeyID: c.KeyID} }
 
-// lookup returns the reconciled sandbox id if c may see it. For a caller
-// that is not an admin, an absent sandbox, a malformed id and another
-// tenant's sandbox give the same ErrNotFound, byte for byte, so ids cannot
-// be probed; an admin (who sees everything) gets the precise error.
+// lookup returns the reconciled sandbox id if c may see it. Every error
+// for a sandbox c cannot use matches ErrNoSandbox. For a caller that is not
+// an admin, an absent sandbox, a malformed id and another tenant's
+// sandbox give the same error, byte for byte, so ids cannot be probed; an
+// admin (who sees everything) gets the precise text.
 func (m *Manager) lookup(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
 	sb, err := m.get(ctx, id)
 	if err != nil {
-		if !c.Admin && (errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid)) {
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
+			if c.Admin {
+				return store.Sandbox{}, noSandboxError{err}
+			}
 			return store.Sandbox{}, errNoSandbox
 		}
 		return store.Sandbox{}, err
@@ -92,8 +96,21 @@ func (m *Manager) lookup(ctx context.Context, c Caller, id string) (store.Sandbo
 	return sb, nil
 }
 
+// ErrNoSandbox matches every error for a sandbox the caller cannot use
+// (absent, malformed id, another tenant's): adapters answer it with their
+// own not-found, without asking the manager first.
+var ErrNoSandbox = errors.New("sandbox not found")
+
 // errNoSandbox is the one answer for a sandbox a caller cannot use.
-var errNoSandbox = fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
+var errNoSandbox = noSandboxError{fmt.Errorf("%w: %w", errdefs.ErrNotFound, ErrNoSandbox)}
+
+// noSandboxError keeps an error's text and category and also matches
+// ErrNoSandbox.
+type noSandboxError struct{ err error }
+
+func (e noSandboxError) Error() string        { return e.err.Error() }
+func (e noSandboxError) Unwrap() error        { return e.err }
+func (e noSandboxError) Is(target error) bool { return target == ErrNoSandbox }
 
 // running returns c's view of sandbox id once it runs (a paused sandbox is
 // resumed first: any call to it just works) and the pooled client of its

@@ -108,3 +108,67 @@ func TestAPIExecOneConnectionOneRead(t *testing.T) {
 		t.Errorf("another tenant's calls dialed the shim (%d dials)", n)
 	}
 }
+
+// TestExecNotStarted: a command the guest cannot start is 422
+// exec_not_started through the API and a guest.StartError through the
+// manager, never "sandbox not found"; the sandbox keeps working.
+func TestExecNotStarted(t *testing.T) {
+	h := newHarness(t, time.Hour)
+	defer h.stop(t)
+	m := h.manager()
+	srv, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Events: h.st, Keys: h.st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	_, key, err := h.st.CreateKey(t.Context(), store.APIKey{Tenant: "ops", Admin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(id, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/sandboxes/"+id+"/exec", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if _, err := m.WriteFile(t.Context(), sandbox.Local(), h.id, "/notexec", 0o644, strings.NewReader("data")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		body     string
+		notFound bool
+	}{
+		{`{"cmd":["/nonexistent/airlock-no-such-binary"]}`, true},
+		{`{"cmd":["airlock-no-such-binary-in-path"]}`, true},
+		{`{"cmd":["true"],"cwd":"/nonexistent-airlock-dir"}`, true},
+		{`{"cmd":["true"],"user":"airlock-no-such-user"}`, true},
+		{`{"cmd":["/notexec"]}`, false}, // not executable
+	} {
+		code, body := post(h.id, c.body)
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		_ = json.Unmarshal([]byte(body), &e)
+		if code != http.StatusUnprocessableEntity || e.Error.Code != "exec_not_started" ||
+			strings.HasPrefix(e.Error.Message, guest.StartNotFound) != c.notFound {
+			t.Errorf("%s: %d %s, want 422 exec_not_started (not found: %v)", c.body, code, body, c.notFound)
+		}
+	}
+	_, err = m.Exec(t.Context(), sandbox.Local(), h.id, guest.ExecSpec{Argv: []string{"/nonexistent/airlock-no-such-binary"}}, false)
+	if se, ok := guest.AsStartError(err); !ok || !se.NotFound || errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("manager exec of a missing binary: %v, want a guest.StartError (not found) that is not ErrNotFound", err)
+	}
+	if code, body := post("nosuchsandbx", `{"cmd":["true"]}`); code != http.StatusNotFound || !strings.Contains(body, `"not_found"`) {
+		t.Errorf("missing sandbox: %d %s, want 404 not_found", code, body)
+	}
+	if code, body := post(h.id, `{"cmd":["echo","still here"]}`); code != 200 || !strings.Contains(body, "still here") {
+		t.Errorf("exec after refused starts: %d %s", code, body)
+	}
+}

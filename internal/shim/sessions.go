@@ -149,7 +149,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 
 	g, err := openExec(t.ctx, t.agent, start, t.env)
 	if err != nil {
-		return nil, err
+		return nil, notStarted(err)
 	}
 	// The caller may give up while the guest starts the process.
 	stop := context.AfterFunc(ctx, g.cancel)
@@ -163,7 +163,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 	}
 	if err != nil {
 		g.Close()
-		return nil, err
+		return nil, notStarted(err)
 	}
 	s := &session{
 		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin(),
@@ -187,6 +187,26 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 	}
 	t.log.Debug("exec session started", "exec_id", s.id, "pid", s.pid)
 	return s, nil
+}
+
+// notStarted marks a guest's refusal to start the program itself (the
+// codes the agent gives a missing executable, cwd or user, a file it
+// cannot execute) with shimv2.ExecNotStarted; other errors pass.
+func notStarted(err error) error {
+	ce, ok := errors.AsType[*connect.Error](err)
+	if !ok {
+		return err
+	}
+	switch ce.Code() {
+	case connect.CodeNotFound, connect.CodePermissionDenied, connect.CodeFailedPrecondition:
+	default:
+		return err
+	}
+	out := connect.NewError(ce.Code(), errors.New(ce.Message()))
+	if d, derr := connect.NewErrorDetail(&shimv2.ExecNotStarted{}); derr == nil {
+		out.AddDetail(d)
+	}
+	return out
 }
 
 func (t *sessions) audit(s *session, action string, detail map[string]any) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,6 +106,28 @@ func execErr(ctx context.Context, step string, err error) error {
 	return wireErr(ctx, step, err)
 }
 
+// startErr returns the guest's refusal to start the program as a
+// guest.StartError, if err is one (the shim marks it ExecNotStarted).
+func startErr(err error) (*guest.StartError, bool) {
+	ce, ok := errors.AsType[*connect.Error](err)
+	if !ok {
+		return nil, false
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if _, ok := v.(*shimv2.ExecNotStarted); ok {
+				reason := ce.Message()
+				if len(reason) > 256 {
+					reason = reason[:256] + "..."
+				}
+				reason = strings.ToValidUTF8(reason, "\uFFFD")
+				return &guest.StartError{Reason: reason, NotFound: ce.Code() == connect.CodeNotFound}, true
+			}
+		}
+	}
+	return nil, false
+}
+
 func (c *Client) open(ctx context.Context, step string, first *shimv2.ExecClientMessage, output bool) (*execStream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	st := &execStream{step: step, ctx: ctx, cancel: cancel, output: output}
@@ -120,7 +143,11 @@ func (c *Client) open(ctx context.Context, step string, first *shimv2.ExecClient
 	}
 	msg, err := st.bs.Receive()
 	if err != nil {
-		err = execErr(ctx, step, err)
+		if se, ok := startErr(err); ok && first.GetStart() != nil {
+			err = se
+		} else {
+			err = execErr(ctx, step, err)
+		}
 		st.Close()
 		return nil, err
 	}

@@ -106,6 +106,7 @@ func TestErrorDecoding(t *testing.T) {
 		{429, `{"error":{"code":"resource_exhausted","message":"limit sandboxes_per_tenant=5","request_id":"r4"}}`, "resource_exhausted", "limit sandboxes_per_tenant=5", "r4", airlock.ErrQuota, nil},
 		{401, `{"error":{"code":"unauthenticated","message":"bad key","request_id":"r5"}}`, "unauthenticated", "bad key", "r5", airlock.ErrUnauthenticated, nil},
 		{412, `{"error":{"code":"failed_precondition","message":"sandbox is stopping"}}`, "failed_precondition", "sandbox is stopping", "hdr", nil, airlock.ErrConflict},
+		{422, `{"error":{"code":"exec_not_started","message":"the exec did not start (not found): executable not found in PATH","request_id":"r6"}}`, "exec_not_started", "the exec did not start (not found): executable not found in PATH", "r6", airlock.ErrExecNotStarted, airlock.ErrNotFound},
 		// Not the contract's body: a proxy's page. Code from the status, request ID from the header.
 		{502, "<html>bad gateway</html>", "internal", "<html>bad gateway</html>", "hdr", nil, airlock.ErrNotFound},
 		{503, "", "unavailable", "Service Unavailable", "hdr", nil, nil},

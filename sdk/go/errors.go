@@ -23,6 +23,12 @@ var (
 	// failed_precondition; for example Pause while commands run, without
 	// force).
 	ErrFailedPrecondition = errors.New("airlock: failed precondition")
+	// ErrExecNotStarted: the sandbox is fine but the guest could not start
+	// the command (no such executable, working directory or user; a file
+	// that is not executable): 422, exec_not_started. It is not
+	// ErrNotFound, so code that re-creates a sandbox on ErrNotFound keeps
+	// it.
+	ErrExecNotStarted = errors.New("airlock: exec not started")
 )
 
 // APIError is an error answered by the server: a non-2xx status with the
@@ -64,6 +70,8 @@ func (e *APIError) Is(target error) bool {
 		return e.Code == "permission_denied"
 	case ErrFailedPrecondition:
 		return e.Code == "failed_precondition"
+	case ErrExecNotStarted:
+		return e.Code == "exec_not_started"
 	}
 	return false
 }
@@ -86,6 +94,8 @@ func codeForStatus(status int) string {
 		return "failed_precondition"
 	case http.StatusRequestEntityTooLarge:
 		return "too_large"
+	case http.StatusUnprocessableEntity:
+		return "exec_not_started"
 	case http.StatusTooManyRequests:
 		return "resource_exhausted"
 	case http.StatusServiceUnavailable:

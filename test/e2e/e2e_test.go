@@ -139,6 +139,28 @@ func TestExecSemantics(t *testing.T) {
 	if r.code != 0 || strings.TrimSpace(r.stdout) != "V /tmp nobody" {
 		t.Fatalf("env/cwd/user: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
+	// A command the guest cannot start is not a missing sandbox: 127 for
+	// not found (program, cwd, user), 126 for not executable, with the
+	// guest's reason; the sandbox goes on.
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--", "airlock-no-such-program"}, 127, "executable not found"},
+		{[]string{"-w", "/no/such/dir", "--", "true"}, 127, "cwd"},
+		{[]string{"-u", "no-such-user", "--", "true"}, 127, "unknown user"},
+		{[]string{"--", "/etc/hostname"}, 126, "permission denied"},
+	} {
+		args := append([]string{"exec", id}, c.args...)
+		if c.args[0] != "--" {
+			args = append([]string{"exec", c.args[0], c.args[1], id}, c.args[2:]...)
+		}
+		r := e.run(t, nil, args...)
+		if r.code != c.code || !strings.Contains(r.stderr, "did not start") || !strings.Contains(r.stderr, c.want) || strings.Contains(r.stderr, "no sandbox") {
+			t.Errorf("airlock %v: exit %d, stderr %q; want %d and the guest's reason %q", args, r.code, r.stderr, c.code, c.want)
+		}
+	}
 	// --memory 256M: MemTotal at most 256 MiB.
 	out := e.must(t, "exec", id, "--", "sh", "-c", "awk '/MemTotal/{print $2}' /proc/meminfo")
 	kb, err := strconv.Atoi(strings.TrimSpace(out))

@@ -35,7 +35,11 @@ type fs struct {
 }
 
 func newFS() *fs {
-	return &fs{files: map[string]*file{"/": {dir: true, mode: 0o755, mtime: time.Now()}}}
+	now := time.Now()
+	return &fs{files: map[string]*file{
+		"/": {dir: true, mode: 0o755, mtime: now}, "/root": {dir: true, mode: 0o700, mtime: now},
+		"/tmp": {dir: true, mode: 0o1777, mtime: now},
+	}}
 }
 
 // clone deep-copies the filesystem (a snapshot).
@@ -99,9 +103,15 @@ func (a *agent) Shutdown(context.Context, *connect.Request[agentv1.ShutdownReque
 
 // --- ExecService ---
 
+// fakeCommands are the programs the fake guest has.
+var fakeCommands = map[string]bool{"true": true, "false": true, "echo": true, "exit": true, "cat": true, "sleep": true, "sh": true}
+
 // Exec runs one of: true, false, echo ARGS, exit N, cat (stdin to stdout),
-// sleep SECONDS, sh -c 'exit N' and sh -c 'echo ARGS'. Anything else exits
-// 127 with "command not found" on stderr.
+// sleep SECONDS, sh -c 'exit N' and sh -c 'echo ARGS'. Like the real
+// agent it refuses to start another program (NotFound, or PermissionDenied
+// for a file of its filesystem), a cwd that is not one of its directories
+// and a user other than root or nobody; sh -c with anything else exits 127 with
+// "command not found" on stderr.
 func (a *agent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse]) error {
 	first, err := st.Receive()
 	if err != nil {
@@ -110,6 +120,9 @@ func (a *agent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.ExecReq
 	start := first.GetStart()
 	if start == nil || len(start.GetArgv()) == 0 {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("first request must be start with an argv"))
+	}
+	if err := a.startable(start); err != nil {
+		return err
 	}
 	a.mu.Lock()
 	a.nextPID++
@@ -189,6 +202,29 @@ func (a *agent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.ExecReq
 }
 
 var errTimedOut = errors.New("exec timed out")
+
+// startable refuses what the real agent cannot start, with its codes.
+func (a *agent) startable(start *agentv1.ExecStart) error {
+	switch start.GetUser() {
+	case "", "root", "0", "nobody", "65534":
+	default:
+		return connect.NewError(connect.CodeNotFound, errors.New("unknown user"))
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	if cwd := start.GetCwd(); cwd != "" {
+		if e, ok := a.fs.files[path.Clean(cwd)]; !ok || !e.dir {
+			return connect.NewError(connect.CodeNotFound, errors.New("cwd: no such file or directory"))
+		}
+	}
+	if prog := start.GetArgv()[0]; !fakeCommands[path.Base(prog)] {
+		if _, ok := a.fs.files[path.Clean(prog)]; ok {
+			return connect.NewError(connect.CodePermissionDenied, errors.New("start: permission denied"))
+		}
+		return connect.NewError(connect.CodeNotFound, errors.New("executable not found in PATH"))
+	}
+	return nil
+}
 
 // runCommand interprets argv; it returns the exit code and signal.
 func runCommand(ctx context.Context, start *agentv1.ExecStart, stdin <-chan []byte, signals <-chan int32, stdout, stderr func([]byte) error) (int32, int32, error) {

@@ -135,7 +135,7 @@ func TestExec(t *testing.T) {
 		{"abc", []string{"cat"}, execResult{stdout: "abc"}},
 		{"", []string{"sleep", "0.01"}, execResult{}},
 		{"", []string{"sleep", "10"}, execResult{code: -1, signal: 9, timedOut: true}},
-		{"", []string{"nope"}, execResult{code: 127, stderr: "fake: nope: command not found\n"}},
+		{"", []string{"sh", "-c", "nope"}, execResult{code: 127, stderr: "fake: nope: command not found\n"}},
 	}
 	for _, tc := range cases {
 		got, err := run(t, c, t.Context(), tc.stdin, tc.argv...)

@@ -11,6 +11,7 @@ from ._code import CodeError, Execution
 from ._errors import (
     AirlockError,
     Conflict,
+    ExecNotStarted,
     FailedPrecondition,
     InvalidRequest,
     NotFound,
@@ -27,6 +28,7 @@ __all__ = [
     "Conflict",
     "ExecResult",
     "Execution",
+    "ExecNotStarted",
     "FailedPrecondition",
     "FileList",
     "InvalidRequest",

@@ -51,6 +51,12 @@ class FailedPrecondition(AirlockError):
     pause while commands run, without force)."""
 
 
+class ExecNotStarted(AirlockError):
+    """422 exec_not_started: the sandbox is fine but the guest could not start
+    the command (no such executable, working directory or user; a file that
+    is not executable). Not a NotFound: the sandbox still exists."""
+
+
 class QuotaExceeded(AirlockError):
     """429 resource_exhausted: a quota or rate limit; the message names it."""
 
@@ -75,6 +81,7 @@ _BY_CODE = {
     "not_found": NotFound,
     "conflict": Conflict,
     "failed_precondition": FailedPrecondition,
+    "exec_not_started": ExecNotStarted,
     "resource_exhausted": QuotaExceeded,
 }
 
@@ -86,6 +93,7 @@ _CODE_BY_STATUS = {
     409: "conflict",
     412: "failed_precondition",
     413: "too_large",
+    422: "exec_not_started",
     429: "resource_exhausted",
     503: "unavailable",
 }
