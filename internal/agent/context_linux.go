@@ -164,7 +164,7 @@ func (s *contextService) Create(_ context.Context, req *connect.Request[agentv1.
 	}
 	id := m.GetId()
 	if id == "" {
-		var b [6]byte
+		var b [12]byte // 96 bits
 		_, _ = rand.Read(b[:])
 		id = "ctx-" + hex.EncodeToString(b[:])
 	} else if !contextIDRe.MatchString(id) {

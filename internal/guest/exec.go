@@ -93,7 +93,7 @@ const (
 
 // ExecInfo describes an exec owned by a sandbox's shim.
 type ExecInfo struct {
-	ID        string // 16 characters [a-z2-7]
+	ID        string // 20 characters [a-z2-7]
 	Argv      []string
 	PID       int
 	State     string // ExecStateRunning or ExecStateExited
@@ -143,7 +143,7 @@ type ExecStream interface {
 	Close()
 }
 
-var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}$`)
+var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}(?:[a-z2-7]{4})?$`) // 16: ids of shims started before ids grew
 
 // ValidExecID reports whether id has the form of an exec id.
 func ValidExecID(id string) bool { return execIDRe.MatchString(id) }

@@ -37,11 +37,13 @@ func (l Layout) Console(id string) string   { return filepath.Join(l.RunDir(id),
 func (l Layout) Templates() string          { return filepath.Join(l.Root, "templates") }
 func (l Layout) BootConfig() string         { return filepath.Join(l.Root, "boot.json") }
 
-// idRe matches sandbox IDs: 12 lowercase base32 characters.
-var idRe = regexp.MustCompile(`^[a-z2-7]{12}$`)
+// idRe matches sandbox IDs: 20 lowercase base32 characters (100 random
+// bits), or 12 for sandboxes made before ids grew.
+var idRe = regexp.MustCompile(`^[a-z2-7]{12}(?:[a-z2-7]{8})?$`)
 
-// NewID returns a fresh random sandbox ID.
-func NewID() string { return randomID(12) }
+// NewID returns a fresh random sandbox ID: 100 bits, so an id cannot be
+// guessed even where it is the only thing a request names.
+func NewID() string { return randomID(20) }
 
 // randomID returns n random characters of [a-z2-7].
 func randomID(n int) string {
@@ -58,7 +60,7 @@ func randomID(n int) string {
 // becomes a path component unchecked.
 func ValidateID(id string) error {
 	if !idRe.MatchString(id) {
-		return fmt.Errorf("%w: %q is not a sandbox id (12 characters a-z, 2-7; see `airlock ls`)", errdefs.ErrInvalid, id)
+		return fmt.Errorf("%w: %q is not a sandbox id (20 characters a-z, 2-7; see `airlock ls`)", errdefs.ErrInvalid, id)
 	}
 	return nil
 }

@@ -154,7 +154,7 @@ func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(info.ID) != 16 || info.State != guest.ExecStateRunning || info.PID == 0 || info.Exit != nil {
+	if !guest.ValidExecID(info.ID) || len(info.ID) != 20 || info.State != guest.ExecStateRunning || info.PID == 0 || info.Exit != nil {
 		t.Fatalf("start info: %+v", info)
 	}
 
