@@ -119,15 +119,8 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	lang := req.Language
-	if lang == "" && req.Context == "" {
-		lang = sandbox.LangPython
-	}
-	t0 := time.Now()
 	nw := newNDJSON(w, false)
 	started := false
-	var end *guest.CodeEnd
-	var errName string
 	err := cs.RunCode(r.Context(), callerOf(r), sid, areq, func(ev guest.CodeEvent) error {
 		if !started {
 			w.Header().Set("Content-Type", "application/x-ndjson")
@@ -142,31 +135,18 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		case guest.EventResult:
 			return nw.line(map[string]any{"type": "result", "main": ev.Result.Main, "data": resultData(ev.Result.Data)})
 		case guest.EventError:
-			errName = ev.Error.Name
 			tb := ev.Error.Traceback
 			if tb == nil {
 				tb = []string{}
 			}
 			return nw.line(map[string]any{"type": "error", "name": ev.Error.Name, "value": ev.Error.Value, "traceback": tb})
 		case guest.EventEnd:
-			end = ev.End
+			end := ev.End
 			return nw.line(map[string]any{"type": "end", "timed_out": end.TimedOut, "truncated": end.Truncated,
 				"duration_ms": end.Duration.Milliseconds(), "execution_count": end.ExecutionCount, "context": end.ContextID})
 		}
 		return nil
 	})
-	detail := map[string]any{"context": req.Context, "language": lang, "duration_ms": time.Since(t0).Milliseconds()}
-	if end != nil {
-		detail["context"] = end.ContextID
-		detail["timed_out"] = end.TimedOut
-	}
-	if errName != "" {
-		detail["error"] = clipName(errName)
-	}
-	if err != nil {
-		detail["failed"] = true
-	}
-	s.audit(r, sid, "code.run", detail)
 	if err == nil {
 		return
 	}
@@ -179,14 +159,6 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		// The client learns of it from a missing end line; say why.
 		_ = nw.line(map[string]any{"type": "error", "name": "AirlockError", "value": publicError(err).Message, "traceback": []string{}})
 	}
-}
-
-// clipName bounds a guest-supplied error name for the audit trail.
-func clipName(s string) string {
-	if len(s) > 64 {
-		s = s[:64]
-	}
-	return strings.ToValidUTF8(s, "")
 }
 
 func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) {
@@ -232,7 +204,6 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, sid, "context.create", map[string]any{"context": info.ID, "language": info.Language})
 	writeJSON(w, http.StatusCreated, viewContext(info))
 }
 
@@ -260,7 +231,6 @@ func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) {
 		s.contextFail(w, r, err)
 		return
 	}
-	s.audit(r, sid, "context.delete", map[string]any{"context": cid})
 	w.WriteHeader(http.StatusNoContent)
 }
 

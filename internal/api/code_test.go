@@ -62,16 +62,7 @@ func TestRunCodeStreams(t *testing.T) {
 	if run.Timeout != 5*time.Second || run.Code != "1/0" {
 		t.Fatalf("request %v", run)
 	}
-	evs, _ := h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: "aliceaaaaaaa"})
-	found := false
-	for _, e := range evs {
-		if e.Action == "code.run" && e.Detail["error"] == "ZeroDivisionError" && e.Detail["language"] == "python" && e.Detail["context"] == "python-default" {
-			found = true
-		}
-	}
-	if !found {
-		t.Fatalf("no code.run audit event: %+v", evs)
-	}
+	// The manager records code.run (internal/shim TestManagerAuditsEverySurface).
 
 	for _, c := range []struct {
 		body string
@@ -127,13 +118,5 @@ func TestContextRoutes(t *testing.T) {
 		if r := h.do(h.alice, c.method, c.path, nil); r.code != c.code {
 			t.Errorf("%s %s: %d %s", c.method, c.path, r.code, r.body)
 		}
-	}
-	evs, _ := h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: "aliceaaaaaaa"})
-	var actions []string
-	for _, e := range evs {
-		actions = append(actions, e.Action)
-	}
-	if s := strings.Join(actions, ","); !strings.Contains(s, "context.create") || !strings.Contains(s, "context.delete") {
-		t.Fatalf("audit: %v", actions)
 	}
 }

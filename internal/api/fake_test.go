@@ -251,8 +251,9 @@ func (f *fake) WriteFile(_ context.Context, c sandbox.Caller, id, p string, _ ui
 		return 0, err
 	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.files[id+p] = b
+	f.mu.Unlock()
+	f.audit(c, id, "file.write", map[string]any{"path": p, "size": len(b)})
 	return int64(len(b)), nil
 }
 

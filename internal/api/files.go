@@ -106,7 +106,6 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, id, "file.write", map[string]any{"path": p, "size": n})
 	writeJSON(w, http.StatusOK, map[string]any{"path": p, "size": n})
 }
 
@@ -163,7 +162,6 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.audit(r, id, "file.delete", map[string]any{"path": p})
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -115,6 +115,15 @@ func TestReconcile(t *testing.T) {
 	if sb, _ = m.Get(ctx, Local(), "aaaaaaaaaaaa"); sb.State != store.StateFailed || sb.Reason == "" {
 		t.Fatalf("with the lock free: %s %q", sb.State, sb.Reason)
 	}
+	if evs, err := m.Store.ListEvents(ctx, store.EventFilter{SandboxID: "aaaaaaaaaaaa", Type: "sandbox.fail"}); err != nil || len(evs) != 1 || evs[0].Detail["reaped"] != true {
+		t.Fatalf("reaped sandbox.fail events: %+v %v", evs, err)
+	}
+	if sb, _ = m.Get(ctx, Local(), "aaaaaaaaaaaa"); sb.State != store.StateFailed {
+		t.Fatal(sb.State)
+	}
+	if evs, _ := m.Store.ListEvents(ctx, store.EventFilter{SandboxID: "aaaaaaaaaaaa", Type: "sandbox.fail"}); len(evs) != 1 {
+		t.Fatalf("a second read of a failed sandbox recorded %d sandbox.fail events, want 1", len(evs))
+	}
 
 	// Died resuming or pausing, saved state whole: paused (again); a
 	// pause records the lifetime left. Without the saved state: failed.

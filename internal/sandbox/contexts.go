@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"time"
 
@@ -148,11 +149,15 @@ func (m *Manager) CreateContext(ctx context.Context, c Caller, sandboxID string,
 	if err := ValidateCreateContext(spec); err != nil {
 		return guest.ContextInfo{}, err
 	}
-	_, sc, err := m.running(ctx, c, sandboxID)
+	sb, sc, err := m.running(ctx, c, sandboxID)
 	if err != nil {
 		return guest.ContextInfo{}, err
 	}
-	return sc.CreateContext(ctx, spec)
+	info, err := sc.CreateContext(ctx, spec)
+	if err == nil {
+		m.audit(ctx, c, sb.ID, "context.create", map[string]any{"context": info.ID, "language": info.Language})
+	}
+	return info, err
 }
 
 // ListContexts returns the sandbox's code contexts.
@@ -179,11 +184,15 @@ func (m *Manager) DeleteContext(ctx context.Context, c Caller, sandboxID, contex
 	if err := checkContextRef(contextID); err != nil {
 		return err
 	}
-	_, sc, err := m.running(ctx, c, sandboxID)
+	sb, sc, err := m.running(ctx, c, sandboxID)
 	if err != nil {
 		return err
 	}
-	return sc.DeleteContext(ctx, contextID)
+	if err := sc.DeleteContext(ctx, contextID); err != nil {
+		return err
+	}
+	m.audit(ctx, c, sb.ID, "context.delete", map[string]any{"context": contextID})
+	return nil
 }
 
 // RestartContext replaces a context's interpreter with a fresh one (same
@@ -227,9 +236,47 @@ func (m *Manager) RunCode(ctx context.Context, c Caller, sandboxID string, req g
 	if err := ValidateRunCode(req); err != nil {
 		return err
 	}
-	_, sc, err := m.running(ctx, c, sandboxID)
+	sb, sc, err := m.running(ctx, c, sandboxID)
 	if err != nil {
 		return err
 	}
-	return sc.RunCode(ctx, req, fn)
+	t0 := time.Now()
+	var end *guest.CodeEnd
+	var errName string
+	err = sc.RunCode(ctx, req, func(ev guest.CodeEvent) error {
+		switch ev.Kind {
+		case guest.EventEnd:
+			end = ev.End
+		case guest.EventError:
+			if ev.Error != nil {
+				errName = ev.Error.Name
+			}
+		}
+		return fn(ev)
+	})
+	lang := req.Language
+	if lang == "" && req.ContextID == "" {
+		lang = LangPython
+	}
+	detail := map[string]any{"context": req.ContextID, "language": lang, "duration_ms": time.Since(t0).Milliseconds()}
+	if end != nil {
+		detail["context"] = end.ContextID
+		detail["timed_out"] = end.TimedOut
+	}
+	if errName != "" {
+		detail["error"] = clipName(errName)
+	}
+	if err != nil {
+		detail["failed"] = true
+	}
+	m.audit(ctx, c, sb.ID, "code.run", detail)
+	return err
+}
+
+// clipName bounds a guest-supplied error name for the audit trail.
+func clipName(s string) string {
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	return strings.ToValidUTF8(s, "")
 }

@@ -17,11 +17,15 @@ import (
 // made) and returns the bytes written. Nothing is buffered beyond one
 // chunk; on an error the guest keeps the old file.
 func (m *Manager) WriteFile(ctx context.Context, c Caller, id, p string, mode uint32, r io.Reader) (int64, error) {
-	_, sc, err := m.running(ctx, c, id)
+	sb, sc, err := m.running(ctx, c, id)
 	if err != nil {
 		return 0, err
 	}
-	return sc.WriteFile(ctx, p, mode, r)
+	n, err := sc.WriteFile(ctx, p, mode, r)
+	if err == nil {
+		m.audit(ctx, c, sb.ID, "file.write", map[string]any{"path": p, "size": n})
+	}
+	return n, err
 }
 
 // ReadFile streams file p of sandbox id to w and returns the bytes copied.
@@ -69,9 +73,13 @@ func (m *Manager) Mkdir(ctx context.Context, c Caller, id, p string, parents boo
 // RemoveFile removes p in sandbox id (a directory's contents too if
 // recursive).
 func (m *Manager) RemoveFile(ctx context.Context, c Caller, id, p string, recursive bool) error {
-	_, sc, err := m.running(ctx, c, id)
+	sb, sc, err := m.running(ctx, c, id)
 	if err != nil {
 		return err
 	}
-	return sc.RemoveFile(ctx, p, recursive)
+	if err := sc.RemoveFile(ctx, p, recursive); err != nil {
+		return err
+	}
+	m.audit(ctx, c, sb.ID, "file.delete", map[string]any{"path": p, "recursive": recursive})
+	return nil
 }

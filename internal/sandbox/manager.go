@@ -406,6 +406,13 @@ func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox
 		}
 		return sb
 	}
+	// Recorded as the sandbox's tenant: nobody asked for it.
+	owner := Caller{Tenant: sb.Tenant}
+	if c.To == store.StateFailed {
+		m.audit(ctx, owner, sb.ID, "sandbox.fail", map[string]any{"reason": c.Reason, "was": string(sb.State), "reaped": true})
+	} else {
+		m.audit(ctx, owner, sb.ID, "sandbox.pause", map[string]any{"reason": "its supervisor exited while " + string(sb.State) + "; the saved state is whole", "was": string(sb.State), "reaped": true})
+	}
 	return cur
 }
 

@@ -172,3 +172,43 @@ func TestExecNotStarted(t *testing.T) {
 		t.Errorf("exec after refused starts: %d %s", code, body)
 	}
 }
+
+// TestManagerAuditsEverySurface: file and code actions are recorded by the
+// manager, so the local CLI's (Local caller, via "cli") are audited like
+// an API key's.
+func TestManagerAuditsEverySurface(t *testing.T) {
+	h := newHarness(t, time.Hour)
+	defer h.stop(t)
+	m := h.manager()
+	c := sandbox.Local()
+	c.Via = "cli"
+	if _, err := m.WriteFile(t.Context(), c, h.id, "/tmp/audited", 0o644, strings.NewReader("abc")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RemoveFile(t.Context(), c, h.id, "/tmp/audited", false); err != nil {
+		t.Fatal(err)
+	}
+	info, err := m.CreateContext(t.Context(), c, h.id, guest.ContextSpec{ID: "audited", Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RunCode(t.Context(), c, h.id, guest.CodeRequest{ContextID: info.ID, Code: "1/0"}, func(guest.CodeEvent) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DeleteContext(t.Context(), c, h.id, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	codeEvs, err := h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: h.id, Type: "code"})
+	if err != nil || len(codeEvs) != 1 || codeEvs[0].Detail["context"] != "audited" || codeEvs[0].Detail["via"] != "cli" {
+		t.Fatalf("code.run events: %+v %v", codeEvs, err)
+	}
+	ctxEvs, err := h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: h.id, Type: "context"})
+	if err != nil || len(ctxEvs) != 2 || ctxEvs[0].Action != "context.create" || ctxEvs[1].Action != "context.delete" {
+		t.Fatalf("context events: %+v %v", ctxEvs, err)
+	}
+	evs, err := h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: h.id, Type: "file"})
+	if err != nil || len(evs) != 2 || evs[0].Action != "file.write" || evs[0].Detail["size"] != float64(3) ||
+		evs[0].Detail["via"] != "cli" || evs[1].Action != "file.delete" || evs[1].Detail["path"] != "/tmp/audited" {
+		t.Fatalf("file events: %+v %v", evs, err)
+	}
+}

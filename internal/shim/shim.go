@@ -252,8 +252,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				s.log.Info("idle; pausing", "idle_pause", sb.IdlePause)
 				r, fatal, err := s.pause(bg, false, 0)
 				if err == nil {
-					_, _ = s.st.AppendEvent(bg, store.Event{Tenant: sb.Tenant, SandboxID: sb.ID, Action: "sandbox.pause",
-						Detail: map[string]any{"reason": "idle", "idle_pause_s": sb.IdlePause.Seconds(), "state_bytes": r.GetStateBytes(), "save_ms": r.GetSaveMs()}})
+					s.event(bg, sb, "sandbox.pause", map[string]any{"reason": "idle", "idle_pause_s": sb.IdlePause.Seconds(), "state_bytes": r.GetStateBytes(), "save_ms": r.GetSaveMs()})
 					s.teardownPaused(bg)
 					return nil
 				}
@@ -264,6 +263,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			}
 		case <-expiry.C:
 			s.log.Info("lifetime timeout reached; removing sandbox")
+			s.event(bg, sb, "sandbox.expire", map[string]any{"reason": "its lifetime ended", "expires_at": expiresAt.UTC()})
 			s.teardown(bg, true)
 			_ = os.RemoveAll(s.l.Dir(cfg.ID))
 			_ = s.st.DeleteSandbox(bg, cfg.ID)
@@ -298,8 +298,19 @@ func (s *shim) pauseFailed(ctx context.Context, what string, err error, fatal bo
 var expiryPoll = time.Second
 
 func (s *shim) fail(ctx context.Context, reason string) {
-	if _, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StateFailed, Gen: s.gen, Reason: oneLine(reason)}); err != nil {
+	sb, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StateFailed, Gen: s.gen, Reason: oneLine(reason)})
+	if err != nil {
 		s.log.Error("record failure", "err", err)
+		return
+	}
+	s.event(ctx, sb, "sandbox.fail", map[string]any{"reason": sb.Reason})
+}
+
+// event records an action the shim took on its own (no API key) in the
+// audit trail, under the sandbox's tenant.
+func (s *shim) event(ctx context.Context, sb store.Sandbox, action string, detail map[string]any) {
+	if _, err := s.st.AppendEvent(context.WithoutCancel(ctx), store.Event{Tenant: sb.Tenant, SandboxID: sb.ID, Action: action, Detail: detail}); err != nil {
+		s.log.Error("audit", "action", action, "err", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -155,6 +156,10 @@ func TestShimMarksVMMCrashFailed(t *testing.T) {
 	if err != nil || sb.State != store.StateFailed || !strings.Contains(sb.Reason, "guest kernel panic: test") {
 		t.Fatalf("after crash: %+v %v", sb, err)
 	}
+	evs, err := h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: h.id, Type: "sandbox.fail"})
+	if err != nil || len(evs) != 1 || !strings.Contains(fmt.Sprint(evs[0].Detail["reason"]), "guest kernel panic: test") {
+		t.Fatalf("sandbox.fail events: %+v %v", evs, err)
+	}
 }
 
 func TestShimRemovesSandboxAtLifetime(t *testing.T) {
@@ -165,6 +170,10 @@ func TestShimRemovesSandboxAtLifetime(t *testing.T) {
 	}
 	if _, err := os.Stat(h.l.Dir(h.id)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("dir after lifetime: %v", err)
+	}
+	evs, err := h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: h.id, Type: "sandbox.expire"})
+	if err != nil || len(evs) != 1 || evs[0].Detail["reason"] == nil {
+		t.Fatalf("sandbox.expire events: %+v %v", evs, err)
 	}
 }
 
