@@ -136,7 +136,7 @@ func concrete(pattern, id string) (method, path string) {
 	return method, path
 }
 
-func TestAuth(t *testing.T) {
+func TestThreat103SecureByDefault(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, store.APIKey{})
 	for _, rt := range routes {
@@ -167,10 +167,10 @@ func TestAuth(t *testing.T) {
 
 func toJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
 
-// TestCrossTenantIs404 checks every sandbox route: another tenant's
+// TestThreat104CrossTenantIsAbsence checks every sandbox route: another tenant's
 // sandbox, a missing one and a malformed id answer the same bytes (except
 // the request id).
-func TestCrossTenantIs404(t *testing.T) {
+func TestThreat104CrossTenantIsAbsence(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, store.APIKey{})
 	n := 0
@@ -266,7 +266,7 @@ func TestQuotas(t *testing.T) {
 	}
 }
 
-func TestRateLimit(t *testing.T) {
+func TestThreat099HostAPIAbuse(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, store.APIKey{RatePerMin: 20}) // burst 2
 	var last resp

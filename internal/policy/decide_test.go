@@ -335,7 +335,7 @@ func TestNameAndDNSAnswer(t *testing.T) {
 	}
 }
 
-func TestOpensFloor(t *testing.T) {
+func TestThreat062FloorCannotBeWidened(t *testing.T) {
 	for rule, want := range map[string]bool{
 		"10.0.0.0/8": true, "10.1.2.3": true, "169.254.169.254": true, "127.0.0.1:8080": true, "[::1]": true,
 		"[fd00::/8]": true, "100.64.0.0/10": true, "[::ffff:10.0.0.1]": true,

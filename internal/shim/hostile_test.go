@@ -150,7 +150,7 @@ type countWriter struct{ n int }
 
 func (w *countWriter) Write(p []byte) (int, error) { w.n += len(p); return len(p), nil }
 
-func TestRelayCapsOutputOfHostileAgent(t *testing.T) {
+func TestThreat016HostileAgent(t *testing.T) {
 	old := timeoutGrace
 	timeoutGrace = 0
 	t.Cleanup(func() { timeoutGrace = old })
@@ -165,10 +165,10 @@ func TestRelayCapsOutputOfHostileAgent(t *testing.T) {
 	}
 }
 
-// TestStartingStreamHoldsOutputBack: the stream that started an exec reads
+// TestThreat092SlowConsumer: the stream that started an exec reads
 // its output like a pipe: a reader that falls far behind (here 32 times the
 // retained output) is not cut off; it gets every byte up to the cap.
-func TestStartingStreamHoldsOutputBack(t *testing.T) {
+func TestThreat092SlowConsumer(t *testing.T) {
 	oldCap := retainCap
 	retainCap = 64 << 10
 	t.Cleanup(func() { retainCap = oldCap })

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-func TestValidateGuestPath(t *testing.T) {
+func TestThreat021UploadPathTraversal(t *testing.T) {
 	good := []string{"/", "/srv/in.txt", "/a b/c"}
 	bad := []string{"", "rel/path", "/a/../b", "/a//b", "/a/", "/a\x00b", "/" + strings.Repeat("a", maxPathLen)}
 	for _, p := range good {

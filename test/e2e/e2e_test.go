@@ -198,7 +198,7 @@ func TestExecSemantics(t *testing.T) {
 	}
 }
 
-func TestForkBombDoesNotStopOtherExecs(t *testing.T) {
+func TestThreat085ForkBomb(t *testing.T) {
 	e := setup(t)
 	id := e.create(t)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -241,7 +241,7 @@ func sha256File(t testing.TB, p string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func TestIsolationAndImmutableBase(t *testing.T) {
+func TestThreat006SharedImagesStayImmutable(t *testing.T) {
 	e := setup(t)
 	a := e.create(t)
 	b := e.create(t)
@@ -366,7 +366,7 @@ func processesMentioning(s string) []int {
 	return pids
 }
 
-func TestCrashAndCleanup(t *testing.T) {
+func TestThreat113KillVMMAndShim(t *testing.T) {
 	e := setup(t)
 	// Killing the CLI mid-exec leaves the sandbox running and usable.
 	id := e.create(t)
@@ -472,7 +472,7 @@ func TestCrashAndCleanup(t *testing.T) {
 	}
 }
 
-func TestLifetimeTimeoutRemoves(t *testing.T) {
+func TestThreat094LifetimeTimeoutHolds(t *testing.T) {
 	e := setup(t)
 	id := strings.TrimSpace(e.must(t, "create", "--timeout", "4s"))
 	deadline := time.Now().Add(30 * time.Second)
@@ -487,7 +487,7 @@ func TestLifetimeTimeoutRemoves(t *testing.T) {
 	t.Fatalf("sandbox %s still exists 30s after a 4s lifetime", id)
 }
 
-func TestErrorsAreActionable(t *testing.T) {
+func TestThreat100LimitValidation(t *testing.T) {
 	e := setup(t)
 	var wg sync.WaitGroup
 	cases := []struct {

@@ -15,7 +15,7 @@ import (
 
 // TestExecSurvivesCLIKill: `kill -9` of `airlock exec` mid-command leaves
 // the command running in the sandbox, as one started through the API
-// does (TestExecSurvivesServerKill): it finishes its work, and the API
+// does (TestThreat112KillDaemonDuringExec): it finishes its work, and the API
 // lists it as exited with code 0.
 func TestExecSurvivesCLIKill(t *testing.T) {
 	e := setup(t)

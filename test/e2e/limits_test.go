@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-func TestOutputCapAndPidsLimit(t *testing.T) {
+func TestThreat091OutputFlood(t *testing.T) {
 	e := setup(t)
 	id := e.create(t)
 	// 70 MB of output: 64 MiB arrive, then a visible truncation marker.

@@ -148,7 +148,7 @@ func hostIPv4s(t *testing.T) []string {
 	return out
 }
 
-func TestNetworkFloorIsClosed(t *testing.T) {
+func TestThreat039DefaultDenyMatrix(t *testing.T) {
 	e := setup(t)
 	l := listenCount(t, "0.0.0.0:0") // every host address, loopback included
 	meta := listenCount(t, "127.0.0.1:0")
@@ -213,7 +213,7 @@ func TestNetworkFloorIsClosed(t *testing.T) {
 	}
 }
 
-func TestNetworkDenyModeAndDNS(t *testing.T) {
+func TestThreat048DNSRebindingAndPinning(t *testing.T) {
 	e := setup(t)
 	la := listenCount(t, "127.0.0.1:0")
 	lb := listenCount(t, "127.0.0.1:0")
@@ -292,7 +292,7 @@ print(".".join(str(b) for b in r[-4:]))`)
 	}
 }
 
-func TestNetworkNone(t *testing.T) {
+func TestThreat015NetworkOffIsOff(t *testing.T) {
 	e := setup(t)
 	l := listenCount(t, "0.0.0.0:0")
 	id := e.create(t, "--net", "none")
@@ -328,7 +328,7 @@ func testCA(t *testing.T, names ...string) (caPEM []byte, cert tls.Certificate) 
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
-func TestNetworkSecrets(t *testing.T) {
+func TestThreat069GuestOnlyHoldsPlaceholder(t *testing.T) {
 	e := setup(t)
 	const value = "sk-e2e-REAL-9f8e7d6c5b4a39281706"
 	caPEM, cert := testCA(t, "api.test")
@@ -607,7 +607,7 @@ func dumpEvents(evs []event) string {
 	return sb.String()
 }
 
-func TestPublishedPort(t *testing.T) {
+func TestThreat068IngressClosedUnlessPublished(t *testing.T) {
 	e := setup(t)
 	id := e.create(t, "-p", "127.0.0.1:0:8000")
 	e.must(t, "exec", id, "--", "sh", "-c", `cd /etc && setsid python3 -m http.server 8000 >/dev/null 2>&1 </dev/null &
@@ -639,11 +639,11 @@ for i in $(seq 50); do python3 -c 'import socket;socket.create_connection(("127.
 	}
 }
 
-// TestNetworkSecretEcho: an allowed host that echoes every request back
+// TestThreat078ReflectionByAllowedHost: an allowed host that echoes every request back
 // (headers, query, path, body; gzip-compressed when asked, or even when
 // not) returns nothing from which the guest can read the value: not raw,
 // not URL-escaped, not inside the echoed Basic credential, not compressed.
-func TestNetworkSecretEcho(t *testing.T) {
+func TestThreat078ReflectionByAllowedHost(t *testing.T) {
 	e := setup(t)
 	const value = "sk+e2e/REAL=9f8e+7d6c/5b4a==39281706"
 	caPEM, cert := testCA(t, "api.test")

@@ -15,10 +15,10 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
-// TestExecSurvivesServerKill: `kill -9` of `serve` during a long exec; after
+// TestThreat112KillDaemonDuringExec: `kill -9` of `serve` during a long exec; after
 // a restart the sandbox is running, the exec's output and exit status are
 // readable, and the audit trail holds its start and exit.
-func TestExecSurvivesServerKill(t *testing.T) {
+func TestThreat112KillDaemonDuringExec(t *testing.T) {
 	e := setup(t)
 	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "restart-test"))
 	key = key[strings.LastIndex(key, "\n")+1:]

@@ -134,9 +134,9 @@ func procStatus(t *testing.T, pid int, keys ...string) map[string]string {
 	return out
 }
 
-// TestVMBootConfinement boots a guest, waits for the agent banner, and
+// TestThreat001VMMPosture boots a guest, waits for the agent banner, and
 // checks how QEMU is confined.
-func TestVMBootConfinement(t *testing.T) {
+func TestThreat001VMMPosture(t *testing.T) {
 	f := newVMFixture(t)
 	dir := world(t)
 	ov := filepath.Join(t.TempDir(), "root.qcow2")
@@ -360,9 +360,9 @@ func TestVMProbeGuest(t *testing.T) {
 	}
 }
 
-// TestVMGuestPanicReason boots a kernel with no usable init: the kernel
+// TestThreat020GuestKernelPanicContained boots a kernel with no usable init: the kernel
 // panics, QEMU exits, and Wait's Reason is the panic line.
-func TestVMGuestPanicReason(t *testing.T) {
+func TestThreat020GuestKernelPanicContained(t *testing.T) {
 	f := newVMFixture(t)
 	s := f.spec(t, "")
 	s.RootDisk = filepath.Join(t.TempDir(), "unused.qcow2")
