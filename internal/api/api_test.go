@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/airlock-sandbox/airlock/internal/apispec"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
@@ -96,6 +97,9 @@ func (h *harness) do(key, method, path string, body io.Reader) resp {
 	}
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
+	if err := apispec.Check(method, path, res.StatusCode, res.Header.Get("Content-Type"), b); err != nil {
+		h.t.Errorf("the response departs from api/openapi.yaml: %v", err)
+	}
 	return resp{res.StatusCode, res.Header, b}
 }
 

@@ -97,7 +97,7 @@ func newFake() *fake {
 func (f *fake) add(id, tenant string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.sbs[id] = store.Sandbox{ID: id, Tenant: tenant, State: store.StateRunning, CPUs: 1, MemoryMiB: 512, DiskMiB: 2048,
+	f.sbs[id] = store.Sandbox{ID: id, Tenant: tenant, Runtime: "qemu", State: store.StateRunning, CPUs: 1, MemoryMiB: 512, DiskMiB: 2048,
 		Env: map[string]string{"A": "sandbox", "B": "sandbox"}}
 }
 
@@ -131,7 +131,7 @@ func (f *fake) create(o sandbox.CreateOptions) (store.Sandbox, error) {
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	sb := store.Sandbox{ID: id, Tenant: o.Tenant, State: store.StateRunning, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, Env: o.Env, Metadata: o.Metadata, Image: "base", Network: spec}
+	sb := store.Sandbox{ID: id, Tenant: o.Tenant, Runtime: "qemu", State: store.StateRunning, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, Env: o.Env, Metadata: o.Metadata, Image: "base", Network: spec}
 	f.sbs[id] = sb
 	f.created = append(f.created, o)
 	return sb, nil
@@ -648,7 +648,7 @@ func (f *fake) materialize(name string, o sandbox.CreateOptions) (store.Sandbox,
 		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from snapshot %q has its size and image", errdefs.ErrInvalid, name)
 	}
 	f.n++
-	sb := store.Sandbox{ID: fmt.Sprintf("sbx%09d", f.n), Tenant: o.Tenant, State: store.StateRunning, CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB,
+	sb := store.Sandbox{ID: fmt.Sprintf("sbx%09d", f.n), Tenant: o.Tenant, Runtime: "qemu", State: store.StateRunning, CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB,
 		DiskMiB: sn.DiskMiB, Env: sn.Env, Network: sn.Network, Metadata: o.Metadata, Image: sn.Image, Source: "snapshot:" + name}
 	f.sbs[sb.ID] = sb
 	f.created = append(f.created, o)

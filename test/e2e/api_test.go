@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/airlock-sandbox/airlock/internal/apispec"
 )
 
 // apiServer is a running `airlock serve` on a free loopback port.
@@ -80,6 +82,9 @@ func (s *apiServer) do(key, method, path string, body io.Reader) (int, []byte) {
 	b, err := io.ReadAll(res.Body)
 	if err != nil {
 		s.t.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	if err := apispec.Check(method, path, res.StatusCode, res.Header.Get("Content-Type"), b); err != nil {
+		s.t.Errorf("the real server departs from api/openapi.yaml: %v", err)
 	}
 	return res.StatusCode, b
 }
