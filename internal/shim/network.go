@@ -381,13 +381,16 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// auditor writes network events to the catalog off the packet path: a
-// bounded queue, dropped events counted and reported.
+// auditor writes network events to the catalog off the packet path: rate
+// limited and folded (auditLimit), then a bounded queue, dropped events
+// counted and reported.
 type auditor struct {
 	st      *store.Store
 	sb      store.Sandbox
 	ch      chan store.Event
 	dropped atomic.Uint64
+	limit   *auditLimit
+	now     func() time.Time
 	done    chan struct{}
 	mu      sync.RWMutex // guards closed against sends
 	closed  bool
@@ -396,12 +399,17 @@ type auditor struct {
 const auditQueue = 4096
 
 func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, ...any) }) *auditor {
-	a := &auditor{st: st, sb: sb, ch: make(chan store.Event, auditQueue), done: make(chan struct{})}
+	a := &auditor{st: st, sb: sb, ch: make(chan store.Event, auditQueue), limit: newAuditLimit(), now: time.Now, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		tick := time.NewTicker(5 * time.Second)
+		tick := time.NewTicker(auditInterval)
 		defer tick.Stop()
 		report := func() {
+			for _, e := range a.limit.flush(sb, a.now()) {
+				if _, err := st.AppendEvent(context.Background(), e); err != nil {
+					log.Error("audit", "err", err)
+				}
+			}
 			if n := a.dropped.Swap(0); n > 0 {
 				_, _ = st.AppendEvent(context.Background(), store.Event{Tenant: sb.Tenant, SandboxID: sb.ID, Action: "net.audit.dropped",
 					Detail: map[string]any{"count": n, "reason": "the guest made network events faster than the audit log takes them"}})
@@ -426,10 +434,11 @@ func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, 
 }
 
 func (a *auditor) add(e egress.Event) {
-	ev := store.Event{Time: time.Now(), Tenant: a.sb.Tenant, SandboxID: a.sb.ID, Action: e.Action, Detail: e.Detail}
+	now := a.now()
+	ev := store.Event{Time: now, Tenant: a.sb.Tenant, SandboxID: a.sb.ID, Action: e.Action, Detail: e.Detail}
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	if a.closed {
+	if a.closed || !a.limit.admit(ev, now) {
 		return
 	}
 	select {

@@ -45,6 +45,9 @@ func (s *Store) AppendEvent(ctx context.Context, e Event) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("append event: %w", err)
 	}
+	if s.appends.Add(1)%pruneEvery == 1 {
+		_, _ = s.PruneEvents(context.WithoutCancel(ctx)) // best effort: the next prune retries
+	}
 	return res.LastInsertId()
 }
 

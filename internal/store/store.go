@@ -112,6 +112,10 @@ type Store struct {
 	db *sql.DB
 	// sandboxReads counts GetSandbox calls (SandboxReads).
 	sandboxReads atomic.Int64
+	// appends counts AppendEvent calls; every pruneEvery-th prunes.
+	appends atomic.Int64
+	// now is the clock retention reads (tests set it).
+	now func() time.Time
 }
 
 // SandboxReads reports how many times GetSandbox read a sandbox's row
@@ -216,10 +220,16 @@ var migrations = []string{
 	);
 	CREATE INDEX refs_target ON refs(target_kind, target_id);
 	PRAGMA user_version = 6;`,
+	// v7: catalog-wide settings (the audit retention, retention.go).
+	`CREATE TABLE settings (
+		name TEXT PRIMARY KEY,
+		value TEXT NOT NULL
+	);
+	PRAGMA user_version = 7;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 6
+const schemaVersion = 7
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -251,7 +261,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		}
 	}
 	_ = os.Chmod(path, 0o600)
-	return &Store{db: db}, nil
+	return &Store{db: db, now: time.Now}, nil
 }
 
 // migrate runs migration from -> from+1 in one transaction; a concurrent
