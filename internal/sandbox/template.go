@@ -29,7 +29,8 @@ import (
 //
 //	v2: x86-64-v2 guest CPU under TCG
 //	v3: a virtio-net NIC (runtime.Spec.Network), down in the template
-const templateFormat = "v4"
+//	v5: no SVM/VMX in the guest CPU (no nested virtualization)
+const templateFormat = "v5"
 
 // TemplateKey is everything a restored clone must share with its template.
 type TemplateKey struct {

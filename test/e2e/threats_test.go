@@ -170,3 +170,34 @@ print("SENT", n)
 		t.Errorf("the catalog grew by %d bytes used, %d bytes on disk in a %d s flood (bound: 1 MiB)", used1-used0, file1-file0, secs)
 	}
 }
+
+// TestThreat004NoNestedVirtualization: the guest CPU has no SVM or VMX
+// (QEMU's qemu64 model advertises SVM, which TCG emulates; with KVM the
+// host CPU is passed without them) and no KVM device can be opened, even
+// by guest root making the device node itself.
+func TestThreat004NoNestedVirtualization(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	t.Cleanup(func() { e.run(t, nil, "rm", id) })
+	out := e.must(t, "exec", id, "--", "python3", "-c", `
+import os
+flags = [l for l in open("/proc/cpuinfo") if l.startswith("flags")][0].split()
+print("FLAGS", len(flags), " ".join(f for f in flags if f in ("vmx", "svm")) or "none")
+try:
+    os.mknod("/tmp/kvm", 0o600 | 0o020000, os.makedev(10, 232))
+    os.open("/tmp/kvm", os.O_RDWR)
+    print("KVM opened")
+except OSError as err:
+    print("KVM refused:", err.strerror)
+`)
+	var n int
+	if _, err := fmt.Sscanf(out, "FLAGS %d", &n); err != nil || n < 5 {
+		t.Fatalf("the probe did not read the guest's CPU flags: %q", out)
+	}
+	if !strings.Contains(out, " none\n") {
+		t.Errorf("the guest CPU offers virtualization: %q", out)
+	}
+	if !strings.Contains(out, "KVM refused:") {
+		t.Errorf("guest root opened a KVM device: %q", out)
+	}
+}
