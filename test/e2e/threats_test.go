@@ -1,6 +1,9 @@
 package e2e
 
 import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,8 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // TestThreat019GuestLearnsNothingAboutHost: what the guest can read of
@@ -199,5 +204,142 @@ except OSError as err:
 	}
 	if !strings.Contains(out, "KVM refused:") {
 		t.Errorf("guest root opened a KVM device: %q", out)
+	}
+}
+
+// TestThreat093LargeStdin: 64 MiB on an exec's stdin arrive whole and in
+// order (the guest's sha256 is the host's), the shim streams them instead
+// of holding them (its peak RSS grows by well under the input), and the
+// agent answers the next exec.
+func TestThreat093LargeStdin(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	t.Cleanup(func() { e.run(t, nil, "rm", id) })
+	data := make([]byte, 64<<20)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%x", sha256.Sum256(data))
+	shim := shimPID(t, e, id)
+	hwm0 := peakRSSKiB(t, shim)
+	r := e.run(t, bytes.NewReader(data), "exec", "-i", id, "--", "sha256sum")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, want) {
+		t.Fatalf("exec with 64 MiB of stdin: exit %d, %q (want %s); stderr %s", r.code, r.stdout, want, r.stderr)
+	}
+	grew := peakRSSKiB(t, shim) - hwm0
+	t.Logf("the shim's peak RSS grew by %d KiB for 64 MiB of stdin", grew)
+	if grew > 24<<10 {
+		t.Errorf("the shim's peak RSS grew by %d KiB for 64 MiB of stdin: it buffers input", grew)
+	}
+	if out := e.must(t, "exec", id, "--", "echo", "alive"); strings.TrimSpace(out) != "alive" {
+		t.Fatalf("the agent does not answer after the large stdin: %q", out)
+	}
+}
+
+// peakRSSKiB is a process's peak resident set (VmHWM) in KiB.
+func peakRSSKiB(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			n, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no VmHWM for pid %d", pid)
+	return 0
+}
+
+// TestThreat031UploadIntoFullDisk: with the guest's disk full (by guest
+// root, so the reserved blocks too), an upload fails with an error that
+// says so, the file it would have replaced keeps its content, the agent
+// answers, and once space is freed the same upload succeeds.
+func TestThreat031UploadIntoFullDisk(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	t.Cleanup(func() { e.run(t, nil, "rm", id) })
+	e.must(t, "exec", id, "--", "sh", "-c", "echo precious > /root/keep.txt")
+	out := e.must(t, "exec", id, "--", "sh", "-c",
+		"fallocate -l $(( $(stat -f -c '%a*%S' /) )) /fill 2>/dev/null; "+
+			"dd if=/dev/zero of=/fill2 bs=64k 2>/dev/null; sync; df -k / | tail -1")
+	if f := strings.Fields(out); len(f) < 4 || f[3] != "0" {
+		t.Fatalf("the disk did not fill: %q", out)
+	}
+	up := filepath.Join(t.TempDir(), "up.bin")
+	if err := os.WriteFile(up, bytes.Repeat([]byte("u"), 4<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := e.run(t, nil, "cp", up, id+":/root/keep.txt")
+	if r.code == 0 {
+		t.Fatalf("an upload into a full disk succeeded: %q", r.stdout)
+	}
+	if !strings.Contains(strings.ToLower(r.stderr), "no space") {
+		t.Errorf("the refusal does not say the disk is full: %q", r.stderr)
+	}
+	if got := e.must(t, "exec", id, "--", "cat", "/root/keep.txt"); got != "precious\n" {
+		t.Errorf("the failed upload changed the file it would have replaced: %q", got)
+	}
+	e.must(t, "exec", id, "--", "rm", "-f", "/fill", "/fill2")
+	e.must(t, "cp", up, id+":/root/keep.txt")
+	if got := e.must(t, "exec", id, "--", "sh", "-c", "wc -c < /root/keep.txt"); strings.TrimSpace(got) != strconv.Itoa(4<<20) {
+		t.Errorf("after freeing space the upload wrote %q bytes", got)
+	}
+}
+
+// TestThreat090InodeExhaustion: guest root creating empty files until it
+// cannot. On qemu the guest's own filesystem runs out of inodes (ENOSPC),
+// an upload then fails saying so, and the agent answers; the host file
+// stays within the disk's size. On gVisor the files live in the sentry's
+// memory: the sandbox ends at its memory limit with a reason that says
+// so, and the host is not touched beyond that limit.
+func TestThreat090InodeExhaustion(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	t.Cleanup(func() { e.run(t, nil, "rm", id) })
+	r := e.run(t, nil, "exec", id, "--", "python3", "-c", `
+import os
+os.mkdir("/f")
+n = 0
+try:
+    while n < 400000:
+        os.close(os.open("/f/%d" % n, os.O_CREAT | os.O_WRONLY))
+        n += 1
+    print("CREATED", n)
+except OSError as err:
+    print("STOPPED", n, err.strerror)
+`)
+	t.Logf("exit %d: %s%s", r.code, r.stdout, tail(r.stderr, 300))
+	if onGVisor() && r.code != 0 {
+		var reason string
+		testutil.WaitFor(t, 30*time.Second, func() bool {
+			sb := inspect(t, e, id)
+			reason = sb.Reason
+			return sb.State == "failed"
+		})
+		if !strings.Contains(reason, "memory limit") {
+			t.Fatalf("the sandbox ended without saying it hit its memory limit: %q", reason)
+		}
+		t.Logf("the sandbox ended: %s", reason)
+		return
+	}
+	var n int
+	if _, err := fmt.Sscanf(r.stdout, "STOPPED %d", &n); err != nil || n < 1000 || !strings.Contains(r.stdout, "No space left on device") {
+		t.Fatalf("the guest did not run out of inodes: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	up := filepath.Join(t.TempDir(), "new.txt")
+	if err := os.WriteFile(up, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if u := e.run(t, nil, "cp", up, id+":/root/new.txt"); u.code == 0 || !strings.Contains(strings.ToLower(u.stderr), "no space") {
+		t.Errorf("an upload with no inodes left: exit %d, %q", u.code, u.stderr)
+	}
+	if out := e.must(t, "exec", id, "--", "echo", "alive"); strings.TrimSpace(out) != "alive" {
+		t.Fatalf("the agent does not answer with no inodes left: %q", out)
 	}
 }
