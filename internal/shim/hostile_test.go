@@ -2,13 +2,16 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -38,6 +41,9 @@ func (hostileAgent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.Exe
 	if err != nil {
 		return err
 	}
+	if first.GetStart().GetArgv()[0] == "hostile-start" {
+		return connect.NewError(connect.CodeNotFound, errors.New(hostileMessage))
+	}
 	// It reports the start (the shim owns only execs that started), then
 	// misbehaves.
 	if err := st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Started{Started: &agentv1.ExecStarted{Pid: 2}}}); err != nil {
@@ -57,6 +63,14 @@ func (hostileAgent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.Exe
 		case <-time.After(time.Hour):
 		}
 	}
+}
+
+// hostileMessage is an error text meant to rewrite the user's terminal
+// (clear it, forge a line, reverse text) and to break a log's framing.
+const hostileMessage = "gone\x1b[2J\x1b[H\r\nairlock: all good\u202eexe.txt\xff\u200b\x07"
+
+func (hostileAgent) Stat(context.Context, *connect.Request[agentv1.StatRequest]) (*connect.Response[agentv1.StatResponse], error) {
+	return nil, connect.NewError(connect.CodeNotFound, errors.New(hostileMessage))
 }
 
 // relayOverHostileAgent serves the shim's ExecService on a unix socket,
@@ -85,6 +99,7 @@ func hostileShim(t *testing.T) (*shimclient.Client, *sessions) {
 	tbl := newSessions(ac, st, "hostilehostil", nil, slog.New(slog.DiscardHandler))
 	mux := http.NewServeMux()
 	mux.Handle(shimv2connect.NewExecServiceHandler(execService{t: tbl, log: slog.New(slog.DiscardHandler)}))
+	mux.Handle(shimv2connect.NewFileServiceHandler(fileService{agent: ac}))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: mux, Protocols: &p}
@@ -203,5 +218,30 @@ func TestThreat092SlowConsumer(t *testing.T) {
 	}
 	if n != 2<<20 {
 		t.Fatalf("got %d bytes, want the 2 MiB cap", n)
+	}
+}
+
+// TestThreat035HostileGuestText: error messages a hostile agent writes
+// (terminal escapes, a forged line, bidi overrides, bytes that are not
+// UTF-8) reach the host's callers escaped: as the error of a file call
+// and as the reason an exec did not start, with the code kept.
+func TestThreat035HostileGuestText(t *testing.T) {
+	c := relayOverHostileAgent(t)
+	_, statErr := c.StatFile(t.Context(), "/x")
+	_, execErr := runStream(t.Context(), c, guest.ExecSpec{Argv: []string{"hostile-start"}}, io.Discard)
+	if statErr == nil || execErr == nil {
+		t.Fatalf("the hostile agent's errors did not arrive: stat %v, exec %v", statErr, execErr)
+	}
+	se, ok := guest.AsStartError(execErr)
+	if !ok || !se.NotFound {
+		t.Fatalf("exec error is not a not-found start error: %v", execErr)
+	}
+	for name, msg := range map[string]string{"stat": statErr.Error(), "exec": se.Reason} {
+		if !strings.Contains(msg, `gone\x1b[2J`) {
+			t.Errorf("%s: the message is not the agent's, escaped: %q", name, msg)
+		}
+		if strings.ContainsAny(msg, "\x1b\r\n\a\u202e\u200b") || !utf8.ValidString(msg) {
+			t.Errorf("%s: a raw control, bidi or invalid byte reached the caller: %q", name, msg)
+		}
 	}
 }

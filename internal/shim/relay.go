@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/guest"
 )
 
 // Host-side limits applied by the relay whatever the guest does.
@@ -39,17 +41,17 @@ func ValidateGuestPath(p string) error {
 	return nil
 }
 
+// maxGuestMessage bounds an error message the guest wrote.
+const maxGuestMessage = 1024
+
 func invalid(err error) error { return connect.NewError(connect.CodeInvalidArgument, err) }
 
 func relayErr(step string, err error) error {
 	var ce *connect.Error
 	if errors.As(err, &ce) {
-		// Guest errors are data: keep the code, bound the message.
-		msg := ce.Message()
-		if len(msg) > 1024 {
-			msg = msg[:1024] + "..."
-		}
-		return connect.NewError(ce.Code(), errors.New(msg))
+		// Guest errors are data: keep the code, bound and escape the
+		// message (it reaches terminals, logs and HTTP bodies as ours).
+		return connect.NewError(ce.Code(), errors.New(guest.Text(ce.Message(), maxGuestMessage)))
 	}
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %w", step, err))
 }

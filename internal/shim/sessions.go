@@ -14,6 +14,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -202,7 +203,7 @@ func notStarted(err error) error {
 	default:
 		return err
 	}
-	out := connect.NewError(ce.Code(), errors.New(ce.Message()))
+	out := connect.NewError(ce.Code(), errors.New(guest.Text(ce.Message(), maxGuestMessage)))
 	if d, derr := connect.NewErrorDetail(&shimv2.ExecNotStarted{}); derr == nil {
 		out.AddDetail(d)
 	}

@@ -46,6 +46,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -487,7 +488,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		}
 	}
 	if mode != "resume" {
-		if err := s.st.SetRuntimeInfo(ctx, sb.ID, caps.Accel, s.agent.Info.GetKernelRelease(), mode); err != nil {
+		if err := s.st.SetRuntimeInfo(ctx, sb.ID, caps.Accel, guest.Text(s.agent.Info.GetKernelRelease(), 128), mode); err != nil {
 			return err
 		}
 	}
