@@ -343,3 +343,54 @@ except OSError as err:
 		t.Fatalf("the agent does not answer with no inodes left: %q", out)
 	}
 }
+
+// TestThreat036ConcurrentUploadsDoNotInterleave: eight uploads of
+// different 2 MiB files to one path at once leave exactly one of them
+// there, whole (the agent writes beside the target and renames), and no
+// temporary file behind.
+func TestThreat036ConcurrentUploadsDoNotInterleave(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	t.Cleanup(func() { e.run(t, nil, "rm", id) })
+	e.must(t, "exec", id, "--", "mkdir", "/race")
+	dir := t.TempDir()
+	sums := map[string]int{}
+	var files []string
+	for i := range 8 {
+		p := filepath.Join(dir, strconv.Itoa(i))
+		b := bytes.Repeat([]byte{byte('a' + i)}, 2<<20)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sums[fmt.Sprintf("%x", sha256.Sum256(b))] = i
+		files = append(files, p)
+	}
+	errs := make(chan result, len(files))
+	for _, p := range files {
+		go func() { errs <- e.run(t, nil, "cp", p, id+":/race/target") }()
+	}
+	ok := 0
+	for range files {
+		if r := <-errs; r.code == 0 {
+			ok++
+		} else {
+			t.Logf("an upload lost the race: %s", strings.TrimSpace(r.stderr))
+		}
+	}
+	if ok == 0 {
+		t.Fatal("no upload succeeded")
+	}
+	out := e.must(t, "exec", id, "--", "sh", "-c", "sha256sum /race/target; ls -a /race")
+	f := strings.Fields(out)
+	if len(f) < 2 {
+		t.Fatalf("no target: %q", out)
+	}
+	i, whole := sums[f[0]]
+	if !whole {
+		t.Fatalf("the target is none of the uploads whole (interleaved or cut): %q", out)
+	}
+	if left := strings.Fields(strings.TrimSpace(out[strings.Index(out, "\n")+1:])); len(left) != 3 {
+		t.Errorf("files left beside the target: %v", left)
+	}
+	t.Logf("%d of %d uploads succeeded; upload %d is the one left", ok, len(files), i)
+}
