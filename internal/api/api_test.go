@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
 type harness struct {
 	t                 testing.TB
 	url               string
+	catalog           string // the catalog's file
 	fake              *fake
 	st                *store.Store
 	alice, bob, admin string      // keys
@@ -49,12 +51,13 @@ func (b *syncBuffer) String() string {
 
 func newHarness(t testing.TB, aliceLimits store.APIKey) *harness {
 	t.Helper()
-	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
+	catalog := filepath.Join(t.TempDir(), "catalog.db")
+	st, err := store.Open(t.Context(), catalog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	h := &harness{t: t, fake: newFake(), st: st, logs: &syncBuffer{}}
+	h := &harness{t: t, catalog: catalog, fake: newFake(), st: st, logs: &syncBuffer{}}
 	h.fake.ev = st
 	aliceLimits.Tenant = "alice"
 	_, h.alice, _ = st.CreateKey(t.Context(), aliceLimits)
@@ -389,6 +392,60 @@ func TestErrorsAndHealth(t *testing.T) {
 	for _, m := range []string{"airlock_sandboxes{state=\"running\"} 2", "airlock_http_requests_total", "airlock_exec_start_seconds", "airlock_sandbox_creates_total"} {
 		if !strings.Contains(string(r.body), m) {
 			t.Errorf("metrics lack %s", m)
+		}
+	}
+}
+
+// TestThreat108TokenScopeAndRotation: a second key of a tenant (a
+// rotation) reaches the tenant's sandboxes; revoking the first takes
+// effect on its next request (no cache), without touching the second;
+// the catalog holds a hash of each key, never the key.
+func TestThreat108TokenScopeAndRotation(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	rec, alice2, err := h.st.CreateKey(t.Context(), store.APIKey{Tenant: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{h.alice, alice2} {
+		if r := h.do(key, "GET", "/v1/sandboxes/aliceaaaaaaa", nil); r.code != http.StatusOK {
+			t.Fatalf("a key of alice's: %d %s", r.code, r.body)
+		}
+	}
+	// Bob's key is scoped to bob, whatever it asks.
+	if r := h.do(h.bob, "GET", "/v1/sandboxes/aliceaaaaaaa", nil); r.code != http.StatusNotFound {
+		t.Fatalf("bob reads alice's sandbox: %d", r.code)
+	}
+	first, err := h.st.LookupKey(t.Context(), h.alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.st.RevokeKey(t.Context(), first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.do(h.alice, "GET", "/v1/sandboxes/aliceaaaaaaa", nil); r.code != http.StatusUnauthorized {
+		t.Fatalf("a revoked key: %d %s", r.code, r.body)
+	}
+	if r := h.do(alice2, "GET", "/v1/sandboxes/aliceaaaaaaa", nil); r.code != http.StatusOK {
+		t.Fatalf("the rotated key after the old one was revoked: %d %s", r.code, r.body)
+	}
+	if rec.ID == first.ID {
+		t.Fatal("two keys share an id")
+	}
+	// Neither key, nor its secret part, is in the catalog's file.
+	if err := h.st.Checkpoint(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{h.alice, alice2, h.bob, h.admin} {
+		secret := key[strings.LastIndex(key, "_")+1:]
+		for _, f := range []string{h.catalog, h.catalog + "-wal"} {
+			b, err := os.ReadFile(f)
+			if err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+			if bytes.Contains(b, []byte(secret)) {
+				t.Errorf("%s holds a key's secret", filepath.Base(f))
+			}
 		}
 	}
 }
