@@ -16,6 +16,7 @@ import (
 
 func serveCmd(g *globals) *cobra.Command {
 	var listen string
+	var drain time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the HTTP API (sandboxes keep running when it stops)",
@@ -34,7 +35,7 @@ func serveCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("listen: %w", err)
 			}
-			srv, _ := s.NewHTTPServer(listen)
+			srv, cut := s.NewHTTPServer(listen)
 			errc := make(chan error, 1)
 			go func() { errc <- srv.Serve(ln) }()
 			fmt.Fprintf(cmd.OutOrStdout(), "airlock API listening on http://%s\n", ln.Addr())
@@ -43,11 +44,21 @@ func serveCmd(g *globals) *cobra.Command {
 				return err
 			case <-cmd.Context().Done():
 			}
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 30*time.Second)
+			// A graceful stop: no new connections; requests in flight (exec
+			// streams too) run to their end for up to drain, then are cut
+			// with a line that says so (their execs go on in the shims).
+			g.log.Info("stopping: draining requests in flight", "drain", drain)
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), drain)
 			defer cancel()
-			err = errors.Join(closeMCP(ctx), srv.Shutdown(ctx)) // MCP first: its streams hold connections open
-			if err != nil {
-				err = errors.Join(err, srv.Close())
+			err = closeMCP(ctx) // MCP first: its streams hold connections open
+			if serr := srv.Shutdown(ctx); serr != nil {
+				g.log.Warn("drain time is up: cutting the requests still in flight", "err", serr)
+				cut()
+				ctx2, cancel2 := context.WithTimeout(context.WithoutCancel(cmd.Context()), 5*time.Second)
+				defer cancel2()
+				if serr := srv.Shutdown(ctx2); serr != nil {
+					err = errors.Join(err, srv.Close())
+				}
 			}
 			if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) {
 				err = errors.Join(err, serr)
@@ -56,5 +67,6 @@ func serveCmd(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7070", "address to listen on")
+	cmd.Flags().DurationVar(&drain, "drain", 30*time.Second, "on SIGTERM/SIGINT, how long requests in flight (exec streams too) may run before they are cut")
 	return cmd
 }

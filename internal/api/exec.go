@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -250,6 +251,12 @@ func (s *Server) stream(r *http.Request, nw *ndjson, st guest.ExecStream, sandbo
 	for {
 		ev, err := st.Recv()
 		if err != nil {
+			if errors.Is(context.Cause(r.Context()), ErrStopping) {
+				// The client may still be reading: say why the stream ends.
+				_ = nw.line(map[string]any{"type": "error", "error": map[string]string{"code": "unavailable",
+					"message": "the server is stopping; the exec goes on: re-attach at GET /v1/sandboxes/" + sandboxID + "/execs/" + st.Info().ID + "/stream"}})
+				return
+			}
 			if r.Context().Err() == nil {
 				s.log.Warn("exec stream ended early", "request_id", requestID(r), "sandbox_id", sandboxID, "exec_id", st.Info().ID, "err", err)
 			}

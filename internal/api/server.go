@@ -187,13 +187,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
+// ErrStopping is the cause of the context of requests the server cut at
+// the end of a graceful stop's drain.
+var ErrStopping = errors.New("the server is stopping")
+
 // NewHTTPServer returns an http.Server for s with the API's protections:
 // header size and read-header timeouts, idle timeouts. There is no overall
 // read or write timeout (uploads and exec streams are long); handlers set
-// rolling deadlines instead. Cancel stops in-flight streams (exec sessions
-// keep running in their shims): call it from RegisterOnShutdown.
-func (s *Server) NewHTTPServer(addr string) (srv *http.Server, cancel context.CancelFunc) {
-	base, cancel := context.WithCancel(context.Background())
+// rolling deadlines instead. A graceful stop calls srv.Shutdown, which lets
+// in-flight requests finish; cancel ends the ones still running when the
+// drain's time is up (exec streams write an error line saying the exec
+// goes on and where to re-attach; the sessions keep running in their shims).
+func (s *Server) NewHTTPServer(addr string) (srv *http.Server, cancel func()) {
+	base, stop := context.WithCancelCause(context.Background())
+	cancel = func() { stop(ErrStopping) }
 	srv = &http.Server{
 		Addr:              addr,
 		Handler:           s,
@@ -203,7 +210,6 @@ func (s *Server) NewHTTPServer(addr string) (srv *http.Server, cancel context.Ca
 		BaseContext:       func(_ net.Listener) context.Context { return base },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
-	srv.RegisterOnShutdown(cancel)
 	return srv, cancel
 }
 

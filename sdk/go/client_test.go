@@ -260,6 +260,16 @@ func TestNDJSONParsing(t *testing.T) {
 			t.Fatalf("Run: %v", err)
 		}
 	})
+	t.Run("server stopping", func(t *testing.T) {
+		t.Parallel()
+		c := streamServer(t, `{"type":"start","exec_id":"e5","pid":1}`+"\n",
+			`{"type":"error","error":{"code":"unavailable","message":"the server is stopping; the exec goes on"}}`+"\n")
+		_, err := c.Exec(t.Context(), "sb", airlock.ExecRequest{Cmd: []string{"x"}}, airlock.ExecHandlers{})
+		var se *airlock.StreamError
+		if !errors.As(err, &se) || se.ExecID != "e5" || !strings.Contains(err.Error(), "the server is stopping") {
+			t.Fatalf("got %v", err)
+		}
+	})
 	t.Run("bad base64", func(t *testing.T) {
 		t.Parallel()
 		c := streamServer(t, `{"type":"stdout","data":"not base64!"}`+"\n"+`{"type":"exit","code":0}`+"\n")

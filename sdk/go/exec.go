@@ -167,6 +167,10 @@ type streamRecord struct {
 	ExecID string `json:"exec_id"`
 	PID    int    `json:"pid"`
 	Data   string `json:"data"`
+	Error  *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
 	wireExit
 }
 
@@ -208,6 +212,12 @@ func readStream(r io.Reader, execID string, h ExecHandlers) (*ExitStatus, error)
 		case "exit":
 			st := m.status()
 			return &st, nil
+		case "error": // the server ended the stream (it is stopping); the exec goes on
+			msg := "the server ended the stream"
+			if m.Error != nil {
+				msg = m.Error.Code + ": " + m.Error.Message
+			}
+			return nil, &StreamError{ExecID: execID, Err: errors.New(msg)}
 		}
 	}
 }

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os/exec"
@@ -171,9 +173,9 @@ func TestPausedSurviveRestart(t *testing.T) {
 
 // startServeAt starts `airlock serve` on addr (the caller stops it) and
 // waits until it answers.
-func startServeAt(t *testing.T, e env, addr string) *exec.Cmd {
+func startServeAt(t *testing.T, e env, addr string, flags ...string) *exec.Cmd {
 	t.Helper()
-	c := e.cmd(context.Background(), nil, "serve", "--listen", addr)
+	c := e.cmd(context.Background(), nil, append([]string{"serve", "--listen", addr}, flags...)...)
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -186,5 +188,176 @@ func startServeAt(t *testing.T, e env, addr string) *exec.Cmd {
 		if time.Now().After(deadline) {
 			t.Fatal("serve did not come up")
 		}
+	}
+}
+
+// TestThreat115GracefulStopFlushes: SIGTERM to `serve` while an exec
+// streams through it: the exec's response runs to its exit, serve then
+// exits 0, new connections are refused once it has stopped, the audit
+// trail holds the exec's start and exit, and the sandbox keeps running.
+func TestThreat115GracefulStopFlushes(t *testing.T) {
+	e := setup(t)
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "graceful-test"))
+	key = key[strings.LastIndex(key, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv := startServeAt(t, e, addr)
+	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
+	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var sb struct{ ID string }
+	_ = json.Unmarshal(body, &sb)
+	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+
+	type reply struct {
+		code int
+		body []byte
+		err  error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", s.base+"/v1/sandboxes/"+sb.ID+"/exec",
+			strings.NewReader(`{"cmd":["sh","-c","touch /tmp/started; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo finished; exit 7"]}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := s.hc.Do(req)
+		if err != nil {
+			done <- reply{err: err}
+			return
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		done <- reply{res.StatusCode, b, err}
+	}()
+	if !testutil.WaitFor(t, 60*time.Second, func() bool {
+		return e.run(t, nil, "exec", sb.ID, "--", "test", "-e", "/tmp/started").code == 0
+	}) {
+		t.Fatal("the exec did not start")
+	}
+	if err := srv.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- srv.Wait() }()
+	// serve is draining (its listener closes first): it must not exit
+	// while the exec's response is open.
+	if !testutil.WaitFor(t, 20*time.Second, func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	}) {
+		t.Fatal("serve still accepts connections after SIGTERM")
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("serve exited (%v) with an exec response in flight", err)
+	case r := <-done:
+		t.Fatalf("the exec's response ended before the exec did: %d %s %v", r.code, r.body, r.err)
+	default:
+	}
+	e.must(t, "exec", sb.ID, "--", "touch", "/tmp/go")
+	r := <-done
+	if r.err != nil || r.code != 200 || !strings.Contains(string(r.body), "finished") || !strings.Contains(string(r.body), `"code":7`) {
+		t.Fatalf("the in-flight exec through a stopping serve: %d %v %s", r.code, r.err, r.body)
+	}
+	if err := <-exited; err != nil {
+		t.Fatalf("serve did not exit cleanly on SIGTERM: %v", err)
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Error("the listener still accepts after serve stopped")
+	}
+	var execID string
+	for l := range strings.SplitSeq(string(r.body), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["type"] == "start" {
+			execID, _ = m["exec_id"].(string)
+		}
+	}
+	seen := map[string]bool{}
+	for _, ev := range events(t, e, sb.ID) {
+		if ev.Detail["exec_id"] == execID {
+			seen[ev.Action] = true
+		}
+	}
+	if execID == "" || !seen["exec.start"] || !seen["exec.exit"] {
+		t.Errorf("audit trail for exec %q after a graceful stop: %v", execID, seen)
+	}
+	var info struct{ State string }
+	_ = json.Unmarshal([]byte(e.must(t, "inspect", sb.ID)), &info)
+	if info.State != "running" {
+		t.Errorf("sandbox after serve stopped: %q", info.State)
+	}
+}
+
+// TestServeDrainCutsWithAReason: past --drain, an exec stream still open
+// ends with an error line that says the exec goes on and where to
+// re-attach; the exec does go on.
+func TestServeDrainCutsWithAReason(t *testing.T) {
+	e := setup(t)
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "drain-test"))
+	key = key[strings.LastIndex(key, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv := startServeAt(t, e, addr, "--drain", "1s")
+	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
+	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var sb struct{ ID string }
+	_ = json.Unmarshal(body, &sb)
+	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+	done := make(chan []byte, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", s.base+"/v1/sandboxes/"+sb.ID+"/exec",
+			strings.NewReader(`{"cmd":["sh","-c","touch /tmp/started; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo done > /tmp/finished"]}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := s.hc.Do(req)
+		if err != nil {
+			done <- []byte(err.Error())
+			return
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		done <- b
+	}()
+	if !testutil.WaitFor(t, 60*time.Second, func() bool {
+		return e.run(t, nil, "exec", sb.ID, "--", "test", "-e", "/tmp/started").code == 0
+	}) {
+		t.Fatal("the exec did not start")
+	}
+	_ = srv.Process.Signal(syscall.SIGTERM)
+	b := <-done
+	if err := srv.Wait(); err != nil {
+		t.Errorf("serve after a drain that cut a stream: %v", err)
+	}
+	var last map[string]any
+	for l := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		_ = json.Unmarshal([]byte(l), &last)
+	}
+	msg, _ := last["error"].(map[string]any)
+	if last["type"] != "error" || msg["code"] != "unavailable" || !strings.Contains(fmt.Sprint(msg["message"]), "re-attach") {
+		t.Fatalf("a stream cut by the drain ends with %q", b)
+	}
+	// The exec outlived its stream.
+	e.must(t, "exec", sb.ID, "--", "touch", "/tmp/go")
+	if !testutil.WaitFor(t, 30*time.Second, func() bool {
+		return e.run(t, nil, "exec", sb.ID, "--", "test", "-e", "/tmp/finished").code == 0
+	}) {
+		t.Fatal("the exec died with its stream")
 	}
 }

@@ -727,4 +727,8 @@ def _read_stream(
                 truncated=bool(rec.get("truncated")),
                 duration_ms=int(rec.get("duration_ms") or 0),
             )
+        elif kind == "error":
+            # The server ended the stream (it is stopping); the exec goes on.
+            err = rec.get("error") or {}
+            raise StreamBroken(exec_id, f"{err.get('code', 'unavailable')}: {err.get('message', 'the server ended the stream')}")
         # Unknown record types are ignored (forward compatibility).

@@ -302,6 +302,16 @@ class StreamParsingTests(unittest.TestCase):
             sb.exec(["x"], on_stdout=got.append)
         self.assertEqual((cm.exception.exec_id, got), ("e2", [b"hi"]))
 
+    def test_server_stopping(self):
+        sb = self.serve(
+            b'{"type":"start","exec_id":"e5","pid":1}\n',
+            b'{"type":"error","error":{"code":"unavailable","message":"the server is stopping; the exec goes on"}}\n',
+        )
+        with self.assertRaises(airlock.StreamBroken) as cm:
+            sb.exec(["x"])
+        self.assertEqual(cm.exception.exec_id, "e5")
+        self.assertIn("the server is stopping", str(cm.exception))
+
     def test_exit_cut_at_eof(self):
         with self.assertRaises(airlock.StreamBroken) as cm:
             self.serve(b'{"type":"exit","code":2}').attach("e1")
