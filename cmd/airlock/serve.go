@@ -22,6 +22,7 @@ func serveCmd(g *globals) *cobra.Command {
 		Short: "Serve the HTTP API (sandboxes keep running when it stops)",
 		Args:  cobra.NoArgs,
 		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+			setOOMScoreAdj(g.log, oomAdjServe)
 			cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Events: m.Store, Keys: m.Store, Log: g.log}
 			s, err := api.New(cfg)
 			if err != nil {

@@ -259,6 +259,7 @@ func shimCmd(g *globals) *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			setOOMScoreAdj(g.log, oomAdjSandbox) // before the VMM is started: it inherits it
 			ready := os.NewFile(3, "ready")
 			// The shim lock the control plane took for this shim (shim.Config.Lock):
 			// close-on-exec at once, so nothing this process starts keeps it.
@@ -314,6 +315,7 @@ func holderCmd(g *globals) *cobra.Command {
 			}
 			l := sandbox.Layout{Root: g.stateDir}
 			t := sandbox.Template{Dir: filepath.Join(l.Templates(), id), Snapshot: filepath.Join(l.Templates(), id, "snap")}
+			setOOMScoreAdj(g.log, oomAdjSandbox)
 			ctx, stop := signal.NotifyContext(context.WithoutCancel(cmd.Context()), syscall.SIGTERM)
 			defer stop()
 			return sandbox.RunHolder(ctx, t, qemu.SealSnapshotRAM, g.log)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -359,5 +360,61 @@ func TestServeDrainCutsWithAReason(t *testing.T) {
 		return e.run(t, nil, "exec", sb.ID, "--", "test", "-e", "/tmp/finished").code == 0
 	}) {
 		t.Fatal("the exec died with its stream")
+	}
+}
+
+// TestThreat124DaemonIsNotTheOOMVictim: under host memory pressure the
+// kernel's OOM killer picks by oom_score_adj: serve lowers its own where
+// it may, every process of a sandbox (shim, VMM or sentry) runs raised by
+// 500 (half the host's memory in the killer's points), so a sandbox goes
+// before the control plane. Read from /proc on the host.
+func TestThreat124DaemonIsNotTheOOMVictim(t *testing.T) {
+	e := setup(t)
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "oom-test"))
+	key = key[strings.LastIndex(key, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv := startServeAt(t, e, addr)
+	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
+	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
+	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var sb struct{ ID string }
+	_ = json.Unmarshal(body, &sb)
+	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+	adj := func(pid int) int {
+		t.Helper()
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// serve lowers its score where it may (CAP_SYS_RESOURCE; not on every
+	// host); sandboxes are raised everywhere, well above it.
+	served := adj(srv.Process.Pid)
+	if served > 0 {
+		t.Errorf("serve's oom_score_adj is %d", served)
+	}
+	pids := processesMentioning(sb.ID)
+	if len(pids) < 2 {
+		t.Fatalf("found %d processes of the sandbox (want its shim and VMM or sentry)", len(pids))
+	}
+	for _, pid := range pids {
+		if a := adj(pid); a < served+300 {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			t.Errorf("pid %d (%.60q) of the sandbox has oom_score_adj %d", pid, cmd, a)
+		}
 	}
 }
