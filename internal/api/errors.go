@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -69,6 +70,9 @@ func publicError(err error) *Error {
 	}
 	if errors.Is(err, sandbox.ErrNoSandbox) {
 		return errNoSandbox // the manager's answer for a sandbox the caller cannot use
+	}
+	if errors.Is(err, guest.ErrExecExited) {
+		return &Error{http.StatusConflict, "conflict", guest.ErrExecExited.Error()}
 	}
 	if q, ok := errors.AsType[*sandbox.QuotaError](err); ok {
 		return &Error{http.StatusTooManyRequests, "resource_exhausted", "quota " + q.Detail()}

@@ -14,6 +14,10 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 )
 
+// ErrExecExited is the answer to stdin or a signal for an exec that has
+// exited (and been reaped: its pid may belong to another process now).
+var ErrExecExited = errors.New("the exec has exited")
+
 // MaxExecTimeout is the longest timeout an exec may ask for.
 const MaxExecTimeout = 24 * time.Hour
 

@@ -428,7 +428,7 @@ func (s *session) info() *shimv2.ExecInfo {
 // send forwards one request to the agent stream.
 func (s *session) send(msg *agentv1.ExecRequest) error {
 	if err := s.g.Send(msg); err != nil {
-		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the exec has exited"))
+		return connect.NewError(connect.CodeFailedPrecondition, guest.ErrExecExited)
 	}
 	return nil
 }
@@ -446,7 +446,7 @@ func (s *session) Input(data []byte, closeStdin bool) error {
 		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the exec was started without stdin"))
 	}
 	if s.exited() {
-		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the exec has exited"))
+		return connect.NewError(connect.CodeFailedPrecondition, guest.ErrExecExited)
 	}
 	for len(data) > 0 {
 		n := min(len(data), agentapi.ChunkSize)
@@ -467,7 +467,7 @@ func (s *session) Signal(sig int32) error {
 		return invalid(fmt.Errorf("signal %d is out of range", sig))
 	}
 	if s.exited() {
-		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the exec has exited"))
+		return connect.NewError(connect.CodeFailedPrecondition, guest.ErrExecExited)
 	}
 	return s.send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Signal{Signal: sig}})
 }

@@ -205,7 +205,7 @@ func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].ID != info.ID {
 		t.Fatalf("list: %+v %v", list, err)
 	}
-	if err := execInput(ctx, m2, h.id, info.ID, []byte("x"), false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := execInput(ctx, m2, h.id, info.ID, []byte("x"), false); !errors.Is(err, guest.ErrExecExited) || !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("input after exit: %v", err)
 	}
 	for _, id := range []string{"aaaaaaaaaaaaaaaa", "nope"} {

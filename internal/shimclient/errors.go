@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 )
 
 // clientOptions are the options of every generated service client: reads
@@ -50,6 +51,9 @@ func wireErr(ctx context.Context, step string, err error) error {
 	msg := err.Error()
 	if ce, ok := errors.AsType[*connect.Error](err); ok {
 		msg = ce.Message()
+	}
+	if connect.CodeOf(err) == connect.CodeFailedPrecondition && msg == guest.ErrExecExited.Error() {
+		return fmt.Errorf("%w: %s: %w", errdefs.ErrConflict, step, guest.ErrExecExited)
 	}
 	return fmt.Errorf("%w: %s: %s", category(connect.CodeOf(err)), step, msg)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -393,4 +394,71 @@ func TestThreat036ConcurrentUploadsDoNotInterleave(t *testing.T) {
 		t.Errorf("files left beside the target: %v", left)
 	}
 	t.Logf("%d of %d uploads succeeded; upload %d is the one left", ok, len(files), i)
+}
+
+// TestThreat097SignalAfterExitHitsNothing: an exec that has exited is
+// signalled through the API after its pid was given to another process
+// (guest root steers the guest's next pid with ns_last_pid; gVisor ignores
+// it, so there the pid is not reused): the signal is refused with 409 and
+// the new owner of the pid lives on. The agent signals only children it
+// has not reaped, so a pid it signals is never another process's.
+func TestThreat097SignalAfterExitHitsNothing(t *testing.T) {
+	e := setup(t)
+	s := startServe(t, e)
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "e2e-pidreuse"))
+	key = key[strings.LastIndex(key, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
+	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var sb struct{ ID string }
+	_ = json.Unmarshal(body, &sb)
+	t.Cleanup(func() { s.do(key, "DELETE", "/v1/sandboxes/"+sb.ID, nil) })
+	base := "/v1/sandboxes/" + sb.ID
+	code, body = s.do(key, "POST", base+"/exec", strings.NewReader(`{"cmd":["true"],"background":true}`))
+	var a struct {
+		ExecID string `json:"exec_id"`
+		PID    int    `json:"pid"`
+	}
+	if code != 202 || json.Unmarshal(body, &a) != nil || a.PID <= 1 {
+		t.Fatalf("exec A: %d %s", code, body)
+	}
+	if !testutil.WaitFor(t, 30*time.Second, func() bool {
+		_, b := s.do(key, "GET", base+"/execs/"+a.ExecID, nil)
+		return strings.Contains(string(b), `"state":"exited"`)
+	}) {
+		t.Fatal("exec A did not exit")
+	}
+	// B's background child takes A's pid: the last pid handed out is set
+	// to A's minus one just before the fork.
+	script := fmt.Sprintf("echo %d > /proc/sys/kernel/ns_last_pid; sleep 300 & echo $! > /tmp/b.pid; wait", a.PID-1)
+	code, body = s.do(key, "POST", base+"/exec", strings.NewReader(fmt.Sprintf(`{"cmd":["sh","-c",%q],"background":true}`, script)))
+	if code != 202 {
+		t.Fatalf("exec B: %d %s", code, body)
+	}
+	var bpid string
+	if !testutil.WaitFor(t, 30*time.Second, func() bool {
+		r := e.run(t, nil, "exec", sb.ID, "--", "cat", "/tmp/b.pid")
+		bpid = strings.TrimSpace(r.stdout)
+		return r.code == 0 && bpid != ""
+	}) {
+		t.Fatal("exec B did not start its child")
+	}
+	if bpid != strconv.Itoa(a.PID) {
+		// gVisor ignores ns_last_pid: the pid is not reused there, and
+		// what is checked is the refusal and that B lives on.
+		if !onGVisor() {
+			t.Fatalf("the guest gave B's child pid %s, not A's %d: the pid was not reused", bpid, a.PID)
+		}
+		t.Logf("gVisor gave B's child pid %s (A had %d): checking the refusal only", bpid, a.PID)
+	}
+	code, body = s.do(key, "POST", base+"/execs/"+a.ExecID+"/signal", strings.NewReader(`{"signal":9}`))
+	if code != 409 || !strings.Contains(string(body), "the exec has exited") {
+		t.Errorf("a signal to an exec that has exited: %d %s (want 409, the exec has exited)", code, body)
+	}
+	t.Logf("signal to exited exec A (pid %d; B's child has %s): %d %s", a.PID, bpid, code, body)
+	if r := e.run(t, nil, "exec", sb.ID, "--", "kill", "-0", bpid); r.code != 0 {
+		t.Fatalf("the process that reused A's pid was killed: %s", r.stderr)
+	}
 }
