@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -460,5 +462,53 @@ func TestThreat097SignalAfterExitHitsNothing(t *testing.T) {
 	t.Logf("signal to exited exec A (pid %d; B's child has %s): %d %s", a.PID, bpid, code, body)
 	if r := e.run(t, nil, "exec", sb.ID, "--", "kill", "-0", bpid); r.code != 0 {
 		t.Fatalf("the process that reused A's pid was killed: %s", r.stderr)
+	}
+}
+
+// TestThreat107LocalSocketsAndFiles: another local user (nobody) can
+// neither connect to a sandbox's shim or ports socket nor read the catalog,
+// its WAL, a shim log or a sandbox's disk; tried as that user.
+func TestThreat107LocalSocketsAndFiles(t *testing.T) {
+	e := setup(t)
+	testutil.RequireRoot(t)
+	id := e.create(t)
+	t.Cleanup(func() { e.run(t, nil, "rm", id) })
+	dir := filepath.Join(e.state, "sandboxes", id)
+	var targets []string
+	for _, name := range []string{"shim.sock", "ports.sock", "shim.log", "root.qcow2"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			targets = append(targets, filepath.Join(dir, name))
+		}
+	}
+	for _, name := range []string{"catalog.db", "catalog.db-wal", "catalog.db-shm"} {
+		if _, err := os.Stat(filepath.Join(e.state, name)); err == nil {
+			targets = append(targets, filepath.Join(e.state, name))
+		}
+	}
+	if len(targets) < 4 {
+		t.Fatalf("found only %v", targets)
+	}
+	probe := `
+import socket, sys
+for p in sys.argv[1:]:
+    try:
+        if p.endswith(".sock"):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(p)
+        else:
+            open(p, "rb").read(1)
+        print("OPENED", p)
+    except OSError as err:
+        print("REFUSED", p, err.strerror)
+`
+	cmd := exec.Command("/usr/bin/python3", append([]string{"-c", probe}, targets...)...) // Debian's, runnable by nobody
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("probe as nobody: %v\n%s", err, out)
+	}
+	t.Logf("as nobody:\n%s", out)
+	if n := strings.Count(string(out), "REFUSED"); n != len(targets) || strings.Contains(string(out), "No such file") {
+		t.Errorf("as nobody, %d of %d refused:\n%s", n, len(targets), out)
 	}
 }
