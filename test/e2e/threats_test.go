@@ -512,3 +512,32 @@ for p in sys.argv[1:]:
 		t.Errorf("as nobody, %d of %d refused:\n%s", n, len(targets), out)
 	}
 }
+
+// TestThreat012TeardownFollowsNoGuestLink: the guest plants symbolic and
+// hard-link-looking names pointing at a host file outside the state dir
+// (by its host path) all over its filesystem; removing the sandbox
+// removes its directory and leaves the host file as it was.
+func TestThreat012TeardownFollowsNoGuestLink(t *testing.T) {
+	e := setup(t)
+	canaryDir := t.TempDir()
+	canary := filepath.Join(canaryDir, "canary")
+	if err := os.WriteFile(canary, []byte("host data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := e.create(t)
+	dir := filepath.Join(e.state, "sandboxes", id)
+	e.must(t, "exec", id, "--", "sh", "-c", fmt.Sprintf(
+		"for d in / /tmp /root /var/tmp; do ln -sf %[1]s $d/canary-link; ln -sf %[2]s $d/canary-dir; done; "+
+			"mkdir -p %[2]s && echo guest > %[1]s; ln -sf / /tmp/root-link; test -L /tmp/canary-link", canary, canaryDir))
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("no sandbox dir before rm: %v", err)
+	}
+	e.must(t, "rm", id)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the sandbox dir survived rm: %v", err)
+	}
+	b, err := os.ReadFile(canary)
+	if err != nil || string(b) != "host data" {
+		t.Fatalf("the host file after teardown: %q %v", b, err)
+	}
+}
