@@ -127,6 +127,12 @@ func execInit(a []string) error {
 		}
 	}
 	path, argv := a[5], a[6:]
+	// The start's chdir ran as root: redo it as the exec's user below, so
+	// that a working directory the user cannot enter fails as before.
+	wd, err := os.Getwd()
+	if err != nil {
+		return fmt.Errorf("getwd: %w", err)
+	}
 	if err := readOnlyCgroups(); err != nil {
 		return err
 	}
@@ -141,6 +147,9 @@ func execInit(a []string) error {
 	}
 	if err := syscall.Setuid(int(uid)); err != nil {
 		return fmt.Errorf("setuid: %w", err)
+	}
+	if err := syscall.Chdir(wd); err != nil {
+		return fmt.Errorf("chdir: %w", err)
 	}
 	return syscall.Exec(path, argv, os.Environ())
 }

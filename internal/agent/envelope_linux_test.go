@@ -18,6 +18,10 @@ import (
 // runEnveloped starts path/argv through the envelope (the test binary, see
 // TestMain) as id and returns its stdout, or the start's error.
 func runEnveloped(t *testing.T, id identity, path string, argv ...string) (string, error) {
+	return runEnvelopedIn(t, id, "", path, argv...)
+}
+
+func runEnvelopedIn(t *testing.T, id identity, dir, path string, argv ...string) (string, error) {
 	t.Helper()
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -30,6 +34,7 @@ func runEnveloped(t *testing.T, id identity, path string, argv ...string) (strin
 	}
 	defer null.Close()
 	attr := &syscall.ProcAttr{
+		Dir: dir,
 		Env:   []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		Files: []uintptr{null.Fd(), outW.Fd(), null.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
@@ -132,5 +137,18 @@ func TestEnvelopeStartErrors(t *testing.T) {
 	}
 	if out, err := runEnveloped(t, root, "/bin/echo", "echo", "ran"); err != nil || out != "ran\n" {
 		t.Errorf("a good start: %q, %v", out, err)
+	}
+	// A working directory only root may enter: root starts there, another
+	// user gets EACCES, as with a direct start.
+	private := t.TempDir() + "/private"
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runEnvelopedIn(t, root, private, "/bin/pwd", "pwd"); err != nil || out != private+"\n" {
+		t.Errorf("root in %s: %q, %v", private, out, err)
+	}
+	nobody := identity{uid: 65534, gid: 65534, groups: []uint32{65534}}
+	if _, err := runEnvelopedIn(t, nobody, private, "/bin/pwd", "pwd"); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("nobody in %s: %v, want EACCES", private, err)
 	}
 }
