@@ -35,11 +35,11 @@ var keptCaps = map[int]bool{
 }
 
 // envelope turns a start of path/argv with attr (whose Files are set, and
-// whose Sys has the exec cgroup in CgroupFD) into a start of the agent
-// binary as ExecInitName: the child is born in its exec cgroup, in a new
-// cgroup namespace rooted there and a new mount namespace; ExecInit then
-// mounts the cgroup tree read-only, drops capabilities, becomes id and
-// executes path. It returns the path and argv to start and the read end of
+// whose Sys has the exec cgroup in CgroupFD, if any) into a start of the
+// agent binary as ExecInitName in a new mount namespace, with the exec
+// cgroup's fd; ExecInit then moves itself into the exec cgroup, enters a new
+// cgroup namespace rooted there, mounts the cgroup tree read-only, drops
+// capabilities, becomes id and executes path. It returns the path and argv to start and the read end of
 // the status pipe, for startStatus once the start returned; closeW closes the
 // write end and must be called after the fork.
 func envelope(path string, argv []string, attr *syscall.ProcAttr, id identity) (exe string, args []string, status *os.File, closeW func(), err error) {
@@ -51,11 +51,17 @@ func envelope(path string, argv []string, attr *syscall.ProcAttr, id identity) (
 	for i, g := range id.groups {
 		groups[i] = strconv.FormatUint(uint64(g), 10)
 	}
-	statusFD := len(attr.Files)
+	statusFD, cgFD := len(attr.Files), -1
 	attr.Files = append(attr.Files, w.Fd())
+	if attr.Sys.UseCgroupFD {
+		// ExecInit moves itself into the exec cgroup (see there).
+		cgFD = len(attr.Files)
+		attr.Files = append(attr.Files, uintptr(attr.Sys.CgroupFD))
+		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
+	}
 	attr.Sys.Credential = nil // ExecInit changes user after dropping capabilities
-	attr.Sys.Unshareflags |= syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS
-	args = append([]string{ExecInitName, strconv.Itoa(statusFD),
+	attr.Sys.Unshareflags |= syscall.CLONE_NEWNS
+	args = append([]string{ExecInitName, strconv.Itoa(statusFD), strconv.Itoa(cgFD),
 		strconv.FormatUint(uint64(id.uid), 10), strconv.FormatUint(uint64(id.gid), 10),
 		strings.Join(groups, ","), path}, argv...)
 	return "/proc/self/exe", args, r, func() { w.Close() }, nil
@@ -103,7 +109,7 @@ func ExecInit() {
 }
 
 func execInit(a []string) error {
-	if len(a) < 7 {
+	if len(a) < 8 {
 		return errors.New("bad arguments")
 	}
 	fd, err := strconv.Atoi(a[1])
@@ -111,6 +117,11 @@ func execInit(a []string) error {
 		return errors.New("bad status fd")
 	}
 	unix.CloseOnExec(fd)
+	cgFD, err := strconv.Atoi(a[2])
+	if err != nil || (cgFD != -1 && cgFD < 3) {
+		return errors.New("bad cgroup fd")
+	}
+	a = a[1:]
 	uid, err1 := strconv.ParseUint(a[2], 10, 32)
 	gid, err2 := strconv.ParseUint(a[3], 10, 32)
 	if err1 != nil || err2 != nil {
@@ -133,6 +144,16 @@ func execInit(a []string) error {
 	if err != nil {
 		return fmt.Errorf("getwd: %w", err)
 	}
+	if cgFD >= 0 {
+		if err := enterCgroup(cgFD); err != nil {
+			return err
+		}
+	}
+	// A new cgroup namespace for this thread (the one that executes the
+	// program), rooted at the cgroup it is in now: the exec cgroup.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("cgroup namespace: %w", err)
+	}
 	if err := readOnlyCgroups(); err != nil {
 		return err
 	}
@@ -152,6 +173,25 @@ func execInit(a []string) error {
 		return fmt.Errorf("chdir: %w", err)
 	}
 	return syscall.Exec(path, argv, os.Environ())
+}
+
+// enterCgroup moves the envelope (every thread of it) into the exec cgroup
+// open at dir. The envelope is a Go program with a few threads: it
+// starts outside the exec cgroup and moves in whole, since a migration is
+// not held to pids.max (a fork is); the exec then replaces those threads
+// with its one, so a --pids-limit as low as 1 still lets the exec start.
+func enterCgroup(dir int) error {
+	defer unix.Close(dir)
+	f, err := unix.Openat(dir, "cgroup.procs", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open exec cgroup: %w", err)
+	}
+	_, err = unix.Write(f, []byte("0"))
+	unix.Close(f)
+	if err != nil {
+		return fmt.Errorf("enter exec cgroup: %w", err)
+	}
+	return nil
 }
 
 // readOnlyCgroups replaces the exec's view of the cgroup tree with a
