@@ -34,7 +34,7 @@ func runEnvelopedIn(t *testing.T, id identity, dir, path string, argv ...string)
 	}
 	defer null.Close()
 	attr := &syscall.ProcAttr{
-		Dir: dir,
+		Dir:   dir,
 		Env:   []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		Files: []uintptr{null.Fd(), outW.Fd(), null.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
