@@ -157,6 +157,9 @@ func execInit(a []string) error {
 	if err := readOnlyCgroups(); err != nil {
 		return err
 	}
+	if err := readOnlyProc(); err != nil {
+		return err
+	}
 	if err := dropBoundingSet(); err != nil {
 		return err
 	}
@@ -205,6 +208,29 @@ func readOnlyCgroups() error {
 	}
 	if err := unix.Mount("", cgroupMount, "", unix.MS_BIND|unix.MS_REMOUNT|flags, ""); err != nil {
 		return fmt.Errorf("read-only %s: %w", cgroupMount, err)
+	}
+	return nil
+}
+
+// readOnlyProcPaths are the kernel's own knobs under /proc that root would
+// otherwise write without any capability (sysctls, /proc/sysrq-trigger,
+// which crashes or powers off the guest, IRQ affinity, bus devices): in an
+// exec they are read-only, as in a Docker container.
+var readOnlyProcPaths = []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"}
+
+// readOnlyProc bind-mounts each of readOnlyProcPaths read-only onto itself
+// (one that does not exist is skipped).
+func readOnlyProc() error {
+	for _, p := range readOnlyProcPaths {
+		if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("bind %s: %w", p, err)
+		}
+		if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("read-only %s: %w", p, err)
+		}
 	}
 	return nil
 }

@@ -89,7 +89,9 @@ func TestEnvelopeHoldsRoot(t *testing.T) {
 	const probe = `id -u; grep -E '^Cap(Bnd|Eff)' /proc/self/status; cat /proc/self/cgroup
 echo $$ > /sys/fs/cgroup/cgroup.procs 2>/dev/null && echo ESCAPED:procs || echo held:procs
 mkdir /sys/fs/cgroup/x 2>/dev/null && echo ESCAPED:mkdir || echo held:mkdir
-mount -t tmpfs none /mnt 2>/dev/null && echo ESCAPED:mount || echo held:mount`
+mount -t tmpfs none /mnt 2>/dev/null && echo ESCAPED:mount || echo held:mount
+(v=$(cat /proc/sys/vm/overcommit_ratio); echo $v > /proc/sys/vm/overcommit_ratio) 2>/dev/null && echo ESCAPED:sysctl || echo held:sysctl
+(echo h > /proc/sysrq-trigger) 2>/dev/null && echo ESCAPED:sysrq || echo held:sysrq`
 	want := fmt.Sprintf("%016x", keptMask())
 	for _, id := range []identity{{uid: 0, gid: 0, groups: []uint32{0}}, {uid: 65534, gid: 65534, groups: []uint32{65534}}} {
 		out, err := runEnveloped(t, id, "/bin/sh", "sh", "-c", probe)
@@ -112,7 +114,7 @@ mount -t tmpfs none /mnt 2>/dev/null && echo ESCAPED:mount || echo held:mount`
 		if !strings.Contains(out, "0::/\n") {
 			t.Errorf("uid %d: not in its own cgroup namespace: %q", id.uid, out)
 		}
-		for _, w := range []string{"procs", "mkdir", "mount"} {
+		for _, w := range []string{"procs", "mkdir", "mount", "sysctl", "sysrq"} {
 			if !strings.Contains(out, "held:"+w+"\n") {
 				t.Errorf("uid %d: %s not refused: %q", id.uid, w, out)
 			}

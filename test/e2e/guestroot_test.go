@@ -22,6 +22,8 @@ t remount mount -o remount,rw /sys/fs/cgroup
 t mountcg mount -t cgroup2 none /mnt
 t nsenter nsenter -t 1 -C -m true
 t unshare unshare --cgroup --mount true
+t sysctl sh -c 'v=$(cat /proc/sys/vm/overcommit_ratio); echo $v > /proc/sys/vm/overcommit_ratio'
+t sysrq sh -c 'test -e /proc/sysrq-trigger || exit 1; echo h > /proc/sysrq-trigger'
 grep -E '^Cap(Eff|Bnd)' /proc/self/status
 python3 -c '
 import subprocess
@@ -54,7 +56,7 @@ func TestThreat018GuestRootStaysInItsExec(t *testing.T) {
 		t.Fatalf("the probe did not run as root to its end: exit %d\nstdout: %s\nstderr: %s", r.code, out, tail(r.stderr, 2000))
 	}
 	t.Logf("probe output:\n%s", out)
-	for _, what := range []string{"procs", "rootprocs", "sibling", "pidsmax", "remount", "mountcg", "nsenter", "unshare"} {
+	for _, what := range []string{"procs", "rootprocs", "sibling", "pidsmax", "remount", "mountcg", "nsenter", "unshare", "sysctl", "sysrq"} {
 		if !strings.Contains(out, "held:"+what+"\n") {
 			t.Errorf("%s: not refused (ESCAPED or not run)", what)
 		}
