@@ -200,7 +200,7 @@ func remoteExec(cmd *cobra.Command, c *airlock.Client, id string, start guest.Ex
 		}
 		return remoteExecFailed(parent, id, err)
 	}
-	ex := &guest.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut, Truncated: st.Truncated}
+	ex := &guest.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut, Truncated: st.Truncated, OOMKilled: st.OOMKilled}
 	return exitFor(cmd.ErrOrStderr(), ex, start)
 }
 

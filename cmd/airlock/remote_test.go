@@ -187,6 +187,8 @@ func script(cmd []string, stdin []byte) (records []map[string]any) {
 	case "signal":
 		exit["code"], _ = -1, 0
 		exit["signal"], _ = strconv.Atoi(cmd[1])
+	case "oom":
+		exit["code"], exit["signal"], exit["oom_killed"] = -1, 9, true
 	case "truncate":
 		records = append(records, map[string]any{"type": "stdout", "data": b64("partial")})
 		exit["truncated"] = true
@@ -344,6 +346,7 @@ func TestRemoteExecExitCodes(t *testing.T) {
 		{"code", []string{"out", "o", "e", "3"}, 3, "o!", "e"},
 		{"timeout", []string{"timeout"}, 124, "", "airlock: command timed out after 2s and was killed\n"},
 		{"signal", []string{"signal", "15"}, 143, "", "airlock: command killed by signal 15\n"},
+		{"oom", []string{"oom"}, 137, "", "airlock: out of memory (the guest's OOM killer killed a process of the command; see the sandbox's --memory)\n"},
 		{"truncated", []string{"truncate"}, 0, "partial", "\n[airlock: output truncated: more than the output limit was produced]\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

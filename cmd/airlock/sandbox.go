@@ -282,6 +282,8 @@ func exitFor(stderr io.Writer, ex *guest.ExitStatus, spec guest.ExecSpec) error 
 		fmt.Fprintf(stderr, "\n[airlock: output truncated: more than the output limit was produced]\n")
 	}
 	switch {
+	case ex.OOMKilled && (ex.Signal > 0 || ex.Code != 0):
+		return &exitError{code: 137, msg: "out of memory (the guest's OOM killer killed a process of the command; see the sandbox's --memory)"}
 	case ex.TimedOut:
 		return &exitError{code: 124, msg: fmt.Sprintf("command timed out after %s and was killed", spec.Timeout)}
 	case ex.Signal > 0:

@@ -306,6 +306,17 @@ func (sp *ctxSpawn) spawn(path string, argv []string, stdin, stdout, stderr *os.
 		sys.UseCgroupFD, sys.CgroupFD = true, p.cg.FD()
 	}
 	attr := &syscall.ProcAttr{Dir: sp.cwd, Env: sp.env, Files: files, Sys: sys}
+	var status *os.File
+	closeW := func() {}
+	if s.guest && p.cg != nil && os.Geteuid() == 0 {
+		var err error
+		path, argv, status, closeW, err = envelope(path, argv, attr, sp.id)
+		if err != nil {
+			p.cg.Release()
+			return nil, sysError("pipe", err)
+		}
+		defer closeW()
+	}
 	pid, done, err := s.reaper.Start(func() (int, error) {
 		if s.guest {
 			setOOMScoreAdj(s.log, "0")
@@ -318,7 +329,17 @@ func (sp *ctxSpawn) spawn(path string, argv []string, stdin, stdout, stderr *os.
 		if p.cg != nil {
 			p.cg.Release()
 		}
+		if status != nil {
+			status.Close()
+		}
 		return nil, sysError("start interpreter", err)
+	}
+	if status != nil {
+		closeW()
+		if err := startStatus(status); err != nil {
+			p.cg.Release()
+			return nil, sysError("start interpreter", err)
+		}
 	}
 	p.pid, p.done = pid, done
 	return p, nil

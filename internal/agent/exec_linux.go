@@ -206,6 +206,7 @@ wait:
 		TimedOut:        timedOut,
 		OutputTruncated: out.wasTruncated(),
 		DurationMs:      duration.Milliseconds(),
+		OomKilled:       p.cg != nil && p.cg.OOMKills() > 0,
 	}
 	switch {
 	case lost:

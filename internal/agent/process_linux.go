@@ -129,6 +129,17 @@ func (s *execService) spawn(spec *execSpec) (_ *process, err error) {
 		Files: []uintptr{childStdin.Fd(), outW.Fd(), errW.Fd()},
 		Sys:   sys,
 	}
+	path, argv := spec.path, spec.argv
+	var status *os.File
+	closeW := func() {}
+	if s.guest && p.cg != nil && os.Geteuid() == 0 {
+		path, argv, status, closeW, err = envelope(path, argv, attr, spec.id)
+		if err != nil {
+			return nil, sysError("pipe", err)
+		}
+		defer closeW()
+		cleanup = append(cleanup, func() { status.Close() })
+	}
 	pid, done, err := s.reaper.Start(func() (int, error) {
 		if s.guest {
 			// The agent runs with oom_score_adj -1000, which children
@@ -138,10 +149,18 @@ func (s *execService) spawn(spec *execSpec) (_ *process, err error) {
 			defer setOOMScoreAdj(s.log, "-1000")
 		}
 		p.start = time.Now()
-		return syscall.ForkExec(spec.path, spec.argv, attr)
+		return syscall.ForkExec(path, argv, attr)
 	})
 	if err != nil {
 		return nil, sysError("start process", err)
+	}
+	if status != nil {
+		// The envelope runs before the exec's program: its failures are
+		// the start's (no such executable, not executable, ...).
+		closeW()
+		if err := startStatus(status); err != nil {
+			return nil, sysError("start process", err)
+		}
 	}
 	p.pid, p.done = pid, done
 	return p, nil

@@ -43,6 +43,7 @@ type exitView struct {
 	Timeout    bool  `json:"timeout"`
 	Truncated  bool  `json:"truncated"`
 	DurationMS int64 `json:"duration_ms"`
+	OOMKilled  bool  `json:"oom_killed"`
 }
 
 func viewExit(ex *guest.ExitStatus) *exitView {
@@ -53,7 +54,7 @@ func viewExit(ex *guest.ExitStatus) *exitView {
 	if ex.Signal > 0 {
 		code = -1
 	}
-	return &exitView{code, int32(ex.Signal), ex.TimedOut, ex.Truncated, ex.Duration.Milliseconds()}
+	return &exitView{code, int32(ex.Signal), ex.TimedOut, ex.Truncated, ex.Duration.Milliseconds(), ex.OOMKilled}
 }
 
 func viewExec(e ExecInfo) Exec {
@@ -240,7 +241,7 @@ func (n *ndjson) event(ev guest.ExecEvent) (done bool, err error) {
 			x = &exitView{}
 		}
 		return true, n.line(map[string]any{"type": "exit", "code": x.Code, "signal": x.Signal, "timeout": x.Timeout,
-			"truncated": x.Truncated, "duration_ms": x.DurationMS})
+			"truncated": x.Truncated, "duration_ms": x.DurationMS, "oom_killed": x.OOMKilled})
 	}
 	return false, nil
 }

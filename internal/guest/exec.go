@@ -85,7 +85,8 @@ type ExitStatus struct {
 	// Truncated: output beyond the cap was dropped.
 	Truncated bool
 	Duration  time.Duration
-	// OOMKilled: the kernel's OOM killer ended it (not reported yet).
+	// OOMKilled: the guest kernel's OOM killer killed a process of the exec
+	// (memory.events oom_kill of its cgroup).
 	OOMKilled bool
 }
 

@@ -162,12 +162,16 @@ func (f *fake) Exec(_ context.Context, c sandbox.Caller, id string, spec guest.E
 }
 
 // fakeStream: stdout is the argv joined; "fail" exits 3 with stderr; "big"
-// prints 1 MiB.
+// prints 1 MiB; "balloon" is killed by the OOM killer.
 type fakeStream struct{ evs []guest.ExecEvent }
 
 func newFakeStream(argv []string) *fakeStream {
 	code := 0
 	var evs []guest.ExecEvent
+	if argv[0] == "balloon" {
+		evs = append(evs, guest.ExecEvent{Kind: guest.ExecExited, Exit: &guest.ExitStatus{Code: -1, Signal: 9, OOMKilled: true}})
+		return &fakeStream{evs: evs}
+	}
 	switch argv[0] {
 	case "fail":
 		evs = append(evs, guest.ExecEvent{Kind: guest.ExecStderr, Data: []byte("boom\n")})

@@ -100,6 +100,10 @@ func TestSessionLifecycle(t *testing.T) {
 		t.Fatalf("sandboxes after exec = %v, want the session's one", ids)
 	}
 	def := f.ids()[0]
+	txt, res = call(t, cs, "exec", map[string]any{"cmd": []string{"balloon"}})
+	if !res.IsError || !strings.Contains(txt, "killed: out of memory") || !strings.Contains(txt, "killed by signal 9") {
+		t.Errorf("OOM-killed exec: %q", txt)
+	}
 	txt, res = call(t, cs, "exec", map[string]any{"cmd": []string{"fail"}})
 	if !res.IsError || !strings.Contains(txt, "boom") || !strings.Contains(txt, "exit_code: 3") {
 		t.Errorf("failing exec: %q", txt)

@@ -383,6 +383,9 @@ func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error
 		code = -1
 		status = fmt.Sprintf("exit_code: -1 (killed by signal %d)", exit.Signal)
 	}
+	if exit.OOMKilled {
+		status += " (killed: out of memory)"
+	}
 	if exit.TimedOut {
 		status += fmt.Sprintf(" (timed out after %s)", d)
 	}

@@ -330,7 +330,7 @@ func (t *sessions) finish(s *session, ex *agentv1.ExecExited) {
 	}
 	_ = t.audit(s, "exec.exit", map[string]any{
 		"exec_id": s.id, "code": ex.GetExitCode(), "signal": ex.GetSignal(), "timeout": ex.GetTimedOut(),
-		"truncated": ex.GetOutputTruncated(), "duration_ms": ex.GetDurationMs(),
+		"truncated": ex.GetOutputTruncated(), "duration_ms": ex.GetDurationMs(), "oom_killed": ex.GetOomKilled(),
 	})
 	ev := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: ex}}
 	s.mu.Lock()

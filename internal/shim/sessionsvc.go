@@ -155,7 +155,7 @@ func wireExit(ex *agentv1.ExecExited) *shimv2.ExecExit {
 	}
 	return &shimv2.ExecExit{
 		ExitCode: ex.GetExitCode(), Signal: ex.GetSignal(), TimedOut: ex.GetTimedOut(),
-		OutputTruncated: ex.GetOutputTruncated(), DurationMs: ex.GetDurationMs(),
+		OutputTruncated: ex.GetOutputTruncated(), DurationMs: ex.GetDurationMs(), OomKilled: ex.GetOomKilled(),
 	}
 }
 

@@ -63,6 +63,9 @@ type ExitStatus struct {
 	TimedOut  bool          // killed because ExecRequest.Timeout passed
 	Truncated bool          // output beyond the server's cap was dropped
 	Duration  time.Duration // wall time of the command
+	// OOMKilled: the guest kernel's OOM killer killed a process of the
+	// command (with Signal 9 when it was the command itself).
+	OOMKilled bool
 }
 
 type wireExit struct {
@@ -71,12 +74,13 @@ type wireExit struct {
 	Timeout    bool  `json:"timeout"`
 	Truncated  bool  `json:"truncated"`
 	DurationMS int64 `json:"duration_ms"`
+	OOMKilled  bool  `json:"oom_killed"`
 }
 
 func (w wireExit) status() ExitStatus {
 	return ExitStatus{
 		Code: w.Code, Signal: w.Signal, TimedOut: w.Timeout, Truncated: w.Truncated,
-		Duration: time.Duration(w.DurationMS) * time.Millisecond,
+		Duration: time.Duration(w.DurationMS) * time.Millisecond, OOMKilled: w.OOMKilled,
 	}
 }
 

@@ -218,6 +218,29 @@ func (e *Exec) Kill() error {
 	return nil
 }
 
+// OOMKills returns how many processes of the cgroup (and its descendants)
+// an OOM killer killed: oom_kill of memory.events. 0 if unreadable.
+func (e *Exec) OOMKills() uint64 {
+	b, err := os.ReadFile(filepath.Join(e.dir, "memory.events"))
+	if err != nil {
+		return 0
+	}
+	return parseOOMKills(string(b))
+}
+
+// parseOOMKills reads the oom_kill counter of a memory.events file.
+func parseOOMKills(s string) uint64 {
+	for line := range strings.SplitSeq(s, "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
 // Release closes the cgroup's fd and removes the cgroup if it is empty. A
 // cgroup that still holds processes (background children of the exec) is
 // removed by a later sweep once they are gone. Idempotent.

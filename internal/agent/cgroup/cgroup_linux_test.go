@@ -26,3 +26,20 @@ func TestLimits(t *testing.T) {
 		}
 	}
 }
+
+func TestParseOOMKills(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want uint64
+	}{
+		{"low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n", 2},
+		{"low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n", 0},
+		{"oom_group_kill 5\n", 0},
+		{"oom_kill x\n", 0},
+		{"", 0},
+	} {
+		if got := parseOOMKills(c.in); got != c.want {
+			t.Errorf("parseOOMKills(%q) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}

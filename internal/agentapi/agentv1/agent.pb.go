@@ -939,7 +939,11 @@ type ExecExited struct {
 	// Output beyond max_output_bytes was dropped.
 	OutputTruncated bool `protobuf:"varint,4,opt,name=output_truncated,json=outputTruncated,proto3" json:"output_truncated,omitempty"`
 	// Wall time from start to exit, in milliseconds.
-	DurationMs    int64 `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	DurationMs int64 `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// The kernel's OOM killer killed a process of the exec (memory.events
+	// oom_kill of its cgroup), whether the exec's cgroup subtree or the whole
+	// guest ran out of memory.
+	OomKilled     bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1007,6 +1011,13 @@ func (x *ExecExited) GetDurationMs() int64 {
 		return x.DurationMs
 	}
 	return 0
+}
+
+func (x *ExecExited) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
 }
 
 type FileInfo struct {
@@ -2740,7 +2751,7 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x06exited\x18\x04 \x01(\v2\x1c.airlock.agent.v1.ExecExitedH\x00R\x06exitedB\a\n" +
 	"\x05event\"\x1f\n" +
 	"\vExecStarted\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\x05R\x03pid\"\xaa\x01\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\"\xc9\x01\n" +
 	"\n" +
 	"ExecExited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -2748,7 +2759,9 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\x12)\n" +
 	"\x10output_truncated\x18\x04 \x01(\bR\x0foutputTruncated\x12\x1f\n" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
-	"durationMs\"\xfd\x01\n" +
+	"durationMs\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x06 \x01(\bR\toomKilled\"\xfd\x01\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12.\n" +

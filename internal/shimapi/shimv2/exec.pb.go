@@ -718,7 +718,8 @@ type ExecExit struct {
 	// Output beyond the cap was dropped.
 	OutputTruncated bool  `protobuf:"varint,4,opt,name=output_truncated,json=outputTruncated,proto3" json:"output_truncated,omitempty"`
 	DurationMs      int64 `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
-	// The kernel's OOM killer ended it (not reported yet).
+	// The kernel's OOM killer killed a process of the exec (the guest's
+	// memory.events oom_kill of the exec's cgroup).
 	OomKilled     bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

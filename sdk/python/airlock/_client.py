@@ -27,7 +27,8 @@ class ExecResult:
 
     stdout/stderr hold the collected output, or b"" for a stream that went to
     an on_stdout/on_stderr callback instead. exit_code is -1 when the command
-    was killed by a signal (then ``signal`` is its number).
+    was killed by a signal (then ``signal`` is its number); ``oom_killed`` says
+    the guest kernel's OOM killer killed a process of the command.
     """
 
     exec_id: str | None
@@ -38,6 +39,7 @@ class ExecResult:
     timed_out: bool = False
     truncated: bool = False
     duration_ms: int = 0
+    oom_killed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -726,6 +728,7 @@ def _read_stream(
                 timed_out=bool(rec.get("timeout")),
                 truncated=bool(rec.get("truncated")),
                 duration_ms=int(rec.get("duration_ms") or 0),
+                oom_killed=bool(rec.get("oom_killed")),
             )
         elif kind == "error":
             # The server ended the stream (it is stopping); the exec goes on.

@@ -33,9 +33,17 @@ class FakeExec:
     def out(self, kind, data: bytes):
         self.recs.append({"type": kind, "data": _b64(data)})
 
-    def finish(self, code=0, signal=0):
+    def finish(self, code=0, signal=0, oom_killed=False):
         self.recs.append(
-            {"type": "exit", "code": code, "signal": signal, "timeout": False, "truncated": False, "duration_ms": 7}
+            {
+                "type": "exit",
+                "code": code,
+                "signal": signal,
+                "timeout": False,
+                "truncated": False,
+                "duration_ms": 7,
+                "oom_killed": oom_killed,
+            }
         )
         self.done.set()
 
@@ -475,6 +483,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             elif cmd[0] == "bytes":
                 e.out("stdout", bytes(range(256)))
                 e.finish()
+            elif cmd[0] == "balloon":
+                e.finish(-1, 9, oom_killed=True)
             elif cmd[0] == "fail":
                 e.out("stderr", b"boom")
                 e.finish(int(cmd[1]))

@@ -205,11 +205,17 @@ class ExecTests(FakeTestCase):
         super().setUp()
         self.sb = self.client.create(env={"A": "1"})
 
+    def test_oom_killed(self):
+        r = self.sb.exec(["balloon"])
+        self.assertEqual((r.exit_code, r.signal, r.oom_killed), (-1, 9, True))
+        self.assertFalse(r.ok)
+
     def test_bytes_round_trip(self):
         r = self.sb.exec(["bytes"])
         self.assertEqual(self.fake.last()["query"].get("encoding"), "base64")
         self.assertEqual(r.stdout, bytes(range(256)))
         self.assertEqual((r.exit_code, r.signal, r.timed_out, r.truncated, r.duration_ms), (0, 0, False, False, 7))
+        self.assertFalse(r.oom_killed)
         self.assertTrue(r.ok)
         self.assertTrue(r.exec_id)
         data = b"\x00\xff\n\x80x"
