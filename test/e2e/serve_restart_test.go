@@ -198,24 +198,8 @@ func startServeAt(t *testing.T, e env, addr string, flags ...string) *exec.Cmd {
 // trail holds the exec's start and exit, and the sandbox keeps running.
 func TestThreat115GracefulStopFlushes(t *testing.T) {
 	e := setup(t)
-	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "graceful-test"))
-	key = key[strings.LastIndex(key, "\n")+1:]
-	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	srv := startServeAt(t, e, addr)
-	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
-	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
-	if code != 201 {
-		t.Fatalf("create: %d %s", code, body)
-	}
-	var sb struct{ ID string }
-	_ = json.Unmarshal(body, &sb)
-	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+	s, srv, key, sb := servedSandbox(t, e, "graceful-test")
+	addr := strings.TrimPrefix(s.base, "http://")
 
 	type reply struct {
 		code int
@@ -304,24 +288,7 @@ func TestThreat115GracefulStopFlushes(t *testing.T) {
 // re-attach; the exec does go on.
 func TestServeDrainCutsWithAReason(t *testing.T) {
 	e := setup(t)
-	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "drain-test"))
-	key = key[strings.LastIndex(key, "\n")+1:]
-	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	srv := startServeAt(t, e, addr, "--drain", "1s")
-	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
-	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
-	if code != 201 {
-		t.Fatalf("create: %d %s", code, body)
-	}
-	var sb struct{ ID string }
-	_ = json.Unmarshal(body, &sb)
-	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+	s, srv, key, sb := servedSandbox(t, e, "drain-test", "--drain", "1s")
 	done := make(chan []byte, 1)
 	go func() {
 		req, _ := http.NewRequest("POST", s.base+"/v1/sandboxes/"+sb.ID+"/exec",
@@ -370,25 +337,8 @@ func TestServeDrainCutsWithAReason(t *testing.T) {
 // before the control plane. Read from /proc on the host.
 func TestThreat124DaemonIsNotTheOOMVictim(t *testing.T) {
 	e := setup(t)
-	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "oom-test"))
-	key = key[strings.LastIndex(key, "\n")+1:]
-	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	srv := startServeAt(t, e, addr)
+	_, srv, _, sb := servedSandbox(t, e, "oom-test")
 	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
-	s := &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
-	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
-	if code != 201 {
-		t.Fatalf("create: %d %s", code, body)
-	}
-	var sb struct{ ID string }
-	_ = json.Unmarshal(body, &sb)
-	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
 	adj := func(pid int) int {
 		t.Helper()
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
@@ -417,4 +367,29 @@ func TestThreat124DaemonIsNotTheOOMVictim(t *testing.T) {
 			t.Errorf("pid %d (%.60q) of the sandbox has oom_score_adj %d", pid, cmd, a)
 		}
 	}
+}
+
+// servedSandbox starts `serve` (with flags) on a free port, makes a key
+// for tenant and creates a sandbox with it; the key and the sandbox go at
+// cleanup, the caller stops serve.
+func servedSandbox(t *testing.T, e env, tenant string, flags ...string) (s *apiServer, srv *exec.Cmd, key string, sb struct{ ID string }) {
+	t.Helper()
+	key = strings.TrimSpace(e.must(t, "keys", "create", "--tenant", tenant))
+	key = key[strings.LastIndex(key, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(key, "_")[1]) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv = startServeAt(t, e, addr, flags...)
+	s = &apiServer{t: t, base: "http://" + addr, hc: &http.Client{Timeout: 2 * time.Minute}}
+	code, body := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	_ = json.Unmarshal(body, &sb)
+	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+	return s, srv, key, sb
 }
