@@ -39,6 +39,8 @@ type globals struct {
 	runtime  string // "qemu", "gvisor" or "auto" (see pickRuntime)
 	logLevel string
 	log      *slog.Logger
+	// diskReserve is --disk-reserve: "" for the default, "0" for none.
+	diskReserve string
 
 	rtOnce   sync.Once
 	rtChoice runtimeChoice
@@ -144,6 +146,7 @@ func rootCmd(g *globals) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state directory (env AIRLOCK_STATE_DIR)")
 	root.PersistentFlags().StringVar(&g.accel, "accel", accel, "acceleration: auto (KVM if a probe guest boots, else TCG), kvm or tcg (env AIRLOCK_ACCEL)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	root.PersistentFlags().StringVar(&g.diskReserve, "disk-reserve", "", "free space kept on the state dir's filesystem: creates, forks, pauses and snapshots that could use it are refused (e.g. 4G; 0: none; default: 5%, at least 2 GiB)")
 	rtName := os.Getenv("AIRLOCK_RUNTIME")
 	if rtName == "" {
 		rtName = "qemu"
@@ -169,7 +172,12 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 	if err != nil {
 		return nil, nil, err
 	}
-	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info"},
+	reserve, err := parseReserve(g.diskReserve)
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info"}, DiskReserve: reserve,
 		Runtime: func(ctx context.Context) (string, error) {
 			c := g.pickRuntime(ctx)
 			return c.name, c.err
@@ -187,4 +195,20 @@ func (g *globals) withManager(run func(cmd *cobra.Command, m *sandbox.Manager, a
 		defer done()
 		return run(cmd, m, args)
 	}
+}
+
+// parseReserve reads --disk-reserve: "" is 0 (the manager's default), "0"
+// is -1 (no reserve), a size is its bytes.
+func parseReserve(s string) (int64, error) {
+	switch s {
+	case "":
+		return 0, nil
+	case "0":
+		return -1, nil
+	}
+	mib, err := parseMiB(s)
+	if err != nil {
+		return 0, fmt.Errorf("--disk-reserve: %w", err)
+	}
+	return int64(mib) << 20, nil
 }

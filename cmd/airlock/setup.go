@@ -172,6 +172,24 @@ func doctorCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\n", what, mark, detail)
 			}
 			row(true, "state dir", g.stateDir)
+			if m, done, err := g.manager(ctx); err == nil {
+				if d, err := m.Disk(); err == nil {
+					var provisioned int64
+					if sbs, err := m.Store.ListSandboxes(ctx); err == nil {
+						for _, sb := range sbs {
+							provisioned += int64(sb.DiskMiB) << 20
+						}
+					}
+					ok := d.Free >= d.Reserve
+					detail := fmt.Sprintf("%s free of %s, %s kept in reserve (--disk-reserve); sandboxes' disks can grow to %s",
+						humanBytes(d.Free), humanBytes(d.Total), humanBytes(d.Reserve), humanBytes(provisioned))
+					if !ok {
+						detail += ": below the reserve, creates, forks, pauses and snapshots are refused"
+					}
+					row(ok, "disk", detail)
+				}
+				done()
+			}
 			if p, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 				row(false, "qemu", "qemu-system-x86_64 not found: run `make deps` (apt-get install qemu-system-x86 qemu-utils)")
 			} else {

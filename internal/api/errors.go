@@ -57,6 +57,7 @@ var categories = []struct {
 	{errdefs.ErrResourceExhausted, http.StatusTooManyRequests, "resource_exhausted", "resource exhausted"},
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, "unavailable", "temporarily unavailable; retry later"},
 	{errdefs.ErrUnsupported, http.StatusBadRequest, "invalid", "not supported"},
+	{errdefs.ErrInsufficientStorage, http.StatusInsufficientStorage, "insufficient_storage", "the server is short of disk space"},
 }
 
 // publicError returns the client's view of err.
@@ -73,6 +74,11 @@ func publicError(err error) *Error {
 	}
 	if errors.Is(err, guest.ErrExecExited) {
 		return &Error{http.StatusConflict, "conflict", guest.ErrExecExited.Error()}
+	}
+	if se, ok := errors.AsType[*sandbox.SpaceError](err); ok {
+		// The tenant learns what it asked for, not the host's free space.
+		return &Error{http.StatusInsufficientStorage, "insufficient_storage",
+			fmt.Sprintf("the server is short of disk space: %s needs up to %d MiB beyond what it keeps free; retry later or ask for less", se.What, se.Need>>20)}
 	}
 	if q, ok := errors.AsType[*sandbox.QuotaError](err); ok {
 		return &Error{http.StatusTooManyRequests, "resource_exhausted", "quota " + q.Detail()}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -80,14 +81,14 @@ func (f *fake) lookup(c sandbox.Caller, id string) (store.Sandbox, error) {
 }
 
 // reserve checks the quota of owner with c's limits, like the manager.
-func (f *fake) reserve(c sandbox.Caller, owner string, n, cpus, mem int) (func(), error) {
+func (f *fake) reserve(c sandbox.Caller, owner string, n, cpus, mem, disk int) (func(), error) {
 	f.mu.Lock()
 	live := make([]store.Sandbox, 0, len(f.sbs))
 	for _, sb := range f.sbs {
 		live = append(live, sb)
 	}
 	f.mu.Unlock()
-	return f.quota.Reserve(c, owner, live, n, cpus, mem)
+	return f.quota.Reserve(c, owner, live, 0, n, cpus, mem, disk)
 }
 
 func newFake() *fake {
@@ -109,7 +110,7 @@ func (f *fake) Create(_ context.Context, c sandbox.Caller, o sandbox.CreateOptio
 	if o.MemoryMiB == 0 {
 		o.MemoryMiB = 512
 	}
-	release, err := f.reserve(c, c.Tenant, 1, o.CPUs, o.MemoryMiB)
+	release, err := f.reserve(c, c.Tenant, 1, o.CPUs, o.MemoryMiB, cmp.Or(o.DiskMiB, 2048))
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -628,7 +629,7 @@ func (f *fake) CreateFromSnapshot(_ context.Context, c sandbox.Caller, name stri
 	if !ok || strings.HasPrefix(name, "_fork-") {
 		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
 	}
-	release, err := f.reserve(c, c.Tenant, 1, sn.CPUs, sn.MemoryMiB)
+	release, err := f.reserve(c, c.Tenant, 1, sn.CPUs, sn.MemoryMiB, sn.DiskMiB)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -663,7 +664,7 @@ func (f *fake) Fork(_ context.Context, c sandbox.Caller, id string, count int, f
 	if err != nil {
 		return nil, err
 	}
-	release, err := f.reserve(c, src.Tenant, count, src.CPUs, src.MemoryMiB)
+	release, err := f.reserve(c, src.Tenant, count, src.CPUs, src.MemoryMiB, src.DiskMiB)
 	if err != nil {
 		return nil, err
 	}

@@ -52,6 +52,27 @@ func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// diskCollector reports the state dir's free space and reserve, when the
+// sandboxes' implementation knows them (the manager does).
+type diskCollector struct {
+	d interface {
+		Disk() (sandbox.DiskFigures, error)
+	}
+	free, resv *prometheus.Desc
+}
+
+func (c diskCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.free; ch <- c.resv }
+
+func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
+	d, err := c.d.Disk()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.free, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.free, prometheus.GaugeValue, float64(d.Free))
+	ch <- prometheus.MustNewConstMetric(c.resv, prometheus.GaugeValue, float64(d.Reserve))
+}
+
 func newMetrics(sb Sandboxes) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
@@ -72,6 +93,13 @@ func newMetrics(sb Sandboxes) *metrics {
 	m.reg.MustRegister(m.creates, m.execLat, m.failures, m.requests,
 		sandboxCollector{sb, prometheus.NewDesc("airlock_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if d, ok := sb.(interface {
+		Disk() (sandbox.DiskFigures, error)
+	}); ok {
+		m.reg.MustRegister(diskCollector{d,
+			prometheus.NewDesc("airlock_state_dir_free_bytes", "Free bytes on the state dir's filesystem.", nil, nil),
+			prometheus.NewDesc("airlock_state_dir_reserve_bytes", "Free bytes kept in reserve: work that could use them is refused (507).", nil, nil)})
+	}
 	return m
 }
 

@@ -36,7 +36,7 @@ var (
 )
 
 // genericStatuses are errors any authenticated route can answer.
-var genericStatuses = []string{"400", "401", "404", "413", "429", "500", "503"}
+var genericStatuses = []string{"400", "401", "404", "413", "429", "500", "503", "507"}
 
 // specFile finds api/openapi.yaml from a test's working directory (a
 // package directory of this module).

@@ -18,6 +18,9 @@ var (
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnsupported        = errors.New("unsupported")
 	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrInsufficientStorage: the host's disk cannot take it (the state
+	// dir would fall below its free-space reserve).
+	ErrInsufficientStorage = errors.New("insufficient storage")
 )
 
 // Category returns the short name of err's category, or "internal".
@@ -39,6 +42,8 @@ func Category(err error) string {
 		return "unsupported"
 	case errors.Is(err, ErrFailedPrecondition):
 		return "failed_precondition"
+	case errors.Is(err, ErrInsufficientStorage):
+		return "insufficient_storage"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
 	case errors.Is(err, context.Canceled):

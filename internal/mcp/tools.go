@@ -414,6 +414,7 @@ func publicText(err error) string {
 		{errdefs.ErrNotFound, true, ""},
 		{errdefs.ErrFailedPrecondition, true, ""},
 		{errdefs.ErrResourceExhausted, true, ""},
+		{errdefs.ErrInsufficientStorage, false, "the server is short of disk space; retry later or ask for less"},
 		{errdefs.ErrConflict, false, "conflict"},
 		{errdefs.ErrUnsupported, true, ""},
 		{errdefs.ErrUnavailable, false, "temporarily unavailable; retry later"},

@@ -204,7 +204,7 @@ func TestQuotaConcurrentCreates(t *testing.T) {
 	for range 16 {
 		wg.Go(func() {
 			<-start
-			rel, err := m.reserve(ctx, alice, alice.Tenant, 1, 1, 128)
+			rel, err := m.reserve(ctx, alice, alice.Tenant, 1, 1, 128, 1024)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -226,18 +226,18 @@ func TestQuotaConcurrentCreates(t *testing.T) {
 		}
 	}
 	// Another tenant's quota is its own.
-	if rel, err := m.reserve(ctx, bob, bob.Tenant, 1, 1, 128); err != nil {
+	if rel, err := m.reserve(ctx, bob, bob.Tenant, 1, 1, 128, 1024); err != nil {
 		t.Fatalf("bob: %v", err)
 	} else {
 		rel()
 	}
 	releases[0]()
 	releases[0]() // a second release frees nothing more
-	rel, err := m.reserve(ctx, alice, alice.Tenant, 1, 1, 128)
+	rel, err := m.reserve(ctx, alice, alice.Tenant, 1, 1, 128, 1024)
 	if err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
-	if _, err := m.reserve(ctx, alice, alice.Tenant, 1, 1, 128); err == nil {
+	if _, err := m.reserve(ctx, alice, alice.Tenant, 1, 1, 128, 1024); err == nil {
 		t.Fatal("a double release freed two places")
 	}
 	rel()
@@ -259,7 +259,7 @@ func TestQuotaMessages(t *testing.T) {
 		// A fork of 3 into 2 free places: all or none, naming the third.
 		{3, 1, 128, "max_sandboxes: the tenant uses 3 of 3; this sandbox needs 1 more"},
 	} {
-		_, err := m.reserve(ctx, alice, alice.Tenant, tc.n, tc.cpus, tc.mem)
+		_, err := m.reserve(ctx, alice, alice.Tenant, tc.n, tc.cpus, tc.mem, 1024)
 		if q, ok := errors.AsType[*QuotaError](err); !ok || q.Detail() != tc.want || err.Error() != "resource exhausted: "+tc.want {
 			t.Errorf("%+v: %v", tc, err)
 		}
@@ -268,12 +268,12 @@ func TestQuotaMessages(t *testing.T) {
 		t.Fatalf("a refused reservation holds resources: %v", m.quota.pending)
 	}
 	// The local user has no quota; zero limits are the defaults.
-	if rel, err := m.reserve(ctx, Local(), "", 100, 32, 64<<10); err != nil {
+	if rel, err := m.reserve(ctx, Local(), "", 100, 32, 64<<10, 1024); err != nil {
 		t.Fatalf("local: %v", err)
 	} else {
 		rel()
 	}
-	if _, err := m.reserve(ctx, Caller{Tenant: "carol"}, "carol", DefaultLimits.MaxSandboxes+1, 1, 128); err == nil {
+	if _, err := m.reserve(ctx, Caller{Tenant: "carol"}, "carol", DefaultLimits.MaxSandboxes+1, 1, 128, 1024); err == nil {
 		t.Fatal("zero limits are unlimited")
 	}
 }
@@ -365,7 +365,7 @@ func TestKeyCaller(t *testing.T) {
 	k := store.APIKey{ID: "k1", Tenant: "t", MaxVCPUs: 8}
 	c := KeyCaller(k, Limits{MaxSandboxes: 5}, "api")
 	want := Caller{Tenant: "t", KeyID: "k1", Via: "api",
-		Limits: Limits{MaxSandboxes: 5, MaxVCPUs: 8, MaxMemoryMiB: DefaultLimits.MaxMemoryMiB, RatePerMin: DefaultLimits.RatePerMin}}
+		Limits: Limits{MaxSandboxes: 5, MaxVCPUs: 8, MaxMemoryMiB: DefaultLimits.MaxMemoryMiB, MaxDiskMiB: DefaultLimits.MaxDiskMiB, RatePerMin: DefaultLimits.RatePerMin}}
 	if c != want {
 		t.Fatalf("got %+v, want %+v", c, want)
 	}

@@ -34,6 +34,11 @@ func (m *Manager) Pause(ctx context.Context, c Caller, id string, force bool) (P
 	if err != nil {
 		return PauseResult{}, err
 	}
+	if sb.State == store.StateRunning {
+		if err := m.checkSpace(ctx, fmt.Sprintf("this sandbox's memory state (%d MiB)", sb.MemoryMiB), int64(sb.MemoryMiB)<<20); err != nil {
+			return PauseResult{}, err
+		}
+	}
 	res, err := m.pause(ctx, id, force)
 	if err != nil {
 		return res, err

@@ -70,7 +70,12 @@ type Manager struct {
 	// Runtime picks the runtime of a new sandbox ("qemu" or "gvisor");
 	// nil means qemu. A sandbox keeps its runtime for its lifetime.
 	Runtime func(context.Context) (string, error)
+	// DiskReserve is the free space, in bytes, kept on the state dir's
+	// filesystem: creates, forks, pauses and snapshots that could use it
+	// are refused (disk.go). 0: DefaultDiskReserve; negative: none.
+	DiskReserve int64
 
+	statfs   func(path string) (total, free int64, err error) // nil: statfs (tests replace it)
 	poolOnce sync.Once
 	pool     *shimclient.Pool // see shims
 	quota    Quotas           // creates in flight (see reserve)
@@ -177,11 +182,21 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 	if o.MemoryMiB == 0 {
 		o.MemoryMiB = 512
 	}
-	release, err := m.reserve(ctx, c, c.Tenant, 1, o.CPUs, o.MemoryMiB)
+	// The disk size the create will get (0: the image's default), for the
+	// quota and the host's reserve; m.create validates the rest.
+	if o.DiskMiB == 0 {
+		if img, err := m.Store.GetImage(ctx, cmp.Or(o.Image, "base")); err == nil {
+			o.DiskMiB = TemplateDiskMiB(img.Size)
+		}
+	}
+	release, err := m.reserve(ctx, c, c.Tenant, 1, o.CPUs, o.MemoryMiB, o.DiskMiB)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
 	defer release()
+	if err := m.checkSpace(ctx, fmt.Sprintf("this sandbox's disk (%d MiB)", o.DiskMiB), int64(o.DiskMiB)<<20); err != nil {
+		return store.Sandbox{}, err
+	}
 	sb, err := m.create(ctx, o)
 	if err != nil {
 		return sb, err

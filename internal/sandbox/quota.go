@@ -12,7 +12,7 @@ import (
 // QuotaError is a create refused by a tenant's quota. It is an
 // ErrResourceExhausted; its Detail names only the tenant's own numbers.
 type QuotaError struct {
-	Quota string // max_sandboxes, max_vcpus or max_memory_mb
+	Quota string // max_sandboxes, max_vcpus, max_memory_mb or max_disk_mb
 	Used  int    // what the tenant's sandboxes (and creates in flight) use
 	Need  int    // what the refused sandbox needs
 	Max   int    // the quota
@@ -39,9 +39,10 @@ type Quotas struct {
 	pending map[string]Limits // by tenant; MaxSandboxes, MaxVCPUs and MaxMemoryMiB used as counters
 }
 
-// reserve checks n sandboxes of cpus and memMiB each, owned by tenant
-// owner, against c's limits and holds them until release is called.
-func (m *Manager) reserve(ctx context.Context, c Caller, owner string, n, cpus, memMiB int) (release func(), err error) {
+// reserve checks n sandboxes of cpus, memMiB and diskMiB each, owned by
+// tenant owner, against c's limits and holds them until release is
+// called. The tenant's snapshots count toward its disk quota.
+func (m *Manager) reserve(ctx context.Context, c Caller, owner string, n, cpus, memMiB, diskMiB int) (release func(), err error) {
 	if c.Tenant == "" {
 		return func() {}, nil
 	}
@@ -49,7 +50,11 @@ func (m *Manager) reserve(ctx context.Context, c Caller, owner string, n, cpus, 
 	if err != nil {
 		return nil, err
 	}
-	return m.quota.Reserve(c, owner, sbs, n, cpus, memMiB)
+	snapMiB, err := m.snapshotMiB(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	return m.quota.Reserve(c, owner, sbs, snapMiB, n, cpus, memMiB, diskMiB)
 }
 
 // Reserve checks n sandboxes of cpus and memMiB each, owned by tenant
@@ -58,7 +63,7 @@ func (m *Manager) reserve(ctx context.Context, c Caller, owner string, n, cpus, 
 // live are the catalog's sandboxes (every tenant's: those of owner that
 // are neither failed nor still creating count). The local user (c.Tenant
 // "") has no quota. A refusal is a *QuotaError.
-func (q *Quotas) Reserve(c Caller, owner string, live []store.Sandbox, n, cpus, memMiB int) (release func(), err error) {
+func (q *Quotas) Reserve(c Caller, owner string, live []store.Sandbox, snapMiB, n, cpus, memMiB, diskMiB int) (release func(), err error) {
 	if c.Tenant == "" {
 		return func() {}, nil
 	}
@@ -66,6 +71,7 @@ func (q *Quotas) Reserve(c Caller, owner string, live []store.Sandbox, n, cpus, 
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	use := q.pending[owner]
+	use.MaxDiskMiB += snapMiB
 	for _, sb := range live {
 		// Rows still creating are creates in flight, already counted in
 		// pending.
@@ -75,8 +81,9 @@ func (q *Quotas) Reserve(c Caller, owner string, live []store.Sandbox, n, cpus, 
 		use.MaxSandboxes++
 		use.MaxVCPUs += sb.CPUs
 		use.MaxMemoryMiB += sb.MemoryMiB
+		use.MaxDiskMiB += sb.DiskMiB
 	}
-	add := Limits{MaxSandboxes: n, MaxVCPUs: n * cpus, MaxMemoryMiB: n * memMiB}
+	add := Limits{MaxSandboxes: n, MaxVCPUs: n * cpus, MaxMemoryMiB: n * memMiB, MaxDiskMiB: n * diskMiB}
 	// Checked one sandbox at a time, so the refusal names the sandbox
 	// that does not fit, as n separate creates would.
 	for range n {
@@ -87,10 +94,13 @@ func (q *Quotas) Reserve(c Caller, owner string, live []store.Sandbox, n, cpus, 
 			return nil, &QuotaError{"max_vcpus", use.MaxVCPUs, cpus, lim.MaxVCPUs, ""}
 		case use.MaxMemoryMiB+memMiB > lim.MaxMemoryMiB:
 			return nil, &QuotaError{"max_memory_mb", use.MaxMemoryMiB, memMiB, lim.MaxMemoryMiB, " MiB"}
+		case use.MaxDiskMiB+diskMiB > lim.MaxDiskMiB:
+			return nil, &QuotaError{"max_disk_mb", use.MaxDiskMiB, diskMiB, lim.MaxDiskMiB, " MiB"}
 		}
 		use.MaxSandboxes++
 		use.MaxVCPUs += cpus
 		use.MaxMemoryMiB += memMiB
+		use.MaxDiskMiB += diskMiB
 	}
 	if q.pending == nil {
 		q.pending = map[string]Limits{}
@@ -116,5 +126,6 @@ func (l Limits) plus(d Limits, sign int) Limits {
 	l.MaxSandboxes += sign * d.MaxSandboxes
 	l.MaxVCPUs += sign * d.MaxVCPUs
 	l.MaxMemoryMiB += sign * d.MaxMemoryMiB
+	l.MaxDiskMiB += sign * d.MaxDiskMiB
 	return l
 }

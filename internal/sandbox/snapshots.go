@@ -49,10 +49,14 @@ func (l Layout) SnapshotDir(id string) string { return filepath.Join(l.Snapshots
 // a pause and a resume take, and its open TCP connections are reset). The
 // snapshot is the sandbox's tenant's; it is audited as snapshot.create.
 func (m *Manager) Snapshot(ctx context.Context, c Caller, id, name string, force bool) (store.Snapshot, error) {
-	if _, err := m.lookup(ctx, c, id); err != nil {
+	sb, err := m.lookup(ctx, c, id)
+	if err != nil {
 		return store.Snapshot{}, err
 	}
 	if err := ValidateSnapshotName(name); err != nil {
+		return store.Snapshot{}, err
+	}
+	if err := m.spaceForState(ctx, c, sb, "this snapshot"); err != nil {
 		return store.Snapshot{}, err
 	}
 	start := time.Now()
@@ -195,7 +199,7 @@ func (m *Manager) CreateFromSnapshot(ctx context.Context, c Caller, name string,
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	release, err := m.reserve(ctx, c, c.Tenant, 1, sn.CPUs, sn.MemoryMiB)
+	release, err := m.reserve(ctx, c, c.Tenant, 1, sn.CPUs, sn.MemoryMiB, sn.DiskMiB)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -231,11 +235,17 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, count int, forc
 	if err != nil {
 		return nil, err
 	}
-	release, err := m.reserve(ctx, c, sb.Tenant, count, sb.CPUs, sb.MemoryMiB)
+	release, err := m.reserve(ctx, c, sb.Tenant, count, sb.CPUs, sb.MemoryMiB, sb.DiskMiB)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	// The fork snapshots the sandbox (its memory), then each fork can grow
+	// to its disk size.
+	if err := m.checkSpace(ctx, fmt.Sprintf("%d forks of a %d MiB disk and a %d MiB memory snapshot", count, sb.DiskMiB, sb.MemoryMiB),
+		int64(count*sb.DiskMiB+sb.MemoryMiB)<<20); err != nil {
+		return nil, err
+	}
 	sn, err := m.snapshot(ctx, id, forkPrefix+randomID(12), force)
 	if err != nil {
 		return nil, err

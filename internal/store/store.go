@@ -226,10 +226,13 @@ var migrations = []string{
 		value TEXT NOT NULL
 	);
 	PRAGMA user_version = 7;`,
+	// v8: a tenant's disk quota.
+	`ALTER TABLE api_keys ADD COLUMN max_disk_mb INTEGER NOT NULL DEFAULT 0;
+	PRAGMA user_version = 8;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 7
+const schemaVersion = 8
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {

@@ -107,6 +107,8 @@ func TestErrorDecoding(t *testing.T) {
 		{401, `{"error":{"code":"unauthenticated","message":"bad key","request_id":"r5"}}`, "unauthenticated", "bad key", "r5", airlock.ErrUnauthenticated, nil},
 		{412, `{"error":{"code":"failed_precondition","message":"sandbox is stopping"}}`, "failed_precondition", "sandbox is stopping", "hdr", nil, airlock.ErrConflict},
 		{422, `{"error":{"code":"exec_not_started","message":"the exec did not start (not found): executable not found in PATH","request_id":"r6"}}`, "exec_not_started", "the exec did not start (not found): executable not found in PATH", "r6", airlock.ErrExecNotStarted, airlock.ErrNotFound},
+		{507, `{"error":{"code":"insufficient_storage","message":"the server is short of disk space","request_id":"r7"}}`, "insufficient_storage", "the server is short of disk space", "r7", airlock.ErrInsufficientStorage, airlock.ErrQuota},
+		{507, "", "insufficient_storage", "Insufficient Storage", "hdr", airlock.ErrInsufficientStorage, nil},
 		// Not the contract's body: a proxy's page. Code from the status, request ID from the header.
 		{502, "<html>bad gateway</html>", "internal", "<html>bad gateway</html>", "hdr", nil, airlock.ErrNotFound},
 		{503, "", "unavailable", "Service Unavailable", "hdr", nil, nil},

@@ -29,6 +29,10 @@ var (
 	// ErrNotFound, so code that re-creates a sandbox on ErrNotFound keeps
 	// it.
 	ErrExecNotStarted = errors.New("airlock: exec not started")
+	// ErrInsufficientStorage: the server's disk cannot take it now (a
+	// create, fork, pause or snapshot would eat into the free space it
+	// keeps): 507, insufficient_storage. Retry later or ask for less.
+	ErrInsufficientStorage = errors.New("airlock: insufficient storage")
 )
 
 // APIError is an error answered by the server: a non-2xx status with the
@@ -72,6 +76,8 @@ func (e *APIError) Is(target error) bool {
 		return e.Code == "failed_precondition"
 	case ErrExecNotStarted:
 		return e.Code == "exec_not_started"
+	case ErrInsufficientStorage:
+		return e.Code == "insufficient_storage"
 	}
 	return false
 }
@@ -100,6 +106,8 @@ func codeForStatus(status int) string {
 		return "resource_exhausted"
 	case http.StatusServiceUnavailable:
 		return "unavailable"
+	case http.StatusInsufficientStorage:
+		return "insufficient_storage"
 	}
 	return "internal"
 }

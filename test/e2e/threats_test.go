@@ -541,3 +541,71 @@ func TestThreat012TeardownFollowsNoGuestLink(t *testing.T) {
 		t.Fatalf("the host file after teardown: %q %v", b, err)
 	}
 }
+
+// TestThreat089DiskQuotaAndHostReserve: through the API, a tenant asking
+// for more disk than its quota gets 429 naming max_disk_mb, one asking for
+// more than the host can spare gets 507, and neither leaves anything in
+// the state dir; a guest filling its whole disk grows its host file by at
+// most its disk size.
+func TestThreat089DiskQuotaAndHostReserve(t *testing.T) {
+	e := setup(t)
+	s := startServe(t, e)
+	newKey := func(tenant string, args ...string) string {
+		k := strings.TrimSpace(e.must(t, append([]string{"keys", "create", "--tenant", tenant}, args...)...))
+		k = k[strings.LastIndex(k, "\n")+1:]
+		t.Cleanup(func() { e.run(t, nil, "keys", "revoke", strings.Split(k, "_")[1]) })
+		return k
+	}
+	small := newKey("e2e-disk-small", "--max-disk-mb", "3000")
+	big := newKey("e2e-disk-big", "--max-disk-mb", "2000000")
+	dirs := func() int {
+		ents, err := os.ReadDir(filepath.Join(e.state, "sandboxes"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := dirs()
+	code, body := s.do(small, "POST", "/v1/sandboxes", strings.NewReader(`{"disk_mb":4096}`))
+	if code != 429 || !strings.Contains(string(body), "max_disk_mb") {
+		t.Errorf("4 GiB over a 3000 MiB quota: %d %s", code, body)
+	}
+	code, body = s.do(big, "POST", "/v1/sandboxes", strings.NewReader(`{"disk_mb":1000000}`))
+	if code != 507 || !strings.Contains(string(body), `"insufficient_storage"`) {
+		t.Errorf("a 976 GiB disk: %d %s", code, body)
+	}
+	t.Logf("refusal: %s", body)
+	if n := dirs(); n != before {
+		t.Errorf("refused creates left %d sandbox dirs behind", n-before)
+	}
+	// Within its quota, a sandbox whose guest fills its disk: the host
+	// file stays within the disk's size.
+	code, body = s.do(small, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+	if code != 201 {
+		t.Fatalf("create within the quota: %d %s", code, body)
+	}
+	var sb struct {
+		ID     string
+		DiskMB int `json:"disk_mb"`
+	}
+	_ = json.Unmarshal(body, &sb)
+	t.Cleanup(func() { e.run(t, nil, "rm", sb.ID) })
+	out := e.must(t, "exec", sb.ID, "--", "sh", "-c",
+		"dd if=/dev/zero of=/fill bs=1M 2>/dev/null; sync; df -k / | tail -1")
+	if f := strings.Fields(out); len(f) < 4 || f[3] != "0" {
+		t.Fatalf("the guest did not fill its disk: %q", out)
+	}
+	var grown int64
+	_ = filepath.WalkDir(filepath.Join(e.state, "sandboxes", sb.ID), func(_ string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if fi, err := d.Info(); err == nil {
+				grown += fi.Size()
+			}
+		}
+		return nil
+	})
+	t.Logf("disk %d MiB full in the guest; the sandbox's host files: %d MiB", sb.DiskMB, grown>>20)
+	if grown > int64(sb.DiskMB+64)<<20 {
+		t.Errorf("a %d MiB disk took %d MiB on the host", sb.DiskMB, grown>>20)
+	}
+}

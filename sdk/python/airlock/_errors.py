@@ -61,6 +61,12 @@ class QuotaExceeded(AirlockError):
     """429 resource_exhausted: a quota or rate limit; the message names it."""
 
 
+class InsufficientStorage(AirlockError):
+    """507 insufficient_storage: the server's disk cannot take this now (a
+    create, fork, pause or snapshot would eat into the free space it keeps);
+    retry later or ask for less."""
+
+
 class StreamBroken(AirlockError):
     """An exec output stream ended before its exit record.
 
@@ -83,6 +89,7 @@ _BY_CODE = {
     "failed_precondition": FailedPrecondition,
     "exec_not_started": ExecNotStarted,
     "resource_exhausted": QuotaExceeded,
+    "insufficient_storage": InsufficientStorage,
 }
 
 _CODE_BY_STATUS = {
@@ -96,6 +103,7 @@ _CODE_BY_STATUS = {
     422: "exec_not_started",
     429: "resource_exhausted",
     503: "unavailable",
+    507: "insufficient_storage",
 }
 
 

@@ -186,6 +186,8 @@ class ErrorDecodingTests(unittest.TestCase):
              airlock.FailedPrecondition, "failed_precondition", "stopping", "hdr"),
             (422, b'{"error":{"code":"exec_not_started","message":"the exec did not start: x","request_id":"r6"}}',
              airlock.ExecNotStarted, "exec_not_started", "the exec did not start: x", "r6"),
+            (507, b'{"error":{"code":"insufficient_storage","message":"short of disk","request_id":"r7"}}',
+             airlock.InsufficientStorage, "insufficient_storage", "short of disk", "r7"),
             (502, b"<html>bad gateway</html>", airlock.AirlockError, "internal", "<html>bad gateway</html>", "hdr"),
             (503, b"", airlock.AirlockError, "unavailable", "Service Unavailable", "hdr"),
             (429, b"slow down", airlock.QuotaExceeded, "resource_exhausted", "slow down", "hdr"),
