@@ -31,8 +31,17 @@ func median(ds []time.Duration) time.Duration {
 
 // benchOptions are the command's flags.
 type benchOptions struct {
-	runs, execs, apiConcurrent, netMiB int
-	transferMiB                        int64
+	runs, execs, apiConcurrent, netMiB, neighbourExecs int
+	transferMiB                                        int64
+	only                                               []string // row groups to measure; none for all
+}
+
+// benchGroups are the row groups --only selects from.
+var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "net", "api"}
+
+// want reports whether row group g is measured.
+func (o benchOptions) want(g string) bool {
+	return len(o.only) == 0 || slices.Contains(o.only, g)
 }
 
 // bench measures every row and prints the table on stdout (progress on
@@ -66,6 +75,9 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 			fmt.Fprintln(os.Stderr, "bench: no runsc, no gvisor rows:", err)
 			continue
 		}
+		if !o.want("start") {
+			break
+		}
 		fmt.Fprintf(os.Stderr, "bench: %s start, exec and memory rows\n", rtName)
 		sr, err := startBench(ctx, m, cli, rtName, runs, execs)
 		if err != nil {
@@ -75,7 +87,22 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 			rows = append(rows, row{r[0], r[1], r[2]})
 		}
 	}
-	if _, err := gvisor.FindRunsc(); err == nil {
+	if o.neighbourExecs > 0 && o.want("neighbour") {
+		for _, rtName := range []string{"qemu", "gvisor"} {
+			if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
+				continue
+			}
+			fmt.Fprintf(os.Stderr, "bench: %s CPU-burning neighbour rows\n", rtName)
+			nr, err := neighbourBench(ctx, m, cli, rtName, o.neighbourExecs)
+			if err != nil {
+				return fmt.Errorf("%s neighbour bench: %w", rtName, err)
+			}
+			for _, r := range nr {
+				rows = append(rows, row{r[0], r[1], r[2]})
+			}
+		}
+	}
+	if _, err := gvisor.FindRunsc(); err == nil && o.want("start") {
 		var gvD []time.Duration
 		for range runs {
 			t := time.Now()
@@ -90,16 +117,24 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 
 	var bare []time.Duration
 	for range runs {
+		if !o.want("bare") {
+			break
+		}
 		d, err := bareBoot(ctx, bc, cfg.stateDir)
 		if err != nil {
 			return fmt.Errorf("bare qemu boot: %w", err)
 		}
 		bare = append(bare, d)
 	}
-	rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
+	if len(bare) > 0 {
+		rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
+	}
 
-	fmt.Fprintln(os.Stderr, "bench: pause/resume rows")
 	for _, fill := range []int{0, 128} {
+		if !o.want("pause") {
+			break
+		}
+		fmt.Fprintln(os.Stderr, "bench: pause/resume rows", fill)
 		pr, err := pauseBench(ctx, m, cli, runs, fill)
 		if err != nil {
 			return fmt.Errorf("pause bench: %w", err)
@@ -108,18 +143,20 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 			rows = append(rows, row{r[0], r[1], r[2]})
 		}
 	}
-	fr, err := forkBench(ctx, m, cli)
-	if err != nil {
-		return fmt.Errorf("fork bench: %w", err)
-	}
-	if _, err := m.PruneSnapshots(ctx, sandbox.Local()); err != nil { // the forks' base
-		return err
-	}
-	for _, r := range fr {
-		rows = append(rows, row{r[0], r[1], r[2]})
+	if o.want("fork") {
+		fr, err := forkBench(ctx, m, cli)
+		if err != nil {
+			return fmt.Errorf("fork bench: %w", err)
+		}
+		if _, err := m.PruneSnapshots(ctx, sandbox.Local()); err != nil { // the forks' base
+			return err
+		}
+		for _, r := range fr {
+			rows = append(rows, row{r[0], r[1], r[2]})
+		}
 	}
 
-	if o.netMiB > 0 {
+	if o.netMiB > 0 && o.want("net") {
 		fmt.Fprintln(os.Stderr, "bench: network rows")
 		nr, err := netBench(ctx, c, o.netMiB, 50)
 		if err != nil {
@@ -130,7 +167,7 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 		}
 	}
 
-	if o.apiConcurrent > 0 {
+	if o.apiConcurrent > 0 && o.want("api") {
 		fmt.Fprintln(os.Stderr, "bench: API rows (starts airlock serve)")
 		ar, err := apiBench(ctx, cfg, m, runs, o.apiConcurrent, o.transferMiB)
 		if err != nil {

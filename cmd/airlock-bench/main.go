@@ -114,6 +114,11 @@ func rootCmd() *cobra.Command {
 			if _, err := os.Stat(cfg.airlock); err != nil {
 				return fmt.Errorf("airlock binary (--airlock): %w", err)
 			}
+			for _, g := range o.only {
+				if !slices.Contains(benchGroups, g) {
+					return fmt.Errorf("%w: --only %q: the groups are %s", errdefs.ErrInvalid, g, strings.Join(benchGroups, ", "))
+				}
+			}
 			return bench(cmd.Context(), cfg, o)
 		},
 	}
@@ -124,6 +129,8 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	f.IntVar(&o.runs, "runs", 5, "samples for the latency rows")
 	f.IntVar(&o.execs, "execs", 100, "samples for the exec round trip")
+	f.StringSliceVar(&o.only, "only", nil, "measure only these row groups: "+strings.Join(benchGroups, ", "))
+	f.IntVar(&o.neighbourExecs, "neighbour-execs", 30, "samples for the exec round trip beside a CPU-burning neighbour (0 skips those rows)")
 	f.IntVar(&o.apiConcurrent, "api-concurrent", 20, "concurrent creates through the HTTP API (0 skips the API rows)")
 	f.IntVar(&o.netMiB, "net-mib", 64, "size of each network throughput transfer (0 skips the network rows)")
 	f.Int64Var(&o.transferMiB, "transfer-mib", 200, "size of the API upload/download")

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,8 @@ type globals struct {
 	log      *slog.Logger
 	// diskReserve is --disk-reserve: "" for the default, "0" for none.
 	diskReserve string
+	// hostCgroups is --host-cgroups: auto, on or off.
+	hostCgroups string
 
 	rtOnce   sync.Once
 	rtChoice runtimeChoice
@@ -106,7 +109,8 @@ Environment:
   AIRLOCK_HOST       API server for the remote mode
   AIRLOCK_API_KEY    API key for AIRLOCK_HOST (see ` + "`airlock keys create`" + `)
   AIRLOCK_STATE_DIR  default for --state-dir
-  AIRLOCK_ACCEL      default for --accel`
+  AIRLOCK_ACCEL      default for --accel
+  AIRLOCK_HOST_CGROUPS  default for --host-cgroups`
 
 // rootCmd builds the command tree over g.
 func rootCmd(g *globals) *cobra.Command {
@@ -136,6 +140,11 @@ func rootCmd(g *globals) *cobra.Command {
 			default:
 				return fmt.Errorf("%w: --runtime must be qemu, gvisor or auto", errdefs.ErrInvalid)
 			}
+			switch g.hostCgroups {
+			case "auto", "on", "off":
+			default:
+				return fmt.Errorf("%w: --host-cgroups must be auto, on or off", errdefs.ErrInvalid)
+			}
 			return nil
 		},
 	}
@@ -147,6 +156,8 @@ func rootCmd(g *globals) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.accel, "accel", accel, "acceleration: auto (KVM if a probe guest boots, else TCG), kvm or tcg (env AIRLOCK_ACCEL)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.diskReserve, "disk-reserve", "", "free space kept on the state dir's filesystem: creates, forks, pauses and snapshots that could use it are refused (e.g. 4G; 0: none; default: 5%, at least 2 GiB)")
+	hostCg := cmp.Or(os.Getenv("AIRLOCK_HOST_CGROUPS"), "auto")
+	root.PersistentFlags().StringVar(&g.hostCgroups, "host-cgroups", hostCg, "put each sandbox's VMM or sentry and its shim in a host cgroup with CPU, memory and pids limits from its size: auto (when the host's cgroups are writable), on (refuse to start without), off (env AIRLOCK_HOST_CGROUPS)")
 	rtName := os.Getenv("AIRLOCK_RUNTIME")
 	if rtName == "" {
 		rtName = "qemu"
@@ -177,7 +188,7 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 		st.Close()
 		return nil, nil, err
 	}
-	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info"}, DiskReserve: reserve,
+	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info", "--host-cgroups", g.hostCgroups, "--disk-reserve", g.diskReserve}, DiskReserve: reserve,
 		Runtime: func(ctx context.Context) (string, error) {
 			c := g.pickRuntime(ctx)
 			return c.name, c.err

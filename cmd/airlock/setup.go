@@ -17,6 +17,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/bootfiles"
 	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/image"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
@@ -190,6 +191,18 @@ func doctorCmd(g *globals) *cobra.Command {
 				}
 				done()
 			}
+			switch err := hostcg.Check(); {
+			case g.hostCgroups == "off":
+				row(true, "host cgroups", "off (--host-cgroups off): sandboxes' VMMs and shims run without host CPU, memory and pids limits")
+			case err != nil && g.hostCgroups == "on":
+				row(false, "host cgroups", fmt.Sprintf("--host-cgroups on, but: %v", err))
+			case err != nil:
+				row(true, "host cgroups", fmt.Sprintf("NOT enforced (%v): sandboxes' VMMs and shims run without host CPU, memory and pids limits", err))
+			default:
+				l := hostcg.For(512)
+				row(true, "host cgroups", fmt.Sprintf("cgroup %s: each sandbox in %s/<id> (a 512 MiB sandbox: %d MiB, %d tasks), all in one CPU group %s",
+					hostcg.Version(), hostcg.DefaultParent, l.MemoryBytes>>20, l.Pids, hostcg.DefaultParent))
+			}
 			if p, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 				row(false, "qemu", "qemu-system-x86_64 not found: run `make deps` (apt-get install qemu-system-x86 qemu-utils)")
 			} else {
@@ -269,6 +282,15 @@ func doctorCmd(g *globals) *cobra.Command {
 	}
 }
 
+// hostCgroupParent is where a shim makes its sandbox's host cgroup
+// (--host-cgroups): "" for none.
+func hostCgroupParent(g *globals) string {
+	if g.hostCgroups == "off" {
+		return ""
+	}
+	return hostcg.DefaultParent
+}
+
 func shimCmd(g *globals) *cobra.Command {
 	var id string
 	cmd := &cobra.Command{
@@ -309,10 +331,18 @@ func shimCmd(g *globals) *cobra.Command {
 				}
 				return err
 			}
+			reserve, err := parseReserve(g.diskReserve)
+			if err != nil {
+				if ready != nil {
+					fmt.Fprintf(ready, "error: %s\n", err)
+				}
+				return err
+			}
 			exe, _ := os.Executable()
 			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
 				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, RootDir: rootDir, Exe: exe, Secrets: secrets, Lock: lock, Log: g.log.With("component", "shim"),
 				DNS: envknob.DNS.Get(), UpstreamCAFile: envknob.UpstreamCAFile.Get(), TestDialMap: envknob.TestDialMap.Get(),
+				HostCgroupParent: hostCgroupParent(g), HostCgroupRequired: g.hostCgroups == "on", DiskReserve: reserve,
 			})
 		},
 	}
@@ -334,6 +364,10 @@ func holderCmd(g *globals) *cobra.Command {
 			l := sandbox.Layout{Root: g.stateDir}
 			t := sandbox.Template{Dir: filepath.Join(l.Templates(), id), Snapshot: filepath.Join(l.Templates(), id, "snap")}
 			setOOMScoreAdj(g.log, oomAdjSandbox)
+			// Started by a shim, it outlives that sandbox: out of its envelope.
+			if err := hostcg.Escape(hostcg.DefaultParent); err != nil {
+				g.log.Warn("template holder stays in its shim's host cgroup", "err", err)
+			}
 			ctx, stop := signal.NotifyContext(context.WithoutCancel(cmd.Context()), syscall.SIGTERM)
 			defer stop()
 			return sandbox.RunHolder(ctx, t, qemu.SealSnapshotRAM, g.log)

@@ -9,7 +9,7 @@
 // a library that a different caller (the API server, a test) embeds.
 //
 // The CLI's own settings (AIRLOCK_STATE_DIR, AIRLOCK_HOST,
-// AIRLOCK_API_KEY, AIRLOCK_ACCEL, AIRLOCK_RUNTIME) are flag defaults and
+// AIRLOCK_API_KEY, AIRLOCK_ACCEL, AIRLOCK_RUNTIME, AIRLOCK_HOST_CGROUPS) are flag defaults and
 // are read next to their flags in cmd/airlock. Test-tier gates
 // (AIRLOCK_TEST_ROOT, AIRLOCK_TEST_VM, ...) are read by internal/testutil.
 package envknob

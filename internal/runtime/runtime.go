@@ -11,6 +11,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 )
 
 // Runtime is an isolation backend (qemu, later gvisor).
@@ -91,6 +92,12 @@ type Spec struct {
 	// with the host through Networker.NetConn. A snapshot records whether
 	// it had one: restores from it must set Network the same way.
 	Network bool
+	// HostCgroup, if set, is the host cgroup (an absolute cgroup path,
+	// e.g. /airlock/<id>) that the calling shim is in and under which a
+	// runtime that makes cgroups of its own (gvisor's runsc) makes them,
+	// instead of its configured parent; runtimes whose processes inherit
+	// the shim's cgroup (qemu) ignore it.
+	HostCgroup string
 }
 
 // Validate checks the fields every runtime relies on.
@@ -110,6 +117,8 @@ func (s Spec) Validate() error {
 		return errors.New("spec: run dir is required")
 	case s.RootDiskFormat != "" && s.RootDiskFormat != "qcow2" && s.RootDiskFormat != "raw":
 		return errors.New("spec: root disk format must be qcow2 or raw")
+	case s.HostCgroup != "" && (!strings.HasPrefix(s.HostCgroup, "/") || strings.Contains(s.HostCgroup, "..")):
+		return errors.New("spec: host cgroup must be an absolute cgroup path")
 	}
 	return nil
 }

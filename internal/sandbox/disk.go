@@ -74,9 +74,9 @@ func (e *SpaceError) Error() string {
 // Is makes a SpaceError an errdefs.ErrInsufficientStorage.
 func (e *SpaceError) Is(target error) bool { return target == errdefs.ErrInsufficientStorage }
 
-// checkSpace refuses work that may write need bytes into the state dir if
-// that could leave less than the reserve free.
-func (m *Manager) checkSpace(_ context.Context, what string, need int64) error {
+// CheckSpace refuses work that may write need bytes into the state dir if
+// that could leave less than the reserve free (a SpaceError).
+func (m *Manager) CheckSpace(_ context.Context, what string, need int64) error {
 	d, err := m.Disk()
 	if err != nil {
 		return err
@@ -92,7 +92,7 @@ func (m *Manager) checkSpace(_ context.Context, what string, need int64) error {
 // disk quota.
 func (m *Manager) spaceForState(ctx context.Context, c Caller, sb store.Sandbox, what string) error {
 	need := int64(sb.MemoryMiB) << 20
-	if err := m.checkSpace(ctx, fmt.Sprintf("%s (%d MiB of memory state)", what, sb.MemoryMiB), need); err != nil {
+	if err := m.CheckSpace(ctx, fmt.Sprintf("%s (%d MiB of memory state)", what, sb.MemoryMiB), need); err != nil {
 		return err
 	}
 	if c.Tenant == "" {

@@ -35,7 +35,7 @@ func (m *Manager) Pause(ctx context.Context, c Caller, id string, force bool) (P
 		return PauseResult{}, err
 	}
 	if sb.State == store.StateRunning {
-		if err := m.checkSpace(ctx, fmt.Sprintf("this sandbox's memory state (%d MiB)", sb.MemoryMiB), int64(sb.MemoryMiB)<<20); err != nil {
+		if err := m.CheckSpace(ctx, fmt.Sprintf("this sandbox's memory state (%d MiB)", sb.MemoryMiB), int64(sb.MemoryMiB)<<20); err != nil {
 			return PauseResult{}, err
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -194,7 +195,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 		return store.Sandbox{}, err
 	}
 	defer release()
-	if err := m.checkSpace(ctx, fmt.Sprintf("this sandbox's disk (%d MiB)", o.DiskMiB), int64(o.DiskMiB)<<20); err != nil {
+	if err := m.CheckSpace(ctx, fmt.Sprintf("this sandbox's disk (%d MiB)", o.DiskMiB), int64(o.DiskMiB)<<20); err != nil {
 		return store.Sandbox{}, err
 	}
 	sb, err := m.create(ctx, o)
@@ -546,6 +547,10 @@ func (m *Manager) remove(ctx context.Context, id string) error {
 	// what its runtime mounted: runsc's state and network namespaces.
 	detachMounts(m.L.Dir(id))
 	detachNetns(id)
+	// Its host cgroup, which a shim removes on its way out unless it died.
+	if err := hostcg.Remove(hostcg.DefaultParent, id); err != nil {
+		m.log().Warn("host cgroup left behind", "sandbox_id", id, "err", err)
+	}
 	if err := os.RemoveAll(m.L.Dir(id)); err != nil {
 		return fmt.Errorf("remove sandbox files: %w", err)
 	}

@@ -242,7 +242,7 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, count int, forc
 	defer release()
 	// The fork snapshots the sandbox (its memory), then each fork can grow
 	// to its disk size.
-	if err := m.checkSpace(ctx, fmt.Sprintf("%d forks of a %d MiB disk and a %d MiB memory snapshot", count, sb.DiskMiB, sb.MemoryMiB),
+	if err := m.CheckSpace(ctx, fmt.Sprintf("%d forks of a %d MiB disk and a %d MiB memory snapshot", count, sb.DiskMiB, sb.MemoryMiB),
 		int64(count*sb.DiskMiB+sb.MemoryMiB)<<20); err != nil {
 		return nil, err
 	}

@@ -38,6 +38,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -47,6 +48,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -87,6 +89,17 @@ type Config struct {
 	// allowed a flow to a.b.c.d the shim dials w.x.y.z instead. Only
 	// `airlock shim` sets it, from envknob.TestDialMap.
 	TestDialMap string
+	// HostCgroupParent, if set, is the host cgroup under which the shim
+	// makes the sandbox's envelope (hostcg: CPU, memory and pids limits
+	// from its size) and enters it before the VMM or sentry starts.
+	HostCgroupParent string
+	// HostCgroupRequired fails the start when the envelope cannot be
+	// made; otherwise the sandbox runs without one and the shim logs why.
+	HostCgroupRequired bool
+	// DiskReserve is the state dir's free-space reserve, as
+	// sandbox.Manager.DiskReserve: an idle pause that could take the
+	// filesystem below it is skipped (the sandbox keeps running).
+	DiskReserve int64
 	Log         *slog.Logger
 }
 
@@ -113,9 +126,58 @@ type shim struct {
 	act      activity           // what keeps the sandbox from idling
 	pauseReq chan pauseReq      // LifecycleService.Pause asks the main loop
 	gen      int64              // the generation this shim owns (store.Transition)
+	envelope *hostcg.Envelope   // the host cgroup this shim and its VMM run in; nil if none
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
+}
+
+// enterEnvelope moves this shim into the sandbox's host cgroup
+// (Config.HostCgroupParent), before the VMM or sentry starts so that it is
+// inside from its first instruction. Without one it fails only if
+// Config.HostCgroupRequired.
+func (s *shim) enterEnvelope(sb store.Sandbox) error {
+	if s.cfg.HostCgroupParent == "" {
+		return nil
+	}
+	env, err := hostcg.Enter(s.cfg.HostCgroupParent, s.cfg.ID, hostcg.For(sb.MemoryMiB))
+	switch {
+	case err == nil:
+		s.envelope = env
+		return nil
+	case s.cfg.HostCgroupRequired:
+		return fmt.Errorf("host cgroup: %w", err)
+	}
+	s.log.Warn("no host cgroup: the sandbox's VMM and shim run without host memory and pids limits", "err", err)
+	return nil
+}
+
+// envelopeOOM reports whether the sandbox's VMM or sentry has been ended
+// by the host at its envelope's memory limit, and that limit: the kernel
+// counted an OOM kill in it, or its memory reached the limit (v1 counts a
+// kill only in the victim's own cgroup, which runsc removes on its way
+// out).
+func (s *shim) envelopeOOM() (int64, bool) {
+	if s.envelope == nil {
+		return 0, false
+	}
+	st, err := s.envelope.Stats()
+	if err != nil {
+		s.log.Warn("host cgroup stats", "err", err)
+		return 0, false
+	}
+	return int64(st.MemoryMaxBytes), st.OOMKills > 0 || (st.MemoryMaxBytes > 0 && st.MemoryPeakBytes >= st.MemoryMaxBytes)
+}
+
+// leaveEnvelope moves the shim out of its envelope and removes it, once
+// the VMM is gone.
+func (s *shim) leaveEnvelope() {
+	if s.envelope == nil {
+		return
+	}
+	if err := s.envelope.Leave(); err != nil {
+		s.log.Warn("host cgroup left behind", "err", err)
+	}
 }
 
 // Run is the shim's whole life. It returns when the sandbox is gone.
@@ -169,7 +231,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	defer signal.Stop(sigs)
 
 	s.env = sb.Env
-	if err := s.start(ctx, sb); err != nil {
+	defer s.leaveEnvelope()
+	err = s.enterEnvelope(sb)
+	if err == nil {
+		err = s.start(ctx, sb)
+	}
+	if err != nil {
 		bg := context.WithoutCancel(ctx)
 		if sb.State == store.StateResuming {
 			// The saved state and disk stay: the sandbox is still paused,
@@ -225,6 +292,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		select {
 		case st := <-exited:
 			reason := "guest stopped unexpectedly: " + st.String()
+			if lim, ok := s.envelopeOOM(); ok {
+				reason = fmt.Sprintf("out of memory: the host killed the sandbox's VMM at its host memory envelope (%d MiB, from its --memory); %s", lim>>20, st.String())
+			}
 			s.log.Error("vmm exited", "reason", reason)
 			s.fail(bg, reason)
 			s.teardown(bg, false)
@@ -250,6 +320,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				expiry.Reset(time.Until(expiresAt))
 			}
 			if sb.IdlePause > 0 && s.act.idleFor(time.Now(), s.busy()) >= sb.IdlePause {
+				m := &sandbox.Manager{L: s.l, Store: s.st, Log: s.log, DiskReserve: s.cfg.DiskReserve}
+				if err := m.CheckSpace(bg, "an idle pause", int64(sb.MemoryMiB)<<20); err != nil {
+					s.log.Warn("idle pause skipped", "err", err)
+					s.event(bg, sb, "sandbox.pause.skipped", map[string]any{"reason": err.Error()})
+					s.act.touch() // try again after another idle period
+					continue
+				}
 				s.log.Info("idle; pausing", "idle_pause", sb.IdlePause)
 				r, fatal, err := s.pause(bg, false, 0)
 				if err == nil {
@@ -304,7 +381,11 @@ func (s *shim) fail(ctx context.Context, reason string) {
 		s.log.Error("record failure", "err", err)
 		return
 	}
-	s.event(ctx, sb, "sandbox.fail", map[string]any{"reason": sb.Reason})
+	detail := map[string]any{"reason": sb.Reason}
+	if strings.HasPrefix(reason, "out of memory") {
+		detail["oom_killed"] = true
+	}
+	s.event(ctx, sb, "sandbox.fail", detail)
 }
 
 // event records an action the shim took on its own (no API key) in the
@@ -344,6 +425,9 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		RootDiskFormat: "qcow2",
 		RunDir:         s.l.RunDir(sb.ID),
 		Network:        true,
+	}
+	if s.envelope != nil {
+		spec.HostCgroup = s.envelope.Path()
 	}
 	mode := "cold"
 	fi, err := os.Stat(imgPath)

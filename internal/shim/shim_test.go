@@ -42,7 +42,7 @@ type harness struct {
 	done chan error
 }
 
-func newHarness(t *testing.T, lifetime time.Duration) *harness {
+func newHarness(t *testing.T, lifetime time.Duration, opts ...func(*store.Sandbox, *Config)) *harness {
 	t.Helper()
 	testutil.NeedTool(t, "qemu-img", "make deps") // overlays are real qcow2 files
 	ctx := t.Context()
@@ -72,9 +72,14 @@ func newHarness(t *testing.T, lifetime time.Duration) *harness {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if err := h.st.CreateSandbox(ctx, store.Sandbox{ID: h.id, State: store.StateCreating, Image: "base", ImageDigest: digest,
+	sb := store.Sandbox{ID: h.id, State: store.StateCreating, Image: "base", ImageDigest: digest,
 		CPUs: 1, MemoryMiB: 256, DiskMiB: sandbox.TemplateDiskMiB(1 << 20), TimeoutSec: int(lifetime / time.Second),
-		CreatedAt: now, ExpiresAt: now.Add(lifetime)}); err != nil {
+		CreatedAt: now, ExpiresAt: now.Add(lifetime)}
+	cfg := Config{StateDir: h.l.Root, ID: h.id, Runtime: h.rt}
+	for _, o := range opts {
+		o(&sb, &cfg)
+	}
+	if err := h.st.CreateSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(h.l.Dir(h.id), 0o700); err != nil {
@@ -82,7 +87,8 @@ func newHarness(t *testing.T, lifetime time.Duration) *harness {
 	}
 	pr, pw := io.Pipe()
 	go func() {
-		h.done <- Run(context.Background(), Config{StateDir: h.l.Root, ID: h.id, Ready: pw, Runtime: h.rt})
+		cfg.Ready = pw
+		h.done <- Run(context.Background(), cfg)
 	}()
 	line, _ := bufio.NewReader(pr).ReadString('\n')
 	if strings.TrimSpace(line) != "ok" {
@@ -160,6 +166,39 @@ func TestShimMarksVMMCrashFailed(t *testing.T) {
 	if err != nil || len(evs) != 1 || !strings.Contains(fmt.Sprint(evs[0].Detail["reason"]), "guest kernel panic: test") {
 		t.Fatalf("sandbox.fail events: %+v %v", evs, err)
 	}
+}
+
+// TestShimIdlePauseKeepsTheDiskReserve: an idle pause that could take the
+// state dir's filesystem below its reserve is skipped, with an event, and
+// the sandbox keeps running.
+func TestShimIdlePauseKeepsTheDiskReserve(t *testing.T) {
+	old := expiryPoll
+	expiryPoll = 20 * time.Millisecond
+	t.Cleanup(func() { expiryPoll = old })
+	h := newHarness(t, time.Hour, func(sb *store.Sandbox, c *Config) {
+		sb.IdlePause = 100 * time.Millisecond
+		c.DiskReserve = 1 << 60 // more than any disk has free
+	})
+	var evs []store.Event
+	if !testutil.WaitFor(t, 10*time.Second, func() bool {
+		evs, _ = h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: h.id, Type: "sandbox.pause.skipped"})
+		return len(evs) > 0
+	}) {
+		t.Fatal("no sandbox.pause.skipped event")
+	}
+	if r := fmt.Sprint(evs[0].Detail["reason"]); !strings.Contains(r, "an idle pause") || !strings.Contains(r, "in reserve") {
+		t.Fatalf("reason %q", r)
+	}
+	sb, err := h.st.GetSandbox(t.Context(), h.id)
+	if err != nil || sb.State != store.StateRunning {
+		t.Fatalf("after a skipped idle pause: %+v %v", sb, err)
+	}
+	sc := shimclient.New(h.l.Socket(h.id))
+	defer sc.Close()
+	if err := sc.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t)
 }
 
 func TestShimRemovesSandboxAtLifetime(t *testing.T) {

@@ -159,7 +159,7 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 	}
 	b := bundleSpec{agent: cfg.AgentPath}
 	if !cfg.IgnoreCgroups {
-		b.cgroupsPath = cfg.CgroupParent + "/" + in.cid
+		b.cgroupsPath = in.cgroupParent() + "/" + in.cid
 	}
 	if in.spec.Network {
 		l, err := newTapLink(in.cid)
@@ -378,13 +378,23 @@ func (in *instance) cleanup() error {
 	return errors.Join(errs...)
 }
 
+// cgroupParent is the cgroup under which runsc makes this sandbox's:
+// the shim's host envelope when it has one (Spec.HostCgroup), else
+// Config.CgroupParent.
+func (in *instance) cgroupParent() string {
+	if in.spec.HostCgroup != "" {
+		return in.spec.HostCgroup
+	}
+	return in.rt.cfg.CgroupParent
+}
+
 // removeCgroups removes the sandbox's cgroups if runsc left them (it does
 // when the sandbox failed to start): cgroup v1 controllers and v2.
 func (in *instance) removeCgroups() error {
 	if in.rt.cfg.IgnoreCgroups {
 		return nil
 	}
-	rel := strings.TrimPrefix(in.rt.cfg.CgroupParent, "/") + "/" + in.cid
+	rel := strings.TrimPrefix(in.cgroupParent(), "/") + "/" + in.cid
 	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", rel))
 	dirs = append(dirs, filepath.Join("/sys/fs/cgroup", rel))
 	var errs []error

@@ -364,10 +364,15 @@ func (in *instance) start(ctx context.Context) (err error) {
 // and a goroutine elsewhere that exits while locked would take its thread
 // down with it.
 func (in *instance) own(l *launch, hostQMP net.Conn, started chan<- error) {
+	// Locked for good: QEMU's parent-death signal follows this thread,
+	// and confineThread changes it for QEMU alone (the thread ends with
+	// this goroutine).
 	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
 
-	err := l.cmd.Start()
+	err := confineThread()
+	if err == nil {
+		err = l.cmd.Start()
+	}
 	for _, f := range l.childFiles {
 		f.Close() // QEMU has its copies (or never will)
 	}

@@ -9,3 +9,5 @@ import "syscall"
 func vmmSysProcAttr(uid uint32, groups []uint32) *syscall.SysProcAttr {
 	panic("qemu runtime: Linux only")
 }
+
+func confineThread() error { panic("qemu runtime: Linux only") }

@@ -174,7 +174,8 @@ func TestThreat001VMMPosture(t *testing.T) {
 	t.Logf("qemu status: %v", st)
 	uid := strings.Fields(st["Uid"])[0]
 	if uid == "0" || !strings.HasPrefix(st["NSpid"], fmt.Sprint(pid)+" 1") || st["Seccomp"] != "2" ||
-		st["CapEff"] != "0000000000000000" || st["CapPrm"] != "0000000000000000" || st["Groups"] != "" {
+		st["CapEff"] != "0000000000000000" || st["CapPrm"] != "0000000000000000" || st["Groups"] != "" ||
+		st["CapBnd"] != "0000000000000000" || st["NoNewPrivs"] != "1" {
 		t.Errorf("qemu is not confined: %v", st)
 	}
 	for _, ns := range []string{"mnt", "pid", "net", "ipc", "uts"} {

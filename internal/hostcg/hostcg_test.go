@@ -1,0 +1,277 @@
+package hostcg
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
+)
+
+func TestFor(t *testing.T) {
+	l := For(512)
+	if l.MemoryBytes != (2*512+256)<<20 || l.Pids != 768 {
+		t.Fatalf("For(512) = %+v", l)
+	}
+	r := l.resources()
+	if *r.Memory.Limit != l.MemoryBytes || *r.Pids.Limit != 768 || r.CPU != nil {
+		t.Fatalf("resources = %+v %+v %+v", r.CPU, *r.Memory, *r.Pids)
+	}
+}
+
+func TestValidName(t *testing.T) {
+	for _, bad := range []string{"", ".", "..", "a/b", "a\x00", "x\ny", strings.Repeat("a", 129)} {
+		if _, err := Enter("/airlock", bad, For(64)); err == nil {
+			t.Errorf("Enter(%q) accepted", bad)
+		}
+		if err := Remove("/airlock", bad); err == nil {
+			t.Errorf("Remove(%q) accepted", bad)
+		}
+	}
+	if _, err := Enter("airlock", "x", For(64)); err == nil {
+		t.Error("relative parent accepted")
+	}
+}
+
+// helperEnv tells the test binary, started again, to be the helper.
+const helperEnv = "HOSTCG_TEST_HELPER"
+
+// TestHelperProcess is the process that enters an envelope (the calling
+// process moves, so it must not be the test binary running the tests).
+// It prints one JSON line per result.
+func TestHelperProcess(t *testing.T) {
+	mode := os.Getenv(helperEnv)
+	if mode == "" {
+		t.Skip("helper process only")
+	}
+	var lim Limits
+	if err := json.Unmarshal([]byte(os.Getenv(helperEnv+"_LIMITS")), &lim); err != nil {
+		fail(err)
+	}
+	e, err := Enter(os.Getenv(helperEnv+"_PARENT"), "sbx", lim)
+	if err != nil {
+		fail(err)
+	}
+	emit("entered", e.Path())
+	switch mode {
+	case "pids":
+		var started []*exec.Cmd
+		for range 60 {
+			c := exec.Command("sleep", "30")
+			if c.Start() != nil {
+				continue
+			}
+			started = append(started, c)
+		}
+		emit("started", len(started))
+		for _, c := range started {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	case "memory":
+		// Touch 4x the limit; the kernel must kill this process first.
+		var keep [][]byte
+		for range 4 * lim.MemoryBytes >> 20 {
+			b := make([]byte, 1<<20)
+			for i := range b {
+				b[i] = 1
+			}
+			keep = append(keep, b)
+		}
+		emit("survived", len(keep))
+	case "cpu":
+		stop := time.Now().Add(time.Second)
+		done := make(chan struct{})
+		for range runtime.NumCPU() {
+			go func() {
+				for time.Now().Before(stop) {
+				}
+				done <- struct{}{}
+			}()
+		}
+		for range runtime.NumCPU() {
+			<-done
+		}
+		s, err := e.Stats()
+		if err != nil {
+			fail(err)
+		}
+		emit("cpu_nanos", s.CPUNanos)
+		b, _ := os.ReadFile("/proc/self/cgroup")
+		cg := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if f := strings.SplitN(line, ":", 3); len(f) == 3 {
+				for _, c := range strings.Split(f[1], ",") {
+					cg[c] = f[2]
+				}
+			}
+		}
+		emit("cgroups", cg)
+	}
+	if err := e.Leave(); err != nil {
+		fail(err)
+	}
+	emit("left", true)
+	os.Exit(0)
+}
+
+func emit(k string, v any) {
+	b, _ := json.Marshal(map[string]any{k: v})
+	fmt.Println(string(b))
+}
+
+func fail(err error) {
+	emit("error", err.Error())
+	os.Exit(3)
+}
+
+// runHelper runs the helper in mode with lim under a fresh parent cgroup
+// and returns its results and its wait error.
+func runHelper(t *testing.T, mode string, lim Limits) (map[string]json.RawMessage, string, error) {
+	t.Helper()
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	parent := "/airlock-test-" + hex.EncodeToString(r[:])
+	t.Cleanup(func() {
+		if err := Remove(parent, "sbx"); err != nil {
+			t.Errorf("remove: %v", err)
+		}
+		_ = removeTree(parent)
+	})
+	b, _ := json.Marshal(lim)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.v=false")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperEnv+"_LIMITS="+string(b), helperEnv+"_PARENT="+parent)
+	out, err := cmd.Output()
+	res := map[string]json.RawMessage{}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(sc.Bytes(), &m) == nil {
+			for k, v := range m {
+				res[k] = v
+			}
+		}
+	}
+	if e, ok := res["error"]; ok {
+		t.Fatalf("helper: %s", e)
+	}
+	if _, ok := res["entered"]; !ok {
+		t.Fatalf("the helper never entered its envelope (%v): %s", err, out)
+	}
+	return res, parent, err
+}
+
+func requireCgroups(t *testing.T) {
+	testutil.RequireRoot(t)
+	if err := Check(); err != nil {
+		t.Skipf("no writable cgroup controllers here: %v", err)
+	}
+}
+
+func TestEnvelopePidsLimit(t *testing.T) {
+	requireCgroups(t)
+	lim := For(64)
+	lim.Pids = 24 // the helper's own threads count too
+	res, parent, err := runHelper(t, "pids", lim)
+	if err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	var n int
+	_ = json.Unmarshal(res["started"], &n)
+	if n == 0 || n >= 24 {
+		t.Fatalf("started %d sleeps under pids.max 24 (want 1..23)", n)
+	}
+	if _, ok := res["left"]; !ok {
+		t.Fatal("the helper did not leave")
+	}
+	assertGone(t, path.Join(parent, "sbx"))
+}
+
+func TestEnvelopeMemoryLimit(t *testing.T) {
+	requireCgroups(t)
+	lim := For(64)
+	lim.MemoryBytes = 64 << 20
+	res, parent, err := runHelper(t, "memory", lim)
+	if _, ok := res["survived"]; ok {
+		t.Fatalf("touched 256 MiB under a 64 MiB envelope and lived: %s", res["survived"])
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("helper: %v", err)
+	}
+	ws := ee.Sys().(syscall.WaitStatus)
+	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("helper ended with %v, want SIGKILL (the OOM killer)", ws)
+	}
+	e, err := Open(parent, "sbx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.OOMKills == 0 || st.MemoryPeakBytes > 64<<20 {
+		t.Fatalf("stats after the OOM kill: %+v", st)
+	}
+	// The dead helper left its envelope behind, empty: Remove cleans it.
+	if err := Remove(parent, "sbx"); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, path.Join(parent, "sbx"))
+}
+
+// TestEnvelopeCPU: the process is in the shared CPU group (the parent),
+// not in a CPU group of its own, and its CPU time is counted.
+func TestEnvelopeCPU(t *testing.T) {
+	requireCgroups(t)
+	res, parent, err := runHelper(t, "cpu", For(64))
+	if err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	var cg map[string]string
+	_ = json.Unmarshal(res["cgroups"], &cg)
+	cpuKey := "cpu"
+	if Version() == "v2" {
+		cpuKey = ""
+	}
+	if Version() == "v1" && cg["cpu"] != parent {
+		t.Errorf("cpu cgroup %q, want the shared %s", cg["cpu"], parent)
+	}
+	if want := parent + "/sbx/shim"; cg["memory"] != want && cg[cpuKey] != want {
+		t.Errorf("cgroups %v, want memory and pids in %s", cg, want)
+	}
+	var ns uint64
+	_ = json.Unmarshal(res["cpu_nanos"], &ns)
+	if cpuacctApart() || Version() == "v2" {
+		// NumCPU goroutines spinning for 1 s: about NumCPU seconds.
+		if ns < 500*uint64(time.Millisecond) {
+			t.Fatalf("the envelope counted %v of CPU for 1 s of spinning", time.Duration(ns))
+		}
+	}
+	t.Logf("%d goroutines spinning for 1 s: %v of CPU counted; cgroups %v", runtime.NumCPU(), time.Duration(ns), cg)
+}
+
+func assertGone(t *testing.T, p string) {
+	t.Helper()
+	roots := []string{"/sys/fs/cgroup"}
+	if Version() == "v1" {
+		roots = []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"}
+	}
+	for _, r := range roots {
+		if _, err := os.Stat(path.Join(r, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s still exists (%v)", path.Join(r, p), err)
+		}
+	}
+}
