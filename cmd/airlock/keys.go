@@ -33,6 +33,7 @@ func keysCmd(g *globals) *cobra.Command {
 	f.IntVar(&k.MaxVCPUs, "max-vcpus", 0, "total vCPUs of the tenant's live sandboxes (0: server default)")
 	f.IntVar(&k.MaxMemoryMiB, "max-memory-mb", 0, "total memory in MiB of the tenant's live sandboxes (0: server default)")
 	f.IntVar(&k.MaxDiskMiB, "max-disk-mb", 0, "total disk in MiB of the tenant's sandboxes (their disk sizes) and snapshots (0: server default, 65536)")
+	f.IntVar(&k.MaxSnapshots, "max-snapshots", 0, "named snapshots the tenant may keep (0: server default, 100)")
 	f.IntVar(&k.RatePerMin, "rate-per-min", 0, "API requests per minute for the tenant (0: server default)")
 	_ = create.MarkFlagRequired("tenant")
 
@@ -46,10 +47,10 @@ func keysCmd(g *globals) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTENANT\tADMIN\tREVOKED\tMAX_SANDBOXES\tMAX_VCPUS\tMAX_MEMORY_MB\tMAX_DISK_MB\tRATE_PER_MIN\tCREATED")
+			fmt.Fprintln(tw, "ID\tTENANT\tADMIN\tREVOKED\tMAX_SANDBOXES\tMAX_VCPUS\tMAX_MEMORY_MB\tMAX_DISK_MB\tMAX_SNAPSHOTS\tRATE_PER_MIN\tCREATED")
 			for _, k := range keys {
-				fmt.Fprintf(tw, "%s\t%s\t%t\t%t\t%d\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Tenant, k.Admin, k.Revoked,
-					k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.RatePerMin, k.Created.UTC().Format("2006-01-02T15:04:05Z"))
+				fmt.Fprintf(tw, "%s\t%s\t%t\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Tenant, k.Admin, k.Revoked,
+					k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.MaxSnapshots, k.RatePerMin, k.Created.UTC().Format("2006-01-02T15:04:05Z"))
 			}
 			return tw.Flush()
 		}),

@@ -157,7 +157,7 @@ func rootCmd(g *globals) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.diskReserve, "disk-reserve", "", "free space kept on the state dir's filesystem: creates, forks, pauses and snapshots that could use it are refused (e.g. 4G; 0: none; default: 5%, at least 2 GiB)")
 	hostCg := cmp.Or(os.Getenv("AIRLOCK_HOST_CGROUPS"), "auto")
-	root.PersistentFlags().StringVar(&g.hostCgroups, "host-cgroups", hostCg, "put each sandbox's VMM or sentry and its shim in a host cgroup with CPU, memory and pids limits from its size: auto (when the host's cgroups are writable), on (refuse to start without), off (env AIRLOCK_HOST_CGROUPS)")
+	root.PersistentFlags().StringVar(&g.hostCgroups, "host-cgroups", hostCg, "put each sandbox's VMM or sentry and its shim in a host cgroup with memory and pids limits from its size: auto (when the host's cgroups are writable), on (refuse to start without), off (env AIRLOCK_HOST_CGROUPS)")
 	rtName := os.Getenv("AIRLOCK_RUNTIME")
 	if rtName == "" {
 		rtName = "qemu"

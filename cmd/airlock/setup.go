@@ -193,15 +193,15 @@ func doctorCmd(g *globals) *cobra.Command {
 			}
 			switch err := hostcg.Check(); {
 			case g.hostCgroups == "off":
-				row(true, "host cgroups", "off (--host-cgroups off): sandboxes' VMMs and shims run without host CPU, memory and pids limits")
+				row(true, "host cgroups", "off (--host-cgroups off): sandboxes' VMMs and shims run without host memory and pids limits")
 			case err != nil && g.hostCgroups == "on":
 				row(false, "host cgroups", fmt.Sprintf("--host-cgroups on, but: %v", err))
 			case err != nil:
-				row(true, "host cgroups", fmt.Sprintf("NOT enforced (%v): sandboxes' VMMs and shims run without host CPU, memory and pids limits", err))
+				row(true, "host cgroups", fmt.Sprintf("NOT enforced (%v): sandboxes' VMMs and shims run without host memory and pids limits", err))
 			default:
 				l := hostcg.For(512)
-				row(true, "host cgroups", fmt.Sprintf("cgroup %s: each sandbox in %s/<id> (a 512 MiB sandbox: %d MiB, %d tasks), all in one CPU group %s",
-					hostcg.Version(), hostcg.DefaultParent, l.MemoryBytes>>20, l.Pids, hostcg.DefaultParent))
+				row(true, "host cgroups", fmt.Sprintf("cgroup %s: each sandbox in %s/<id> with memory and pids limits (a 512 MiB sandbox: %d MiB, %d tasks)",
+					hostcg.Version(), hostcg.DefaultParent, l.MemoryBytes>>20, l.Pids))
 			}
 			if p, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 				row(false, "qemu", "qemu-system-x86_64 not found: run `make deps` (apt-get install qemu-system-x86 qemu-utils)")

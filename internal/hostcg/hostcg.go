@@ -1,12 +1,10 @@
 // Package hostcg puts each sandbox's host processes in a host cgroup (its
 // envelope) with memory and pids limits derived from the sandbox's size,
-// and all sandboxes together in one CPU group, so that one sandbox cannot
-// starve the host or its neighbours (threats 88 and 101), even after a VMM
-// escape.
+// so that one sandbox cannot exhaust the host's memory or tasks or starve
+// its neighbours of them (threats 88 and 101), even after a VMM escape.
 //
 // Layout, the same under cgroup v1 (one directory per controller) and v2:
 //
-//	/airlock                       the CPU group of every sandbox (cpu)
 //	/airlock/<sandbox-id>          the envelope: memory and pids (For)
 //	/airlock/<sandbox-id>/shim     the shim, and the QEMU it starts
 //	/airlock/<sandbox-id>/<cid>    gVisor: runsc's own cgroup for the sentry
@@ -15,16 +13,18 @@
 // envelope from its first instruction. Processes live only in leaves (cgroup
 // v2's rule; v1 would allow more).
 //
-// CPU is shared on purpose. With a CPU group per sandbox (a CFS quota of
-// its vCPUs, shares per vCPU), a mostly idle 1-vCPU sandbox's exec beside a
-// neighbour burning its vCPUs took 1.3 to 20 times as long as without
-// (measured here, `make bench`): a group's weight on a CPU follows its
-// recent load, so a group that wakes from idle starts nearly weightless
-// against a busy one. Threads of one shared group compete one by one, as
-// without cgroups (0.97x), and the group as a whole is one entity against
-// the host's own processes, so no number of sandboxes starves the server.
-// A sandbox's CPU is bounded by its vCPU threads (QEMU) or by runsc's own
-// CPU quota (gVisor).
+// CPU is left out on purpose. A sandbox's CPU is already bounded by its
+// size: QEMU runs one thread per vCPU (plus I/O threads), and runsc puts
+// the sentry in a cgroup with a quota of its vCPUs. Two CPU groupings were
+// built and measured here (`make bench`, neighbour rows): a CPU group per
+// sandbox (quota of its vCPUs, shares per vCPU) made a mostly idle 1-vCPU
+// sandbox's exec beside a neighbour burning its vCPUs 1.3x to 20x slower,
+// and one CPU group shared by all sandboxes 1.45x to 1.86x slower, against
+// 1.0x to 1.1x without either: a group's weight on a CPU follows its recent
+// load, so work that wakes inside a group loses to a busy one. On v1 the
+// envelope has cpuacct (accounting only) where cpuacct is not mounted with
+// cpu; on v2 the envelope does not enable the cpu controller below the
+// parent.
 //
 // containerd's cgroups library does the cgroupfs work; no library type
 // crosses this package's API.
@@ -44,8 +44,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// DefaultParent is the cgroup under which each sandbox gets its envelope,
-// and the CPU group of all of them.
+// DefaultParent is the cgroup under which each sandbox gets its envelope.
 const DefaultParent = "/airlock"
 
 // Limits is one envelope's limits.
@@ -90,7 +89,7 @@ func (l Limits) resources() *specs.LinuxResources {
 }
 
 // controllers are the cgroup controllers an envelope uses.
-var controllers = []string{"cpu", "memory", "pids"}
+var controllers = []string{"memory", "pids"}
 
 // Check reports whether envelopes can be made on this host: nil, or an
 // error naming what is missing (no cgroupfs, a controller that is not
@@ -193,7 +192,7 @@ func Enter(parent, name string, lim Limits) (*Envelope, error) {
 	e := &Envelope{path: path.Join(parent, name)}
 	self := uint64(os.Getpid())
 	if cgroups.Mode() == cgroups.Unified {
-		// memory and pids below the parent; cpu stays the parent's.
+		// memory and pids below the parent; no cpu controller below it.
 		m, err := cgroup2.NewManager("/sys/fs/cgroup", e.path, cgroup2.ToResources(lim.resources()))
 		if err != nil {
 			return nil, fmt.Errorf("hostcg: create %s: %w", e.path, err)
@@ -212,14 +211,6 @@ func Enter(parent, name string, lim Limits) (*Envelope, error) {
 		}
 		e.v2 = m
 		return e, nil
-	}
-	// The shared CPU group first: then the envelope, and its leaf.
-	cpu, err := cgroup1.New(cgroup1.StaticPath(parent), &specs.LinuxResources{}, cgroup1.WithHierarchy(v1Shared))
-	if err == nil {
-		err = cpu.AddProc(self)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("hostcg: enter the CPU group %s: %w", parent, err)
 	}
 	c, err := cgroup1.New(cgroup1.StaticPath(e.path), lim.resources(), cgroup1.WithHierarchy(v1Envelope))
 	if err != nil {
@@ -266,14 +257,6 @@ func v1Envelope() ([]cgroup1.Subsystem, error) {
 	apart := cpuacctApart()
 	return v1Subsystems(func(n cgroup1.Name) bool {
 		return n == cgroup1.Memory || n == cgroup1.Pids || (n == cgroup1.Cpuacct && apart)
-	})
-}
-
-// v1Shared: cpu (and cpuacct where mounted with it).
-func v1Shared() ([]cgroup1.Subsystem, error) {
-	apart := cpuacctApart()
-	return v1Subsystems(func(n cgroup1.Name) bool {
-		return n == cgroup1.Cpu || (n == cgroup1.Cpuacct && !apart)
 	})
 }
 
@@ -426,7 +409,8 @@ func removeTree(p string) error {
 	if cgroups.Mode() == cgroups.Unified {
 		roots = []string{"/sys/fs/cgroup"}
 	} else {
-		for _, c := range append([]string{"cpuacct"}, controllers...) {
+		// cpu too: nothing is put there now, but an older build did.
+		for _, c := range append([]string{"cpu", "cpuacct"}, controllers...) {
 			roots = append(roots, path.Join("/sys/fs/cgroup", c))
 		}
 	}

@@ -16,12 +16,13 @@ type Limits struct {
 	MaxVCPUs     int
 	MaxMemoryMiB int
 	MaxDiskMiB   int // sandboxes' disk sizes plus snapshots' bytes, in MiB
+	MaxSnapshots int // named snapshots
 	RatePerMin   int // requests per minute (the HTTP API's rate limiter)
 }
 
 // DefaultLimits apply where neither a key nor the server sets a limit
 // (secure by default: no tenant is unlimited).
-var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 10, MaxDiskMiB: 64 << 10, RatePerMin: 1200}
+var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 10, MaxDiskMiB: 64 << 10, MaxSnapshots: 100, RatePerMin: 1200}
 
 // Or returns l with its zero fields taken from d.
 func (l Limits) Or(d Limits) Limits {
@@ -36,6 +37,7 @@ func (l Limits) Or(d Limits) Limits {
 		MaxVCPUs:     pick(l.MaxVCPUs, d.MaxVCPUs),
 		MaxMemoryMiB: pick(l.MaxMemoryMiB, d.MaxMemoryMiB),
 		MaxDiskMiB:   pick(l.MaxDiskMiB, d.MaxDiskMiB),
+		MaxSnapshots: pick(l.MaxSnapshots, d.MaxSnapshots),
 		RatePerMin:   pick(l.RatePerMin, d.RatePerMin),
 	}
 }
@@ -44,7 +46,7 @@ func (l Limits) Or(d Limits) Limits {
 // key's tenant, id and admin flag, and its limits with defaults (then
 // DefaultLimits) filling the ones it does not set.
 func KeyCaller(k store.APIKey, defaults Limits, via string) Caller {
-	own := Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, MaxDiskMiB: k.MaxDiskMiB, RatePerMin: k.RatePerMin}
+	own := Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, MaxDiskMiB: k.MaxDiskMiB, MaxSnapshots: k.MaxSnapshots, RatePerMin: k.RatePerMin}
 	return Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Limits: own.Or(defaults).Or(DefaultLimits), Via: via}
 }
 

@@ -103,7 +103,7 @@ func (m *Manager) spaceForState(ctx context.Context, c Caller, sb store.Sandbox,
 		return err
 	}
 	if lim := c.Limits.Or(DefaultLimits).MaxDiskMiB; used+sb.MemoryMiB > lim {
-		return &QuotaError{"max_disk_mb", used, sb.MemoryMiB, lim, " MiB"}
+		return &QuotaError{Quota: "max_disk_mb", Used: used, Need: sb.MemoryMiB, Max: lim, Unit: " MiB", What: what}
 	}
 	return nil
 }

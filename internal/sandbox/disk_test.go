@@ -2,7 +2,9 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,5 +99,38 @@ func TestThreat089DiskQuota(t *testing.T) {
 		t.Fatalf("bob: %v", err)
 	} else {
 		rel()
+	}
+}
+
+// TestSnapshotCountQuota: a tenant's named snapshots count toward
+// max_snapshots; one more past it is a quota error naming the figures,
+// refused before anything is saved; another tenant's do not count.
+func TestSnapshotCountQuota(t *testing.T) {
+	m := newTestManager(t)
+	ctx := t.Context()
+	m.statfs = func(string) (int64, int64, error) { return 1 << 40, 1 << 39, nil } // plenty
+	for i, name := range []string{"s0", "s1"} {
+		if err := m.Store.PutSnapshot(ctx, store.Snapshot{Tenant: "alice", Name: name, ID: fmt.Sprintf("%032x", i+1), SandboxID: "aaaaaaaaaaaa",
+			Image: "base", CPUs: 1, MemoryMiB: 512, DiskMiB: 2048, Size: 1 << 20, Created: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := m.Store.ListSnapshots(ctx, "alice", false)
+	_, err := m.Snapshot(ctx, Caller{Tenant: "alice", Limits: Limits{MaxSnapshots: 2}}, "aaaaaaaaaaaa", "s2", false)
+	var q *QuotaError
+	if !errors.As(err, &q) || q.Quota != "max_snapshots" || q.Used != 2 || q.Need != 1 || q.Max != 2 || !strings.Contains(err.Error(), "this snapshot needs 1 more") {
+		t.Fatalf("a third snapshot over max_snapshots 2: %v", err)
+	}
+	if after, _ := m.Store.ListSnapshots(ctx, "alice", false); len(after) != len(before) {
+		t.Fatalf("snapshots %d -> %d after a refusal", len(before), len(after))
+	}
+	if err := m.snapshotCount(ctx, Caller{Tenant: "alice", Limits: Limits{MaxSnapshots: 3}}, "alice"); err != nil {
+		t.Fatalf("a third under max_snapshots 3: %v", err)
+	}
+	if err := m.snapshotCount(ctx, Caller{Tenant: "bob", Limits: Limits{MaxSnapshots: 1}}, "bob"); err != nil {
+		t.Fatalf("bob has none: %v", err)
+	}
+	if err := m.snapshotCount(ctx, Local(), "alice"); err != nil {
+		t.Fatalf("the local user has no quota: %v", err)
 	}
 }

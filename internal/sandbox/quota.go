@@ -12,17 +12,22 @@ import (
 // QuotaError is a create refused by a tenant's quota. It is an
 // ErrResourceExhausted; its Detail names only the tenant's own numbers.
 type QuotaError struct {
-	Quota string // max_sandboxes, max_vcpus, max_memory_mb or max_disk_mb
+	Quota string // max_sandboxes, max_vcpus, max_memory_mb, max_disk_mb or max_snapshots
 	Used  int    // what the tenant's sandboxes (and creates in flight) use
 	Need  int    // what the refused sandbox needs
 	Max   int    // the quota
 	Unit  string // "" or " MiB"
+	What  string // what needs it: "" for "this sandbox"
 }
 
 // Detail describes the refusal: "max_vcpus: the tenant uses 2 of 4; this
 // sandbox needs 4 more".
 func (e *QuotaError) Detail() string {
-	return fmt.Sprintf("%s: the tenant uses %d%s of %d%s; this sandbox needs %d%s more", e.Quota, e.Used, e.Unit, e.Max, e.Unit, e.Need, e.Unit)
+	what := e.What
+	if what == "" {
+		what = "this sandbox"
+	}
+	return fmt.Sprintf("%s: the tenant uses %d%s of %d%s; %s needs %d%s more", e.Quota, e.Used, e.Unit, e.Max, e.Unit, what, e.Need, e.Unit)
 }
 
 func (e *QuotaError) Error() string { return errdefs.ErrResourceExhausted.Error() + ": " + e.Detail() }
@@ -89,13 +94,13 @@ func (q *Quotas) Reserve(c Caller, owner string, live []store.Sandbox, snapMiB, 
 	for range n {
 		switch {
 		case use.MaxSandboxes+1 > lim.MaxSandboxes:
-			return nil, &QuotaError{"max_sandboxes", use.MaxSandboxes, 1, lim.MaxSandboxes, ""}
+			return nil, &QuotaError{Quota: "max_sandboxes", Used: use.MaxSandboxes, Need: 1, Max: lim.MaxSandboxes, Unit: ""}
 		case use.MaxVCPUs+cpus > lim.MaxVCPUs:
-			return nil, &QuotaError{"max_vcpus", use.MaxVCPUs, cpus, lim.MaxVCPUs, ""}
+			return nil, &QuotaError{Quota: "max_vcpus", Used: use.MaxVCPUs, Need: cpus, Max: lim.MaxVCPUs, Unit: ""}
 		case use.MaxMemoryMiB+memMiB > lim.MaxMemoryMiB:
-			return nil, &QuotaError{"max_memory_mb", use.MaxMemoryMiB, memMiB, lim.MaxMemoryMiB, " MiB"}
+			return nil, &QuotaError{Quota: "max_memory_mb", Used: use.MaxMemoryMiB, Need: memMiB, Max: lim.MaxMemoryMiB, Unit: " MiB"}
 		case use.MaxDiskMiB+diskMiB > lim.MaxDiskMiB:
-			return nil, &QuotaError{"max_disk_mb", use.MaxDiskMiB, diskMiB, lim.MaxDiskMiB, " MiB"}
+			return nil, &QuotaError{Quota: "max_disk_mb", Used: use.MaxDiskMiB, Need: diskMiB, Max: lim.MaxDiskMiB, Unit: " MiB"}
 		}
 		use.MaxSandboxes++
 		use.MaxVCPUs += cpus

@@ -59,6 +59,9 @@ func (m *Manager) Snapshot(ctx context.Context, c Caller, id, name string, force
 	if err := m.spaceForState(ctx, c, sb, "this snapshot"); err != nil {
 		return store.Snapshot{}, err
 	}
+	if err := m.snapshotCount(ctx, c, sb.Tenant); err != nil {
+		return store.Snapshot{}, err
+	}
 	start := time.Now()
 	sn, err := m.snapshot(ctx, id, name, force)
 	if err != nil {
@@ -473,4 +476,26 @@ func dirUsage(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// snapshotCount refuses a new named snapshot of tenant past c's
+// max_snapshots (the local user has no quota).
+func (m *Manager) snapshotCount(ctx context.Context, c Caller, tenant string) error {
+	if c.Tenant == "" {
+		return nil
+	}
+	snaps, err := m.Store.ListSnapshots(ctx, tenant, false)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, sn := range snaps {
+		if sn.Name != "" {
+			n++
+		}
+	}
+	if lim := c.Limits.Or(DefaultLimits).MaxSnapshots; n+1 > lim {
+		return &QuotaError{Quota: "max_snapshots", Used: n, Need: 1, Max: lim, What: "this snapshot"}
+	}
+	return nil
 }

@@ -90,7 +90,7 @@ type Config struct {
 	// `airlock shim` sets it, from envknob.TestDialMap.
 	TestDialMap string
 	// HostCgroupParent, if set, is the host cgroup under which the shim
-	// makes the sandbox's envelope (hostcg: CPU, memory and pids limits
+	// makes the sandbox's envelope (hostcg: memory and pids limits
 	// from its size) and enters it before the VMM or sentry starts.
 	HostCgroupParent string
 	// HostCgroupRequired fails the start when the envelope cannot be

@@ -229,10 +229,13 @@ var migrations = []string{
 	// v8: a tenant's disk quota.
 	`ALTER TABLE api_keys ADD COLUMN max_disk_mb INTEGER NOT NULL DEFAULT 0;
 	PRAGMA user_version = 8;`,
+	// v9: a tenant's snapshot count quota.
+	`ALTER TABLE api_keys ADD COLUMN max_snapshots INTEGER NOT NULL DEFAULT 0;
+	PRAGMA user_version = 9;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 8
+const schemaVersion = 9
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
