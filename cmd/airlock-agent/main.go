@@ -16,9 +16,6 @@ import (
 var version = "dev"
 
 func main() {
-	if len(os.Args) > 0 && os.Args[0] == agent.ExecInitName {
-		agent.ExecInit() // the envelope of one exec; never returns
-	}
 	level := new(slog.LevelVar)
 	// The console is the guest's serial port: the host keeps it as the
 	// sandbox's boot log.

@@ -306,16 +306,9 @@ func (sp *ctxSpawn) spawn(path string, argv []string, stdin, stdout, stderr *os.
 		sys.UseCgroupFD, sys.CgroupFD = true, p.cg.FD()
 	}
 	attr := &syscall.ProcAttr{Dir: sp.cwd, Env: sp.env, Files: files, Sys: sys}
-	var status *os.File
-	closeW := func() {}
+	launch := direct
 	if s.guest && p.cg != nil && os.Geteuid() == 0 {
-		var err error
-		path, argv, status, closeW, err = envelope(path, argv, attr, sp.id)
-		if err != nil {
-			p.cg.Release()
-			return nil, sysError("pipe", err)
-		}
-		defer closeW()
+		launch = enveloped(sys)
 	}
 	pid, done, err := s.reaper.Start(func() (int, error) {
 		if s.guest {
@@ -323,23 +316,13 @@ func (sp *ctxSpawn) spawn(path string, argv []string, stdin, stdout, stderr *os.
 			defer setOOMScoreAdj(s.log, "-1000")
 		}
 		p.start = time.Now()
-		return syscall.ForkExec(path, argv, attr)
+		return launch(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	})
 	if err != nil {
 		if p.cg != nil {
 			p.cg.Release()
 		}
-		if status != nil {
-			status.Close()
-		}
 		return nil, sysError("start interpreter", err)
-	}
-	if status != nil {
-		closeW()
-		if err := startStatus(status); err != nil {
-			p.cg.Release()
-			return nil, sysError("start interpreter", err)
-		}
 	}
 	p.pid, p.done = pid, done
 	return p, nil

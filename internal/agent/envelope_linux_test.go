@@ -15,14 +15,20 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
-// runEnveloped starts path/argv through the envelope (the test binary, see
-// TestMain) as id and returns its stdout, or the start's error.
+// runEnveloped starts path/argv as id through a launcher (as the guest
+// agent starts an exec: from the launcher's thread, in a new cgroup
+// namespace) and returns its stdout, or the start's error.
 func runEnveloped(t *testing.T, id identity, path string, argv ...string) (string, error) {
 	return runEnvelopedIn(t, id, "", path, argv...)
 }
 
 func runEnvelopedIn(t *testing.T, id identity, dir, path string, argv ...string) (string, error) {
 	t.Helper()
+	l := newLauncher(false)
+	defer l.close()
+	if l.err != nil {
+		t.Fatal(l.err)
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -37,26 +43,18 @@ func runEnvelopedIn(t *testing.T, id identity, dir, path string, argv ...string)
 		Dir:   dir,
 		Env:   []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		Files: []uintptr{null.Fd(), outW.Fd(), null.Fd()},
-		Sys:   &syscall.SysProcAttr{Setsid: true},
+		Sys: &syscall.SysProcAttr{Setsid: true, Unshareflags: syscall.CLONE_NEWCGROUP,
+			Credential: &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}},
 	}
-	exe, args, status, closeW, err := envelope(path, argv, attr, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := syscall.ForkExec(exe, args, attr)
-	closeW()
+	pid, err := l.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	outW.Close()
 	if err != nil {
-		status.Close()
-		t.Fatal(err)
+		return "", err
 	}
 	defer func() {
 		var ws syscall.WaitStatus
 		_, _ = syscall.Wait4(pid, &ws, 0, nil)
 	}()
-	if err := startStatus(status); err != nil {
-		return "", err
-	}
 	out, err := io.ReadAll(outR)
 	if err != nil {
 		t.Fatal(err)
@@ -122,8 +120,8 @@ mount -t tmpfs none /mnt 2>/dev/null && echo ESCAPED:mount || echo held:mount
 	}
 }
 
-// TestEnvelopeStartErrors: what the envelope cannot execute comes back as
-// the errno a direct start returns, not as an exit status.
+// TestEnvelopeStartErrors: what cannot be executed comes back as the errno
+// of the start, not as an exit status.
 func TestEnvelopeStartErrors(t *testing.T) {
 	testutil.RequireRoot(t)
 	root := identity{uid: 0, gid: 0, groups: []uint32{0}}

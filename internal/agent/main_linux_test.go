@@ -20,9 +20,6 @@ import (
 
 // TestMain fails the package if the services leave goroutines behind.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 0 && os.Args[0] == ExecInitName {
-		ExecInit() // the test binary as the exec envelope (envelope_linux_test.go)
-	}
 	code := m.Run()
 	if code == 0 {
 		if leaked := leakedGoroutines(2 * time.Second); leaked != "" {

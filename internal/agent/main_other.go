@@ -11,9 +11,3 @@ import (
 func Main(*slog.Logger, *slog.LevelVar, string) error {
 	return errors.New("airlock-agent runs only on Linux")
 }
-
-// ExecInitName is argv[0] of the exec envelope (Linux only).
-const ExecInitName = "airlock-exec-init"
-
-// ExecInit exists only for Linux.
-func ExecInit() {}

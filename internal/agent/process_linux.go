@@ -130,15 +130,9 @@ func (s *execService) spawn(spec *execSpec) (_ *process, err error) {
 		Sys:   sys,
 	}
 	path, argv := spec.path, spec.argv
-	var status *os.File
-	closeW := func() {}
+	launch := direct
 	if s.guest && p.cg != nil && os.Geteuid() == 0 {
-		path, argv, status, closeW, err = envelope(path, argv, attr, spec.id)
-		if err != nil {
-			return nil, sysError("pipe", err)
-		}
-		defer closeW()
-		cleanup = append(cleanup, func() { status.Close() })
+		launch = enveloped(sys)
 	}
 	pid, done, err := s.reaper.Start(func() (int, error) {
 		if s.guest {
@@ -149,18 +143,10 @@ func (s *execService) spawn(spec *execSpec) (_ *process, err error) {
 			defer setOOMScoreAdj(s.log, "-1000")
 		}
 		p.start = time.Now()
-		return syscall.ForkExec(path, argv, attr)
+		return launch(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	})
 	if err != nil {
 		return nil, sysError("start process", err)
-	}
-	if status != nil {
-		// The envelope runs before the exec's program: its failures are
-		// the start's (no such executable, not executable, ...).
-		closeW()
-		if err := startStatus(status); err != nil {
-			return nil, sysError("start process", err)
-		}
 	}
 	p.pid, p.done = pid, done
 	return p, nil

@@ -77,8 +77,8 @@ func TestThreat018GuestRootStaysInItsExec(t *testing.T) {
 	if got := e.must(t, "exec", id, "--", "echo", "alive"); got != "alive\n" {
 		t.Fatalf("the agent did not answer after the attack: %q", got)
 	}
-	// The envelope (a Go program with several threads) enters the exec
-	// cgroup by migration, so even a limit of one task lets the exec start.
+	// The exec is forked into its cgroup as one task, so even a limit of
+	// one task lets it start.
 	if got := e.must(t, "exec", "--pids-limit", "1", id, "--", "echo", "one"); got != "one\n" {
 		t.Fatalf("--pids-limit 1: %q", got)
 	}
