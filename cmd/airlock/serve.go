@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -30,6 +31,9 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			closeMCP, err := mountMCP(g, s, m)
 			if err != nil {
+				return err
+			}
+			if err := e2b.Register(s, e2b.Config{Sandboxes: m, Log: g.log}); err != nil {
 				return err
 			}
 			ln, err := net.Listen("tcp", listen)

@@ -449,3 +449,35 @@ func TestThreat108TokenScopeAndRotation(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyInXAPIKeyHeader: a key is accepted in X-API-KEY (how E2B's SDKs
+// send it) as in Authorization; a wrong one is refused; when both headers
+// are set, Authorization decides.
+func TestKeyInXAPIKeyHeader(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	get := func(hdr map[string]string) int {
+		req, err := http.NewRequestWithContext(t.Context(), "GET", h.url+"/v1/sandboxes", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		res, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if c := get(map[string]string{"X-API-KEY": h.alice}); c != http.StatusOK {
+		t.Errorf("X-API-KEY with a good key: %d", c)
+	}
+	if c := get(map[string]string{"X-API-KEY": h.alice + "x"}); c != http.StatusUnauthorized {
+		t.Errorf("X-API-KEY with a bad key: %d", c)
+	}
+	if c := get(map[string]string{"Authorization": "Bearer " + h.alice + "x", "X-API-KEY": h.alice}); c != http.StatusUnauthorized {
+		t.Errorf("a bad Authorization beside a good X-API-KEY: %d", c)
+	}
+}

@@ -45,11 +45,16 @@ func CallerOf(ctx context.Context) (sandbox.Caller, bool) {
 	return a.caller, ok
 }
 
-// authenticate requires a valid Bearer key, then applies its tenant's rate
-// limit. Failures are audited as auth.denied, without the key.
+// authenticate requires a valid key (Authorization: Bearer, or X-API-KEY
+// as E2B's SDKs send it), then applies its tenant's rate limit. Failures are audited as auth.denied, without the key.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			// The header E2B's SDKs send the key in.
+			tok = r.Header.Get("X-API-KEY")
+			ok = tok != ""
+		}
 		var k store.APIKey
 		err := store.ErrBadKey
 		if ok {

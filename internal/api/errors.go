@@ -97,6 +97,15 @@ func publicError(err error) *Error {
 	return &Error{http.StatusInternalServerError, "internal", "internal error"}
 }
 
+// PublicError is err as the API shows it (status, code, message), for
+// adapters that answer in another envelope (the E2B surface): the same
+// categories and the same care not to leak more than the caller's own
+// values.
+func PublicError(err error) (status int, code, message string) {
+	e := publicError(err)
+	return e.Status, e.Code, e.Message
+}
+
 // fail answers r with err's public face and logs the detail.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	e := publicError(err)

@@ -72,6 +72,10 @@ type Server struct {
 	// audit trail, so unauthenticated floods cannot fill the catalog.
 	deniedAudit *rate.Limiter
 
+	// byHeader routes requests that carry a header to another handler
+	// (RouteByHeader), ahead of the route table.
+	byHeader []headerRoute
+
 	mu sync.Mutex
 	// limiters are the per-tenant request buckets.
 	limiters map[string]*rate.Limiter
@@ -164,6 +168,19 @@ func (s *Server) HandleAuthenticated(pattern string, h http.Handler) {
 	s.mux.Handle(pattern, s.instrument(pattern, s.authenticate(h)))
 }
 
+type headerRoute struct {
+	header string
+	h      http.Handler
+}
+
+// RouteByHeader serves every request that carries header (any value) with
+// h instead of the route table: E2B's SDKs send in-sandbox traffic to the
+// same origin as the control plane and tell it apart by E2b-Sandbox-Id. h
+// does its own authentication. Call it before serving.
+func (s *Server) RouteByHeader(header string, h http.Handler) {
+	s.byHeader = append(s.byHeader, headerRoute{header, s.instrument("header "+header, h)})
+}
+
 // KeyOf returns the key a request was authenticated with.
 func KeyOf(ctx context.Context) (store.APIKey, bool) {
 	a, ok := ctx.Value(keyCtx{}).(authed)
@@ -184,6 +201,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, errors.New("panic"))
 		}
 	}()
+	for _, hr := range s.byHeader {
+		if r.Header.Get(hr.header) != "" {
+			hr.h.ServeHTTP(w, r)
+			return
+		}
+	}
 	s.mux.ServeHTTP(w, r)
 }
 

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"database/sql"
-	"encoding/base32"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -38,11 +37,18 @@ type APIKey struct {
 var ErrBadKey = errors.New("invalid API key")
 
 var (
-	keyEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
-	tenantRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-	keyIDRE     = regexp.MustCompile(`^[a-z2-7]{8}$`)
-	secretRE    = regexp.MustCompile(`^[a-z2-7]{32}$`)
+	tenantRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	// Keys made before 2026-11-25: al_<8 base32 id>_<32 base32 secret>.
+	keyIDRE  = regexp.MustCompile(`^[a-z2-7]{8}$`)
+	secretRE = regexp.MustCompile(`^[a-z2-7]{32}$`)
+	// Keys made since: e2b_<10 hex id><40 hex secret>, the shape the E2B
+	// SDKs up to 2.45 require of a key (/^e2b_[0-9a-f]+$/) before sending it.
+	hexKeyRE = regexp.MustCompile(`^e2b_([0-9a-f]{10})([0-9a-f]{40})$`)
+	hexIDRE  = regexp.MustCompile(`^[0-9a-f]{10}$`)
 )
+
+// ValidKeyID reports whether id has the shape of a key id (either kind).
+func ValidKeyID(id string) bool { return keyIDRE.MatchString(id) || hexIDRE.MatchString(id) }
 
 // ValidateTenant checks a tenant name: 1-63 of [a-z0-9_-], starting with a
 // letter or digit.
@@ -59,8 +65,9 @@ func hashSecret(secret string) string {
 }
 
 // CreateKey records a new key for k.Tenant with k's flags and limits and
-// returns the record and the key ("al_<id>_<secret>"), which is shown once:
-// only its hash is kept.
+// returns the record and the key ("e2b_<id><secret>", 10 and 40 hex
+// digits: 40 bits of id, 160 of secret), which is shown once: only its
+// hash is kept. Keys of the older form "al_<id>_<secret>" still work.
 func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, string, error) {
 	if err := ValidateTenant(k.Tenant); err != nil {
 		return k, "", err
@@ -71,8 +78,8 @@ func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, string, error)
 	idb, secb := make([]byte, 5), make([]byte, 20)
 	_, _ = rand.Read(idb) // crypto/rand.Read never fails (go1.24)
 	_, _ = rand.Read(secb)
-	k.ID, k.Revoked = keyEncoding.EncodeToString(idb), false
-	secret := keyEncoding.EncodeToString(secb)
+	k.ID, k.Revoked = hex.EncodeToString(idb), false
+	secret := hex.EncodeToString(secb)
 	if k.Created.IsZero() {
 		k.Created = time.Now()
 	}
@@ -82,7 +89,7 @@ func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, string, error)
 	if err != nil {
 		return k, "", fmt.Errorf("create key: %w", err)
 	}
-	return k, "al_" + k.ID + "_" + secret, nil
+	return k, "e2b_" + k.ID + secret, nil
 }
 
 const keyCols = `id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min`
@@ -134,10 +141,16 @@ var dummyHash = hashSecret("")
 // failure (malformed, unknown id, wrong secret, revoked) is ErrBadKey; the
 // secret is compared in constant time.
 func (s *Store) LookupKey(ctx context.Context, key string) (APIKey, error) {
-	rest, ok := strings.CutPrefix(key, "al_")
-	id, secret, ok2 := strings.Cut(rest, "_")
-	if !ok || !ok2 || !keyIDRE.MatchString(id) || !secretRE.MatchString(secret) {
-		return APIKey{}, ErrBadKey
+	var id, secret string
+	if m := hexKeyRE.FindStringSubmatch(key); m != nil {
+		id, secret = m[1], m[2]
+	} else {
+		rest, ok := strings.CutPrefix(key, "al_")
+		var ok2 bool
+		id, secret, ok2 = strings.Cut(rest, "_")
+		if !ok || !ok2 || !keyIDRE.MatchString(id) || !secretRE.MatchString(secret) {
+			return APIKey{}, ErrBadKey
+		}
 	}
 	k, hash, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys WHERE id=?`, id))
 	switch {

@@ -22,7 +22,7 @@ func TestKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`^al_[a-z2-7]{8}_[a-z2-7]{32}$`).MatchString(key) || key[3:11] != k.ID {
+	if !regexp.MustCompile(`^e2b_[0-9a-f]{50}$`).MatchString(key) || key[4:14] != k.ID || !ValidKeyID(k.ID) {
 		t.Fatalf("key %q (id %q) has the wrong shape", key, k.ID)
 	}
 	got, err := s.LookupKey(ctx, key)
@@ -30,13 +30,13 @@ func TestKeys(t *testing.T) {
 		t.Fatalf("LookupKey = %+v, %v", got, err)
 	}
 	wrong := key[:len(key)-1] + map[bool]string{true: "b", false: "a"}[key[len(key)-1] == 'a']
-	for _, bad := range []string{"", "al_", key + "x", wrong, "al_aaaaaaaa_" + key[12:], "Bearer " + key} {
+	for _, bad := range []string{"", "al_", "e2b_", key + "x", key + "0", key[:len(key)-1], wrong, "e2b_0000000000" + key[14:], "E2B_" + key[4:], "Bearer " + key} {
 		if _, err := s.LookupKey(ctx, bad); !errors.Is(err, ErrBadKey) {
 			t.Errorf("LookupKey(%q) = %v, want ErrBadKey", bad, err)
 		}
 	}
 	var hash string
-	if err := s.db.QueryRowContext(ctx, `SELECT hash FROM api_keys WHERE id=?`, k.ID).Scan(&hash); err != nil || hash != hashSecret(key[12:]) {
+	if err := s.db.QueryRowContext(ctx, `SELECT hash FROM api_keys WHERE id=?`, k.ID).Scan(&hash); err != nil || hash != hashSecret(key[14:]) {
 		t.Fatalf("stored hash %q, %v", hash, err)
 	}
 	if err := s.RevokeKey(ctx, k.ID); err != nil {

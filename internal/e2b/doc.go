@@ -1,0 +1,31 @@
+// Package e2b serves the control-plane REST API of E2B (the routes E2B's
+// official SDKs call to create, connect to, list, inspect, time out, pause
+// and kill sandboxes) over airlock's control plane, so that a program
+// written against `e2b` on npm or PyPI runs on airlock with E2B_API_URL,
+// E2B_SANDBOX_URL and E2B_API_KEY set.
+//
+// It is an adapter: it translates E2B's JSON to the manager's calls
+// (api.Sandboxes) for the caller the API authenticated (keys in X-API-KEY,
+// tenants, quotas, rate limits and audit exactly as for /v1) and the
+// manager's answers and errors back to E2B's shapes ({"code": <status>,
+// "message": ...}; a missing sandbox is 404 with code 404, which the SDK's
+// kill() reads as false). It decides nothing.
+//
+// Mapping:
+//   - templateID is an airlock image name; "code-interpreter-v1" (the
+//     default of @e2b/code-interpreter) is the image "base", which has
+//     Python and a Jupyter kernel.
+//   - timeout (seconds; 300 when omitted) is the sandbox's lifetime;
+//     envVars its default environment; metadata its metadata;
+//     allow_internet_access false its network mode "deny".
+//   - E2B's "running" is airlock's creating, running or resuming; "paused"
+//     is pausing or paused; failed sandboxes are not listed.
+//   - connect resumes a paused sandbox (201) or answers a running one
+//     (200), and sets its timeout when asked.
+//
+// Not served yet (see the README): the in-sandbox API (envd: commands,
+// files, watch; the code interpreter's /execute), which E2B's SDKs reach
+// with an E2b-Sandbox-Id header and which is answered 501; metrics,
+// network updates, snapshots and fork through E2B's routes; autoPause,
+// lifecycle, volumeMounts and network rules of a create, which are ignored.
+package e2b

@@ -1,0 +1,522 @@
+package e2b
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// EnvdVersion is the envd version airlock reports. E2B's SDKs refuse a
+// sandbox below 0.1.0 and take their modern paths (a default user,
+// closeStdin, octet-stream uploads) from 0.5.7.
+const EnvdVersion = "0.5.7"
+
+// DefaultTimeout is a create's lifetime when the request sets none (E2B's
+// default; SDK 2.51 omits the field unless the user gives one).
+const DefaultTimeout = 300 * time.Second
+
+// maxBody caps every JSON request body.
+const maxBody = 1 << 20
+
+// Config is what the adapter needs.
+type Config struct {
+	// Sandboxes is the manager (the same one /v1 uses).
+	Sandboxes api.Sandboxes
+	// Domain is returned as each sandbox's domain ("" returns null, and
+	// the SDK keeps its E2B_DOMAIN).
+	Domain string
+	Log    *slog.Logger
+}
+
+// Register mounts E2B's control-plane routes on srv, behind its key check
+// and rate limit. Call it before serving.
+func Register(srv *api.Server, cfg Config) error {
+	if cfg.Sandboxes == nil {
+		return errors.New("e2b: Sandboxes is required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	h := &handler{cfg: cfg}
+	srv.RouteByHeader("E2b-Sandbox-Id", http.HandlerFunc(notServedYet))
+	for _, rt := range []struct {
+		pattern string
+		fn      func(http.ResponseWriter, *http.Request, sandbox.Caller)
+	}{
+		{"POST /sandboxes", h.create},
+		{"POST /v2/sandboxes", h.create},
+		{"GET /sandboxes", h.list},
+		{"GET /v2/sandboxes", h.list},
+		{"GET /sandboxes/{id}", h.get},
+		{"DELETE /sandboxes/{id}", h.kill},
+		{"POST /sandboxes/{id}/timeout", h.setTimeout},
+		{"POST /sandboxes/{id}/connect", h.connect},
+		{"POST /v2/sandboxes/{id}/connect", h.connect},
+		{"POST /sandboxes/{id}/resume", h.connect},
+		{"POST /sandboxes/{id}/pause", h.pause},
+	} {
+		fn := rt.fn
+		srv.HandleAuthenticated(rt.pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c, ok := api.CallerOf(r.Context())
+			if !ok {
+				writeError(w, http.StatusUnauthorized, "unauthenticated")
+				return
+			}
+			c.Via = "e2b"
+			fn(w, r, c)
+		}))
+	}
+	return nil
+}
+
+type handler struct {
+	cfg Config
+}
+
+// Sandbox is E2B's answer to a create or connect.
+type Sandbox struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	Alias              *string `json:"alias,omitempty"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    *string `json:"envdAccessToken,omitempty"`
+	Domain             *string `json:"domain"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+}
+
+// ListedSandbox is one entry of a list.
+type ListedSandbox struct {
+	SandboxID    string            `json:"sandboxID"`
+	TemplateID   string            `json:"templateID"`
+	ClientID     string            `json:"clientID"`
+	Alias        *string           `json:"alias,omitempty"`
+	Metadata     map[string]string `json:"metadata"`
+	StartedAt    time.Time         `json:"startedAt"`
+	EndAt        time.Time         `json:"endAt"`
+	State        string            `json:"state"`
+	CPUCount     int               `json:"cpuCount"`
+	MemoryMB     int               `json:"memoryMB"`
+	DiskSizeMB   int               `json:"diskSizeMB"`
+	EnvdVersion  string            `json:"envdVersion"`
+	VolumeMounts []any             `json:"volumeMounts"`
+}
+
+// SandboxDetail is the answer to a get.
+type SandboxDetail struct {
+	ListedSandbox
+	AllowInternetAccess bool            `json:"allowInternetAccess"`
+	Domain              *string         `json:"domain"`
+	Lifecycle           map[string]any  `json:"lifecycle"`
+	Network             json.RawMessage `json:"network,omitempty"`
+}
+
+// clientID is what E2B's schema requires and no SDK reads.
+const clientID = "airlock"
+
+func (h *handler) domain() *string {
+	if h.cfg.Domain == "" {
+		return nil
+	}
+	d := h.cfg.Domain
+	return &d
+}
+
+// newSandboxRequest is E2B's NewSandbox (v1) and NewSandboxV2: the fields
+// airlock maps, and the ones it refuses rather than ignore.
+type newSandboxRequest struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int              `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *struct {
+		AllowOut           []string        `json:"allowOut"`
+		DenyOut            []string        `json:"denyOut"`
+		Rules              json.RawMessage `json:"rules"`
+		EgressProxy        json.RawMessage `json:"egressProxy"`
+		AllowPublicTraffic *bool           `json:"allowPublicTraffic"`
+	} `json:"network"`
+	VolumeMounts []json.RawMessage `json:"volumeMounts"`
+	MCP          json.RawMessage   `json:"mcp"`
+}
+
+// templateImages maps E2B's well-known template names to airlock images.
+var templateImages = map[string]string{
+	"code-interpreter-v1": "base",
+	"code-interpreter":    "base",
+}
+
+func (h *handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	var req newSandboxRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	switch {
+	case req.Network != nil && (len(req.Network.AllowOut) > 0 || len(req.Network.DenyOut) > 0 || len(req.Network.Rules) > 0 && string(req.Network.Rules) != "null" && string(req.Network.Rules) != "{}" || len(req.Network.EgressProxy) > 0 && string(req.Network.EgressProxy) != "null"):
+		writeError(w, http.StatusBadRequest, "network.allowOut, denyOut, rules and egressProxy are not supported by airlock's E2B surface yet; use allow_internet_access, or airlock's /v1 API for egress rules")
+		return
+	case len(req.VolumeMounts) > 0:
+		writeError(w, http.StatusBadRequest, "volumeMounts are not supported by airlock yet")
+		return
+	case len(req.MCP) > 0 && string(req.MCP) != "null":
+		writeError(w, http.StatusBadRequest, "mcp is not supported by airlock's E2B surface")
+		return
+	}
+	timeout := DefaultTimeout
+	if req.Timeout != nil {
+		if *req.Timeout < 1 || *req.Timeout > int(sandbox.MaxTimeout/time.Second) {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", int(sandbox.MaxTimeout/time.Second)))
+			return
+		}
+		timeout = time.Duration(*req.Timeout) * time.Second
+	}
+	tmpl := req.TemplateID
+	if tmpl == "" {
+		tmpl = "base"
+	}
+	image := tmpl
+	if im, ok := templateImages[tmpl]; ok {
+		image = im
+	}
+	o := sandbox.CreateOptions{Image: image, Timeout: timeout, Metadata: req.Metadata, Env: req.EnvVars}
+	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
+		o.Network.Mode = "deny"
+	}
+	sb, err := h.cfg.Sandboxes.Create(r.Context(), c, o)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("template %q not found: build or import an airlock image of that name", tmpl))
+			return
+		}
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, h.sandbox(sb, tmpl))
+}
+
+func (h *handler) sandbox(sb store.Sandbox, tmpl string) Sandbox {
+	return Sandbox{SandboxID: sb.ID, TemplateID: tmpl, ClientID: clientID, EnvdVersion: EnvdVersion, Domain: h.domain()}
+}
+
+// state is sb's state in E2B's terms, "" for one E2B does not show.
+func state(sb store.Sandbox) string {
+	switch sb.State {
+	case store.StateCreating, store.StateRunning, store.StateResuming:
+		return "running"
+	case store.StatePausing, store.StatePaused:
+		return "paused"
+	}
+	return ""
+}
+
+func listed(sb store.Sandbox) ListedSandbox {
+	end := sb.ExpiresAt
+	if sb.State == store.StatePaused {
+		end = time.Now().Add(sb.LifetimeLeft)
+	}
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return ListedSandbox{
+		SandboxID: sb.ID, TemplateID: sb.Image, ClientID: clientID, Metadata: md,
+		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(), State: state(sb),
+		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.DiskMiB, EnvdVersion: EnvdVersion,
+		VolumeMounts: []any{},
+	}
+}
+
+func (h *handler) get(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	sb, err := h.cfg.Sandboxes.Get(r.Context(), c, r.PathValue("id"))
+	if err == nil && state(sb) == "" {
+		err = sandbox.ErrNoSandbox // failed: E2B knows no such state
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	d := SandboxDetail{ListedSandbox: listed(sb), AllowInternetAccess: sb.Network.Mode != "deny" && sb.Network.Mode != "none" && len(sb.Network.Allow) == 0,
+		Domain: h.domain(), Lifecycle: map[string]any{"onTimeout": "kill", "autoResume": false}}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// list serves GET /v2/sandboxes (and the v1 route older SDKs call):
+// state (a comma list) and metadata filters, newest first, limit and
+// nextToken (the id of the last entry of the previous page, in
+// X-Next-Token).
+func (h *handler) list(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	q := r.URL.Query()
+	states := []string{"running", "paused"}
+	if v := q.Get("state"); v != "" {
+		states = strings.Split(v, ",")
+		for _, s := range states {
+			if s != "running" && s != "paused" {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q: want running or paused", s))
+				return
+			}
+		}
+	}
+	md, err := metadataFilter(q.Get("metadata"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			writeError(w, http.StatusBadRequest, "limit must be between 1 and 1000")
+			return
+		}
+		limit = n
+	}
+	sbs, err := h.cfg.Sandboxes.List(r.Context(), c)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	slices.SortFunc(sbs, func(a, b store.Sandbox) int {
+		if d := b.CreatedAt.Compare(a.CreatedAt); d != 0 {
+			return d
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	after := q.Get("nextToken")
+	out := []ListedSandbox{}
+	skipping := after != ""
+	next := ""
+	for _, sb := range sbs {
+		if skipping {
+			if sb.ID == after {
+				skipping = false
+			}
+			continue
+		}
+		st := state(sb)
+		if st == "" || !slices.Contains(states, st) || !matches(sb.Metadata, md) {
+			continue
+		}
+		if len(out) == limit {
+			next = out[len(out)-1].SandboxID
+			break
+		}
+		out = append(out, listed(sb))
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// metadataFilter parses E2B's metadata query parameter: after the normal
+// query decoding, one more URL decoding of the whole, then "k=v" pairs
+// joined by "&", each key and value URL-encoded once more.
+func metadataFilter(v string) (map[string]string, error) {
+	if v == "" {
+		return nil, nil
+	}
+	whole, err := url.QueryUnescape(v)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	out := map[string]string{}
+	for pair := range strings.SplitSeq(whole, "&") {
+		k, val, ok := strings.Cut(pair, "=")
+		if !ok {
+			return nil, fmt.Errorf("metadata: %q is not key=value", pair)
+		}
+		if k, err = url.QueryUnescape(k); err == nil {
+			val, err = url.QueryUnescape(val)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("metadata: %w", err)
+		}
+		out[k] = val
+	}
+	return out, nil
+}
+
+func matches(md, want map[string]string) bool {
+	for k, v := range want {
+		if md[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *handler) kill(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	if err := h.cfg.Sandboxes.Remove(r.Context(), c, r.PathValue("id")); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handler) setTimeout(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	var req struct {
+		Timeout *int `json:"timeout"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Timeout == nil || *req.Timeout < 0 || *req.Timeout > int(sandbox.MaxTimeout/time.Second) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout (seconds) is required, between 0 and %d", int(sandbox.MaxTimeout/time.Second)))
+		return
+	}
+	if err := h.cfg.Sandboxes.SetTimeout(r.Context(), c, r.PathValue("id"), time.Duration(*req.Timeout)*time.Second); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// connect resumes a paused sandbox (201) or answers a running one (200);
+// a timeout in the body sets the lifetime from now.
+func (h *handler) connect(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	var req struct {
+		Timeout *int  `json:"timeout"`
+		Memory  *bool `json:"memory"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Timeout != nil && (*req.Timeout < 1 || *req.Timeout > int(sandbox.MaxTimeout/time.Second)) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", int(sandbox.MaxTimeout/time.Second)))
+		return
+	}
+	id := r.PathValue("id")
+	sb, err := h.cfg.Sandboxes.Get(r.Context(), c, id)
+	if err == nil && state(sb) == "" {
+		err = sandbox.ErrNoSandbox
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if state(sb) == "paused" {
+		if sb, err = h.cfg.Sandboxes.Resume(r.Context(), c, id); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		status = http.StatusCreated
+	}
+	if req.Timeout != nil {
+		if err := h.cfg.Sandboxes.SetTimeout(r.Context(), c, id, time.Duration(*req.Timeout)*time.Second); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	writeJSON(w, status, h.sandbox(sb, sb.Image))
+}
+
+// pause pauses a running sandbox with its memory (204); a paused one is
+// 409, which the SDK reads as "already paused".
+func (h *handler) pause(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		writeError(w, http.StatusBadRequest, "airlock pauses keep memory; memory: false is not supported")
+		return
+	}
+	id := r.PathValue("id")
+	sb, err := h.cfg.Sandboxes.Get(r.Context(), c, id)
+	if err == nil && state(sb) == "" {
+		err = sandbox.ErrNoSandbox
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if state(sb) == "paused" {
+		writeError(w, http.StatusConflict, "the sandbox is already paused")
+		return
+	}
+	if _, err := h.cfg.Sandboxes.Pause(r.Context(), c, id, false); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// notServedYet answers in-sandbox traffic (envd's Connect RPCs and REST
+// routes, the code interpreter's), which airlock does not serve yet: 501,
+// as a Connect error for the RPCs (their paths are /package.Service/Method)
+// so that the SDK shows the message, as E2B's error body otherwise.
+func notServedYet(w http.ResponseWriter, r *http.Request) {
+	const msg = "airlock does not serve E2B's in-sandbox API (envd: commands, files; the code interpreter) yet; use airlock's /v1 API or SDKs for exec, files and code"
+	svc, _, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	switch ct := r.Header.Get("Content-Type"); {
+	case ok && strings.Contains(svc, ".") && strings.HasPrefix(ct, "application/connect+"):
+		// A streaming RPC: the error travels in the end-of-stream message
+		// (flags 0x02, then a big-endian length), after a 200.
+		end, _ := json.Marshal(map[string]any{"error": map[string]string{"code": "unimplemented", "message": msg}})
+		w.Header().Set("Content-Type", ct)
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(append([]byte{0x02, byte(len(end) >> 24), byte(len(end) >> 16), byte(len(end) >> 8), byte(len(end))}, end...))
+	case ok && strings.Contains(svc, "."):
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"code": "unimplemented", "message": msg})
+	default:
+		writeError(w, http.StatusNotImplemented, msg)
+	}
+}
+
+// decode reads a JSON body of at most maxBody into v; an empty body leaves
+// v as it is. Unknown fields are ignored: E2B's SDKs send many that
+// airlock has no use for.
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	err := json.NewDecoder(r.Body).Decode(v)
+	if err == nil || errors.Is(err, io.EOF) {
+		return true
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", maxBody))
+		return false
+	}
+	writeError(w, http.StatusBadRequest, "bad JSON body: "+err.Error())
+	return false
+}
+
+// fail answers with err's public face in E2B's error shape.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, _, msg := api.PublicError(err)
+	if status >= 500 {
+		h.cfg.Log.Error("e2b request failed", "route", r.Pattern, "err", err)
+	}
+	if status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeError(w, status, msg)
+}
+
+// writeError writes E2B's error body: {"code": status, "message": msg}.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"code": status, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
