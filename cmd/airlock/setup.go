@@ -123,8 +123,17 @@ func setupCmd(g *globals) *cobra.Command {
 					return err
 				}
 				defer done()
-				if _, err := images.Get(ctx, "base"); err != nil {
-					fmt.Fprintln(os.Stderr, "setup: building the default image \"base\" (Debian bookworm + python3 + nodejs; about 2 minutes)")
+				switch base, err := images.Get(ctx, "base"); {
+				case err == nil && base.Source == image.BaseSource:
+				case err == nil && strings.HasPrefix(base.Source, "mmdebstrap:"):
+					fmt.Fprintf(os.Stderr, "setup: rebuilding the default image \"base\": its recipe changed (%s -> %s; about 2 minutes; sandboxes on the old one keep it)\n", base.Source, image.BaseSource)
+					if _, err := images.BuildBase(ctx, "base", os.Stderr); err != nil {
+						return fmt.Errorf("build image base: %w", err)
+					}
+				case err == nil:
+					// "base" is the user's own image (imported or pulled): keep it.
+				default:
+					fmt.Fprintln(os.Stderr, "setup: building the default image \"base\" (Debian bookworm + python3 + pip + nodejs; about 2 minutes)")
 					if _, err := images.BuildBase(ctx, "base", os.Stderr); err != nil {
 						return fmt.Errorf("build image base: %w", err)
 					}

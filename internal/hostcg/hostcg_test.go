@@ -222,7 +222,8 @@ func TestEnvelopeMemoryLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.OOMKills == 0 || st.MemoryPeakBytes > 64<<20 {
+	// The peak may pass the limit by a charge batch (seen: one page).
+	if st.OOMKills == 0 || st.MemoryPeakBytes > 65<<20 {
 		t.Fatalf("stats after the OOM kill: %+v", st)
 	}
 	// The dead helper left its envelope behind, empty: Remove cleans it.

@@ -22,7 +22,10 @@ import (
 const (
 	baseSuite   = "bookworm"
 	baseVariant = "apt"
-	baseSource  = "mmdebstrap:" + baseSuite
+	// BaseSource is recorded as the base image's source; its revision
+	// changes with the recipe (BasePackages, finishBaseTree), and `airlock
+	// setup` rebuilds a base image recorded with another. r2: pip and venv.
+	BaseSource = "mmdebstrap:" + baseSuite + "+r2"
 	// defaultMirror is used when the host's apt sources cannot be read.
 	defaultMirror = "http://deb.debian.org/debian"
 )
@@ -32,6 +35,7 @@ const (
 var BasePackages = []string{
 	"bash", "coreutils", "procps", "ca-certificates", "curl", "git",
 	"python3", "python3-numpy", "python3-pandas", "python3-matplotlib", "python3-ipykernel",
+	"python3-pip", "python3-venv",
 	"nodejs",
 	// python3-fonttools (a matplotlib dependency) needs python3-scipy or
 	// python3-munkres. apt would pick SciPy, which drags in pythran, GCC
@@ -103,12 +107,12 @@ func (s *Store) buildBase(ctx context.Context, name string, progress io.Writer, 
 		return Image{}, err
 	}
 	progressf(progress, start, "mkfs: %s ext4", humanBytes(size))
-	img, err := s.commit(ctx, name, baseSource, ext4)
+	img, err := s.commit(ctx, name, BaseSource, ext4)
 	if err != nil {
 		return Image{}, err
 	}
 	progressf(progress, start, "image %s: %s", name, img.Digest)
-	s.log.Info("image created", "image", name, "digest", img.Digest, "size", img.Size, "source", baseSource,
+	s.log.Info("image created", "image", name, "digest", img.Digest, "size", img.Size, "source", BaseSource,
 		"duration", time.Since(start).Round(time.Millisecond))
 	return img, nil
 }
@@ -184,6 +188,18 @@ func finishBaseTree(rootfs string) error {
 		{"etc/resolv.conf", ""},
 		{"etc/hosts", "127.0.0.1\tlocalhost\n127.0.1.1\tairlock\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
 	}
+	// PEP 668's marker makes pip refuse to install into the system
+	// Python, which protects a long-lived host's packages from pip; a
+	// sandbox is disposable, and agents run `pip install x` there.
+	markers, err := filepath.Glob(filepath.Join(rootfs, "usr", "lib", "python3*", "EXTERNALLY-MANAGED"))
+	if err != nil {
+		return err
+	}
+	for _, m := range markers {
+		if err := os.Remove(m); err != nil {
+			return err
+		}
+	}
 	for _, f := range files {
 		p := filepath.Join(rootfs, filepath.FromSlash(f.path))
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -205,7 +221,7 @@ func finishBaseTree(rootfs string) error {
 }
 
 // smokeTestScript must print "ok" in the new tree.
-const smokeTestScript = "import numpy, pandas, matplotlib; print('ok')"
+const smokeTestScript = "import numpy, pandas, matplotlib, pip, venv; print('ok')"
 
 // smokeTest runs python3 in the tree to check that the scientific stack
 // imports. Matplotlib's cache goes to a directory removed afterwards.

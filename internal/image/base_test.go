@@ -125,7 +125,7 @@ func TestBuildBaseHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("base image %s: %d MiB in %s", img.Digest, img.Size>>20, time.Since(start).Round(time.Second))
-	if img.Source != "mmdebstrap:bookworm" {
+	if img.Source != BaseSource {
 		t.Errorf("source %q", img.Source)
 	}
 	if err := s.Verify(t.Context(), img); err != nil {

@@ -47,7 +47,7 @@ type Image struct {
 	Size int64
 	// Created is when the image was built.
 	Created time.Time
-	// Source says where it came from: "mmdebstrap:bookworm",
+	// Source says where it came from: "mmdebstrap:bookworm+r2" (BaseSource),
 	// "import:<tarball base name>" or "pull:<ref>@<manifest digest>".
 	Source string
 }

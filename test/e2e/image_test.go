@@ -103,3 +103,23 @@ func TestImportedImageBootsAndIsRemovable(t *testing.T) {
 		}
 	}
 }
+
+// TestBaseImageHasPip: the default image has pip and venv, and `pip
+// install` works in a sandbox as an agent runs it (no PEP 668 refusal):
+// here a package built from a local directory, with no network.
+func TestBaseImageHasPip(t *testing.T) {
+	e := setup(t)
+	out := e.must(t, "run", "--", "sh", "-c", `set -e
+python3 -m pip --version
+mkdir -p /tmp/hello && cd /tmp/hello
+echo 'def hi(): return "hello from a pip-installed package"' > airlock_hello.py
+printf 'from setuptools import setup\nsetup(name="airlock-hello", version="1.0", py_modules=["airlock_hello"])\n' > setup.py
+python3 -m pip install --no-index --no-build-isolation --quiet /tmp/hello 2>&1 | grep -v -i "warning" || true
+cd / && python3 -c 'import airlock_hello; print(airlock_hello.hi())'
+python3 -m venv /tmp/venv && /tmp/venv/bin/python -c 'import sys; print("venv", sys.prefix)'`)
+	for _, want := range []string{"pip ", "hello from a pip-installed package", "venv /tmp/venv"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
