@@ -139,7 +139,8 @@ func codeCmd(g *globals) *cobra.Command {
 		Use:   "code [flags] ID [CODE]",
 		Short: "Run code in a sandbox's code context (state is kept between calls)",
 		Long: `Run code in a long-lived interpreter of the sandbox: python (default), javascript or
-bash. Without --context, the language's default context runs it. stdout/stderr stream,
+bash. Without --context, the language's default context runs it; --context NAME runs it
+in that context, created on first use (in --lang). stdout/stderr stream,
 the value of the last expression is printed, images are saved to --out (or noted), and an
 exception is printed to stderr with exit code 1; a timeout exits 124. CODE, -f FILE, or
 stdin when neither is given.`,
@@ -155,10 +156,10 @@ stdin when neither is given.`,
 					return err
 				}
 			}
-			if ctxID != "" && cmd.Flags().Changed("lang") {
-				return fmt.Errorf("%w: give --context or --lang, not both", errdefs.ErrInvalid)
-			}
-			if !cmd.Flags().Changed("lang") {
+			// --lang with --context is the language of a context created
+			// on first use; the run itself goes to the context.
+			newLang := lang
+			if ctxID != "" || !cmd.Flags().Changed("lang") {
 				lang = ""
 			}
 			if out != "" {
@@ -173,6 +174,18 @@ stdin when neither is given.`,
 				return err
 			}
 			if c != nil {
+				if ctxID != "" {
+					cxs, err := c.ListContexts(cmd.Context(), id)
+					if err != nil {
+						return fmt.Errorf("code: %s", apiMsg(err))
+					}
+					if !slices.ContainsFunc(cxs, func(cx airlock.Context) bool { return cx.ID == ctxID }) {
+						if _, err := c.CreateContext(cmd.Context(), id, airlock.ContextOptions{ID: ctxID, Language: newLang}); err != nil && !errors.Is(err, airlock.ErrConflict) {
+							return fmt.Errorf("code: create context %s: %s", ctxID, apiMsg(err))
+						}
+						fmt.Fprintf(cmd.ErrOrStderr(), "airlock: created context %s (%s)\n", ctxID, newLang)
+					}
+				}
 				ex, err := c.RunCode(cmd.Context(), id, airlock.CodeRequest{Code: code, Language: lang, Context: ctxID, Timeout: d}, airlock.CodeHandlers{
 					OnStdout: func(b []byte) { _, _ = p.stdout.Write(b) },
 					OnStderr: func(b []byte) { _, _ = p.stderr.Write(b) },
@@ -194,6 +207,18 @@ stdin when neither is given.`,
 				return err
 			}
 			defer done()
+			if ctxID != "" {
+				cxs, err := m.ListContexts(cmd.Context(), sandbox.Local(), id)
+				if err != nil {
+					return err
+				}
+				if !slices.ContainsFunc(cxs, func(cx guest.ContextInfo) bool { return cx.ID == ctxID }) {
+					if _, err := m.CreateContext(cmd.Context(), sandbox.Local(), id, guest.ContextSpec{ID: ctxID, Language: newLang}); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+						return fmt.Errorf("create context %s: %w", ctxID, err)
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "airlock: created context %s (%s)\n", ctxID, newLang)
+				}
+			}
 			req := guest.CodeRequest{Code: code, Language: lang, ContextID: ctxID, Timeout: d.Truncate(time.Millisecond)}
 			if err := m.RunCode(cmd.Context(), sandbox.Local(), id, req, p.event); err != nil {
 				return err
@@ -201,8 +226,8 @@ stdin when neither is given.`,
 			return p.exit()
 		},
 	}
-	cmd.Flags().StringVar(&lang, "lang", "python", "language of the default context: python, javascript or bash")
-	cmd.Flags().StringVar(&ctxID, "context", "", "context id (from `airlock contexts create`)")
+	cmd.Flags().StringVar(&lang, "lang", "python", "language: python, javascript or bash (of the default context, or of a --context created on first use)")
+	cmd.Flags().StringVar(&ctxID, "context", "", "context id ([a-z0-9][a-z0-9-]{0,62}); created on first use")
 	cmd.Flags().StringVarP(&file, "file", "f", "", "read the code from FILE (- for stdin)")
 	cmd.Flags().StringVar(&out, "out", "", "save images (PNG, SVG, JPEG) to this directory")
 	cmd.Flags().StringVar(&timeout, "timeout", "", "interrupt the code after this long (e.g. 30s); the context survives")

@@ -100,8 +100,8 @@ const rootLong = `Run untrusted code in microVM sandboxes.
 By default every command works on the local state directory (--state-dir).
 
 Remote mode: with AIRLOCK_HOST (e.g. http://127.0.0.1:7070) and AIRLOCK_API_KEY
-set, run, create, exec, cp, ls, inspect, rm and events go through that
-airlock API server (` + "`airlock serve`" + `) instead; their flags and exit codes
+set, run, create, exec, cp, ls, inspect, rm, pause, resume, touch, snapshot,
+fork, events, code and contexts go through that airlock API server (` + "`airlock serve`" + `) instead; their flags and exit codes
 are the same. The other commands (serve, keys, image, setup, doctor, logs)
 always use the local state directory.
 
@@ -162,7 +162,7 @@ func rootCmd(g *globals) *cobra.Command {
 	if rtName == "" {
 		rtName = "qemu"
 	}
-	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: qemu (microVMs), gvisor (runsc, no KVM needed), or auto (qemu with KVM, else gvisor; `airlock doctor` says which) (env AIRLOCK_RUNTIME)")
+	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: qemu (microVMs), gvisor (runsc, no KVM needed), or auto (qemu with KVM, else gvisor; 'airlock doctor' says which) (env AIRLOCK_RUNTIME)")
 
 	root.AddCommand(
 		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),

@@ -65,15 +65,15 @@ type createFlags struct {
 }
 
 func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
-	cmd.Flags().StringVar(&f.image, "image", "base", "image to start from (see `airlock image ls`)")
+	cmd.Flags().StringVar(&f.image, "image", "base", "image to start from (see 'airlock image ls')")
 	cmd.Flags().IntVar(&f.cpus, "cpus", 1, "virtual CPUs")
 	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
-	cmd.Flags().StringVar(&f.disk, "disk", "", "root disk size (default: image size + 1G, at least 2G)")
+	cmd.Flags().StringVar(&f.disk, "disk", "", "root disk size (default: image size + 512M, at least 2G)")
 	cmd.Flags().StringVar(&f.timeout, lifetimeName, "15m", "lifetime (running time; time paused does not count): the sandbox is stopped and removed after this")
 	cmd.Flags().StringArrayVar(&f.meta, "meta", nil, "metadata KEY=VALUE (repeatable)")
 	cmd.Flags().StringVar(&f.idlePause, "idle-pause", "0", "pause the sandbox after this long idle (no exec or code running, no call, no inbound connection); the next call resumes it. 0: never")
 	f.net.register(cmd)
-	cmd.Flags().StringVar(&f.fromSnapshot, "from-snapshot", "", "start from this snapshot (see `airlock snapshot`): processes, memory and disk as saved; its image, size, env and network are the snapshot's")
+	cmd.Flags().StringVar(&f.fromSnapshot, "from-snapshot", "", "start from this snapshot (see 'airlock snapshot ls'): processes, memory and disk as saved; its image, size, env and network are the snapshot's")
 }
 
 // snapshotOptions fits o to --from-snapshot: the image and size are the
@@ -351,7 +351,7 @@ func createCmd(g *globals) *cobra.Command {
 		Short: "Create a sandbox and print its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, err := cf.options("timeout", g.lookupEnv)
+			o, err := cf.options("lifetime", g.lookupEnv)
 			if err != nil {
 				return err
 			}
@@ -380,7 +380,11 @@ func createCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cf.register(cmd, "timeout")
+	cf.register(cmd, "lifetime")
+	// --timeout was create's name for the lifetime; on run and exec it is
+	// a command's timeout. Still accepted, with a warning.
+	cmd.Flags().StringVar(&cf.timeout, "timeout", "15m", "the sandbox's lifetime (old name of --lifetime)")
+	_ = cmd.Flags().MarkDeprecated("timeout", "use --lifetime (the sandbox's lifetime; --timeout is a command's timeout on run and exec)")
 	return cmd
 }
 

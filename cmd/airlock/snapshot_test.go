@@ -97,7 +97,7 @@ func TestRemoteSnapshotFork(t *testing.T) {
 func TestRemoteCreateFromSnapshot(t *testing.T) {
 	t.Parallel()
 	f, srv := newFakeAPI(t)
-	if res := runCLI(t, srv, nil, "create", "--from-snapshot", "after-setup", "--timeout", "1m"); res.code != 0 {
+	if res := runCLI(t, srv, nil, "create", "--from-snapshot", "after-setup", "--lifetime", "1m"); res.code != 0 {
 		t.Fatalf("create: %+v", res)
 	}
 	in := f.creates[0]

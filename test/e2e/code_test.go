@@ -68,4 +68,15 @@ func TestCodeContexts(t *testing.T) {
 		t.Fatal("contexts ls misses the new context")
 	}
 	e.must(t, "contexts", "rm", id, cid)
+
+	// --context NAME creates the context on first use (README example),
+	// in --lang, and says so on stderr; the next call finds its state.
+	r = e.run(t, nil, "code", "--context", "scratch-1", "--lang", "bash", id, "export W=9")
+	if r.code != 0 || !strings.Contains(r.stderr, "created context scratch-1 (bash)") {
+		t.Fatalf("first use of --context scratch-1: exit %d stderr %q", r.code, r.stderr)
+	}
+	r = e.run(t, nil, "code", "--context", "scratch-1", id, "echo $W")
+	if r.code != 0 || strings.TrimSpace(r.stdout) != "9" || strings.Contains(r.stderr, "created") {
+		t.Fatalf("second use of --context scratch-1: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
 }

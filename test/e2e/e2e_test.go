@@ -474,7 +474,7 @@ func TestThreat113KillVMMAndShim(t *testing.T) {
 
 func TestThreat094LifetimeTimeoutHolds(t *testing.T) {
 	e := setup(t)
-	id := strings.TrimSpace(e.must(t, "create", "--timeout", "4s"))
+	id := strings.TrimSpace(e.must(t, "create", "--lifetime", "4s"))
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if r := e.run(t, nil, "inspect", id); r.code != 0 && len(processesMentioning(id)) == 0 {
@@ -499,7 +499,7 @@ func TestThreat100LimitValidation(t *testing.T) {
 		{[]string{"exec", "../etc", "--", "true"}, "not a sandbox id"},
 		{[]string{"create", "--memory", "lots"}, "--memory"},
 		{[]string{"create", "--cpus", "0"}, "--cpus"},
-		{[]string{"create", "--timeout", "-3s"}, "--timeout"},
+		{[]string{"create", "--lifetime", "-3s"}, "--lifetime"},
 	}
 	res := make([]result, len(cases))
 	for i, c := range cases {

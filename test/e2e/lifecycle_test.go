@@ -42,7 +42,7 @@ func vmmRunning(id string) bool {
 // (which ends the VMM) and a resume.
 func TestPauseResumeKeepsEverything(t *testing.T) {
 	e := setup(t)
-	id := e.create(t, "--timeout", "10m")
+	id := e.create(t, "--lifetime", "10m")
 	out := e.must(t, "code", id, `import numpy as np, hashlib
 x = 41
 a = np.random.default_rng().random(100 * 1024 * 1024 // 8)

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// TestFlagValueNames: cobra takes a back-quoted word in a flag's usage
+// as the flag's value name in --help; no flag's value name may be more
+// than one word (it once printed `--runtime airlock doctor` and `--image
+// airlock image ls`).
+func TestFlagValueNames(t *testing.T) {
+	var walk func(*cobra.Command)
+	n := 0
+	walk = func(c *cobra.Command) {
+		check := func(f *pflag.Flag) {
+			n++
+			if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " `") {
+				t.Errorf("%s --%s: value name %q in --help", c.CommandPath(), f.Name, name)
+			}
+		}
+		c.LocalFlags().VisitAll(check)
+		c.PersistentFlags().VisitAll(check)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(rootCmd(&globals{}))
+	if n < 50 {
+		t.Fatalf("walked only %d flags", n)
+	}
+}
+
+// TestCreateLifetimeFlag: the sandbox's lifetime is --lifetime on create
+// as on run; --timeout, its old name on create, still sets it and warns.
+func TestCreateLifetimeFlag(t *testing.T) {
+	t.Parallel()
+	f, srv := newFakeAPI(t)
+	if r := runCLI(t, srv, nil, "create", "--lifetime", "90s"); r.code != 0 || strings.Contains(r.stderr, "deprecated") {
+		t.Fatalf("create --lifetime: %+v", r)
+	}
+	r := runCLI(t, srv, nil, "create", "--timeout", "2m")
+	if r.code != 0 || !strings.Contains(r.stderr+r.stdout, "use --lifetime") {
+		t.Fatalf("create --timeout: %+v", r)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.creates) != 2 || f.creates[0]["timeout_s"] != float64(90) || f.creates[1]["timeout_s"] != float64(120) {
+		t.Fatalf("creates: %+v", f.creates)
+	}
+	if r := runCLI(t, srv, nil, "create", "--help"); !strings.Contains(r.stdout, "--lifetime") || strings.Contains(r.stdout, "--timeout") {
+		t.Fatalf("create --help shows --timeout or lacks --lifetime:\n%s", r.stdout)
+	}
+}
