@@ -240,13 +240,23 @@ func listed(sb store.Sandbox) ListedSandbox {
 	}
 }
 
-func (h *handler) get(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	sb, err := h.cfg.Sandboxes.Get(r.Context(), c, r.PathValue("id"))
+// visible returns sandbox id as c may see it in E2B's terms, or answers
+// 404 (a failed sandbox is in no state E2B knows) and returns false.
+func (h *handler) visible(w http.ResponseWriter, r *http.Request, c sandbox.Caller, id string) (store.Sandbox, bool) {
+	sb, err := h.cfg.Sandboxes.Get(r.Context(), c, id)
 	if err == nil && state(sb) == "" {
-		err = sandbox.ErrNoSandbox // failed: E2B knows no such state
+		err = sandbox.ErrNoSandbox
 	}
 	if err != nil {
 		h.fail(w, r, err)
+		return sb, false
+	}
+	return sb, true
+}
+
+func (h *handler) get(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	sb, ok := h.visible(w, r, c, r.PathValue("id"))
+	if !ok {
 		return
 	}
 	d := SandboxDetail{ListedSandbox: listed(sb), AllowInternetAccess: sb.Network.Mode != "deny" && sb.Network.Mode != "none" && len(sb.Network.Allow) == 0,
@@ -400,16 +410,13 @@ func (h *handler) connect(w http.ResponseWriter, r *http.Request, c sandbox.Call
 		return
 	}
 	id := r.PathValue("id")
-	sb, err := h.cfg.Sandboxes.Get(r.Context(), c, id)
-	if err == nil && state(sb) == "" {
-		err = sandbox.ErrNoSandbox
-	}
-	if err != nil {
-		h.fail(w, r, err)
+	sb, ok := h.visible(w, r, c, id)
+	if !ok {
 		return
 	}
 	status := http.StatusOK
 	if state(sb) == "paused" {
+		var err error
 		if sb, err = h.cfg.Sandboxes.Resume(r.Context(), c, id); err != nil {
 			h.fail(w, r, err)
 			return
@@ -439,12 +446,8 @@ func (h *handler) pause(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 		return
 	}
 	id := r.PathValue("id")
-	sb, err := h.cfg.Sandboxes.Get(r.Context(), c, id)
-	if err == nil && state(sb) == "" {
-		err = sandbox.ErrNoSandbox
-	}
-	if err != nil {
-		h.fail(w, r, err)
+	sb, ok := h.visible(w, r, c, id)
+	if !ok {
 		return
 	}
 	if state(sb) == "paused" {
