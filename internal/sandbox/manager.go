@@ -410,6 +410,13 @@ func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox
 	}
 	c := store.Change{To: store.StateFailed, From: sb.State, Gen: sb.Gen,
 		Reason: "the sandbox's supervisor (shim) exited unexpectedly; its VM was stopped"}
+	oom := false
+	if env, err := hostcg.Open(hostcg.DefaultParent, sb.ID); err == nil {
+		if st, err := env.Stats(); err == nil && st.OOMKills > 0 {
+			oom = true
+			c.Reason = "out of memory: the host killed the sandbox's supervisor (shim) at its host memory envelope; its VM was stopped"
+		}
+	}
 	if sb.State == store.StateResuming || sb.State == store.StatePausing {
 		if _, err := os.Stat(filepath.Join(m.L.PauseDir(sb.ID), PauseManifestFile)); err == nil {
 			c = store.Change{To: store.StatePaused, From: sb.State, Gen: sb.Gen, LifetimeLeft: time.Until(sb.ExpiresAt)}
@@ -425,7 +432,11 @@ func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox
 	// Recorded as the sandbox's tenant: nobody asked for it.
 	owner := Caller{Tenant: sb.Tenant}
 	if c.To == store.StateFailed {
-		m.audit(ctx, owner, sb.ID, "sandbox.fail", map[string]any{"reason": c.Reason, "was": string(sb.State), "reaped": true})
+		d := map[string]any{"reason": c.Reason, "was": string(sb.State), "reaped": true}
+		if oom {
+			d["oom_killed"] = true
+		}
+		m.audit(ctx, owner, sb.ID, "sandbox.fail", d)
 	} else {
 		m.audit(ctx, owner, sb.ID, "sandbox.pause", map[string]any{"reason": "its supervisor exited while " + string(sb.State) + "; the saved state is whole", "was": string(sb.State), "reaped": true})
 	}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -394,6 +395,7 @@ func (in *instance) own(l *launch, hostQMP net.Conn, started chan<- error) {
 		started <- fmt.Errorf("exec qemu: %w", err)
 		return
 	}
+	raiseOOMScore(in.log, l.cmd.Process.Pid)
 	in.mu.Lock()
 	in.proc = l.cmd.Process
 	killNow := in.requested
@@ -775,3 +777,21 @@ var _ runtime.DiskResizer = (*instance)(nil)
 
 // oPath is Linux's O_PATH (not in package syscall).
 const oPath = 0x200000
+
+// raiseOOMScore makes the VMM the host OOM killer's first choice within
+// its sandbox: its oom_score_adj is this process's (the shim's) plus 100,
+// at most 1000. Under a sandbox's memory envelope (hostcg) the kernel then
+// ends the VMM, whose exit the shim reports as out of memory, rather than
+// the shim. Best effort: a failure is logged.
+func raiseOOMScore(log *slog.Logger, pid int) {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err == nil {
+		var adj int
+		if adj, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			err = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(min(adj+100, 1000))), 0)
+		}
+	}
+	if err != nil {
+		log.Warn("VMM oom_score_adj not raised", "err", err)
+	}
+}
