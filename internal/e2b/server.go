@@ -178,8 +178,7 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	}
 	timeout := DefaultTimeout
 	if req.Timeout != nil {
-		if *req.Timeout < 1 || *req.Timeout > int(sandbox.MaxTimeout/time.Second) {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", int(sandbox.MaxTimeout/time.Second)))
+		if !validTimeout(w, *req.Timeout) {
 			return
 		}
 		timeout = time.Duration(*req.Timeout) * time.Second
@@ -405,8 +404,7 @@ func (h *handler) connect(w http.ResponseWriter, r *http.Request, c sandbox.Call
 	if !decode(w, r, &req) {
 		return
 	}
-	if req.Timeout != nil && (*req.Timeout < 1 || *req.Timeout > int(sandbox.MaxTimeout/time.Second)) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", int(sandbox.MaxTimeout/time.Second)))
+	if req.Timeout != nil && !validTimeout(w, *req.Timeout) {
 		return
 	}
 	id := r.PathValue("id")
@@ -481,6 +479,16 @@ func notServedYet(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeError(w, http.StatusNotImplemented, msg)
 	}
+}
+
+// validTimeout reports whether a create's or connect's timeout (seconds)
+// is a lifetime airlock gives, and answers 400 if not.
+func validTimeout(w http.ResponseWriter, s int) bool {
+	if s < 1 || s > int(sandbox.MaxTimeout/time.Second) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", int(sandbox.MaxTimeout/time.Second)))
+		return false
+	}
+	return true
 }
 
 // decode reads a JSON body of at most maxBody into v; an empty body leaves

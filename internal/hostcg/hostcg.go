@@ -377,18 +377,35 @@ func toRoot() error {
 // shim starts but that outlives its sandbox (a template holder). It does
 // nothing for a process in no envelope.
 func Escape(parent string) error {
-	b, err := os.ReadFile("/proc/self/cgroup")
+	cgs, err := Of("self")
 	if err != nil {
 		return err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		// hierarchy-id:controllers:path
-		f := strings.SplitN(line, ":", 3)
-		if len(f) == 3 && strings.HasPrefix(f[2], parent+"/") {
+	for _, p := range cgs {
+		if strings.HasPrefix(p, parent+"/") {
 			return toRoot()
 		}
 	}
 	return nil
+}
+
+// Of returns the cgroup path of process pid ("self" for the caller) per
+// controller, from /proc/<pid>/cgroup; cgroup v2's entry is under "".
+func Of(pid string) (map[string]string, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		// hierarchy-id:controllers:path
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 {
+			for _, c := range strings.Split(f[1], ",") {
+				out[c] = f[2]
+			}
+		}
+	}
+	return out, nil
 }
 
 // Remove deletes the envelope parent/name and every cgroup below it, in

@@ -47,14 +47,19 @@ func TestValidName(t *testing.T) {
 // helperEnv tells the test binary, started again, to be the helper.
 const helperEnv = "HOSTCG_TEST_HELPER"
 
-// TestHelperProcess is the process that enters an envelope (the calling
-// process moves, so it must not be the test binary running the tests).
-// It prints one JSON line per result.
-func TestHelperProcess(t *testing.T) {
-	mode := os.Getenv(helperEnv)
-	if mode == "" {
-		t.Skip("helper process only")
+// TestMain runs the helper instead of the tests when the test binary is
+// started as one (runHelper).
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(helperEnv); mode != "" {
+		helper(mode)
 	}
+	os.Exit(m.Run())
+}
+
+// helper is the process that enters an envelope (the calling process
+// moves, so it must not be the test binary running the tests). It prints
+// one JSON line per result and exits.
+func helper(mode string) {
 	var lim Limits
 	if err := json.Unmarshal([]byte(os.Getenv(helperEnv+"_LIMITS")), &lim); err != nil {
 		fail(err)
@@ -108,14 +113,9 @@ func TestHelperProcess(t *testing.T) {
 			fail(err)
 		}
 		emit("cpu_nanos", s.CPUNanos)
-		b, _ := os.ReadFile("/proc/self/cgroup")
-		cg := map[string]string{}
-		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			if f := strings.SplitN(line, ":", 3); len(f) == 3 {
-				for _, c := range strings.Split(f[1], ",") {
-					cg[c] = f[2]
-				}
-			}
+		cg, err := Of("self")
+		if err != nil {
+			fail(err)
 		}
 		emit("cgroups", cg)
 	}
@@ -150,7 +150,7 @@ func runHelper(t *testing.T, mode string, lim Limits) (map[string]json.RawMessag
 		_ = removeTree(parent)
 	})
 	b, _ := json.Marshal(lim)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.v=false")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperEnv+"_LIMITS="+string(b), helperEnv+"_PARENT="+parent)
 	out, err := cmd.Output()
 	res := map[string]json.RawMessage{}
@@ -175,7 +175,7 @@ func runHelper(t *testing.T, mode string, lim Limits) (map[string]json.RawMessag
 func requireCgroups(t *testing.T) {
 	testutil.RequireRoot(t)
 	if err := Check(); err != nil {
-		t.Skipf("no writable cgroup controllers here: %v", err)
+		t.Fatalf("the root tier needs writable memory and pids cgroups: %v", err)
 	}
 }
 
