@@ -70,7 +70,9 @@ func sandboxRuntime(g *globals, bc sandbox.BootConfig) (runtime.Runtime, func(co
 	if err != nil {
 		return nil, nil, err
 	}
-	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, Logger: g.log})
+	// AIRLOCK_RUNSC_DEBUG=1 keeps runsc's debug logs in the sandbox's
+	// run/runsc-logs/ (large: for diagnosing gVisor itself).
+	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, Logger: g.log, Debug: os.Getenv("AIRLOCK_RUNSC_DEBUG") == "1"})
 	if err != nil {
 		return nil, nil, err
 	}

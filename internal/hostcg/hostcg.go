@@ -303,18 +303,46 @@ func (e *Envelope) Stats() (Stats, error) {
 	return st, nil
 }
 
+// OOMKills returns how many processes the host kernel's OOM killer has
+// ended in the cgroup cg (an absolute cgroup path, such as gVisor's
+// /airlock/<id>/<cid>) and the cgroups below it.
+func OOMKills(cg string) (uint64, error) {
+	if !strings.HasPrefix(cg, "/") || strings.Contains(cg, "..") {
+		return 0, fmt.Errorf("cgroup path %q is not absolute and clean", cg)
+	}
+	if Version() == "v2" {
+		b, err := os.ReadFile(path.Join("/sys/fs/cgroup", cg, "memory.events"))
+		if err != nil {
+			return 0, err
+		}
+		return oomKillLine(string(b)), nil
+	}
+	dir := path.Join("/sys/fs/cgroup/memory", cg)
+	if _, err := os.Stat(dir); err != nil {
+		return 0, err
+	}
+	return v1OOMKills(dir), nil
+}
+
+// oomKillLine reads the "oom_kill N" line of memory.events (v2) or
+// memory.oom_control (v1).
+func oomKillLine(s string) uint64 {
+	for _, line := range strings.Split(s, "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			k, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			return k
+		}
+	}
+	return 0
+}
+
 // v1OOMKills sums the oom_kill counts of dir and the cgroups below it: the
 // library does not read them (Linux 4.13+), and v1 counts a kill in the
 // victim's own cgroup only.
 func v1OOMKills(dir string) uint64 {
 	var n uint64
 	if b, err := os.ReadFile(path.Join(dir, "memory.oom_control")); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-				k, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-				n += k
-			}
-		}
+		n += oomKillLine(string(b))
 	}
 	ents, _ := os.ReadDir(dir)
 	for _, ent := range ents {

@@ -226,6 +226,14 @@ func TestEnvelopeMemoryLimit(t *testing.T) {
 	if st.OOMKills == 0 || st.MemoryPeakBytes > 65<<20 {
 		t.Fatalf("stats after the OOM kill: %+v", st)
 	}
+	// OOMKills counts the same kill from the cgroup path (what a runtime
+	// that knows only its cgroup reads: gVisor's).
+	if n, err := OOMKills(path.Join(parent, "sbx")); err != nil || n != st.OOMKills {
+		t.Fatalf("OOMKills = %d, %v; Stats says %d", n, err, st.OOMKills)
+	}
+	if _, err := OOMKills("airlock/../etc"); err == nil {
+		t.Fatal("OOMKills took a relative path")
+	}
 	// The dead helper left its envelope behind, empty: Remove cleans it.
 	if err := Remove(parent, "sbx"); err != nil {
 		t.Fatal(err)

@@ -251,6 +251,18 @@ type DiskResizer interface {
 	ResizeRootDisk(ctx context.Context, bytes int64) error
 }
 
+// HostOOMCounter is implemented by instances whose guest processes are
+// backed by host processes in the instance's own host memory cgroup
+// (gVisor: runsc's systrap stubs). The host kernel's OOM killer ends one
+// of them, and with it the guest process it backs, without the guest
+// kernel counting an OOM kill anywhere the guest can see; the shim reads
+// this count instead.
+type HostOOMCounter interface {
+	// HostOOMKills returns how many OOM kills the host has counted in the
+	// instance's cgroup so far.
+	HostOOMKills() (uint64, error)
+}
+
 // String says in one line how the VMM ended: the Reason if there is one,
 // else the signal or exit code.
 func (s ExitStatus) String() string {

@@ -51,6 +51,9 @@ type sessions struct {
 	ctx       context.Context // ends every exec stream when cancelled
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // pumps and kill_on_detach kills
+	// hostOOM, if set, counts the host's OOM kills among the sandbox's
+	// host processes (runtime.HostOOMCounter: gVisor).
+	hostOOM func() (uint64, error)
 
 	mu       sync.Mutex
 	byID     map[string]*session
@@ -75,6 +78,8 @@ type session struct {
 	startedAt    time.Time
 	pid          int32
 	g            *guardedExec
+	hostOOMs     uint64 // sessions.hostOOM at the start
+	hostOOMKnown bool
 
 	mu        sync.Mutex
 	out       []*agentv1.ExecResponse // retained stdout/stderr, oldest first
@@ -170,6 +175,10 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin(),
 		tenant: tenant, keyID: keyID, killOnDetach: killOnDetach,
 		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
+	}
+	if t.hostOOM != nil {
+		n, err := t.hostOOM()
+		s.hostOOMs, s.hostOOMKnown = n, err == nil
 	}
 	if err := t.audit(s, "exec.start", map[string]any{
 		"exec_id": s.id, "argv": s.argv, "user": start.GetUser(), "cwd": start.GetCwd(),
@@ -328,6 +337,9 @@ func (t *sessions) finish(s *session, ex *agentv1.ExecExited) {
 	if ex.GetDurationMs() == 0 {
 		ex.DurationMs = now.Sub(s.startedAt).Milliseconds()
 	}
+	if !ex.GetOomKilled() && t.killedByHostOOM(s, ex) {
+		ex.OomKilled = true
+	}
 	_ = t.audit(s, "exec.exit", map[string]any{
 		"exec_id": s.id, "code": ex.GetExitCode(), "signal": ex.GetSignal(), "timeout": ex.GetTimedOut(),
 		"truncated": ex.GetOutputTruncated(), "duration_ms": ex.GetDurationMs(), "oom_killed": ex.GetOomKilled(),
@@ -366,6 +378,19 @@ func (t *sessions) finish(s *session, ex *agentv1.ExecExited) {
 		f.mu.Unlock()
 	}
 	t.log.Debug("exec session exited", "exec_id", s.id, "code", ex.GetExitCode(), "signal", ex.GetSignal())
+}
+
+// killedByHostOOM reports whether an exec the guest does not call OOM
+// killed was ended by the host's OOM killer: it ended by SIGKILL (or with
+// 137, a shell's report of a child ended so) while the host counted an OOM
+// kill in the sandbox's cgroup. Under gVisor that is the only trace of an
+// OOM kill: the host ends the stub process behind the guest process.
+func (t *sessions) killedByHostOOM(s *session, ex *agentv1.ExecExited) bool {
+	if t.hostOOM == nil || !s.hostOOMKnown || (ex.GetSignal() != 9 && ex.GetExitCode() != 137) {
+		return false
+	}
+	n, err := t.hostOOM()
+	return err == nil && n > s.hostOOMs
 }
 
 // Get returns a session, or a NotFound Connect error.

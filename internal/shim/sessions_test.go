@@ -485,3 +485,38 @@ func TestSessionCutsOffSlowAttacherOnly(t *testing.T) {
 		t.Fatalf("retained %d, dropped %d, %d attachers", s.outBytes, s.dropped, len(s.attachers))
 	}
 }
+
+// TestKilledByHostOOM: an exec the guest did not call OOM-killed is
+// reported so when it ended by SIGKILL (or 137) while the host counted an
+// OOM kill in the sandbox's cgroup (gVisor), and only then.
+func TestKilledByHostOOM(t *testing.T) {
+	var count uint64
+	var countErr error
+	tbl := &sessions{hostOOM: func() (uint64, error) { return count, countErr }}
+	for _, c := range []struct {
+		name         string
+		known        bool
+		base, now    uint64
+		code, signal int32
+		err          error
+		want         bool
+	}{
+		{"sigkill during a host OOM kill", true, 2, 3, 0, 9, nil, true},
+		{"137 from a shell", true, 0, 1, 137, 0, nil, true},
+		{"sigkill, no OOM kill", true, 3, 3, 0, 9, nil, false},
+		{"normal exit during an OOM kill", true, 0, 1, 0, 0, nil, false},
+		{"sigterm during an OOM kill", true, 0, 1, 0, 15, nil, false},
+		{"count unknown at start", false, 0, 1, 0, 9, nil, false},
+		{"count unreadable at the end", true, 0, 1, 0, 9, errors.New("gone"), false},
+	} {
+		count, countErr = c.now, c.err
+		s := &session{hostOOMs: c.base, hostOOMKnown: c.known}
+		ex := &agentv1.ExecExited{ExitCode: c.code, Signal: c.signal}
+		if got := tbl.killedByHostOOM(s, ex); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	if (&sessions{}).killedByHostOOM(&session{hostOOMKnown: true}, &agentv1.ExecExited{Signal: 9}) {
+		t.Error("a runtime without a host OOM count (QEMU) reported a host OOM kill")
+	}
+}

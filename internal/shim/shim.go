@@ -608,6 +608,9 @@ func (s *shim) serve() error {
 	mux.Handle(shimv2connect.NewContextServiceHandler(&contextRelay{agent: s.agent, env: env}))
 	mux.Handle(shimv2connect.NewLifecycleServiceHandler(lifecycleService{s: s, since: time.Now()}))
 	s.execs = newSessions(s.agent, s.st, s.cfg.ID, env, s.log)
+	if c, ok := s.inst.(runtime.HostOOMCounter); ok {
+		s.execs.hostOOM = c.HostOOMKills
+	}
 	mux.Handle(shimv2connect.NewExecServiceHandler(execService{t: s.execs, log: s.log}, connect.WithReadMaxBytes(maxInputMessage)))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
 
@@ -386,6 +387,17 @@ func (in *instance) cgroupParent() string {
 		return in.spec.HostCgroup
 	}
 	return in.rt.cfg.CgroupParent
+}
+
+// HostOOMKills counts the host's OOM kills in runsc's cgroup for this
+// sandbox: under systrap each guest address space is a host stub process
+// there, and the one the host's OOM killer picks takes its guest process
+// with it (SIGKILL), which the sentry's cgroupfs never counts.
+func (in *instance) HostOOMKills() (uint64, error) {
+	if in.rt.cfg.IgnoreCgroups {
+		return 0, errors.New("runsc runs without host cgroups")
+	}
+	return hostcg.OOMKills(in.cgroupParent() + "/" + in.cid)
 }
 
 // removeCgroups removes the sandbox's cgroups if runsc left them (it does
