@@ -79,12 +79,12 @@ bench: setup ## latency and memory table (cold run, create->exec, exec RTT, RSS)
 	bin/airlock-bench --airlock bin/airlock --state-dir $(STATE_DIR)
 
 generate: ## regenerate protobuf/Connect code from every .proto under proto/ (pinned protoc and plugins)
-	@command -v protoc >/dev/null || apt-get install -y -q protobuf-compiler
+	@command -v protoc >/dev/null && [ -f /usr/include/google/protobuf/timestamp.proto ] || apt-get install -y -q protobuf-compiler libprotobuf-dev
 	@v="$$(protoc --version)"; [ "$$v" = "libprotoc $(PROTOC_VERSION)" ] || { \
 		echo "generate: need protoc $(PROTOC_VERSION) (Debian 12's protobuf-compiler), found '$$v': the generated code would differ" >&2; exit 1; }
 	$(GO) build -o .cache/gen/ google.golang.org/protobuf/cmd/protoc-gen-go connectrpc.com/connect/cmd/protoc-gen-connect-go
 	protoc --plugin=protoc-gen-go=.cache/gen/protoc-gen-go --plugin=protoc-gen-connect-go=.cache/gen/protoc-gen-connect-go \
-		-I proto --go_out=. --go_opt=module=github.com/airlock-sandbox/airlock \
+		-I proto -I /usr/include --go_out=. --go_opt=module=github.com/airlock-sandbox/airlock \
 		--connect-go_out=. --connect-go_opt=module=github.com/airlock-sandbox/airlock \
 		$$(find proto -name '*.proto' | LC_ALL=C sort)
 

@@ -88,6 +88,20 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	})
 }
 
+// AllowTenant takes one request from tenant's rate limit, for a surface
+// that authenticates without an API key (E2B's per-sandbox access tokens):
+// false means answer 429. It shares the bucket the tenant's keys fill, at
+// the rate their last request set (the server's default before any).
+func (s *Server) AllowTenant(tenant string) bool {
+	s.mu.Lock()
+	l, ok := s.limiters[tenant]
+	s.mu.Unlock()
+	if !ok {
+		l = s.limiter(tenant, s.cfg.Defaults.RatePerMin)
+	}
+	return l.Allow()
+}
+
 // limiter returns the token bucket of tenant (burst: a tenth of a minute's
 // requests, at least 1), re-rated if the key's rate changed.
 func (s *Server) limiter(tenant string, perMin int) *rate.Limiter {

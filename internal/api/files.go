@@ -75,8 +75,13 @@ func (s *Server) sandboxAndPath(w http.ResponseWriter, r *http.Request) (id, p s
 	return sb.ID, p, true
 }
 
-// idleReader sets a rolling read deadline before each read, so a stalled
-// client cannot hold the upload (and its guest stream) forever.
+// IdleReader returns r (a request body of w's request) with a rolling
+// read deadline set before each read, so a stalled client cannot hold an
+// upload (and its guest stream) forever.
+func IdleReader(r io.Reader, w http.ResponseWriter) io.Reader {
+	return idleReader{r, http.NewResponseController(w)}
+}
+
 type idleReader struct {
 	r  io.Reader
 	rc *http.ResponseController
@@ -101,7 +106,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// Streamed: no cap but the sandbox's disk, one chunk in memory.
-	n, err := s.cfg.Files.WriteFile(r.Context(), callerOf(r), id, p, uint32(mode), idleReader{r.Body, http.NewResponseController(w)})
+	n, err := s.cfg.Files.WriteFile(r.Context(), callerOf(r), id, p, uint32(mode), IdleReader(r.Body, w))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -109,22 +114,44 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"path": p, "size": n})
 }
 
-// lazyWriter sends the 200 header with the first byte, so that an error
-// before any data can still be answered as JSON.
-type lazyWriter struct {
+// LazyWriter sends the 200 header with the first byte (Content-Type
+// application/octet-stream unless set), so that an error before any data
+// can still be answered as JSON; each write has a rolling deadline.
+type LazyWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	started bool
 }
 
-func (lw *lazyWriter) Write(b []byte) (int, error) {
+// NewLazyWriter returns a LazyWriter over w.
+func NewLazyWriter(w http.ResponseWriter) *LazyWriter {
+	return &LazyWriter{w: w, rc: http.NewResponseController(w)}
+}
+
+// Started reports whether the header has been sent.
+func (lw *LazyWriter) Started() bool { return lw.started }
+
+func (lw *LazyWriter) Write(b []byte) (int, error) {
 	if !lw.started {
-		lw.started = true
-		lw.w.Header().Set("Content-Type", "application/octet-stream")
-		lw.w.WriteHeader(http.StatusOK)
+		lw.start()
 	}
 	_ = lw.rc.SetWriteDeadline(time.Now().Add(ioIdle))
 	return lw.w.Write(b)
+}
+
+// Finish sends the header if no byte did (an empty file).
+func (lw *LazyWriter) Finish() {
+	if !lw.started {
+		lw.start()
+	}
+}
+
+func (lw *LazyWriter) start() {
+	lw.started = true
+	if lw.w.Header().Get("Content-Type") == "" {
+		lw.w.Header().Set("Content-Type", "application/octet-stream")
+	}
+	lw.w.WriteHeader(http.StatusOK)
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
@@ -132,20 +159,19 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	lw := &lazyWriter{w: w, rc: http.NewResponseController(w)}
+	lw := NewLazyWriter(w)
 	_, err := s.cfg.Files.ReadFile(r.Context(), callerOf(r), id, p, lw, func(fi guest.FileInfo) {
 		if !lw.started && fi.Type == guest.FileRegular {
 			w.Header().Set("Content-Length", strconv.FormatUint(fi.Size, 10))
 		}
 	})
 	switch {
-	case err == nil && !lw.started:
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.WriteHeader(http.StatusOK)
-	case err != nil && !lw.started:
+	case err == nil:
+		lw.Finish()
+	case !lw.started:
 		w.Header().Del("Content-Length")
 		s.fail(w, r, err)
-	case err != nil:
+	default:
 		// Mid-stream: the status is sent; break the connection so the
 		// client sees a truncated body, not a short file.
 		s.log.Warn("download broken", "request_id", requestID(r), "err", err)

@@ -168,6 +168,12 @@ func (s *Server) HandleAuthenticated(pattern string, h http.Handler) {
 	s.mux.Handle(pattern, s.instrument(pattern, s.authenticate(h)))
 }
 
+// HandlePublic mounts h at pattern without the key check: h does its own
+// authentication (E2B's signed file URLs). Call it before serving.
+func (s *Server) HandlePublic(pattern string, h http.Handler) {
+	s.mux.Handle(pattern, s.instrument(pattern, h))
+}
+
 type headerRoute struct {
 	header string
 	h      http.Handler

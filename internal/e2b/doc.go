@@ -1,6 +1,7 @@
-// Package e2b serves the control-plane REST API of E2B (the routes E2B's
+// Package e2b serves E2B's API (the control-plane REST routes E2B's
 // official SDKs call to create, connect to, list, inspect, time out, pause
-// and kill sandboxes) over airlock's control plane, so that a program
+// and kill sandboxes, and envd's in-sandbox API for commands and files)
+// over airlock's control plane, so that a program
 // written against `e2b` on npm or PyPI runs on airlock with E2B_API_URL,
 // E2B_SANDBOX_URL and E2B_API_KEY set.
 //
@@ -23,9 +24,16 @@
 //   - connect resumes a paused sandbox (201) or answers a running one
 //     (200), and sets its timeout when asked.
 //
-// Not served yet (see the README): the in-sandbox API (envd: commands,
-// files, watch; the code interpreter's /execute), which E2B's SDKs reach
-// with an E2b-Sandbox-Id header and which is answered 501; metrics,
-// network updates, snapshots and fork through E2B's routes; autoPause,
-// lifecycle, volumeMounts and network rules of a create, which are ignored.
+// In-sandbox traffic (envd's Connect RPCs process.Process and
+// filesystem.Filesystem with the JSON codec, /files and /health) comes to
+// the same listener with an E2b-Sandbox-Id header (E2B_SANDBOX_URL points
+// the SDK there). It carries no API key: the sandbox's envdAccessToken, an
+// HMAC of its id under the catalog's secret, authorizes it, and the
+// manager acts for the sandbox's tenant. A process is an exec owned by the
+// sandbox's shim, named by its guest pid.
+//
+// Not served yet (see the README): PTY sessions, directory watching, the
+// code interpreter (port 49999), metrics, network updates, snapshots and
+// fork through E2B's routes; autoPause, lifecycle, volumeMounts and network
+// rules of a create are refused or ignored as the README says.
 package e2b

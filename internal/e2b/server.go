@@ -33,8 +33,16 @@ const maxBody = 1 << 20
 
 // Config is what the adapter needs.
 type Config struct {
-	// Sandboxes is the manager (the same one /v1 uses).
+	// Sandboxes, Execs and Files are the manager (the same one /v1 uses).
 	Sandboxes api.Sandboxes
+	Execs     api.Execs
+	Files     api.Files
+	// Secret (at least 32 bytes, the same for every server of the state
+	// dir) derives each sandbox's envd access token.
+	Secret []byte
+	// Limiter takes one request from a tenant's rate limit for in-sandbox
+	// traffic, which carries no API key (nil: none).
+	Limiter func(tenant string) bool
 	// Domain is returned as each sandbox's domain ("" returns null, and
 	// the SDK keeps its E2B_DOMAIN).
 	Domain string
@@ -44,14 +52,20 @@ type Config struct {
 // Register mounts E2B's control-plane routes on srv, behind its key check
 // and rate limit. Call it before serving.
 func Register(srv *api.Server, cfg Config) error {
-	if cfg.Sandboxes == nil {
-		return errors.New("e2b: Sandboxes is required")
+	switch {
+	case cfg.Sandboxes == nil || cfg.Execs == nil || cfg.Files == nil:
+		return errors.New("e2b: Sandboxes, Execs and Files are required")
+	case len(cfg.Secret) < 32:
+		return errors.New("e2b: Secret must be at least 32 bytes")
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	h := &handler{cfg: cfg}
-	srv.RouteByHeader("E2b-Sandbox-Id", http.HandlerFunc(notServedYet))
+	h.envd = h.newEnvd()
+	srv.RouteByHeader("E2b-Sandbox-Id", http.HandlerFunc(h.inSandbox))
+	srv.HandlePublic("GET /files", http.HandlerFunc(h.signedFiles))
+	srv.HandlePublic("POST /files", http.HandlerFunc(h.signedFiles))
 	for _, rt := range []struct {
 		pattern string
 		fn      func(http.ResponseWriter, *http.Request, sandbox.Caller)
@@ -83,7 +97,8 @@ func Register(srv *api.Server, cfg Config) error {
 }
 
 type handler struct {
-	cfg Config
+	cfg  Config
+	envd http.Handler // envd's port: process, filesystem, /files, /health
 }
 
 // Sandbox is E2B's answer to a create or connect.
@@ -208,7 +223,8 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 }
 
 func (h *handler) sandbox(sb store.Sandbox, tmpl string) Sandbox {
-	return Sandbox{SandboxID: sb.ID, TemplateID: tmpl, ClientID: clientID, EnvdVersion: EnvdVersion, Domain: h.domain()}
+	tok := h.accessToken(sb.ID)
+	return Sandbox{SandboxID: sb.ID, TemplateID: tmpl, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: &tok, Domain: h.domain()}
 }
 
 // state is sb's state in E2B's terms, "" for one E2B does not show.
@@ -459,12 +475,12 @@ func (h *handler) pause(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// notServedYet answers in-sandbox traffic (envd's Connect RPCs and REST
-// routes, the code interpreter's), which airlock does not serve yet: 501,
-// as a Connect error for the RPCs (their paths are /package.Service/Method)
-// so that the SDK shows the message, as E2B's error body otherwise.
+// notServedYet answers the code interpreter's traffic (port 49999), which
+// airlock does not serve yet: 501, as a Connect error for RPC paths
+// (/package.Service/Method) so that the SDK shows the message, as E2B's
+// error body otherwise.
 func notServedYet(w http.ResponseWriter, r *http.Request) {
-	const msg = "airlock does not serve E2B's in-sandbox API (envd: commands, files; the code interpreter) yet; use airlock's /v1 API or SDKs for exec, files and code"
+	const msg = "airlock does not serve E2B's code interpreter (runCode, code contexts) yet; use airlock's /v1 code API or SDKs"
 	svc, _, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	switch ct := r.Header.Get("Content-Type"); {
 	case ok && strings.Contains(svc, ".") && strings.HasPrefix(ct, "application/connect+"):

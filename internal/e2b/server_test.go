@@ -124,6 +124,8 @@ type harness struct {
 	t          *testing.T
 	url        string
 	fake       *fakeSandboxes
+	execs      *fakeExecs
+	files      *fakeFiles
 	alice, bob string
 }
 
@@ -134,14 +136,14 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	h := &harness{t: t, fake: &fakeSandboxes{sbs: map[string]store.Sandbox{}}}
+	h := &harness{t: t, fake: &fakeSandboxes{sbs: map[string]store.Sandbox{}}, execs: &fakeExecs{}, files: &fakeFiles{}}
 	_, h.alice, _ = st.CreateKey(t.Context(), store.APIKey{Tenant: "alice"})
 	if _, h.bob, err = st.CreateKey(t.Context(), store.APIKey{Tenant: "bob"}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := api.New(api.Config{Sandboxes: h.fake, Files: struct{ api.Files }{}, Events: st, Keys: st}) // no file route is called
 	if err == nil {
-		err = Register(s, Config{Sandboxes: h.fake})
+		err = Register(s, Config{Sandboxes: h.fake, Execs: h.execs, Files: h.files, Secret: []byte(strings.Repeat("s", 32))})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -340,18 +342,15 @@ func TestConnectTimeoutAndSandboxTraffic(t *testing.T) {
 	if r := h.do(h.alice, "POST", "/sandboxes/"+sb.SandboxID+"/timeout", `{}`); r.code != 400 {
 		t.Fatalf("timeout without a value: %d", r.code)
 	}
-	// In-sandbox traffic (envd) is routed by its header and not served yet.
-	r = h.do("", "POST", "/process.Process/Start", `{}`, "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49983")
-	if r.code != http.StatusNotImplemented || !strings.Contains(string(r.body), `"code":"unimplemented"`) {
-		t.Fatalf("envd RPC: %d %s", r.code, r.body)
+	// In-sandbox traffic is routed by its header: envd wants the sandbox's
+	// token; the code interpreter is not served yet.
+	r = h.do("", "POST", "/process.Process/List", `{}`, "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49983", "Content-Type", "application/json")
+	if r.code != http.StatusUnauthorized || !strings.Contains(string(r.body), `"code":"unauthenticated"`) {
+		t.Fatalf("envd RPC without a token: %d %s", r.code, r.body)
 	}
-	r = h.do("", "POST", "/process.Process/Start", `{}`, "E2b-Sandbox-Id", sb.SandboxID, "Content-Type", "application/connect+json")
-	if r.code != 200 || len(r.body) < 5 || r.body[0] != 0x02 || !strings.Contains(string(r.body[5:]), `"code":"unimplemented"`) {
-		t.Fatalf("envd streaming RPC: %d %q", r.code, r.body)
-	}
-	r = h.do("", "GET", "/files?path=/etc/hostname", ``, "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49983")
+	r = h.do("", "POST", "/execute", `{"code":"1"}`, "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", *again.EnvdAccessToken)
 	if r.code != http.StatusNotImplemented || !strings.Contains(string(r.body), `"code":501`) {
-		t.Fatalf("envd REST: %d %s", r.code, r.body)
+		t.Fatalf("code interpreter: %d %s", r.code, r.body)
 	}
 	// /v1 is untouched by the E2B routes.
 	if r := h.do(h.alice, "GET", "/v1/sandboxes", ""); r.code != 200 || !strings.Contains(string(r.body), sb.SandboxID) {

@@ -1,6 +1,33 @@
 package guest
 
-import "time"
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+)
+
+// MaxPathLen is the longest guest path the host sends.
+const MaxPathLen = 4096
+
+// CheckPath checks a path the host is about to send to the guest:
+// absolute, clean, without NUL, at most MaxPathLen bytes.
+func CheckPath(p string) error {
+	switch {
+	case p == "":
+		return errors.New("path is empty")
+	case len(p) > MaxPathLen:
+		return fmt.Errorf("path is longer than %d bytes", MaxPathLen)
+	case strings.IndexByte(p, 0) >= 0:
+		return errors.New("path contains a NUL byte")
+	case !strings.HasPrefix(p, "/"):
+		return fmt.Errorf("path %q is not absolute", p)
+	case path.Clean(p) != p:
+		return fmt.Errorf("path %q is not clean (want %q)", p, path.Clean(p))
+	}
+	return nil
+}
 
 // FileType is the kind of a guest file.
 type FileType uint8

@@ -3,8 +3,6 @@ package shim
 import (
 	"errors"
 	"fmt"
-	"path"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -16,8 +14,7 @@ import (
 const (
 	// DefaultMaxOutputBytes caps stdout+stderr forwarded for one exec.
 	DefaultMaxOutputBytes = 64 << 20
-	// maxPathLen is the longest guest path the host will send.
-	maxPathLen = 4096
+	maxPathLen            = guest.MaxPathLen
 )
 
 // timeoutGrace is how long past an exec's timeout the host waits for the
@@ -25,21 +22,7 @@ const (
 var timeoutGrace = 5 * time.Second
 
 // ValidateGuestPath checks a path the host is about to send to the guest.
-func ValidateGuestPath(p string) error {
-	switch {
-	case p == "":
-		return errors.New("path is empty")
-	case len(p) > maxPathLen:
-		return fmt.Errorf("path is longer than %d bytes", maxPathLen)
-	case strings.IndexByte(p, 0) >= 0:
-		return errors.New("path contains a NUL byte")
-	case !strings.HasPrefix(p, "/"):
-		return fmt.Errorf("path %q is not absolute", p)
-	case path.Clean(p) != p:
-		return fmt.Errorf("path %q is not clean (want %q)", p, path.Clean(p))
-	}
-	return nil
-}
+func ValidateGuestPath(p string) error { return guest.CheckPath(p) }
 
 // maxGuestMessage bounds an error message the guest wrote.
 const maxGuestMessage = 1024

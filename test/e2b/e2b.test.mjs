@@ -2,7 +2,9 @@
 // E2B SDK (`e2b` on npm), unmodified, configured only through E2B_API_URL,
 // E2B_SANDBOX_URL and E2B_API_KEY, against real sandboxes. Two SDK
 // versions: 2.51.0 (v2 create and connect routes) and 2.45.0 (v1 routes,
-// and the client-side check that keys look like e2b_<hex>).
+// and the client-side check that keys look like e2b_<hex>). In-sandbox
+// calls (envd: commands and files) go to the same server, told apart by the
+// SDK's E2b-Sandbox-Id header and authorized by the sandbox's access token.
 // Run through scripts/test-e2b.sh (needs AIRLOCK_TEST_STATE_DIR prepared by
 // `airlock setup`, and AIRLOCK_BIN).
 import { test, before, after } from "node:test";
@@ -88,8 +90,9 @@ for (const [name, pkg] of [["2.51.0", "e2b"], ["2.45.0", "e2b-2-45"]]) {
       assert.equal(again.sandboxId, sbx.sandboxId);
       assert.equal(sandboxState(sbx.sandboxId), "running");
 
-      // The in-sandbox API (envd) is not served yet, and says so.
-      await assert.rejects(sbx.commands.run("echo hi"), /in-sandbox API/);
+      // The resumed sandbox answers in-sandbox calls.
+      assert.equal((await again.commands.run("echo $GREETING")).stdout, "hi\n");
+      assert.equal(await again.isRunning(), true);
 
       // A bad key is an AuthenticationError.
       await assert.rejects(Sandbox.list({ apiKey: key.slice(0, -1) + (key.endsWith("0") ? "1" : "0") }).nextItems(), AuthenticationError);
@@ -98,5 +101,121 @@ for (const [name, pkg] of [["2.51.0", "e2b"], ["2.45.0", "e2b-2-45"]]) {
     }
     assert.equal(sandboxState(sbx.sandboxId), "gone");
     assert.equal(await Sandbox.kill(sbx.sandboxId), false, "killing a killed sandbox is false, not an error");
+  });
+}
+
+for (const [name, pkg] of [["2.51.0", "e2b"], ["2.45.0", "e2b-2-45"]]) {
+  test(`e2b ${name}: commands`, { timeout: 600_000 }, async () => {
+    const { Sandbox, CommandExitError } = await import(pkg);
+    const sbx = await Sandbox.create({ envs: { GREETING: "hi" }, timeoutMs: 300_000 });
+    try {
+      // Foreground: stdout, stderr, the sandbox's envs, the request's envs
+      // and cwd, exit codes.
+      let r = await sbx.commands.run("echo $GREETING $X; pwd; echo oops >&2", { envs: { X: "there" }, cwd: "/tmp" });
+      assert.equal(r.exitCode, 0);
+      assert.equal(r.stdout, "hi there\n/tmp\n");
+      assert.equal(r.stderr, "oops\n");
+      const failed = await sbx.commands.run("echo partial; exit 3").catch((e) => e);
+      assert.ok(failed instanceof CommandExitError, `exit 3 throws CommandExitError, got ${failed}`);
+      assert.equal(failed.exitCode, 3);
+      assert.equal(failed.stdout, "partial\n");
+
+      // Background, with output streamed to callbacks as it comes.
+      const seen = [];
+      const h = await sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.2; done", { background: true, onStdout: (d) => seen.push(d) });
+      assert.ok(h.pid > 0);
+      const done = await h.wait();
+      assert.equal(done.stdout, "1\n2\n3\n");
+      assert.equal(seen.join(""), "1\n2\n3\n");
+      assert.ok(seen.length >= 2, `output arrived in pieces, as it was written: ${JSON.stringify(seen)}`);
+
+      // List and kill a running process; killing it again is false.
+      const sleeper = await sbx.commands.run("sleep 120", { background: true });
+      const procs = await sbx.commands.list();
+      assert.ok(procs.some((p) => p.pid === sleeper.pid), `list has ${sleeper.pid}: ${JSON.stringify(procs)}`);
+      assert.equal(await sbx.commands.kill(sleeper.pid), true);
+      const killed = await sleeper.wait().catch((e) => e);
+      assert.ok(killed instanceof CommandExitError, `a killed command's wait throws, got ${killed}`);
+      assert.equal(killed.exitCode, -1);
+      assert.equal(await sbx.commands.kill(sleeper.pid), false);
+
+      // stdin: send, then close.
+      const cat = await sbx.commands.run("cat", { background: true, stdin: true });
+      await sbx.commands.sendStdin(cat.pid, "hello stdin\n");
+      if (typeof sbx.commands.closeStdin === "function") {
+        await sbx.commands.closeStdin(cat.pid);
+      } else {
+        await sbx.commands.kill(cat.pid);
+      }
+      const catOut = await cat.wait().catch((e) => e);
+      assert.equal(catOut.stdout, "hello stdin\n");
+
+      // Connect to a running process from a second handle.
+      const ticker = await sbx.commands.run("sleep 1; echo late", { background: true });
+      const attached = await sbx.commands.connect(ticker.pid);
+      assert.equal((await attached.wait()).stdout, "late\n");
+    } finally {
+      await sbx.kill();
+    }
+    // A dead sandbox's calls fail (E2B's 502) instead of hanging.
+    await assert.rejects(sbx.commands.run("true"));
+    assert.equal(await sbx.isRunning(), false);
+  });
+
+  test(`e2b ${name}: files`, { timeout: 600_000 }, async () => {
+    const { Sandbox, FileNotFoundError, NotFoundError } = await import(pkg);
+    const sbx = await Sandbox.create({ timeoutMs: 300_000 });
+    try {
+      await sbx.files.write("/tmp/e2b/hello.txt", "hello files");
+      assert.equal(await sbx.files.read("/tmp/e2b/hello.txt"), "hello files");
+      assert.equal((await sbx.commands.run("cat /tmp/e2b/hello.txt")).stdout, "hello files", "the file is in the guest");
+
+      // 5 MB of binary, byte for byte.
+      const big = new Uint8Array(5 * 1024 * 1024);
+      for (let i = 0; i < big.length; i++) big[i] = (i * 7 + (i >> 11)) & 0xff;
+      await sbx.files.write("/tmp/e2b/big.bin", big.buffer);
+      const back = await sbx.files.read("/tmp/e2b/big.bin", { format: "bytes" });
+      assert.equal(back.length, big.length);
+      assert.ok(Buffer.from(back).equals(Buffer.from(big)), "5 MB read back equal");
+
+      // Several files in one write; list, exists, getInfo, rename, remove.
+      const infos = await sbx.files.write([{ path: "/tmp/e2b/m/a.txt", data: "A" }, { path: "/tmp/e2b/m/b.txt", data: "B" }]);
+      assert.deepEqual(infos.map((i) => i.path).sort(), ["/tmp/e2b/m/a.txt", "/tmp/e2b/m/b.txt"]);
+      const entries = await sbx.files.list("/tmp/e2b/m");
+      assert.deepEqual(entries.map((e) => [e.name, e.type]).sort(), [["a.txt", "file"], ["b.txt", "file"]]);
+      assert.equal(await sbx.files.exists("/tmp/e2b/m/a.txt"), true);
+      assert.equal(await sbx.files.exists("/tmp/e2b/m/nope"), false);
+      const info = await sbx.files.getInfo("/tmp/e2b/big.bin");
+      assert.equal(info.size, big.length);
+      assert.equal(info.type, "file");
+      const moved = await sbx.files.rename("/tmp/e2b/m/a.txt", "/tmp/e2b/m/c.txt");
+      assert.equal(moved.path, "/tmp/e2b/m/c.txt");
+      assert.equal(await sbx.files.read("/tmp/e2b/m/c.txt"), "A");
+      await sbx.files.remove("/tmp/e2b/m");
+      assert.equal(await sbx.files.exists("/tmp/e2b/m/c.txt"), false);
+      assert.equal(await sbx.files.makeDir("/tmp/e2b/d/e"), true);
+      assert.equal(await sbx.files.makeDir("/tmp/e2b/d/e"), false, "an existing directory is false");
+      assert.equal((await sbx.files.getInfo("/tmp/e2b/d/e")).type, "dir");
+
+      // A missing file is the SDK's not-found error.
+      const missing = await sbx.files.read("/tmp/e2b/none").catch((e) => e);
+      assert.ok(missing instanceof (FileNotFoundError ?? NotFoundError), `missing file: ${missing}`);
+
+      // Signed URLs work without the SDK: plain fetch, no headers.
+      if (typeof sbx.downloadUrl === "function") {
+        const res = await fetch(await sbx.downloadUrl("/tmp/e2b/hello.txt"));
+        assert.equal(res.status, 200);
+        assert.equal(await res.text(), "hello files");
+        const form = new FormData();
+        form.append("file", new Blob(["uploaded"]), "/tmp/e2b/up.txt");
+        const up = await fetch(await sbx.uploadUrl("/tmp/e2b/up.txt"), { method: "POST", body: form });
+        assert.equal(up.status, 200, await up.clone().text());
+        assert.equal(await sbx.files.read("/tmp/e2b/up.txt"), "uploaded");
+        const unsigned = await fetch(`${url}/files?path=/tmp/e2b/hello.txt`);
+        assert.equal(unsigned.status, 401);
+      }
+    } finally {
+      await sbx.kill();
+    }
   });
 }
