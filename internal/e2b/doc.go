@@ -32,8 +32,8 @@
 // manager acts for the sandbox's tenant. A process is an exec owned by the
 // sandbox's shim, named by its guest pid.
 //
-// Not served yet (see the README): PTY sessions, directory watching, the
-// code interpreter (port 49999), metrics, network updates, snapshots and
+// Not served yet (see the README): PTY sessions, directory watching,
+// metrics, network updates, snapshots and
 // fork through E2B's routes; autoPause, lifecycle, volumeMounts and network
 // rules of a create are refused or ignored as the README says.
 package e2b

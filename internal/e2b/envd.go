@@ -134,7 +134,7 @@ func (h *handler) inSandbox(w http.ResponseWriter, r *http.Request) {
 	case "", envdPort:
 		h.envd.ServeHTTP(w, r)
 	case interpreterPort:
-		notServedYet(w, r)
+		h.interpreter.ServeHTTP(w, r)
 	default:
 		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": fmt.Sprintf("port %s of the sandbox is not served through E2B's headers; use the sandbox's preview route", port), "code": http.StatusBadGateway})
 	}

@@ -37,6 +37,7 @@ type Config struct {
 	Sandboxes api.Sandboxes
 	Execs     api.Execs
 	Files     api.Files
+	Contexts  api.Contexts
 	// Secret (at least 32 bytes, the same for every server of the state
 	// dir) derives each sandbox's envd access token.
 	Secret []byte
@@ -53,8 +54,8 @@ type Config struct {
 // and rate limit. Call it before serving.
 func Register(srv *api.Server, cfg Config) error {
 	switch {
-	case cfg.Sandboxes == nil || cfg.Execs == nil || cfg.Files == nil:
-		return errors.New("e2b: Sandboxes, Execs and Files are required")
+	case cfg.Sandboxes == nil || cfg.Execs == nil || cfg.Files == nil || cfg.Contexts == nil:
+		return errors.New("e2b: Sandboxes, Execs, Files and Contexts are required")
 	case len(cfg.Secret) < 32:
 		return errors.New("e2b: Secret must be at least 32 bytes")
 	}
@@ -62,7 +63,7 @@ func Register(srv *api.Server, cfg Config) error {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	h := &handler{cfg: cfg}
-	h.envd = h.newEnvd()
+	h.envd, h.interpreter = h.newEnvd(), h.newInterpreter()
 	srv.RouteByHeader("E2b-Sandbox-Id", http.HandlerFunc(h.inSandbox))
 	srv.HandlePublic("GET /files", http.HandlerFunc(h.signedFiles))
 	srv.HandlePublic("POST /files", http.HandlerFunc(h.signedFiles))
@@ -97,8 +98,9 @@ func Register(srv *api.Server, cfg Config) error {
 }
 
 type handler struct {
-	cfg  Config
-	envd http.Handler // envd's port: process, filesystem, /files, /health
+	cfg         Config
+	envd        http.Handler // envd's port: process, filesystem, /files, /health
+	interpreter http.Handler // the code interpreter's port: /execute, /contexts
 }
 
 // Sandbox is E2B's answer to a create or connect.
@@ -223,8 +225,8 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 }
 
 func (h *handler) sandbox(sb store.Sandbox, tmpl string) Sandbox {
-	tok := h.accessToken(sb.ID)
-	return Sandbox{SandboxID: sb.ID, TemplateID: tmpl, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: &tok, Domain: h.domain()}
+	tok, traffic := h.accessToken(sb.ID), h.trafficToken(sb.ID)
+	return Sandbox{SandboxID: sb.ID, TemplateID: tmpl, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: &tok, TrafficAccessToken: &traffic, Domain: h.domain()}
 }
 
 // state is sb's state in E2B's terms, "" for one E2B does not show.
@@ -473,28 +475,6 @@ func (h *handler) pause(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// notServedYet answers the code interpreter's traffic (port 49999), which
-// airlock does not serve yet: 501, as a Connect error for RPC paths
-// (/package.Service/Method) so that the SDK shows the message, as E2B's
-// error body otherwise.
-func notServedYet(w http.ResponseWriter, r *http.Request) {
-	const msg = "airlock does not serve E2B's code interpreter (runCode, code contexts) yet; use airlock's /v1 code API or SDKs"
-	svc, _, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
-	switch ct := r.Header.Get("Content-Type"); {
-	case ok && strings.Contains(svc, ".") && strings.HasPrefix(ct, "application/connect+"):
-		// A streaming RPC: the error travels in the end-of-stream message
-		// (flags 0x02, then a big-endian length), after a 200.
-		end, _ := json.Marshal(map[string]any{"error": map[string]string{"code": "unimplemented", "message": msg}})
-		w.Header().Set("Content-Type", ct)
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(append([]byte{0x02, byte(len(end) >> 24), byte(len(end) >> 16), byte(len(end) >> 8), byte(len(end))}, end...))
-	case ok && strings.Contains(svc, "."):
-		writeJSON(w, http.StatusNotImplemented, map[string]string{"code": "unimplemented", "message": msg})
-	default:
-		writeError(w, http.StatusNotImplemented, msg)
-	}
 }
 
 // validTimeout reports whether a create's or connect's timeout (seconds)

@@ -126,6 +126,7 @@ type harness struct {
 	fake       *fakeSandboxes
 	execs      *fakeExecs
 	files      *fakeFiles
+	contexts   *fakeContexts
 	alice, bob string
 }
 
@@ -136,14 +137,14 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	h := &harness{t: t, fake: &fakeSandboxes{sbs: map[string]store.Sandbox{}}, execs: &fakeExecs{}, files: &fakeFiles{}}
+	h := &harness{t: t, fake: &fakeSandboxes{sbs: map[string]store.Sandbox{}}, execs: &fakeExecs{}, files: &fakeFiles{}, contexts: &fakeContexts{}}
 	_, h.alice, _ = st.CreateKey(t.Context(), store.APIKey{Tenant: "alice"})
 	if _, h.bob, err = st.CreateKey(t.Context(), store.APIKey{Tenant: "bob"}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := api.New(api.Config{Sandboxes: h.fake, Files: struct{ api.Files }{}, Events: st, Keys: st}) // no file route is called
 	if err == nil {
-		err = Register(s, Config{Sandboxes: h.fake, Execs: h.execs, Files: h.files, Secret: []byte(strings.Repeat("s", 32))})
+		err = Register(s, Config{Sandboxes: h.fake, Execs: h.execs, Files: h.files, Contexts: h.contexts, Secret: []byte(strings.Repeat("s", 32))})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -343,14 +344,10 @@ func TestConnectTimeoutAndSandboxTraffic(t *testing.T) {
 		t.Fatalf("timeout without a value: %d", r.code)
 	}
 	// In-sandbox traffic is routed by its header: envd wants the sandbox's
-	// token; the code interpreter is not served yet.
+	// token.
 	r = h.do("", "POST", "/process.Process/List", `{}`, "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49983", "Content-Type", "application/json")
 	if r.code != http.StatusUnauthorized || !strings.Contains(string(r.body), `"code":"unauthenticated"`) {
 		t.Fatalf("envd RPC without a token: %d %s", r.code, r.body)
-	}
-	r = h.do("", "POST", "/execute", `{"code":"1"}`, "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", *again.EnvdAccessToken)
-	if r.code != http.StatusNotImplemented || !strings.Contains(string(r.body), `"code":501`) {
-		t.Fatalf("code interpreter: %d %s", r.code, r.body)
 	}
 	// /v1 is untouched by the E2B routes.
 	if r := h.do(h.alice, "GET", "/v1/sandboxes", ""); r.code != 200 || !strings.Contains(string(r.body), sb.SandboxID) {

@@ -219,3 +219,46 @@ for (const [name, pkg] of [["2.51.0", "e2b"], ["2.45.0", "e2b-2-45"]]) {
     }
   });
 }
+
+test("@e2b/code-interpreter 2.8.0: runCode, state, plots, errors, contexts", { timeout: 600_000 }, async () => {
+  const { Sandbox } = await import("@e2b/code-interpreter");
+  const sbx = await Sandbox.create({ timeoutMs: 300_000 });
+  try {
+    // State survives between runs; the last expression is the main result.
+    await sbx.runCode("x = 21");
+    const seen = [];
+    const ex = await sbx.runCode("print('hello from python')\nx * 2", { onStdout: (m) => seen.push(m.line ?? m) });
+    assert.equal(ex.text, "42");
+    assert.deepEqual(ex.logs.stdout, ["hello from python\n"]);
+    assert.equal(seen.length, 1, "onStdout was called");
+    assert.ok(ex.executionCount >= 2, `execution count ${ex.executionCount}`);
+
+    // A matplotlib figure comes back as a PNG.
+    const plot = await sbx.runCode("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()");
+    const png = plot.results.find((r) => r.png);
+    assert.ok(png, `a PNG result: ${JSON.stringify(plot.results.map((r) => r.formats()))}`);
+    assert.equal(Buffer.from(png.png, "base64").subarray(1, 4).toString(), "PNG");
+
+    // An exception is the execution's error, not a thrown one.
+    const err = await sbx.runCode("1/0");
+    assert.equal(err.error.name, "ZeroDivisionError");
+    assert.match(err.error.value, /division by zero/);
+    assert.ok(err.error.traceback.length > 0);
+
+    // Contexts: their own state; listed; removed.
+    const ctx = await sbx.createCodeContext({ language: "python", cwd: "/tmp" });
+    assert.ok(ctx.id);
+    await sbx.runCode("y = 'in ctx'", { context: ctx });
+    assert.equal((await sbx.runCode("import os; os.getcwd()", { context: ctx })).text, "/tmp", "a string result without its quotes, as E2B gives it");
+    const missing = await sbx.runCode("y", {});
+    assert.equal(missing.error?.name, "NameError", "the default context does not see the other's state");
+    assert.ok((await sbx.listCodeContexts()).some((c) => c.id === ctx.id));
+    await sbx.removeCodeContext(ctx);
+    assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id));
+
+    // Bash works as a language.
+    assert.match((await sbx.runCode("echo from bash", { language: "bash" })).logs.stdout.join(""), /from bash/);
+  } finally {
+    await sbx.kill();
+  }
+});
