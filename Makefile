@@ -3,7 +3,18 @@ SHELL := /bin/bash
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 STATE_DIR ?= $(or $(AIRLOCK_STATE_DIR),/var/lib/airlock)
-VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The version stamped into both binaries (`airlock version`) and the dist
+# tarball's name: git describe of the tree, a semver tag kept with its v
+# (v0.3.0, v0.3.0-4-gabc1234, a bare hash without tags, -dirty with
+# uncommitted changes; dev outside git). Evaluated once; `make VERSION=...`
+# overrides it.
+VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# `make install`: binaries under $(DESTDIR)$(PREFIX), the guest agent in
+# $(PREFIX)/lib/airlock (where airlock looks for it), the systemd unit in
+# UNITDIR, the settings file /etc/airlock/airlock.env.
+PREFIX ?= /usr/local
+DESTDIR ?=
+UNITDIR ?= $(PREFIX)/lib/systemd/system
 LDFLAGS := -s -w -X main.version=$(VERSION)
 AIRLOCK := bin/airlock --state-dir $(STATE_DIR)
 # End-to-end tests the gvisor pass of `make test` leaves out (pause).
@@ -19,7 +30,7 @@ PROTOC_VERSION := 3.21.12
 # .pb.go / .connect.go a new proto's go_package puts elsewhere.
 GENERATED := internal/agentapi internal/shimapi ':(glob)**/*.pb.go' ':(glob)**/*.connect.go'
 
-.PHONY: help deps build setup demo test test-unit test-race test-sdk-unit test-host test-vm bench generate check-generate lint fuzz test-fuzz-short test-security clean
+.PHONY: help deps build install uninstall dist test-dist setup demo test test-unit test-race test-sdk-unit test-host test-vm bench generate check-generate lint fuzz test-fuzz-short test-security clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -31,6 +42,42 @@ build: ## build bin/airlock and the static guest agent bin/airlock-agent
 	@mkdir -p bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/airlock-agent ./cmd/airlock-agent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/airlock ./cmd/airlock
+
+install: build ## install airlock, its guest agent and airlock.service under $(DESTDIR)$(PREFIX); /etc/airlock/airlock.env only where none exists
+	install -D -m 0755 bin/airlock $(DESTDIR)$(PREFIX)/bin/airlock
+	install -D -m 0755 bin/airlock-agent $(DESTDIR)$(PREFIX)/lib/airlock/airlock-agent
+	install -d $(DESTDIR)$(UNITDIR)
+	sed 's|@BINDIR@|$(PREFIX)/bin|g' packaging/airlock.service >$(DESTDIR)$(UNITDIR)/airlock.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/airlock.service
+	@if [ -e $(DESTDIR)/etc/airlock/airlock.env ]; then echo "install: kept $(DESTDIR)/etc/airlock/airlock.env"; \
+	else install -D -m 0644 packaging/airlock.env $(DESTDIR)/etc/airlock/airlock.env; fi
+	@echo "installed airlock $(VERSION); next: airlock setup; systemctl daemon-reload; systemctl enable --now airlock"
+
+uninstall: ## remove what make install put under $(DESTDIR)$(PREFIX) (keeps /etc/airlock and the state dir)
+	rm -f $(DESTDIR)$(PREFIX)/bin/airlock $(DESTDIR)$(PREFIX)/lib/airlock/airlock-agent $(DESTDIR)$(UNITDIR)/airlock.service
+	[ ! -d $(DESTDIR)$(PREFIX)/lib/airlock ] || rmdir --ignore-fail-on-non-empty $(DESTDIR)$(PREFIX)/lib/airlock
+
+# The tarball is a /usr/local tree (tar -C /usr/local --strip-components=1
+# -xzf it): the files of `make install` with PREFIX=/usr/local, the default
+# settings in share/airlock, the docs in share/doc/airlock. Reproducible:
+# sorted, owned by root, dated by the last commit.
+dist: build ## dist/airlock-$(VERSION)-<os>-<arch>.tar.gz: both binaries, airlock.service, airlock.env, README.md, docs/
+	@set -euo pipefail; name=airlock-$(VERSION)-$$($(GO) env GOOS)-$$($(GO) env GOARCH); stage=dist/$$name; \
+	rm -rf $$stage; \
+	install -D -m 0755 bin/airlock $$stage/bin/airlock; \
+	install -D -m 0755 bin/airlock-agent $$stage/lib/airlock/airlock-agent; \
+	install -d $$stage/lib/systemd/system $$stage/share/airlock $$stage/share/doc/airlock; \
+	sed 's|@BINDIR@|/usr/local/bin|g' packaging/airlock.service >$$stage/lib/systemd/system/airlock.service; \
+	install -m 0644 packaging/airlock.env $$stage/share/airlock/airlock.env; \
+	cp -r README.md docs $$stage/share/doc/airlock/; \
+	if [ -f LICENSE ]; then cp LICENSE $$stage/share/doc/airlock/; fi; \
+	chmod -R u=rwX,go=rX $$stage; \
+	tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
+		-C dist -cf - $$name | gzip -n >dist/$$name.tar.gz; \
+	rm -rf $$stage; echo dist/$$name.tar.gz
+
+test-dist: ## a temp clone of HEAD tagged v0.0.0-test: make dist (version), make install into a temp root, the unit's serve answers /healthz, the Python and Go SDKs install offline
+	scripts/test-dist.sh
 
 setup: deps build ## guest kernel, initramfs and the default image into the state dir
 	$(AIRLOCK) setup
@@ -53,6 +100,7 @@ test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-sdk.sh
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-mcp.sh
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-e2b.sh
+	$(MAKE) test-dist
 
 test-security: setup ## the adversarial suite: one TestThreatNNN test per threat of THREATS.md that runs here (docs/THREATS-COVERAGE.md), all tiers
 	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \

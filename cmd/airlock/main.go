@@ -168,7 +168,7 @@ func rootCmd(g *globals) *cobra.Command {
 		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
 		pauseCmd(g), resumeCmd(g), touchCmd(g), snapshotCmd(g), forkCmd(g),
 		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
-		mcpCmd(g), codeCmd(g), contextsCmd(g),
+		mcpCmd(g), codeCmd(g), contextsCmd(g), versionCmd(),
 	)
 	return root
 }

@@ -27,7 +27,9 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// agentPath finds the guest agent binary: --agent, else next to airlock.
+// agentPath finds the guest agent binary: --agent, else next to airlock
+// (bin/ of a build tree), else in ../lib/airlock beside it (`make install`
+// and the `make dist` tarball).
 func agentPath(flag string) (string, error) {
 	if flag != "" {
 		return flag, nil
@@ -36,11 +38,23 @@ func agentPath(flag string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p := filepath.Join(filepath.Dir(exe), "airlock-agent")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("%w: guest agent not found at %s (run `make build`, or pass --agent)", errdefs.ErrFailedPrecondition, p)
+	return findAgent(filepath.Dir(exe))
+}
+
+// findAgent looks for airlock-agent in the places agentPath names, with
+// binDir the directory of the airlock executable.
+func findAgent(binDir string) (string, error) {
+	places := []string{
+		filepath.Join(binDir, "airlock-agent"),
+		filepath.Join(binDir, "..", "lib", "airlock", "airlock-agent"),
 	}
-	return p, nil
+	for _, p := range places {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return filepath.Clean(p), nil
+		}
+	}
+	return "", fmt.Errorf("%w: guest agent not found at %s (run `make build` or `make install`, or pass --agent)",
+		errdefs.ErrFailedPrecondition, strings.Join(places, " or "))
 }
 
 // newRuntime builds the qemu runtime for this state dir.
