@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/creack/pty"
 
 	"github.com/airlock-sandbox/airlock/internal/agent/cgroup"
 	"github.com/airlock-sandbox/airlock/internal/agent/reaper"
@@ -27,6 +28,8 @@ const (
 	// maxDrain bounds how long output is drained after the process exits
 	// while the pipes stay busy (see run).
 	maxDrain = time.Second
+	// maxTermSize bounds a terminal's rows and columns.
+	maxTermSize = 10000
 )
 
 // execService implements ExecService.
@@ -100,6 +103,16 @@ func (s *execService) prepare(start *agentv1.ExecStart) (*execSpec, error) {
 	if spec.maxOut == 0 {
 		spec.maxOut = defaultMaxOutput
 	}
+	if t := start.GetTty(); t != nil {
+		if t.GetRows() < 1 || t.GetRows() > maxTermSize || t.GetCols() < 1 || t.GetCols() > maxTermSize {
+			return nil, invalidf("terminal size %dx%d: rows and cols are 1..%d", t.GetCols(), t.GetRows(), maxTermSize)
+		}
+		spec.tty = &pty.Winsize{Rows: uint16(t.GetRows()), Cols: uint16(t.GetCols())}
+		spec.stdin = true
+		if envValue(spec.env, "TERM") == "" {
+			spec.env = append(spec.env, "TERM=xterm-256color")
+		}
+	}
 	if spec.pids == 0 {
 		spec.pids = s.pids
 	}
@@ -140,7 +153,11 @@ func (s *execService) run(ctx context.Context, stream *connect.BidiStream[agentv
 
 	readers := make(chan struct{}, 2)
 	go out.pump(p.stdout, false, readers)
-	go out.pump(p.stderr, true, readers)
+	if p.stderr != nil {
+		go out.pump(p.stderr, true, readers)
+	} else {
+		readers <- struct{}{} // a terminal: one output stream
+	}
 	s.wg.Go(func() { receive(stream, p) })
 
 	var timeout <-chan time.Time
@@ -195,7 +212,9 @@ wait:
 			}
 			now := time.Now()
 			_ = p.stdout.SetReadDeadline(now)
-			_ = p.stderr.SetReadDeadline(now)
+			if p.stderr != nil {
+				_ = p.stderr.SetReadDeadline(now)
+			}
 		}
 	}
 	if gone {
@@ -237,6 +256,10 @@ func receive(stream *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecRespons
 			}
 		case *agentv1.ExecRequest_Signal:
 			p.signal(m.Signal)
+		case *agentv1.ExecRequest_Resize:
+			if r, c := m.Resize.GetRows(), m.Resize.GetCols(); r >= 1 && r <= maxTermSize && c >= 1 && c <= maxTermSize {
+				p.resize(&pty.Winsize{Rows: uint16(r), Cols: uint16(c)})
+			}
 		}
 	}
 }

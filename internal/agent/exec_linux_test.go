@@ -334,3 +334,61 @@ func TestExecConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestExecTTY: an exec on a terminal has it as stdin, stdout, stderr and
+// controlling terminal, of the size asked; typed input is echoed; resizes
+// reach it; the exit is reported as for pipes.
+func TestExecTTY(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	stream := env.c.Exec.Exec(ctx)
+	defer func() { _ = stream.CloseResponse() }()
+	send := func(m *agentv1.ExecRequest) {
+		if err := stream.Send(m); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	}
+	script := `tty; echo "size $(stty size)"; [ -t 2 ] && echo "stderr is a tty"; echo "TERM=$TERM"; read line; echo "got:$line"; echo "size $(stty size)"; exit 3`
+	send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{
+		Argv: []string{"sh", "-c", script}, Tty: &agentv1.TerminalSize{Rows: 24, Cols: 80},
+	}}})
+	var out strings.Builder
+	var exited *agentv1.ExecExited
+	typed := false
+	for exited == nil {
+		msg, err := stream.Receive()
+		if err != nil {
+			t.Fatalf("receive: %v (output so far %q)", err, out.String())
+		}
+		switch ev := msg.GetEvent().(type) {
+		case *agentv1.ExecResponse_Stdout:
+			out.Write(ev.Stdout)
+		case *agentv1.ExecResponse_Stderr:
+			t.Errorf("stderr on a terminal: %q", ev.Stderr)
+		case *agentv1.ExecResponse_Exited:
+			exited = ev.Exited
+		}
+		// Once the shell waits for its line: resize, then type it.
+		if !typed && strings.Contains(out.String(), "TERM=") {
+			typed = true
+			send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Resize{Resize: &agentv1.TerminalSize{Rows: 40, Cols: 120}}})
+			send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Stdin{Stdin: []byte("hello\n")}})
+		}
+	}
+	got := strings.ReplaceAll(out.String(), "\r\n", "\n") // the terminal's output processing
+	for _, want := range []string{"/dev/pts/", "size 24 80\n", "stderr is a tty\n", "TERM=xterm-256color\n", "hello\n", "got:hello\n", "size 40 120\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("terminal output lacks %q:\n%s", want, got)
+		}
+	}
+	if exited.GetExitCode() != 3 {
+		t.Errorf("exited = %v", exited)
+	}
+	// A size of 0 is refused before anything runs.
+	res, err := env.runExec(t, t.Context(), &agentv1.ExecStart{Argv: []string{"true"}, Tty: &agentv1.TerminalSize{Rows: 0, Cols: 80}}, nil)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("tty of 0 rows: %v %v", res, err)
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/agent/cgroup"
 	"github.com/airlock-sandbox/airlock/internal/agent/reaper"
@@ -28,6 +30,7 @@ type execSpec struct {
 	timeout time.Duration
 	maxOut  uint64
 	pids    uint32
+	tty     *pty.Winsize // nil: pipes
 }
 
 // process is a started exec. Its fields are set before it is shared.
@@ -38,7 +41,8 @@ type process struct {
 	reaper *reaper.Reaper
 	cg     *cgroup.Exec // nil without cgroups
 
-	stdout, stderr *os.File // read ends
+	stdout, stderr *os.File // read ends; stderr is nil on a terminal
+	tty            *os.File // the terminal's master (also stdout); nil without
 
 	stdinMu sync.Mutex
 	stdin   *os.File // write end; nil without stdin or once closed
@@ -83,6 +87,9 @@ func (s *execService) spawn(spec *execSpec) (_ *process, err error) {
 		cleanup = append(cleanup, cg.Release)
 	}
 
+	if spec.tty != nil {
+		return s.spawnTTY(spec, p)
+	}
 	var childStdin *os.File
 	if spec.stdin {
 		r, w, err := os.Pipe()
@@ -113,7 +120,77 @@ func (s *execService) spawn(spec *execSpec) (_ *process, err error) {
 	cleanup = append(cleanup, func() { errR.Close() })
 	p.stdout, p.stderr = outR, errR
 
-	sys := &syscall.SysProcAttr{Setsid: true}
+	return s.launch(spec, p, []uintptr{childStdin.Fd(), outW.Fd(), errW.Fd()}, &syscall.SysProcAttr{Setsid: true})
+}
+
+// spawnTTY starts spec's process on a new pseudo-terminal: its stdin,
+// stdout and stderr are the terminal, which becomes its controlling
+// terminal; the agent keeps the master, for output, input and resizes.
+func (s *execService) spawnTTY(spec *execSpec, p *process) (_ *process, err error) {
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for _, f := range cleanup {
+				f()
+			}
+		}
+	}()
+	opened, slave, err := pty.Open()
+	if err != nil {
+		return nil, sysError("open a pseudo-terminal", err)
+	}
+	defer slave.Close()
+	// pty.Open leaves the master in blocking mode; the output pump needs
+	// read deadlines (see run's drain), so keep a non-blocking copy that
+	// the runtime poller manages, and another for input, which closing
+	// stdin closes without ending the output.
+	master, err := nonBlockingDup(opened, "ptmx")
+	opened.Close()
+	if err != nil {
+		return nil, sysError("dup the terminal", err)
+	}
+	cleanup = append(cleanup, func() { master.Close() })
+	in, err := nonBlockingDup(master, "ptmx-input")
+	if err != nil {
+		return nil, sysError("dup the terminal", err)
+	}
+	cleanup = append(cleanup, func() { in.Close() })
+	p.stdout, p.tty, p.stdin = master, master, in
+	if !p.resize(spec.tty) {
+		return nil, sysError("set the terminal size", errors.New("not a terminal"))
+	}
+	// The child's fd 0 (Ctty) becomes its controlling terminal.
+	return s.launch(spec, p, []uintptr{slave.Fd(), slave.Fd(), slave.Fd()}, &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0})
+}
+
+// nonBlockingDup duplicates f's descriptor (close-on-exec, non-blocking)
+// as a new *os.File, which the runtime poller then manages.
+func nonBlockingDup(f *os.File, name string) (*os.File, error) {
+	var fd int
+	var err error
+	rc, cerr := f.SyscallConn()
+	if cerr != nil {
+		return nil, cerr
+	}
+	if cerr := rc.Control(func(raw uintptr) {
+		if fd, err = unix.FcntlInt(raw, unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			err = unix.SetNonblock(fd, true)
+		}
+	}); cerr != nil {
+		return nil, cerr
+	}
+	if err != nil {
+		if fd > 0 {
+			unix.Close(fd)
+		}
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// launch forks and execs spec with files as the child's fds 0, 1 and 2,
+// in the exec's cgroup and envelope, as spec's user.
+func (s *execService) launch(spec *execSpec, p *process, files []uintptr, sys *syscall.SysProcAttr) (*process, error) {
 	if os.Geteuid() == 0 {
 		sys.Credential = &syscall.Credential{Uid: spec.id.uid, Gid: spec.id.gid, Groups: spec.id.groups}
 	} else if spec.user != "" && spec.id.uid != uint32(os.Geteuid()) {
@@ -126,13 +203,13 @@ func (s *execService) spawn(spec *execSpec) (_ *process, err error) {
 		Dir: spec.dir,
 		Env: spec.env,
 		// Fd puts the child's ends in blocking mode; ours stay non-blocking.
-		Files: []uintptr{childStdin.Fd(), outW.Fd(), errW.Fd()},
+		Files: files,
 		Sys:   sys,
 	}
 	path, argv := spec.path, spec.argv
-	launch := direct
+	fork := direct
 	if s.guest && p.cg != nil && os.Geteuid() == 0 {
-		launch = enveloped(sys)
+		fork = enveloped(sys)
 	}
 	pid, done, err := s.reaper.Start(func() (int, error) {
 		if s.guest {
@@ -143,7 +220,7 @@ func (s *execService) spawn(spec *execSpec) (_ *process, err error) {
 			defer setOOMScoreAdj(s.log, "-1000")
 		}
 		p.start = time.Now()
-		return launch(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+		return fork(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	})
 	if err != nil {
 		return nil, sysError("start process", err)
@@ -188,6 +265,23 @@ func (p *process) writeStdin(b []byte) {
 	}
 }
 
+// resize sets the terminal's size (false: not a terminal, or the size
+// could not be set).
+func (p *process) resize(ws *pty.Winsize) bool {
+	if p.tty == nil || ws == nil {
+		return false
+	}
+	rc, err := p.tty.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var ierr error
+	err = rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: ws.Rows, Col: ws.Cols})
+	})
+	return err == nil && ierr == nil
+}
+
 func (p *process) closeStdin() {
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
@@ -202,7 +296,9 @@ func (p *process) closeStdin() {
 func (p *process) release() {
 	p.closeStdin()
 	_ = p.stdout.Close()
-	_ = p.stderr.Close()
+	if p.stderr != nil {
+		_ = p.stderr.Close()
+	}
 	if p.cg != nil {
 		p.cg.Release()
 	}

@@ -30,7 +30,7 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 // ProtocolVersion is the version this build speaks. Bump it when an RPC or
 // a request field that an older agent would ignore is added, and record
 // below which version introduced it.
-const ProtocolVersion = VersionNetwork
+const ProtocolVersion = VersionTerminal
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -129,4 +129,7 @@ const (
 	// VersionNetwork added SyncRequest.network (guest network config).
 	// An older agent ignores the field: check before relying on it.
 	VersionNetwork = 3
+	// VersionTerminal: ExecStart.tty and ExecRequest.resize (execs on a
+	// pseudo-terminal).
+	VersionTerminal = 4
 )

@@ -398,10 +398,11 @@ func (s *fakeStream) Stdin(data []byte) error {
 	return nil
 }
 
-func (s *fakeStream) CloseStdin() error    { return nil }
-func (s *fakeStream) Signal(sig int) error { return nil }
-func (s *fakeStream) Finish() error        { return nil }
-func (s *fakeStream) Close()               {}
+func (s *fakeStream) CloseStdin() error           { return nil }
+func (s *fakeStream) Resize(guest.TermSize) error { return nil }
+func (s *fakeStream) Signal(sig int) error        { return nil }
+func (s *fakeStream) Finish() error               { return nil }
+func (s *fakeStream) Close()                      {}
 
 func (f *fake) ListExecs(_ context.Context, c sandbox.Caller, id string) ([]ExecInfo, error) {
 	if _, err := f.lookup(c, id); err != nil {

@@ -53,8 +53,9 @@ func (s *fakeStream) Recv() (guest.ExecEvent, error) {
 	s.evs = s.evs[1:]
 	return ev, nil
 }
-func (s *fakeStream) Stdin([]byte) error { return nil }
-func (s *fakeStream) CloseStdin() error  { return nil }
+func (s *fakeStream) Stdin([]byte) error          { return nil }
+func (s *fakeStream) CloseStdin() error           { return nil }
+func (s *fakeStream) Resize(guest.TermSize) error { return nil }
 func (s *fakeStream) Signal(sig int) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
@@ -296,8 +297,13 @@ func TestEnvdProcess(t *testing.T) {
 	if _, err := run(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "missing"}}); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("a program the guest cannot start: %v", err)
 	}
-	if _, err := run(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "sh"}, Pty: &process.PTY{}}); connect.CodeOf(err) != connect.CodeUnimplemented {
-		t.Fatalf("pty: %v", err)
+	// A PTY: a terminal of the size asked, its output as pty data.
+	evs, err = run(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-i", "-l"}}, Pty: &process.PTY{Size: &process.PTY_Size{Cols: 100, Rows: 30}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tty := h.execs.specs[len(h.execs.specs)-1].TTY; tty == nil || tty.Rows != 30 || tty.Cols != 100 || string(evs[1].GetData().GetPty()) != "/bin/bash -i -l" {
+		t.Fatalf("pty: spec %+v, events %v", tty, evs)
 	}
 	if _, err := run(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "sh", Cwd: ptr("/a/\x00")}}); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("a NUL in cwd: %v", err)

@@ -32,14 +32,10 @@ var _ processconnect.ProcessHandler = (*processService)(nil)
 // keepalive event when the client asks for none (envd's default).
 const defaultKeepalive = 90 * time.Second
 
-var errNoPTY = connect.NewError(connect.CodeUnimplemented, errors.New("airlock does not serve E2B PTY sessions (sandbox.pty) yet; use commands.run, or airlock's own API for a terminal"))
-
 func (p *processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
 	t, _ := targetOf(ctx)
 	m := req.Msg
 	switch {
-	case m.Pty != nil:
-		return errNoPTY
 	case m.GetTag() != "":
 		return connect.NewError(connect.CodeUnimplemented, errors.New("airlock does not keep process tags; select processes by pid"))
 	case m.GetProcess().GetCmd() == "":
@@ -62,6 +58,15 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 			return rpcError(err)
 		}
 	}
+	if m.Pty != nil {
+		// A terminal: envd's PTY sessions (sandbox.pty).
+		size := m.GetPty().GetSize()
+		spec.TTY = &guest.TermSize{Rows: size.GetRows(), Cols: size.GetCols()}
+		if spec.TTY.Rows == 0 && spec.TTY.Cols == 0 {
+			spec.TTY.Rows, spec.TTY.Cols = 24, 80
+		}
+		spec.Stdin = true
+	}
 	// envd ends the process when the stream's Connect-Timeout-Ms passes.
 	if dl, ok := ctx.Deadline(); ok {
 		spec.Timeout = max(time.Until(dl), time.Millisecond)
@@ -75,7 +80,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 	}
 	defer st.Close()
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
-	return pump(ctx, st, keepaliveOf(req.Header()), send)
+	return pump(ctx, st, spec.TTY != nil, keepaliveOf(req.Header()), send)
 }
 
 func (p *processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
@@ -90,7 +95,7 @@ func (p *processService) Connect(ctx context.Context, req *connect.Request[proce
 	}
 	defer st.Close()
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.ConnectResponse{Event: ev}) }
-	return pump(ctx, st, keepaliveOf(req.Header()), send)
+	return pump(ctx, st, info.TTY, keepaliveOf(req.Header()), send)
 }
 
 func (p *processService) List(ctx context.Context, _ *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
@@ -113,10 +118,11 @@ func (p *processService) List(ctx context.Context, _ *connect.Request[process.Li
 }
 
 func (p *processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
+	data := req.Msg.GetInput().GetStdin()
 	if req.Msg.GetInput().GetPty() != nil {
-		return nil, errNoPTY
+		data = req.Msg.GetInput().GetPty() // typed into the terminal
 	}
-	err := p.control(ctx, req.Msg.GetProcess(), func(st guest.ExecStream) error { return st.Stdin(req.Msg.GetInput().GetStdin()) })
+	err := p.control(ctx, req.Msg.GetProcess(), func(st guest.ExecStream) error { return st.Stdin(data) })
 	if err != nil {
 		return nil, err
 	}
@@ -141,8 +147,19 @@ func (p *processService) CloseStdin(ctx context.Context, req *connect.Request[pr
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }
 
-func (p *processService) Update(context.Context, *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
-	return nil, errNoPTY
+func (p *processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
+	size := req.Msg.GetPty().GetSize()
+	if size == nil {
+		return connect.NewResponse(&process.UpdateResponse{}), nil // nothing to change
+	}
+	ts := guest.TermSize{Rows: size.GetRows(), Cols: size.GetCols()}
+	if err := ts.Validate(); err != nil {
+		return nil, rpcError(err)
+	}
+	if err := p.control(ctx, req.Msg.GetProcess(), func(st guest.ExecStream) error { return st.Resize(ts) }); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.UpdateResponse{}), nil
 }
 
 // find returns the running exec sel names (by guest pid: airlock keeps no
@@ -197,9 +214,9 @@ func keepaliveOf(h http.Header) time.Duration {
 }
 
 // pump sends an exec's stream as envd's process events: start (the pid),
-// data in order and flushed as it comes, keepalives while idle, then one
-// end.
-func pump(ctx context.Context, st guest.ExecStream, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
+// data in order and flushed as it comes (a terminal's as pty data),
+// keepalives while idle, then one end.
+func pump(ctx context.Context, st guest.ExecStream, tty bool, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
 	pid := uint32(st.Info().PID)
 	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: pid}}}); err != nil {
 		return err
@@ -246,7 +263,11 @@ func pump(ctx context.Context, st guest.ExecStream, keepalive time.Duration, sen
 		var ev *process.ProcessEvent
 		switch r.ev.Kind {
 		case guest.ExecStdout:
-			ev = &process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stdout{Stdout: r.ev.Data}}}}
+			data := &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stdout{Stdout: r.ev.Data}}
+			if tty {
+				data.Output = &process.ProcessEvent_DataEvent_Pty{Pty: r.ev.Data}
+			}
+			ev = &process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: data}}
 		case guest.ExecStderr:
 			ev = &process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stderr{Stderr: r.ev.Data}}}}
 		case guest.ExecExited:

@@ -42,6 +42,26 @@ type ExecSpec struct {
 	PidsLimit uint32
 	// MaxOutputBytes caps stdout+stderr kept (0: the shim's cap).
 	MaxOutputBytes uint64
+	// TTY, if set, runs the process on a new terminal of this size: its
+	// stdin, stdout and stderr are the terminal (output comes as stdout,
+	// echo included), and Stdin is implied.
+	TTY *TermSize
+}
+
+// TermSize is a terminal's size in characters.
+type TermSize struct {
+	Rows, Cols uint32
+}
+
+// MaxTermSize bounds a terminal's rows and columns.
+const MaxTermSize = 10000
+
+// Validate checks the size: rows and cols 1..MaxTermSize.
+func (t TermSize) Validate() error {
+	if t.Rows < 1 || t.Rows > MaxTermSize || t.Cols < 1 || t.Cols > MaxTermSize {
+		return fmt.Errorf("%w: terminal size %dx%d: rows and cols must be 1..%d", errdefs.ErrInvalid, t.Cols, t.Rows, MaxTermSize)
+	}
+	return nil
 }
 
 // Validate checks s; errors wrap errdefs.ErrInvalid and name only the
@@ -60,6 +80,9 @@ func (s ExecSpec) Validate() error {
 	}
 	if s.Timeout < 0 || s.Timeout > MaxExecTimeout {
 		return fmt.Errorf("%w: exec timeout must be between 0 and 24h", errdefs.ErrInvalid)
+	}
+	if s.TTY != nil {
+		return s.TTY.Validate()
 	}
 	return nil
 }
@@ -105,6 +128,7 @@ type ExecInfo struct {
 	StartedAt time.Time
 	EndedAt   time.Time   // zero while running
 	Exit      *ExitStatus // nil while running
+	TTY       bool        // it runs on a terminal
 }
 
 // ExecEventKind says what an ExecEvent carries.
@@ -139,6 +163,9 @@ type ExecStream interface {
 	CloseStdin() error
 	// Signal sends sig (1..64) to the exec's process group.
 	Signal(sig int) error
+	// Resize sets the size of the exec's terminal (ErrFailedPrecondition
+	// if it has none).
+	Resize(size TermSize) error
 	// Finish ends the client's side and, on a control stream, waits for the
 	// shim's verdict on everything sent (nil: all of it was handed to the
 	// guest).

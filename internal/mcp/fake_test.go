@@ -194,11 +194,12 @@ func (s *fakeStream) Recv() (guest.ExecEvent, error) {
 	s.evs = s.evs[1:]
 	return ev, nil
 }
-func (s *fakeStream) Stdin([]byte) error { return nil }
-func (s *fakeStream) CloseStdin() error  { return nil }
-func (s *fakeStream) Signal(int) error   { return nil }
-func (s *fakeStream) Finish() error      { return nil }
-func (s *fakeStream) Close()             {}
+func (s *fakeStream) Stdin([]byte) error          { return nil }
+func (s *fakeStream) CloseStdin() error           { return nil }
+func (s *fakeStream) Resize(guest.TermSize) error { return nil }
+func (s *fakeStream) Signal(int) error            { return nil }
+func (s *fakeStream) Finish() error               { return nil }
+func (s *fakeStream) Close()                      {}
 
 func (f *fake) WriteFile(_ context.Context, _ sandbox.Caller, id, p string, _ uint32, r io.Reader) (int64, error) {
 	b, err := io.ReadAll(r)

@@ -72,6 +72,7 @@ type session struct {
 	id           string
 	argv         []string
 	stdin        bool
+	tty          bool
 	tenant       string
 	keyID        string
 	killOnDetach bool
@@ -153,6 +154,11 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 		}
 	}()
 
+	if start.GetTty() != nil {
+		if err := t.agent.Require(agentapi.VersionTerminal, "terminals"); err != nil {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+		}
+	}
 	g, err := openExec(t.ctx, t.agent, start, t.env)
 	if err != nil {
 		return nil, notStarted(err)
@@ -172,7 +178,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 		return nil, notStarted(err)
 	}
 	s := &session{
-		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin(),
+		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin() || start.GetTty() != nil, tty: start.GetTty() != nil,
 		tenant: tenant, keyID: keyID, killOnDetach: killOnDetach,
 		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
 	}
@@ -442,7 +448,7 @@ func (s *session) info() *shimv2.ExecInfo {
 	defer s.mu.Unlock()
 	in := &shimv2.ExecInfo{
 		ExecId: s.id, Argv: s.argv, Pid: s.pid, State: shimv2.ExecState_EXEC_STATE_RUNNING,
-		StartedAt: s.startedAt.UnixNano(),
+		StartedAt: s.startedAt.UnixNano(), Tty: s.tty,
 	}
 	if s.exit != nil {
 		in.State, in.EndedAt, in.Exit = shimv2.ExecState_EXEC_STATE_EXITED, s.endedAt.UnixNano(), wireExit(s.exit)
@@ -495,6 +501,20 @@ func (s *session) Signal(sig int32) error {
 		return connect.NewError(connect.CodeFailedPrecondition, guest.ErrExecExited)
 	}
 	return s.send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Signal{Signal: sig}})
+}
+
+// Resize sets the size of the exec's terminal.
+func (s *session) Resize(rows, cols uint32) error {
+	if !s.tty {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("not a terminal: the exec was started without tty"))
+	}
+	if err := (guest.TermSize{Rows: rows, Cols: cols}).Validate(); err != nil {
+		return invalid(err)
+	}
+	if s.exited() {
+		return connect.NewError(connect.CodeFailedPrecondition, guest.ErrExecExited)
+	}
+	return s.send(&agentv1.ExecRequest{Msg: &agentv1.ExecRequest_Resize{Resize: &agentv1.TerminalSize{Rows: rows, Cols: cols}}})
 }
 
 // Attach calls send for the retained output (fromStart), then live output,

@@ -37,13 +37,21 @@ func startFor(sp *shimv2.ExecSpec) (*agentv1.ExecStart, error) {
 	if sp == nil {
 		return nil, invalid(errors.New("start has no spec"))
 	}
-	if sp.GetTty() {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("not a terminal: terminals are not supported yet"))
-	}
-	return &agentv1.ExecStart{
+	start := &agentv1.ExecStart{
 		Argv: sp.GetArgv(), Env: sp.GetEnv(), Cwd: sp.GetCwd(), User: sp.GetUser(), Stdin: sp.GetStdin(),
 		TimeoutMs: sp.GetTimeoutMs(), MaxOutputBytes: sp.GetMaxOutputBytes(), PidsLimit: sp.GetPidsLimit(),
-	}, nil
+	}
+	if sp.GetTty() {
+		rows, cols := sp.GetRows(), sp.GetCols()
+		if rows == 0 && cols == 0 {
+			rows, cols = 24, 80
+		}
+		if err := (guest.TermSize{Rows: rows, Cols: cols}).Validate(); err != nil {
+			return nil, invalid(err)
+		}
+		start.Tty, start.Stdin = &agentv1.TerminalSize{Rows: rows, Cols: cols}, true
+	}
+	return start, nil
 }
 
 func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.ExecClientMessage, shimv2.ExecServerMessage]) error {
@@ -128,7 +136,7 @@ func (v execService) apply(s *session, msg *shimv2.ExecClientMessage) error {
 	case *shimv2.ExecClientMessage_Signal:
 		return s.Signal(m.Signal)
 	case *shimv2.ExecClientMessage_Resize:
-		return connect.NewError(connect.CodeFailedPrecondition, errors.New("not a terminal"))
+		return s.Resize(m.Resize.GetRows(), m.Resize.GetCols())
 	case *shimv2.ExecClientMessage_Start, *shimv2.ExecClientMessage_Attach:
 		return invalid(errors.New("start or attach after the first exec message"))
 	default:

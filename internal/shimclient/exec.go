@@ -52,11 +52,15 @@ func (c *Client) execs() shimv2connect.ExecServiceClient {
 // ErrResourceExhausted when too many execs run, ErrUnavailable when the
 // shim cannot be reached.
 func (c *Client) Exec(ctx context.Context, spec guest.ExecSpec, o StartOptions) (guest.ExecStream, error) {
+	ws := &shimv2.ExecSpec{
+		Argv: spec.Argv, Env: spec.EnvList(), Cwd: spec.Cwd, User: spec.User, Stdin: spec.Stdin,
+		TimeoutMs: uint32(spec.Timeout / time.Millisecond), PidsLimit: spec.PidsLimit, MaxOutputBytes: spec.MaxOutputBytes,
+	}
+	if t := spec.TTY; t != nil {
+		ws.Tty, ws.Rows, ws.Cols, ws.Stdin = true, t.Rows, t.Cols, true
+	}
 	return c.open(ctx, "start exec", &shimv2.ExecClientMessage{Msg: &shimv2.ExecClientMessage_Start{Start: &shimv2.ExecStart{
-		Spec: &shimv2.ExecSpec{
-			Argv: spec.Argv, Env: spec.EnvList(), Cwd: spec.Cwd, User: spec.User, Stdin: spec.Stdin,
-			TimeoutMs: uint32(spec.Timeout / time.Millisecond), PidsLimit: spec.PidsLimit, MaxOutputBytes: spec.MaxOutputBytes,
-		},
+		Spec:         ws,
 		Actor:        &shimv2.ExecActor{Tenant: o.Tenant, KeyId: o.KeyID},
 		KillOnDetach: o.KillOnDetach,
 	}}}, true)
@@ -235,6 +239,16 @@ func (s *execStream) Signal(sig int) error {
 	return nil
 }
 
+func (s *execStream) Resize(size guest.TermSize) error {
+	if err := size.Validate(); err != nil {
+		return err
+	}
+	if err := s.send(&shimv2.ExecClientMessage{Msg: &shimv2.ExecClientMessage_Resize{Resize: &shimv2.ExecResize{Rows: size.Rows, Cols: size.Cols}}}); err != nil {
+		return s.sendErr(err)
+	}
+	return nil
+}
+
 func (s *execStream) Recv() (guest.ExecEvent, error) {
 	if s.done || !s.output {
 		return guest.ExecEvent{}, io.EOF
@@ -303,7 +317,7 @@ func exitStatus(ex *shimv2.ExecExit) *guest.ExitStatus {
 func execInfo(in *shimv2.ExecInfo) guest.ExecInfo {
 	e := guest.ExecInfo{
 		ID: in.GetExecId(), Argv: slices.Clone(in.GetArgv()), PID: int(in.GetPid()), State: guest.ExecStateRunning,
-		StartedAt: time.Unix(0, in.GetStartedAt()),
+		StartedAt: time.Unix(0, in.GetStartedAt()), TTY: in.GetTty(),
 	}
 	if in.GetState() == shimv2.ExecState_EXEC_STATE_EXITED {
 		e.State, e.EndedAt, e.Exit = guest.ExecStateExited, time.Unix(0, in.GetEndedAt()), exitStatus(in.GetExit())

@@ -262,3 +262,44 @@ test("@e2b/code-interpreter 2.8.0: runCode, state, plots, errors, contexts", { t
     await sbx.kill();
   }
 });
+
+test("e2b 2.51.0: pty (a terminal: create, type, resize, connect, kill)", { timeout: 600_000 }, async () => {
+  const { Sandbox } = await import("e2b");
+  const sbx = await Sandbox.create({ timeoutMs: 300_000 });
+  try {
+    let screen = "";
+    const decoder = new TextDecoder();
+    const waitFor = async (re, what) => {
+      const deadline = Date.now() + 60_000;
+      while (!re.test(screen)) {
+        if (Date.now() > deadline) throw new Error(`no ${what} on the terminal: ${JSON.stringify(screen.slice(-500))}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    };
+    const term = await sbx.pty.create({ cols: 100, rows: 30, onData: (d) => { screen += decoder.decode(d, { stream: true }); }, timeoutMs: 0 });
+    assert.ok(term.pid > 0);
+    const type = (s) => sbx.pty.sendInput(term.pid, new TextEncoder().encode(s));
+    await type("tty; stty size; echo \"TERM=$TERM\"\n");
+    await waitFor(/\/dev\/pts\/\d+/, "tty");
+    await waitFor(/30 100/, "the size asked");
+    await waitFor(/TERM=xterm-256color/, "TERM");
+    await sbx.pty.resize(term.pid, { cols: 120, rows: 40 });
+    await type("stty size\n");
+    await waitFor(/40 120/, "the new size");
+    // A second client joins the same terminal and sees what is typed next.
+    let other = "";
+    const joined = await sbx.pty.connect(term.pid, { onData: (d) => { other += decoder.decode(d); } });
+    await type("echo joined-$((6*7))\n");
+    await waitFor(/joined-42/, "the command's output");
+    const deadline = Date.now() + 30_000;
+    while (!/joined-42/.test(other) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    assert.match(other, /joined-42/, "the connected client sees the output too");
+    assert.equal(await sbx.pty.kill(term.pid), true);
+    const end = await term.wait().catch((e) => e);
+    assert.equal(end.exitCode, -1, `a killed terminal's exit: ${end}`);
+    await joined.wait().catch(() => {});
+    assert.equal(await sbx.pty.kill(term.pid), false);
+  } finally {
+    await sbx.kill();
+  }
+});

@@ -98,7 +98,10 @@ type ExecSpec struct {
 	PidsLimit uint32 `protobuf:"varint,7,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
 	// Cap on stdout+stderr kept (0 or above the shim's cap: the shim's cap).
 	MaxOutputBytes uint64 `protobuf:"varint,8,opt,name=max_output_bytes,json=maxOutputBytes,proto3" json:"max_output_bytes,omitempty"`
-	// A terminal for the process (not supported yet: FAILED_PRECONDITION).
+	// A terminal for the process: stdin, stdout and stderr are a new
+	// pseudo-terminal of rows x cols (24x80 if both are 0), its output
+	// (echo included) comes as stdout, and stdin is implied.
+	// FAILED_PRECONDITION if the guest agent predates terminals.
 	Tty           bool   `protobuf:"varint,9,opt,name=tty,proto3" json:"tty,omitempty"`
 	Rows          uint32 `protobuf:"varint,10,opt,name=rows,proto3" json:"rows,omitempty"`
 	Cols          uint32 `protobuf:"varint,11,opt,name=cols,proto3" json:"cols,omitempty"`
@@ -576,7 +579,8 @@ type ExecClientMessage_Signal struct {
 }
 
 type ExecClientMessage_Resize struct {
-	// FAILED_PRECONDITION ("not a terminal") until terminals exist.
+	// The terminal's new size; FAILED_PRECONDITION ("not a terminal") for
+	// an exec started without tty.
 	Resize *ExecResize `protobuf:"bytes,6,opt,name=resize,proto3,oneof"`
 }
 
@@ -808,7 +812,9 @@ type ExecInfo struct {
 	StartedAt int64 `protobuf:"varint,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	EndedAt   int64 `protobuf:"varint,6,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	// Set once the exec exited.
-	Exit          *ExecExit `protobuf:"bytes,7,opt,name=exit,proto3" json:"exit,omitempty"`
+	Exit *ExecExit `protobuf:"bytes,7,opt,name=exit,proto3" json:"exit,omitempty"`
+	// The exec runs on a terminal (started with tty).
+	Tty           bool `protobuf:"varint,8,opt,name=tty,proto3" json:"tty,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -890,6 +896,13 @@ func (x *ExecInfo) GetExit() *ExecExit {
 		return x.Exit
 	}
 	return nil
+}
+
+func (x *ExecInfo) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
 }
 
 type ListExecsRequest struct {
@@ -1077,7 +1090,7 @@ const file_airlock_shim_v2_exec_proto_rawDesc = "" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
 	"durationMs\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x06 \x01(\bR\toomKilled\"\xe4\x01\n" +
+	"oom_killed\x18\x06 \x01(\bR\toomKilled\"\xf6\x01\n" +
 	"\bExecInfo\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x10\n" +
@@ -1086,7 +1099,8 @@ const file_airlock_shim_v2_exec_proto_rawDesc = "" +
 	"\n" +
 	"started_at\x18\x05 \x01(\x03R\tstartedAt\x12\x19\n" +
 	"\bended_at\x18\x06 \x01(\x03R\aendedAt\x12-\n" +
-	"\x04exit\x18\a \x01(\v2\x19.airlock.shim.v2.ExecExitR\x04exit\"\x12\n" +
+	"\x04exit\x18\a \x01(\v2\x19.airlock.shim.v2.ExecExitR\x04exit\x12\x10\n" +
+	"\x03tty\x18\b \x01(\bR\x03tty\"\x12\n" +
 	"\x10ListExecsRequest\"D\n" +
 	"\x11ListExecsResponse\x12/\n" +
 	"\x05execs\x18\x01 \x03(\v2\x19.airlock.shim.v2.ExecInfoR\x05execs\")\n" +
