@@ -37,7 +37,7 @@ func serveCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := e2b.Register(s, e2b.Config{Sandboxes: m, Execs: m, Files: m, Contexts: m, Secret: secret, Limiter: s.AllowTenant, Log: g.log}); err != nil {
+			if err := e2b.Register(s, e2b.Config{Sandboxes: m, Execs: m, Files: m, Contexts: m, Snapshots: m, Secret: secret, Limiter: s.AllowTenant, Log: g.log}); err != nil {
 				return err
 			}
 			ln, err := net.Listen("tcp", listen)

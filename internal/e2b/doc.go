@@ -1,13 +1,15 @@
 // Package e2b serves E2B's API (the control-plane REST routes E2B's
-// official SDKs call to create, connect to, list, inspect, time out, pause
-// and kill sandboxes, and envd's in-sandbox API for commands and files)
+// official SDKs call to create, connect to, list, inspect, time out, pause,
+// kill, snapshot and fork sandboxes, and envd's in-sandbox API for commands
+// and files)
 // over airlock's control plane, so that a program
 // written against `e2b` on npm or PyPI runs on airlock with E2B_API_URL,
 // E2B_SANDBOX_URL and E2B_API_KEY set.
 //
 // It is an adapter: it translates E2B's JSON to the manager's calls
-// (api.Sandboxes) for the caller the API authenticated (keys in X-API-KEY,
-// tenants, quotas, rate limits and audit exactly as for /v1) and the
+// (api.Sandboxes, api.Snapshots) for the caller the API authenticated
+// (keys in X-API-KEY, tenants, quotas, rate limits and audit exactly as
+// for /v1) and the
 // manager's answers and errors back to E2B's shapes ({"code": <status>,
 // "message": ...}; a missing sandbox is 404 with code 404, which the SDK's
 // kill() reads as false). It decides nothing.
@@ -23,6 +25,19 @@
 //     is pausing or paused; failed sandboxes are not listed.
 //   - connect resumes a paused sandbox (201) or answers a running one
 //     (200), and sets its timeout when asked.
+//   - A snapshot is an airlock snapshot of the caller's tenant: its name
+//     is E2B's snapshotID and its only name (generated, "snap-" and 10
+//     base32 characters, when the request has none). Lists are newest
+//     first, filtered by source sandbox and name, paged like sandboxes;
+//     DELETE /templates/{id} removes snapshots only. A create whose
+//     templateID names one of the tenant's snapshots starts from it (its
+//     env and network are the snapshot's: envVars are refused).
+//   - fork makes count (default 1) copies, all or none, each with the
+//     request's timeout (300 s when omitted) rather than the source's.
+//   - Network updates and metrics are 501: airlock cannot change a running
+//     sandbox's egress policy, and measures nothing that is what E2B's
+//     usage fields mean (the guest's CPU, memory, page cache and
+//     filesystem use). A sandbox the caller cannot see is still 404.
 //
 // In-sandbox traffic (envd's Connect RPCs process.Process and
 // filesystem.Filesystem with the JSON codec, /files and /health) comes to
@@ -33,7 +48,6 @@
 // sandbox's shim, named by its guest pid.
 //
 // Not served yet (see the README): PTY sessions, directory watching,
-// metrics, network updates, snapshots and
-// fork through E2B's routes; autoPause, lifecycle, volumeMounts and network
-// rules of a create are refused or ignored as the README says.
+// metrics and network updates (501); autoPause, lifecycle, volumeMounts and
+// network rules of a create are refused or ignored as the README says.
 package e2b

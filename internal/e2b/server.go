@@ -38,6 +38,9 @@ type Config struct {
 	Execs     api.Execs
 	Files     api.Files
 	Contexts  api.Contexts
+	// Snapshots is the manager's snapshot and fork part (E2B's snapshots,
+	// fork, and creates from a snapshot).
+	Snapshots api.Snapshots
 	// Secret (at least 32 bytes, the same for every server of the state
 	// dir) derives each sandbox's envd access token.
 	Secret []byte
@@ -54,8 +57,8 @@ type Config struct {
 // and rate limit. Call it before serving.
 func Register(srv *api.Server, cfg Config) error {
 	switch {
-	case cfg.Sandboxes == nil || cfg.Execs == nil || cfg.Files == nil || cfg.Contexts == nil:
-		return errors.New("e2b: Sandboxes, Execs, Files and Contexts are required")
+	case cfg.Sandboxes == nil || cfg.Execs == nil || cfg.Files == nil || cfg.Contexts == nil || cfg.Snapshots == nil:
+		return errors.New("e2b: Sandboxes, Execs, Files, Contexts and Snapshots are required")
 	case len(cfg.Secret) < 32:
 		return errors.New("e2b: Secret must be at least 32 bytes")
 	}
@@ -82,6 +85,12 @@ func Register(srv *api.Server, cfg Config) error {
 		{"POST /v2/sandboxes/{id}/connect", h.connect},
 		{"POST /sandboxes/{id}/resume", h.connect},
 		{"POST /sandboxes/{id}/pause", h.pause},
+		{"POST /sandboxes/{id}/fork", h.fork},
+		{"POST /sandboxes/{id}/snapshots", h.createSnapshot},
+		{"GET /snapshots", h.listSnapshots},
+		{"DELETE /templates/{id}", h.deleteSnapshot},
+		{"PUT /sandboxes/{id}/network", h.updateNetwork},
+		{"GET /sandboxes/{id}/metrics", h.metrics},
 	} {
 		fn := rt.fn
 		srv.HandleAuthenticated(rt.pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -199,6 +208,19 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 			return
 		}
 		timeout = time.Duration(*req.Timeout) * time.Second
+	}
+	// A templateID that names one of the tenant's snapshots starts from it
+	// (E2B's Sandbox.create(snapshotID)); any other is an image.
+	if req.TemplateID != "" {
+		sn, err := h.cfg.Snapshots.GetSnapshot(r.Context(), c, "", req.TemplateID)
+		switch {
+		case err == nil:
+			h.createFromSnapshot(w, r, c, req, sn, timeout)
+			return
+		case !errors.Is(err, errdefs.ErrNotFound):
+			h.fail(w, r, err)
+			return
+		}
 	}
 	tmpl := req.TemplateID
 	if tmpl == "" {

@@ -127,6 +127,7 @@ type harness struct {
 	execs      *fakeExecs
 	files      *fakeFiles
 	contexts   *fakeContexts
+	snaps      *fakeSnapshots
 	alice, bob string
 }
 
@@ -138,13 +139,14 @@ func newHarness(t *testing.T) *harness {
 	}
 	t.Cleanup(func() { st.Close() })
 	h := &harness{t: t, fake: &fakeSandboxes{sbs: map[string]store.Sandbox{}}, execs: &fakeExecs{}, files: &fakeFiles{}, contexts: &fakeContexts{}}
+	h.snaps = &fakeSnapshots{sbs: h.fake}
 	_, h.alice, _ = st.CreateKey(t.Context(), store.APIKey{Tenant: "alice"})
 	if _, h.bob, err = st.CreateKey(t.Context(), store.APIKey{Tenant: "bob"}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := api.New(api.Config{Sandboxes: h.fake, Files: struct{ api.Files }{}, Events: st, Keys: st}) // no file route is called
 	if err == nil {
-		err = Register(s, Config{Sandboxes: h.fake, Execs: h.execs, Files: h.files, Contexts: h.contexts, Secret: []byte(strings.Repeat("s", 32))})
+		err = Register(s, Config{Sandboxes: h.fake, Execs: h.execs, Files: h.files, Contexts: h.contexts, Snapshots: h.snaps, Secret: []byte(strings.Repeat("s", 32))})
 	}
 	if err != nil {
 		t.Fatal(err)

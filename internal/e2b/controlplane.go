@@ -1,0 +1,307 @@
+package e2b
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// E2B's snapshot, fork, network-update and metrics routes over api.Snapshots.
+// An airlock snapshot is named per tenant: its name is E2B's snapshotID and
+// the only entry of its names, and a create whose templateID names one of
+// the caller's snapshots starts from it.
+
+// lifecycleTimeout bounds a snapshot, a fork and a create from a snapshot,
+// which go on when the client goes away: cut half-way they help nobody.
+const lifecycleTimeout = 5 * time.Minute
+
+var (
+	errCannotSnapshot = &api.Error{Status: http.StatusPreconditionFailed, Code: "failed_precondition",
+		Message: "the sandbox cannot be saved now: it has secrets, runs commands or code, or is not running"}
+	errSnapshotTaken = &api.Error{Status: http.StatusConflict, Code: "conflict",
+		Message: "the team already has a snapshot of that name (delete it first)"}
+	errSnapshotInUse = &api.Error{Status: http.StatusPreconditionFailed, Code: "failed_precondition",
+		Message: "the snapshot backs sandboxes made from it or forked, or other snapshots; kill or delete them first"}
+)
+
+// SnapshotInfo is E2B's view of a snapshot.
+type SnapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+func snapshotInfo(sn store.Snapshot) SnapshotInfo {
+	return SnapshotInfo{SnapshotID: sn.Name, Names: []string{sn.Name}}
+}
+
+// ForkResult is one entry of a fork's answer; airlock's forks are all or
+// none, so Error is never set.
+type ForkResult struct {
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	Error   *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error,omitempty"`
+}
+
+// lifecycleContext is the context of a snapshot or fork: not cancelled with
+// the request, bounded by lifecycleTimeout.
+func lifecycleContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
+}
+
+// fork serves POST /sandboxes/{id}/fork: count (default 1) running copies,
+// each with the lifetime timeout (seconds; 300 when omitted) from now.
+func (h *handler) fork(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	var req struct {
+		Timeout *int `json:"timeout"`
+		Count   *int `json:"count"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	timeout := DefaultTimeout
+	if req.Timeout != nil {
+		if !validTimeout(w, *req.Timeout) {
+			return
+		}
+		timeout = time.Duration(*req.Timeout) * time.Second
+	}
+	count := 1
+	if req.Count != nil {
+		if *req.Count < 1 || *req.Count > sandbox.MaxForks {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("count must be between 1 and %d", sandbox.MaxForks))
+			return
+		}
+		count = *req.Count
+	}
+	id := r.PathValue("id")
+	if _, ok := h.visible(w, r, c, id); !ok {
+		return
+	}
+	ctx, cancel := lifecycleContext(r)
+	defer cancel()
+	forks, err := h.cfg.Snapshots.Fork(ctx, c, id, count, false)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			err = errCannotSnapshot
+		}
+		h.fail(w, r, err)
+		return
+	}
+	// The manager gives forks the source's lifetime; E2B's is the
+	// request's. A fork whose lifetime cannot be set is not handed out:
+	// all of them go, as the manager's forks are all or none.
+	for _, f := range forks {
+		if err := h.cfg.Sandboxes.SetTimeout(ctx, c, f.ID, timeout); err != nil {
+			for _, g := range forks {
+				if rerr := h.cfg.Sandboxes.Remove(ctx, c, g.ID); rerr != nil {
+					h.cfg.Log.Error("remove a fork after its timeout failed", "sandbox_id", g.ID, "err", rerr)
+				}
+			}
+			h.fail(w, r, err)
+			return
+		}
+	}
+	out := make([]ForkResult, 0, len(forks))
+	for _, f := range forks {
+		sb := h.sandbox(f, f.Image)
+		out = append(out, ForkResult{Sandbox: &sb})
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+// createSnapshot serves POST /sandboxes/{id}/snapshots: the sandbox saved
+// as the tenant's snapshot name (generated when the request has none); the
+// sandbox keeps running.
+func (h *handler) createSnapshot(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	name := req.Name
+	if name == "" {
+		name = newSnapshotName()
+	}
+	if err := sandbox.ValidateSnapshotName(name); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	if _, ok := h.visible(w, r, c, id); !ok {
+		return
+	}
+	ctx, cancel := lifecycleContext(r)
+	defer cancel()
+	sn, err := h.cfg.Snapshots.Snapshot(ctx, c, id, name, false)
+	if err != nil {
+		switch {
+		case errors.Is(err, errdefs.ErrConflict):
+			err = errSnapshotTaken
+		case errors.Is(err, errdefs.ErrFailedPrecondition):
+			err = errCannotSnapshot
+		}
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotInfo(sn))
+}
+
+// newSnapshotName is a snapshot name for a request that gives none:
+// "snap-" and 10 random base32 characters (50 bits).
+func newSnapshotName() string {
+	b := make([]byte, 7)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return "snap-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))[:10]
+}
+
+// listSnapshots serves GET /snapshots: the tenant's snapshots, newest
+// first, filtered by source sandbox (sandboxID) and name, paged like the
+// sandbox list (limit; nextToken is the last snapshotID of the previous
+// page, in X-Next-Token).
+func (h *handler) listSnapshots(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	q := r.URL.Query()
+	limit, ok := pageLimit(w, q.Get("limit"))
+	if !ok {
+		return
+	}
+	sns, err := h.cfg.Snapshots.ListSnapshots(r.Context(), c, "", false)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	slices.SortFunc(sns, func(a, b store.Snapshot) int {
+		if d := b.Created.Compare(a.Created); d != 0 {
+			return d
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	source, name, after := q.Get("sandboxID"), q.Get("name"), q.Get("nextToken")
+	out := []SnapshotInfo{}
+	skipping := after != ""
+	next := ""
+	for _, sn := range sns {
+		if skipping {
+			if sn.Name == after {
+				skipping = false
+			}
+			continue
+		}
+		if source != "" && sn.SandboxID != source || name != "" && sn.Name != name {
+			continue
+		}
+		if len(out) == limit {
+			next = out[len(out)-1].SnapshotID
+			break
+		}
+		out = append(out, snapshotInfo(sn))
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// pageLimit parses a list's limit (100 when omitted) and answers 400 for a
+// bad one.
+func pageLimit(w http.ResponseWriter, v string) (int, bool) {
+	if v == "" {
+		return 100, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 1000 {
+		writeError(w, http.StatusBadRequest, "limit must be between 1 and 1000")
+		return 0, false
+	}
+	return n, true
+}
+
+// deleteSnapshot serves DELETE /templates/{id} for snapshots: 204, or 404
+// (the SDK's false) for a name the tenant has no snapshot of. airlock's
+// images are not deleted through this route.
+func (h *handler) deleteSnapshot(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	name := r.PathValue("id")
+	if err := h.cfg.Snapshots.RemoveSnapshot(r.Context(), c, "", name); err != nil {
+		switch {
+		case errors.Is(err, errdefs.ErrNotFound):
+			writeError(w, http.StatusNotFound, fmt.Sprintf("snapshot %q not found", name))
+			return
+		case errors.Is(err, errdefs.ErrFailedPrecondition):
+			err = errSnapshotInUse
+		}
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// createFromSnapshot finishes a create whose templateID names the
+// tenant's snapshot sn: its size, image, env and network are the
+// snapshot's, so envVars, and allow_internet_access false for a snapshot
+// with internet access, are refused rather than ignored.
+func (h *handler) createFromSnapshot(w http.ResponseWriter, r *http.Request, c sandbox.Caller, req newSandboxRequest, sn store.Snapshot, timeout time.Duration) {
+	switch {
+	case len(req.EnvVars) > 0:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q is a snapshot: a sandbox from it has the snapshot's environment; leave envVars out", sn.Name))
+		return
+	case req.AllowInternetAccess != nil && !*req.AllowInternetAccess && internetAccess(sn.Network.Mode, len(sn.Network.Allow)):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q is a snapshot of a sandbox with internet access: a sandbox from it has the snapshot's network; leave allow_internet_access out", sn.Name))
+		return
+	}
+	ctx, cancel := lifecycleContext(r)
+	defer cancel()
+	sb, err := h.cfg.Snapshots.CreateFromSnapshot(ctx, c, sn.Name, sandbox.CreateOptions{Timeout: timeout, Metadata: req.Metadata})
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("snapshot %q not found", sn.Name))
+			return
+		}
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, h.sandbox(sb, sn.Name))
+}
+
+// internetAccess is E2B's allowInternetAccess of an airlock network: the
+// default (public) mode without allow rules.
+func internetAccess(mode string, allowRules int) bool {
+	return mode != "deny" && mode != "none" && allowRules == 0
+}
+
+// updateNetwork serves PUT /sandboxes/{id}/network: 404 for a sandbox the
+// caller cannot see, else 501, because airlock cannot change a running
+// sandbox's egress policy yet.
+func (h *handler) updateNetwork(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	if _, ok := h.visible(w, r, c, r.PathValue("id")); !ok {
+		return
+	}
+	writeError(w, http.StatusNotImplemented, "airlock cannot change a running sandbox's network policy yet; "+
+		"set it when creating the sandbox (allow_internet_access here, or egress rules through airlock's /v1 API)")
+}
+
+// metrics serves GET /sandboxes/{id}/metrics: 404 for a sandbox the caller
+// cannot see, else 501. airlock measures the guest's CPU, memory, page
+// cache and filesystem use nowhere yet; the host's view (the VMM's cgroup,
+// the disk overlay's blocks) is not what E2B's fields mean.
+func (h *handler) metrics(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	if _, ok := h.visible(w, r, c, r.PathValue("id")); !ok {
+		return
+	}
+	writeError(w, http.StatusNotImplemented, "sandbox metrics are not available in airlock yet: it does not measure "+
+		"the guest's CPU, memory and disk use; getInfo() has cpuCount and memoryMB, and airlock's GET /v1/sandboxes/{id} "+
+		"has disk_usage_bytes (the sandbox's files on the host)")
+}

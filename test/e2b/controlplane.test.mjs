@@ -1,0 +1,133 @@
+// Tests of airlock serve's E2B control-plane routes beyond the lifecycle
+// (snapshots, create from a snapshot, fork, network update, metrics) with
+// the official E2B SDK (`e2b` 2.51.0 on npm), unmodified, configured only
+// through E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY, against real
+// sandboxes. Run through scripts/test-e2b.sh (needs AIRLOCK_TEST_STATE_DIR
+// prepared by `airlock setup`, and AIRLOCK_BIN).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync } from "node:child_process";
+import net from "node:net";
+
+const BIN = process.env.AIRLOCK_BIN;
+const STATE = process.env.AIRLOCK_TEST_STATE_DIR;
+if (!BIN || !STATE) throw new Error("set AIRLOCK_BIN and AIRLOCK_TEST_STATE_DIR (see scripts/test-e2b.sh)");
+const airlock = (...args) => execFileSync(BIN, ["--state-dir", STATE, ...args], { encoding: "utf8" });
+const sandboxState = (id) => {
+  const line = airlock("ls").split("\n").find((l) => l.startsWith(id));
+  return line ? line.split(/\s+/)[1] : "gone";
+};
+
+let serve, url, key, otherKey;
+
+async function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+before(async () => {
+  const port = await freePort();
+  url = `http://127.0.0.1:${port}`;
+  serve = spawn(BIN, ["--state-dir", STATE, "serve", "--listen", `127.0.0.1:${port}`], { stdio: ["ignore", "pipe", "inherit"] });
+  await new Promise((resolve, reject) => {
+    serve.stdout.on("data", (d) => { if (String(d).includes("listening")) resolve(); });
+    serve.on("exit", (code) => reject(new Error(`serve exited ${code}`)));
+  });
+  key = airlock("keys", "create", "--tenant", "e2b-controlplane").trim();
+  otherKey = airlock("keys", "create", "--tenant", "e2b-controlplane-other").trim();
+  process.env.E2B_API_URL = url;
+  process.env.E2B_SANDBOX_URL = url;
+  process.env.E2B_API_KEY = key;
+});
+
+after(() => {
+  serve?.kill("SIGTERM");
+});
+
+// A snapshot, a fork and a create from a snapshot save or restore a whole
+// guest; under TCG on a small host that can outlast the SDK's default 60 s
+// request timeout.
+const slow = { requestTimeoutMs: 300_000 };
+
+test("e2b 2.51.0: snapshots, create from a snapshot, fork, network update, metrics", { timeout: 900_000 }, async () => {
+  const { Sandbox, SandboxError, SandboxNotFoundError } = await import("e2b");
+  const name = `cp-${Date.now().toString(36)}`; // the state dir may keep earlier runs' snapshots
+  const sbx = await Sandbox.create({ timeoutMs: 600_000 });
+  const made = [sbx];
+  let unnamed;
+  try {
+    await sbx.files.write("/root/state.txt", "before\n");
+
+    // Snapshots: named, and with a generated name; the source runs on.
+    const snap = await sbx.createSnapshot({ name, ...slow });
+    assert.deepEqual(snap, { snapshotId: name, names: [name] });
+    unnamed = (await sbx.createSnapshot(slow)).snapshotId;
+    assert.match(unnamed, /^snap-[a-z2-7]{10}$/);
+    assert.equal(sandboxState(sbx.sandboxId), "running", "the source keeps running");
+    assert.equal((await sbx.commands.run("cat /root/state.txt")).stdout, "before\n");
+
+    // Listed newest first, by source sandbox, by name, page by page.
+    const mine = await sbx.listSnapshots().nextItems();
+    assert.deepEqual(mine.map((s) => s.snapshotId), [unnamed, name]);
+    assert.deepEqual((await Sandbox.listSnapshots({ name }).nextItems()).map((s) => s.snapshotId), [name]);
+    const pages = Sandbox.listSnapshots({ sandboxId: sbx.sandboxId, limit: 1 });
+    const first = await pages.nextItems();
+    assert.equal(pages.hasNext, true);
+    const second = await pages.nextItems();
+    assert.equal(pages.hasNext, false);
+    assert.deepEqual([...first, ...second].map((s) => s.snapshotId), [unnamed, name]);
+
+    // A sandbox from the snapshot has the file as it was.
+    const restored = await Sandbox.create(name, { timeoutMs: 300_000, ...slow });
+    made.push(restored);
+    assert.notEqual(restored.sandboxId, sbx.sandboxId);
+    assert.equal(await restored.files.read("/root/state.txt"), "before\n");
+
+    // A fork is a running copy that then goes its own way.
+    await sbx.files.write("/root/state.txt", "source\n");
+    const forks = await sbx.fork({ timeoutMs: 120_000, ...slow });
+    assert.equal(forks.length, 1);
+    const [fork] = forks;
+    assert.ok(fork instanceof Sandbox, `a fork, not an error: ${fork}`);
+    made.push(fork);
+    assert.notEqual(fork.sandboxId, sbx.sandboxId);
+    assert.equal(await fork.files.read("/root/state.txt"), "source\n");
+    await fork.files.write("/root/state.txt", "fork\n");
+    assert.equal(await fork.files.read("/root/state.txt"), "fork\n");
+    assert.equal(await sbx.files.read("/root/state.txt"), "source\n", "the source does not see the fork's writes");
+    const left = (await fork.getInfo()).endAt.getTime() - Date.now();
+    assert.ok(left > 60_000 && left <= 125_000, `the fork's own lifetime, about 120 s: ${left} ms`);
+
+    // A snapshot that sandboxes use cannot go.
+    await assert.rejects(Sandbox.deleteSnapshot(name), (e) => e instanceof SandboxError && /412/.test(e.message), "a snapshot in use");
+
+    // Not yet in airlock: clear errors, not silence.
+    await assert.rejects(sbx.updateNetwork({ allowInternetAccess: false }),
+      (e) => e instanceof SandboxError && /501/.test(e.message) && /running sandbox's network/.test(e.message) && /\/v1/.test(e.message));
+    await assert.rejects(sbx.getMetrics(), (e) => e instanceof SandboxError && /501/.test(e.message) && /metrics are not available/.test(e.message));
+
+    // Another tenant sees none of it.
+    const other = { apiKey: otherKey };
+    const foreign = await Sandbox.listSnapshots(other).nextItems();
+    assert.ok(!foreign.some((s) => [name, unnamed].includes(s.snapshotId)), `other tenant's list: ${JSON.stringify(foreign)}`);
+    await assert.rejects(Sandbox.createSnapshot(sbx.sandboxId, other), SandboxNotFoundError);
+    await assert.rejects(Sandbox.fork(sbx.sandboxId, other), SandboxNotFoundError);
+    await assert.rejects(Sandbox.create(name, other), new RegExp(`404: template "${name}" not found`));
+    await assert.rejects(Sandbox.updateNetwork(sbx.sandboxId, {}, other), SandboxNotFoundError);
+    await assert.rejects(Sandbox.getMetrics(sbx.sandboxId, other), SandboxNotFoundError);
+    assert.equal(await Sandbox.deleteSnapshot(name, other), false);
+  } finally {
+    for (const s of made) await s.kill();
+  }
+  // With its sandboxes gone, a snapshot can be deleted (the generated one
+  // first: its disk is backed by the named one's); a second delete is false.
+  assert.equal(await Sandbox.deleteSnapshot(unnamed), true);
+  assert.equal(await Sandbox.deleteSnapshot(name), true);
+  assert.equal(await Sandbox.deleteSnapshot(name), false);
+  assert.deepEqual(await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems(), []);
+});
