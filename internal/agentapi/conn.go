@@ -30,7 +30,7 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 // ProtocolVersion is the version this build speaks. Bump it when an RPC or
 // a request field that an older agent would ignore is added, and record
 // below which version introduced it.
-const ProtocolVersion = VersionTerminal
+const ProtocolVersion = VersionWatch
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -132,4 +132,6 @@ const (
 	// VersionTerminal: ExecStart.tty and ExecRequest.resize (execs on a
 	// pseudo-terminal).
 	VersionTerminal = 4
+	// VersionWatch added FileService.Rename and FileService.Watch.
+	VersionWatch = 5
 )

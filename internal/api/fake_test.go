@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -296,6 +297,14 @@ func (f *fake) ListFiles(_ context.Context, c sandbox.Caller, id, _ string, _ ui
 func (f *fake) Mkdir(_ context.Context, c sandbox.Caller, id, _ string, _ bool) error {
 	_, err := f.lookup(c, id)
 	return err
+}
+
+func (f *fake) Rename(context.Context, sandbox.Caller, string, string, string) error {
+	return errors.New("not used by the API's routes")
+}
+
+func (f *fake) WatchDir(context.Context, sandbox.Caller, string, string, bool, func(), func(guest.FileEvent) error) error {
+	return errors.New("not used by the API's routes")
 }
 
 func (f *fake) RemoveFile(_ context.Context, c sandbox.Caller, id, p string, _ bool) error {

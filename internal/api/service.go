@@ -84,6 +84,11 @@ type Files interface {
 	ListFiles(ctx context.Context, c sandbox.Caller, id, p string, depth uint32) (guest.FileList, error)
 	Mkdir(ctx context.Context, c sandbox.Caller, id, p string, parents bool) error
 	RemoveFile(ctx context.Context, c sandbox.Caller, id, p string, recursive bool) error
+	// Rename renames within one guest filesystem.
+	Rename(ctx context.Context, c sandbox.Caller, id, from, to string) error
+	// WatchDir calls started once the watch is in place, then fn per
+	// change, until ctx ends (nil), fn fails or the guest ends it.
+	WatchDir(ctx context.Context, c sandbox.Caller, id, p string, recursive bool, started func(), fn func(guest.FileEvent) error) error
 }
 
 // ExecInfo describes one exec session.

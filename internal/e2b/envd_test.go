@@ -109,8 +109,9 @@ func (f *fakeExecs) GetExec(context.Context, sandbox.Caller, string, string) (gu
 
 // fakeFiles keeps files in memory.
 type fakeFiles struct {
-	mu    sync.Mutex
-	files map[string][]byte
+	mu       sync.Mutex
+	files    map[string][]byte
+	watchers []chan string
 }
 
 func (f *fakeFiles) WriteFile(_ context.Context, _ sandbox.Caller, _, p string, _ uint32, r io.Reader) (int64, error) {
@@ -124,6 +125,12 @@ func (f *fakeFiles) WriteFile(_ context.Context, _ sandbox.Caller, _, p string, 
 		f.files = map[string][]byte{}
 	}
 	f.files[p] = b
+	for _, w := range f.watchers {
+		select {
+		case w <- p:
+		default:
+		}
+	}
 	return int64(len(b)), nil
 }
 
@@ -145,7 +152,7 @@ func (f *fakeFiles) ReadFile(_ context.Context, _ sandbox.Caller, _, p string, w
 }
 
 func (f *fakeFiles) StatFile(_ context.Context, _ sandbox.Caller, _, p string) (guest.FileInfo, error) {
-	if p == "/dir" {
+	if p == "/dir" || p == "/elsewhere" {
 		return guest.FileInfo{Path: p, Name: "dir", Type: guest.FileDirectory, Mode: 0o755}, nil
 	}
 	b, ok := f.get(p)
@@ -161,6 +168,39 @@ func (f *fakeFiles) ListFiles(context.Context, sandbox.Caller, string, string, u
 func (f *fakeFiles) Mkdir(context.Context, sandbox.Caller, string, string, bool) error { return nil }
 func (f *fakeFiles) RemoveFile(context.Context, sandbox.Caller, string, string, bool) error {
 	return fmt.Errorf("%w: no such file", errdefs.ErrNotFound)
+}
+
+func (f *fakeFiles) Rename(_ context.Context, _ sandbox.Caller, _, from, to string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.files[from]
+	if !ok {
+		return fmt.Errorf("%w: no such file", errdefs.ErrNotFound)
+	}
+	delete(f.files, from)
+	f.files[to] = b
+	return nil
+}
+
+// WatchDir reports the writes WriteFile makes under p after it started.
+func (f *fakeFiles) WatchDir(ctx context.Context, _ sandbox.Caller, _, p string, _ bool, started func(), fn func(guest.FileEvent) error) error {
+	ch := make(chan string, 16)
+	f.mu.Lock()
+	f.watchers = append(f.watchers, ch)
+	f.mu.Unlock()
+	started()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case name := <-ch:
+			if rel, ok := strings.CutPrefix(name, p+"/"); ok {
+				if err := fn(guest.FileEvent{Name: rel, Op: guest.OpCreate}); err != nil {
+					return err
+				}
+			}
+		}
+	}
 }
 
 // envdSandbox creates a sandbox of alice's through the E2B routes and

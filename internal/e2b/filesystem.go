@@ -3,12 +3,9 @@ package e2b
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io/fs"
 	"net/http"
 	"strconv"
-	"strings"
-	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -24,7 +21,8 @@ import (
 // operations (which act as root: the user only resolves relative paths).
 type filesystemService struct {
 	filesystemconnect.UnimplementedFilesystemHandler
-	h *handler
+	h        *handler
+	watchers watchers // polling watchers (CreateWatcher)
 }
 
 var _ filesystemconnect.FilesystemHandler = (*filesystemService)(nil)
@@ -131,57 +129,14 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[files
 	if err != nil {
 		return nil, err
 	}
-	if err := f.rename(ctx, t, src, dst); err != nil {
-		return nil, err
+	if err := f.h.cfg.Files.Rename(ctx, t.c, t.id, src, dst); err != nil {
+		return nil, fileRPCError(err, src)
 	}
 	fi, err := f.h.cfg.Files.StatFile(ctx, t.c, t.id, dst)
 	if err != nil {
 		return nil, fileRPCError(err, dst)
 	}
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: entryInfo(fi)}), nil
-}
-
-// rename moves src to dst with the guest's mv (-T: dst is the new name,
-// never a directory to move into), as an exec of the sandbox's tenant.
-func (f *filesystemService) rename(ctx context.Context, t target, src, dst string) error {
-	spec := guest.ExecSpec{Argv: []string{"mv", "-T", "--", src, dst}, Timeout: time.Minute}
-	st, err := f.h.cfg.Execs.Exec(ctx, t.c, t.id, spec, true)
-	if err != nil {
-		return rpcError(err)
-	}
-	defer st.Close()
-	var stderr []byte
-	for {
-		ev, err := st.Recv()
-		if err != nil {
-			return rpcError(err)
-		}
-		switch ev.Kind {
-		case guest.ExecStderr:
-			if len(stderr) < 1024 {
-				stderr = append(stderr, ev.Data...)
-			}
-		case guest.ExecExited:
-			if ev.Exit != nil && ev.Exit.Code == 0 && ev.Exit.Signal == 0 {
-				return nil
-			}
-			msg := strings.TrimSpace(strings.ToValidUTF8(string(stderr), "?"))
-			if strings.Contains(msg, "No such file or directory") {
-				return connect.NewError(connect.CodeNotFound, errors.New("file not found: "+src))
-			}
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("move %s to %s: %s", src, dst, msg))
-		}
-	}
-}
-
-var errNoWatch = connect.NewError(connect.CodeUnimplemented, errors.New("airlock does not serve E2B's directory watching (files.watchDir) yet"))
-
-func (f *filesystemService) WatchDir(context.Context, *connect.Request[filesystem.WatchDirRequest], *connect.ServerStream[filesystem.WatchDirResponse]) error {
-	return errNoWatch
-}
-
-func (f *filesystemService) CreateWatcher(context.Context, *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
-	return nil, errNoWatch
 }
 
 // fileRPCError is a file error as envd's: a missing file is not_found

@@ -63,3 +63,22 @@ type FileList struct {
 	// Truncated says the guest's entry cap was reached.
 	Truncated bool
 }
+
+// FileOp is what happened to a watched path.
+type FileOp uint8
+
+// File operations a watch reports.
+const (
+	OpCreate FileOp = iota + 1
+	OpWrite
+	OpRemove
+	OpRename
+	OpChmod
+)
+
+// FileEvent is one change under a watched directory.
+type FileEvent struct {
+	// Name is the path relative to the watched directory (clean, no "..").
+	Name string
+	Op   FileOp
+}

@@ -83,3 +83,29 @@ func (m *Manager) RemoveFile(ctx context.Context, c Caller, id, p string, recurs
 	m.audit(ctx, c, sb.ID, "file.delete", map[string]any{"path": p, "recursive": recursive})
 	return nil
 }
+
+// Rename renames from to to in sandbox id (one guest filesystem).
+func (m *Manager) Rename(ctx context.Context, c Caller, id, from, to string) error {
+	sb, sc, err := m.running(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	if err := sc.Rename(ctx, from, to); err != nil {
+		return err
+	}
+	m.audit(ctx, c, sb.ID, "file.rename", map[string]any{"from": from, "to": to})
+	return nil
+}
+
+// WatchDir watches directory p of sandbox id (and below it if recursive):
+// started is called once the watch is in place, then fn for each change,
+// until ctx ends (nil), fn fails or the guest ends the watch (an error).
+// A watch is not activity: it does not keep the sandbox from idling.
+func (m *Manager) WatchDir(ctx context.Context, c Caller, id, p string, recursive bool, started func(), fn func(guest.FileEvent) error) error {
+	sb, sc, err := m.running(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	m.audit(ctx, c, sb.ID, "file.watch", map[string]any{"path": p, "recursive": recursive})
+	return sc.Watch(ctx, p, recursive, started, fn)
+}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
+	"strings"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -168,4 +171,65 @@ func (f fileService) Write(ctx context.Context, in *connect.ClientStream[shimv2.
 		return nil, relayErr("write", err)
 	}
 	return connect.NewResponse(&shimv2.WriteFileResponse{BytesWritten: resp.Msg.GetBytesWritten()}), nil
+}
+
+func (f fileService) Rename(ctx context.Context, req *connect.Request[shimv2.RenameFileRequest]) (*connect.Response[shimv2.RenameFileResponse], error) {
+	for _, p := range []string{req.Msg.GetFrom(), req.Msg.GetTo()} {
+		if err := checkPath(p); err != nil {
+			return nil, err
+		}
+	}
+	if err := f.agent.Require(agentapi.VersionWatch, "rename"); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	if _, err := f.agent.Files.Rename(ctx, connect.NewRequest(&agentv1.RenameRequest{From: req.Msg.GetFrom(), To: req.Msg.GetTo()})); err != nil {
+		return nil, relayErr("rename", err)
+	}
+	return connect.NewResponse(&shimv2.RenameFileResponse{}), nil
+}
+
+// Watch relays a guest watch. The guest's event names are checked before
+// they go on: relative, clean, without NUL, at most 4096 bytes; an event
+// that is not is dropped.
+func (f fileService) Watch(ctx context.Context, req *connect.Request[shimv2.WatchFilesRequest], out *connect.ServerStream[shimv2.WatchFilesResponse]) error {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return err
+	}
+	if err := f.agent.Require(agentapi.VersionWatch, "watch"); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	in, err := f.agent.Files.Watch(ctx, connect.NewRequest(&agentv1.WatchRequest{Path: req.Msg.GetPath(), Recursive: req.Msg.GetRecursive()}))
+	if err != nil {
+		return relayErr("watch", err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		var msg *shimv2.WatchFilesResponse
+		switch m := in.Msg().GetMsg().(type) {
+		case *agentv1.WatchResponse_Started:
+			msg = &shimv2.WatchFilesResponse{Msg: &shimv2.WatchFilesResponse_Started{Started: true}}
+		case *agentv1.WatchResponse_Event:
+			name, op := m.Event.GetName(), shimv2.FileOp(m.Event.GetOp())
+			if !validEventName(name) || op <= shimv2.FileOp_FILE_OP_UNSPECIFIED || op > shimv2.FileOp_FILE_OP_CHMOD {
+				continue
+			}
+			msg = &shimv2.WatchFilesResponse{Msg: &shimv2.WatchFilesResponse_Event{Event: &shimv2.FileEvent{Name: name, Op: op}}}
+		default:
+			continue // unknown message from a newer or hostile agent
+		}
+		if err := out.Send(msg); err != nil {
+			return err
+		}
+	}
+	if err := in.Err(); err != nil {
+		return relayErr("watch", err)
+	}
+	return nil
+}
+
+// validEventName reports whether a guest's watch event name is a clean
+// relative path the host may pass on.
+func validEventName(name string) bool {
+	return name != "" && len(name) <= maxPathLen && !strings.HasPrefix(name, "/") && strings.IndexByte(name, 0) < 0 &&
+		path.Clean(name) == name && name != ".." && !strings.HasPrefix(name, "../") && utf8.ValidString(name)
 }

@@ -173,3 +173,39 @@ func (c *Client) ReadFile(ctx context.Context, p string, limit int64, w io.Write
 	}
 	return n, nil
 }
+
+// Rename renames from to to within one guest filesystem.
+func (c *Client) Rename(ctx context.Context, from, to string) error {
+	if _, err := c.files().Rename(ctx, connect.NewRequest(&shimv2.RenameFileRequest{From: from, To: to})); err != nil {
+		return fileErr("rename", from, err)
+	}
+	return nil
+}
+
+// Watch watches directory p (and below it if recursive): started is
+// called once the watch is in place, then fn for each change, until ctx
+// ends (nil), fn fails (its error) or the guest ends the watch.
+func (c *Client) Watch(ctx context.Context, p string, recursive bool, started func(), fn func(guest.FileEvent) error) error {
+	st, err := c.files().Watch(ctx, connect.NewRequest(&shimv2.WatchFilesRequest{Path: p, Recursive: recursive}))
+	if err != nil {
+		return fileErr("watch", p, err)
+	}
+	defer st.Close()
+	for st.Receive() {
+		switch m := st.Msg().GetMsg().(type) {
+		case *shimv2.WatchFilesResponse_Started:
+			started()
+		case *shimv2.WatchFilesResponse_Event:
+			if err := fn(guest.FileEvent{Name: m.Event.GetName(), Op: guest.FileOp(m.Event.GetOp())}); err != nil {
+				return err
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err := st.Err(); err != nil {
+		return fileErr("watch", p, err)
+	}
+	return fmt.Errorf("%w: watch %s: the guest ended the watch", errdefs.ErrUnavailable, p)
+}

@@ -197,6 +197,17 @@ for (const [name, pkg] of [["2.51.0", "e2b"], ["2.45.0", "e2b-2-45"]]) {
       assert.equal(await sbx.files.makeDir("/tmp/e2b/d/e"), false, "an existing directory is false");
       assert.equal((await sbx.files.getInfo("/tmp/e2b/d/e")).type, "dir");
 
+      // watchDir: changes under a directory, new subdirectories included.
+      const seen = [];
+      const watch = await sbx.files.watchDir("/tmp/e2b", (e) => seen.push(`${e.type} ${e.name}`), { recursive: true });
+      await sbx.files.write("/tmp/e2b/w/new.txt", "x");
+      await sbx.commands.run("echo more >> /tmp/e2b/w/new.txt && rm /tmp/e2b/hello.txt.bak 2>/dev/null; touch /tmp/e2b/gone && rm /tmp/e2b/gone");
+      const until = Date.now() + 30_000;
+      const want = ["create w", "create w/new.txt", "write w/new.txt", "remove gone"];
+      while (!want.every((w) => seen.includes(w)) && Date.now() < until) await new Promise((r) => setTimeout(r, 50));
+      await watch.stop();
+      for (const w of want) assert.ok(seen.includes(w), `watchDir saw "${w}": ${JSON.stringify(seen)}`);
+
       // A missing file is the SDK's not-found error.
       const missing = await sbx.files.read("/tmp/e2b/none").catch((e) => e);
       assert.ok(missing instanceof (FileNotFoundError ?? NotFoundError), `missing file: ${missing}`);

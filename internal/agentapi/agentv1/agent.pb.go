@@ -37,6 +37,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type FileOp int32
+
+const (
+	FileOp_FILE_OP_UNSPECIFIED FileOp = 0
+	FileOp_FILE_OP_CREATE      FileOp = 1
+	FileOp_FILE_OP_WRITE       FileOp = 2
+	FileOp_FILE_OP_REMOVE      FileOp = 3
+	FileOp_FILE_OP_RENAME      FileOp = 4
+	FileOp_FILE_OP_CHMOD       FileOp = 5
+)
+
+// Enum value maps for FileOp.
+var (
+	FileOp_name = map[int32]string{
+		0: "FILE_OP_UNSPECIFIED",
+		1: "FILE_OP_CREATE",
+		2: "FILE_OP_WRITE",
+		3: "FILE_OP_REMOVE",
+		4: "FILE_OP_RENAME",
+		5: "FILE_OP_CHMOD",
+	}
+	FileOp_value = map[string]int32{
+		"FILE_OP_UNSPECIFIED": 0,
+		"FILE_OP_CREATE":      1,
+		"FILE_OP_WRITE":       2,
+		"FILE_OP_REMOVE":      3,
+		"FILE_OP_RENAME":      4,
+		"FILE_OP_CHMOD":       5,
+	}
+)
+
+func (x FileOp) Enum() *FileOp {
+	p := new(FileOp)
+	*p = x
+	return p
+}
+
+func (x FileOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_agent_v1_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (FileOp) Type() protoreflect.EnumType {
+	return &file_airlock_agent_v1_agent_proto_enumTypes[0]
+}
+
+func (x FileOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileOp.Descriptor instead.
+func (FileOp) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
 type FileType int32
 
 const (
@@ -76,11 +134,11 @@ func (x FileType) String() string {
 }
 
 func (FileType) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_agent_v1_agent_proto_enumTypes[0].Descriptor()
+	return file_airlock_agent_v1_agent_proto_enumTypes[1].Descriptor()
 }
 
 func (FileType) Type() protoreflect.EnumType {
-	return &file_airlock_agent_v1_agent_proto_enumTypes[0]
+	return &file_airlock_agent_v1_agent_proto_enumTypes[1]
 }
 
 func (x FileType) Number() protoreflect.EnumNumber {
@@ -89,7 +147,7 @@ func (x FileType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileType.Descriptor instead.
 func (FileType) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{1}
 }
 
 type InfoRequest struct {
@@ -1103,6 +1161,283 @@ func (x *ExecExited) GetOomKilled() bool {
 	return false
 }
 
+type RenameRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameRequest) Reset() {
+	*x = RenameRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameRequest) ProtoMessage() {}
+
+func (x *RenameRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
+func (*RenameRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RenameRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RenameRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+type RenameResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameResponse) Reset() {
+	*x = RenameResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameResponse) ProtoMessage() {}
+
+func (x *RenameResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
+func (*RenameResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Also watch every directory below path, present and future.
+	Recursive     bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WatchRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type FileEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The changed path relative to the watched directory ("a/b.txt").
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Op            FileOp `protobuf:"varint,2,opt,name=op,proto3,enum=airlock.agent.v1.FileOp" json:"op,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileEvent) Reset() {
+	*x = FileEvent{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEvent) ProtoMessage() {}
+
+func (x *FileEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
+func (*FileEvent) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *FileEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FileEvent) GetOp() FileOp {
+	if x != nil {
+		return x.Op
+	}
+	return FileOp_FILE_OP_UNSPECIFIED
+}
+
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*WatchResponse_Started
+	//	*WatchResponse_Event
+	Msg           isWatchResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetStarted() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*WatchResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return false
+}
+
+func (x *WatchResponse) GetEvent() *FileEvent {
+	if x != nil {
+		if x, ok := x.Msg.(*WatchResponse_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+type isWatchResponse_Msg interface {
+	isWatchResponse_Msg()
+}
+
+type WatchResponse_Started struct {
+	// The watch is in place: changes from here on are reported.
+	Started bool `protobuf:"varint,1,opt,name=started,proto3,oneof"`
+}
+
+type WatchResponse_Event struct {
+	Event *FileEvent `protobuf:"bytes,2,opt,name=event,proto3,oneof"`
+}
+
+func (*WatchResponse_Started) isWatchResponse_Msg() {}
+
+func (*WatchResponse_Event) isWatchResponse_Msg() {}
+
 type FileInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -1122,7 +1457,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1469,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1482,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1222,7 +1557,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1569,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1582,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1266,7 +1601,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1613,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1626,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1314,7 +1649,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1661,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1674,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1373,7 +1708,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1720,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1733,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1428,7 +1763,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1775,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1788,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1485,7 +1820,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1832,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1845,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 type RemoveRequest struct {
@@ -1523,7 +1858,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1870,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1883,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1573,7 +1908,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1920,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1933,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 type ReadRequest struct {
@@ -1610,7 +1945,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1957,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1970,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadRequest) GetPath() string {
@@ -1658,7 +1993,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +2005,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +2018,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadResponse) GetMsg() isReadResponse_Msg {
@@ -1740,7 +2075,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +2087,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +2100,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WriteRequest) GetMsg() isWriteRequest_Msg {
@@ -1824,7 +2159,7 @@ type WriteHeader struct {
 
 func (x *WriteHeader) Reset() {
 	*x = WriteHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1836,7 +2171,7 @@ func (x *WriteHeader) String() string {
 func (*WriteHeader) ProtoMessage() {}
 
 func (x *WriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1849,7 +2184,7 @@ func (x *WriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteHeader.ProtoReflect.Descriptor instead.
 func (*WriteHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WriteHeader) GetPath() string {
@@ -1889,7 +2224,7 @@ type WriteResponse struct {
 
 func (x *WriteResponse) Reset() {
 	*x = WriteResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +2236,7 @@ func (x *WriteResponse) String() string {
 func (*WriteResponse) ProtoMessage() {}
 
 func (x *WriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2249,7 @@ func (x *WriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteResponse.ProtoReflect.Descriptor instead.
 func (*WriteResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WriteResponse) GetBytesWritten() uint64 {
@@ -1940,7 +2275,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1952,7 +2287,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1965,7 +2300,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CreateContextRequest) GetLanguage() string {
@@ -2012,7 +2347,7 @@ type ContextInfo struct {
 
 func (x *ContextInfo) Reset() {
 	*x = ContextInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2359,7 @@ func (x *ContextInfo) String() string {
 func (*ContextInfo) ProtoMessage() {}
 
 func (x *ContextInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2372,7 @@ func (x *ContextInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextInfo.ProtoReflect.Descriptor instead.
 func (*ContextInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ContextInfo) GetId() string {
@@ -2090,7 +2425,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2437,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2450,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 type ListContextsResponse struct {
@@ -2127,7 +2462,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2474,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2487,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -2171,7 +2506,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2518,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2531,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -2214,7 +2549,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2226,7 +2561,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2239,7 +2574,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 type RestartContextRequest struct {
@@ -2251,7 +2586,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2598,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2611,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -2295,7 +2630,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2307,7 +2642,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2320,7 +2655,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -2338,7 +2673,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2350,7 +2685,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2363,7 +2698,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type RunCodeRequest struct {
@@ -2385,7 +2720,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2732,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2745,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -2464,7 +2799,7 @@ type RunCodeEvent struct {
 
 func (x *RunCodeEvent) Reset() {
 	*x = RunCodeEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2811,7 @@ func (x *RunCodeEvent) String() string {
 func (*RunCodeEvent) ProtoMessage() {}
 
 func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2824,7 @@ func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
 func (*RunCodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
@@ -2594,7 +2929,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +2941,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +2954,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -2647,7 +2982,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2659,7 +2994,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,7 +3007,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CodeError) GetName() string {
@@ -2713,7 +3048,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2725,7 +3060,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2738,7 +3073,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -2849,7 +3184,21 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
 	"durationMs\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x06 \x01(\bR\toomKilled\"\xfd\x01\n" +
+	"oom_killed\x18\x06 \x01(\bR\toomKilled\"3\n" +
+	"\rRenameRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"\x10\n" +
+	"\x0eRenameResponse\"@\n" +
+	"\fWatchRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\"I\n" +
+	"\tFileEvent\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12(\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x18.airlock.agent.v1.FileOpR\x02op\"g\n" +
+	"\rWatchResponse\x12\x1a\n" +
+	"\astarted\x18\x01 \x01(\bH\x00R\astarted\x123\n" +
+	"\x05event\x18\x02 \x01(\v2\x1b.airlock.agent.v1.FileEventH\x00R\x05eventB\x05\n" +
+	"\x03msg\"\xfd\x01\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12.\n" +
@@ -2955,7 +3304,14 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"durationMs\x12'\n" +
 	"\x0fexecution_count\x18\x04 \x01(\x05R\x0eexecutionCount\x12\x1d\n" +
 	"\n" +
-	"context_id\x18\x05 \x01(\tR\tcontextId*\x81\x01\n" +
+	"context_id\x18\x05 \x01(\tR\tcontextId*\x83\x01\n" +
+	"\x06FileOp\x12\x17\n" +
+	"\x13FILE_OP_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eFILE_OP_CREATE\x10\x01\x12\x11\n" +
+	"\rFILE_OP_WRITE\x10\x02\x12\x12\n" +
+	"\x0eFILE_OP_REMOVE\x10\x03\x12\x12\n" +
+	"\x0eFILE_OP_RENAME\x10\x04\x12\x11\n" +
+	"\rFILE_OP_CHMOD\x10\x05*\x81\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
@@ -2967,14 +3323,16 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Sync\x12\x1d.airlock.agent.v1.SyncRequest\x1a\x1e.airlock.agent.v1.SyncResponse\x12Q\n" +
 	"\bShutdown\x12!.airlock.agent.v1.ShutdownRequest\x1a\".airlock.agent.v1.ShutdownResponse2X\n" +
 	"\vExecService\x12I\n" +
-	"\x04Exec\x12\x1d.airlock.agent.v1.ExecRequest\x1a\x1e.airlock.agent.v1.ExecResponse(\x010\x012\xc7\x03\n" +
+	"\x04Exec\x12\x1d.airlock.agent.v1.ExecRequest\x1a\x1e.airlock.agent.v1.ExecResponse(\x010\x012\xe0\x04\n" +
 	"\vFileService\x12E\n" +
 	"\x04Stat\x12\x1d.airlock.agent.v1.StatRequest\x1a\x1e.airlock.agent.v1.StatResponse\x12E\n" +
 	"\x04List\x12\x1d.airlock.agent.v1.ListRequest\x1a\x1e.airlock.agent.v1.ListResponse\x12H\n" +
 	"\x05Mkdir\x12\x1e.airlock.agent.v1.MkdirRequest\x1a\x1f.airlock.agent.v1.MkdirResponse\x12K\n" +
 	"\x06Remove\x12\x1f.airlock.agent.v1.RemoveRequest\x1a .airlock.agent.v1.RemoveResponse\x12G\n" +
 	"\x04Read\x12\x1d.airlock.agent.v1.ReadRequest\x1a\x1e.airlock.agent.v1.ReadResponse0\x01\x12J\n" +
-	"\x05Write\x12\x1e.airlock.agent.v1.WriteRequest\x1a\x1f.airlock.agent.v1.WriteResponse(\x012\x95\x04\n" +
+	"\x05Write\x12\x1e.airlock.agent.v1.WriteRequest\x1a\x1f.airlock.agent.v1.WriteResponse(\x01\x12K\n" +
+	"\x06Rename\x12\x1f.airlock.agent.v1.RenameRequest\x1a .airlock.agent.v1.RenameResponse\x12J\n" +
+	"\x05Watch\x12\x1e.airlock.agent.v1.WatchRequest\x1a\x1f.airlock.agent.v1.WatchResponse0\x012\x95\x04\n" +
 	"\x0eContextService\x12O\n" +
 	"\x06Create\x12&.airlock.agent.v1.CreateContextRequest\x1a\x1d.airlock.agent.v1.ContextInfo\x12U\n" +
 	"\x04List\x12%.airlock.agent.v1.ListContextsRequest\x1a&.airlock.agent.v1.ListContextsResponse\x12Y\n" +
@@ -2995,107 +3353,119 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_airlock_agent_v1_agent_proto_rawDescData
 }
 
-var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
-	(FileType)(0),                    // 0: airlock.agent.v1.FileType
-	(*InfoRequest)(nil),              // 1: airlock.agent.v1.InfoRequest
-	(*InfoResponse)(nil),             // 2: airlock.agent.v1.InfoResponse
-	(*SyncRequest)(nil),              // 3: airlock.agent.v1.SyncRequest
-	(*NetworkConfig)(nil),            // 4: airlock.agent.v1.NetworkConfig
-	(*SyncResponse)(nil),             // 5: airlock.agent.v1.SyncResponse
-	(*ShutdownRequest)(nil),          // 6: airlock.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 7: airlock.agent.v1.ShutdownResponse
-	(*ExecRequest)(nil),              // 8: airlock.agent.v1.ExecRequest
-	(*TerminalSize)(nil),             // 9: airlock.agent.v1.TerminalSize
-	(*ExecStart)(nil),                // 10: airlock.agent.v1.ExecStart
-	(*ExecResponse)(nil),             // 11: airlock.agent.v1.ExecResponse
-	(*ExecStarted)(nil),              // 12: airlock.agent.v1.ExecStarted
-	(*ExecExited)(nil),               // 13: airlock.agent.v1.ExecExited
-	(*FileInfo)(nil),                 // 14: airlock.agent.v1.FileInfo
-	(*StatRequest)(nil),              // 15: airlock.agent.v1.StatRequest
-	(*StatResponse)(nil),             // 16: airlock.agent.v1.StatResponse
-	(*ListRequest)(nil),              // 17: airlock.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 18: airlock.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 19: airlock.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 20: airlock.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 21: airlock.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 22: airlock.agent.v1.RemoveResponse
-	(*ReadRequest)(nil),              // 23: airlock.agent.v1.ReadRequest
-	(*ReadResponse)(nil),             // 24: airlock.agent.v1.ReadResponse
-	(*WriteRequest)(nil),             // 25: airlock.agent.v1.WriteRequest
-	(*WriteHeader)(nil),              // 26: airlock.agent.v1.WriteHeader
-	(*WriteResponse)(nil),            // 27: airlock.agent.v1.WriteResponse
-	(*CreateContextRequest)(nil),     // 28: airlock.agent.v1.CreateContextRequest
-	(*ContextInfo)(nil),              // 29: airlock.agent.v1.ContextInfo
-	(*ListContextsRequest)(nil),      // 30: airlock.agent.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 31: airlock.agent.v1.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 32: airlock.agent.v1.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 33: airlock.agent.v1.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 34: airlock.agent.v1.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 35: airlock.agent.v1.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 36: airlock.agent.v1.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 37: airlock.agent.v1.RunCodeRequest
-	(*RunCodeEvent)(nil),             // 38: airlock.agent.v1.RunCodeEvent
-	(*CodeResult)(nil),               // 39: airlock.agent.v1.CodeResult
-	(*CodeError)(nil),                // 40: airlock.agent.v1.CodeError
-	(*CodeEnd)(nil),                  // 41: airlock.agent.v1.CodeEnd
-	nil,                              // 42: airlock.agent.v1.CodeResult.DataEntry
+	(FileOp)(0),                      // 0: airlock.agent.v1.FileOp
+	(FileType)(0),                    // 1: airlock.agent.v1.FileType
+	(*InfoRequest)(nil),              // 2: airlock.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 3: airlock.agent.v1.InfoResponse
+	(*SyncRequest)(nil),              // 4: airlock.agent.v1.SyncRequest
+	(*NetworkConfig)(nil),            // 5: airlock.agent.v1.NetworkConfig
+	(*SyncResponse)(nil),             // 6: airlock.agent.v1.SyncResponse
+	(*ShutdownRequest)(nil),          // 7: airlock.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 8: airlock.agent.v1.ShutdownResponse
+	(*ExecRequest)(nil),              // 9: airlock.agent.v1.ExecRequest
+	(*TerminalSize)(nil),             // 10: airlock.agent.v1.TerminalSize
+	(*ExecStart)(nil),                // 11: airlock.agent.v1.ExecStart
+	(*ExecResponse)(nil),             // 12: airlock.agent.v1.ExecResponse
+	(*ExecStarted)(nil),              // 13: airlock.agent.v1.ExecStarted
+	(*ExecExited)(nil),               // 14: airlock.agent.v1.ExecExited
+	(*RenameRequest)(nil),            // 15: airlock.agent.v1.RenameRequest
+	(*RenameResponse)(nil),           // 16: airlock.agent.v1.RenameResponse
+	(*WatchRequest)(nil),             // 17: airlock.agent.v1.WatchRequest
+	(*FileEvent)(nil),                // 18: airlock.agent.v1.FileEvent
+	(*WatchResponse)(nil),            // 19: airlock.agent.v1.WatchResponse
+	(*FileInfo)(nil),                 // 20: airlock.agent.v1.FileInfo
+	(*StatRequest)(nil),              // 21: airlock.agent.v1.StatRequest
+	(*StatResponse)(nil),             // 22: airlock.agent.v1.StatResponse
+	(*ListRequest)(nil),              // 23: airlock.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 24: airlock.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 25: airlock.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 26: airlock.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 27: airlock.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 28: airlock.agent.v1.RemoveResponse
+	(*ReadRequest)(nil),              // 29: airlock.agent.v1.ReadRequest
+	(*ReadResponse)(nil),             // 30: airlock.agent.v1.ReadResponse
+	(*WriteRequest)(nil),             // 31: airlock.agent.v1.WriteRequest
+	(*WriteHeader)(nil),              // 32: airlock.agent.v1.WriteHeader
+	(*WriteResponse)(nil),            // 33: airlock.agent.v1.WriteResponse
+	(*CreateContextRequest)(nil),     // 34: airlock.agent.v1.CreateContextRequest
+	(*ContextInfo)(nil),              // 35: airlock.agent.v1.ContextInfo
+	(*ListContextsRequest)(nil),      // 36: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 37: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 38: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 39: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 40: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 41: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 42: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 43: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 44: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 45: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 46: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 47: airlock.agent.v1.CodeEnd
+	nil,                              // 48: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
-	4,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
-	10, // 1: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
-	9,  // 2: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
-	9,  // 3: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
-	12, // 4: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
-	13, // 5: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
-	0,  // 6: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
-	14, // 7: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
-	14, // 8: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
-	14, // 9: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
-	26, // 10: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	29, // 11: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
-	39, // 12: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
-	40, // 13: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
-	41, // 14: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
-	42, // 15: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
-	1,  // 16: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	3,  // 17: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	6,  // 18: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	8,  // 19: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	15, // 20: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	17, // 21: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	19, // 22: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	21, // 23: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	23, // 24: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	25, // 25: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	28, // 26: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
-	30, // 27: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
-	32, // 28: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
-	34, // 29: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
-	37, // 30: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
-	35, // 31: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
-	2,  // 32: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	5,  // 33: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	7,  // 34: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	11, // 35: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	16, // 36: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	18, // 37: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	20, // 38: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	22, // 39: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	24, // 40: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	27, // 41: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	29, // 42: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
-	31, // 43: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
-	33, // 44: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
-	29, // 45: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
-	38, // 46: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
-	36, // 47: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
-	32, // [32:48] is the sub-list for method output_type
-	16, // [16:32] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	5,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
+	11, // 1: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
+	10, // 2: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
+	10, // 3: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
+	13, // 4: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
+	14, // 5: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
+	0,  // 6: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
+	18, // 7: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
+	1,  // 8: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
+	20, // 9: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
+	20, // 10: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
+	20, // 11: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
+	32, // 12: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
+	35, // 13: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	45, // 14: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	46, // 15: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	47, // 16: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	48, // 17: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	2,  // 18: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
+	4,  // 19: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	7,  // 20: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	9,  // 21: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	21, // 22: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	23, // 23: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	25, // 24: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	27, // 25: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	29, // 26: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	31, // 27: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	15, // 28: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
+	17, // 29: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
+	34, // 30: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	36, // 31: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	38, // 32: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	40, // 33: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	43, // 34: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	41, // 35: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	3,  // 36: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	6,  // 37: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	8,  // 38: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	12, // 39: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	22, // 40: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	24, // 41: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	26, // 42: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	28, // 43: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	30, // 44: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	33, // 45: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	16, // 46: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
+	19, // 47: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
+	35, // 48: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	37, // 49: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	39, // 50: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	35, // 51: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	44, // 52: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	42, // 53: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	36, // [36:54] is the sub-list for method output_type
+	18, // [18:36] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_airlock_agent_v1_agent_proto_init() }
@@ -3116,15 +3486,19 @@ func file_airlock_agent_v1_agent_proto_init() {
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exited)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[23].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
+		(*WatchResponse_Started)(nil),
+		(*WatchResponse_Event)(nil),
+	}
+	file_airlock_agent_v1_agent_proto_msgTypes[28].OneofWrappers = []any{
 		(*ReadResponse_Info)(nil),
 		(*ReadResponse_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[24].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[29].OneofWrappers = []any{
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[37].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[42].OneofWrappers = []any{
 		(*RunCodeEvent_Stdout)(nil),
 		(*RunCodeEvent_Stderr)(nil),
 		(*RunCodeEvent_Result)(nil),
@@ -3136,8 +3510,8 @@ func file_airlock_agent_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   42,
+			NumEnums:      2,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -425,6 +425,42 @@ func (a *agent) Remove(_ context.Context, req *connect.Request[agentv1.RemoveReq
 	return connect.NewResponse(&agentv1.RemoveResponse{}), nil
 }
 
+func (a *agent) Rename(_ context.Context, req *connect.Request[agentv1.RenameRequest]) (*connect.Response[agentv1.RenameResponse], error) {
+	from, err := cleanPath(req.Msg.GetFrom())
+	if err != nil {
+		return nil, err
+	}
+	to, err := cleanPath(req.Msg.GetTo())
+	if err != nil {
+		return nil, err
+	}
+	if to == from || strings.HasPrefix(to, from+"/") {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("cannot move a directory into itself"))
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	if a.fs.files[from] == nil {
+		return nil, notFound()
+	}
+	if parent := a.fs.files[path.Dir(to)]; parent == nil || !parent.dir {
+		return nil, notFound()
+	}
+	moved := map[string]*file{}
+	for q, f := range a.fs.files {
+		if q == from || strings.HasPrefix(q, from+"/") {
+			moved[to+strings.TrimPrefix(q, from)] = f
+			delete(a.fs.files, q)
+		}
+	}
+	maps.Copy(a.fs.files, moved)
+	return connect.NewResponse(&agentv1.RenameResponse{}), nil
+}
+
+// Watch is not faked: the real agent's is tested in the guest.
+func (a *agent) Watch(context.Context, *connect.Request[agentv1.WatchRequest], *connect.ServerStream[agentv1.WatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("the fake agent does not watch files"))
+}
+
 func (a *agent) Read(_ context.Context, req *connect.Request[agentv1.ReadRequest], st *connect.ServerStream[agentv1.ReadResponse]) error {
 	p, err := cleanPath(req.Msg.GetPath())
 	if err != nil {

@@ -29,6 +29,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type FileOp int32
+
+const (
+	FileOp_FILE_OP_UNSPECIFIED FileOp = 0
+	FileOp_FILE_OP_CREATE      FileOp = 1
+	FileOp_FILE_OP_WRITE       FileOp = 2
+	FileOp_FILE_OP_REMOVE      FileOp = 3
+	FileOp_FILE_OP_RENAME      FileOp = 4
+	FileOp_FILE_OP_CHMOD       FileOp = 5
+)
+
+// Enum value maps for FileOp.
+var (
+	FileOp_name = map[int32]string{
+		0: "FILE_OP_UNSPECIFIED",
+		1: "FILE_OP_CREATE",
+		2: "FILE_OP_WRITE",
+		3: "FILE_OP_REMOVE",
+		4: "FILE_OP_RENAME",
+		5: "FILE_OP_CHMOD",
+	}
+	FileOp_value = map[string]int32{
+		"FILE_OP_UNSPECIFIED": 0,
+		"FILE_OP_CREATE":      1,
+		"FILE_OP_WRITE":       2,
+		"FILE_OP_REMOVE":      3,
+		"FILE_OP_RENAME":      4,
+		"FILE_OP_CHMOD":       5,
+	}
+)
+
+func (x FileOp) Enum() *FileOp {
+	p := new(FileOp)
+	*p = x
+	return p
+}
+
+func (x FileOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_shim_v2_files_proto_enumTypes[0].Descriptor()
+}
+
+func (FileOp) Type() protoreflect.EnumType {
+	return &file_airlock_shim_v2_files_proto_enumTypes[0]
+}
+
+func (x FileOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileOp.Descriptor instead.
+func (FileOp) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{0}
+}
+
 type FileType int32
 
 const (
@@ -68,11 +126,11 @@ func (x FileType) String() string {
 }
 
 func (FileType) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_shim_v2_files_proto_enumTypes[0].Descriptor()
+	return file_airlock_shim_v2_files_proto_enumTypes[1].Descriptor()
 }
 
 func (FileType) Type() protoreflect.EnumType {
-	return &file_airlock_shim_v2_files_proto_enumTypes[0]
+	return &file_airlock_shim_v2_files_proto_enumTypes[1]
 }
 
 func (x FileType) Number() protoreflect.EnumNumber {
@@ -81,8 +139,284 @@ func (x FileType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileType.Descriptor instead.
 func (FileType) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{1}
+}
+
+type RenameFileRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameFileRequest) Reset() {
+	*x = RenameFileRequest{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameFileRequest) ProtoMessage() {}
+
+func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameFileRequest.ProtoReflect.Descriptor instead.
+func (*RenameFileRequest) Descriptor() ([]byte, []int) {
 	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{0}
 }
+
+func (x *RenameFileRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RenameFileRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+type RenameFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameFileResponse) Reset() {
+	*x = RenameFileResponse{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameFileResponse) ProtoMessage() {}
+
+func (x *RenameFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameFileResponse.ProtoReflect.Descriptor instead.
+func (*RenameFileResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{1}
+}
+
+type WatchFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Also every directory below, present and future.
+	Recursive     bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchFilesRequest) Reset() {
+	*x = WatchFilesRequest{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchFilesRequest) ProtoMessage() {}
+
+func (x *WatchFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchFilesRequest.ProtoReflect.Descriptor instead.
+func (*WatchFilesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *WatchFilesRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchFilesRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type FileEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Relative to the watched directory: clean, no "..", at most 4096 bytes.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Op            FileOp `protobuf:"varint,2,opt,name=op,proto3,enum=airlock.shim.v2.FileOp" json:"op,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileEvent) Reset() {
+	*x = FileEvent{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEvent) ProtoMessage() {}
+
+func (x *FileEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
+func (*FileEvent) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *FileEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FileEvent) GetOp() FileOp {
+	if x != nil {
+		return x.Op
+	}
+	return FileOp_FILE_OP_UNSPECIFIED
+}
+
+type WatchFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*WatchFilesResponse_Started
+	//	*WatchFilesResponse_Event
+	Msg           isWatchFilesResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchFilesResponse) Reset() {
+	*x = WatchFilesResponse{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchFilesResponse) ProtoMessage() {}
+
+func (x *WatchFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchFilesResponse.ProtoReflect.Descriptor instead.
+func (*WatchFilesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *WatchFilesResponse) GetMsg() isWatchFilesResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *WatchFilesResponse) GetStarted() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*WatchFilesResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return false
+}
+
+func (x *WatchFilesResponse) GetEvent() *FileEvent {
+	if x != nil {
+		if x, ok := x.Msg.(*WatchFilesResponse_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+type isWatchFilesResponse_Msg interface {
+	isWatchFilesResponse_Msg()
+}
+
+type WatchFilesResponse_Started struct {
+	Started bool `protobuf:"varint,1,opt,name=started,proto3,oneof"`
+}
+
+type WatchFilesResponse_Event struct {
+	Event *FileEvent `protobuf:"bytes,2,opt,name=event,proto3,oneof"`
+}
+
+func (*WatchFilesResponse_Started) isWatchFilesResponse_Msg() {}
+
+func (*WatchFilesResponse_Event) isWatchFilesResponse_Msg() {}
 
 type FileInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -103,7 +437,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[0]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -115,7 +449,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[0]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -128,7 +462,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{0}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -203,7 +537,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[1]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -215,7 +549,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[1]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -228,7 +562,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{1}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StatFileRequest) GetPath() string {
@@ -247,7 +581,7 @@ type StatFileResponse struct {
 
 func (x *StatFileResponse) Reset() {
 	*x = StatFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[2]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -259,7 +593,7 @@ func (x *StatFileResponse) String() string {
 func (*StatFileResponse) ProtoMessage() {}
 
 func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[2]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -272,7 +606,7 @@ func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileResponse.ProtoReflect.Descriptor instead.
 func (*StatFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{2}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatFileResponse) GetInfo() *FileInfo {
@@ -293,7 +627,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[3]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +639,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[3]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +652,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{3}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListFilesRequest) GetPath() string {
@@ -346,7 +680,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[4]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -358,7 +692,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[4]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -371,7 +705,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{4}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListFilesResponse) GetEntries() []*FileInfo {
@@ -401,7 +735,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[5]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +747,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[5]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +760,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{5}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -458,7 +792,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[6]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +804,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[6]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +817,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{6}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{11}
 }
 
 type RemoveFileRequest struct {
@@ -497,7 +831,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +843,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +856,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{7}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RemoveFileRequest) GetPath() string {
@@ -547,7 +881,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +893,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +906,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{8}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{13}
 }
 
 type ReadFileRequest struct {
@@ -584,7 +918,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +930,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +943,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{9}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -632,7 +966,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +978,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +991,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{10}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReadFileResponse) GetMsg() isReadFileResponse_Msg {
@@ -714,7 +1048,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +1060,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +1073,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{11}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -796,7 +1130,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[12]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +1142,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[12]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +1155,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{12}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -854,7 +1188,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[13]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +1200,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[13]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +1213,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{13}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WriteFileResponse) GetBytesWritten() uint64 {
@@ -893,7 +1227,21 @@ var File_airlock_shim_v2_files_proto protoreflect.FileDescriptor
 
 const file_airlock_shim_v2_files_proto_rawDesc = "" +
 	"\n" +
-	"\x1bairlock/shim/v2/files.proto\x12\x0fairlock.shim.v2\"\xfc\x01\n" +
+	"\x1bairlock/shim/v2/files.proto\x12\x0fairlock.shim.v2\"7\n" +
+	"\x11RenameFileRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"\x14\n" +
+	"\x12RenameFileResponse\"E\n" +
+	"\x11WatchFilesRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\"H\n" +
+	"\tFileEvent\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x17.airlock.shim.v2.FileOpR\x02op\"k\n" +
+	"\x12WatchFilesResponse\x12\x1a\n" +
+	"\astarted\x18\x01 \x01(\bH\x00R\astarted\x122\n" +
+	"\x05event\x18\x02 \x01(\v2\x1a.airlock.shim.v2.FileEventH\x00R\x05eventB\x05\n" +
+	"\x03msg\"\xfc\x01\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12-\n" +
@@ -938,20 +1286,29 @@ const file_airlock_shim_v2_files_proto_rawDesc = "" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x18\n" +
 	"\aparents\x18\x03 \x01(\bR\aparents\"8\n" +
 	"\x11WriteFileResponse\x12#\n" +
-	"\rbytes_written\x18\x01 \x01(\x04R\fbytesWritten*\x81\x01\n" +
+	"\rbytes_written\x18\x01 \x01(\x04R\fbytesWritten*\x83\x01\n" +
+	"\x06FileOp\x12\x17\n" +
+	"\x13FILE_OP_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eFILE_OP_CREATE\x10\x01\x12\x11\n" +
+	"\rFILE_OP_WRITE\x10\x02\x12\x12\n" +
+	"\x0eFILE_OP_REMOVE\x10\x03\x12\x12\n" +
+	"\x0eFILE_OP_RENAME\x10\x04\x12\x11\n" +
+	"\rFILE_OP_CHMOD\x10\x05*\x81\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\xe5\x03\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x042\x8c\x05\n" +
 	"\vFileService\x12K\n" +
 	"\x04Stat\x12 .airlock.shim.v2.StatFileRequest\x1a!.airlock.shim.v2.StatFileResponse\x12M\n" +
 	"\x04List\x12!.airlock.shim.v2.ListFilesRequest\x1a\".airlock.shim.v2.ListFilesResponse\x12F\n" +
 	"\x05Mkdir\x12\x1d.airlock.shim.v2.MkdirRequest\x1a\x1e.airlock.shim.v2.MkdirResponse\x12Q\n" +
 	"\x06Remove\x12\".airlock.shim.v2.RemoveFileRequest\x1a#.airlock.shim.v2.RemoveFileResponse\x12M\n" +
 	"\x04Read\x12 .airlock.shim.v2.ReadFileRequest\x1a!.airlock.shim.v2.ReadFileResponse0\x01\x12P\n" +
-	"\x05Write\x12!.airlock.shim.v2.WriteFileRequest\x1a\".airlock.shim.v2.WriteFileResponse(\x01BCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
+	"\x05Write\x12!.airlock.shim.v2.WriteFileRequest\x1a\".airlock.shim.v2.WriteFileResponse(\x01\x12Q\n" +
+	"\x06Rename\x12\".airlock.shim.v2.RenameFileRequest\x1a#.airlock.shim.v2.RenameFileResponse\x12R\n" +
+	"\x05Watch\x12\".airlock.shim.v2.WatchFilesRequest\x1a#.airlock.shim.v2.WatchFilesResponse0\x01BCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
 
 var (
 	file_airlock_shim_v2_files_proto_rawDescOnce sync.Once
@@ -965,48 +1322,60 @@ func file_airlock_shim_v2_files_proto_rawDescGZIP() []byte {
 	return file_airlock_shim_v2_files_proto_rawDescData
 }
 
-var file_airlock_shim_v2_files_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_shim_v2_files_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_airlock_shim_v2_files_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_airlock_shim_v2_files_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_airlock_shim_v2_files_proto_goTypes = []any{
-	(FileType)(0),              // 0: airlock.shim.v2.FileType
-	(*FileInfo)(nil),           // 1: airlock.shim.v2.FileInfo
-	(*StatFileRequest)(nil),    // 2: airlock.shim.v2.StatFileRequest
-	(*StatFileResponse)(nil),   // 3: airlock.shim.v2.StatFileResponse
-	(*ListFilesRequest)(nil),   // 4: airlock.shim.v2.ListFilesRequest
-	(*ListFilesResponse)(nil),  // 5: airlock.shim.v2.ListFilesResponse
-	(*MkdirRequest)(nil),       // 6: airlock.shim.v2.MkdirRequest
-	(*MkdirResponse)(nil),      // 7: airlock.shim.v2.MkdirResponse
-	(*RemoveFileRequest)(nil),  // 8: airlock.shim.v2.RemoveFileRequest
-	(*RemoveFileResponse)(nil), // 9: airlock.shim.v2.RemoveFileResponse
-	(*ReadFileRequest)(nil),    // 10: airlock.shim.v2.ReadFileRequest
-	(*ReadFileResponse)(nil),   // 11: airlock.shim.v2.ReadFileResponse
-	(*WriteFileRequest)(nil),   // 12: airlock.shim.v2.WriteFileRequest
-	(*WriteFileHeader)(nil),    // 13: airlock.shim.v2.WriteFileHeader
-	(*WriteFileResponse)(nil),  // 14: airlock.shim.v2.WriteFileResponse
+	(FileOp)(0),                // 0: airlock.shim.v2.FileOp
+	(FileType)(0),              // 1: airlock.shim.v2.FileType
+	(*RenameFileRequest)(nil),  // 2: airlock.shim.v2.RenameFileRequest
+	(*RenameFileResponse)(nil), // 3: airlock.shim.v2.RenameFileResponse
+	(*WatchFilesRequest)(nil),  // 4: airlock.shim.v2.WatchFilesRequest
+	(*FileEvent)(nil),          // 5: airlock.shim.v2.FileEvent
+	(*WatchFilesResponse)(nil), // 6: airlock.shim.v2.WatchFilesResponse
+	(*FileInfo)(nil),           // 7: airlock.shim.v2.FileInfo
+	(*StatFileRequest)(nil),    // 8: airlock.shim.v2.StatFileRequest
+	(*StatFileResponse)(nil),   // 9: airlock.shim.v2.StatFileResponse
+	(*ListFilesRequest)(nil),   // 10: airlock.shim.v2.ListFilesRequest
+	(*ListFilesResponse)(nil),  // 11: airlock.shim.v2.ListFilesResponse
+	(*MkdirRequest)(nil),       // 12: airlock.shim.v2.MkdirRequest
+	(*MkdirResponse)(nil),      // 13: airlock.shim.v2.MkdirResponse
+	(*RemoveFileRequest)(nil),  // 14: airlock.shim.v2.RemoveFileRequest
+	(*RemoveFileResponse)(nil), // 15: airlock.shim.v2.RemoveFileResponse
+	(*ReadFileRequest)(nil),    // 16: airlock.shim.v2.ReadFileRequest
+	(*ReadFileResponse)(nil),   // 17: airlock.shim.v2.ReadFileResponse
+	(*WriteFileRequest)(nil),   // 18: airlock.shim.v2.WriteFileRequest
+	(*WriteFileHeader)(nil),    // 19: airlock.shim.v2.WriteFileHeader
+	(*WriteFileResponse)(nil),  // 20: airlock.shim.v2.WriteFileResponse
 }
 var file_airlock_shim_v2_files_proto_depIdxs = []int32{
-	0,  // 0: airlock.shim.v2.FileInfo.type:type_name -> airlock.shim.v2.FileType
-	1,  // 1: airlock.shim.v2.StatFileResponse.info:type_name -> airlock.shim.v2.FileInfo
-	1,  // 2: airlock.shim.v2.ListFilesResponse.entries:type_name -> airlock.shim.v2.FileInfo
-	1,  // 3: airlock.shim.v2.ReadFileResponse.info:type_name -> airlock.shim.v2.FileInfo
-	13, // 4: airlock.shim.v2.WriteFileRequest.header:type_name -> airlock.shim.v2.WriteFileHeader
-	2,  // 5: airlock.shim.v2.FileService.Stat:input_type -> airlock.shim.v2.StatFileRequest
-	4,  // 6: airlock.shim.v2.FileService.List:input_type -> airlock.shim.v2.ListFilesRequest
-	6,  // 7: airlock.shim.v2.FileService.Mkdir:input_type -> airlock.shim.v2.MkdirRequest
-	8,  // 8: airlock.shim.v2.FileService.Remove:input_type -> airlock.shim.v2.RemoveFileRequest
-	10, // 9: airlock.shim.v2.FileService.Read:input_type -> airlock.shim.v2.ReadFileRequest
-	12, // 10: airlock.shim.v2.FileService.Write:input_type -> airlock.shim.v2.WriteFileRequest
-	3,  // 11: airlock.shim.v2.FileService.Stat:output_type -> airlock.shim.v2.StatFileResponse
-	5,  // 12: airlock.shim.v2.FileService.List:output_type -> airlock.shim.v2.ListFilesResponse
-	7,  // 13: airlock.shim.v2.FileService.Mkdir:output_type -> airlock.shim.v2.MkdirResponse
-	9,  // 14: airlock.shim.v2.FileService.Remove:output_type -> airlock.shim.v2.RemoveFileResponse
-	11, // 15: airlock.shim.v2.FileService.Read:output_type -> airlock.shim.v2.ReadFileResponse
-	14, // 16: airlock.shim.v2.FileService.Write:output_type -> airlock.shim.v2.WriteFileResponse
-	11, // [11:17] is the sub-list for method output_type
-	5,  // [5:11] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	0,  // 0: airlock.shim.v2.FileEvent.op:type_name -> airlock.shim.v2.FileOp
+	5,  // 1: airlock.shim.v2.WatchFilesResponse.event:type_name -> airlock.shim.v2.FileEvent
+	1,  // 2: airlock.shim.v2.FileInfo.type:type_name -> airlock.shim.v2.FileType
+	7,  // 3: airlock.shim.v2.StatFileResponse.info:type_name -> airlock.shim.v2.FileInfo
+	7,  // 4: airlock.shim.v2.ListFilesResponse.entries:type_name -> airlock.shim.v2.FileInfo
+	7,  // 5: airlock.shim.v2.ReadFileResponse.info:type_name -> airlock.shim.v2.FileInfo
+	19, // 6: airlock.shim.v2.WriteFileRequest.header:type_name -> airlock.shim.v2.WriteFileHeader
+	8,  // 7: airlock.shim.v2.FileService.Stat:input_type -> airlock.shim.v2.StatFileRequest
+	10, // 8: airlock.shim.v2.FileService.List:input_type -> airlock.shim.v2.ListFilesRequest
+	12, // 9: airlock.shim.v2.FileService.Mkdir:input_type -> airlock.shim.v2.MkdirRequest
+	14, // 10: airlock.shim.v2.FileService.Remove:input_type -> airlock.shim.v2.RemoveFileRequest
+	16, // 11: airlock.shim.v2.FileService.Read:input_type -> airlock.shim.v2.ReadFileRequest
+	18, // 12: airlock.shim.v2.FileService.Write:input_type -> airlock.shim.v2.WriteFileRequest
+	2,  // 13: airlock.shim.v2.FileService.Rename:input_type -> airlock.shim.v2.RenameFileRequest
+	4,  // 14: airlock.shim.v2.FileService.Watch:input_type -> airlock.shim.v2.WatchFilesRequest
+	9,  // 15: airlock.shim.v2.FileService.Stat:output_type -> airlock.shim.v2.StatFileResponse
+	11, // 16: airlock.shim.v2.FileService.List:output_type -> airlock.shim.v2.ListFilesResponse
+	13, // 17: airlock.shim.v2.FileService.Mkdir:output_type -> airlock.shim.v2.MkdirResponse
+	15, // 18: airlock.shim.v2.FileService.Remove:output_type -> airlock.shim.v2.RemoveFileResponse
+	17, // 19: airlock.shim.v2.FileService.Read:output_type -> airlock.shim.v2.ReadFileResponse
+	20, // 20: airlock.shim.v2.FileService.Write:output_type -> airlock.shim.v2.WriteFileResponse
+	3,  // 21: airlock.shim.v2.FileService.Rename:output_type -> airlock.shim.v2.RenameFileResponse
+	6,  // 22: airlock.shim.v2.FileService.Watch:output_type -> airlock.shim.v2.WatchFilesResponse
+	15, // [15:23] is the sub-list for method output_type
+	7,  // [7:15] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_airlock_shim_v2_files_proto_init() }
@@ -1014,11 +1383,15 @@ func file_airlock_shim_v2_files_proto_init() {
 	if File_airlock_shim_v2_files_proto != nil {
 		return
 	}
-	file_airlock_shim_v2_files_proto_msgTypes[10].OneofWrappers = []any{
+	file_airlock_shim_v2_files_proto_msgTypes[4].OneofWrappers = []any{
+		(*WatchFilesResponse_Started)(nil),
+		(*WatchFilesResponse_Event)(nil),
+	}
+	file_airlock_shim_v2_files_proto_msgTypes[15].OneofWrappers = []any{
 		(*ReadFileResponse_Info)(nil),
 		(*ReadFileResponse_Data)(nil),
 	}
-	file_airlock_shim_v2_files_proto_msgTypes[11].OneofWrappers = []any{
+	file_airlock_shim_v2_files_proto_msgTypes[16].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -1027,8 +1400,8 @@ func file_airlock_shim_v2_files_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v2_files_proto_rawDesc), len(file_airlock_shim_v2_files_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   14,
+			NumEnums:      2,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -75,6 +75,10 @@ const (
 	FileServiceReadProcedure = "/airlock.agent.v1.FileService/Read"
 	// FileServiceWriteProcedure is the fully-qualified name of the FileService's Write RPC.
 	FileServiceWriteProcedure = "/airlock.agent.v1.FileService/Write"
+	// FileServiceRenameProcedure is the fully-qualified name of the FileService's Rename RPC.
+	FileServiceRenameProcedure = "/airlock.agent.v1.FileService/Rename"
+	// FileServiceWatchProcedure is the fully-qualified name of the FileService's Watch RPC.
+	FileServiceWatchProcedure = "/airlock.agent.v1.FileService/Watch"
 	// ContextServiceCreateProcedure is the fully-qualified name of the ContextService's Create RPC.
 	ContextServiceCreateProcedure = "/airlock.agent.v1.ContextService/Create"
 	// ContextServiceListProcedure is the fully-qualified name of the ContextService's List RPC.
@@ -322,6 +326,14 @@ type FileServiceClient interface {
 	// that is renamed over the target when the stream ends cleanly, so a
 	// failed or cancelled write leaves the old file intact.
 	Write(context.Context) *connect.ClientStreamForClient[agentv1.WriteRequest, agentv1.WriteResponse]
+	// Rename renames a file or directory within one filesystem, replacing
+	// a file at the new path (rename(2)); protocol >= 5.
+	Rename(context.Context, *connect.Request[agentv1.RenameRequest]) (*connect.Response[agentv1.RenameResponse], error)
+	// Watch streams the changes under a directory (inotify): first
+	// `started`, then one event per change, until the host ends the stream
+	// or the agent cannot go on (an overflow ends it with
+	// RESOURCE_EXHAUSTED); protocol >= 5.
+	Watch(context.Context, *connect.Request[agentv1.WatchRequest]) (*connect.ServerStreamForClient[agentv1.WatchResponse], error)
 }
 
 // NewFileServiceClient constructs a client for the airlock.agent.v1.FileService service. By
@@ -371,6 +383,18 @@ func NewFileServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(fileServiceMethods.ByName("Write")),
 			connect.WithClientOptions(opts...),
 		),
+		rename: connect.NewClient[agentv1.RenameRequest, agentv1.RenameResponse](
+			httpClient,
+			baseURL+FileServiceRenameProcedure,
+			connect.WithSchema(fileServiceMethods.ByName("Rename")),
+			connect.WithClientOptions(opts...),
+		),
+		watch: connect.NewClient[agentv1.WatchRequest, agentv1.WatchResponse](
+			httpClient,
+			baseURL+FileServiceWatchProcedure,
+			connect.WithSchema(fileServiceMethods.ByName("Watch")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -382,6 +406,8 @@ type fileServiceClient struct {
 	remove *connect.Client[agentv1.RemoveRequest, agentv1.RemoveResponse]
 	read   *connect.Client[agentv1.ReadRequest, agentv1.ReadResponse]
 	write  *connect.Client[agentv1.WriteRequest, agentv1.WriteResponse]
+	rename *connect.Client[agentv1.RenameRequest, agentv1.RenameResponse]
+	watch  *connect.Client[agentv1.WatchRequest, agentv1.WatchResponse]
 }
 
 // Stat calls airlock.agent.v1.FileService.Stat.
@@ -414,6 +440,16 @@ func (c *fileServiceClient) Write(ctx context.Context) *connect.ClientStreamForC
 	return c.write.CallClientStream(ctx)
 }
 
+// Rename calls airlock.agent.v1.FileService.Rename.
+func (c *fileServiceClient) Rename(ctx context.Context, req *connect.Request[agentv1.RenameRequest]) (*connect.Response[agentv1.RenameResponse], error) {
+	return c.rename.CallUnary(ctx, req)
+}
+
+// Watch calls airlock.agent.v1.FileService.Watch.
+func (c *fileServiceClient) Watch(ctx context.Context, req *connect.Request[agentv1.WatchRequest]) (*connect.ServerStreamForClient[agentv1.WatchResponse], error) {
+	return c.watch.CallServerStream(ctx, req)
+}
+
 // FileServiceHandler is an implementation of the airlock.agent.v1.FileService service.
 type FileServiceHandler interface {
 	Stat(context.Context, *connect.Request[agentv1.StatRequest]) (*connect.Response[agentv1.StatResponse], error)
@@ -428,6 +464,14 @@ type FileServiceHandler interface {
 	// that is renamed over the target when the stream ends cleanly, so a
 	// failed or cancelled write leaves the old file intact.
 	Write(context.Context, *connect.ClientStream[agentv1.WriteRequest]) (*connect.Response[agentv1.WriteResponse], error)
+	// Rename renames a file or directory within one filesystem, replacing
+	// a file at the new path (rename(2)); protocol >= 5.
+	Rename(context.Context, *connect.Request[agentv1.RenameRequest]) (*connect.Response[agentv1.RenameResponse], error)
+	// Watch streams the changes under a directory (inotify): first
+	// `started`, then one event per change, until the host ends the stream
+	// or the agent cannot go on (an overflow ends it with
+	// RESOURCE_EXHAUSTED); protocol >= 5.
+	Watch(context.Context, *connect.Request[agentv1.WatchRequest], *connect.ServerStream[agentv1.WatchResponse]) error
 }
 
 // NewFileServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -473,6 +517,18 @@ func NewFileServiceHandler(svc FileServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(fileServiceMethods.ByName("Write")),
 		connect.WithHandlerOptions(opts...),
 	)
+	fileServiceRenameHandler := connect.NewUnaryHandler(
+		FileServiceRenameProcedure,
+		svc.Rename,
+		connect.WithSchema(fileServiceMethods.ByName("Rename")),
+		connect.WithHandlerOptions(opts...),
+	)
+	fileServiceWatchHandler := connect.NewServerStreamHandler(
+		FileServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(fileServiceMethods.ByName("Watch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.agent.v1.FileService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case FileServiceStatProcedure:
@@ -487,6 +543,10 @@ func NewFileServiceHandler(svc FileServiceHandler, opts ...connect.HandlerOption
 			fileServiceReadHandler.ServeHTTP(w, r)
 		case FileServiceWriteProcedure:
 			fileServiceWriteHandler.ServeHTTP(w, r)
+		case FileServiceRenameProcedure:
+			fileServiceRenameHandler.ServeHTTP(w, r)
+		case FileServiceWatchProcedure:
+			fileServiceWatchHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -518,6 +578,14 @@ func (UnimplementedFileServiceHandler) Read(context.Context, *connect.Request[ag
 
 func (UnimplementedFileServiceHandler) Write(context.Context, *connect.ClientStream[agentv1.WriteRequest]) (*connect.Response[agentv1.WriteResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.FileService.Write is not implemented"))
+}
+
+func (UnimplementedFileServiceHandler) Rename(context.Context, *connect.Request[agentv1.RenameRequest]) (*connect.Response[agentv1.RenameResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.FileService.Rename is not implemented"))
+}
+
+func (UnimplementedFileServiceHandler) Watch(context.Context, *connect.Request[agentv1.WatchRequest], *connect.ServerStream[agentv1.WatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.FileService.Watch is not implemented"))
 }
 
 // ContextServiceClient is a client for the airlock.agent.v1.ContextService service.

@@ -53,6 +53,10 @@ const (
 	FileServiceReadProcedure = "/airlock.shim.v2.FileService/Read"
 	// FileServiceWriteProcedure is the fully-qualified name of the FileService's Write RPC.
 	FileServiceWriteProcedure = "/airlock.shim.v2.FileService/Write"
+	// FileServiceRenameProcedure is the fully-qualified name of the FileService's Rename RPC.
+	FileServiceRenameProcedure = "/airlock.shim.v2.FileService/Rename"
+	// FileServiceWatchProcedure is the fully-qualified name of the FileService's Watch RPC.
+	FileServiceWatchProcedure = "/airlock.shim.v2.FileService/Watch"
 )
 
 // FileServiceClient is a client for the airlock.shim.v2.FileService service.
@@ -70,6 +74,14 @@ type FileServiceClient interface {
 	// bytes. The guest renames the new file over the target only when the
 	// stream ends cleanly: a failed or abandoned write leaves the old file.
 	Write(context.Context) *connect.ClientStreamForClient[shimv2.WriteFileRequest, shimv2.WriteFileResponse]
+	// Rename renames a file or directory within one guest filesystem.
+	// FAILED_PRECONDITION if the guest agent predates it.
+	Rename(context.Context, *connect.Request[shimv2.RenameFileRequest]) (*connect.Response[shimv2.RenameFileResponse], error)
+	// Watch streams the changes under a guest directory: first `started`,
+	// then one event per change (names relative to the directory, checked
+	// by the shim), until the client ends it. FAILED_PRECONDITION if the
+	// guest agent predates it.
+	Watch(context.Context, *connect.Request[shimv2.WatchFilesRequest]) (*connect.ServerStreamForClient[shimv2.WatchFilesResponse], error)
 }
 
 // NewFileServiceClient constructs a client for the airlock.shim.v2.FileService service. By default,
@@ -119,6 +131,18 @@ func NewFileServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(fileServiceMethods.ByName("Write")),
 			connect.WithClientOptions(opts...),
 		),
+		rename: connect.NewClient[shimv2.RenameFileRequest, shimv2.RenameFileResponse](
+			httpClient,
+			baseURL+FileServiceRenameProcedure,
+			connect.WithSchema(fileServiceMethods.ByName("Rename")),
+			connect.WithClientOptions(opts...),
+		),
+		watch: connect.NewClient[shimv2.WatchFilesRequest, shimv2.WatchFilesResponse](
+			httpClient,
+			baseURL+FileServiceWatchProcedure,
+			connect.WithSchema(fileServiceMethods.ByName("Watch")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -130,6 +154,8 @@ type fileServiceClient struct {
 	remove *connect.Client[shimv2.RemoveFileRequest, shimv2.RemoveFileResponse]
 	read   *connect.Client[shimv2.ReadFileRequest, shimv2.ReadFileResponse]
 	write  *connect.Client[shimv2.WriteFileRequest, shimv2.WriteFileResponse]
+	rename *connect.Client[shimv2.RenameFileRequest, shimv2.RenameFileResponse]
+	watch  *connect.Client[shimv2.WatchFilesRequest, shimv2.WatchFilesResponse]
 }
 
 // Stat calls airlock.shim.v2.FileService.Stat.
@@ -162,6 +188,16 @@ func (c *fileServiceClient) Write(ctx context.Context) *connect.ClientStreamForC
 	return c.write.CallClientStream(ctx)
 }
 
+// Rename calls airlock.shim.v2.FileService.Rename.
+func (c *fileServiceClient) Rename(ctx context.Context, req *connect.Request[shimv2.RenameFileRequest]) (*connect.Response[shimv2.RenameFileResponse], error) {
+	return c.rename.CallUnary(ctx, req)
+}
+
+// Watch calls airlock.shim.v2.FileService.Watch.
+func (c *fileServiceClient) Watch(ctx context.Context, req *connect.Request[shimv2.WatchFilesRequest]) (*connect.ServerStreamForClient[shimv2.WatchFilesResponse], error) {
+	return c.watch.CallServerStream(ctx, req)
+}
+
 // FileServiceHandler is an implementation of the airlock.shim.v2.FileService service.
 type FileServiceHandler interface {
 	// Stat describes one path (a symlink is not followed).
@@ -177,6 +213,14 @@ type FileServiceHandler interface {
 	// bytes. The guest renames the new file over the target only when the
 	// stream ends cleanly: a failed or abandoned write leaves the old file.
 	Write(context.Context, *connect.ClientStream[shimv2.WriteFileRequest]) (*connect.Response[shimv2.WriteFileResponse], error)
+	// Rename renames a file or directory within one guest filesystem.
+	// FAILED_PRECONDITION if the guest agent predates it.
+	Rename(context.Context, *connect.Request[shimv2.RenameFileRequest]) (*connect.Response[shimv2.RenameFileResponse], error)
+	// Watch streams the changes under a guest directory: first `started`,
+	// then one event per change (names relative to the directory, checked
+	// by the shim), until the client ends it. FAILED_PRECONDITION if the
+	// guest agent predates it.
+	Watch(context.Context, *connect.Request[shimv2.WatchFilesRequest], *connect.ServerStream[shimv2.WatchFilesResponse]) error
 }
 
 // NewFileServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -222,6 +266,18 @@ func NewFileServiceHandler(svc FileServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(fileServiceMethods.ByName("Write")),
 		connect.WithHandlerOptions(opts...),
 	)
+	fileServiceRenameHandler := connect.NewUnaryHandler(
+		FileServiceRenameProcedure,
+		svc.Rename,
+		connect.WithSchema(fileServiceMethods.ByName("Rename")),
+		connect.WithHandlerOptions(opts...),
+	)
+	fileServiceWatchHandler := connect.NewServerStreamHandler(
+		FileServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(fileServiceMethods.ByName("Watch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.shim.v2.FileService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case FileServiceStatProcedure:
@@ -236,6 +292,10 @@ func NewFileServiceHandler(svc FileServiceHandler, opts ...connect.HandlerOption
 			fileServiceReadHandler.ServeHTTP(w, r)
 		case FileServiceWriteProcedure:
 			fileServiceWriteHandler.ServeHTTP(w, r)
+		case FileServiceRenameProcedure:
+			fileServiceRenameHandler.ServeHTTP(w, r)
+		case FileServiceWatchProcedure:
+			fileServiceWatchHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -267,4 +327,12 @@ func (UnimplementedFileServiceHandler) Read(context.Context, *connect.Request[sh
 
 func (UnimplementedFileServiceHandler) Write(context.Context, *connect.ClientStream[shimv2.WriteFileRequest]) (*connect.Response[shimv2.WriteFileResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.FileService.Write is not implemented"))
+}
+
+func (UnimplementedFileServiceHandler) Rename(context.Context, *connect.Request[shimv2.RenameFileRequest]) (*connect.Response[shimv2.RenameFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.FileService.Rename is not implemented"))
+}
+
+func (UnimplementedFileServiceHandler) Watch(context.Context, *connect.Request[shimv2.WatchFilesRequest], *connect.ServerStream[shimv2.WatchFilesResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.FileService.Watch is not implemented"))
 }
