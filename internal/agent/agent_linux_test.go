@@ -127,3 +127,31 @@ func TestCountCPUList(t *testing.T) {
 		}
 	}
 }
+
+func TestCPUTimes(t *testing.T) {
+	busy, total := cpuTimes("cpu  100 5 50 800 40 3 2 0 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
+	if busy != (100+5+50+3+2)*1e7 || total != (100+5+50+800+40+3+2)*1e7 {
+		t.Fatalf("busy %d total %d", busy, total)
+	}
+	if b, tt := cpuTimes("intr 1 2\n"); b != 0 || tt != 0 {
+		t.Fatalf("no cpu line: %d %d", b, tt)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	env := newTestEnv(t)
+	resp, err := env.c.Agent.Usage(t.Context(), connect.NewRequest(&agentv1.UsageRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := resp.Msg
+	if u.GetCpus() < 1 || u.GetCpuTotalNs() == 0 || u.GetCpuBusyNs() == 0 || u.GetCpuBusyNs() > u.GetCpuTotalNs() {
+		t.Errorf("cpu: %v", u)
+	}
+	if u.GetMemTotalBytes() == 0 || u.GetMemAvailableBytes() == 0 || u.GetMemAvailableBytes() > u.GetMemTotalBytes() {
+		t.Errorf("memory: %v", u)
+	}
+	if u.GetDiskTotalBytes() == 0 || u.GetDiskUsedBytes() > u.GetDiskTotalBytes() {
+		t.Errorf("disk: %v", u)
+	}
+}

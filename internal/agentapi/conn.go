@@ -132,6 +132,7 @@ const (
 	// VersionTerminal: ExecStart.tty and ExecRequest.resize (execs on a
 	// pseudo-terminal).
 	VersionTerminal = 4
-	// VersionWatch added FileService.Rename and FileService.Watch.
+	// VersionWatch added FileService.Rename, FileService.Watch and
+	// AgentService.Usage.
 	VersionWatch = 5
 )

@@ -231,6 +231,10 @@ func (f *fake) Resume(_ context.Context, c sandbox.Caller, id string) (store.San
 	return sb, nil
 }
 
+func (f *fake) Usage(context.Context, sandbox.Caller, string) (guest.Usage, error) {
+	return guest.Usage{}, errors.New("not used by the API's routes")
+}
+
 func (f *fake) Touch(_ context.Context, c sandbox.Caller, id string) error {
 	if _, err := f.lookup(c, id); err != nil {
 		return err

@@ -37,6 +37,8 @@ type Sandboxes interface {
 	// Touch counts as activity for the idle-pause timer (and resumes a
 	// paused sandbox).
 	Touch(ctx context.Context, c sandbox.Caller, id string) error
+	// Usage asks a running sandbox's guest for its resource use.
+	Usage(ctx context.Context, c sandbox.Caller, id string) (guest.Usage, error)
 }
 
 // Snapshots is the snapshot and fork part of the manager (sandbox.Manager's

@@ -6,6 +6,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -14,11 +15,13 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// E2B's snapshot, fork, network-update and metrics routes over api.Snapshots.
+// E2B's snapshot, fork, network-update and metrics routes over api.Snapshots
+// (metrics over api.Sandboxes.Usage).
 // An airlock snapshot is named per tenant: its name is E2B's snapshotID and
 // the only entry of its names, and a create whose templateID names one of
 // the caller's snapshots starts from it.
@@ -293,15 +296,80 @@ func (h *handler) updateNetwork(w http.ResponseWriter, r *http.Request, c sandbo
 		"set it when creating the sandbox (allow_internet_access here, or egress rules through airlock's /v1 API)")
 }
 
-// metrics serves GET /sandboxes/{id}/metrics: 404 for a sandbox the caller
-// cannot see, else 501. airlock measures the guest's CPU, memory, page
-// cache and filesystem use nowhere yet; the host's view (the VMM's cgroup,
-// the disk overlay's blocks) is not what E2B's fields mean.
+// metrics serves GET /sandboxes/{id}/metrics: one sample taken now from
+// the guest's own account (its agent reads /proc/stat, /proc/meminfo and
+// statfs of its root), CPU use measured over metricsWindow; none for a
+// paused sandbox or when now is outside [start, end]. 404 for a sandbox
+// the caller cannot see.
 func (h *handler) metrics(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	if _, ok := h.visible(w, r, c, r.PathValue("id")); !ok {
+	sb, ok := h.visible(w, r, c, r.PathValue("id"))
+	if !ok {
 		return
 	}
-	writeError(w, http.StatusNotImplemented, "sandbox metrics are not available in airlock yet: it does not measure "+
-		"the guest's CPU, memory and disk use; getInfo() has cpuCount and memoryMB, and airlock's GET /v1/sandboxes/{id} "+
-		"has disk_usage_bytes (the sandbox's files on the host)")
+	now := time.Now()
+	q := r.URL.Query()
+	for _, b := range []struct {
+		name  string
+		after bool
+	}{{"start", true}, {"end", false}} {
+		v := q.Get(b.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, b.name+" must be unix seconds")
+			return
+		}
+		if t := time.Unix(n, 0); (b.after && now.Before(t)) || (!b.after && now.After(t.Add(time.Second))) {
+			writeJSON(w, http.StatusOK, []sandboxMetric{})
+			return
+		}
+	}
+	if sb.State != store.StateRunning {
+		writeJSON(w, http.StatusOK, []sandboxMetric{})
+		return
+	}
+	u0, err := h.cfg.Sandboxes.Usage(r.Context(), c, sb.ID)
+	if err == nil {
+		t := time.NewTimer(metricsWindow)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
+	}
+	var u1 guest.Usage
+	if err == nil {
+		u1, err = h.cfg.Sandboxes.Usage(r.Context(), c, sb.ID)
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	pct := 0.0
+	if dt := u1.CPUTotal - u0.CPUTotal; dt > 0 {
+		pct = 100 * float64(u1.CPUBusy-u0.CPUBusy) / float64(dt)
+	}
+	writeJSON(w, http.StatusOK, []sandboxMetric{{
+		Timestamp: now.UTC(), CPUUsedPct: math.Round(pct*100) / 100, CPUCount: u1.CPUs,
+		MemUsed: u1.MemTotal - min(u1.MemAvailable, u1.MemTotal), MemTotal: u1.MemTotal, MemCache: u1.MemCached,
+		DiskUsed: u1.DiskUsed, DiskTotal: u1.DiskTotal,
+	}})
+}
+
+// metricsWindow is how long a metrics sample measures CPU use over.
+const metricsWindow = 250 * time.Millisecond
+
+// sandboxMetric is E2B's SandboxMetric (bytes and percent).
+type sandboxMetric struct {
+	Timestamp  time.Time `json:"timestamp"`
+	CPUUsedPct float64   `json:"cpuUsedPct"`
+	CPUCount   int       `json:"cpuCount"`
+	MemUsed    uint64    `json:"memUsed"`
+	MemTotal   uint64    `json:"memTotal"`
+	MemCache   uint64    `json:"memCache"`
+	DiskUsed   uint64    `json:"diskUsed"`
+	DiskTotal  uint64    `json:"diskTotal"`
 }

@@ -383,8 +383,18 @@ func TestNetworkUpdateAndMetrics(t *testing.T) {
 	h := newHarness(t)
 	sb := h.create(h.alice, `{}`)
 	wantError(t, "network update", h.do(h.alice, "PUT", "/sandboxes/"+sb.SandboxID+"/network", `{"allowOut":["1.1.1.1"]}`), http.StatusNotImplemented, "/v1 API")
-	wantError(t, "metrics", h.do(h.alice, "GET", fmt.Sprintf("/sandboxes/%s/metrics?start=%d&end=%d", sb.SandboxID, time.Now().Add(-time.Minute).Unix(), time.Now().Unix()), ""),
-		http.StatusNotImplemented, "metrics are not available")
+	// Metrics: one sample from the guest's account, CPU over a short window.
+	r := h.do(h.alice, "GET", fmt.Sprintf("/sandboxes/%s/metrics?start=%d&end=%d", sb.SandboxID, time.Now().Add(-time.Minute).Unix(), time.Now().Add(time.Minute).Unix()), "")
+	var ms []sandboxMetric
+	r.json(t, &ms)
+	if r.code != 200 || len(ms) != 1 || ms[0].CPUUsedPct != 50 || ms[0].MemUsed != 128<<20 || ms[0].MemTotal != 512<<20 || ms[0].DiskUsed != 1<<30 || ms[0].CPUCount != 1 {
+		t.Fatalf("metrics: %d %s", r.code, r.body)
+	}
+	// A window that ended before now has no sample; a bad bound is 400.
+	if r := h.do(h.alice, "GET", fmt.Sprintf("/sandboxes/%s/metrics?end=%d", sb.SandboxID, time.Now().Add(-time.Hour).Unix()), ""); r.code != 200 || strings.TrimSpace(string(r.body)) != "[]" {
+		t.Fatalf("metrics of a past window: %d %s", r.code, r.body)
+	}
+	wantError(t, "metrics with a bad start", h.do(h.alice, "GET", "/sandboxes/"+sb.SandboxID+"/metrics?start=soon", ""), http.StatusBadRequest, "unix seconds")
 	for _, who := range []string{h.bob, h.alice} {
 		id := sb.SandboxID
 		if who == h.alice {

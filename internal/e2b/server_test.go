@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -28,6 +29,8 @@ type fakeSandboxes struct {
 	sbs     map[string]store.Sandbox
 	created []sandbox.CreateOptions
 	callers []sandbox.Caller
+	// usageCalls counts Usage calls.
+	usageCalls int
 }
 
 func (f *fakeSandboxes) lookup(c sandbox.Caller, id string) (store.Sandbox, error) {
@@ -119,6 +122,18 @@ func (f *fakeSandboxes) Resume(_ context.Context, c sandbox.Caller, id string) (
 }
 
 func (f *fakeSandboxes) Touch(context.Context, sandbox.Caller, string) error { return nil }
+
+// Usage reports a guest that used half a CPU since the last call.
+func (f *fakeSandboxes) Usage(_ context.Context, c sandbox.Caller, id string) (guest.Usage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.lookup(c, id); err != nil {
+		return guest.Usage{}, err
+	}
+	f.usageCalls++
+	n := time.Duration(f.usageCalls)
+	return guest.Usage{CPUBusy: n * time.Second, CPUTotal: n * 2 * time.Second, CPUs: 1, MemTotal: 512 << 20, MemAvailable: 384 << 20, MemCached: 64 << 20, DiskTotal: 2 << 30, DiskUsed: 1 << 30}, nil
+}
 
 type harness struct {
 	t          *testing.T

@@ -29,3 +29,16 @@ type Stats struct {
 	// origin).
 	LastActivity time.Time
 }
+
+// Usage is a guest's resource use as its agent reports it: the guest's own
+// account, informational.
+type Usage struct {
+	// CPUBusy and CPUTotal are the CPU time of all the guest's CPUs since
+	// boot, busy and in all.
+	CPUBusy, CPUTotal time.Duration
+	CPUs              int
+	// Memory in bytes: total, available (MemAvailable), page cache.
+	MemTotal, MemAvailable, MemCached uint64
+	// The root filesystem, in bytes.
+	DiskTotal, DiskUsed uint64
+}

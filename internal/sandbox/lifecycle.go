@@ -169,6 +169,16 @@ func (m *Manager) Stats(ctx context.Context, c Caller, id string) (guest.Stats, 
 	return sc.Stats(ctx)
 }
 
+// Usage asks sandbox id's guest for its resource use (a paused sandbox is
+// resumed first, as for Stats). Not activity.
+func (m *Manager) Usage(ctx context.Context, c Caller, id string) (guest.Usage, error) {
+	_, sc, err := m.running(ctx, c, id)
+	if err != nil {
+		return guest.Usage{}, err
+	}
+	return sc.Usage(ctx)
+}
+
 // PauseManifest is written next to a paused sandbox's saved state (and a
 // snapshot's): what a resume needs beyond the catalog row, and the state's
 // digest, checked on resume.

@@ -14,6 +14,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
@@ -55,7 +57,7 @@ func (a *activity) track(h http.Handler) http.Handler {
 			_, _ = w.Write([]byte(`{"code":"unavailable","message":"the sandbox is pausing; retry"}`))
 			return
 		}
-		if r.URL.Path == shimv2connect.LifecycleServiceStatsProcedure {
+		if r.URL.Path == shimv2connect.LifecycleServiceStatsProcedure || r.URL.Path == shimv2connect.LifecycleServiceUsageProcedure {
 			// Looking is not activity: a poller must not keep the
 			// sandbox from idling.
 			h.ServeHTTP(w, r)
@@ -132,6 +134,28 @@ func (l lifecycleService) Stats(context.Context, *connect.Request[shimv2.StatsRe
 		resp.InboundConnections = uint32(max(s.net.inbound.Load(), 0))
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// Usage relays the guest's resource use. The guest's numbers are its own
+// account: informational, never used for a decision.
+func (l lifecycleService) Usage(ctx context.Context, _ *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error) {
+	a := l.s.agent
+	if a == nil {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the guest agent is not connected"))
+	}
+	if err := a.Require(agentapi.VersionWatch, "usage"); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	resp, err := a.Agent.Usage(ctx, connect.NewRequest(&agentv1.UsageRequest{}))
+	if err != nil {
+		return nil, relayErr("usage", err)
+	}
+	u := resp.Msg
+	return connect.NewResponse(&shimv2.UsageResponse{
+		CpuBusyNs: u.GetCpuBusyNs(), CpuTotalNs: u.GetCpuTotalNs(), Cpus: u.GetCpus(),
+		MemTotalBytes: u.GetMemTotalBytes(), MemAvailableBytes: u.GetMemAvailableBytes(), MemCachedBytes: u.GetMemCachedBytes(),
+		DiskTotalBytes: u.GetDiskTotalBytes(), DiskUsedBytes: u.GetDiskUsedBytes(),
+	}), nil
 }
 
 // preconditions for pause: nothing in flight that a pause would cut off

@@ -60,3 +60,18 @@ func (c *Client) Stats(ctx context.Context) (guest.Stats, error) {
 		InboundConnections: int(m.GetInboundConnections()), LastActivity: time.Unix(0, m.GetLastActivityUnixNano()),
 	}, nil
 }
+
+// Usage asks the guest for its resource use (ErrFailedPrecondition if its
+// agent predates it).
+func (c *Client) Usage(ctx context.Context) (guest.Usage, error) {
+	resp, err := c.lifecycle().Usage(ctx, connect.NewRequest(&shimv2.UsageRequest{}))
+	if err != nil {
+		return guest.Usage{}, wireErr(ctx, "usage", err)
+	}
+	m := resp.Msg
+	return guest.Usage{
+		CPUBusy: time.Duration(m.GetCpuBusyNs()), CPUTotal: time.Duration(m.GetCpuTotalNs()), CPUs: int(m.GetCpus()),
+		MemTotal: m.GetMemTotalBytes(), MemAvailable: m.GetMemAvailableBytes(), MemCached: m.GetMemCachedBytes(),
+		DiskTotal: m.GetDiskTotalBytes(), DiskUsed: m.GetDiskUsedBytes(),
+	}, nil
+}

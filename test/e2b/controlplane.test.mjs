@@ -109,7 +109,13 @@ test("e2b 2.51.0: snapshots, create from a snapshot, fork, network update, metri
     // Not yet in airlock: clear errors, not silence.
     await assert.rejects(sbx.updateNetwork({ allowInternetAccess: false }),
       (e) => e instanceof SandboxError && /501/.test(e.message) && /running sandbox's network/.test(e.message) && /\/v1/.test(e.message));
-    await assert.rejects(sbx.getMetrics(), (e) => e instanceof SandboxError && /501/.test(e.message) && /metrics are not available/.test(e.message));
+    // Metrics: one sample of the guest's own account.
+    const [m] = await sbx.getMetrics();
+    assert.ok(m, "a sample");
+    assert.ok(m.timestamp instanceof Date && Math.abs(m.timestamp.getTime() - Date.now()) < 60_000, `timestamp ${m.timestamp}`);
+    assert.ok(m.cpuCount >= 1 && m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpu ${m.cpuCount} ${m.cpuUsedPct}`);
+    assert.ok(m.memTotal > 100 * 2 ** 20 && m.memUsed > 0 && m.memUsed < m.memTotal, `memory ${m.memUsed}/${m.memTotal}`);
+    assert.ok(m.diskTotal > 2 ** 30 && m.diskUsed > 0 && m.diskUsed < m.diskTotal, `disk ${m.diskUsed}/${m.diskTotal}`);
 
     // Another tenant sees none of it.
     const other = { apiKey: otherKey };

@@ -276,6 +276,146 @@ func (x *InfoResponse) GetCpus() uint32 {
 	return 0
 }
 
+type UsageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+type UsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CPU time of all CPUs since boot, busy (user, nice, system, irq,
+	// softirq, steal) and in all, in nanoseconds (/proc/stat).
+	CpuBusyNs  uint64 `protobuf:"varint,1,opt,name=cpu_busy_ns,json=cpuBusyNs,proto3" json:"cpu_busy_ns,omitempty"`
+	CpuTotalNs uint64 `protobuf:"varint,2,opt,name=cpu_total_ns,json=cpuTotalNs,proto3" json:"cpu_total_ns,omitempty"`
+	Cpus       uint32 `protobuf:"varint,3,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	// /proc/meminfo.
+	MemTotalBytes     uint64 `protobuf:"varint,4,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
+	MemAvailableBytes uint64 `protobuf:"varint,5,opt,name=mem_available_bytes,json=memAvailableBytes,proto3" json:"mem_available_bytes,omitempty"`
+	MemCachedBytes    uint64 `protobuf:"varint,6,opt,name=mem_cached_bytes,json=memCachedBytes,proto3" json:"mem_cached_bytes,omitempty"`
+	// The root filesystem (statfs).
+	DiskTotalBytes uint64 `protobuf:"varint,7,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
+	DiskUsedBytes  uint64 `protobuf:"varint,8,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UsageResponse) GetCpuBusyNs() uint64 {
+	if x != nil {
+		return x.CpuBusyNs
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetCpuTotalNs() uint64 {
+	if x != nil {
+		return x.CpuTotalNs
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetCpus() uint32 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetMemTotalBytes() uint64 {
+	if x != nil {
+		return x.MemTotalBytes
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetMemAvailableBytes() uint64 {
+	if x != nil {
+		return x.MemAvailableBytes
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetMemCachedBytes() uint64 {
+	if x != nil {
+		return x.MemCachedBytes
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetDiskTotalBytes() uint64 {
+	if x != nil {
+		return x.DiskTotalBytes
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetDiskUsedBytes() uint64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
 type SyncRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Host wall clock, nanoseconds since the Unix epoch.
@@ -298,7 +438,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +450,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +463,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SyncRequest) GetUnixNano() int64 {
@@ -393,7 +533,7 @@ type NetworkConfig struct {
 
 func (x *NetworkConfig) Reset() {
 	*x = NetworkConfig{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +545,7 @@ func (x *NetworkConfig) String() string {
 func (*NetworkConfig) ProtoMessage() {}
 
 func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +558,7 @@ func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkConfig.ProtoReflect.Descriptor instead.
 func (*NetworkConfig) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NetworkConfig) GetEnabled() bool {
@@ -475,7 +615,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +627,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +640,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SyncResponse) GetGuestUnixNanoBefore() int64 {
@@ -527,7 +667,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +679,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +692,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ShutdownRequest) GetPoweroff() bool {
@@ -570,7 +710,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +722,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +735,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 type ExecRequest struct {
@@ -614,7 +754,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +766,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +779,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -743,7 +883,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -755,7 +895,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -768,7 +908,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -820,7 +960,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -832,7 +972,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -845,7 +985,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -926,7 +1066,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1078,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1091,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1034,7 +1174,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1186,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1199,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecStarted) GetPid() int32 {
@@ -1091,7 +1231,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1243,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1256,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -1171,7 +1311,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1323,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1336,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -1221,7 +1361,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1373,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1386,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 type WatchRequest struct {
@@ -1260,7 +1400,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1412,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1425,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -1313,7 +1453,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1465,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1478,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FileEvent) GetName() string {
@@ -1368,7 +1508,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1520,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1533,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
@@ -1457,7 +1597,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1609,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1622,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1557,7 +1697,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1709,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1722,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1601,7 +1741,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1753,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1766,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1649,7 +1789,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1801,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1814,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1708,7 +1848,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1860,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1873,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1763,7 +1903,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +1915,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +1928,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1820,7 +1960,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +1972,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +1985,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 type RemoveRequest struct {
@@ -1858,7 +1998,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +2010,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +2023,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1908,7 +2048,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2060,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2073,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 type ReadRequest struct {
@@ -1945,7 +2085,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2097,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2110,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadRequest) GetPath() string {
@@ -1993,7 +2133,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2145,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2158,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadResponse) GetMsg() isReadResponse_Msg {
@@ -2075,7 +2215,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2227,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2240,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WriteRequest) GetMsg() isWriteRequest_Msg {
@@ -2159,7 +2299,7 @@ type WriteHeader struct {
 
 func (x *WriteHeader) Reset() {
 	*x = WriteHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2311,7 @@ func (x *WriteHeader) String() string {
 func (*WriteHeader) ProtoMessage() {}
 
 func (x *WriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2324,7 @@ func (x *WriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteHeader.ProtoReflect.Descriptor instead.
 func (*WriteHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteHeader) GetPath() string {
@@ -2224,7 +2364,7 @@ type WriteResponse struct {
 
 func (x *WriteResponse) Reset() {
 	*x = WriteResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2376,7 @@ func (x *WriteResponse) String() string {
 func (*WriteResponse) ProtoMessage() {}
 
 func (x *WriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2389,7 @@ func (x *WriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteResponse.ProtoReflect.Descriptor instead.
 func (*WriteResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WriteResponse) GetBytesWritten() uint64 {
@@ -2275,7 +2415,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2427,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2440,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateContextRequest) GetLanguage() string {
@@ -2347,7 +2487,7 @@ type ContextInfo struct {
 
 func (x *ContextInfo) Reset() {
 	*x = ContextInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2499,7 @@ func (x *ContextInfo) String() string {
 func (*ContextInfo) ProtoMessage() {}
 
 func (x *ContextInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2512,7 @@ func (x *ContextInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextInfo.ProtoReflect.Descriptor instead.
 func (*ContextInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ContextInfo) GetId() string {
@@ -2425,7 +2565,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2577,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2590,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 type ListContextsResponse struct {
@@ -2462,7 +2602,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2614,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2627,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -2506,7 +2646,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2518,7 +2658,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2531,7 +2671,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -2549,7 +2689,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +2701,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +2714,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 type RestartContextRequest struct {
@@ -2586,7 +2726,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2598,7 +2738,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2611,7 +2751,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -2630,7 +2770,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2782,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2795,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -2673,7 +2813,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2685,7 +2825,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2698,7 +2838,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 type RunCodeRequest struct {
@@ -2720,7 +2860,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2872,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2885,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -2799,7 +2939,7 @@ type RunCodeEvent struct {
 
 func (x *RunCodeEvent) Reset() {
 	*x = RunCodeEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2811,7 +2951,7 @@ func (x *RunCodeEvent) String() string {
 func (*RunCodeEvent) ProtoMessage() {}
 
 func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2824,7 +2964,7 @@ func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
 func (*RunCodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
@@ -2929,7 +3069,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2941,7 +3081,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2954,7 +3094,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -2982,7 +3122,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3134,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3147,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CodeError) GetName() string {
@@ -3048,7 +3188,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3060,7 +3200,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3213,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -3123,7 +3263,18 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x0ekernel_release\x18\x03 \x01(\tR\rkernelRelease\x12%\n" +
 	"\x0euptime_seconds\x18\x04 \x01(\x01R\ruptimeSeconds\x12&\n" +
 	"\x0fmem_total_bytes\x18\x05 \x01(\x04R\rmemTotalBytes\x12\x12\n" +
-	"\x04cpus\x18\x06 \x01(\rR\x04cpus\"\xe0\x01\n" +
+	"\x04cpus\x18\x06 \x01(\rR\x04cpus\"\x0e\n" +
+	"\fUsageRequest\"\xb9\x02\n" +
+	"\rUsageResponse\x12\x1e\n" +
+	"\vcpu_busy_ns\x18\x01 \x01(\x04R\tcpuBusyNs\x12 \n" +
+	"\fcpu_total_ns\x18\x02 \x01(\x04R\n" +
+	"cpuTotalNs\x12\x12\n" +
+	"\x04cpus\x18\x03 \x01(\rR\x04cpus\x12&\n" +
+	"\x0fmem_total_bytes\x18\x04 \x01(\x04R\rmemTotalBytes\x12.\n" +
+	"\x13mem_available_bytes\x18\x05 \x01(\x04R\x11memAvailableBytes\x12(\n" +
+	"\x10mem_cached_bytes\x18\x06 \x01(\x04R\x0ememCachedBytes\x12(\n" +
+	"\x10disk_total_bytes\x18\a \x01(\x04R\x0ediskTotalBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes\"\xe0\x01\n" +
 	"\vSyncRequest\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
@@ -3317,9 +3468,10 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\xef\x01\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x042\xb9\x02\n" +
 	"\fAgentService\x12E\n" +
-	"\x04Info\x12\x1d.airlock.agent.v1.InfoRequest\x1a\x1e.airlock.agent.v1.InfoResponse\x12E\n" +
+	"\x04Info\x12\x1d.airlock.agent.v1.InfoRequest\x1a\x1e.airlock.agent.v1.InfoResponse\x12H\n" +
+	"\x05Usage\x12\x1e.airlock.agent.v1.UsageRequest\x1a\x1f.airlock.agent.v1.UsageResponse\x12E\n" +
 	"\x04Sync\x12\x1d.airlock.agent.v1.SyncRequest\x1a\x1e.airlock.agent.v1.SyncResponse\x12Q\n" +
 	"\bShutdown\x12!.airlock.agent.v1.ShutdownRequest\x1a\".airlock.agent.v1.ShutdownResponse2X\n" +
 	"\vExecService\x12I\n" +
@@ -3354,115 +3506,119 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(FileOp)(0),                      // 0: airlock.agent.v1.FileOp
 	(FileType)(0),                    // 1: airlock.agent.v1.FileType
 	(*InfoRequest)(nil),              // 2: airlock.agent.v1.InfoRequest
 	(*InfoResponse)(nil),             // 3: airlock.agent.v1.InfoResponse
-	(*SyncRequest)(nil),              // 4: airlock.agent.v1.SyncRequest
-	(*NetworkConfig)(nil),            // 5: airlock.agent.v1.NetworkConfig
-	(*SyncResponse)(nil),             // 6: airlock.agent.v1.SyncResponse
-	(*ShutdownRequest)(nil),          // 7: airlock.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 8: airlock.agent.v1.ShutdownResponse
-	(*ExecRequest)(nil),              // 9: airlock.agent.v1.ExecRequest
-	(*TerminalSize)(nil),             // 10: airlock.agent.v1.TerminalSize
-	(*ExecStart)(nil),                // 11: airlock.agent.v1.ExecStart
-	(*ExecResponse)(nil),             // 12: airlock.agent.v1.ExecResponse
-	(*ExecStarted)(nil),              // 13: airlock.agent.v1.ExecStarted
-	(*ExecExited)(nil),               // 14: airlock.agent.v1.ExecExited
-	(*RenameRequest)(nil),            // 15: airlock.agent.v1.RenameRequest
-	(*RenameResponse)(nil),           // 16: airlock.agent.v1.RenameResponse
-	(*WatchRequest)(nil),             // 17: airlock.agent.v1.WatchRequest
-	(*FileEvent)(nil),                // 18: airlock.agent.v1.FileEvent
-	(*WatchResponse)(nil),            // 19: airlock.agent.v1.WatchResponse
-	(*FileInfo)(nil),                 // 20: airlock.agent.v1.FileInfo
-	(*StatRequest)(nil),              // 21: airlock.agent.v1.StatRequest
-	(*StatResponse)(nil),             // 22: airlock.agent.v1.StatResponse
-	(*ListRequest)(nil),              // 23: airlock.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 24: airlock.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 25: airlock.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 26: airlock.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 27: airlock.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 28: airlock.agent.v1.RemoveResponse
-	(*ReadRequest)(nil),              // 29: airlock.agent.v1.ReadRequest
-	(*ReadResponse)(nil),             // 30: airlock.agent.v1.ReadResponse
-	(*WriteRequest)(nil),             // 31: airlock.agent.v1.WriteRequest
-	(*WriteHeader)(nil),              // 32: airlock.agent.v1.WriteHeader
-	(*WriteResponse)(nil),            // 33: airlock.agent.v1.WriteResponse
-	(*CreateContextRequest)(nil),     // 34: airlock.agent.v1.CreateContextRequest
-	(*ContextInfo)(nil),              // 35: airlock.agent.v1.ContextInfo
-	(*ListContextsRequest)(nil),      // 36: airlock.agent.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 37: airlock.agent.v1.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 38: airlock.agent.v1.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 39: airlock.agent.v1.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 40: airlock.agent.v1.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 41: airlock.agent.v1.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 42: airlock.agent.v1.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 43: airlock.agent.v1.RunCodeRequest
-	(*RunCodeEvent)(nil),             // 44: airlock.agent.v1.RunCodeEvent
-	(*CodeResult)(nil),               // 45: airlock.agent.v1.CodeResult
-	(*CodeError)(nil),                // 46: airlock.agent.v1.CodeError
-	(*CodeEnd)(nil),                  // 47: airlock.agent.v1.CodeEnd
-	nil,                              // 48: airlock.agent.v1.CodeResult.DataEntry
+	(*UsageRequest)(nil),             // 4: airlock.agent.v1.UsageRequest
+	(*UsageResponse)(nil),            // 5: airlock.agent.v1.UsageResponse
+	(*SyncRequest)(nil),              // 6: airlock.agent.v1.SyncRequest
+	(*NetworkConfig)(nil),            // 7: airlock.agent.v1.NetworkConfig
+	(*SyncResponse)(nil),             // 8: airlock.agent.v1.SyncResponse
+	(*ShutdownRequest)(nil),          // 9: airlock.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 10: airlock.agent.v1.ShutdownResponse
+	(*ExecRequest)(nil),              // 11: airlock.agent.v1.ExecRequest
+	(*TerminalSize)(nil),             // 12: airlock.agent.v1.TerminalSize
+	(*ExecStart)(nil),                // 13: airlock.agent.v1.ExecStart
+	(*ExecResponse)(nil),             // 14: airlock.agent.v1.ExecResponse
+	(*ExecStarted)(nil),              // 15: airlock.agent.v1.ExecStarted
+	(*ExecExited)(nil),               // 16: airlock.agent.v1.ExecExited
+	(*RenameRequest)(nil),            // 17: airlock.agent.v1.RenameRequest
+	(*RenameResponse)(nil),           // 18: airlock.agent.v1.RenameResponse
+	(*WatchRequest)(nil),             // 19: airlock.agent.v1.WatchRequest
+	(*FileEvent)(nil),                // 20: airlock.agent.v1.FileEvent
+	(*WatchResponse)(nil),            // 21: airlock.agent.v1.WatchResponse
+	(*FileInfo)(nil),                 // 22: airlock.agent.v1.FileInfo
+	(*StatRequest)(nil),              // 23: airlock.agent.v1.StatRequest
+	(*StatResponse)(nil),             // 24: airlock.agent.v1.StatResponse
+	(*ListRequest)(nil),              // 25: airlock.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 26: airlock.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 27: airlock.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 28: airlock.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 29: airlock.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 30: airlock.agent.v1.RemoveResponse
+	(*ReadRequest)(nil),              // 31: airlock.agent.v1.ReadRequest
+	(*ReadResponse)(nil),             // 32: airlock.agent.v1.ReadResponse
+	(*WriteRequest)(nil),             // 33: airlock.agent.v1.WriteRequest
+	(*WriteHeader)(nil),              // 34: airlock.agent.v1.WriteHeader
+	(*WriteResponse)(nil),            // 35: airlock.agent.v1.WriteResponse
+	(*CreateContextRequest)(nil),     // 36: airlock.agent.v1.CreateContextRequest
+	(*ContextInfo)(nil),              // 37: airlock.agent.v1.ContextInfo
+	(*ListContextsRequest)(nil),      // 38: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 39: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 40: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 41: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 42: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 43: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 44: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 45: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 46: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 47: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 48: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 49: airlock.agent.v1.CodeEnd
+	nil,                              // 50: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
-	5,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
-	11, // 1: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
-	10, // 2: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
-	10, // 3: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
-	13, // 4: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
-	14, // 5: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
+	7,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
+	13, // 1: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
+	12, // 2: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
+	12, // 3: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
+	15, // 4: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
+	16, // 5: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
 	0,  // 6: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
-	18, // 7: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
+	20, // 7: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
 	1,  // 8: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
-	20, // 9: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
-	20, // 10: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
-	20, // 11: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
-	32, // 12: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	35, // 13: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
-	45, // 14: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
-	46, // 15: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
-	47, // 16: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
-	48, // 17: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	22, // 9: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
+	22, // 10: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
+	22, // 11: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
+	34, // 12: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
+	37, // 13: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	47, // 14: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	48, // 15: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	49, // 16: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	50, // 17: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
 	2,  // 18: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	4,  // 19: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	7,  // 20: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	9,  // 21: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	21, // 22: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	23, // 23: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	25, // 24: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	27, // 25: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	29, // 26: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	31, // 27: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	15, // 28: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
-	17, // 29: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
-	34, // 30: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
-	36, // 31: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
-	38, // 32: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
-	40, // 33: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
-	43, // 34: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
-	41, // 35: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
-	3,  // 36: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	6,  // 37: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	8,  // 38: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	12, // 39: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	22, // 40: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	24, // 41: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	26, // 42: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	28, // 43: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	30, // 44: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	33, // 45: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	16, // 46: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
-	19, // 47: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
-	35, // 48: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
-	37, // 49: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
-	39, // 50: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
-	35, // 51: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
-	44, // 52: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
-	42, // 53: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
-	36, // [36:54] is the sub-list for method output_type
-	18, // [18:36] is the sub-list for method input_type
+	4,  // 19: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
+	6,  // 20: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	9,  // 21: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	11, // 22: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	23, // 23: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	25, // 24: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	27, // 25: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	29, // 26: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	31, // 27: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	33, // 28: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	17, // 29: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
+	19, // 30: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
+	36, // 31: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	38, // 32: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	40, // 33: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	42, // 34: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	45, // 35: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	43, // 36: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	3,  // 37: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	5,  // 38: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
+	8,  // 39: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	10, // 40: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	14, // 41: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	24, // 42: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	26, // 43: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	28, // 44: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	30, // 45: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	32, // 46: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	35, // 47: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	18, // 48: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
+	21, // 49: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
+	37, // 50: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	39, // 51: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	41, // 52: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	37, // 53: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	46, // 54: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	44, // 55: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	37, // [37:56] is the sub-list for method output_type
+	18, // [18:37] is the sub-list for method input_type
 	18, // [18:18] is the sub-list for extension type_name
 	18, // [18:18] is the sub-list for extension extendee
 	0,  // [0:18] is the sub-list for field type_name
@@ -3473,32 +3629,32 @@ func file_airlock_agent_v1_agent_proto_init() {
 	if File_airlock_agent_v1_agent_proto != nil {
 		return
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exited)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[19].OneofWrappers = []any{
 		(*WatchResponse_Started)(nil),
 		(*WatchResponse_Event)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[28].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[30].OneofWrappers = []any{
 		(*ReadResponse_Info)(nil),
 		(*ReadResponse_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[29].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[31].OneofWrappers = []any{
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[42].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[44].OneofWrappers = []any{
 		(*RunCodeEvent_Stdout)(nil),
 		(*RunCodeEvent_Stderr)(nil),
 		(*RunCodeEvent_Result)(nil),
@@ -3511,7 +3667,7 @@ func file_airlock_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   47,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

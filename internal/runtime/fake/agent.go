@@ -85,6 +85,21 @@ func (a *agent) Info(context.Context, *connect.Request[agentv1.InfoRequest]) (*c
 	}), nil
 }
 
+func (a *agent) Usage(context.Context, *connect.Request[agentv1.UsageRequest]) (*connect.Response[agentv1.UsageResponse], error) {
+	a.fs.mu.Lock()
+	var used uint64
+	for _, f := range a.fs.files {
+		used += uint64(len(f.data))
+	}
+	a.fs.mu.Unlock()
+	up := uint64(time.Since(a.booted))
+	return connect.NewResponse(&agentv1.UsageResponse{
+		CpuBusyNs: up / 100, CpuTotalNs: up * uint64(a.cpus), Cpus: uint32(a.cpus),
+		MemTotalBytes: a.memBytes, MemAvailableBytes: a.memBytes / 2, MemCachedBytes: a.memBytes / 8,
+		DiskTotalBytes: 2 << 30, DiskUsedBytes: used,
+	}), nil
+}
+
 func (a *agent) Sync(_ context.Context, req *connect.Request[agentv1.SyncRequest]) (*connect.Response[agentv1.SyncResponse], error) {
 	if n := len(req.Msg.GetEntropy()); n < 32 || n > 512 {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("entropy must be 32..512 bytes"))

@@ -406,6 +406,145 @@ func (x *StatsResponse) GetLastActivityUnixNano() int64 {
 	return 0
 }
 
+type UsageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{8}
+}
+
+type UsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CPU time of all the guest's CPUs since boot, busy and in all, in
+	// nanoseconds.
+	CpuBusyNs         uint64 `protobuf:"varint,1,opt,name=cpu_busy_ns,json=cpuBusyNs,proto3" json:"cpu_busy_ns,omitempty"`
+	CpuTotalNs        uint64 `protobuf:"varint,2,opt,name=cpu_total_ns,json=cpuTotalNs,proto3" json:"cpu_total_ns,omitempty"`
+	Cpus              uint32 `protobuf:"varint,3,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemTotalBytes     uint64 `protobuf:"varint,4,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
+	MemAvailableBytes uint64 `protobuf:"varint,5,opt,name=mem_available_bytes,json=memAvailableBytes,proto3" json:"mem_available_bytes,omitempty"`
+	MemCachedBytes    uint64 `protobuf:"varint,6,opt,name=mem_cached_bytes,json=memCachedBytes,proto3" json:"mem_cached_bytes,omitempty"`
+	// The guest's root filesystem.
+	DiskTotalBytes uint64 `protobuf:"varint,7,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
+	DiskUsedBytes  uint64 `protobuf:"varint,8,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *UsageResponse) GetCpuBusyNs() uint64 {
+	if x != nil {
+		return x.CpuBusyNs
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetCpuTotalNs() uint64 {
+	if x != nil {
+		return x.CpuTotalNs
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetCpus() uint32 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetMemTotalBytes() uint64 {
+	if x != nil {
+		return x.MemTotalBytes
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetMemAvailableBytes() uint64 {
+	if x != nil {
+		return x.MemAvailableBytes
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetMemCachedBytes() uint64 {
+	if x != nil {
+		return x.MemCachedBytes
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetDiskTotalBytes() uint64 {
+	if x != nil {
+		return x.DiskTotalBytes
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetDiskUsedBytes() uint64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
 var File_airlock_shim_v2_lifecycle_proto protoreflect.FileDescriptor
 
 const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
@@ -429,12 +568,24 @@ const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\rrunning_execs\x18\x04 \x01(\rR\frunningExecs\x12,\n" +
 	"\x12requests_in_flight\x18\x05 \x01(\rR\x10requestsInFlight\x12/\n" +
 	"\x13inbound_connections\x18\x06 \x01(\rR\x12inboundConnections\x125\n" +
-	"\x17last_activity_unix_nano\x18\a \x01(\x03R\x14lastActivityUnixNano2\xbb\x02\n" +
+	"\x17last_activity_unix_nano\x18\a \x01(\x03R\x14lastActivityUnixNano\"\x0e\n" +
+	"\fUsageRequest\"\xb9\x02\n" +
+	"\rUsageResponse\x12\x1e\n" +
+	"\vcpu_busy_ns\x18\x01 \x01(\x04R\tcpuBusyNs\x12 \n" +
+	"\fcpu_total_ns\x18\x02 \x01(\x04R\n" +
+	"cpuTotalNs\x12\x12\n" +
+	"\x04cpus\x18\x03 \x01(\rR\x04cpus\x12&\n" +
+	"\x0fmem_total_bytes\x18\x04 \x01(\x04R\rmemTotalBytes\x12.\n" +
+	"\x13mem_available_bytes\x18\x05 \x01(\x04R\x11memAvailableBytes\x12(\n" +
+	"\x10mem_cached_bytes\x18\x06 \x01(\x04R\x0ememCachedBytes\x12(\n" +
+	"\x10disk_total_bytes\x18\a \x01(\x04R\x0ediskTotalBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes2\x83\x03\n" +
 	"\x10LifecycleService\x12F\n" +
 	"\x05Pause\x12\x1d.airlock.shim.v2.PauseRequest\x1a\x1e.airlock.shim.v2.PauseResponse\x12O\n" +
 	"\bShutdown\x12 .airlock.shim.v2.ShutdownRequest\x1a!.airlock.shim.v2.ShutdownResponse\x12F\n" +
 	"\x05Touch\x12\x1d.airlock.shim.v2.TouchRequest\x1a\x1e.airlock.shim.v2.TouchResponse\x12F\n" +
-	"\x05Stats\x12\x1d.airlock.shim.v2.StatsRequest\x1a\x1e.airlock.shim.v2.StatsResponseBCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
+	"\x05Stats\x12\x1d.airlock.shim.v2.StatsRequest\x1a\x1e.airlock.shim.v2.StatsResponse\x12F\n" +
+	"\x05Usage\x12\x1d.airlock.shim.v2.UsageRequest\x1a\x1e.airlock.shim.v2.UsageResponseBCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
 
 var (
 	file_airlock_shim_v2_lifecycle_proto_rawDescOnce sync.Once
@@ -448,7 +599,7 @@ func file_airlock_shim_v2_lifecycle_proto_rawDescGZIP() []byte {
 	return file_airlock_shim_v2_lifecycle_proto_rawDescData
 }
 
-var file_airlock_shim_v2_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_airlock_shim_v2_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_airlock_shim_v2_lifecycle_proto_goTypes = []any{
 	(*PauseRequest)(nil),     // 0: airlock.shim.v2.PauseRequest
 	(*PauseResponse)(nil),    // 1: airlock.shim.v2.PauseResponse
@@ -458,18 +609,22 @@ var file_airlock_shim_v2_lifecycle_proto_goTypes = []any{
 	(*TouchResponse)(nil),    // 5: airlock.shim.v2.TouchResponse
 	(*StatsRequest)(nil),     // 6: airlock.shim.v2.StatsRequest
 	(*StatsResponse)(nil),    // 7: airlock.shim.v2.StatsResponse
+	(*UsageRequest)(nil),     // 8: airlock.shim.v2.UsageRequest
+	(*UsageResponse)(nil),    // 9: airlock.shim.v2.UsageResponse
 }
 var file_airlock_shim_v2_lifecycle_proto_depIdxs = []int32{
 	0, // 0: airlock.shim.v2.LifecycleService.Pause:input_type -> airlock.shim.v2.PauseRequest
 	2, // 1: airlock.shim.v2.LifecycleService.Shutdown:input_type -> airlock.shim.v2.ShutdownRequest
 	4, // 2: airlock.shim.v2.LifecycleService.Touch:input_type -> airlock.shim.v2.TouchRequest
 	6, // 3: airlock.shim.v2.LifecycleService.Stats:input_type -> airlock.shim.v2.StatsRequest
-	1, // 4: airlock.shim.v2.LifecycleService.Pause:output_type -> airlock.shim.v2.PauseResponse
-	3, // 5: airlock.shim.v2.LifecycleService.Shutdown:output_type -> airlock.shim.v2.ShutdownResponse
-	5, // 6: airlock.shim.v2.LifecycleService.Touch:output_type -> airlock.shim.v2.TouchResponse
-	7, // 7: airlock.shim.v2.LifecycleService.Stats:output_type -> airlock.shim.v2.StatsResponse
-	4, // [4:8] is the sub-list for method output_type
-	0, // [0:4] is the sub-list for method input_type
+	8, // 4: airlock.shim.v2.LifecycleService.Usage:input_type -> airlock.shim.v2.UsageRequest
+	1, // 5: airlock.shim.v2.LifecycleService.Pause:output_type -> airlock.shim.v2.PauseResponse
+	3, // 6: airlock.shim.v2.LifecycleService.Shutdown:output_type -> airlock.shim.v2.ShutdownResponse
+	5, // 7: airlock.shim.v2.LifecycleService.Touch:output_type -> airlock.shim.v2.TouchResponse
+	7, // 8: airlock.shim.v2.LifecycleService.Stats:output_type -> airlock.shim.v2.StatsResponse
+	9, // 9: airlock.shim.v2.LifecycleService.Usage:output_type -> airlock.shim.v2.UsageResponse
+	5, // [5:10] is the sub-list for method output_type
+	0, // [0:5] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -486,7 +641,7 @@ func file_airlock_shim_v2_lifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v2_lifecycle_proto_rawDesc), len(file_airlock_shim_v2_lifecycle_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -57,6 +57,8 @@ const (
 const (
 	// AgentServiceInfoProcedure is the fully-qualified name of the AgentService's Info RPC.
 	AgentServiceInfoProcedure = "/airlock.agent.v1.AgentService/Info"
+	// AgentServiceUsageProcedure is the fully-qualified name of the AgentService's Usage RPC.
+	AgentServiceUsageProcedure = "/airlock.agent.v1.AgentService/Usage"
 	// AgentServiceSyncProcedure is the fully-qualified name of the AgentService's Sync RPC.
 	AgentServiceSyncProcedure = "/airlock.agent.v1.AgentService/Sync"
 	// AgentServiceShutdownProcedure is the fully-qualified name of the AgentService's Shutdown RPC.
@@ -99,6 +101,9 @@ type AgentServiceClient interface {
 	// Info says who the agent is and what it can do. Cheap; used as the
 	// readiness probe.
 	Info(context.Context, *connect.Request[agentv1.InfoRequest]) (*connect.Response[agentv1.InfoResponse], error)
+	// Usage reads the guest's resource use: CPU time, memory and its root
+	// filesystem (protocol >= 5).
+	Usage(context.Context, *connect.Request[agentv1.UsageRequest]) (*connect.Response[agentv1.UsageResponse], error)
 	// Sync sets the guest wall clock from the host, mixes host entropy into the
 	// kernel RNG and forces a reseed, and optionally grows the root filesystem
 	// to the size of its disk. Called after every cold boot and every restore
@@ -126,6 +131,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Info")),
 			connect.WithClientOptions(opts...),
 		),
+		usage: connect.NewClient[agentv1.UsageRequest, agentv1.UsageResponse](
+			httpClient,
+			baseURL+AgentServiceUsageProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Usage")),
+			connect.WithClientOptions(opts...),
+		),
 		sync: connect.NewClient[agentv1.SyncRequest, agentv1.SyncResponse](
 			httpClient,
 			baseURL+AgentServiceSyncProcedure,
@@ -144,6 +155,7 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 // agentServiceClient implements AgentServiceClient.
 type agentServiceClient struct {
 	info     *connect.Client[agentv1.InfoRequest, agentv1.InfoResponse]
+	usage    *connect.Client[agentv1.UsageRequest, agentv1.UsageResponse]
 	sync     *connect.Client[agentv1.SyncRequest, agentv1.SyncResponse]
 	shutdown *connect.Client[agentv1.ShutdownRequest, agentv1.ShutdownResponse]
 }
@@ -151,6 +163,11 @@ type agentServiceClient struct {
 // Info calls airlock.agent.v1.AgentService.Info.
 func (c *agentServiceClient) Info(ctx context.Context, req *connect.Request[agentv1.InfoRequest]) (*connect.Response[agentv1.InfoResponse], error) {
 	return c.info.CallUnary(ctx, req)
+}
+
+// Usage calls airlock.agent.v1.AgentService.Usage.
+func (c *agentServiceClient) Usage(ctx context.Context, req *connect.Request[agentv1.UsageRequest]) (*connect.Response[agentv1.UsageResponse], error) {
+	return c.usage.CallUnary(ctx, req)
 }
 
 // Sync calls airlock.agent.v1.AgentService.Sync.
@@ -168,6 +185,9 @@ type AgentServiceHandler interface {
 	// Info says who the agent is and what it can do. Cheap; used as the
 	// readiness probe.
 	Info(context.Context, *connect.Request[agentv1.InfoRequest]) (*connect.Response[agentv1.InfoResponse], error)
+	// Usage reads the guest's resource use: CPU time, memory and its root
+	// filesystem (protocol >= 5).
+	Usage(context.Context, *connect.Request[agentv1.UsageRequest]) (*connect.Response[agentv1.UsageResponse], error)
 	// Sync sets the guest wall clock from the host, mixes host entropy into the
 	// kernel RNG and forces a reseed, and optionally grows the root filesystem
 	// to the size of its disk. Called after every cold boot and every restore
@@ -191,6 +211,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("Info")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceUsageHandler := connect.NewUnaryHandler(
+		AgentServiceUsageProcedure,
+		svc.Usage,
+		connect.WithSchema(agentServiceMethods.ByName("Usage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	agentServiceSyncHandler := connect.NewUnaryHandler(
 		AgentServiceSyncProcedure,
 		svc.Sync,
@@ -207,6 +233,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		switch r.URL.Path {
 		case AgentServiceInfoProcedure:
 			agentServiceInfoHandler.ServeHTTP(w, r)
+		case AgentServiceUsageProcedure:
+			agentServiceUsageHandler.ServeHTTP(w, r)
 		case AgentServiceSyncProcedure:
 			agentServiceSyncHandler.ServeHTTP(w, r)
 		case AgentServiceShutdownProcedure:
@@ -222,6 +250,10 @@ type UnimplementedAgentServiceHandler struct{}
 
 func (UnimplementedAgentServiceHandler) Info(context.Context, *connect.Request[agentv1.InfoRequest]) (*connect.Response[agentv1.InfoResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.AgentService.Info is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Usage(context.Context, *connect.Request[agentv1.UsageRequest]) (*connect.Response[agentv1.UsageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.AgentService.Usage is not implemented"))
 }
 
 func (UnimplementedAgentServiceHandler) Sync(context.Context, *connect.Request[agentv1.SyncRequest]) (*connect.Response[agentv1.SyncResponse], error) {

@@ -48,6 +48,8 @@ const (
 	LifecycleServiceTouchProcedure = "/airlock.shim.v2.LifecycleService/Touch"
 	// LifecycleServiceStatsProcedure is the fully-qualified name of the LifecycleService's Stats RPC.
 	LifecycleServiceStatsProcedure = "/airlock.shim.v2.LifecycleService/Stats"
+	// LifecycleServiceUsageProcedure is the fully-qualified name of the LifecycleService's Usage RPC.
+	LifecycleServiceUsageProcedure = "/airlock.shim.v2.LifecycleService/Usage"
 )
 
 // LifecycleServiceClient is a client for the airlock.shim.v2.LifecycleService service.
@@ -68,6 +70,10 @@ type LifecycleServiceClient interface {
 	// Stats reports what the shim knows of the sandbox without asking the
 	// guest.
 	Stats(context.Context, *connect.Request[shimv2.StatsRequest]) (*connect.Response[shimv2.StatsResponse], error)
+	// Usage asks the guest for its resource use (CPU time, memory, root
+	// filesystem). FAILED_PRECONDITION if the guest agent predates it. Not
+	// activity.
+	Usage(context.Context, *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error)
 }
 
 // NewLifecycleServiceClient constructs a client for the airlock.shim.v2.LifecycleService service.
@@ -105,6 +111,12 @@ func NewLifecycleServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(lifecycleServiceMethods.ByName("Stats")),
 			connect.WithClientOptions(opts...),
 		),
+		usage: connect.NewClient[shimv2.UsageRequest, shimv2.UsageResponse](
+			httpClient,
+			baseURL+LifecycleServiceUsageProcedure,
+			connect.WithSchema(lifecycleServiceMethods.ByName("Usage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -114,6 +126,7 @@ type lifecycleServiceClient struct {
 	shutdown *connect.Client[shimv2.ShutdownRequest, shimv2.ShutdownResponse]
 	touch    *connect.Client[shimv2.TouchRequest, shimv2.TouchResponse]
 	stats    *connect.Client[shimv2.StatsRequest, shimv2.StatsResponse]
+	usage    *connect.Client[shimv2.UsageRequest, shimv2.UsageResponse]
 }
 
 // Pause calls airlock.shim.v2.LifecycleService.Pause.
@@ -136,6 +149,11 @@ func (c *lifecycleServiceClient) Stats(ctx context.Context, req *connect.Request
 	return c.stats.CallUnary(ctx, req)
 }
 
+// Usage calls airlock.shim.v2.LifecycleService.Usage.
+func (c *lifecycleServiceClient) Usage(ctx context.Context, req *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error) {
+	return c.usage.CallUnary(ctx, req)
+}
+
 // LifecycleServiceHandler is an implementation of the airlock.shim.v2.LifecycleService service.
 type LifecycleServiceHandler interface {
 	// Pause saves memory, devices and disk, then ends the VMM and the shim (a
@@ -154,6 +172,10 @@ type LifecycleServiceHandler interface {
 	// Stats reports what the shim knows of the sandbox without asking the
 	// guest.
 	Stats(context.Context, *connect.Request[shimv2.StatsRequest]) (*connect.Response[shimv2.StatsResponse], error)
+	// Usage asks the guest for its resource use (CPU time, memory, root
+	// filesystem). FAILED_PRECONDITION if the guest agent predates it. Not
+	// activity.
+	Usage(context.Context, *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error)
 }
 
 // NewLifecycleServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -187,6 +209,12 @@ func NewLifecycleServiceHandler(svc LifecycleServiceHandler, opts ...connect.Han
 		connect.WithSchema(lifecycleServiceMethods.ByName("Stats")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lifecycleServiceUsageHandler := connect.NewUnaryHandler(
+		LifecycleServiceUsageProcedure,
+		svc.Usage,
+		connect.WithSchema(lifecycleServiceMethods.ByName("Usage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.shim.v2.LifecycleService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LifecycleServicePauseProcedure:
@@ -197,6 +225,8 @@ func NewLifecycleServiceHandler(svc LifecycleServiceHandler, opts ...connect.Han
 			lifecycleServiceTouchHandler.ServeHTTP(w, r)
 		case LifecycleServiceStatsProcedure:
 			lifecycleServiceStatsHandler.ServeHTTP(w, r)
+		case LifecycleServiceUsageProcedure:
+			lifecycleServiceUsageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -220,4 +250,8 @@ func (UnimplementedLifecycleServiceHandler) Touch(context.Context, *connect.Requ
 
 func (UnimplementedLifecycleServiceHandler) Stats(context.Context, *connect.Request[shimv2.StatsRequest]) (*connect.Response[shimv2.StatsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.LifecycleService.Stats is not implemented"))
+}
+
+func (UnimplementedLifecycleServiceHandler) Usage(context.Context, *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.LifecycleService.Usage is not implemented"))
 }
