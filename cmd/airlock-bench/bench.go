@@ -34,10 +34,12 @@ type benchOptions struct {
 	runs, execs, apiConcurrent, netMiB, neighbourExecs int
 	transferMiB                                        int64
 	only                                               []string // row groups to measure; none for all
+	e2bRuns                                            int
+	e2bDir                                             string // test/e2b: bench.mjs and the pinned SDK
 }
 
 // benchGroups are the row groups --only selects from.
-var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "net", "api"}
+var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "net", "api", "e2b"}
 
 // want reports whether row group g is measured.
 func (o benchOptions) want(g string) bool {
@@ -174,6 +176,17 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 			return fmt.Errorf("api bench: %w", err)
 		}
 		for _, r := range ar {
+			rows = append(rows, row(r))
+		}
+	}
+
+	if o.e2bRuns > 0 && o.want("e2b") {
+		fmt.Fprintln(os.Stderr, "bench: E2B SDK rows (starts airlock serve and node)")
+		er, err := e2bBench(ctx, cfg, o.e2bDir, o.e2bRuns)
+		if err != nil {
+			return fmt.Errorf("e2b bench: %w", err)
+		}
+		for _, r := range er {
 			rows = append(rows, row(r))
 		}
 	}

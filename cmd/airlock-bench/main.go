@@ -1,7 +1,8 @@
 // Command airlock-bench measures an airlock installation and prints the
 // latency and memory table of the README (`make bench`): cold runs, create
-// until the first exec, the exec round trip, idle memory, pause/resume,
-// fork, the sandbox network and the HTTP API, for each runtime present.
+// until the first exec, the exec round trip and idle memory for each
+// runtime present, pause/resume, fork, the sandbox network, the HTTP API,
+// and the E2B SDK next to airlock's own /v1.
 //
 // It drives a built airlock binary (--airlock) as a user would, and opens
 // the same state directory for the rows that need the sandbox manager. It
@@ -80,6 +81,16 @@ func defaultAirlock() string {
 	return filepath.Join(filepath.Dir(exe), "airlock")
 }
 
+// defaultE2BDir is test/e2b of the checkout this binary was built into
+// (bin/airlock-bench).
+func defaultE2BDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return filepath.Join("test", "e2b")
+	}
+	return filepath.Join(filepath.Dir(exe), "..", "test", "e2b")
+}
+
 func rootCmd() *cobra.Command {
 	var cfg config
 	var logLevel string
@@ -134,6 +145,8 @@ func rootCmd() *cobra.Command {
 	f.IntVar(&o.apiConcurrent, "api-concurrent", 20, "concurrent creates through the HTTP API (0 skips the API rows)")
 	f.IntVar(&o.netMiB, "net-mib", 64, "size of each network throughput transfer (0 skips the network rows)")
 	f.Int64Var(&o.transferMiB, "transfer-mib", 200, "size of the API upload/download")
+	f.IntVar(&o.e2bRuns, "e2b-runs", 5, "samples for the E2B SDK rows and their /v1 baseline (0 skips those rows; skipped without node)")
+	f.StringVar(&o.e2bDir, "e2b-dir", defaultE2BDir(), "the folder of bench.mjs and the pinned E2B SDK (npm ci runs there when node_modules lacks it)")
 	return cmd
 }
 
