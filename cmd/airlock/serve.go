@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,7 +17,7 @@ import (
 )
 
 func serveCmd(g *globals) *cobra.Command {
-	var listen string
+	var listen, previewDomain string
 	var drain time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -24,7 +25,14 @@ func serveCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
 			setOOMScoreAdj(g.log, oomAdjServe)
-			cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Events: m.Store, Keys: m.Store, Log: g.log}
+			// One secret of the state dir derives every per-sandbox token
+			// (E2B's access tokens, preview tokens).
+			secret, err := m.Store.Secret(cmd.Context(), "secret.tokens")
+			if err != nil {
+				return err
+			}
+			cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Events: m.Store, Keys: m.Store, Log: g.log,
+				PreviewDomain: previewDomain, Secret: secret}
 			s, err := api.New(cfg)
 			if err != nil {
 				return err
@@ -33,11 +41,8 @@ func serveCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			secret, err := m.Store.Secret(cmd.Context(), "secret.e2b")
-			if err != nil {
-				return err
-			}
-			if err := e2b.Register(s, e2b.Config{Sandboxes: m, Execs: m, Files: m, Contexts: m, Snapshots: m, Secret: secret, Limiter: s.AllowTenant, Log: g.log}); err != nil {
+			if err := e2b.Register(s, e2b.Config{Sandboxes: m, Execs: m, Files: m, Contexts: m, Snapshots: m, Secret: secret, Limiter: s.AllowTenant,
+				Domain: previewDomain, TrafficToken: s.PreviewToken, Log: g.log}); err != nil {
 				return err
 			}
 			ln, err := net.Listen("tcp", listen)
@@ -76,6 +81,7 @@ func serveCmd(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7070", "address to listen on")
+	cmd.Flags().StringVar(&previewDomain, "preview-domain", os.Getenv("AIRLOCK_PREVIEW_DOMAIN"), "serve port P of sandbox ID at http://P-ID.`DOMAIN`/ (a wildcard DNS name, or localhost:7070 with a Host header; env AIRLOCK_PREVIEW_DOMAIN); E2B's getHost returns such hosts")
 	cmd.Flags().DurationVar(&drain, "drain", 30*time.Second, "on SIGTERM/SIGINT, how long requests in flight (exec streams too) may run before they are cut")
 	return cmd
 }

@@ -93,6 +93,7 @@ type previewTarget struct {
 	id     string
 	port   uint16
 	caller sandbox.Caller
+	host   bool // on a preview host: the path is the guest's as it is
 }
 
 // rewritePreview points the outbound request at the guest port: the path
@@ -102,6 +103,15 @@ type previewTarget struct {
 func (s *Server) rewritePreview(pr *httputil.ProxyRequest) {
 	t, _ := pr.In.Context().Value(previewKey{}).(previewTarget)
 	port := strconv.Itoa(int(t.port))
+	if t.host {
+		out := pr.Out
+		out.URL.Scheme, out.URL.Host = "http", t.id+previewHost+":"+port
+		out.Host = "localhost:" + port
+		pr.SetXForwarded()
+		stripKey(out, pr.In.Header.Get("Authorization"))
+		stripPreviewToken(out)
+		return
+	}
 	// Segments: "", "v1", "sandboxes", id, "ports", port, rest.
 	parts := strings.SplitN(pr.In.URL.EscapedPath(), "/", 7)
 	rest := ""
@@ -173,5 +183,6 @@ func (s *Server) previewError(w http.ResponseWriter, r *http.Request, err error)
 		}
 	}
 	s.log.Debug("preview failed", "request_id", requestID(r), "err", err)
-	s.fail(w, r, &Error{http.StatusBadGateway, "bad_gateway", "no HTTP answer from guest port " + r.PathValue("port")})
+	t, _ := r.Context().Value(previewKey{}).(previewTarget)
+	s.fail(w, r, &Error{http.StatusBadGateway, "bad_gateway", "no HTTP answer from guest port " + strconv.Itoa(int(t.port))})
 }

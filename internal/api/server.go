@@ -41,6 +41,14 @@ type Config struct {
 	Keys      Keys
 	Log       *slog.Logger // nil: discard
 	Defaults  Limits       // zero: DefaultLimits
+	// PreviewDomain, if set, serves each sandbox port at its own host,
+	// <port>-<sandbox id>.<PreviewDomain> (hostpreview.go); it needs Ports
+	// and Secret. A port in it (localhost:7070) is for the URLs handed
+	// out; requests match on the host name.
+	PreviewDomain string
+	// Secret (at least 32 bytes, the same for every server of the state
+	// dir) derives each sandbox's preview token.
+	Secret []byte
 }
 
 // Validate checks c and fills in defaults.
@@ -53,6 +61,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Defaults == (Limits{}) {
 		c.Defaults = DefaultLimits
+	}
+	if c.PreviewDomain != "" {
+		if c.Ports == nil || len(c.Secret) < 32 {
+			return errors.New("api: PreviewDomain needs Ports and a Secret of at least 32 bytes")
+		}
+		if err := validPreviewDomain(c.PreviewDomain); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -127,6 +143,7 @@ var routes = []route{
 	{"GET /v1/sandboxes/{id}/files/stat", true, (*Server).statFile},
 	{"POST /v1/sandboxes/{id}/files/mkdir", true, (*Server).mkdir},
 	{"/v1/sandboxes/{id}/ports/{port}/{path...}", true, (*Server).preview},
+	{"GET /v1/sandboxes/{id}/preview", true, (*Server).previewLink},
 	{"GET /v1/events", true, (*Server).listEvents},
 }
 
@@ -207,6 +224,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, errors.New("panic"))
 		}
 	}()
+	if s.cfg.PreviewDomain != "" {
+		if t, ok := s.previewHost(r.Host); ok {
+			s.hostPreview(w, r, t)
+			return
+		}
+	}
 	for _, hr := range s.byHeader {
 		if r.Header.Get(hr.header) != "" {
 			hr.h.ServeHTTP(w, r)

@@ -31,6 +31,9 @@ const interpreterKeepalive = 5 * time.Second
 // code-interpreter SDK sends on every call to port 49999 (its context
 // calls carry no envd token).
 func (h *handler) trafficToken(id string) string {
+	if h.cfg.TrafficToken != nil {
+		return h.cfg.TrafficToken(id)
+	}
 	m := hmac.New(sha256.New, h.cfg.Secret)
 	m.Write([]byte("e2b traffic access token\x00" + id))
 	return hex.EncodeToString(m.Sum(nil))

@@ -48,9 +48,14 @@ type Config struct {
 	// traffic, which carries no API key (nil: none).
 	Limiter func(tenant string) bool
 	// Domain is returned as each sandbox's domain ("" returns null, and
-	// the SDK keeps its E2B_DOMAIN).
+	// the SDK keeps its E2B_DOMAIN): the API's preview domain, where
+	// getHost(port) is served.
 	Domain string
-	Log    *slog.Logger
+	// TrafficToken is a sandbox's trafficAccessToken: the API's preview
+	// token, which E2B's SDKs send to the code interpreter and preview
+	// hosts (nil: one derived from Secret).
+	TrafficToken func(id string) string
+	Log          *slog.Logger
 }
 
 // Register mounts E2B's control-plane routes on srv, behind its key check

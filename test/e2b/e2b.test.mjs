@@ -11,6 +11,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
 import net from "node:net";
+import http from "node:http";
 
 const BIN = process.env.AIRLOCK_BIN;
 const STATE = process.env.AIRLOCK_TEST_STATE_DIR;
@@ -36,7 +37,9 @@ async function freePort() {
 before(async () => {
   const port = await freePort();
   url = `http://127.0.0.1:${port}`;
-  serve = spawn(BIN, ["--state-dir", STATE, "serve", "--listen", `127.0.0.1:${port}`], { stdio: ["ignore", "pipe", "inherit"] });
+  // Preview hosts (getHost) under localhost:<port>: requests reach them
+  // with a Host header, no DNS needed.
+  serve = spawn(BIN, ["--state-dir", STATE, "serve", "--listen", `127.0.0.1:${port}`, "--preview-domain", `localhost:${port}`], { stdio: ["ignore", "pipe", "inherit"] });
   await new Promise((resolve, reject) => {
     serve.stdout.on("data", (d) => { if (String(d).includes("listening")) resolve(); });
     serve.on("exit", (code) => reject(new Error(`serve exited ${code}`)));
@@ -310,6 +313,43 @@ test("e2b 2.51.0: pty (a terminal: create, type, resize, connect, kill)", { time
     assert.equal(end.exitCode, -1, `a killed terminal's exit: ${end}`);
     await joined.wait().catch(() => {});
     assert.equal(await sbx.pty.kill(term.pid), false);
+  } finally {
+    await sbx.kill();
+  }
+});
+
+// httpGet fetches path from the server with Host set (a preview host).
+function httpGet(host, path, headers = {}) {
+  return new Promise((resolve, reject) => {
+    const u = new URL(url);
+    const req = http.get({ host: u.hostname, port: u.port, path, headers: { Host: host, ...headers } }, (res) => {
+      let body = "";
+      res.on("data", (d) => { body += d; });
+      res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, body }));
+    });
+    req.on("error", reject);
+  });
+}
+
+test("e2b 2.51.0: getHost (a guest port on its preview host)", { timeout: 600_000 }, async () => {
+  const { Sandbox } = await import("e2b");
+  const sbx = await Sandbox.create({ timeoutMs: 300_000 });
+  try {
+    await sbx.files.write("/tmp/site/index.html", "hello from the guest\n");
+    await sbx.commands.run("cd /tmp/site && exec python3 -m http.server 8000", { background: true, timeoutMs: 0 });
+    const host = sbx.getHost(8000);
+    assert.equal(host, `8000-${sbx.sandboxId}.localhost:${new URL(url).port}`);
+    assert.ok(sbx.trafficAccessToken, "create returned a traffic token");
+    let r;
+    const until = Date.now() + 60_000;
+    do {
+      r = await httpGet(host, "/index.html", { "e2b-traffic-access-token": sbx.trafficAccessToken });
+      if (r.status !== 200) await new Promise((res) => setTimeout(res, 200));
+    } while (r.status !== 200 && Date.now() < until);
+    assert.equal(r.status, 200, r.body);
+    assert.equal(r.body, "hello from the guest\n");
+    assert.equal((await httpGet(host, "/index.html")).status, 401, "without the token");
+    assert.equal((await httpGet(host, "/index.html", { "e2b-traffic-access-token": "x" })).status, 401, "with a wrong token");
   } finally {
     await sbx.kill();
   }
