@@ -20,7 +20,11 @@
 //     Python and a Jupyter kernel.
 //   - timeout (seconds; 300 when omitted) is the sandbox's lifetime;
 //     envVars its default environment; metadata its metadata;
-//     allow_internet_access false its network mode "deny".
+//     allow_internet_access false, or network.denyOut 0.0.0.0/0, its
+//     network mode "deny" with network.allowOut as its allow rules. What
+//     airlock does not do (other denyOut entries, request rules, egress
+//     proxies, public traffic, pause on timeout, volumes, MCP, IAM) is
+//     refused, never ignored.
 //   - E2B's "running" is airlock's creating, running or resuming; "paused"
 //     is pausing or paused; failed sandboxes are not listed.
 //   - connect resumes a paused sandbox (201) or answers a running one
@@ -34,10 +38,13 @@
 //     env and network are the snapshot's: envVars are refused).
 //   - fork makes count (default 1) copies, all or none, each with the
 //     request's timeout (300 s when omitted) rather than the source's.
-//   - Network updates and metrics are 501: airlock cannot change a running
-//     sandbox's egress policy, and measures nothing that is what E2B's
-//     usage fields mean (the guest's CPU, memory, page cache and
-//     filesystem use). A sandbox the caller cannot see is still 404.
+//   - Network updates are 501: airlock cannot change a running sandbox's
+//     egress policy. Metrics are one sample of the guest's own account of
+//     its CPU, memory and root filesystem. A sandbox the caller cannot see
+//     is 404.
+//   - The domain of a create is the API's preview domain (serve
+//     --preview-domain), where getHost(port) is served; the
+//     trafficAccessToken is the sandbox's preview token.
 //
 // In-sandbox traffic (envd's Connect RPCs process.Process and
 // filesystem.Filesystem with the JSON codec, /files and /health) comes to

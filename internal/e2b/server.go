@@ -15,6 +15,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -180,9 +181,74 @@ type newSandboxRequest struct {
 		Rules              json.RawMessage `json:"rules"`
 		EgressProxy        json.RawMessage `json:"egressProxy"`
 		AllowPublicTraffic *bool           `json:"allowPublicTraffic"`
+		MaskRequestHost    json.RawMessage `json:"maskRequestHost"`
+		HTTPSPorts         json.RawMessage `json:"httpsPorts"`
 	} `json:"network"`
-	VolumeMounts []json.RawMessage `json:"volumeMounts"`
-	MCP          json.RawMessage   `json:"mcp"`
+	VolumeMounts    []json.RawMessage `json:"volumeMounts"`
+	MCP             json.RawMessage   `json:"mcp"`
+	IAM             json.RawMessage   `json:"iam"`
+	AutoPause       *bool             `json:"autoPause"`
+	AutoPauseMemory *bool             `json:"autoPauseMemory"`
+	AutoResume      *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+}
+
+// allTraffic is E2B's ALL_TRAFFIC: a denyOut entry that denies everything.
+const allTraffic = "0.0.0.0/0"
+
+// set reports whether a raw JSON field was given a value.
+func set(raw json.RawMessage) bool {
+	v := strings.TrimSpace(string(raw))
+	return v != "" && v != "null" && v != "{}" && v != "[]"
+}
+
+// refusal is why a create asks for something airlock does not do ("" if
+// nothing): never a silent success.
+func (req *newSandboxRequest) refusal() string {
+	switch {
+	case len(req.VolumeMounts) > 0:
+		return "volumeMounts are not supported by airlock yet"
+	case set(req.MCP):
+		return "mcp is not supported by airlock's E2B surface"
+	case set(req.IAM):
+		return "iam tokens are not supported by airlock"
+	case req.AutoPause != nil && *req.AutoPause, req.AutoResume != nil && req.AutoResume.Enabled:
+		return "lifecycle onTimeout 'pause' and autoResume are not supported by airlock's E2B surface yet: a sandbox is killed when its timeout passes (airlock's /v1 API has idle pause)"
+	case req.Network == nil:
+		return ""
+	case set(req.Network.Rules):
+		return "network.rules (request transforms) are not supported by airlock's E2B surface; airlock's /v1 API injects secrets into requests to named hosts"
+	case set(req.Network.EgressProxy):
+		return "network.egressProxy is not supported by airlock"
+	case set(req.Network.MaskRequestHost), set(req.Network.HTTPSPorts):
+		return "network.maskRequestHost and httpsPorts are not supported by airlock"
+	case req.Network.AllowPublicTraffic != nil && *req.Network.AllowPublicTraffic:
+		return "allowPublicTraffic: true is not supported: airlock's preview hosts always need the sandbox's trafficAccessToken (or an API key)"
+	}
+	for _, d := range req.Network.DenyOut {
+		if d != allTraffic {
+			return fmt.Sprintf("network.denyOut %q: airlock denies all traffic (%s) with allowOut exceptions, or nothing; it has no deny list", d, allTraffic)
+		}
+	}
+	return ""
+}
+
+// egress maps allow_internet_access and network.allowOut/denyOut to an
+// airlock network: denying all traffic (allow_internet_access false, or
+// denyOut 0.0.0.0/0) is mode deny with allowOut as its allow rules; else
+// everything is allowed (allowOut adds nothing) and the mode is public.
+func (req *newSandboxRequest) egress() netconf.Spec {
+	denyAll := req.AllowInternetAccess != nil && !*req.AllowInternetAccess
+	var allow []string
+	if req.Network != nil {
+		denyAll = denyAll || slices.Contains(req.Network.DenyOut, allTraffic)
+		allow = req.Network.AllowOut
+	}
+	if !denyAll {
+		return netconf.Spec{}
+	}
+	return netconf.Spec{Mode: "deny", Allow: slices.Clone(allow)}
 }
 
 // templateImages maps E2B's well-known template names to airlock images.
@@ -196,15 +262,8 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	if !decode(w, r, &req) {
 		return
 	}
-	switch {
-	case req.Network != nil && (len(req.Network.AllowOut) > 0 || len(req.Network.DenyOut) > 0 || len(req.Network.Rules) > 0 && string(req.Network.Rules) != "null" && string(req.Network.Rules) != "{}" || len(req.Network.EgressProxy) > 0 && string(req.Network.EgressProxy) != "null"):
-		writeError(w, http.StatusBadRequest, "network.allowOut, denyOut, rules and egressProxy are not supported by airlock's E2B surface yet; use allow_internet_access, or airlock's /v1 API for egress rules")
-		return
-	case len(req.VolumeMounts) > 0:
-		writeError(w, http.StatusBadRequest, "volumeMounts are not supported by airlock yet")
-		return
-	case len(req.MCP) > 0 && string(req.MCP) != "null":
-		writeError(w, http.StatusBadRequest, "mcp is not supported by airlock's E2B surface")
+	if why := req.refusal(); why != "" {
+		writeError(w, http.StatusBadRequest, why)
 		return
 	}
 	timeout := DefaultTimeout
@@ -235,10 +294,7 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	if im, ok := templateImages[tmpl]; ok {
 		image = im
 	}
-	o := sandbox.CreateOptions{Image: image, Timeout: timeout, Metadata: req.Metadata, Env: req.EnvVars}
-	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
-		o.Network.Mode = "deny"
-	}
+	o := sandbox.CreateOptions{Image: image, Timeout: timeout, Metadata: req.Metadata, Env: req.EnvVars, Network: req.egress()}
 	sb, err := h.cfg.Sandboxes.Create(r.Context(), c, o)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {

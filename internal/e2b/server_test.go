@@ -209,7 +209,7 @@ func (h *harness) do(key, method, path, body string, hdr ...string) resp {
 
 func TestCreateGetKill(t *testing.T) {
 	h := newHarness(t)
-	r := h.do(h.alice, "POST", "/v2/sandboxes", `{"templateID":"code-interpreter-v1","envVars":{"A":"1"},"metadata":{"k":"v"},"allow_internet_access":false,"autoPause":true,"someNewField":1}`)
+	r := h.do(h.alice, "POST", "/v2/sandboxes", `{"templateID":"code-interpreter-v1","envVars":{"A":"1"},"metadata":{"k":"v"},"allow_internet_access":false,"autoPause":false,"someNewField":1}`)
 	if r.code != http.StatusCreated {
 		t.Fatalf("create: %d %s", r.code, r.body)
 	}
@@ -263,12 +263,18 @@ func TestCreateGetKill(t *testing.T) {
 func TestCreateRefusals(t *testing.T) {
 	h := newHarness(t)
 	for body, want := range map[string]string{
-		`{"templateID":"nope"}`:                          `template \"nope\" not found`,
-		`{"timeout":0}`:                                  "timeout must be between",
-		`{"timeout":90000}`:                              "timeout must be between",
-		`{"network":{"denyOut":["1.2.3.4"]}}`:            "not supported",
-		`{"volumeMounts":[{"name":"v","path":"/data"}]}`: "volumeMounts",
-		`{"templateID":`:                                 "bad JSON",
+		`{"templateID":"nope"}`:               `template \"nope\" not found`,
+		`{"timeout":0}`:                       "timeout must be between",
+		`{"timeout":90000}`:                   "timeout must be between",
+		`{"network":{"denyOut":["1.2.3.4"]}}`: "has no deny list",
+		`{"network":{"rules":{"api.x.com":[{"transform":{"headers":{"A":"b"}}}]}}}`: "rules",
+		`{"network":{"egressProxy":{"address":"p:8080"}}}`:                          "egressProxy",
+		`{"network":{"allowPublicTraffic":true}}`:                                   "trafficAccessToken",
+		`{"autoPause":true}`:                                        "onTimeout 'pause'",
+		`{"autoResume":{"enabled":true}}`:                           "autoResume",
+		`{"iam":{"tokens":{"t":{"audience":"a","tokenType":"b"}}}}`: "iam",
+		`{"volumeMounts":[{"name":"v","path":"/data"}]}`:            "volumeMounts",
+		`{"templateID":`:                                            "bad JSON",
 	} {
 		r := h.do(h.alice, "POST", "/sandboxes", body)
 		if r.code/100 != 4 || !strings.Contains(string(r.body), want) || !strings.Contains(string(r.body), fmt.Sprintf(`"code":%d`, r.code)) {
@@ -283,6 +289,21 @@ func TestCreateRefusals(t *testing.T) {
 	}
 	if len(h.fake.created) != 1 { // only the unknown template reached the manager
 		t.Errorf("%d creates reached the manager", len(h.fake.created))
+	}
+	// Egress: deny all with exceptions is airlock's deny mode with allow
+	// rules; allowOut alone allows what is allowed anyway.
+	for body, want := range map[string]string{
+		`{"network":{"denyOut":["0.0.0.0/0"],"allowOut":["api.example.com","1.1.1.1"]}}`: "deny [api.example.com 1.1.1.1]",
+		`{"allow_internet_access":false,"network":{"allowOut":["pypi.org"]}}`:            "deny [pypi.org]",
+		`{"network":{"allowOut":["pypi.org"],"allowPublicTraffic":false}}`:               " []",
+	} {
+		if r := h.do(h.alice, "POST", "/v2/sandboxes", body); r.code != http.StatusCreated {
+			t.Fatalf("create %s: %d %s", body, r.code, r.body)
+		}
+		n := h.fake.created[len(h.fake.created)-1].Network
+		if got := fmt.Sprintf("%s %v", n.Mode, n.Allow); got != want {
+			t.Errorf("create %s: network %q, want %q", body, got, want)
+		}
 	}
 }
 

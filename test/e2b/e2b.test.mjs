@@ -354,3 +354,19 @@ test("e2b 2.51.0: getHost (a guest port on its preview host)", { timeout: 600_00
     await sbx.kill();
   }
 });
+
+test("e2b 2.51.0: egress on create (deny all with exceptions) and refusals", { timeout: 600_000 }, async () => {
+  const { Sandbox, ALL_TRAFFIC } = await import("e2b");
+  const sbx = await Sandbox.create({ network: { denyOut: [ALL_TRAFFIC], allowOut: ["example.com", "1.1.1.1"] }, timeoutMs: 120_000 });
+  try {
+    const net = JSON.parse(airlock("inspect", sbx.sandboxId)).network;
+    assert.equal(net.mode, "deny", JSON.stringify(net));
+    assert.deepEqual(net.allow, ["example.com", "1.1.1.1"]);
+    assert.equal((await sbx.getInfo()).allowInternetAccess, false);
+  } finally {
+    await sbx.kill();
+  }
+  // What airlock does not do is refused, never ignored.
+  await assert.rejects(Sandbox.create({ lifecycle: { onTimeout: "pause" } }), /onTimeout 'pause'/);
+  await assert.rejects(Sandbox.create({ network: { denyOut: ["10.0.0.0/8"] } }), /has no deny list/);
+});
