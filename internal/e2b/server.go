@@ -97,6 +97,16 @@ func Register(srv *api.Server, cfg Config) error {
 		{"DELETE /templates/{id}", h.deleteSnapshot},
 		{"PUT /sandboxes/{id}/network", h.updateNetwork},
 		{"GET /sandboxes/{id}/metrics", h.metrics},
+		// E2B features airlock lacks: E2B's error shape with a message that
+		// says so, never a silent success or a bare 404.
+		{"/secrets", lacks("E2B's secrets store (Secret)", "pass values as envs, or use airlock's /v1 secrets, which the guest never sees")},
+		{"/secrets/", lacks("E2B's secrets store (Secret)", "pass values as envs, or use airlock's /v1 secrets, which the guest never sees")},
+		{"/volumes", lacks("volumes", "keep data in a snapshot, or copy it with files.write")},
+		{"/volumes/", lacks("volumes", "keep data in a snapshot, or copy it with files.write")},
+		{"/volumecontent/", lacks("volumes", "keep data in a snapshot, or copy it with files.write")},
+		{"/v3/templates", lacks("template builds (Template.build)", "build an airlock image (airlock image) and use its name as the template")},
+		{"/v2/templates/", lacks("template builds (Template.build)", "build an airlock image (airlock image) and use its name as the template")},
+		{"/templates/", lacks("templates (aliases, tags, builds)", "use an airlock image name as the template; snapshots are deleted with DELETE /templates/{snapshotID}")},
 	} {
 		fn := rt.fn
 		srv.HandleAuthenticated(rt.pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -558,6 +568,14 @@ func (h *handler) pause(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// lacks answers a route of an E2B feature airlock lacks: 501 in E2B's
+// error shape, saying what instead.
+func lacks(what, instead string) func(http.ResponseWriter, *http.Request, sandbox.Caller) {
+	return func(w http.ResponseWriter, _ *http.Request, _ sandbox.Caller) {
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("airlock does not have %s; %s", what, instead))
+	}
 }
 
 // validTimeout reports whether a create's or connect's timeout (seconds)

@@ -392,3 +392,23 @@ func TestConnectTimeoutAndSandboxTraffic(t *testing.T) {
 		t.Fatalf("/v1 list with X-API-KEY: %d %s", r.code, r.body)
 	}
 }
+
+// TestLackedFeatures: E2B features airlock lacks answer 501 in E2B's
+// shape with a message, to a valid key (and 401 without one).
+func TestLackedFeatures(t *testing.T) {
+	h := newHarness(t)
+	for _, rt := range [][2]string{
+		{"GET", "/secrets"}, {"POST", "/secrets"}, {"DELETE", "/secrets/s1"},
+		{"GET", "/volumes"}, {"POST", "/volumes"}, {"GET", "/volumecontent/v1/file?path=/x"},
+		{"POST", "/v3/templates"}, {"POST", "/v2/templates/t/builds/b"}, {"GET", "/templates/aliases/x"},
+		{"GET", "/templates/t/builds/b/status"}, {"POST", "/templates/tags"},
+	} {
+		r := h.do(h.alice, rt[0], rt[1], `{}`)
+		if r.code != http.StatusNotImplemented || !strings.Contains(string(r.body), `"code":501`) || !strings.Contains(string(r.body), "airlock does not have") {
+			t.Errorf("%s %s: %d %s", rt[0], rt[1], r.code, r.body)
+		}
+		if r := h.do("", rt[0], rt[1], `{}`); r.code != http.StatusUnauthorized {
+			t.Errorf("%s %s without a key: %d", rt[0], rt[1], r.code)
+		}
+	}
+}
