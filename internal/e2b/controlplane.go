@@ -193,25 +193,35 @@ func (h *handler) listSnapshots(w http.ResponseWriter, r *http.Request, c sandbo
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	source, name, after := q.Get("sandboxID"), q.Get("name"), q.Get("nextToken")
-	out := []SnapshotInfo{}
+	source, name := q.Get("sandboxID"), q.Get("name")
+	writePage(w, sns, q.Get("nextToken"), limit, func(sn store.Snapshot) string { return sn.Name },
+		func(sn store.Snapshot) bool {
+			return (source == "" || sn.SandboxID == source) && (name == "" || sn.Name == name)
+		},
+		snapshotInfo)
+}
+
+// writePage answers a list as E2B pages it: the items after the one whose
+// id is after (all if after is ""), those keep passes, at most limit of
+// them as view makes them, and in X-Next-Token the id of the last one
+// when more remain.
+func writePage[T, V any](w http.ResponseWriter, items []T, after string, limit int, id func(T) string, keep func(T) bool, view func(T) V) {
+	out := []V{}
 	skipping := after != ""
-	next := ""
-	for _, sn := range sns {
+	last, next := "", ""
+	for _, it := range items {
 		if skipping {
-			if sn.Name == after {
-				skipping = false
-			}
+			skipping = id(it) != after
 			continue
 		}
-		if source != "" && sn.SandboxID != source || name != "" && sn.Name != name {
+		if !keep(it) {
 			continue
 		}
 		if len(out) == limit {
-			next = out[len(out)-1].SnapshotID
+			next = last
 			break
 		}
-		out = append(out, snapshotInfo(sn))
+		out, last = append(out, view(it)), id(it)
 	}
 	if next != "" {
 		w.Header().Set("X-Next-Token", next)

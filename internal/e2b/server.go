@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -395,14 +394,9 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			writeError(w, http.StatusBadRequest, "limit must be between 1 and 1000")
-			return
-		}
-		limit = n
+	limit, ok := pageLimit(w, q.Get("limit"))
+	if !ok {
+		return
 	}
 	sbs, err := h.cfg.Sandboxes.List(r.Context(), c)
 	if err != nil {
@@ -415,31 +409,10 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		}
 		return strings.Compare(a.ID, b.ID)
 	})
-	after := q.Get("nextToken")
-	out := []ListedSandbox{}
-	skipping := after != ""
-	next := ""
-	for _, sb := range sbs {
-		if skipping {
-			if sb.ID == after {
-				skipping = false
-			}
-			continue
-		}
+	writePage(w, sbs, q.Get("nextToken"), limit, func(sb store.Sandbox) string { return sb.ID }, func(sb store.Sandbox) bool {
 		st := state(sb)
-		if st == "" || !slices.Contains(states, st) || !matches(sb.Metadata, md) {
-			continue
-		}
-		if len(out) == limit {
-			next = out[len(out)-1].SandboxID
-			break
-		}
-		out = append(out, listed(sb))
-	}
-	if next != "" {
-		w.Header().Set("X-Next-Token", next)
-	}
-	writeJSON(w, http.StatusOK, out)
+		return st != "" && slices.Contains(states, st) && matches(sb.Metadata, md)
+	}, listed)
 }
 
 // metadataFilter parses E2B's metadata query parameter: after the normal

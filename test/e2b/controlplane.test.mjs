@@ -6,48 +6,16 @@
 // prepared by `airlock setup`, and AIRLOCK_BIN).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, execFileSync } from "node:child_process";
-import net from "node:net";
+import { airlock, sandboxState, startServe } from "./serve.mjs";
 
-const BIN = process.env.AIRLOCK_BIN;
-const STATE = process.env.AIRLOCK_TEST_STATE_DIR;
-if (!BIN || !STATE) throw new Error("set AIRLOCK_BIN and AIRLOCK_TEST_STATE_DIR (see scripts/test-e2b.sh)");
-const airlock = (...args) => execFileSync(BIN, ["--state-dir", STATE, ...args], { encoding: "utf8" });
-const sandboxState = (id) => {
-  const line = airlock("ls").split("\n").find((l) => l.startsWith(id));
-  return line ? line.split(/\s+/)[1] : "gone";
-};
-
-let serve, url, key, otherKey;
-
-async function freePort() {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
+let server, url, key, otherKey;
 
 before(async () => {
-  const port = await freePort();
-  url = `http://127.0.0.1:${port}`;
-  serve = spawn(BIN, ["--state-dir", STATE, "serve", "--listen", `127.0.0.1:${port}`], { stdio: ["ignore", "pipe", "inherit"] });
-  await new Promise((resolve, reject) => {
-    serve.stdout.on("data", (d) => { if (String(d).includes("listening")) resolve(); });
-    serve.on("exit", (code) => reject(new Error(`serve exited ${code}`)));
-  });
-  key = airlock("keys", "create", "--tenant", "e2b-controlplane").trim();
-  otherKey = airlock("keys", "create", "--tenant", "e2b-controlplane-other").trim();
-  process.env.E2B_API_URL = url;
-  process.env.E2B_SANDBOX_URL = url;
-  process.env.E2B_API_KEY = key;
+  server = await startServe("e2b-controlplane");
+  ({ url, key, otherKey } = server);
 });
 
-after(() => {
-  serve?.kill("SIGTERM");
-});
+after(() => server?.stop());
 
 // A snapshot, a fork and a create from a snapshot save or restore a whole
 // guest; under TCG on a small host that can outlast the SDK's default 60 s

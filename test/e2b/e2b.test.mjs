@@ -9,53 +9,18 @@
 // `airlock setup`, and AIRLOCK_BIN).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, execFileSync } from "node:child_process";
-import net from "node:net";
 import http from "node:http";
+import { airlock, sandboxState, startServe } from "./serve.mjs";
 
-const BIN = process.env.AIRLOCK_BIN;
-const STATE = process.env.AIRLOCK_TEST_STATE_DIR;
-if (!BIN || !STATE) throw new Error("set AIRLOCK_BIN and AIRLOCK_TEST_STATE_DIR (see scripts/test-e2b.sh)");
-const airlock = (...args) => execFileSync(BIN, ["--state-dir", STATE, ...args], { encoding: "utf8" });
-const sandboxState = (id) => {
-  const line = airlock("ls").split("\n").find((l) => l.startsWith(id));
-  return line ? line.split(/\s+/)[1] : "gone";
-};
-
-let serve, url, key, otherKey;
-
-async function freePort() {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
+let server, url, key, otherKey;
 
 before(async () => {
-  const port = await freePort();
-  url = `http://127.0.0.1:${port}`;
-  // Preview hosts (getHost) under localhost:<port>: requests reach them
-  // with a Host header, no DNS needed.
-  serve = spawn(BIN, ["--state-dir", STATE, "serve", "--listen", `127.0.0.1:${port}`, "--preview-domain", `localhost:${port}`], { stdio: ["ignore", "pipe", "inherit"] });
-  await new Promise((resolve, reject) => {
-    serve.stdout.on("data", (d) => { if (String(d).includes("listening")) resolve(); });
-    serve.on("exit", (code) => reject(new Error(`serve exited ${code}`)));
-  });
-  key = airlock("keys", "create", "--tenant", "e2b-sdk").trim();
-  otherKey = airlock("keys", "create", "--tenant", "e2b-other").trim();
+  server = await startServe("e2b-sdk");
+  ({ url, key, otherKey } = server);
   assert.match(key, /^e2b_[0-9a-f]+$/, "keys pass the SDKs' client-side check");
-  // The three variables of the issue, and nothing else.
-  process.env.E2B_API_URL = url;
-  process.env.E2B_SANDBOX_URL = url;
-  process.env.E2B_API_KEY = key;
 });
 
-after(() => {
-  serve?.kill("SIGTERM");
-});
+after(() => server?.stop());
 
 for (const [name, pkg] of [["2.51.0", "e2b"], ["2.45.0", "e2b-2-45"]]) {
   test(`e2b ${name}: create, info, list, timeout, pause, connect, kill`, { timeout: 600_000 }, async () => {
