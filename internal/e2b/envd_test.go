@@ -334,6 +334,9 @@ func TestEnvdProcess(t *testing.T) {
 	if end := evs[len(evs)-1].GetEnd(); end.GetExitCode() != -1 || end.GetExited() || end.GetStatus() != "signal: killed" || !h.execs.specs[1].Stdin {
 		t.Fatalf("killed: %v, stdin %v", end, h.execs.specs[1].Stdin)
 	}
+	if cwd := h.execs.specs[1].Cwd; cwd != "/root" {
+		t.Fatalf("a process with no cwd starts in %q, want root's home", cwd)
+	}
 	if _, err := run(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "missing"}}); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("a program the guest cannot start: %v", err)
 	}

@@ -57,6 +57,8 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		if spec.Cwd, err = guestPath(cfg.GetCwd(), user); err != nil {
 			return rpcError(err)
 		}
+	} else if user == "" {
+		spec.Cwd = home("") // envd starts in the user's home; the agent would use / for root
 	}
 	if m.Pty != nil {
 		// A terminal: envd's PTY sessions (sandbox.pty).

@@ -83,6 +83,7 @@ for (const [name, pkg] of [["2.51.0", "e2b"], ["2.45.0", "e2b-2-45"]]) {
       assert.equal(r.exitCode, 0);
       assert.equal(r.stdout, "hi there\n/tmp\n");
       assert.equal(r.stderr, "oops\n");
+      assert.equal((await sbx.commands.run("pwd")).stdout, "/root\n", "a command starts in the user's home");
       const failed = await sbx.commands.run("echo partial; exit 3").catch((e) => e);
       assert.ok(failed instanceof CommandExitError, `exit 3 throws CommandExitError, got ${failed}`);
       assert.equal(failed.exitCode, 3);
