@@ -8,8 +8,9 @@ import (
 
 // TestDeps keeps the guest agent small and free of host code: it may link
 // only the standard library, airlock's agent and agentapi packages, the
-// protocol's own dependencies, and the pure-Go ZeroMQ that code contexts use
-// to speak to Jupyter kernels.
+// protocol's own dependencies, the pure-Go ZeroMQ that code contexts use
+// to speak to Jupyter kernels, creack/pty (terminals) and fsnotify (file
+// watches).
 func TestDeps(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
@@ -27,6 +28,8 @@ func TestDeps(t *testing.T) {
 		"google.golang.org/protobuf/",
 		"github.com/go-zeromq/zmq4",
 		"golang.org/x/sync/",
+		"github.com/creack/pty",
+		"github.com/fsnotify/fsnotify",
 	}
 	pkgs := strings.Fields(string(out))
 	if len(pkgs) == 0 {
