@@ -165,7 +165,7 @@ func rootCmd(g *globals) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: qemu (microVMs), gvisor (runsc, no KVM needed), or auto (qemu with KVM, else gvisor; 'airlock doctor' says which) (env AIRLOCK_RUNTIME)")
 
 	root.AddCommand(
-		runCmd(g), createCmd(g), execCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
+		runCmd(g), createCmd(g), execCmd(g), shellCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
 		pauseCmd(g), resumeCmd(g), touchCmd(g), snapshotCmd(g), forkCmd(g),
 		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
 		mcpCmd(g), codeCmd(g), contextsCmd(g), versionCmd(),

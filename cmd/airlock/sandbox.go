@@ -147,6 +147,7 @@ func (f *createFlags) options(lifetimeFlag string, lookupEnv func(string) (strin
 
 type execFlags struct {
 	interactive bool
+	tty         bool
 	env         []string
 	workdir     string
 	user        string
@@ -156,6 +157,7 @@ type execFlags struct {
 
 func (f *execFlags) register(cmd *cobra.Command, timeoutName string) {
 	cmd.Flags().BoolVarP(&f.interactive, "interactive", "i", false, "pass stdin to the command")
+	cmd.Flags().BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal in the guest (of this terminal's size, following its resizes; with -i this terminal is raw and typed keys reach it: Ctrl-C interrupts the command, not airlock)")
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment KEY=VALUE (repeatable)")
 	cmd.Flags().StringVarP(&f.workdir, "workdir", "w", "", "working directory in the guest")
 	cmd.Flags().StringVarP(&f.user, "user", "u", "", "user (name, uid, name:group) in the guest; default root")
@@ -165,6 +167,9 @@ func (f *execFlags) register(cmd *cobra.Command, timeoutName string) {
 
 func (f *execFlags) start(argv []string) (guest.ExecSpec, error) {
 	s := guest.ExecSpec{Argv: argv, Cwd: f.workdir, User: f.user, PidsLimit: f.pids, Stdin: f.interactive}
+	if f.tty {
+		s.TTY = &guest.TermSize{Rows: 24, Cols: 80} // the local terminal's size, if any, when it starts
+	}
 	for _, kv := range f.env {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
@@ -320,6 +325,9 @@ func runCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if start.TTY != nil {
+					return fmt.Errorf("%w: a terminal (-t) through airlock serve is not available yet; run run -t on the sandbox's host", errdefs.ErrUnsupported)
+				}
 				return remoteRun(cmd, c, o, cf.fromSnapshot, start, ef.interactive)
 			}
 			m, done, err := g.manager(ctx)
@@ -332,7 +340,12 @@ func runCmd(g *globals) *cobra.Command {
 				return &exitError{code: 125, msg: err.Error()}
 			}
 			warnTCG(sb.Accel)
-			runErr := runExec(ctx, m, sb.ID, start)
+			var runErr error
+			if start.TTY != nil {
+				runErr = runTerminal(ctx, m, sb.ID, start, ef.interactive)
+			} else {
+				runErr = runExec(ctx, m, sb.ID, start)
+			}
 			if err := m.Remove(context.WithoutCancel(ctx), sandbox.Local(), sb.ID); err != nil {
 				fmt.Fprintln(os.Stderr, "airlock: remove sandbox:", err)
 			}
@@ -410,6 +423,9 @@ func execCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if start.TTY != nil {
+					return fmt.Errorf("%w: a terminal (-t) through airlock serve is not available yet; run exec -t on the sandbox's host", errdefs.ErrUnsupported)
+				}
 				return remoteExec(cmd, c, args[0], start, ef.interactive)
 			}
 			m, done, err := g.manager(cmd.Context())
@@ -417,6 +433,9 @@ func execCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
+			if start.TTY != nil {
+				return runTerminal(cmd.Context(), m, args[0], start, ef.interactive)
+			}
 			return runExec(cmd.Context(), m, args[0], start)
 		},
 	}

@@ -2,9 +2,14 @@ package e2e
 
 import (
 	"context"
+	"errors"
+	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -114,5 +119,93 @@ func TestTerminalWatchRename(t *testing.T) {
 	stop()
 	if err := <-werr; err != nil {
 		t.Fatalf("watch after stop: %v", err)
+	}
+}
+
+// TestCLITerminal drives `airlock exec -it` from a pseudo-terminal, as a
+// user at a terminal would: the guest command is on a terminal of this
+// terminal's size, follows its resizes, Ctrl-C interrupts the command and
+// not airlock, and the command's exit code is airlock's.
+func TestCLITerminal(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	cmd := exec.Command(e.bin, "--state-dir", e.state, "exec", "-it", id, "--", "sh")
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 30, Cols: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	var mu sync.Mutex
+	var screen strings.Builder
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := ptmx.Read(buf)
+			mu.Lock()
+			screen.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	waitFor := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			mu.Lock()
+			s := screen.String()
+			mu.Unlock()
+			if strings.Contains(s, what) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q on the terminal:\n%s", what, s)
+			}
+		}
+	}
+	typeIn := func(s string) {
+		t.Helper()
+		if _, err := ptmx.Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	typeIn("tty; stty size; echo ready-$((20+1))\n")
+	waitFor("ready-21")
+	waitFor("/dev/pts/")
+	waitFor("30 100")
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 40, Cols: 120}); err != nil {
+		t.Fatal(err)
+	}
+	// The resize travels as SIGWINCH to airlock, then to the guest: ask
+	// until the guest's terminal has it.
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		typeIn("stty size\n")
+		time.Sleep(200 * time.Millisecond)
+		mu.Lock()
+		ok := strings.Contains(screen.String(), "40 120")
+		mu.Unlock()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the guest's terminal never took the new size")
+		}
+	}
+	typeIn("sleep 600\n")
+	time.Sleep(500 * time.Millisecond) // let sleep start (an early ^C is fine too)
+	typeIn("\x03")
+	typeIn("echo after-$((1+1))\n")
+	waitFor("after-2")
+	typeIn("exit 7\n")
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+			t.Fatalf("airlock exec -it ended with %v, want exit code 7", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("airlock exec -it did not end after exit")
 	}
 }
