@@ -342,7 +342,7 @@ func runCmd(g *globals) *cobra.Command {
 			warnTCG(sb.Accel)
 			var runErr error
 			if start.TTY != nil {
-				runErr = runTerminal(ctx, m, sb.ID, start, ef.interactive)
+				runErr = runTerminal(sb.ID, start, ef.interactive, localTerminal(ctx, m, sb.ID))
 			} else {
 				runErr = runExec(ctx, m, sb.ID, start)
 			}
@@ -424,7 +424,7 @@ func execCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if start.TTY != nil {
-					return fmt.Errorf("%w: a terminal (-t) through airlock serve is not available yet; run exec -t on the sandbox's host", errdefs.ErrUnsupported)
+					return runTerminal(args[0], start, ef.interactive, remoteTerminal(cmd.Context(), c, args[0]))
 				}
 				return remoteExec(cmd, c, args[0], start, ef.interactive)
 			}
@@ -434,7 +434,7 @@ func execCmd(g *globals) *cobra.Command {
 			}
 			defer done()
 			if start.TTY != nil {
-				return runTerminal(cmd.Context(), m, args[0], start, ef.interactive)
+				return runTerminal(args[0], start, ef.interactive, localTerminal(cmd.Context(), m, args[0]))
 			}
 			return runExec(cmd.Context(), m, args[0], start)
 		},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -11,22 +12,42 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
-// runTerminal runs spec (spec.TTY set) on a terminal in the guest, tied to
-// this process's terminal: its size at the start and on every SIGWINCH,
-// and with interactive, raw mode (restored on every way out) so that
-// every key, Ctrl-C included, reaches the guest's terminal, whose line
-// discipline turns it into a signal for the command. Output is the
-// terminal's (stdout). The exit code is the command's, as for exec.
-func runTerminal(ctx context.Context, m *sandbox.Manager, id string, spec guest.ExecSpec, interactive bool) error {
+// termSession is a terminal exec, local (through the manager) or remote
+// (through airlock serve's terminal WebSocket).
+type termSession interface {
+	input(p []byte) error
+	resize(rows, cols int) error
+	signal(sig int) error
+	// wait copies the output to out until the command exits, and returns
+	// how it ended.
+	wait(out io.Writer) (*guest.ExitStatus, error)
+	close()
+}
+
+// runTerminal runs a terminal session that open starts (at this
+// terminal's size), tied to this process's terminal: SIGWINCH resizes it,
+// and with interactive this terminal is raw (restored on every way out) so
+// that every key, Ctrl-C included, reaches the guest's terminal, whose line
+// discipline turns it into a signal for the command. The exit code is the
+// command's, as for exec.
+func runTerminal(id string, spec guest.ExecSpec, interactive bool, open func(guest.ExecSpec) (termSession, error)) error {
 	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
 	if cols, rows, err := term.GetSize(out); err == nil && cols > 0 && rows > 0 {
 		spec.TTY = &guest.TermSize{Rows: uint32(rows), Cols: uint32(cols)}
 	}
+	sigc := make(chan os.Signal, 4)
+	signal.Notify(sigc, syscall.SIGWINCH, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	ts, err := open(spec)
+	if err != nil {
+		return err
+	}
+	defer ts.close()
 	if interactive && term.IsTerminal(in) {
 		old, err := term.MakeRaw(in)
 		if err != nil {
@@ -34,43 +55,111 @@ func runTerminal(ctx context.Context, m *sandbox.Manager, id string, spec guest.
 		}
 		defer func() { _ = term.Restore(in, old) }()
 	}
-	sigc := make(chan os.Signal, 4)
-	signal.Notify(sigc, syscall.SIGWINCH, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigc)
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	st, err := m.Exec(sctx, sandbox.Local(), id, spec, true) // the terminal dies with its client
-	if err != nil {
-		if se, ok := guest.AsStartError(err); ok {
-			return notStartedExit(se.NotFound, se.Error())
-		}
-		return &exitError{code: 125, msg: "exec in " + id + ": " + err.Error()}
-	}
-	defer st.Close()
 	if interactive {
-		go pumpLocalStdin(st, os.Stdin)
+		go func() {
+			buf := make([]byte, stdinChunk)
+			for {
+				n, err := os.Stdin.Read(buf)
+				if n > 0 && ts.input(buf[:n]) != nil {
+					return
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
 	}
-	events := make(chan execResult, 1)
-	go func() { events <- drain(st, os.Stdout, os.Stderr) }()
+	type result struct {
+		exit *guest.ExitStatus
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		x, err := ts.wait(os.Stdout)
+		done <- result{x, err}
+	}()
 	for {
 		select {
-		case res := <-events:
+		case res := <-done:
 			if res.err != nil {
-				return &exitError{code: 125, msg: "exec in " + id + ": " + res.err.Error()}
+				return &exitError{code: 125, msg: "terminal in " + id + ": " + res.err.Error()}
 			}
 			return exitFor(os.Stderr, res.exit, spec)
 		case sig := <-sigc:
 			if sig == syscall.SIGWINCH {
 				if cols, rows, err := term.GetSize(out); err == nil && cols > 0 && rows > 0 {
-					_ = st.Resize(guest.TermSize{Rows: uint32(rows), Cols: uint32(cols)})
+					_ = ts.resize(rows, cols)
 				}
 				continue
 			}
 			// Not from a key (those go through the terminal): a kill of
-			// airlock itself ends the command.
-			_ = st.Signal(int(syscall.SIGHUP))
+			// airlock itself hangs up the command.
+			_ = ts.signal(int(syscall.SIGHUP))
 		}
 	}
+}
+
+// localTerminal opens a terminal exec through the manager; it dies with
+// this process.
+func localTerminal(ctx context.Context, m *sandbox.Manager, id string) func(guest.ExecSpec) (termSession, error) {
+	return func(spec guest.ExecSpec) (termSession, error) {
+		st, err := m.Exec(context.WithoutCancel(ctx), sandbox.Local(), id, spec, true)
+		if err != nil {
+			if se, ok := guest.AsStartError(err); ok {
+				return nil, notStartedExit(se.NotFound, se.Error())
+			}
+			return nil, &exitError{code: 125, msg: "exec in " + id + ": " + err.Error()}
+		}
+		return localSession{st}, nil
+	}
+}
+
+type localSession struct{ st guest.ExecStream }
+
+func (l localSession) input(p []byte) error { return l.st.Stdin(p) }
+func (l localSession) resize(rows, cols int) error {
+	return l.st.Resize(guest.TermSize{Rows: uint32(rows), Cols: uint32(cols)})
+}
+func (l localSession) signal(sig int) error { return l.st.Signal(sig) }
+func (l localSession) close()               { l.st.Close() }
+func (l localSession) wait(out io.Writer) (*guest.ExitStatus, error) {
+	return guest.Drain(l.st, out, out)
+}
+
+// remoteTerminal opens a terminal through airlock serve (the SDK's
+// Terminal, a WebSocket).
+func remoteTerminal(ctx context.Context, c *airlock.Client, id string) func(guest.ExecSpec) (termSession, error) {
+	return func(spec guest.ExecSpec) (termSession, error) {
+		t, err := c.Terminal(ctx, id, airlock.TerminalOptions{
+			Cmd: spec.Argv, Rows: int(spec.TTY.Rows), Cols: int(spec.TTY.Cols), Env: spec.Env, Cwd: spec.Cwd, User: spec.User, Timeout: spec.Timeout,
+		})
+		if err != nil {
+			return nil, remoteExecFailed(ctx, id, err)
+		}
+		return remoteSession{t}, nil
+	}
+}
+
+type remoteSession struct{ t *airlock.Terminal }
+
+func (r remoteSession) input(p []byte) error {
+	_, err := r.t.Write(p)
+	return err
+}
+func (r remoteSession) resize(rows, cols int) error {
+	return r.t.Resize(context.Background(), rows, cols)
+}
+func (r remoteSession) signal(sig int) error { return r.t.Signal(context.Background(), sig) }
+func (r remoteSession) close()               { _ = r.t.Close() }
+func (r remoteSession) wait(out io.Writer) (*guest.ExitStatus, error) {
+	if _, err := io.Copy(out, r.t); err != nil {
+		return nil, err
+	}
+	x, err := r.t.Wait(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	return &guest.ExitStatus{Code: x.Code, Signal: x.Signal, TimedOut: x.TimedOut, Truncated: x.Truncated, Duration: x.Duration, OOMKilled: x.OOMKilled}, nil
 }
 
 // shellCmd is `exec -it ID -- <a login shell>`.
@@ -83,20 +172,9 @@ func shellCmd(g *globals) *cobra.Command {
   airlock shell -u nobody -w /tmp 3vorrxoi4pkituzh2pbh`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if c, err := g.remote(); err != nil || c != nil {
-				if err != nil {
-					return err
-				}
-				return fmt.Errorf("%w: a terminal through airlock serve is not available yet; run airlock shell on the sandbox's host", errdefs.ErrUnsupported)
-			}
 			if !term.IsTerminal(int(os.Stdin.Fd())) {
 				return errors.New("airlock shell needs a terminal on stdin; use exec -i for a pipe")
 			}
-			m, done, err := g.manager(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
 			if workdir == "" && user == "" {
 				workdir = "/root" // a login shell starts at home
 			}
@@ -104,7 +182,18 @@ func shellCmd(g *globals) *cobra.Command {
 				Argv: []string{"/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"},
 				User: user, Cwd: workdir, Stdin: true, TTY: &guest.TermSize{Rows: 24, Cols: 80},
 			}
-			return runTerminal(cmd.Context(), m, args[0], spec, true)
+			if c, err := g.remote(); err != nil || c != nil {
+				if err != nil {
+					return err
+				}
+				return runTerminal(args[0], spec, true, remoteTerminal(cmd.Context(), c, args[0]))
+			}
+			m, done, err := g.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			return runTerminal(args[0], spec, true, localTerminal(cmd.Context(), m, args[0]))
 		},
 	}
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user (name, uid, name:group) in the guest; default root")

@@ -125,6 +125,7 @@ var routes = []route{
 	{"DELETE /v1/snapshots/{name}", true, (*Server).deleteSnapshot},
 	{"POST /v1/snapshots/prune", true, (*Server).pruneSnapshots},
 	{"POST /v1/sandboxes/{id}/exec", true, (*Server).exec},
+	{"GET /v1/sandboxes/{id}/pty", true, (*Server).pty},
 	{"GET /v1/sandboxes/{id}/execs", true, (*Server).listExecs},
 	{"GET /v1/sandboxes/{id}/execs/{exec_id}", true, (*Server).getExec},
 	{"GET /v1/sandboxes/{id}/execs/{exec_id}/stream", true, (*Server).streamExec},

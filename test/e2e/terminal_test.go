@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -126,10 +127,24 @@ func TestTerminalWatchRename(t *testing.T) {
 // user at a terminal would: the guest command is on a terminal of this
 // terminal's size, follows its resizes, Ctrl-C interrupts the command and
 // not airlock, and the command's exit code is airlock's.
+// It runs twice: on the sandbox's host, and through airlock serve (the
+// terminal WebSocket, remote CLI mode).
 func TestCLITerminal(t *testing.T) {
 	e := setup(t)
 	id := e.create(t)
-	cmd := exec.Command(e.bin, "--state-dir", e.state, "exec", "-it", id, "--", "sh")
+	t.Run("local", func(t *testing.T) {
+		cliTerminal(t, exec.Command(e.bin, "--state-dir", e.state, "exec", "-it", id, "--", "sh"))
+	})
+	t.Run("remote", func(t *testing.T) {
+		s := startServe(t, e)
+		key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "e2e-terminal", "--admin"))
+		cmd := exec.Command(e.bin, "exec", "-it", id, "--", "sh")
+		cmd.Env = append(os.Environ(), "AIRLOCK_HOST="+s.base, "AIRLOCK_API_KEY="+key)
+		cliTerminal(t, cmd)
+	})
+}
+
+func cliTerminal(t *testing.T, cmd *exec.Cmd) {
 	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 30, Cols: 100})
 	if err != nil {
 		t.Fatal(err)
