@@ -90,6 +90,9 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) {
 	c.SetReadLimit(maxPTYMessage)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
+	// The client's going (or the server's) ends the exec stream, which
+	// Recv below may be waiting on: without keep that kills the command.
+	context.AfterFunc(ctx, st.Close)
 	info := st.Info()
 	if err := writeControl(ctx, c, ptyControl{Type: "started", ExecID: info.ID, PID: info.PID}); err != nil {
 		return

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
 // TestTerminalWatchRename drives a real guest agent (either runtime)
@@ -222,5 +224,69 @@ func cliTerminal(t *testing.T, cmd *exec.Cmd) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("airlock exec -it did not end after exit")
+	}
+}
+
+// TestTerminalSocketEnd: a terminal whose WebSocket closes is killed
+// (unless kept), and a kept one can be attached again by its exec id.
+func TestTerminalSocketEnd(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	s := startServe(t, e)
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "e2e-terminal-end", "--admin"))
+	c := airlock.New(s.base, key)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	state := func(execID string) string {
+		t.Helper()
+		execs, err := c.ListExecs(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range execs {
+			if x.ID == execID {
+				return x.State
+			}
+		}
+		return "gone"
+	}
+	waitState := func(execID, want string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); state(execID) != want; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("exec %s is %s, want %s", execID, state(execID), want)
+			}
+		}
+	}
+	term, err := c.Terminal(ctx, id, airlock.TerminalOptions{Cmd: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(term.ExecID, "running")
+	_ = term.Close()
+	waitState(term.ExecID, "exited")
+
+	kept, err := c.Terminal(ctx, id, airlock.TerminalOptions{Cmd: []string{"sh", "-c", "read l; echo got:$l"}, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = kept.Close()
+	time.Sleep(500 * time.Millisecond) // a kill would have landed by now
+	if st := state(kept.ExecID); st != "running" {
+		t.Fatalf("a kept terminal is %s after its socket closed", st)
+	}
+	again, err := c.Terminal(ctx, id, airlock.TerminalOptions{ExecID: kept.ExecID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.Write([]byte("back\n")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(again)
+	if err != nil || !strings.Contains(string(out), "got:back") {
+		t.Fatalf("re-attached terminal: %q %v", out, err)
+	}
+	if x, err := again.Wait(ctx); err != nil || x.Code != 0 {
+		t.Fatalf("exit %+v %v", x, err)
 	}
 }
