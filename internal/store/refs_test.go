@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -239,8 +240,19 @@ func TestCollectFreesChainsWithLastHolder(t *testing.T) {
 func TestRefsGuards(t *testing.T) {
 	c := buildChain(t)
 	ctx := t.Context()
-	if _, err := c.s.DeleteSnapshot(ctx, "", "_fork-1"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	_, err := c.s.DeleteSnapshot(ctx, "", "_fork-1")
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("rm of a held snapshot: %v", err)
+	}
+	// The refusal names each holder in the words a user acts on, never a
+	// bare digest.
+	for _, want := range []string{
+		"sandbox A, which it was taken of", "sandbox B, which started from it", "sandbox C, which started from it",
+		"the base of a fork of sandbox B", `snapshot "named", taken later on top of it`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q lacks %q", err, want)
+		}
 	}
 	for _, id := range []string{"A", "B", "C", "D"} {
 		if err := c.s.DeleteSandbox(ctx, id); err != nil {

@@ -140,9 +140,9 @@ func (s *Store) DeleteSnapshot(ctx context.Context, tenant, name string) (Snapsh
 	if len(holders) > 0 {
 		var names []string
 		for _, h := range holders {
-			names = append(names, h.String())
+			names = append(names, describeHolder(ctx, tx, sn, h))
 		}
-		return sn, fmt.Errorf("%w: snapshot %q backs %s; remove them first", errdefs.ErrFailedPrecondition, name, strings.Join(names, ", "))
+		return sn, fmt.Errorf("%w: snapshot %q is still in use: %s; remove those first", errdefs.ErrFailedPrecondition, name, strings.Join(names, "; "))
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, sn.ID); err != nil {
 		return sn, fmt.Errorf("delete snapshot: %w", err)
@@ -151,6 +151,29 @@ func (s *Store) DeleteSnapshot(ctx context.Context, tenant, name string) (Snapsh
 		return sn, fmt.Errorf("delete snapshot: %w", err)
 	}
 	return sn, tx.Commit()
+}
+
+// describeHolder says what holds snapshot sn in the words a user acts
+// on: the sandbox it was taken of (whose disk now continues from it), a
+// sandbox started or forked from it, a later snapshot on top of it, or the
+// unlisted base of a fork (which goes by itself once its forks are gone).
+func describeHolder(ctx context.Context, tx *sql.Tx, sn Snapshot, h Obj) string {
+	switch h.Kind {
+	case KindSandbox:
+		if h.ID == sn.SandboxID {
+			return fmt.Sprintf("sandbox %s, which it was taken of (that sandbox's disk now continues from the snapshot's)", h.ID)
+		}
+		return fmt.Sprintf("sandbox %s, which started from it", h.ID)
+	case KindSnapshot:
+		var name, from string
+		if err := tx.QueryRowContext(ctx, `SELECT name, sandbox_id FROM snapshots WHERE id = ?`, h.ID).Scan(&name, &from); err == nil {
+			if strings.HasPrefix(name, "_fork-") {
+				return fmt.Sprintf("the base of a fork of sandbox %s (it goes once the forks made from it are removed)", from)
+			}
+			return fmt.Sprintf("snapshot %q, taken later on top of it", name)
+		}
+	}
+	return h.String()
 }
 
 // RecordSnapshot records a new snapshot taken of a sandbox, in one
