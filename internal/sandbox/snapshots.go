@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -83,6 +84,12 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (st
 	wasRunning := sb.State != store.StatePaused
 	if wasRunning {
 		if _, err := m.pause(ctx, id, force); err != nil {
+			if errors.Is(err, errdefs.ErrFailedPrecondition) {
+				// Say what was asked for: a snapshot (which pauses the
+				// sandbox for a moment), not a pause.
+				_, why, _ := strings.Cut(err.Error(), "pause: ")
+				return store.Snapshot{}, fmt.Errorf("%w: a snapshot of sandbox %s pauses it for a moment, and %s", errdefs.ErrFailedPrecondition, id, cmp.Or(why, err.Error()))
+			}
 			return store.Snapshot{}, err
 		}
 	}

@@ -176,10 +176,10 @@ func (s *shim) pauseCheck(force bool, own int64) error {
 	}
 	// own: the Pause request itself, when there is one.
 	if n := s.act.inflight.Load() - own; n > 0 {
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d requests (execs, code runs, file transfers) are in flight; wait for them or pause with force", n))
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d requests (execs, code runs, file transfers) are in flight; wait for them, or use force", n))
 	}
 	if n := s.busy(); n > 0 {
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d commands or connections are running; wait for them or pause with force (they are ended)", n))
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d commands or connections are running; wait for them, or use force (they are ended)", n))
 	}
 	return nil
 }
