@@ -208,8 +208,10 @@ func cliTerminal(t *testing.T, cmd *exec.Cmd) {
 			t.Fatal("the guest's terminal never took the new size")
 		}
 	}
-	typeIn("sleep 600\n")
-	time.Sleep(500 * time.Millisecond) // let sleep start (an early ^C is fine too)
+	// ^C once the shell is on the sleep's line (a ^C before sleep starts
+	// interrupts that line too).
+	typeIn("echo sleeping-$((3*3)); sleep 600\n")
+	waitFor("sleeping-9")
 	typeIn("\x03")
 	typeIn("echo after-$((1+1))\n")
 	waitFor("after-2")
@@ -271,7 +273,8 @@ func TestTerminalSocketEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = kept.Close()
-	time.Sleep(500 * time.Millisecond) // a kill would have landed by now
+	// The re-attach below (input reaching the command and its answer
+	// coming back) is what proves the kept command survived its socket.
 	if st := state(kept.ExecID); st != "running" {
 		t.Fatalf("a kept terminal is %s after its socket closed", st)
 	}
