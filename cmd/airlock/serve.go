@@ -42,7 +42,7 @@ func serveCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if err := e2b.Register(s, e2b.Config{Sandboxes: m, Execs: m, Files: m, Contexts: m, Snapshots: m, Secret: secret, Limiter: s.AllowTenant,
-				Domain: previewDomain, TrafficToken: s.PreviewToken, Log: g.log}); err != nil {
+				Domain: previewDomain, Log: g.log}); err != nil {
 				return err
 			}
 			ln, err := net.Listen("tcp", listen)

@@ -2,11 +2,8 @@ package e2b
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,15 +26,8 @@ const interpreterKeepalive = 5 * time.Second
 
 // trafficToken is sandbox id's trafficAccessToken, which E2B's
 // code-interpreter SDK sends on every call to port 49999 (its context
-// calls carry no envd token).
-func (h *handler) trafficToken(id string) string {
-	if h.cfg.TrafficToken != nil {
-		return h.cfg.TrafficToken(id)
-	}
-	m := hmac.New(sha256.New, h.cfg.Secret)
-	m.Write([]byte("e2b traffic access token\x00" + id))
-	return hex.EncodeToString(m.Sum(nil))
-}
+// calls carry no envd token): the API's preview token (Config.TrafficToken).
+func (h *handler) trafficToken(id string) string { return h.cfg.TrafficToken(id) }
 
 // newInterpreter builds the handler of E2B's code-interpreter port over
 // airlock's code contexts: /execute (NDJSON) and /contexts.

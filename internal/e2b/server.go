@@ -51,9 +51,9 @@ type Config struct {
 	// the SDK keeps its E2B_DOMAIN): the API's preview domain, where
 	// getHost(port) is served.
 	Domain string
-	// TrafficToken is a sandbox's trafficAccessToken: the API's preview
-	// token, which E2B's SDKs send to the code interpreter and preview
-	// hosts (nil: one derived from Secret).
+	// TrafficToken is a sandbox's trafficAccessToken, which E2B's SDKs
+	// send to the code interpreter and preview hosts (nil: the API
+	// server's preview token, api.Server.PreviewToken).
 	TrafficToken func(id string) string
 	Log          *slog.Logger
 }
@@ -66,6 +66,12 @@ func Register(srv *api.Server, cfg Config) error {
 		return errors.New("e2b: Sandboxes, Execs, Files, Contexts and Snapshots are required")
 	case len(cfg.Secret) < 32:
 		return errors.New("e2b: Secret must be at least 32 bytes")
+	}
+	if cfg.TrafficToken == nil {
+		cfg.TrafficToken = srv.PreviewToken
+	}
+	if cfg.TrafficToken("probe") == "" {
+		return errors.New("e2b: the API server has no Secret for preview tokens (trafficAccessToken)")
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)

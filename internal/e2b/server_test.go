@@ -159,7 +159,7 @@ func newHarness(t *testing.T) *harness {
 	if _, h.bob, err = st.CreateKey(t.Context(), store.APIKey{Tenant: "bob"}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := api.New(api.Config{Sandboxes: h.fake, Files: struct{ api.Files }{}, Events: st, Keys: st}) // no file route is called
+	s, err := api.New(api.Config{Sandboxes: h.fake, Files: struct{ api.Files }{}, Events: st, Keys: st, Secret: []byte(strings.Repeat("p", 32))}) // no file route is called
 	if err == nil {
 		err = Register(s, Config{Sandboxes: h.fake, Execs: h.execs, Files: h.files, Contexts: h.contexts, Snapshots: h.snaps, Secret: []byte(strings.Repeat("s", 32))})
 	}
