@@ -50,10 +50,10 @@ func (hostileAgent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.Exe
 		return err
 	}
 	// "flood" ignores the exec's output cap: it sends 8 MiB, four times
-	// the largest cap the tests set, then hangs. (Flooding without end
-	// made TestThreat092 hang in about 1 run in 100, before this session
-	// too: the starter stream stalled short of the cap while the shim
-	// discarded the flood past it. Not yet understood; see the issue note.)
+	// the largest cap the tests set, then hangs. (TestThreat092 hung in
+	// about 1 run in 100 while the starter's attacher was registered only
+	// after Start returned: output published in between could be dropped
+	// before the starter saw it. TestStarterMissesNoEarlyOutput pins it.)
 	chunk := make([]byte, 32<<10)
 	for sent := 0; ; sent += len(chunk) {
 		if first.GetStart().GetArgv()[0] == "flood" && sent < 8<<20 {
@@ -223,6 +223,45 @@ func TestThreat092SlowConsumer(t *testing.T) {
 	}
 	if n != 2<<20 {
 		t.Fatalf("got %d bytes, want the 2 MiB cap", n)
+	}
+}
+
+// TestStarterMissesNoEarlyOutput: the starter's attacher exists from the
+// moment the exec started, so output the exec writes before the starter
+// reads (here the flood fills many times the retained output before Follow
+// is called) is held back for it, never dropped: it gets every byte up to
+// the cap, in order, with no "earlier bytes dropped" note.
+func TestStarterMissesNoEarlyOutput(t *testing.T) {
+	oldCap := retainCap
+	retainCap = 64 << 10
+	t.Cleanup(func() { retainCap = oldCap })
+	_, tbl := hostileShim(t)
+	s, starter, err := tbl.Start(t.Context(), &agentv1.ExecStart{Argv: []string{"flood"}, TimeoutMs: 3600_000, MaxOutputBytes: 1 << 20}, "", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pump runs ahead until the starter's queue is full, then waits.
+	if !testutil.WaitFor(t, 30*time.Second, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return starter.qBytes+32<<10 > retainCap
+	}) {
+		t.Fatal("the flood never filled the starter's queue")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	n := 0
+	err = s.Follow(ctx, tbl, starter, func(ev *agentv1.ExecResponse) error {
+		if ev.GetStderr() != nil {
+			t.Errorf("stderr %q", ev.GetStderr())
+		}
+		if n += len(ev.GetStdout()); n >= 1<<20 {
+			cancel()
+		}
+		return nil
+	})
+	if n != 1<<20 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %d bytes (%v), want the 1 MiB cap", n, err)
 	}
 }
 

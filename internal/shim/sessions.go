@@ -108,6 +108,10 @@ type attacher struct {
 	gone  chan struct{}
 }
 
+func newAttacher(flow bool) *attacher {
+	return &attacher{wake: make(chan struct{}, 1), flow: flow, space: make(chan struct{}, 1), gone: make(chan struct{})}
+}
+
 func (a *attacher) notify() {
 	select {
 	case a.wake <- struct{}{}:
@@ -126,22 +130,24 @@ func (t *sessions) goLocked(f func()) bool {
 }
 
 // Start starts an exec that the shim owns and returns once the guest
-// reported its pid. ctx bounds only the wait for that; the exec itself
-// lives until it exits or the shim closes. tenant and keyID are recorded
-// in the audit trail; with killOnDetach the exec is killed when its last
-// attacher goes away.
-func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, keyID string, killOnDetach bool) (*session, error) {
+// reported its pid, with the starting stream's attacher: a flow-controlling
+// one, registered before any output is read, so that the starter loses no
+// byte however fast the exec writes (Follow it, or detach it). ctx bounds
+// only the wait for the start; the exec itself lives until it exits or the
+// shim closes. tenant and keyID are recorded in the audit trail; with
+// killOnDetach the exec is killed when its last attacher goes away.
+func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, keyID string, killOnDetach bool) (*session, *attacher, error) {
 	if err := checkStart(start); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	t.mu.Lock()
 	switch {
 	case t.closed:
 		t.mu.Unlock()
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
+		return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
 	case t.running >= maxRunningSessions:
 		t.mu.Unlock()
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("at most %d execs can run at once in a sandbox", maxRunningSessions))
+		return nil, nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("at most %d execs can run at once in a sandbox", maxRunningSessions))
 	}
 	t.running++ // reserved; released below on failure or by finish
 	t.mu.Unlock()
@@ -156,32 +162,34 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 
 	if start.GetTty() != nil {
 		if err := t.agent.Require(agentapi.VersionTerminal, "terminals"); err != nil {
-			return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+			return nil, nil, connect.NewError(connect.CodeFailedPrecondition, err)
 		}
 	}
 	g, err := openExec(t.ctx, t.agent, start, t.env)
 	if err != nil {
-		return nil, notStarted(err)
+		return nil, nil, notStarted(err)
 	}
 	// The caller may give up while the guest starts the process.
 	stop := context.AfterFunc(ctx, g.cancel)
 	ev, err := g.Next()
 	if !stop() {
 		g.Close()
-		return nil, connect.NewError(connect.CodeCanceled, fmt.Errorf("start exec: %w", context.Cause(ctx)))
+		return nil, nil, connect.NewError(connect.CodeCanceled, fmt.Errorf("start exec: %w", context.Cause(ctx)))
 	}
 	if err == nil && ev.GetStarted() == nil {
 		err = connect.NewError(connect.CodeUnavailable, errors.New("guest did not report the exec's start"))
 	}
 	if err != nil {
 		g.Close()
-		return nil, notStarted(err)
+		return nil, nil, notStarted(err)
 	}
 	s := &session{
 		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin() || start.GetTty() != nil, tty: start.GetTty() != nil,
 		tenant: tenant, keyID: keyID, killOnDetach: killOnDetach,
 		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
 	}
+	starter := newAttacher(true)
+	s.attachers[starter] = struct{}{} // before the pump reads any output
 	if t.hostOOM != nil {
 		n, err := t.hostOOM()
 		s.hostOOMs, s.hostOOMKnown = n, err == nil
@@ -190,7 +198,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 		"exec_id": s.id, "argv": s.argv, "user": start.GetUser(), "cwd": start.GetCwd(),
 	}); err != nil {
 		g.Close() // no exec runs unrecorded
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New("record the exec in the audit trail"))
+		return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("record the exec in the audit trail"))
 	}
 	t.mu.Lock()
 	if registered = t.goLocked(func() { t.pump(s) }); registered {
@@ -199,10 +207,10 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 	t.mu.Unlock()
 	if !registered {
 		g.Close()
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
+		return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
 	}
 	t.log.Debug("exec session started", "exec_id", s.id, "pid", s.pid)
-	return s, nil
+	return s, starter, nil
 }
 
 // notStarted marks a guest's refusal to start the program itself (the
@@ -519,9 +527,8 @@ func (s *session) Resize(rows, cols uint32) error {
 
 // Attach calls send for the retained output (fromStart), then live output,
 // then the exit, and returns nil after the exit. It returns ctx's error if
-// ctx ends first, and a ResourceExhausted error if it fell too far behind
-// (unless flow: then it holds the exec's output back instead).
-func (s *session) Attach(ctx context.Context, t *sessions, fromStart, flow bool, send func(*agentv1.ExecResponse) error) error {
+// ctx ends first, and a ResourceExhausted error if it fell too far behind.
+func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send func(*agentv1.ExecResponse) error) error {
 	s.mu.Lock()
 	var backlog []*agentv1.ExecResponse
 	if fromStart {
@@ -535,21 +542,36 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart, flow bool,
 	if s.exit != nil {
 		backlog = append(backlog, &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: s.exit}})
 	} else {
-		a = &attacher{wake: make(chan struct{}, 1), flow: flow, space: make(chan struct{}, 1), gone: make(chan struct{})}
+		a = newAttacher(false)
 		s.attachers[a] = struct{}{}
 	}
 	s.mu.Unlock()
-	if a != nil {
-		defer s.detach(t, a)
+	if a == nil {
+		for _, ev := range backlog {
+			if err := send(ev); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
+	defer s.detach(t, a)
 	for _, ev := range backlog {
 		if err := send(ev); err != nil {
 			return err
 		}
 	}
-	if a == nil {
-		return nil
-	}
+	return s.follow(ctx, a, send)
+}
+
+// Follow calls send for a's output (the starter's attacher from Start:
+// every event since the start), then the exit, and returns nil after the
+// exit or ctx's error if ctx ends first. It detaches a when it returns.
+func (s *session) Follow(ctx context.Context, t *sessions, a *attacher, send func(*agentv1.ExecResponse) error) error {
+	defer s.detach(t, a)
+	return s.follow(ctx, a, send)
+}
+
+func (s *session) follow(ctx context.Context, a *attacher, send func(*agentv1.ExecResponse) error) error {
 	for {
 		select {
 		case <-a.wake:

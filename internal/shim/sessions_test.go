@@ -450,13 +450,13 @@ func TestSessionCutsOffSlowAttacherOnly(t *testing.T) {
 	block := make(chan struct{})
 	slowErr := make(chan error, 1)
 	go func() {
-		slowErr <- s.Attach(t.Context(), tbl, false, false, func(*agentv1.ExecResponse) error { <-block; return nil })
+		slowErr <- s.Attach(t.Context(), tbl, false, func(*agentv1.ExecResponse) error { <-block; return nil })
 	}()
 	fastCtx, cancelFast := context.WithCancel(t.Context())
 	fastGot := make(chan int)
 	fastErr := make(chan error, 1)
 	go func() {
-		fastErr <- s.Attach(fastCtx, tbl, false, false, func(ev *agentv1.ExecResponse) error { fastGot <- len(ev.GetStdout()); return nil })
+		fastErr <- s.Attach(fastCtx, tbl, false, func(ev *agentv1.ExecResponse) error { fastGot <- len(ev.GetStdout()); return nil })
 	}()
 	for {
 		s.mu.Lock()

@@ -61,9 +61,9 @@ func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.Exe
 	}
 	var (
 		s         *session
+		starter   *attacher // the starting stream's: it holds the output back
 		fromStart = true
 		output    = true
-		flow      bool // the starting stream holds the output back
 	)
 	switch m := first.GetMsg().(type) {
 	case *shimv2.ExecClientMessage_Start:
@@ -72,10 +72,9 @@ func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.Exe
 			return err
 		}
 		a := m.Start.GetActor()
-		if s, err = v.t.Start(ctx, start, a.GetTenant(), a.GetKeyId(), m.Start.GetKillOnDetach()); err != nil {
+		if s, starter, err = v.t.Start(ctx, start, a.GetTenant(), a.GetKeyId(), m.Start.GetKillOnDetach()); err != nil {
 			return err
 		}
-		flow = true
 	case *shimv2.ExecClientMessage_Attach:
 		if s, err = v.lookup(m.Attach.GetExecId()); err != nil {
 			return err
@@ -85,6 +84,9 @@ func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.Exe
 		return invalid(errors.New("the first exec message must be start or attach"))
 	}
 	if err := cs.Send(&shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Started{Started: s.info()}}); err != nil {
+		if starter != nil {
+			s.detach(v.t, starter)
+		}
 		return err
 	}
 	if !output {
@@ -117,13 +119,17 @@ func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.Exe
 			}
 		}
 	}()
-	return s.Attach(ctx, v.t, fromStart, flow, func(ev *agentv1.ExecResponse) error {
+	send := func(ev *agentv1.ExecResponse) error {
 		out := wireEvent(ev)
 		if out == nil {
 			return nil
 		}
 		return cs.Send(out)
-	})
+	}
+	if starter != nil {
+		return s.Follow(ctx, v.t, starter, send)
+	}
+	return s.Attach(ctx, v.t, fromStart, send)
 }
 
 // apply hands one client message after the first to the exec.

@@ -141,6 +141,7 @@ func (in *instance) Start(ctx context.Context) error {
 		return fmt.Errorf("start gvisor: %w", runtime.ErrNotRunning)
 	}
 	in.state = stateRunning
+	raiseStubs(in.log, in.proc.Pid)
 	return nil
 }
 
