@@ -55,3 +55,34 @@ func TestCreateLifetimeFlag(t *testing.T) {
 		t.Fatalf("create --help shows --timeout or lacks --lifetime:\n%s", r.stdout)
 	}
 }
+
+// TestEveryCommandHasExamples: every command a user sees in --help shows
+// at least one example line that starts with "airlock" (or a shell line
+// that runs it), and the JSON listings say so in their examples.
+func TestEveryCommandHasExamples(t *testing.T) {
+	n := 0
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Hidden || c.Name() == "help" {
+			return
+		}
+		if c.HasParent() {
+			n++
+			if !strings.Contains(c.Example, "airlock ") {
+				t.Errorf("%s: no example in --help", c.CommandPath())
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(rootCmd(&globals{}))
+	if n < 40 {
+		t.Fatalf("walked only %d commands", n)
+	}
+	for _, c := range []string{"ls", "image ls", "keys ls", "snapshot ls", "contexts ls"} {
+		if !strings.Contains(examples[c], "--json") && !strings.Contains(examples[strings.Fields(c)[0]], "--json") {
+			t.Errorf("%s: the examples do not show --json", c)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -71,11 +72,19 @@ func imageCmd(g *globals) *cobra.Command {
 			return run(cmd.Context(), s, args)
 		}
 	}
+	var asJSON bool
 	ls := &cobra.Command{Use: "ls", Short: "List images", Args: cobra.NoArgs,
 		RunE: withStore(func(ctx context.Context, s *image.Store, _ []string) error {
 			list, err := s.List(ctx)
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				out := make([]imageJSON, 0, len(list))
+				for _, im := range list {
+					out = append(out, imageJSON{Name: im.Name, Digest: im.Digest, SizeBytes: im.Size, Created: im.Created.UTC(), Source: im.Source})
+				}
+				return writeJSON(os.Stdout, out)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tCREATED\tSOURCE")
@@ -88,6 +97,7 @@ func imageCmd(g *globals) *cobra.Command {
 			}
 			return tw.Flush()
 		})}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	build := &cobra.Command{Use: "build NAME", Short: "Build the default Debian image (NAME is usually base)", Args: cobra.ExactArgs(1),
 		RunE: withStore(func(ctx context.Context, s *image.Store, args []string) error {
 			im, err := s.BuildBase(ctx, args[0], os.Stderr)
@@ -180,4 +190,13 @@ func sandboxesByImage(ctx context.Context, g *globals) (sandbox.Layout, map[stri
 		by[sb.ImageDigest] = append(by[sb.ImageDigest], sb)
 	}
 	return m.L, by, nil
+}
+
+// imageJSON is one image in `image ls --json`.
+type imageJSON struct {
+	Name      string    `json:"name"`
+	Digest    string    `json:"digest"`
+	SizeBytes int64     `json:"size_bytes"`
+	Created   time.Time `json:"created"`
+	Source    string    `json:"source"`
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -37,6 +38,7 @@ func keysCmd(g *globals) *cobra.Command {
 	f.IntVar(&k.RatePerMin, "rate-per-min", 0, "API requests per minute for the tenant (0: server default)")
 	_ = create.MarkFlagRequired("tenant")
 
+	var asJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List API keys (never their secrets)",
@@ -45,6 +47,15 @@ func keysCmd(g *globals) *cobra.Command {
 			keys, err := m.Store.ListKeys(cmd.Context())
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				out := make([]keyJSON, 0, len(keys))
+				for _, k := range keys {
+					out = append(out, keyJSON{ID: k.ID, Tenant: k.Tenant, Admin: k.Admin, Revoked: k.Revoked,
+						MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, MaxDiskMiB: k.MaxDiskMiB,
+						MaxSnapshots: k.MaxSnapshots, RatePerMin: k.RatePerMin, Created: k.Created.UTC()})
+				}
+				return writeJSON(cmd.OutOrStdout(), out)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tTENANT\tADMIN\tREVOKED\tMAX_SANDBOXES\tMAX_VCPUS\tMAX_MEMORY_MB\tMAX_DISK_MB\tMAX_SNAPSHOTS\tRATE_PER_MIN\tCREATED")
@@ -55,6 +66,7 @@ func keysCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		}),
 	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	revoke := &cobra.Command{
 		Use:   "revoke ID",
 		Short: "Revoke an API key",
@@ -65,4 +77,19 @@ func keysCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(create, ls, revoke)
 	return cmd
+}
+
+// keyJSON is one key in `keys ls --json` (never its secret).
+type keyJSON struct {
+	ID           string    `json:"id"`
+	Tenant       string    `json:"tenant"`
+	Admin        bool      `json:"admin"`
+	Revoked      bool      `json:"revoked"`
+	MaxSandboxes int       `json:"max_sandboxes"`
+	MaxVCPUs     int       `json:"max_vcpus"`
+	MaxMemoryMiB int       `json:"max_memory_mb"`
+	MaxDiskMiB   int       `json:"max_disk_mb"`
+	MaxSnapshots int       `json:"max_snapshots"`
+	RatePerMin   int       `json:"rate_per_min"`
+	Created      time.Time `json:"created"`
 }

@@ -170,6 +170,7 @@ func rootCmd(g *globals) *cobra.Command {
 		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
 		mcpCmd(g), codeCmd(g), contextsCmd(g), versionCmd(),
 	)
+	addExamples(root)
 	return root
 }
 

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// examples are the Example sections of --help, by command path below
+// "airlock". They live in one place so that TestEveryCommandHasExamples can
+// hold every visible command to having some; a command that sets its own
+// Example keeps it.
+var examples = map[string]string{
+	"run": `  airlock run -- python3 -c 'print(6*7)'
+  airlock run --net deny --allow pypi.org --allow files.pythonhosted.org -- pip install requests
+  echo 'print("hi")' | airlock run -i -- python3 -
+  airlock run -t -- top                      # a terminal, of this terminal's size`,
+	"create": `  id=$(airlock create)
+  airlock create --memory 2G --cpus 2 --lifetime 2h --idle-pause 10m
+  airlock create --image myimage --net deny --allow api.example.com:443 -p 8080:8000
+  airlock create --from-snapshot with-deps`,
+	"exec": `  airlock exec $id -- ls -la /
+  airlock exec -it $id -- bash               # an interactive terminal
+  airlock exec -u user -w /tmp -e DEBUG=1 $id -- env
+  airlock exec --timeout 30s $id -- make test`,
+	"shell": `  airlock shell $id`,
+	"cp": `  airlock cp ./script.py $id:/root/script.py
+  airlock cp $id:/root/out.csv ./out.csv`,
+	"ls": `  airlock ls
+  airlock ls --size
+  airlock ls --json | jq -r '.[].id'`,
+	"inspect": `  airlock inspect $id | jq .state`,
+	"logs":    `  airlock logs $id`,
+	"rm": `  airlock rm $id
+  airlock rm $(airlock ls --json | jq -r '.[].id')   # every sandbox`,
+	"pause": `  airlock pause $id
+  airlock pause --force $id                  # even with commands running (they are ended)`,
+	"resume": `  airlock resume $id                         # any other call on it resumes it too`,
+	"touch":  `  airlock touch $id                          # counts as activity for --idle-pause`,
+	"snapshot": `  airlock snapshot $id --name with-deps
+  airlock create --from-snapshot with-deps
+  airlock snapshot ls`,
+	"snapshot create": `  airlock snapshot create $id --name with-deps`,
+	"snapshot ls": `  airlock snapshot ls
+  airlock snapshot ls --json`,
+	"snapshot rm":    `  airlock snapshot rm with-deps`,
+	"snapshot prune": `  airlock snapshot prune`,
+	"fork": `  airlock fork $id                           # one running copy
+  airlock fork $id --count 3`,
+	"image": `  airlock image ls
+  airlock image pull docker.io/library/python:3.12-slim --name py312
+  airlock run --image py312 -- python3 --version`,
+	"image build":  `  airlock image build base`,
+	"image import": `  docker save myimage:latest -o myimage.tar && airlock image import myimage.tar --name myimage`,
+	"image pull":   `  airlock image pull docker.io/library/alpine:3.20 --name alpine`,
+	"image rm":     `  airlock image rm alpine`,
+	"image prune":  `  airlock image prune`,
+	"image ls": `  airlock image ls
+  airlock image ls --json`,
+	"setup":  `  airlock setup`,
+	"doctor": `  airlock doctor`,
+	"serve": `  airlock serve --listen 127.0.0.1:7070
+  AIRLOCK_HOST=http://127.0.0.1:7070 AIRLOCK_API_KEY=$key airlock run -- echo remote`,
+	"keys": `  airlock keys create --tenant acme --max-sandboxes 20
+  airlock keys ls`,
+	"keys create": `  airlock keys create --tenant acme
+  airlock keys create --tenant ops --admin
+  airlock keys create --tenant acme --max-memory-mb 8192 --max-vcpus 8 --rate-per-min 600`,
+	"keys ls": `  airlock keys ls
+  airlock keys ls --json`,
+	"keys revoke": `  airlock keys revoke c5ypv5pl                # an ID from keys ls`,
+	"events": `  airlock events $id
+  airlock events --type net.deny --limit 50`,
+	"events retention": `  airlock events retention
+  airlock events retention --max-age 90d --max-size 1G --prune`,
+	"mcp": `  airlock mcp`,
+	"code": `  airlock code $id 'x = 6*7'
+  airlock code $id 'print(x)'                # state is kept
+  airlock code --lang javascript $id 'console.log(1+1)'
+  airlock code --out plots $id -f plot.py    # save figures`,
+	"contexts": `  airlock contexts create $id --lang python --id analysis
+  airlock code --context analysis $id 'import pandas'
+  airlock contexts ls $id`,
+	"contexts create":    `  airlock contexts create $id --lang bash --cwd /tmp --id sh1`,
+	"contexts ls":        `  airlock contexts ls $id --json`,
+	"contexts rm":        `  airlock contexts rm $id analysis`,
+	"contexts restart":   `  airlock contexts restart $id analysis`,
+	"contexts interrupt": `  airlock contexts interrupt $id analysis`,
+	"version":            `  airlock version`,
+	"completion": `  source <(airlock completion bash)
+  airlock completion zsh > "${fpath[1]}/_airlock"`,
+	"completion bash":       `  airlock completion bash > /etc/bash_completion.d/airlock`,
+	"completion zsh":        `  airlock completion zsh > "${fpath[1]}/_airlock"`,
+	"completion fish":       `  airlock completion fish > ~/.config/fish/completions/airlock.fish`,
+	"completion powershell": `  airlock completion powershell | Out-String | Invoke-Expression`,
+}
+
+// addExamples sets the Example of every command below root that has none
+// and is listed in examples.
+func addExamples(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Example == "" {
+			c.Example = examples[strings.TrimPrefix(c.CommandPath(), root.Name()+" ")]
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+}
