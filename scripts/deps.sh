@@ -4,7 +4,7 @@
 # `go test -race` (cgo); protobuf-compiler is the protoc `make generate` pins.
 set -euo pipefail
 
-pkgs=(gcc protobuf-compiler libprotobuf-dev qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs lz4 xz-utils zstd kmod iproute2 ca-certificates python3 curl python3-ipykernel python3-matplotlib python3-pip python3-setuptools python3-wheel)
+pkgs=(gcc protobuf-compiler libprotobuf-dev qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs lz4 xz-utils zstd kmod iproute2 ca-certificates python3 curl python3-ipykernel python3-matplotlib python3-pip python3-setuptools python3-wheel python3-websocket)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

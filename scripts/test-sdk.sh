@@ -26,5 +26,10 @@ key=$("$BIN" --state-dir "$STATE" keys create --tenant "sdk-test-$$" | tail -1)
 export AIRLOCK_TEST_API="http://127.0.0.1:$port" AIRLOCK_TEST_API_KEY="$key" AIRLOCK_TEST_VM=1
 echo "test-sdk: Go SDK against $AIRLOCK_TEST_API"
 (cd sdk/go && go test -count=1 ./...)
-echo "test-sdk: Python SDK against $AIRLOCK_TEST_API"
-python3 -m unittest discover -s sdk/python/tests -v 2>&1 | tail -20
+# Debian's interpreter: scripts/deps.sh installs the terminal's WebSocket
+# client (python3-websocket) for it; another python3 first on PATH (pyenv)
+# would not see it and the terminal test would fail.
+py=/usr/bin/python3
+[[ -x $py ]] || py=python3
+echo "test-sdk: Python SDK ($("$py" --version)) against $AIRLOCK_TEST_API"
+"$py" -m unittest discover -s sdk/python/tests -v 2>&1 | tail -20

@@ -1,4 +1,4 @@
-"""Python client for the airlock sandbox HTTP API (standard library only).
+"""Python client for the airlock sandbox HTTP API (standard library only; terminals use websocket-client).
 
     import airlock
     client = airlock.Client()          # $AIRLOCK_HOST, $AIRLOCK_API_KEY
@@ -8,6 +8,7 @@
 
 from ._client import Client, ExecResult, FileList, Sandbox, __version__
 from ._code import CodeError, Execution
+from ._terminal import Terminal
 from ._errors import (
     AirlockError,
     Conflict,
@@ -39,6 +40,7 @@ __all__ = [
     "QuotaExceeded",
     "Sandbox",
     "StreamBroken",
+    "Terminal",
     "Unauthenticated",
     "__version__",
 ]

@@ -8,10 +8,13 @@ import http.client
 import json
 import os
 import urllib.parse
-from typing import IO, Any, Callable, Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from ._code import Execution, ndjson_records, read_code_stream
 from ._errors import AirlockError, StreamBroken, error_from_response
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._terminal import Terminal
 
 __version__ = "0.1.0"
 
@@ -525,6 +528,40 @@ class Sandbox:
             return _read_stream(resp, exec_id, on_stdout, on_stderr)
         finally:
             conn.close()
+
+    def terminal(
+        self,
+        cmd: str | list[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout_s: int | None = None,
+        keep: bool = False,
+        exec_id: str | None = None,
+    ) -> "Terminal":
+        """Run ``cmd`` (default: a login shell) on a terminal of ``rows`` x
+        ``cols`` in the guest and return the open Terminal (send, read,
+        resize, signal, wait, close). With ``keep`` the command survives the
+        Terminal's close; ``exec_id`` re-attaches to such a running terminal
+        (its retained output first) instead of starting one. Needs the
+        websocket-client package (python3-websocket)."""
+        from ._terminal import open_terminal
+
+        query: dict[str, Any] = {}
+        if exec_id:
+            query["exec_id"] = exec_id
+        else:
+            query.update({"rows": rows, "cols": cols, "cwd": cwd, "user": user, "timeout_s": timeout_s})
+            if cmd is not None:
+                query["cmd"] = _cmd(cmd)
+            if env:
+                query["env"] = [f"{k}={v}" for k, v in env.items()]
+            if keep:
+                query["keep"] = "true"
+        return open_terminal(self._client, self.id, _sb(self.id, "pty"), query, self._client.timeout)
 
     def list_execs(self) -> list[dict]:
         """The sandbox's execs (dicts: exec_id, cmd, pid, state, exit, ...)."""
