@@ -2477,10 +2477,14 @@ type ContextInfo struct {
 	Language        string                 `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
 	Cwd             string                 `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	CreatedUnixNano int64                  `protobuf:"varint,4,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
-	// "idle", "busy" or "dead" (its interpreter exited; Restart it).
+	// "idle", "busy" or "dead" (its interpreter exited; Restart it, or Run
+	// restarts it).
 	State string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
 	// Whether it is the language's default context.
-	IsDefault     bool `protobuf:"varint,6,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
+	IsDefault bool `protobuf:"varint,6,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
+	// How the interpreter of a "dead" context ended; unset while it runs,
+	// and from agents before protocol 6. The next Run restarts it.
+	Exit          *ContextExit `protobuf:"bytes,7,opt,name=exit,proto3" json:"exit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2557,6 +2561,77 @@ func (x *ContextInfo) GetIsDefault() bool {
 	return false
 }
 
+func (x *ContextInfo) GetExit() *ContextExit {
+	if x != nil {
+		return x.Exit
+	}
+	return nil
+}
+
+// ContextExit is how a context's interpreter ended.
+type ContextExit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its exit status, or -1 when a signal ended it.
+	ExitCode int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// The signal that ended it, or 0.
+	Signal int32 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	// The guest's OOM killer killed it.
+	OomKilled     bool `protobuf:"varint,3,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContextExit) Reset() {
+	*x = ContextExit{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContextExit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContextExit) ProtoMessage() {}
+
+func (x *ContextExit) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContextExit.ProtoReflect.Descriptor instead.
+func (*ContextExit) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ContextExit) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ContextExit) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *ContextExit) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
+}
+
 type ListContextsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2565,7 +2640,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2577,7 +2652,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2590,7 +2665,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 type ListContextsResponse struct {
@@ -2602,7 +2677,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2689,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2702,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -2646,7 +2721,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2733,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2746,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -2689,7 +2764,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2776,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +2789,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type RestartContextRequest struct {
@@ -2726,7 +2801,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2813,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2826,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -2770,7 +2845,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2782,7 +2857,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2795,7 +2870,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -2813,7 +2888,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2825,7 +2900,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2838,7 +2913,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 type RunCodeRequest struct {
@@ -2860,7 +2935,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2872,7 +2947,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2885,7 +2960,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -2939,7 +3014,7 @@ type RunCodeEvent struct {
 
 func (x *RunCodeEvent) Reset() {
 	*x = RunCodeEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2951,7 +3026,7 @@ func (x *RunCodeEvent) String() string {
 func (*RunCodeEvent) ProtoMessage() {}
 
 func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2964,7 +3039,7 @@ func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
 func (*RunCodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
@@ -3069,7 +3144,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3081,7 +3156,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3094,7 +3169,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -3122,7 +3197,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3134,7 +3209,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3147,7 +3222,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CodeError) GetName() string {
@@ -3188,7 +3263,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3200,7 +3275,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3213,7 +3288,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -3402,7 +3477,7 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x10\n" +
-	"\x03env\x18\x04 \x03(\tR\x03env\"\xac\x01\n" +
+	"\x03env\x18\x04 \x03(\tR\x03env\"\xdf\x01\n" +
 	"\vContextInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
@@ -3410,7 +3485,13 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\x12\x14\n" +
 	"\x05state\x18\x05 \x01(\tR\x05state\x12\x1d\n" +
 	"\n" +
-	"is_default\x18\x06 \x01(\bR\tisDefault\"\x15\n" +
+	"is_default\x18\x06 \x01(\bR\tisDefault\x121\n" +
+	"\x04exit\x18\a \x01(\v2\x1d.airlock.agent.v1.ContextExitR\x04exit\"a\n" +
+	"\vContextExit\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\x05R\x06signal\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x03 \x01(\bR\toomKilled\"\x15\n" +
 	"\x13ListContextsRequest\"Q\n" +
 	"\x14ListContextsResponse\x129\n" +
 	"\bcontexts\x18\x01 \x03(\v2\x1d.airlock.agent.v1.ContextInfoR\bcontexts\"&\n" +
@@ -3506,7 +3587,7 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(FileOp)(0),                      // 0: airlock.agent.v1.FileOp
 	(FileType)(0),                    // 1: airlock.agent.v1.FileType
@@ -3546,19 +3627,20 @@ var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(*WriteResponse)(nil),            // 35: airlock.agent.v1.WriteResponse
 	(*CreateContextRequest)(nil),     // 36: airlock.agent.v1.CreateContextRequest
 	(*ContextInfo)(nil),              // 37: airlock.agent.v1.ContextInfo
-	(*ListContextsRequest)(nil),      // 38: airlock.agent.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 39: airlock.agent.v1.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 40: airlock.agent.v1.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 41: airlock.agent.v1.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 42: airlock.agent.v1.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 43: airlock.agent.v1.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 44: airlock.agent.v1.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 45: airlock.agent.v1.RunCodeRequest
-	(*RunCodeEvent)(nil),             // 46: airlock.agent.v1.RunCodeEvent
-	(*CodeResult)(nil),               // 47: airlock.agent.v1.CodeResult
-	(*CodeError)(nil),                // 48: airlock.agent.v1.CodeError
-	(*CodeEnd)(nil),                  // 49: airlock.agent.v1.CodeEnd
-	nil,                              // 50: airlock.agent.v1.CodeResult.DataEntry
+	(*ContextExit)(nil),              // 38: airlock.agent.v1.ContextExit
+	(*ListContextsRequest)(nil),      // 39: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 40: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 41: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 42: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 43: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 44: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 45: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 46: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 47: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 48: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 49: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 50: airlock.agent.v1.CodeEnd
+	nil,                              // 51: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
 	7,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
@@ -3574,54 +3656,55 @@ var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
 	22, // 10: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
 	22, // 11: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
 	34, // 12: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	37, // 13: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
-	47, // 14: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
-	48, // 15: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
-	49, // 16: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
-	50, // 17: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
-	2,  // 18: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	4,  // 19: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
-	6,  // 20: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	9,  // 21: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	11, // 22: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	23, // 23: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	25, // 24: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	27, // 25: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	29, // 26: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	31, // 27: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	33, // 28: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	17, // 29: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
-	19, // 30: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
-	36, // 31: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
-	38, // 32: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
-	40, // 33: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
-	42, // 34: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
-	45, // 35: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
-	43, // 36: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
-	3,  // 37: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	5,  // 38: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
-	8,  // 39: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	10, // 40: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	14, // 41: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	24, // 42: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	26, // 43: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	28, // 44: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	30, // 45: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	32, // 46: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	35, // 47: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	18, // 48: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
-	21, // 49: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
-	37, // 50: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
-	39, // 51: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
-	41, // 52: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
-	37, // 53: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
-	46, // 54: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
-	44, // 55: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
-	37, // [37:56] is the sub-list for method output_type
-	18, // [18:37] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	38, // 13: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
+	37, // 14: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	48, // 15: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	49, // 16: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	50, // 17: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	51, // 18: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	2,  // 19: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
+	4,  // 20: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
+	6,  // 21: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	9,  // 22: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	11, // 23: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	23, // 24: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	25, // 25: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	27, // 26: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	29, // 27: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	31, // 28: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	33, // 29: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	17, // 30: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
+	19, // 31: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
+	36, // 32: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	39, // 33: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	41, // 34: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	43, // 35: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	46, // 36: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	44, // 37: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	3,  // 38: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	5,  // 39: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
+	8,  // 40: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	10, // 41: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	14, // 42: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	24, // 43: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	26, // 44: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	28, // 45: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	30, // 46: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	32, // 47: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	35, // 48: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	18, // 49: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
+	21, // 50: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
+	37, // 51: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	40, // 52: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	42, // 53: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	37, // 54: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	47, // 55: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	45, // 56: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	38, // [38:57] is the sub-list for method output_type
+	19, // [19:38] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_airlock_agent_v1_agent_proto_init() }
@@ -3654,7 +3737,7 @@ func file_airlock_agent_v1_agent_proto_init() {
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[44].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[45].OneofWrappers = []any{
 		(*RunCodeEvent_Stdout)(nil),
 		(*RunCodeEvent_Stderr)(nil),
 		(*RunCodeEvent_Result)(nil),
@@ -3667,7 +3750,7 @@ func file_airlock_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   49,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

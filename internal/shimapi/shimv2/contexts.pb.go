@@ -108,10 +108,14 @@ type ContextInfo struct {
 	Language        string                 `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
 	Cwd             string                 `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	CreatedUnixNano int64                  `protobuf:"varint,4,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
-	// "idle", "busy" or "dead" (its interpreter exited; restart it).
+	// "idle", "busy" or "dead" (its interpreter exited; the next run
+	// restarts it).
 	State string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
 	// It is its language's default context.
-	IsDefault     bool `protobuf:"varint,6,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
+	IsDefault bool `protobuf:"varint,6,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
+	// How the interpreter of a "dead" context ended; unset while it runs or
+	// when the guest agent does not say (agents before protocol 6).
+	Exit          *ContextExit `protobuf:"bytes,7,opt,name=exit,proto3" json:"exit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -188,6 +192,77 @@ func (x *ContextInfo) GetIsDefault() bool {
 	return false
 }
 
+func (x *ContextInfo) GetExit() *ContextExit {
+	if x != nil {
+		return x.Exit
+	}
+	return nil
+}
+
+// ContextExit is how a context's interpreter ended, checked by the shim.
+type ContextExit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its exit status (0-255), or -1 when a signal ended it.
+	ExitCode int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// The signal that ended it (1-64), or 0.
+	Signal int32 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	// The guest's OOM killer killed it.
+	OomKilled     bool `protobuf:"varint,3,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContextExit) Reset() {
+	*x = ContextExit{}
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContextExit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContextExit) ProtoMessage() {}
+
+func (x *ContextExit) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContextExit.ProtoReflect.Descriptor instead.
+func (*ContextExit) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ContextExit) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ContextExit) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *ContextExit) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
+}
+
 type ListContextsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -196,7 +271,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[2]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -208,7 +283,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[2]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -221,7 +296,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{2}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{3}
 }
 
 type ListContextsResponse struct {
@@ -233,7 +308,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[3]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +320,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[3]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +333,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{3}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -277,7 +352,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[4]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +364,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[4]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +377,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{4}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -320,7 +395,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[5]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +407,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[5]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,7 +420,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{5}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{6}
 }
 
 type RestartContextRequest struct {
@@ -357,7 +432,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[6]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +444,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[6]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +457,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{6}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -401,7 +476,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +488,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +501,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{7}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -444,7 +519,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +531,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +544,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{8}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{9}
 }
 
 type RunCodeRequest struct {
@@ -491,7 +566,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -503,7 +578,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -516,7 +591,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{9}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -570,7 +645,7 @@ type CodeEvent struct {
 
 func (x *CodeEvent) Reset() {
 	*x = CodeEvent{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +657,7 @@ func (x *CodeEvent) String() string {
 func (*CodeEvent) ProtoMessage() {}
 
 func (x *CodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +670,7 @@ func (x *CodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEvent.ProtoReflect.Descriptor instead.
 func (*CodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{10}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CodeEvent) GetEvent() isCodeEvent_Event {
@@ -697,7 +772,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +784,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +797,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{11}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -750,7 +825,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[12]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +837,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[12]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +850,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{12}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CodeError) GetName() string {
@@ -816,7 +891,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[13]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +903,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[13]
+	mi := &file_airlock_shim_v2_contexts_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +916,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{13}
+	return file_airlock_shim_v2_contexts_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -888,7 +963,7 @@ const file_airlock_shim_v2_contexts_proto_rawDesc = "" +
 	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x10\n" +
-	"\x03env\x18\x04 \x03(\tR\x03env\"\xac\x01\n" +
+	"\x03env\x18\x04 \x03(\tR\x03env\"\xde\x01\n" +
 	"\vContextInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
@@ -896,7 +971,13 @@ const file_airlock_shim_v2_contexts_proto_rawDesc = "" +
 	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\x12\x14\n" +
 	"\x05state\x18\x05 \x01(\tR\x05state\x12\x1d\n" +
 	"\n" +
-	"is_default\x18\x06 \x01(\bR\tisDefault\"\x15\n" +
+	"is_default\x18\x06 \x01(\bR\tisDefault\x120\n" +
+	"\x04exit\x18\a \x01(\v2\x1c.airlock.shim.v2.ContextExitR\x04exit\"a\n" +
+	"\vContextExit\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\x05R\x06signal\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x03 \x01(\bR\toomKilled\"\x15\n" +
 	"\x13ListContextsRequest\"P\n" +
 	"\x14ListContextsResponse\x128\n" +
 	"\bcontexts\x18\x01 \x03(\v2\x1c.airlock.shim.v2.ContextInfoR\bcontexts\"&\n" +
@@ -962,47 +1043,49 @@ func file_airlock_shim_v2_contexts_proto_rawDescGZIP() []byte {
 	return file_airlock_shim_v2_contexts_proto_rawDescData
 }
 
-var file_airlock_shim_v2_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_airlock_shim_v2_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_airlock_shim_v2_contexts_proto_goTypes = []any{
 	(*CreateContextRequest)(nil),     // 0: airlock.shim.v2.CreateContextRequest
 	(*ContextInfo)(nil),              // 1: airlock.shim.v2.ContextInfo
-	(*ListContextsRequest)(nil),      // 2: airlock.shim.v2.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 3: airlock.shim.v2.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 4: airlock.shim.v2.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 5: airlock.shim.v2.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 6: airlock.shim.v2.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 7: airlock.shim.v2.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 8: airlock.shim.v2.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 9: airlock.shim.v2.RunCodeRequest
-	(*CodeEvent)(nil),                // 10: airlock.shim.v2.CodeEvent
-	(*CodeResult)(nil),               // 11: airlock.shim.v2.CodeResult
-	(*CodeError)(nil),                // 12: airlock.shim.v2.CodeError
-	(*CodeEnd)(nil),                  // 13: airlock.shim.v2.CodeEnd
-	nil,                              // 14: airlock.shim.v2.CodeResult.DataEntry
+	(*ContextExit)(nil),              // 2: airlock.shim.v2.ContextExit
+	(*ListContextsRequest)(nil),      // 3: airlock.shim.v2.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 4: airlock.shim.v2.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 5: airlock.shim.v2.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 6: airlock.shim.v2.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 7: airlock.shim.v2.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 8: airlock.shim.v2.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 9: airlock.shim.v2.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 10: airlock.shim.v2.RunCodeRequest
+	(*CodeEvent)(nil),                // 11: airlock.shim.v2.CodeEvent
+	(*CodeResult)(nil),               // 12: airlock.shim.v2.CodeResult
+	(*CodeError)(nil),                // 13: airlock.shim.v2.CodeError
+	(*CodeEnd)(nil),                  // 14: airlock.shim.v2.CodeEnd
+	nil,                              // 15: airlock.shim.v2.CodeResult.DataEntry
 }
 var file_airlock_shim_v2_contexts_proto_depIdxs = []int32{
-	1,  // 0: airlock.shim.v2.ListContextsResponse.contexts:type_name -> airlock.shim.v2.ContextInfo
-	11, // 1: airlock.shim.v2.CodeEvent.result:type_name -> airlock.shim.v2.CodeResult
-	12, // 2: airlock.shim.v2.CodeEvent.error:type_name -> airlock.shim.v2.CodeError
-	13, // 3: airlock.shim.v2.CodeEvent.end:type_name -> airlock.shim.v2.CodeEnd
-	14, // 4: airlock.shim.v2.CodeResult.data:type_name -> airlock.shim.v2.CodeResult.DataEntry
-	0,  // 5: airlock.shim.v2.ContextService.Create:input_type -> airlock.shim.v2.CreateContextRequest
-	2,  // 6: airlock.shim.v2.ContextService.List:input_type -> airlock.shim.v2.ListContextsRequest
-	4,  // 7: airlock.shim.v2.ContextService.Delete:input_type -> airlock.shim.v2.DeleteContextRequest
-	6,  // 8: airlock.shim.v2.ContextService.Restart:input_type -> airlock.shim.v2.RestartContextRequest
-	7,  // 9: airlock.shim.v2.ContextService.Interrupt:input_type -> airlock.shim.v2.InterruptContextRequest
-	9,  // 10: airlock.shim.v2.ContextService.Run:input_type -> airlock.shim.v2.RunCodeRequest
-	1,  // 11: airlock.shim.v2.ContextService.Create:output_type -> airlock.shim.v2.ContextInfo
-	3,  // 12: airlock.shim.v2.ContextService.List:output_type -> airlock.shim.v2.ListContextsResponse
-	5,  // 13: airlock.shim.v2.ContextService.Delete:output_type -> airlock.shim.v2.DeleteContextResponse
-	1,  // 14: airlock.shim.v2.ContextService.Restart:output_type -> airlock.shim.v2.ContextInfo
-	8,  // 15: airlock.shim.v2.ContextService.Interrupt:output_type -> airlock.shim.v2.InterruptContextResponse
-	10, // 16: airlock.shim.v2.ContextService.Run:output_type -> airlock.shim.v2.CodeEvent
-	11, // [11:17] is the sub-list for method output_type
-	5,  // [5:11] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	2,  // 0: airlock.shim.v2.ContextInfo.exit:type_name -> airlock.shim.v2.ContextExit
+	1,  // 1: airlock.shim.v2.ListContextsResponse.contexts:type_name -> airlock.shim.v2.ContextInfo
+	12, // 2: airlock.shim.v2.CodeEvent.result:type_name -> airlock.shim.v2.CodeResult
+	13, // 3: airlock.shim.v2.CodeEvent.error:type_name -> airlock.shim.v2.CodeError
+	14, // 4: airlock.shim.v2.CodeEvent.end:type_name -> airlock.shim.v2.CodeEnd
+	15, // 5: airlock.shim.v2.CodeResult.data:type_name -> airlock.shim.v2.CodeResult.DataEntry
+	0,  // 6: airlock.shim.v2.ContextService.Create:input_type -> airlock.shim.v2.CreateContextRequest
+	3,  // 7: airlock.shim.v2.ContextService.List:input_type -> airlock.shim.v2.ListContextsRequest
+	5,  // 8: airlock.shim.v2.ContextService.Delete:input_type -> airlock.shim.v2.DeleteContextRequest
+	7,  // 9: airlock.shim.v2.ContextService.Restart:input_type -> airlock.shim.v2.RestartContextRequest
+	8,  // 10: airlock.shim.v2.ContextService.Interrupt:input_type -> airlock.shim.v2.InterruptContextRequest
+	10, // 11: airlock.shim.v2.ContextService.Run:input_type -> airlock.shim.v2.RunCodeRequest
+	1,  // 12: airlock.shim.v2.ContextService.Create:output_type -> airlock.shim.v2.ContextInfo
+	4,  // 13: airlock.shim.v2.ContextService.List:output_type -> airlock.shim.v2.ListContextsResponse
+	6,  // 14: airlock.shim.v2.ContextService.Delete:output_type -> airlock.shim.v2.DeleteContextResponse
+	1,  // 15: airlock.shim.v2.ContextService.Restart:output_type -> airlock.shim.v2.ContextInfo
+	9,  // 16: airlock.shim.v2.ContextService.Interrupt:output_type -> airlock.shim.v2.InterruptContextResponse
+	11, // 17: airlock.shim.v2.ContextService.Run:output_type -> airlock.shim.v2.CodeEvent
+	12, // [12:18] is the sub-list for method output_type
+	6,  // [6:12] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_airlock_shim_v2_contexts_proto_init() }
@@ -1010,7 +1093,7 @@ func file_airlock_shim_v2_contexts_proto_init() {
 	if File_airlock_shim_v2_contexts_proto != nil {
 		return
 	}
-	file_airlock_shim_v2_contexts_proto_msgTypes[10].OneofWrappers = []any{
+	file_airlock_shim_v2_contexts_proto_msgTypes[11].OneofWrappers = []any{
 		(*CodeEvent_Stdout)(nil),
 		(*CodeEvent_Stderr)(nil),
 		(*CodeEvent_Result)(nil),
@@ -1023,7 +1106,7 @@ func file_airlock_shim_v2_contexts_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v2_contexts_proto_rawDesc), len(file_airlock_shim_v2_contexts_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -622,7 +622,8 @@ func (UnimplementedFileServiceHandler) Watch(context.Context, *connect.Request[a
 
 // ContextServiceClient is a client for the airlock.agent.v1.ContextService service.
 type ContextServiceClient interface {
-	// Create starts a context. An empty id gets a generated one.
+	// Create starts a context. An empty id gets a generated one; the id
+	// "default-<language>" makes the language's default context.
 	Create(context.Context, *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error)
 	List(context.Context, *connect.Request[agentv1.ListContextsRequest]) (*connect.Response[agentv1.ListContextsResponse], error)
 	// Delete stops a context and forgets its state.
@@ -632,7 +633,9 @@ type ContextServiceClient interface {
 	// Run executes code in a context and streams what happens, ending with
 	// exactly one `end`. With an empty context_id the default context of
 	// `language` is used, created on first use. Calls to one context run one
-	// at a time, in order.
+	// at a time, in order. A dead context is restarted first (protocol >= 6;
+	// before, Run failed with FAILED_PRECONDITION), and the run's first event
+	// is then a stderr line that says so and why it had died.
 	Run(context.Context, *connect.Request[agentv1.RunCodeRequest]) (*connect.ServerStreamForClient[agentv1.RunCodeEvent], error)
 	// Interrupt interrupts the code running in a context (KeyboardInterrupt
 	// for python, SIGINT for the others); the context survives.
@@ -731,7 +734,8 @@ func (c *contextServiceClient) Interrupt(ctx context.Context, req *connect.Reque
 
 // ContextServiceHandler is an implementation of the airlock.agent.v1.ContextService service.
 type ContextServiceHandler interface {
-	// Create starts a context. An empty id gets a generated one.
+	// Create starts a context. An empty id gets a generated one; the id
+	// "default-<language>" makes the language's default context.
 	Create(context.Context, *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error)
 	List(context.Context, *connect.Request[agentv1.ListContextsRequest]) (*connect.Response[agentv1.ListContextsResponse], error)
 	// Delete stops a context and forgets its state.
@@ -741,7 +745,9 @@ type ContextServiceHandler interface {
 	// Run executes code in a context and streams what happens, ending with
 	// exactly one `end`. With an empty context_id the default context of
 	// `language` is used, created on first use. Calls to one context run one
-	// at a time, in order.
+	// at a time, in order. A dead context is restarted first (protocol >= 6;
+	// before, Run failed with FAILED_PRECONDITION), and the run's first event
+	// is then a stderr line that says so and why it had died.
 	Run(context.Context, *connect.Request[agentv1.RunCodeRequest], *connect.ServerStream[agentv1.RunCodeEvent]) error
 	// Interrupt interrupts the code running in a context (KeyboardInterrupt
 	// for python, SIGINT for the others); the context survives.
