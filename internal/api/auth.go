@@ -46,7 +46,9 @@ func CallerOf(ctx context.Context) (sandbox.Caller, bool) {
 }
 
 // authenticate requires a valid key (Authorization: Bearer, or X-API-KEY
-// as E2B's SDKs send it), then applies its tenant's rate limit. Failures are audited as auth.denied, without the key.
+// as E2B's SDKs send it; on /v1 routes, without either, the dashboard's
+// session cookie: session.go), then applies its tenant's rate limit.
+// Failures are audited as auth.denied, without the key.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -56,24 +58,17 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			ok = tok != ""
 		}
 		var k store.APIKey
-		err := store.ErrBadKey
-		if ok {
-			k, err = s.cfg.Keys.LookupKey(r.Context(), strings.TrimSpace(tok))
+		var err error
+		if !ok && r.Header.Get("Authorization") == "" && sessionID(r) != "" && cookieRoute(r.Pattern) {
+			k, err = s.sessionAuth(w, r)
+		} else {
+			k, err = s.lookupKey(r, tok, ok)
 		}
 		if err != nil {
-			if !errors.Is(err, store.ErrBadKey) {
-				s.fail(w, r, err)
-				return
+			if errors.Is(err, errUnauth) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="airlock"`)
 			}
-			if s.deniedAudit.Allow() {
-				reason := "missing key"
-				if ok {
-					reason = "invalid key"
-				}
-				s.audit(r, "", "auth.denied", map[string]any{"reason": reason, "method": r.Method, "route": r.Pattern})
-			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="airlock"`)
-			s.fail(w, r, errUnauth)
+			s.fail(w, r, err)
 			return
 		}
 		c := sandbox.KeyCaller(k, s.cfg.Defaults, "api")
@@ -86,6 +81,33 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// lookupKey authenticates an API key (present: the request sent one) for
+// every surface that takes one: the API's header and the dashboard's
+// sign-in. A key that does not authenticate is errUnauth, audited as
+// auth.denied without the key.
+func (s *Server) lookupKey(r *http.Request, tok string, present bool) (store.APIKey, error) {
+	if !present {
+		s.denied(r, "missing key")
+		return store.APIKey{}, errUnauth
+	}
+	k, err := s.cfg.Keys.LookupKey(r.Context(), strings.TrimSpace(tok))
+	if err != nil {
+		if !errors.Is(err, store.ErrBadKey) {
+			return store.APIKey{}, err
+		}
+		s.denied(r, "invalid key")
+		return store.APIKey{}, errUnauth
+	}
+	return k, nil
+}
+
+// denied audits a failed authentication, at most deniedAudit's rate.
+func (s *Server) denied(r *http.Request, reason string) {
+	if s.deniedAudit.Allow() {
+		s.audit(r, "", "auth.denied", map[string]any{"reason": reason, "method": r.Method, "route": r.Pattern})
+	}
 }
 
 // AllowTenant takes one request from tenant's rate limit, for a surface

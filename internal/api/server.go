@@ -91,6 +91,7 @@ type Server struct {
 	// byHeader routes requests that carry a header to another handler
 	// (RouteByHeader), ahead of the route table.
 	byHeader []headerRoute
+	sess     sessions // the dashboard's sign-ins (session.go)
 
 	mu sync.Mutex
 	// limiters are the per-tenant request buckets.
@@ -173,6 +174,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.mux.Handle(rt.pattern, s.instrument(rt.pattern, h))
 	}
+	s.mountDashboard()
 	s.mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errNoRoute)
 	})))

@@ -133,6 +133,20 @@ func (s *Store) RevokeKey(ctx context.Context, id string) error {
 	return nil
 }
 
+// GetKey returns key id's record (revoked ones too), for a holder of a
+// session bound to a key id that must re-check it; ErrBadKey if there is
+// no such key.
+func (s *Store) GetKey(ctx context.Context, id string) (APIKey, error) {
+	k, _, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys WHERE id=?`, id))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return APIKey{}, ErrBadKey
+	case err != nil:
+		return APIKey{}, fmt.Errorf("get key: %w", err)
+	}
+	return k, nil
+}
+
 // dummyHash is compared against when a key id is unknown, so that unknown
 // and wrong keys take the same path.
 var dummyHash = hashSecret("")

@@ -48,6 +48,12 @@ func TestKeys(t *testing.T) {
 	if err := s.RevokeKey(ctx, "zzzzzzzz"); err == nil {
 		t.Fatal("revoking a missing key succeeded")
 	}
+	if g, err := s.GetKey(ctx, k.ID); err != nil || !g.Revoked || g.Tenant != "acme" {
+		t.Fatalf("GetKey(revoked) = %+v, %v", g, err)
+	}
+	if _, err := s.GetKey(ctx, "zzzzzzzz"); !errors.Is(err, ErrBadKey) {
+		t.Fatalf("GetKey(missing) = %v, want ErrBadKey", err)
+	}
 	keys, err := s.ListKeys(ctx)
 	if err != nil || len(keys) != 1 || !keys[0].Revoked {
 		t.Fatalf("ListKeys = %+v, %v", keys, err)
