@@ -7,7 +7,9 @@ import (
 )
 
 // TestDeps keeps the guest agent small and free of host code: it may link
-// only the standard library, airlock's agent and agentapi packages, the
+// only the standard library, airlock's agent and agentapi packages,
+// airlock's archive package (standard library only: the tar defences the
+// host uses on what a guest sends are the same code), the
 // protocol's own dependencies, the pure-Go ZeroMQ that code contexts use
 // to speak to Jupyter kernels, creack/pty (terminals) and fsnotify (file
 // watches).
@@ -21,6 +23,7 @@ func TestDeps(t *testing.T) {
 		"github.com/airlock-sandbox/airlock/cmd/airlock-agent",
 		"github.com/airlock-sandbox/airlock/internal/agent",
 		"github.com/airlock-sandbox/airlock/internal/agentapi",
+		"github.com/airlock-sandbox/airlock/internal/archive",
 		"golang.org/x/sys/",
 		"golang.org/x/net/",
 		"golang.org/x/text/",

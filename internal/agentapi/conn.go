@@ -30,7 +30,7 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 // ProtocolVersion is the version this build speaks. Bump it when an RPC or
 // a request field that an older agent would ignore is added, and record
 // below which version introduced it.
-const ProtocolVersion = VersionWatch
+const ProtocolVersion = VersionArchive
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -135,4 +135,7 @@ const (
 	// VersionWatch added FileService.Rename, FileService.Watch and
 	// AgentService.Usage.
 	VersionWatch = 5
+	// VersionArchive added FileService.WriteTar and FileService.ReadTar
+	// (directories as tar streams).
+	VersionArchive = 6
 )

@@ -64,6 +64,14 @@ type FileList struct {
 	Truncated bool
 }
 
+// ArchiveResult is what extracting a tar stream in the guest made.
+type ArchiveResult struct {
+	// Entries counts the files, directories, symlinks and hard links made.
+	Entries int64
+	// Bytes is the file data written.
+	Bytes int64
+}
+
 // FileOp is what happened to a watched path.
 type FileOp uint8
 

@@ -41,6 +41,44 @@ func (m *Manager) ReadFile(ctx context.Context, c Caller, id, p string, w io.Wri
 	return sc.ReadFile(ctx, p, int64(sb.DiskMiB)<<20, w, info)
 }
 
+// ArchiveLimit is the most bytes a guest's tar stream may have, for a
+// sandbox disk of diskBytes: twice the disk (tar headers and padding can
+// outweigh the data of small files) and 64 MiB more.
+func ArchiveLimit(diskBytes int64) int64 { return 2*diskBytes + 64<<20 }
+
+// WriteArchive extracts the tar stream r into directory p of sandbox id
+// (made, with parents, if missing) and returns what the guest made. The
+// guest refuses names, symlinks and hard links that would lead outside p,
+// and device nodes (ErrInvalid), and caps entries and bytes by its disk
+// (ErrResourceExhausted). An extraction that fails midway leaves what it
+// made: the audit event says so ("failed").
+func (m *Manager) WriteArchive(ctx context.Context, c Caller, id, p string, r io.Reader) (guest.ArchiveResult, error) {
+	sb, sc, err := m.running(ctx, c, id)
+	if err != nil {
+		return guest.ArchiveResult{}, err
+	}
+	res, err := sc.WriteArchive(ctx, p, r)
+	d := map[string]any{"path": p, "entries": res.Entries, "size": res.Bytes}
+	if err != nil {
+		d["failed"] = true
+	}
+	m.audit(ctx, c, sb.ID, "file.extract", d)
+	return res, err
+}
+
+// ReadArchive streams a tar of path p of sandbox id (a file, or a
+// directory and everything below it, named base(p)/...) to w and returns
+// the bytes copied, at most ArchiveLimit of the sandbox's disk
+// (ErrResourceExhausted beyond). The stream is the guest's: whoever
+// extracts it must treat it as hostile (internal/archive does).
+func (m *Manager) ReadArchive(ctx context.Context, c Caller, id, p string, w io.Writer) (int64, error) {
+	sb, sc, err := m.running(ctx, c, id)
+	if err != nil {
+		return 0, err
+	}
+	return sc.ReadArchive(ctx, p, ArchiveLimit(int64(sb.DiskMiB)<<20), w)
+}
+
 // StatFile describes file p of sandbox id.
 func (m *Manager) StatFile(ctx context.Context, c Caller, id, p string) (guest.FileInfo, error) {
 	_, sc, err := m.running(ctx, c, id)

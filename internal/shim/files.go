@@ -233,3 +233,76 @@ func validEventName(name string) bool {
 	return name != "" && len(name) <= maxPathLen && !strings.HasPrefix(name, "/") && strings.IndexByte(name, 0) < 0 &&
 		path.Clean(name) == name && name != ".." && !strings.HasPrefix(name, "../") && utf8.ValidString(name)
 }
+
+// WriteTar relays a tar stream into a guest directory, like Write: the
+// path is checked here, the archive's names by the guest (the archive is
+// the caller's, and the guest is where it lands).
+func (f fileService) WriteTar(ctx context.Context, in *connect.ClientStream[shimv2.WriteTarRequest]) (*connect.Response[shimv2.WriteTarResponse], error) {
+	if !in.Receive() {
+		return nil, invalid(fmt.Errorf("read tar header: %w", in.Err()))
+	}
+	h := in.Msg().GetHeader()
+	if h == nil {
+		return nil, invalid(errors.New("first tar message must be the header"))
+	}
+	if err := checkPath(h.GetPath()); err != nil {
+		return nil, err
+	}
+	if err := f.agent.Require(agentapi.VersionArchive, "copying directories"); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := f.agent.Files.WriteTar(ctx)
+	if err := out.Send(&agentv1.WriteTarRequest{Msg: &agentv1.WriteTarRequest_Header{Header: &agentv1.WriteTarHeader{Path: h.GetPath()}}}); err != nil {
+		_, rerr := out.CloseAndReceive()
+		return nil, relayErr("write tar", errors.Join(err, rerr))
+	}
+	for in.Receive() {
+		data := in.Msg().GetData()
+		if data == nil {
+			continue
+		}
+		if err := out.Send(&agentv1.WriteTarRequest{Msg: &agentv1.WriteTarRequest_Data{Data: data}}); err != nil {
+			break // the real error comes from CloseAndReceive
+		}
+	}
+	if err := in.Err(); err != nil {
+		// The client went away mid-archive: cancel, so the guest stops
+		// instead of taking what came as the whole archive.
+		cancel()
+		_, _ = out.CloseAndReceive()
+		return nil, relayErr("write tar", err)
+	}
+	resp, err := out.CloseAndReceive()
+	if err != nil {
+		return nil, relayErr("write tar", err)
+	}
+	return connect.NewResponse(&shimv2.WriteTarResponse{Entries: resp.Msg.GetEntries(), Bytes: resp.Msg.GetBytes()}), nil
+}
+
+// ReadTar relays the guest's tar of a path. The bytes are passed on
+// unread: they are guest data, capped by the shim client and extracted
+// (if at all) by code that treats them as hostile.
+func (f fileService) ReadTar(ctx context.Context, req *connect.Request[shimv2.ReadTarRequest], out *connect.ServerStream[shimv2.ReadTarResponse]) error {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return err
+	}
+	if err := f.agent.Require(agentapi.VersionArchive, "copying directories"); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	in, err := f.agent.Files.ReadTar(ctx, connect.NewRequest(&agentv1.ReadTarRequest{Path: req.Msg.GetPath()}))
+	if err != nil {
+		return relayErr("read tar", err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		if err := out.Send(&shimv2.ReadTarResponse{Data: in.Msg().GetData()}); err != nil {
+			return err
+		}
+	}
+	if err := in.Err(); err != nil {
+		return relayErr("read tar", err)
+	}
+	return nil
+}

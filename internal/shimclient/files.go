@@ -209,3 +209,71 @@ func (c *Client) Watch(ctx context.Context, p string, recursive bool, started fu
 	}
 	return fmt.Errorf("%w: watch %s: the guest ended the watch", errdefs.ErrUnavailable, p)
 }
+
+// WriteArchive streams the tar stream r into guest directory p (made if
+// missing) and returns what the guest made. The guest refuses entries
+// that would leave p (ErrInvalid) and caps entries and bytes
+// (ErrResourceExhausted); on an error, what it made so far stays.
+func (c *Client) WriteArchive(ctx context.Context, p string, r io.Reader) (guest.ArchiveResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := c.files().WriteTar(ctx)
+	if err := st.Send(&shimv2.WriteTarRequest{Msg: &shimv2.WriteTarRequest_Header{Header: &shimv2.WriteTarHeader{Path: p}}}); err != nil {
+		_, rerr := st.CloseAndReceive()
+		return guest.ArchiveResult{}, fileErr("extract into", p, errors.Join(err, rerr))
+	}
+	buf := make([]byte, ChunkSize)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if err := st.Send(&shimv2.WriteTarRequest{Msg: &shimv2.WriteTarRequest_Data{Data: buf[:n]}}); err != nil {
+				break // the reason comes from CloseAndReceive
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			// Cancel: the guest must not take what came as the whole archive.
+			cancel()
+			_, _ = st.CloseAndReceive()
+			return guest.ArchiveResult{}, fmt.Errorf("read the archive for %s: %w", p, rerr)
+		}
+	}
+	resp, err := st.CloseAndReceive()
+	if err != nil {
+		return guest.ArchiveResult{}, fileErr("extract into", p, err)
+	}
+	return guest.ArchiveResult{Entries: int64(min(resp.Msg.GetEntries(), 1<<62)), Bytes: int64(min(resp.Msg.GetBytes(), 1<<62))}, nil
+}
+
+// ReadArchive streams a tar of guest path p (a file or a directory tree,
+// named base(p)/...) to w, refusing more than limit bytes
+// (ErrResourceExhausted), and returns the bytes copied. The stream is
+// the guest's: whoever extracts it must treat it as hostile. On an error
+// what reached w is not a whole archive.
+func (c *Client) ReadArchive(ctx context.Context, p string, limit int64, w io.Writer) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.files().ReadTar(ctx, connect.NewRequest(&shimv2.ReadTarRequest{Path: p}))
+	if err != nil {
+		return 0, fileErr("archive", p, err)
+	}
+	defer st.Close()
+	var n int64
+	for st.Receive() {
+		data := st.Msg().GetData()
+		if n+int64(len(data)) > limit {
+			return n, fmt.Errorf("%w: archive %s: the guest sent more than %d bytes", errdefs.ErrResourceExhausted, p, limit)
+		}
+		k, err := w.Write(data)
+		n += int64(k)
+		if err != nil {
+			return n, fmt.Errorf("copy the archive of %s: %w", p, err)
+		}
+	}
+	if err := st.Err(); err != nil {
+		return n, fileErr("archive", p, err)
+	}
+	return n, nil
+}

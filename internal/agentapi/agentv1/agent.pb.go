@@ -1301,6 +1301,287 @@ func (x *ExecExited) GetOomKilled() bool {
 	return false
 }
 
+type WriteTarRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*WriteTarRequest_Header
+	//	*WriteTarRequest_Data
+	Msg           isWriteTarRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteTarRequest) Reset() {
+	*x = WriteTarRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteTarRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteTarRequest) ProtoMessage() {}
+
+func (x *WriteTarRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteTarRequest.ProtoReflect.Descriptor instead.
+func (*WriteTarRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WriteTarRequest) GetMsg() isWriteTarRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *WriteTarRequest) GetHeader() *WriteTarHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*WriteTarRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *WriteTarRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*WriteTarRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isWriteTarRequest_Msg interface {
+	isWriteTarRequest_Msg()
+}
+
+type WriteTarRequest_Header struct {
+	Header *WriteTarHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type WriteTarRequest_Data struct {
+	// Bytes of the tar stream, in order.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*WriteTarRequest_Header) isWriteTarRequest_Msg() {}
+
+func (*WriteTarRequest_Data) isWriteTarRequest_Msg() {}
+
+type WriteTarHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The directory to extract into.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Owner of every entry made; empty means root. Same syntax as
+	// ExecStart.user.
+	User          string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteTarHeader) Reset() {
+	*x = WriteTarHeader{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteTarHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteTarHeader) ProtoMessage() {}
+
+func (x *WriteTarHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteTarHeader.ProtoReflect.Descriptor instead.
+func (*WriteTarHeader) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *WriteTarHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WriteTarHeader) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+type WriteTarResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries made (files, directories, symlinks, hard links).
+	Entries uint64 `protobuf:"varint,1,opt,name=entries,proto3" json:"entries,omitempty"`
+	// Bytes of file data written.
+	Bytes         uint64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteTarResponse) Reset() {
+	*x = WriteTarResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteTarResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteTarResponse) ProtoMessage() {}
+
+func (x *WriteTarResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteTarResponse.ProtoReflect.Descriptor instead.
+func (*WriteTarResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WriteTarResponse) GetEntries() uint64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *WriteTarResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type ReadTarRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadTarRequest) Reset() {
+	*x = ReadTarRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadTarRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadTarRequest) ProtoMessage() {}
+
+func (x *ReadTarRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadTarRequest.ProtoReflect.Descriptor instead.
+func (*ReadTarRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReadTarRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type ReadTarResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the tar stream, in order.
+	Data          []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadTarResponse) Reset() {
+	*x = ReadTarResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadTarResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadTarResponse) ProtoMessage() {}
+
+func (x *ReadTarResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadTarResponse.ProtoReflect.Descriptor instead.
+func (*ReadTarResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReadTarResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type RenameRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
@@ -1311,7 +1592,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1604,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1617,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -1361,7 +1642,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1654,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1667,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type WatchRequest struct {
@@ -1400,7 +1681,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1693,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1706,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -1453,7 +1734,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1746,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1759,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FileEvent) GetName() string {
@@ -1508,7 +1789,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1801,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1814,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
@@ -1597,7 +1878,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1890,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1903,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1697,7 +1978,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1990,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +2003,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1741,7 +2022,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +2034,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +2047,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1789,7 +2070,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +2082,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +2095,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1848,7 +2129,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +2141,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2154,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1903,7 +2184,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2196,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2209,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1960,7 +2241,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2253,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2266,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type RemoveRequest struct {
@@ -1998,7 +2279,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2291,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2304,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2048,7 +2329,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2341,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2354,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 type ReadRequest struct {
@@ -2085,7 +2366,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +2378,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +2391,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadRequest) GetPath() string {
@@ -2133,7 +2414,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2426,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2439,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadResponse) GetMsg() isReadResponse_Msg {
@@ -2215,7 +2496,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2508,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2521,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WriteRequest) GetMsg() isWriteRequest_Msg {
@@ -2299,7 +2580,7 @@ type WriteHeader struct {
 
 func (x *WriteHeader) Reset() {
 	*x = WriteHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2311,7 +2592,7 @@ func (x *WriteHeader) String() string {
 func (*WriteHeader) ProtoMessage() {}
 
 func (x *WriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2324,7 +2605,7 @@ func (x *WriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteHeader.ProtoReflect.Descriptor instead.
 func (*WriteHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteHeader) GetPath() string {
@@ -2364,7 +2645,7 @@ type WriteResponse struct {
 
 func (x *WriteResponse) Reset() {
 	*x = WriteResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2376,7 +2657,7 @@ func (x *WriteResponse) String() string {
 func (*WriteResponse) ProtoMessage() {}
 
 func (x *WriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2389,7 +2670,7 @@ func (x *WriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteResponse.ProtoReflect.Descriptor instead.
 func (*WriteResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WriteResponse) GetBytesWritten() uint64 {
@@ -2415,7 +2696,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2708,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2721,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateContextRequest) GetLanguage() string {
@@ -2491,7 +2772,7 @@ type ContextInfo struct {
 
 func (x *ContextInfo) Reset() {
 	*x = ContextInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2784,7 @@ func (x *ContextInfo) String() string {
 func (*ContextInfo) ProtoMessage() {}
 
 func (x *ContextInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2797,7 @@ func (x *ContextInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextInfo.ProtoReflect.Descriptor instead.
 func (*ContextInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ContextInfo) GetId() string {
@@ -2583,7 +2864,7 @@ type ContextExit struct {
 
 func (x *ContextExit) Reset() {
 	*x = ContextExit{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2595,7 +2876,7 @@ func (x *ContextExit) String() string {
 func (*ContextExit) ProtoMessage() {}
 
 func (x *ContextExit) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2608,7 +2889,7 @@ func (x *ContextExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextExit.ProtoReflect.Descriptor instead.
 func (*ContextExit) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ContextExit) GetExitCode() int32 {
@@ -2640,7 +2921,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2652,7 +2933,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2665,7 +2946,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 type ListContextsResponse struct {
@@ -2677,7 +2958,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +2970,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +2983,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -2721,7 +3002,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2733,7 +3014,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2746,7 +3027,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -2764,7 +3045,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2776,7 +3057,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2789,7 +3070,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 type RestartContextRequest struct {
@@ -2801,7 +3082,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +3094,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +3107,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -2845,7 +3126,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +3138,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +3151,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -2888,7 +3169,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2900,7 +3181,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2913,7 +3194,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 type RunCodeRequest struct {
@@ -2935,7 +3216,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3228,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3241,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -3014,7 +3295,7 @@ type RunCodeEvent struct {
 
 func (x *RunCodeEvent) Reset() {
 	*x = RunCodeEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3307,7 @@ func (x *RunCodeEvent) String() string {
 func (*RunCodeEvent) ProtoMessage() {}
 
 func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3320,7 @@ func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
 func (*RunCodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
@@ -3144,7 +3425,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3156,7 +3437,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3169,7 +3450,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -3197,7 +3478,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3209,7 +3490,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3222,7 +3503,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CodeError) GetName() string {
@@ -3263,7 +3544,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3275,7 +3556,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3288,7 +3569,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -3410,7 +3691,21 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
 	"durationMs\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x06 \x01(\bR\toomKilled\"3\n" +
+	"oom_killed\x18\x06 \x01(\bR\toomKilled\"j\n" +
+	"\x0fWriteTarRequest\x12:\n" +
+	"\x06header\x18\x01 \x01(\v2 .airlock.agent.v1.WriteTarHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"8\n" +
+	"\x0eWriteTarHeader\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\"B\n" +
+	"\x10WriteTarResponse\x12\x18\n" +
+	"\aentries\x18\x01 \x01(\x04R\aentries\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\"$\n" +
+	"\x0eReadTarRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"%\n" +
+	"\x0fReadTarResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"3\n" +
 	"\rRenameRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\"\x10\n" +
@@ -3556,7 +3851,7 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Sync\x12\x1d.airlock.agent.v1.SyncRequest\x1a\x1e.airlock.agent.v1.SyncResponse\x12Q\n" +
 	"\bShutdown\x12!.airlock.agent.v1.ShutdownRequest\x1a\".airlock.agent.v1.ShutdownResponse2X\n" +
 	"\vExecService\x12I\n" +
-	"\x04Exec\x12\x1d.airlock.agent.v1.ExecRequest\x1a\x1e.airlock.agent.v1.ExecResponse(\x010\x012\xe0\x04\n" +
+	"\x04Exec\x12\x1d.airlock.agent.v1.ExecRequest\x1a\x1e.airlock.agent.v1.ExecResponse(\x010\x012\x87\x06\n" +
 	"\vFileService\x12E\n" +
 	"\x04Stat\x12\x1d.airlock.agent.v1.StatRequest\x1a\x1e.airlock.agent.v1.StatResponse\x12E\n" +
 	"\x04List\x12\x1d.airlock.agent.v1.ListRequest\x1a\x1e.airlock.agent.v1.ListResponse\x12H\n" +
@@ -3565,7 +3860,9 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Read\x12\x1d.airlock.agent.v1.ReadRequest\x1a\x1e.airlock.agent.v1.ReadResponse0\x01\x12J\n" +
 	"\x05Write\x12\x1e.airlock.agent.v1.WriteRequest\x1a\x1f.airlock.agent.v1.WriteResponse(\x01\x12K\n" +
 	"\x06Rename\x12\x1f.airlock.agent.v1.RenameRequest\x1a .airlock.agent.v1.RenameResponse\x12J\n" +
-	"\x05Watch\x12\x1e.airlock.agent.v1.WatchRequest\x1a\x1f.airlock.agent.v1.WatchResponse0\x012\x95\x04\n" +
+	"\x05Watch\x12\x1e.airlock.agent.v1.WatchRequest\x1a\x1f.airlock.agent.v1.WatchResponse0\x01\x12S\n" +
+	"\bWriteTar\x12!.airlock.agent.v1.WriteTarRequest\x1a\".airlock.agent.v1.WriteTarResponse(\x01\x12P\n" +
+	"\aReadTar\x12 .airlock.agent.v1.ReadTarRequest\x1a!.airlock.agent.v1.ReadTarResponse0\x012\x95\x04\n" +
 	"\x0eContextService\x12O\n" +
 	"\x06Create\x12&.airlock.agent.v1.CreateContextRequest\x1a\x1d.airlock.agent.v1.ContextInfo\x12U\n" +
 	"\x04List\x12%.airlock.agent.v1.ListContextsRequest\x1a&.airlock.agent.v1.ListContextsResponse\x12Y\n" +
@@ -3587,7 +3884,7 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(FileOp)(0),                      // 0: airlock.agent.v1.FileOp
 	(FileType)(0),                    // 1: airlock.agent.v1.FileType
@@ -3606,41 +3903,46 @@ var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(*ExecResponse)(nil),             // 14: airlock.agent.v1.ExecResponse
 	(*ExecStarted)(nil),              // 15: airlock.agent.v1.ExecStarted
 	(*ExecExited)(nil),               // 16: airlock.agent.v1.ExecExited
-	(*RenameRequest)(nil),            // 17: airlock.agent.v1.RenameRequest
-	(*RenameResponse)(nil),           // 18: airlock.agent.v1.RenameResponse
-	(*WatchRequest)(nil),             // 19: airlock.agent.v1.WatchRequest
-	(*FileEvent)(nil),                // 20: airlock.agent.v1.FileEvent
-	(*WatchResponse)(nil),            // 21: airlock.agent.v1.WatchResponse
-	(*FileInfo)(nil),                 // 22: airlock.agent.v1.FileInfo
-	(*StatRequest)(nil),              // 23: airlock.agent.v1.StatRequest
-	(*StatResponse)(nil),             // 24: airlock.agent.v1.StatResponse
-	(*ListRequest)(nil),              // 25: airlock.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 26: airlock.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 27: airlock.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 28: airlock.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 29: airlock.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 30: airlock.agent.v1.RemoveResponse
-	(*ReadRequest)(nil),              // 31: airlock.agent.v1.ReadRequest
-	(*ReadResponse)(nil),             // 32: airlock.agent.v1.ReadResponse
-	(*WriteRequest)(nil),             // 33: airlock.agent.v1.WriteRequest
-	(*WriteHeader)(nil),              // 34: airlock.agent.v1.WriteHeader
-	(*WriteResponse)(nil),            // 35: airlock.agent.v1.WriteResponse
-	(*CreateContextRequest)(nil),     // 36: airlock.agent.v1.CreateContextRequest
-	(*ContextInfo)(nil),              // 37: airlock.agent.v1.ContextInfo
-	(*ContextExit)(nil),              // 38: airlock.agent.v1.ContextExit
-	(*ListContextsRequest)(nil),      // 39: airlock.agent.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 40: airlock.agent.v1.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 41: airlock.agent.v1.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 42: airlock.agent.v1.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 43: airlock.agent.v1.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 44: airlock.agent.v1.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 45: airlock.agent.v1.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 46: airlock.agent.v1.RunCodeRequest
-	(*RunCodeEvent)(nil),             // 47: airlock.agent.v1.RunCodeEvent
-	(*CodeResult)(nil),               // 48: airlock.agent.v1.CodeResult
-	(*CodeError)(nil),                // 49: airlock.agent.v1.CodeError
-	(*CodeEnd)(nil),                  // 50: airlock.agent.v1.CodeEnd
-	nil,                              // 51: airlock.agent.v1.CodeResult.DataEntry
+	(*WriteTarRequest)(nil),          // 17: airlock.agent.v1.WriteTarRequest
+	(*WriteTarHeader)(nil),           // 18: airlock.agent.v1.WriteTarHeader
+	(*WriteTarResponse)(nil),         // 19: airlock.agent.v1.WriteTarResponse
+	(*ReadTarRequest)(nil),           // 20: airlock.agent.v1.ReadTarRequest
+	(*ReadTarResponse)(nil),          // 21: airlock.agent.v1.ReadTarResponse
+	(*RenameRequest)(nil),            // 22: airlock.agent.v1.RenameRequest
+	(*RenameResponse)(nil),           // 23: airlock.agent.v1.RenameResponse
+	(*WatchRequest)(nil),             // 24: airlock.agent.v1.WatchRequest
+	(*FileEvent)(nil),                // 25: airlock.agent.v1.FileEvent
+	(*WatchResponse)(nil),            // 26: airlock.agent.v1.WatchResponse
+	(*FileInfo)(nil),                 // 27: airlock.agent.v1.FileInfo
+	(*StatRequest)(nil),              // 28: airlock.agent.v1.StatRequest
+	(*StatResponse)(nil),             // 29: airlock.agent.v1.StatResponse
+	(*ListRequest)(nil),              // 30: airlock.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 31: airlock.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 32: airlock.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 33: airlock.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 34: airlock.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 35: airlock.agent.v1.RemoveResponse
+	(*ReadRequest)(nil),              // 36: airlock.agent.v1.ReadRequest
+	(*ReadResponse)(nil),             // 37: airlock.agent.v1.ReadResponse
+	(*WriteRequest)(nil),             // 38: airlock.agent.v1.WriteRequest
+	(*WriteHeader)(nil),              // 39: airlock.agent.v1.WriteHeader
+	(*WriteResponse)(nil),            // 40: airlock.agent.v1.WriteResponse
+	(*CreateContextRequest)(nil),     // 41: airlock.agent.v1.CreateContextRequest
+	(*ContextInfo)(nil),              // 42: airlock.agent.v1.ContextInfo
+	(*ContextExit)(nil),              // 43: airlock.agent.v1.ContextExit
+	(*ListContextsRequest)(nil),      // 44: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 45: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 46: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 47: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 48: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 49: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 50: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 51: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 52: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 53: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 54: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 55: airlock.agent.v1.CodeEnd
+	nil,                              // 56: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
 	7,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
@@ -3649,62 +3951,67 @@ var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
 	12, // 3: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
 	15, // 4: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
 	16, // 5: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
-	0,  // 6: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
-	20, // 7: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
-	1,  // 8: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
-	22, // 9: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
-	22, // 10: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
-	22, // 11: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
-	34, // 12: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	38, // 13: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
-	37, // 14: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
-	48, // 15: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
-	49, // 16: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
-	50, // 17: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
-	51, // 18: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
-	2,  // 19: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	4,  // 20: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
-	6,  // 21: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	9,  // 22: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	11, // 23: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	23, // 24: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	25, // 25: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	27, // 26: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	29, // 27: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	31, // 28: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	33, // 29: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	17, // 30: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
-	19, // 31: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
-	36, // 32: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
-	39, // 33: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
-	41, // 34: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
-	43, // 35: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
-	46, // 36: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
-	44, // 37: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
-	3,  // 38: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	5,  // 39: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
-	8,  // 40: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	10, // 41: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	14, // 42: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	24, // 43: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	26, // 44: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	28, // 45: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	30, // 46: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	32, // 47: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	35, // 48: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	18, // 49: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
-	21, // 50: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
-	37, // 51: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
-	40, // 52: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
-	42, // 53: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
-	37, // 54: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
-	47, // 55: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
-	45, // 56: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
-	38, // [38:57] is the sub-list for method output_type
-	19, // [19:38] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	18, // 6: airlock.agent.v1.WriteTarRequest.header:type_name -> airlock.agent.v1.WriteTarHeader
+	0,  // 7: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
+	25, // 8: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
+	1,  // 9: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
+	27, // 10: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
+	27, // 11: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
+	27, // 12: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
+	39, // 13: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
+	43, // 14: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
+	42, // 15: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	53, // 16: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	54, // 17: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	55, // 18: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	56, // 19: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	2,  // 20: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
+	4,  // 21: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
+	6,  // 22: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	9,  // 23: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	11, // 24: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	28, // 25: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	30, // 26: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	32, // 27: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	34, // 28: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	36, // 29: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	38, // 30: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	22, // 31: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
+	24, // 32: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
+	17, // 33: airlock.agent.v1.FileService.WriteTar:input_type -> airlock.agent.v1.WriteTarRequest
+	20, // 34: airlock.agent.v1.FileService.ReadTar:input_type -> airlock.agent.v1.ReadTarRequest
+	41, // 35: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	44, // 36: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	46, // 37: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	48, // 38: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	51, // 39: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	49, // 40: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	3,  // 41: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	5,  // 42: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
+	8,  // 43: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	10, // 44: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	14, // 45: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	29, // 46: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	31, // 47: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	33, // 48: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	35, // 49: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	37, // 50: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	40, // 51: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	23, // 52: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
+	26, // 53: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
+	19, // 54: airlock.agent.v1.FileService.WriteTar:output_type -> airlock.agent.v1.WriteTarResponse
+	21, // 55: airlock.agent.v1.FileService.ReadTar:output_type -> airlock.agent.v1.ReadTarResponse
+	42, // 56: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	45, // 57: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	47, // 58: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	42, // 59: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	52, // 60: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	50, // 61: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	41, // [41:62] is the sub-list for method output_type
+	20, // [20:41] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_airlock_agent_v1_agent_proto_init() }
@@ -3725,19 +4032,23 @@ func file_airlock_agent_v1_agent_proto_init() {
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exited)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[19].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
+		(*WriteTarRequest_Header)(nil),
+		(*WriteTarRequest_Data)(nil),
+	}
+	file_airlock_agent_v1_agent_proto_msgTypes[24].OneofWrappers = []any{
 		(*WatchResponse_Started)(nil),
 		(*WatchResponse_Event)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[30].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[35].OneofWrappers = []any{
 		(*ReadResponse_Info)(nil),
 		(*ReadResponse_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[31].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[36].OneofWrappers = []any{
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[45].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[50].OneofWrappers = []any{
 		(*RunCodeEvent_Stdout)(nil),
 		(*RunCodeEvent_Stderr)(nil),
 		(*RunCodeEvent_Result)(nil),
@@ -3750,7 +4061,7 @@ func file_airlock_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   50,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -142,6 +142,275 @@ func (FileType) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{1}
 }
 
+type WriteTarRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*WriteTarRequest_Header
+	//	*WriteTarRequest_Data
+	Msg           isWriteTarRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteTarRequest) Reset() {
+	*x = WriteTarRequest{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteTarRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteTarRequest) ProtoMessage() {}
+
+func (x *WriteTarRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteTarRequest.ProtoReflect.Descriptor instead.
+func (*WriteTarRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WriteTarRequest) GetMsg() isWriteTarRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *WriteTarRequest) GetHeader() *WriteTarHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*WriteTarRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *WriteTarRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*WriteTarRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isWriteTarRequest_Msg interface {
+	isWriteTarRequest_Msg()
+}
+
+type WriteTarRequest_Header struct {
+	Header *WriteTarHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type WriteTarRequest_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*WriteTarRequest_Header) isWriteTarRequest_Msg() {}
+
+func (*WriteTarRequest_Data) isWriteTarRequest_Msg() {}
+
+type WriteTarHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The guest directory to extract into.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteTarHeader) Reset() {
+	*x = WriteTarHeader{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteTarHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteTarHeader) ProtoMessage() {}
+
+func (x *WriteTarHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteTarHeader.ProtoReflect.Descriptor instead.
+func (*WriteTarHeader) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WriteTarHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type WriteTarResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries made (files, directories, symlinks, hard links).
+	Entries uint64 `protobuf:"varint,1,opt,name=entries,proto3" json:"entries,omitempty"`
+	// Bytes of file data written.
+	Bytes         uint64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteTarResponse) Reset() {
+	*x = WriteTarResponse{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteTarResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteTarResponse) ProtoMessage() {}
+
+func (x *WriteTarResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteTarResponse.ProtoReflect.Descriptor instead.
+func (*WriteTarResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *WriteTarResponse) GetEntries() uint64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *WriteTarResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type ReadTarRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadTarRequest) Reset() {
+	*x = ReadTarRequest{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadTarRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadTarRequest) ProtoMessage() {}
+
+func (x *ReadTarRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadTarRequest.ProtoReflect.Descriptor instead.
+func (*ReadTarRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReadTarRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type ReadTarResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadTarResponse) Reset() {
+	*x = ReadTarResponse{}
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadTarResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadTarResponse) ProtoMessage() {}
+
+func (x *ReadTarResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadTarResponse.ProtoReflect.Descriptor instead.
+func (*ReadTarResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReadTarResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type RenameFileRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
@@ -152,7 +421,7 @@ type RenameFileRequest struct {
 
 func (x *RenameFileRequest) Reset() {
 	*x = RenameFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[0]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +433,7 @@ func (x *RenameFileRequest) String() string {
 func (*RenameFileRequest) ProtoMessage() {}
 
 func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[0]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +446,7 @@ func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameFileRequest.ProtoReflect.Descriptor instead.
 func (*RenameFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{0}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenameFileRequest) GetFrom() string {
@@ -202,7 +471,7 @@ type RenameFileResponse struct {
 
 func (x *RenameFileResponse) Reset() {
 	*x = RenameFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[1]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -214,7 +483,7 @@ func (x *RenameFileResponse) String() string {
 func (*RenameFileResponse) ProtoMessage() {}
 
 func (x *RenameFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[1]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -227,7 +496,7 @@ func (x *RenameFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameFileResponse.ProtoReflect.Descriptor instead.
 func (*RenameFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{1}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{6}
 }
 
 type WatchFilesRequest struct {
@@ -241,7 +510,7 @@ type WatchFilesRequest struct {
 
 func (x *WatchFilesRequest) Reset() {
 	*x = WatchFilesRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[2]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +522,7 @@ func (x *WatchFilesRequest) String() string {
 func (*WatchFilesRequest) ProtoMessage() {}
 
 func (x *WatchFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[2]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +535,7 @@ func (x *WatchFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFilesRequest.ProtoReflect.Descriptor instead.
 func (*WatchFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{2}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchFilesRequest) GetPath() string {
@@ -294,7 +563,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[3]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +575,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[3]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +588,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{3}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FileEvent) GetName() string {
@@ -349,7 +618,7 @@ type WatchFilesResponse struct {
 
 func (x *WatchFilesResponse) Reset() {
 	*x = WatchFilesResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[4]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -361,7 +630,7 @@ func (x *WatchFilesResponse) String() string {
 func (*WatchFilesResponse) ProtoMessage() {}
 
 func (x *WatchFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[4]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -374,7 +643,7 @@ func (x *WatchFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFilesResponse.ProtoReflect.Descriptor instead.
 func (*WatchFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{4}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WatchFilesResponse) GetMsg() isWatchFilesResponse_Msg {
@@ -437,7 +706,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[5]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +718,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[5]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +731,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{5}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -537,7 +806,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[6]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +818,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[6]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +831,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{6}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StatFileRequest) GetPath() string {
@@ -581,7 +850,7 @@ type StatFileResponse struct {
 
 func (x *StatFileResponse) Reset() {
 	*x = StatFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +862,7 @@ func (x *StatFileResponse) String() string {
 func (*StatFileResponse) ProtoMessage() {}
 
 func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +875,7 @@ func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileResponse.ProtoReflect.Descriptor instead.
 func (*StatFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{7}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatFileResponse) GetInfo() *FileInfo {
@@ -627,7 +896,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -639,7 +908,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -652,7 +921,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{8}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListFilesRequest) GetPath() string {
@@ -680,7 +949,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +961,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +974,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{9}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListFilesResponse) GetEntries() []*FileInfo {
@@ -735,7 +1004,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +1016,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +1029,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{10}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -792,7 +1061,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +1073,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +1086,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{11}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{16}
 }
 
 type RemoveFileRequest struct {
@@ -831,7 +1100,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[12]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +1112,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[12]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +1125,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{12}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RemoveFileRequest) GetPath() string {
@@ -881,7 +1150,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[13]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1162,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[13]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1175,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{13}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{18}
 }
 
 type ReadFileRequest struct {
@@ -918,7 +1187,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[14]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1199,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[14]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1212,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{14}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -966,7 +1235,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[15]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1247,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[15]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1260,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{15}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadFileResponse) GetMsg() isReadFileResponse_Msg {
@@ -1048,7 +1317,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[16]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1329,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[16]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1342,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{16}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -1130,7 +1399,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[17]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1411,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[17]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1424,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{17}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -1188,7 +1457,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[18]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1469,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_files_proto_msgTypes[18]
+	mi := &file_airlock_shim_v2_files_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1482,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{18}
+	return file_airlock_shim_v2_files_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteFileResponse) GetBytesWritten() uint64 {
@@ -1227,7 +1496,20 @@ var File_airlock_shim_v2_files_proto protoreflect.FileDescriptor
 
 const file_airlock_shim_v2_files_proto_rawDesc = "" +
 	"\n" +
-	"\x1bairlock/shim/v2/files.proto\x12\x0fairlock.shim.v2\"7\n" +
+	"\x1bairlock/shim/v2/files.proto\x12\x0fairlock.shim.v2\"i\n" +
+	"\x0fWriteTarRequest\x129\n" +
+	"\x06header\x18\x01 \x01(\v2\x1f.airlock.shim.v2.WriteTarHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"$\n" +
+	"\x0eWriteTarHeader\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"B\n" +
+	"\x10WriteTarResponse\x12\x18\n" +
+	"\aentries\x18\x01 \x01(\x04R\aentries\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\"$\n" +
+	"\x0eReadTarRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"%\n" +
+	"\x0fReadTarResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"7\n" +
 	"\x11RenameFileRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\"\x14\n" +
@@ -1299,7 +1581,7 @@ const file_airlock_shim_v2_files_proto_rawDesc = "" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\x8c\x05\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x042\xaf\x06\n" +
 	"\vFileService\x12K\n" +
 	"\x04Stat\x12 .airlock.shim.v2.StatFileRequest\x1a!.airlock.shim.v2.StatFileResponse\x12M\n" +
 	"\x04List\x12!.airlock.shim.v2.ListFilesRequest\x1a\".airlock.shim.v2.ListFilesResponse\x12F\n" +
@@ -1308,7 +1590,9 @@ const file_airlock_shim_v2_files_proto_rawDesc = "" +
 	"\x04Read\x12 .airlock.shim.v2.ReadFileRequest\x1a!.airlock.shim.v2.ReadFileResponse0\x01\x12P\n" +
 	"\x05Write\x12!.airlock.shim.v2.WriteFileRequest\x1a\".airlock.shim.v2.WriteFileResponse(\x01\x12Q\n" +
 	"\x06Rename\x12\".airlock.shim.v2.RenameFileRequest\x1a#.airlock.shim.v2.RenameFileResponse\x12R\n" +
-	"\x05Watch\x12\".airlock.shim.v2.WatchFilesRequest\x1a#.airlock.shim.v2.WatchFilesResponse0\x01BCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
+	"\x05Watch\x12\".airlock.shim.v2.WatchFilesRequest\x1a#.airlock.shim.v2.WatchFilesResponse0\x01\x12Q\n" +
+	"\bWriteTar\x12 .airlock.shim.v2.WriteTarRequest\x1a!.airlock.shim.v2.WriteTarResponse(\x01\x12N\n" +
+	"\aReadTar\x12\x1f.airlock.shim.v2.ReadTarRequest\x1a .airlock.shim.v2.ReadTarResponse0\x01BCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
 
 var (
 	file_airlock_shim_v2_files_proto_rawDescOnce sync.Once
@@ -1323,59 +1607,69 @@ func file_airlock_shim_v2_files_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_shim_v2_files_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_airlock_shim_v2_files_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_airlock_shim_v2_files_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_airlock_shim_v2_files_proto_goTypes = []any{
 	(FileOp)(0),                // 0: airlock.shim.v2.FileOp
 	(FileType)(0),              // 1: airlock.shim.v2.FileType
-	(*RenameFileRequest)(nil),  // 2: airlock.shim.v2.RenameFileRequest
-	(*RenameFileResponse)(nil), // 3: airlock.shim.v2.RenameFileResponse
-	(*WatchFilesRequest)(nil),  // 4: airlock.shim.v2.WatchFilesRequest
-	(*FileEvent)(nil),          // 5: airlock.shim.v2.FileEvent
-	(*WatchFilesResponse)(nil), // 6: airlock.shim.v2.WatchFilesResponse
-	(*FileInfo)(nil),           // 7: airlock.shim.v2.FileInfo
-	(*StatFileRequest)(nil),    // 8: airlock.shim.v2.StatFileRequest
-	(*StatFileResponse)(nil),   // 9: airlock.shim.v2.StatFileResponse
-	(*ListFilesRequest)(nil),   // 10: airlock.shim.v2.ListFilesRequest
-	(*ListFilesResponse)(nil),  // 11: airlock.shim.v2.ListFilesResponse
-	(*MkdirRequest)(nil),       // 12: airlock.shim.v2.MkdirRequest
-	(*MkdirResponse)(nil),      // 13: airlock.shim.v2.MkdirResponse
-	(*RemoveFileRequest)(nil),  // 14: airlock.shim.v2.RemoveFileRequest
-	(*RemoveFileResponse)(nil), // 15: airlock.shim.v2.RemoveFileResponse
-	(*ReadFileRequest)(nil),    // 16: airlock.shim.v2.ReadFileRequest
-	(*ReadFileResponse)(nil),   // 17: airlock.shim.v2.ReadFileResponse
-	(*WriteFileRequest)(nil),   // 18: airlock.shim.v2.WriteFileRequest
-	(*WriteFileHeader)(nil),    // 19: airlock.shim.v2.WriteFileHeader
-	(*WriteFileResponse)(nil),  // 20: airlock.shim.v2.WriteFileResponse
+	(*WriteTarRequest)(nil),    // 2: airlock.shim.v2.WriteTarRequest
+	(*WriteTarHeader)(nil),     // 3: airlock.shim.v2.WriteTarHeader
+	(*WriteTarResponse)(nil),   // 4: airlock.shim.v2.WriteTarResponse
+	(*ReadTarRequest)(nil),     // 5: airlock.shim.v2.ReadTarRequest
+	(*ReadTarResponse)(nil),    // 6: airlock.shim.v2.ReadTarResponse
+	(*RenameFileRequest)(nil),  // 7: airlock.shim.v2.RenameFileRequest
+	(*RenameFileResponse)(nil), // 8: airlock.shim.v2.RenameFileResponse
+	(*WatchFilesRequest)(nil),  // 9: airlock.shim.v2.WatchFilesRequest
+	(*FileEvent)(nil),          // 10: airlock.shim.v2.FileEvent
+	(*WatchFilesResponse)(nil), // 11: airlock.shim.v2.WatchFilesResponse
+	(*FileInfo)(nil),           // 12: airlock.shim.v2.FileInfo
+	(*StatFileRequest)(nil),    // 13: airlock.shim.v2.StatFileRequest
+	(*StatFileResponse)(nil),   // 14: airlock.shim.v2.StatFileResponse
+	(*ListFilesRequest)(nil),   // 15: airlock.shim.v2.ListFilesRequest
+	(*ListFilesResponse)(nil),  // 16: airlock.shim.v2.ListFilesResponse
+	(*MkdirRequest)(nil),       // 17: airlock.shim.v2.MkdirRequest
+	(*MkdirResponse)(nil),      // 18: airlock.shim.v2.MkdirResponse
+	(*RemoveFileRequest)(nil),  // 19: airlock.shim.v2.RemoveFileRequest
+	(*RemoveFileResponse)(nil), // 20: airlock.shim.v2.RemoveFileResponse
+	(*ReadFileRequest)(nil),    // 21: airlock.shim.v2.ReadFileRequest
+	(*ReadFileResponse)(nil),   // 22: airlock.shim.v2.ReadFileResponse
+	(*WriteFileRequest)(nil),   // 23: airlock.shim.v2.WriteFileRequest
+	(*WriteFileHeader)(nil),    // 24: airlock.shim.v2.WriteFileHeader
+	(*WriteFileResponse)(nil),  // 25: airlock.shim.v2.WriteFileResponse
 }
 var file_airlock_shim_v2_files_proto_depIdxs = []int32{
-	0,  // 0: airlock.shim.v2.FileEvent.op:type_name -> airlock.shim.v2.FileOp
-	5,  // 1: airlock.shim.v2.WatchFilesResponse.event:type_name -> airlock.shim.v2.FileEvent
-	1,  // 2: airlock.shim.v2.FileInfo.type:type_name -> airlock.shim.v2.FileType
-	7,  // 3: airlock.shim.v2.StatFileResponse.info:type_name -> airlock.shim.v2.FileInfo
-	7,  // 4: airlock.shim.v2.ListFilesResponse.entries:type_name -> airlock.shim.v2.FileInfo
-	7,  // 5: airlock.shim.v2.ReadFileResponse.info:type_name -> airlock.shim.v2.FileInfo
-	19, // 6: airlock.shim.v2.WriteFileRequest.header:type_name -> airlock.shim.v2.WriteFileHeader
-	8,  // 7: airlock.shim.v2.FileService.Stat:input_type -> airlock.shim.v2.StatFileRequest
-	10, // 8: airlock.shim.v2.FileService.List:input_type -> airlock.shim.v2.ListFilesRequest
-	12, // 9: airlock.shim.v2.FileService.Mkdir:input_type -> airlock.shim.v2.MkdirRequest
-	14, // 10: airlock.shim.v2.FileService.Remove:input_type -> airlock.shim.v2.RemoveFileRequest
-	16, // 11: airlock.shim.v2.FileService.Read:input_type -> airlock.shim.v2.ReadFileRequest
-	18, // 12: airlock.shim.v2.FileService.Write:input_type -> airlock.shim.v2.WriteFileRequest
-	2,  // 13: airlock.shim.v2.FileService.Rename:input_type -> airlock.shim.v2.RenameFileRequest
-	4,  // 14: airlock.shim.v2.FileService.Watch:input_type -> airlock.shim.v2.WatchFilesRequest
-	9,  // 15: airlock.shim.v2.FileService.Stat:output_type -> airlock.shim.v2.StatFileResponse
-	11, // 16: airlock.shim.v2.FileService.List:output_type -> airlock.shim.v2.ListFilesResponse
-	13, // 17: airlock.shim.v2.FileService.Mkdir:output_type -> airlock.shim.v2.MkdirResponse
-	15, // 18: airlock.shim.v2.FileService.Remove:output_type -> airlock.shim.v2.RemoveFileResponse
-	17, // 19: airlock.shim.v2.FileService.Read:output_type -> airlock.shim.v2.ReadFileResponse
-	20, // 20: airlock.shim.v2.FileService.Write:output_type -> airlock.shim.v2.WriteFileResponse
-	3,  // 21: airlock.shim.v2.FileService.Rename:output_type -> airlock.shim.v2.RenameFileResponse
-	6,  // 22: airlock.shim.v2.FileService.Watch:output_type -> airlock.shim.v2.WatchFilesResponse
-	15, // [15:23] is the sub-list for method output_type
-	7,  // [7:15] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	3,  // 0: airlock.shim.v2.WriteTarRequest.header:type_name -> airlock.shim.v2.WriteTarHeader
+	0,  // 1: airlock.shim.v2.FileEvent.op:type_name -> airlock.shim.v2.FileOp
+	10, // 2: airlock.shim.v2.WatchFilesResponse.event:type_name -> airlock.shim.v2.FileEvent
+	1,  // 3: airlock.shim.v2.FileInfo.type:type_name -> airlock.shim.v2.FileType
+	12, // 4: airlock.shim.v2.StatFileResponse.info:type_name -> airlock.shim.v2.FileInfo
+	12, // 5: airlock.shim.v2.ListFilesResponse.entries:type_name -> airlock.shim.v2.FileInfo
+	12, // 6: airlock.shim.v2.ReadFileResponse.info:type_name -> airlock.shim.v2.FileInfo
+	24, // 7: airlock.shim.v2.WriteFileRequest.header:type_name -> airlock.shim.v2.WriteFileHeader
+	13, // 8: airlock.shim.v2.FileService.Stat:input_type -> airlock.shim.v2.StatFileRequest
+	15, // 9: airlock.shim.v2.FileService.List:input_type -> airlock.shim.v2.ListFilesRequest
+	17, // 10: airlock.shim.v2.FileService.Mkdir:input_type -> airlock.shim.v2.MkdirRequest
+	19, // 11: airlock.shim.v2.FileService.Remove:input_type -> airlock.shim.v2.RemoveFileRequest
+	21, // 12: airlock.shim.v2.FileService.Read:input_type -> airlock.shim.v2.ReadFileRequest
+	23, // 13: airlock.shim.v2.FileService.Write:input_type -> airlock.shim.v2.WriteFileRequest
+	7,  // 14: airlock.shim.v2.FileService.Rename:input_type -> airlock.shim.v2.RenameFileRequest
+	9,  // 15: airlock.shim.v2.FileService.Watch:input_type -> airlock.shim.v2.WatchFilesRequest
+	2,  // 16: airlock.shim.v2.FileService.WriteTar:input_type -> airlock.shim.v2.WriteTarRequest
+	5,  // 17: airlock.shim.v2.FileService.ReadTar:input_type -> airlock.shim.v2.ReadTarRequest
+	14, // 18: airlock.shim.v2.FileService.Stat:output_type -> airlock.shim.v2.StatFileResponse
+	16, // 19: airlock.shim.v2.FileService.List:output_type -> airlock.shim.v2.ListFilesResponse
+	18, // 20: airlock.shim.v2.FileService.Mkdir:output_type -> airlock.shim.v2.MkdirResponse
+	20, // 21: airlock.shim.v2.FileService.Remove:output_type -> airlock.shim.v2.RemoveFileResponse
+	22, // 22: airlock.shim.v2.FileService.Read:output_type -> airlock.shim.v2.ReadFileResponse
+	25, // 23: airlock.shim.v2.FileService.Write:output_type -> airlock.shim.v2.WriteFileResponse
+	8,  // 24: airlock.shim.v2.FileService.Rename:output_type -> airlock.shim.v2.RenameFileResponse
+	11, // 25: airlock.shim.v2.FileService.Watch:output_type -> airlock.shim.v2.WatchFilesResponse
+	4,  // 26: airlock.shim.v2.FileService.WriteTar:output_type -> airlock.shim.v2.WriteTarResponse
+	6,  // 27: airlock.shim.v2.FileService.ReadTar:output_type -> airlock.shim.v2.ReadTarResponse
+	18, // [18:28] is the sub-list for method output_type
+	8,  // [8:18] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_airlock_shim_v2_files_proto_init() }
@@ -1383,15 +1677,19 @@ func file_airlock_shim_v2_files_proto_init() {
 	if File_airlock_shim_v2_files_proto != nil {
 		return
 	}
-	file_airlock_shim_v2_files_proto_msgTypes[4].OneofWrappers = []any{
+	file_airlock_shim_v2_files_proto_msgTypes[0].OneofWrappers = []any{
+		(*WriteTarRequest_Header)(nil),
+		(*WriteTarRequest_Data)(nil),
+	}
+	file_airlock_shim_v2_files_proto_msgTypes[9].OneofWrappers = []any{
 		(*WatchFilesResponse_Started)(nil),
 		(*WatchFilesResponse_Event)(nil),
 	}
-	file_airlock_shim_v2_files_proto_msgTypes[15].OneofWrappers = []any{
+	file_airlock_shim_v2_files_proto_msgTypes[20].OneofWrappers = []any{
 		(*ReadFileResponse_Info)(nil),
 		(*ReadFileResponse_Data)(nil),
 	}
-	file_airlock_shim_v2_files_proto_msgTypes[16].OneofWrappers = []any{
+	file_airlock_shim_v2_files_proto_msgTypes[21].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -1401,7 +1699,7 @@ func file_airlock_shim_v2_files_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v2_files_proto_rawDesc), len(file_airlock_shim_v2_files_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -81,6 +81,10 @@ const (
 	FileServiceRenameProcedure = "/airlock.agent.v1.FileService/Rename"
 	// FileServiceWatchProcedure is the fully-qualified name of the FileService's Watch RPC.
 	FileServiceWatchProcedure = "/airlock.agent.v1.FileService/Watch"
+	// FileServiceWriteTarProcedure is the fully-qualified name of the FileService's WriteTar RPC.
+	FileServiceWriteTarProcedure = "/airlock.agent.v1.FileService/WriteTar"
+	// FileServiceReadTarProcedure is the fully-qualified name of the FileService's ReadTar RPC.
+	FileServiceReadTarProcedure = "/airlock.agent.v1.FileService/ReadTar"
 	// ContextServiceCreateProcedure is the fully-qualified name of the ContextService's Create RPC.
 	ContextServiceCreateProcedure = "/airlock.agent.v1.ContextService/Create"
 	// ContextServiceListProcedure is the fully-qualified name of the ContextService's List RPC.
@@ -366,6 +370,23 @@ type FileServiceClient interface {
 	// or the agent cannot go on (an overflow ends it with
 	// RESOURCE_EXHAUSTED); protocol >= 5.
 	Watch(context.Context, *connect.Request[agentv1.WatchRequest]) (*connect.ServerStreamForClient[agentv1.WatchResponse], error)
+	// WriteTar extracts a tar stream into a directory (protocol >= 6): the
+	// first request carries `header`, the rest carry the archive's bytes.
+	// The directory is made (with parents, 0755) if missing. Entry names
+	// are relative and never leave the directory: absolute names, ".."
+	// components, writes through symlinks that lead outside it, hard links
+	// to files the archive did not make, device nodes and FIFOs are refused
+	// (INVALID_ARGUMENT); entries and file bytes are capped (at most the
+	// directory's filesystem size: RESOURCE_EXHAUSTED). Permission bits and
+	// mtimes are kept, set-id bits and owners are not: entries belong to
+	// `header.user`. A failed extraction leaves what it made so far.
+	WriteTar(context.Context) *connect.ClientStreamForClient[agentv1.WriteTarRequest, agentv1.WriteTarResponse]
+	// ReadTar streams a tar of a file or directory tree (protocol >= 6):
+	// entries are named base(path) and base(path)/..., symlinks below path
+	// are archived as symlinks, never followed, and sockets, FIFOs and
+	// devices are left out. An error after the first bytes ends the stream
+	// with that error: the host must not use a partial archive.
+	ReadTar(context.Context, *connect.Request[agentv1.ReadTarRequest]) (*connect.ServerStreamForClient[agentv1.ReadTarResponse], error)
 }
 
 // NewFileServiceClient constructs a client for the airlock.agent.v1.FileService service. By
@@ -427,19 +448,33 @@ func NewFileServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(fileServiceMethods.ByName("Watch")),
 			connect.WithClientOptions(opts...),
 		),
+		writeTar: connect.NewClient[agentv1.WriteTarRequest, agentv1.WriteTarResponse](
+			httpClient,
+			baseURL+FileServiceWriteTarProcedure,
+			connect.WithSchema(fileServiceMethods.ByName("WriteTar")),
+			connect.WithClientOptions(opts...),
+		),
+		readTar: connect.NewClient[agentv1.ReadTarRequest, agentv1.ReadTarResponse](
+			httpClient,
+			baseURL+FileServiceReadTarProcedure,
+			connect.WithSchema(fileServiceMethods.ByName("ReadTar")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // fileServiceClient implements FileServiceClient.
 type fileServiceClient struct {
-	stat   *connect.Client[agentv1.StatRequest, agentv1.StatResponse]
-	list   *connect.Client[agentv1.ListRequest, agentv1.ListResponse]
-	mkdir  *connect.Client[agentv1.MkdirRequest, agentv1.MkdirResponse]
-	remove *connect.Client[agentv1.RemoveRequest, agentv1.RemoveResponse]
-	read   *connect.Client[agentv1.ReadRequest, agentv1.ReadResponse]
-	write  *connect.Client[agentv1.WriteRequest, agentv1.WriteResponse]
-	rename *connect.Client[agentv1.RenameRequest, agentv1.RenameResponse]
-	watch  *connect.Client[agentv1.WatchRequest, agentv1.WatchResponse]
+	stat     *connect.Client[agentv1.StatRequest, agentv1.StatResponse]
+	list     *connect.Client[agentv1.ListRequest, agentv1.ListResponse]
+	mkdir    *connect.Client[agentv1.MkdirRequest, agentv1.MkdirResponse]
+	remove   *connect.Client[agentv1.RemoveRequest, agentv1.RemoveResponse]
+	read     *connect.Client[agentv1.ReadRequest, agentv1.ReadResponse]
+	write    *connect.Client[agentv1.WriteRequest, agentv1.WriteResponse]
+	rename   *connect.Client[agentv1.RenameRequest, agentv1.RenameResponse]
+	watch    *connect.Client[agentv1.WatchRequest, agentv1.WatchResponse]
+	writeTar *connect.Client[agentv1.WriteTarRequest, agentv1.WriteTarResponse]
+	readTar  *connect.Client[agentv1.ReadTarRequest, agentv1.ReadTarResponse]
 }
 
 // Stat calls airlock.agent.v1.FileService.Stat.
@@ -482,6 +517,16 @@ func (c *fileServiceClient) Watch(ctx context.Context, req *connect.Request[agen
 	return c.watch.CallServerStream(ctx, req)
 }
 
+// WriteTar calls airlock.agent.v1.FileService.WriteTar.
+func (c *fileServiceClient) WriteTar(ctx context.Context) *connect.ClientStreamForClient[agentv1.WriteTarRequest, agentv1.WriteTarResponse] {
+	return c.writeTar.CallClientStream(ctx)
+}
+
+// ReadTar calls airlock.agent.v1.FileService.ReadTar.
+func (c *fileServiceClient) ReadTar(ctx context.Context, req *connect.Request[agentv1.ReadTarRequest]) (*connect.ServerStreamForClient[agentv1.ReadTarResponse], error) {
+	return c.readTar.CallServerStream(ctx, req)
+}
+
 // FileServiceHandler is an implementation of the airlock.agent.v1.FileService service.
 type FileServiceHandler interface {
 	Stat(context.Context, *connect.Request[agentv1.StatRequest]) (*connect.Response[agentv1.StatResponse], error)
@@ -504,6 +549,23 @@ type FileServiceHandler interface {
 	// or the agent cannot go on (an overflow ends it with
 	// RESOURCE_EXHAUSTED); protocol >= 5.
 	Watch(context.Context, *connect.Request[agentv1.WatchRequest], *connect.ServerStream[agentv1.WatchResponse]) error
+	// WriteTar extracts a tar stream into a directory (protocol >= 6): the
+	// first request carries `header`, the rest carry the archive's bytes.
+	// The directory is made (with parents, 0755) if missing. Entry names
+	// are relative and never leave the directory: absolute names, ".."
+	// components, writes through symlinks that lead outside it, hard links
+	// to files the archive did not make, device nodes and FIFOs are refused
+	// (INVALID_ARGUMENT); entries and file bytes are capped (at most the
+	// directory's filesystem size: RESOURCE_EXHAUSTED). Permission bits and
+	// mtimes are kept, set-id bits and owners are not: entries belong to
+	// `header.user`. A failed extraction leaves what it made so far.
+	WriteTar(context.Context, *connect.ClientStream[agentv1.WriteTarRequest]) (*connect.Response[agentv1.WriteTarResponse], error)
+	// ReadTar streams a tar of a file or directory tree (protocol >= 6):
+	// entries are named base(path) and base(path)/..., symlinks below path
+	// are archived as symlinks, never followed, and sockets, FIFOs and
+	// devices are left out. An error after the first bytes ends the stream
+	// with that error: the host must not use a partial archive.
+	ReadTar(context.Context, *connect.Request[agentv1.ReadTarRequest], *connect.ServerStream[agentv1.ReadTarResponse]) error
 }
 
 // NewFileServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -561,6 +623,18 @@ func NewFileServiceHandler(svc FileServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(fileServiceMethods.ByName("Watch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	fileServiceWriteTarHandler := connect.NewClientStreamHandler(
+		FileServiceWriteTarProcedure,
+		svc.WriteTar,
+		connect.WithSchema(fileServiceMethods.ByName("WriteTar")),
+		connect.WithHandlerOptions(opts...),
+	)
+	fileServiceReadTarHandler := connect.NewServerStreamHandler(
+		FileServiceReadTarProcedure,
+		svc.ReadTar,
+		connect.WithSchema(fileServiceMethods.ByName("ReadTar")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.agent.v1.FileService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case FileServiceStatProcedure:
@@ -579,6 +653,10 @@ func NewFileServiceHandler(svc FileServiceHandler, opts ...connect.HandlerOption
 			fileServiceRenameHandler.ServeHTTP(w, r)
 		case FileServiceWatchProcedure:
 			fileServiceWatchHandler.ServeHTTP(w, r)
+		case FileServiceWriteTarProcedure:
+			fileServiceWriteTarHandler.ServeHTTP(w, r)
+		case FileServiceReadTarProcedure:
+			fileServiceReadTarHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -618,6 +696,14 @@ func (UnimplementedFileServiceHandler) Rename(context.Context, *connect.Request[
 
 func (UnimplementedFileServiceHandler) Watch(context.Context, *connect.Request[agentv1.WatchRequest], *connect.ServerStream[agentv1.WatchResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.FileService.Watch is not implemented"))
+}
+
+func (UnimplementedFileServiceHandler) WriteTar(context.Context, *connect.ClientStream[agentv1.WriteTarRequest]) (*connect.Response[agentv1.WriteTarResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.FileService.WriteTar is not implemented"))
+}
+
+func (UnimplementedFileServiceHandler) ReadTar(context.Context, *connect.Request[agentv1.ReadTarRequest], *connect.ServerStream[agentv1.ReadTarResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.FileService.ReadTar is not implemented"))
 }
 
 // ContextServiceClient is a client for the airlock.agent.v1.ContextService service.

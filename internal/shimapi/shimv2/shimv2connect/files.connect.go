@@ -57,6 +57,10 @@ const (
 	FileServiceRenameProcedure = "/airlock.shim.v2.FileService/Rename"
 	// FileServiceWatchProcedure is the fully-qualified name of the FileService's Watch RPC.
 	FileServiceWatchProcedure = "/airlock.shim.v2.FileService/Watch"
+	// FileServiceWriteTarProcedure is the fully-qualified name of the FileService's WriteTar RPC.
+	FileServiceWriteTarProcedure = "/airlock.shim.v2.FileService/WriteTar"
+	// FileServiceReadTarProcedure is the fully-qualified name of the FileService's ReadTar RPC.
+	FileServiceReadTarProcedure = "/airlock.shim.v2.FileService/ReadTar"
 )
 
 // FileServiceClient is a client for the airlock.shim.v2.FileService service.
@@ -82,6 +86,19 @@ type FileServiceClient interface {
 	// by the shim), until the client ends it. FAILED_PRECONDITION if the
 	// guest agent predates it.
 	Watch(context.Context, *connect.Request[shimv2.WatchFilesRequest]) (*connect.ServerStreamForClient[shimv2.WatchFilesResponse], error)
+	// WriteTar extracts a tar stream into a guest directory (made if
+	// missing): the first message carries `header`, the rest the archive's
+	// bytes. The guest refuses names that leave the directory, writes
+	// through symlinks that lead outside it, hard links to files the archive
+	// did not make and device nodes (INVALID_ARGUMENT), and caps entries and
+	// bytes (RESOURCE_EXHAUSTED). FAILED_PRECONDITION if the guest agent
+	// predates it.
+	WriteTar(context.Context) *connect.ClientStreamForClient[shimv2.WriteTarRequest, shimv2.WriteTarResponse]
+	// ReadTar streams a tar of a guest file or directory tree, entries named
+	// base(path) and base(path)/.... The bytes are the guest's: whoever
+	// extracts them treats them as hostile and caps them. FAILED_PRECONDITION
+	// if the guest agent predates it.
+	ReadTar(context.Context, *connect.Request[shimv2.ReadTarRequest]) (*connect.ServerStreamForClient[shimv2.ReadTarResponse], error)
 }
 
 // NewFileServiceClient constructs a client for the airlock.shim.v2.FileService service. By default,
@@ -143,19 +160,33 @@ func NewFileServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(fileServiceMethods.ByName("Watch")),
 			connect.WithClientOptions(opts...),
 		),
+		writeTar: connect.NewClient[shimv2.WriteTarRequest, shimv2.WriteTarResponse](
+			httpClient,
+			baseURL+FileServiceWriteTarProcedure,
+			connect.WithSchema(fileServiceMethods.ByName("WriteTar")),
+			connect.WithClientOptions(opts...),
+		),
+		readTar: connect.NewClient[shimv2.ReadTarRequest, shimv2.ReadTarResponse](
+			httpClient,
+			baseURL+FileServiceReadTarProcedure,
+			connect.WithSchema(fileServiceMethods.ByName("ReadTar")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // fileServiceClient implements FileServiceClient.
 type fileServiceClient struct {
-	stat   *connect.Client[shimv2.StatFileRequest, shimv2.StatFileResponse]
-	list   *connect.Client[shimv2.ListFilesRequest, shimv2.ListFilesResponse]
-	mkdir  *connect.Client[shimv2.MkdirRequest, shimv2.MkdirResponse]
-	remove *connect.Client[shimv2.RemoveFileRequest, shimv2.RemoveFileResponse]
-	read   *connect.Client[shimv2.ReadFileRequest, shimv2.ReadFileResponse]
-	write  *connect.Client[shimv2.WriteFileRequest, shimv2.WriteFileResponse]
-	rename *connect.Client[shimv2.RenameFileRequest, shimv2.RenameFileResponse]
-	watch  *connect.Client[shimv2.WatchFilesRequest, shimv2.WatchFilesResponse]
+	stat     *connect.Client[shimv2.StatFileRequest, shimv2.StatFileResponse]
+	list     *connect.Client[shimv2.ListFilesRequest, shimv2.ListFilesResponse]
+	mkdir    *connect.Client[shimv2.MkdirRequest, shimv2.MkdirResponse]
+	remove   *connect.Client[shimv2.RemoveFileRequest, shimv2.RemoveFileResponse]
+	read     *connect.Client[shimv2.ReadFileRequest, shimv2.ReadFileResponse]
+	write    *connect.Client[shimv2.WriteFileRequest, shimv2.WriteFileResponse]
+	rename   *connect.Client[shimv2.RenameFileRequest, shimv2.RenameFileResponse]
+	watch    *connect.Client[shimv2.WatchFilesRequest, shimv2.WatchFilesResponse]
+	writeTar *connect.Client[shimv2.WriteTarRequest, shimv2.WriteTarResponse]
+	readTar  *connect.Client[shimv2.ReadTarRequest, shimv2.ReadTarResponse]
 }
 
 // Stat calls airlock.shim.v2.FileService.Stat.
@@ -198,6 +229,16 @@ func (c *fileServiceClient) Watch(ctx context.Context, req *connect.Request[shim
 	return c.watch.CallServerStream(ctx, req)
 }
 
+// WriteTar calls airlock.shim.v2.FileService.WriteTar.
+func (c *fileServiceClient) WriteTar(ctx context.Context) *connect.ClientStreamForClient[shimv2.WriteTarRequest, shimv2.WriteTarResponse] {
+	return c.writeTar.CallClientStream(ctx)
+}
+
+// ReadTar calls airlock.shim.v2.FileService.ReadTar.
+func (c *fileServiceClient) ReadTar(ctx context.Context, req *connect.Request[shimv2.ReadTarRequest]) (*connect.ServerStreamForClient[shimv2.ReadTarResponse], error) {
+	return c.readTar.CallServerStream(ctx, req)
+}
+
 // FileServiceHandler is an implementation of the airlock.shim.v2.FileService service.
 type FileServiceHandler interface {
 	// Stat describes one path (a symlink is not followed).
@@ -221,6 +262,19 @@ type FileServiceHandler interface {
 	// by the shim), until the client ends it. FAILED_PRECONDITION if the
 	// guest agent predates it.
 	Watch(context.Context, *connect.Request[shimv2.WatchFilesRequest], *connect.ServerStream[shimv2.WatchFilesResponse]) error
+	// WriteTar extracts a tar stream into a guest directory (made if
+	// missing): the first message carries `header`, the rest the archive's
+	// bytes. The guest refuses names that leave the directory, writes
+	// through symlinks that lead outside it, hard links to files the archive
+	// did not make and device nodes (INVALID_ARGUMENT), and caps entries and
+	// bytes (RESOURCE_EXHAUSTED). FAILED_PRECONDITION if the guest agent
+	// predates it.
+	WriteTar(context.Context, *connect.ClientStream[shimv2.WriteTarRequest]) (*connect.Response[shimv2.WriteTarResponse], error)
+	// ReadTar streams a tar of a guest file or directory tree, entries named
+	// base(path) and base(path)/.... The bytes are the guest's: whoever
+	// extracts them treats them as hostile and caps them. FAILED_PRECONDITION
+	// if the guest agent predates it.
+	ReadTar(context.Context, *connect.Request[shimv2.ReadTarRequest], *connect.ServerStream[shimv2.ReadTarResponse]) error
 }
 
 // NewFileServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -278,6 +332,18 @@ func NewFileServiceHandler(svc FileServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(fileServiceMethods.ByName("Watch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	fileServiceWriteTarHandler := connect.NewClientStreamHandler(
+		FileServiceWriteTarProcedure,
+		svc.WriteTar,
+		connect.WithSchema(fileServiceMethods.ByName("WriteTar")),
+		connect.WithHandlerOptions(opts...),
+	)
+	fileServiceReadTarHandler := connect.NewServerStreamHandler(
+		FileServiceReadTarProcedure,
+		svc.ReadTar,
+		connect.WithSchema(fileServiceMethods.ByName("ReadTar")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.shim.v2.FileService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case FileServiceStatProcedure:
@@ -296,6 +362,10 @@ func NewFileServiceHandler(svc FileServiceHandler, opts ...connect.HandlerOption
 			fileServiceRenameHandler.ServeHTTP(w, r)
 		case FileServiceWatchProcedure:
 			fileServiceWatchHandler.ServeHTTP(w, r)
+		case FileServiceWriteTarProcedure:
+			fileServiceWriteTarHandler.ServeHTTP(w, r)
+		case FileServiceReadTarProcedure:
+			fileServiceReadTarHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -335,4 +405,12 @@ func (UnimplementedFileServiceHandler) Rename(context.Context, *connect.Request[
 
 func (UnimplementedFileServiceHandler) Watch(context.Context, *connect.Request[shimv2.WatchFilesRequest], *connect.ServerStream[shimv2.WatchFilesResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.FileService.Watch is not implemented"))
+}
+
+func (UnimplementedFileServiceHandler) WriteTar(context.Context, *connect.ClientStream[shimv2.WriteTarRequest]) (*connect.Response[shimv2.WriteTarResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.FileService.WriteTar is not implemented"))
+}
+
+func (UnimplementedFileServiceHandler) ReadTar(context.Context, *connect.Request[shimv2.ReadTarRequest], *connect.ServerStream[shimv2.ReadTarResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.FileService.ReadTar is not implemented"))
 }
