@@ -27,6 +27,7 @@ type bashInterp struct {
 	marker string
 	stdin  *os.File
 	isDead <-chan struct{}
+	end    *ending
 	once   sync.Once
 
 	mu   sync.Mutex
@@ -74,7 +75,8 @@ func startBash(sp *ctxSpawn) (_ interp, err error) {
 	var m [8]byte
 	_, _ = rand.Read(m[:])
 	b := &bashInterp{p: p, dir: sp.dir, marker: "__airlock_" + hex.EncodeToString(m[:]) + "_", stdin: inW, outs: make(chan bashMark, 4)}
-	b.isDead = watch(p)
+	b.end = watch(p)
+	b.isDead = b.end.dead
 	go b.pump(outR, false)
 	go b.pump(errR, true)
 	// A trapped INT between snippets is ignored; children get the default.
@@ -185,6 +187,8 @@ func (b *bashInterp) interrupt() {
 }
 
 func (b *bashInterp) dead() <-chan struct{} { return b.isDead }
+
+func (b *bashInterp) exit() *agentv1.ContextExit { return b.end.get() }
 
 func (b *bashInterp) close() {
 	b.once.Do(func() {

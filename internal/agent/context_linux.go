@@ -5,11 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -61,6 +63,9 @@ type interp interface {
 	interrupt()
 	// dead is closed once the interpreter exited.
 	dead() <-chan struct{}
+	// exit says how the interpreter ended; nil until dead() is closed
+	// (and when the agent could not tell).
+	exit() *agentv1.ContextExit
 	// close kills the interpreter and frees what it holds. Idempotent.
 	close()
 }
@@ -98,7 +103,7 @@ func (c *codeContext) info() *agentv1.ContextInfo {
 	case c.busy:
 		state = "busy"
 	}
-	return &agentv1.ContextInfo{
+	info := &agentv1.ContextInfo{
 		Id:              c.id,
 		Language:        c.lang,
 		Cwd:             c.cwd,
@@ -106,6 +111,24 @@ func (c *codeContext) info() *agentv1.ContextInfo {
 		State:           state,
 		IsDefault:       c.isDefault,
 	}
+	if state == "dead" && c.it != nil {
+		info.Exit = c.it.exit()
+	}
+	return info
+}
+
+// describeExit says how an interpreter ended, in the words of the
+// messages that report it ("killed by signal 9").
+func describeExit(e *agentv1.ContextExit) string {
+	switch {
+	case e == nil:
+		return "the reason is unknown"
+	case e.GetOomKilled():
+		return "out of memory"
+	case e.GetSignal() > 0:
+		return "killed by signal " + strconv.Itoa(int(e.GetSignal()))
+	}
+	return "exit code " + strconv.Itoa(int(e.GetExitCode()))
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -170,7 +193,9 @@ func (s *contextService) Create(_ context.Context, req *connect.Request[agentv1.
 	} else if !contextIDRe.MatchString(id) {
 		return nil, invalidf("context id must match [a-z0-9][a-z0-9-]{0,62}")
 	}
-	c, err := s.create(id, lang, m.GetCwd(), m.GetEnv(), false)
+	// The host creates a language's default context ahead of a run, to
+	// report its start (a Jupyter kernel takes seconds).
+	c, err := s.create(id, lang, m.GetCwd(), m.GetEnv(), id == "default-"+lang)
 	if err != nil {
 		return nil, err
 	}
@@ -328,14 +353,38 @@ func (sp *ctxSpawn) spawn(path string, argv []string, stdin, stdout, stderr *os.
 	return p, nil
 }
 
-// watch closes dead once p exits and returns it.
-func watch(p *process) <-chan struct{} {
-	dead := make(chan struct{})
+// ending is an interpreter's end: dead is closed once its process
+// exited, and how it ended is set before.
+type ending struct {
+	dead chan struct{}
+	how  *agentv1.ContextExit
+}
+
+// get returns how the process ended; nil while it runs.
+func (e *ending) get() *agentv1.ContextExit {
+	if !isClosed(e.dead) {
+		return nil
+	}
+	return e.how
+}
+
+// watch returns p's ending. An OOM kill is a SIGKILL while p's cgroup
+// counts one (read before the cgroup is released, which waits for dead).
+func watch(p *process) *ending {
+	e := &ending{dead: make(chan struct{})}
 	go func() {
-		<-p.done
-		close(dead)
+		ws, ok := <-p.done
+		if ok {
+			how := &agentv1.ContextExit{ExitCode: int32(ws.ExitStatus())}
+			if ws.Signaled() {
+				how.ExitCode, how.Signal = -1, int32(ws.Signal())
+				how.OomKilled = ws.Signal() == syscall.SIGKILL && p.cg != nil && p.cg.OOMKills() > 0
+			}
+			e.how = how
+		}
+		close(e.dead)
 	}()
-	return dead
+	return e
 }
 
 // stop kills p's process group and cgroup and waits (bounded) for it.
@@ -408,6 +457,15 @@ func (s *contextService) Restart(ctx context.Context, req *connect.Request[agent
 		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
 	}
 	defer func() { <-c.sem }()
+	if _, err := s.replace(c); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(c.info()), nil
+}
+
+// replace starts a new interpreter for c and closes the old one. The
+// caller holds c.sem.
+func (s *contextService) replace(c *codeContext) (interp, error) {
 	it, err := s.start(c)
 	if err != nil {
 		return nil, err
@@ -418,12 +476,13 @@ func (s *contextService) Restart(ctx context.Context, req *connect.Request[agent
 		it.close()
 		return nil, connect.NewError(connect.CodeNotFound, errors.New("no such context"))
 	}
-	if c.it != nil {
-		c.it.close()
-	}
+	old := c.it
 	c.it = it
 	c.mu.Unlock()
-	return connect.NewResponse(c.info()), nil
+	if old != nil {
+		old.close()
+	}
+	return it, nil
 }
 
 func (s *contextService) Interrupt(_ context.Context, req *connect.Request[agentv1.InterruptContextRequest]) (*connect.Response[agentv1.InterruptContextResponse], error) {
@@ -471,15 +530,17 @@ func (s *contextService) Run(ctx context.Context, req *connect.Request[agentv1.R
 		return connect.NewError(connect.CodeCanceled, ctx.Err())
 	}
 	defer func() { <-c.sem }()
+	maxOut := m.GetMaxOutputBytes()
+	if maxOut == 0 {
+		maxOut = defaultCodeOutput
+	}
+	out := &codeOutput{stream: stream, left: maxOut}
+	begin := time.Now()
 	c.mu.Lock()
 	it := c.it
 	if it == nil {
 		c.mu.Unlock()
 		return connect.NewError(connect.CodeNotFound, errors.New("no such context"))
-	}
-	if isClosed(it.dead()) {
-		c.mu.Unlock()
-		return preconditionf("the context's interpreter exited; restart the context")
 	}
 	c.busy = true
 	c.mu.Unlock()
@@ -488,13 +549,21 @@ func (s *contextService) Run(ctx context.Context, req *connect.Request[agentv1.R
 		c.busy = false
 		c.mu.Unlock()
 	}()
-
-	maxOut := m.GetMaxOutputBytes()
-	if maxOut == 0 {
-		maxOut = defaultCodeOutput
+	if isClosed(it.dead()) {
+		// A dead context (killed, out of memory, exited) comes back with
+		// its state lost, and the run says so before anything else.
+		why := describeExit(it.exit())
+		fresh, err := s.replace(c)
+		if err != nil {
+			msg := err.Error()
+			if ce := (*connect.Error)(nil); errors.As(err, &ce) {
+				msg = ce.Message()
+			}
+			return connect.NewError(connect.CodeOf(err), fmt.Errorf("the %s context had died (%s) and did not restart: %s", c.lang, why, msg))
+		}
+		it = fresh
+		out.text(true, []byte("[airlock: the "+c.lang+" context had died ("+why+"); it was restarted and its state is lost]\n"))
 	}
-	out := &codeOutput{stream: stream, left: maxOut}
-	begin := time.Now()
 
 	// runCtx ends the run: the host went away, or the timeout fired and
 	// the interrupt did not stop the code in time.
@@ -544,11 +613,11 @@ func (s *contextService) Run(ctx context.Context, req *connect.Request[agentv1.R
 			return connect.NewError(connect.CodeCanceled, errors.New("run cancelled by the host"))
 		}
 		out.event(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{
-			Name: "ContextDied", Value: "the interpreter did not stop after an interrupt and was killed; restart the context",
+			Name: "ContextDied", Value: "the interpreter did not stop after an interrupt and was killed; the next run restarts it, with its state lost",
 		}}})
 	} else if isClosed(it.dead()) {
 		out.event(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{
-			Name: "ContextDied", Value: "the interpreter exited; restart the context",
+			Name: "ContextDied", Value: "the interpreter died (" + describeExit(it.exit()) + "); the next run restarts it, with its state lost",
 		}}})
 	}
 	if ctx.Err() != nil {

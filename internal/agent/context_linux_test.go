@@ -200,11 +200,21 @@ func TestContextInterruptRestartDelete(t *testing.T) {
 	if r := env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "y"}); len(r.errs) != 1 || r.errs[0].GetName() != "NameError" {
 		t.Errorf("after restart: errs %v", r.errs)
 	}
-	// An exited interpreter is dead until restarted.
-	env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "import os; os._exit(3)"})
-	waitState(t, env, id, "dead")
-	if _, err := env.tryRun(t.Context(), &agentv1.RunCodeRequest{ContextId: id, Code: "1"}); connect.CodeOf(err) != connect.CodeFailedPrecondition {
-		t.Errorf("run on a dead context: %v", err)
+	// An exited interpreter is dead, and says how, until the next run
+	// restarts it.
+	r := env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "y = 6\nimport os; os._exit(3)"})
+	if len(r.errs) != 1 || r.errs[0].GetName() != "ContextDied" || !strings.Contains(r.errs[0].GetValue(), "exit code 3") {
+		t.Errorf("exit in a run: errs %v", r.errs)
+	}
+	if info := waitState(t, env, id, "dead"); info.GetExit().GetExitCode() != 3 || info.GetExit().GetSignal() != 0 {
+		t.Errorf("dead context's exit: %v", info.GetExit())
+	}
+	r = env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "y = 7\ny"})
+	if want := "[airlock: the python context had died (exit code 3); it was restarted and its state is lost]\n"; r.stderr.String() != want || r.main() != "7" || len(r.errs) != 0 {
+		t.Errorf("run after the exit: stderr %q (want %q), main %q, errs %v", r.stderr.String(), want, r.main(), r.errs)
+	}
+	if info := waitState(t, env, id, "idle"); info.GetExit() != nil {
+		t.Errorf("a restarted context keeps its exit: %v", info.GetExit())
 	}
 	if _, err := env.c.Contexts.Delete(t.Context(), connect.NewRequest(&agentv1.DeleteContextRequest{Id: id})); err != nil {
 		t.Fatal(err)
@@ -217,7 +227,7 @@ func TestContextInterruptRestartDelete(t *testing.T) {
 	}
 }
 
-func waitState(t *testing.T, env *testEnv, id, state string) {
+func waitState(t *testing.T, env *testEnv, id, state string) *agentv1.ContextInfo {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -227,12 +237,66 @@ func waitState(t *testing.T, env *testEnv, id, state string) {
 		}
 		for _, c := range resp.Msg.GetContexts() {
 			if c.GetId() == id && c.GetState() == state {
-				return
+				return c
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("context %s never became %s", id, state)
+	return nil
+}
+
+// TestContextPythonFigures: figures come back whatever backend the code
+// picked (Agg shows nothing: they stayed open and every later plt.show()
+// returned nothing too), each once, and a run that never imported
+// matplotlib does not make the kernel import it.
+func TestContextPythonFigures(t *testing.T) {
+	t.Parallel()
+	env := newContextEnv(t)
+	id := env.create(t, "python", "figs")
+	py := func(code string) *codeRun {
+		t.Helper()
+		return env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: code})
+	}
+	pngs := func(r *codeRun) int {
+		n := 0
+		for _, res := range r.results {
+			if bytes.HasPrefix(res.GetData()["image/png"], []byte("\x89PNG\r\n\x1a\n")) && !res.GetIsMainResult() {
+				n++
+			}
+		}
+		return n
+	}
+	py("x = 1")
+	py("1/0") // a failed run's reply does not say whether figures are open
+	if r := py("import sys; 'matplotlib' in sys.modules"); r.main() != "False" {
+		t.Fatalf("matplotlib imported by airlock: %q (errs %v)", r.main(), r.errs)
+	}
+	out := filepath.Join(t.TempDir(), "saved.png")
+	r := py("import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.savefig(" + fmt.Sprintf("%q", out) + ")")
+	if n := pngs(r); n != 1 {
+		t.Errorf("Agg + savefig: %d PNGs, want 1 (errs %v, stderr %q)", n, r.errs, r.stderr.String())
+	}
+	if _, err := os.Stat(out); err != nil {
+		t.Errorf("savefig: %v", err)
+	}
+	r = py("fig, ax = plt.subplots(); ax.plot([3, 2, 1]); fig2 = plt.figure(); plt.show()")
+	if n := pngs(r); n != 2 {
+		t.Errorf("Agg, two figures + show: %d PNGs, want 2 (errs %v, stderr %q)", n, r.errs, r.stderr.String())
+	}
+	r = py("plt.plot([1]); raise ValueError('after plotting')")
+	if n := pngs(r); n != 1 || len(r.errs) != 1 || r.errs[0].GetName() != "ValueError" {
+		t.Errorf("figure then error: %d PNGs, errs %v", n, r.errs)
+	}
+	r = py("len(plt.get_fignums())")
+	if n := pngs(r); n != 0 || r.main() != "0" {
+		t.Errorf("figures were not closed: main %q, %d PNGs", r.main(), n)
+	}
+	// The capture runs are silent: the execution counter counts the
+	// user's runs only.
+	if r.end.GetExecutionCount() != 7 {
+		t.Errorf("execution count %d, want 7", r.end.GetExecutionCount())
+	}
 }
 
 func TestContextJavaScript(t *testing.T) {

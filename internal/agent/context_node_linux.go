@@ -31,6 +31,7 @@ type nodeInterp struct {
 	events *os.File
 	evc    chan nodeEvent
 	isDead <-chan struct{}
+	end    *ending
 	stop   chan struct{} // closed by close
 	once   sync.Once
 	n      int
@@ -100,7 +101,8 @@ func startNode(sp *ctxSpawn) (_ interp, err error) {
 	closers = []*os.File{reqR, evW, outW, errW} // the child's ends
 	p.stdout, p.stderr = outR, errR
 	n := &nodeInterp{p: p, dir: sp.dir, req: reqW, events: evR, evc: make(chan nodeEvent, 64), stop: make(chan struct{})}
-	n.isDead = watch(p)
+	n.end = watch(p)
+	n.isDead = n.end.dead
 	go n.pump(outR, false)
 	go n.pump(errR, true)
 	go n.readEvents()
@@ -202,6 +204,8 @@ func (n *nodeInterp) interrupt() {
 }
 
 func (n *nodeInterp) dead() <-chan struct{} { return n.isDead }
+
+func (n *nodeInterp) exit() *agentv1.ContextExit { return n.end.get() }
 
 func (n *nodeInterp) close() {
 	n.once.Do(func() {

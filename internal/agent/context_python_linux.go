@@ -43,6 +43,7 @@ type pythonInterp struct {
 	iopub   zmq4.Socket
 	cancel  context.CancelFunc // of the sockets
 	isDead  <-chan struct{}
+	end     *ending
 	once    sync.Once
 	loops   sync.WaitGroup
 
@@ -138,7 +139,8 @@ func startPython(sp *ctxSpawn) (_ interp, err error) {
 	p.stdout = outR
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &pythonInterp{p: p, dir: sp.dir, key: []byte(key), session: randHex(16), cancel: cancel, replies: map[string]chan *jmsg{}}
-	k.isDead = watch(p)
+	k.end = watch(p)
+	k.isDead = k.end.dead
 	logs := &tailWriter{max: 4 << 10}
 	k.loops.Go(func() {
 		// The kernel's own stdout/stderr (startup errors, fd output not
@@ -329,16 +331,93 @@ func (k *pythonInterp) iopubLoop() {
 	}
 }
 
+// figuresOpen is a user expression evaluated after each run: whether
+// matplotlib's pyplot is loaded (never imported here: that costs seconds)
+// and holds open figures.
+const figuresOpen = "__import__('sys').modules.get('matplotlib.pyplot') is not None and " +
+	"bool(__import__('sys').modules['matplotlib.pyplot'].get_fignums())"
+
+// captureFigures runs silently (no history, no execution count, no
+// post-execute hooks) after a run that left figures open: each comes back
+// as an image/png display_data, as the inline backend sends them, and is
+// closed. Figures stay open when the code picked a backend that shows
+// nothing (matplotlib.use('Agg'), then plt.show() or plt.savefig()).
+const captureFigures = `def __airlock_figures():
+    import sys
+    plt = sys.modules.get('matplotlib.pyplot')
+    if plt is None:
+        return
+    import base64, io
+    from IPython.display import publish_display_data
+    for num in plt.get_fignums():
+        fig = plt.figure(num)
+        buf = io.BytesIO()
+        try:
+            fig.savefig(buf, format='png', bbox_inches='tight')
+        except Exception as e:
+            print('[airlock: figure %s could not be saved as PNG: %s]' % (num, e), file=sys.stderr)
+            continue
+        publish_display_data({'image/png': base64.b64encode(buf.getvalue()).decode('ascii'), 'text/plain': repr(fig)})
+    plt.close('all')
+try:
+    __airlock_figures()
+finally:
+    del __airlock_figures
+`
+
+// run executes code, then sends the figures it left open (see
+// captureFigures).
 func (k *pythonInterp) run(ctx context.Context, code string, out *codeOutput) (int32, error) {
-	id, _, iopub, err := k.request("execute_request", map[string]any{
-		"code": code, "silent": false, "store_history": true,
-		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": false,
+	count, figures, err := k.execute(ctx, code, false, out)
+	if err != nil || !figures || isClosed(k.isDead) {
+		return count, err
+	}
+	_, _, err = k.execute(ctx, captureFigures, true, out)
+	return count, err
+}
+
+// execute runs one execute_request and forwards its IOPub messages until
+// the kernel is idle. figures is true unless the kernel's reply says that
+// no figure is open (a failed run's reply says nothing).
+func (k *pythonInterp) execute(ctx context.Context, code string, silent bool, out *codeOutput) (count int32, figures bool, err error) {
+	exprs := map[string]any{}
+	if !silent {
+		exprs["airlock_figures"] = figuresOpen
+	}
+	id, reply, iopub, err := k.request("execute_request", map[string]any{
+		"code": code, "silent": silent, "store_history": !silent,
+		"user_expressions": exprs, "allow_stdin": false, "stop_on_error": false,
 	})
 	if err != nil {
-		return 0, nil // the kernel is gone; dead() tells
+		return 0, false, nil // the kernel is gone; dead() tells
 	}
 	defer k.forget(id)
-	var count int32
+	// The reply comes on the shell socket, around the time of the idle
+	// status on IOPub.
+	replyFigures := func() bool {
+		var r *jmsg
+		select {
+		case r = <-reply:
+		case <-k.isDead:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-time.After(2 * time.Second):
+			return true
+		}
+		var c struct {
+			Status string `json:"status"`
+			Exprs  map[string]struct {
+				Status string            `json:"status"`
+				Data   map[string]string `json:"data"`
+			} `json:"user_expressions"`
+		}
+		if json.Unmarshal(r.Content, &c) != nil || c.Status != "ok" {
+			return true
+		}
+		e := c.Exprs["airlock_figures"]
+		return e.Status != "ok" || e.Data["text/plain"] != "False"
+	}
 	for {
 		select {
 		case m := <-iopub:
@@ -379,13 +458,13 @@ func (k *pythonInterp) run(ctx context.Context, code string, out *codeOutput) (i
 				}}})
 			case "status":
 				if c.ExecutionState == "idle" {
-					return count, nil
+					return count, !silent && replyFigures(), nil
 				}
 			}
 		case <-k.isDead:
-			return count, nil
+			return count, false, nil
 		case <-ctx.Done():
-			return count, ctx.Err()
+			return count, false, ctx.Err()
 		}
 	}
 }
@@ -443,6 +522,8 @@ func (k *pythonInterp) interrupt() {
 }
 
 func (k *pythonInterp) dead() <-chan struct{} { return k.isDead }
+
+func (k *pythonInterp) exit() *agentv1.ContextExit { return k.end.get() }
 
 func (k *pythonInterp) close() {
 	k.once.Do(func() {
