@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
@@ -26,19 +27,34 @@ import (
 
 // codePrinter turns a run's events into the CLI's output: stdout/stderr
 // streamed, the main result's text/plain on stdout, images saved to out
-// (or noted), errors on stderr.
+// (or noted), errors on stderr, and airlock's status lines (a context
+// still starting) on stderr if progress.
 type codePrinter struct {
 	stdout, stderr io.Writer
 	out            string // directory for images; "" to only note them
+	progress       bool   // print status events
 	n              int    // images saved
 	failed         bool
 	timedOut       bool
 	truncated      bool
 }
 
-var imageExt = map[string]string{"image/png": ".png", "image/svg+xml": ".svg", "image/jpeg": ".jpg"}
+// status prints one status event (the server's text) to stderr.
+func (p *codePrinter) status(s string) {
+	if p.progress {
+		fmt.Fprintf(p.stderr, "airlock: %s\n", guest.Text(s, 512))
+	}
+}
 
-func (p *codePrinter) result(main bool, data map[string][]byte) error {
+var imageExt = map[string]string{"image/png": ".png", "image/svg+xml": ".svg", "image/jpeg": ".jpg", "image/gif": ".gif"}
+
+// result prints or saves a result; file is the guest path of a file that
+// --return-files brought back ("" for the code's own results).
+func (p *codePrinter) result(main bool, data map[string][]byte, file string) error {
+	from := ""
+	if file != "" {
+		from = " " + guest.Text(file, 256)
+	}
 	hasImage := false
 	for _, mime := range slices.Sorted(func(yield func(string) bool) {
 		for k := range data {
@@ -54,7 +70,7 @@ func (p *codePrinter) result(main bool, data map[string][]byte) error {
 		hasImage = true
 		v := data[mime]
 		if p.out == "" {
-			fmt.Fprintf(p.stderr, "[%s %d bytes; use --out DIR to save]\n", mime, len(v))
+			fmt.Fprintf(p.stderr, "[%s%s %d bytes; use --out DIR to save]\n", mime, from, len(v))
 			continue
 		}
 		// Never overwrite: the next free result-N name in the directory.
@@ -76,7 +92,7 @@ func (p *codePrinter) result(main bool, data map[string][]byte) error {
 		if err := errors.Join(werr, f.Close()); err != nil {
 			return fmt.Errorf("save %s: %w", mime, err)
 		}
-		fmt.Fprintf(p.stderr, "[%s saved to %s]\n", mime, path)
+		fmt.Fprintf(p.stderr, "[%s%s saved to %s]\n", mime, from, path)
 	}
 	if t, ok := data["text/plain"]; ok && (main || !hasImage) {
 		s := string(t)
@@ -124,7 +140,9 @@ func (p *codePrinter) event(ev guest.CodeEvent) error {
 		_, err := p.stderr.Write(ev.Data)
 		return err
 	case guest.EventResult:
-		return p.result(ev.Result.Main, ev.Result.Data)
+		return p.result(ev.Result.Main, ev.Result.Data, ev.Result.File)
+	case guest.EventStatus:
+		p.status(ev.Status)
 	case guest.EventError:
 		p.codeError(ev.Error.Name, ev.Error.Value, ev.Error.Traceback)
 	case guest.EventEnd:
@@ -133,8 +151,42 @@ func (p *codePrinter) event(ev guest.CodeEvent) error {
 	return nil
 }
 
+// stderrIsTerminal reports whether cmd's stderr is a terminal.
+func stderrIsTerminal(cmd *cobra.Command) bool {
+	f, ok := cmd.ErrOrStderr().(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// starting prints progress while a context the CLI creates starts (the
+// first python run of a sandbox takes seconds, tens of seconds without
+// KVM) and returns a func that ends it.
+func starting(p *codePrinter, what string) func() {
+	if !p.progress {
+		return func() {}
+	}
+	p.status("starting " + what)
+	quit, done := make(chan struct{}), make(chan struct{})
+	t0 := time.Now()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				p.status(fmt.Sprintf("still starting %s (%ds)", what, int(time.Since(t0).Round(time.Second)/time.Second)))
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
 func codeCmd(g *globals) *cobra.Command {
 	var lang, ctxID, file, out, timeout string
+	var progress bool
+	var returnFiles []string
 	cmd := &cobra.Command{
 		Use:   "code [flags] ID [CODE]",
 		Short: "Run code in a sandbox's code context (state is kept between calls)",
@@ -143,7 +195,15 @@ bash. Without --context, the language's default context runs it; --context NAME 
 in that context, created on first use (in --lang). stdout/stderr stream,
 the value of the last expression is printed, images are saved to --out (or noted), and an
 exception is printed to stderr with exit code 1; a timeout exits 124. CODE, -f FILE, or
-stdin when neither is given.`,
+stdin when neither is given.
+
+Matplotlib figures come back whatever backend the code picked: the figures a run leaves
+open are sent as PNGs, then closed. --return-files GLOB also brings back the image files
+(.png, .jpg, .gif, .svg) the run wrote that match GLOB (relative to the context's
+directory, /root by default). While the context's interpreter starts (the first python run
+of a sandbox), airlock says so on stderr when stderr is a terminal or with --progress. A
+context whose interpreter died (out of memory, killed) is restarted by the next run, which
+says so first on stderr; its state is lost.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			code, err := readCode(cmd, args, file)
@@ -167,7 +227,10 @@ stdin when neither is given.`,
 					return err
 				}
 			}
-			p := &codePrinter{stdout: cmd.OutOrStdout(), stderr: cmd.ErrOrStderr(), out: out}
+			if !cmd.Flags().Changed("progress") {
+				progress = stderrIsTerminal(cmd)
+			}
+			p := &codePrinter{stdout: cmd.OutOrStdout(), stderr: cmd.ErrOrStderr(), out: out, progress: progress}
 			id := args[0]
 			c, err := g.remote()
 			if err != nil {
@@ -180,21 +243,25 @@ stdin when neither is given.`,
 						return fmt.Errorf("code: %s", apiMsg(err))
 					}
 					if !slices.ContainsFunc(cxs, func(cx airlock.Context) bool { return cx.ID == ctxID }) {
-						if _, err := c.CreateContext(cmd.Context(), id, airlock.ContextOptions{ID: ctxID, Language: newLang}); err != nil && !errors.Is(err, airlock.ErrConflict) {
+						stop := starting(p, newLang+" context "+ctxID)
+						_, err := c.CreateContext(cmd.Context(), id, airlock.ContextOptions{ID: ctxID, Language: newLang})
+						stop()
+						if err != nil && !errors.Is(err, airlock.ErrConflict) {
 							return fmt.Errorf("code: create context %s: %s", ctxID, apiMsg(err))
 						}
 						fmt.Fprintf(cmd.ErrOrStderr(), "airlock: created context %s (%s)\n", ctxID, newLang)
 					}
 				}
-				ex, err := c.RunCode(cmd.Context(), id, airlock.CodeRequest{Code: code, Language: lang, Context: ctxID, Timeout: d}, airlock.CodeHandlers{
+				ex, err := c.RunCode(cmd.Context(), id, airlock.CodeRequest{Code: code, Language: lang, Context: ctxID, Timeout: d, ReturnFiles: returnFiles}, airlock.CodeHandlers{
 					OnStdout: func(b []byte) { _, _ = p.stdout.Write(b) },
 					OnStderr: func(b []byte) { _, _ = p.stderr.Write(b) },
 					OnResult: func(r airlock.Result) {
-						if err := p.result(r.Main, r.Data); err != nil {
+						if err := p.result(r.Main, r.Data, r.File); err != nil {
 							fmt.Fprintln(p.stderr, err)
 						}
 					},
-					OnError: func(e *airlock.CodeError) { p.codeError(e.Name, e.Value, e.Traceback) },
+					OnError:  func(e *airlock.CodeError) { p.codeError(e.Name, e.Value, e.Traceback) },
+					OnStatus: p.status,
 				})
 				if err != nil {
 					return fmt.Errorf("code: %s", apiMsg(err))
@@ -213,13 +280,16 @@ stdin when neither is given.`,
 					return err
 				}
 				if !slices.ContainsFunc(cxs, func(cx guest.ContextInfo) bool { return cx.ID == ctxID }) {
-					if _, err := m.CreateContext(cmd.Context(), sandbox.Local(), id, guest.ContextSpec{ID: ctxID, Language: newLang}); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+					stop := starting(p, newLang+" context "+ctxID)
+					_, err := m.CreateContext(cmd.Context(), sandbox.Local(), id, guest.ContextSpec{ID: ctxID, Language: newLang})
+					stop()
+					if err != nil && !errors.Is(err, errdefs.ErrConflict) {
 						return fmt.Errorf("create context %s: %w", ctxID, err)
 					}
 					fmt.Fprintf(cmd.ErrOrStderr(), "airlock: created context %s (%s)\n", ctxID, newLang)
 				}
 			}
-			req := guest.CodeRequest{Code: code, Language: lang, ContextID: ctxID, Timeout: d.Truncate(time.Millisecond)}
+			req := guest.CodeRequest{Code: code, Language: lang, ContextID: ctxID, Timeout: d.Truncate(time.Millisecond), ReturnFiles: returnFiles}
 			if err := m.RunCode(cmd.Context(), sandbox.Local(), id, req, p.event); err != nil {
 				return err
 			}
@@ -231,6 +301,8 @@ stdin when neither is given.`,
 	cmd.Flags().StringVarP(&file, "file", "f", "", "read the code from FILE (- for stdin)")
 	cmd.Flags().StringVar(&out, "out", "", "save images (PNG, SVG, JPEG) to this directory")
 	cmd.Flags().StringVar(&timeout, "timeout", "", "interrupt the code after this long (e.g. 30s); the context survives")
+	cmd.Flags().StringArrayVar(&returnFiles, "return-files", nil, "also return the image files the run writes that match this glob (relative to the context's directory; repeatable), saved like figures")
+	cmd.Flags().BoolVar(&progress, "progress", false, "say on stderr what the run waits for (a context that starts); default: when stderr is a terminal")
 	return cmd
 }
 
@@ -251,20 +323,37 @@ func readCode(cmd *cobra.Command, args []string, file string) (string, error) {
 
 // contextView is the CLI's JSON and table form of a context.
 type contextView struct {
-	ID        string    `json:"id"`
-	Language  string    `json:"language"`
-	State     string    `json:"state"`
-	Default   bool      `json:"is_default"`
-	Cwd       string    `json:"cwd"`
-	CreatedAt time.Time `json:"created_at"`
+	ID        string       `json:"id"`
+	Language  string       `json:"language"`
+	State     string       `json:"state"`
+	Default   bool         `json:"is_default"`
+	Cwd       string       `json:"cwd"`
+	CreatedAt time.Time    `json:"created_at"`
+	Exit      *contextExit `json:"exit,omitempty"`
+}
+
+// contextExit is how a dead context's interpreter ended (the API's form).
+type contextExit struct {
+	Reason    string `json:"reason"`
+	Code      int    `json:"code"`
+	Signal    int    `json:"signal"`
+	OOMKilled bool   `json:"oom_killed"`
 }
 
 func localContext(in guest.ContextInfo) contextView {
-	return contextView{in.ID, in.Language, in.State, in.IsDefault, in.Cwd, in.CreatedAt.UTC()}
+	v := contextView{in.ID, in.Language, in.State, in.IsDefault, in.Cwd, in.CreatedAt.UTC(), nil}
+	if e := in.Exit; e != nil {
+		v.Exit = &contextExit{e.Reason(), e.Code, e.Signal, e.OOMKilled}
+	}
+	return v
 }
 
 func remoteContext(in *airlock.Context) contextView {
-	return contextView{in.ID, in.Language, in.State, in.IsDefault, in.Cwd, in.CreatedAt}
+	v := contextView{in.ID, in.Language, in.State, in.IsDefault, in.Cwd, in.CreatedAt, nil}
+	if e := in.Exit; e != nil {
+		v.Exit = &contextExit{e.Reason, e.Code, e.Signal, e.OOMKilled}
+	}
+	return v
 }
 
 func printContexts(w io.Writer, cs []contextView, asJSON bool) error {
@@ -279,7 +368,15 @@ func printContexts(w io.Writer, cs []contextView, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tLANGUAGE\tSTATE\tDEFAULT\tCWD")
 	for _, c := range cs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\n", c.ID, c.Language, c.State, c.Default, c.Cwd)
+		state := c.State
+		if c.State == "dead" {
+			why := "reason unknown"
+			if c.Exit != nil {
+				why = c.Exit.Reason
+			}
+			state += " (" + guest.Text(why, 64) + "; the next run restarts it)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\n", guest.Text(c.ID, 64), c.Language, state, c.Default, guest.Text(c.Cwd, 256))
 	}
 	return tw.Flush()
 }

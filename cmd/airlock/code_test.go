@@ -53,3 +53,56 @@ func TestCodePrinter(t *testing.T) {
 		t.Fatalf("timeout exit %v", err)
 	}
 }
+
+// TestCodePrinterStatusAndFiles: status lines go to stderr only with
+// progress (never to stdout); a returned file is saved and named, its
+// guest path escaped.
+func TestCodePrinterStatusAndFiles(t *testing.T) {
+	t.Parallel()
+	var out, errb bytes.Buffer
+	dir := t.TempDir()
+	for _, progress := range []bool{false, true} {
+		out.Reset()
+		errb.Reset()
+		p := &codePrinter{stdout: &out, stderr: &errb, out: dir, progress: progress}
+		for _, ev := range []guest.CodeEvent{
+			{Kind: guest.EventStatus, Status: "starting python context"},
+			{Kind: guest.EventStatus, Status: "still starting python context (5s)\x1b[2J"},
+			{Kind: guest.EventStdout, Data: []byte("hi\n")},
+			{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"image/png": fake.FakePNG}, File: "plots/a\x1b[31m.png"}},
+		} {
+			if err := p.event(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out.String() != "hi\n" {
+			t.Fatalf("progress %v: stdout %q", progress, out.String())
+		}
+		hasStatus := strings.Contains(errb.String(), "airlock: starting python context\nairlock: still starting python context (5s)\\x1b[2J\n")
+		if hasStatus != progress {
+			t.Fatalf("progress %v: stderr %q", progress, errb.String())
+		}
+		if !strings.Contains(errb.String(), "[image/png plots/a\\x1b[31m.png saved to "+dir) {
+			t.Fatalf("progress %v: file note %q", progress, errb.String())
+		}
+	}
+}
+
+func TestPrintContextsDead(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	cs := []contextView{localContext(guest.ContextInfo{ID: "default-python", Language: "python", State: "dead", IsDefault: true, Cwd: "/root",
+		Exit: &guest.ContextExit{Code: -1, Signal: 9, OOMKilled: true}})}
+	if err := printContexts(&b, cs, false); err != nil || !strings.Contains(b.String(), "dead (out of memory; the next run restarts it)") {
+		t.Fatalf("table: %q %v", b.String(), err)
+	}
+	b.Reset()
+	if err := printContexts(&b, cs, true); err != nil || !strings.Contains(b.String(), `"exit": {
+      "reason": "out of memory",
+      "code": -1,
+      "signal": 9,
+      "oom_killed": true
+    }`) {
+		t.Fatalf("json: %s %v", b.String(), err)
+	}
+}

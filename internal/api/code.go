@@ -22,20 +22,37 @@ type Context struct {
 	CreatedAt time.Time `json:"created_at"`
 	State     string    `json:"state"`
 	IsDefault bool      `json:"is_default"`
+	// Exit says how a dead context's interpreter ended, when the guest
+	// agent says.
+	Exit *ContextExit `json:"exit,omitempty"`
+}
+
+// ContextExit is how a context's interpreter ended.
+type ContextExit struct {
+	// Reason is "out of memory", "killed by signal N" or "exit code N".
+	Reason    string `json:"reason"`
+	Code      int    `json:"code"`
+	Signal    int    `json:"signal"`
+	OOMKilled bool   `json:"oom_killed"`
 }
 
 func viewContext(in guest.ContextInfo) Context {
-	return Context{
+	out := Context{
 		ID: in.ID, Language: in.Language, Cwd: in.Cwd,
 		CreatedAt: in.CreatedAt.UTC(), State: in.State, IsDefault: in.IsDefault,
 	}
+	if e := in.Exit; e != nil {
+		out.Exit = &ContextExit{Reason: e.Reason(), Code: e.Code, Signal: e.Signal, OOMKilled: e.OOMKilled}
+	}
+	return out
 }
 
 type codeRequest struct {
-	Code     string `json:"code"`
-	Language string `json:"language"`
-	Context  string `json:"context"`
-	TimeoutS int    `json:"timeout_s"`
+	Code        string   `json:"code"`
+	Language    string   `json:"language"`
+	Context     string   `json:"context"`
+	TimeoutS    int      `json:"timeout_s"`
+	ReturnFiles []string `json:"return_files"`
 }
 
 type createContextRequest struct {
@@ -114,7 +131,8 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidf("give context or language, not both"))
 		return
 	}
-	areq := guest.CodeRequest{ContextID: req.Context, Language: req.Language, Code: req.Code, Timeout: time.Duration(req.TimeoutS) * time.Second}
+	areq := guest.CodeRequest{ContextID: req.Context, Language: req.Language, Code: req.Code, Timeout: time.Duration(req.TimeoutS) * time.Second,
+		ReturnFiles: req.ReturnFiles}
 	if err := sandbox.ValidateRunCode(areq); err != nil {
 		s.fail(w, r, err)
 		return
@@ -133,7 +151,13 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		case guest.EventStderr:
 			return nw.line(map[string]any{"type": "stderr", "data": nw.data(ev.Data)})
 		case guest.EventResult:
-			return nw.line(map[string]any{"type": "result", "main": ev.Result.Main, "data": resultData(ev.Result.Data)})
+			line := map[string]any{"type": "result", "main": ev.Result.Main, "data": resultData(ev.Result.Data)}
+			if ev.Result.File != "" {
+				line["file"] = ev.Result.File
+			}
+			return nw.line(line)
+		case guest.EventStatus:
+			return nw.line(map[string]any{"type": "status", "data": ev.Status})
 		case guest.EventError:
 			tb := ev.Error.Traceback
 			if tb == nil {

@@ -82,6 +82,38 @@ func TestRunCodeStreams(t *testing.T) {
 	}
 }
 
+// TestRunCodeStatusAndFiles: status events are status lines (a context
+// still starting), return_files reaches the manager, and a returned file
+// is a result line with its path.
+func TestRunCodeStatusAndFiles(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	r := h.do(h.alice, "POST", "/v1/sandboxes/aliceaaaaaaa/code", strings.NewReader(`{"code":"cold","return_files":["*.png"]}`))
+	if r.code != http.StatusOK {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	lines := ndjsonLines(t, r.body)
+	if lines[0]["type"] != "status" || lines[0]["data"] != "starting python context" {
+		t.Fatalf("first line %v", lines[0])
+	}
+	file := lines[len(lines)-2]
+	if file["type"] != "result" || file["file"] != "*.png" || file["main"] != false {
+		t.Fatalf("file result %v", file)
+	}
+	if _, ok := lines[2]["file"]; ok {
+		t.Fatalf("a result of the code has a file: %v", lines[2])
+	}
+	h.fake.mu.Lock()
+	run := h.fake.runs[len(h.fake.runs)-1]
+	h.fake.mu.Unlock()
+	if len(run.ReturnFiles) != 1 || run.ReturnFiles[0] != "*.png" {
+		t.Fatalf("request %v", run)
+	}
+	if r := h.do(h.alice, "POST", "/v1/sandboxes/aliceaaaaaaa/code", strings.NewReader(`{"code":"x","return_files":["[a"]}`)); r.code != 400 {
+		t.Fatalf("bad pattern: %d %s", r.code, r.body)
+	}
+}
+
 func TestContextRoutes(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, store.APIKey{})
@@ -102,8 +134,12 @@ func TestContextRoutes(t *testing.T) {
 	}
 	r = h.do(h.alice, "GET", base, nil)
 	var list struct{ Contexts []Context }
-	if r.code != 200 || json.Unmarshal(r.body, &list) != nil || len(list.Contexts) != 1 || !list.Contexts[0].IsDefault {
+	if r.code != 200 || json.Unmarshal(r.body, &list) != nil || len(list.Contexts) != 2 || !list.Contexts[0].IsDefault || list.Contexts[0].Exit != nil {
 		t.Fatalf("list: %d %s", r.code, r.body)
+	}
+	// A dead context says how it ended.
+	if !strings.Contains(string(r.body), `"exit":{"reason":"out of memory","code":-1,"signal":9,"oom_killed":true}`) {
+		t.Fatalf("list: the dead context's exit is missing: %s", r.body)
 	}
 	for _, c := range []struct {
 		method, path string

@@ -525,7 +525,10 @@ func (f *fake) ListContexts(_ context.Context, c sandbox.Caller, sid string) ([]
 	if _, err := f.lookup(c, sid); err != nil {
 		return nil, err
 	}
-	return []guest.ContextInfo{{ID: "c1", Language: "python", Cwd: "/root", State: "idle", IsDefault: true, CreatedAt: time.Unix(0, 0)}}, nil
+	return []guest.ContextInfo{
+		{ID: "c1", Language: "python", Cwd: "/root", State: "idle", IsDefault: true, CreatedAt: time.Unix(0, 0)},
+		{ID: "c9", Language: "python", Cwd: "/root", State: "dead", CreatedAt: time.Unix(0, 0), Exit: &guest.ContextExit{Code: -1, Signal: 9, OOMKilled: true}},
+	}, nil
 }
 
 func (f *fake) checkCtx(id string) error {
@@ -577,11 +580,18 @@ func (f *fake) RunCode(_ context.Context, c sandbox.Caller, sid string, req gues
 	if req.Code == "old" {
 		return fmt.Errorf("%w: run code: the guest agent is too old", errdefs.ErrUnsupported)
 	}
-	evs := []guest.CodeEvent{
+	var evs []guest.CodeEvent
+	if req.Code == "cold" {
+		evs = append(evs, guest.CodeEvent{Kind: guest.EventStatus, Status: "starting python context"})
+	}
+	evs = append(evs, []guest.CodeEvent{
 		{Kind: guest.EventStdout, Data: []byte("hi\n")},
 		{Kind: guest.EventStderr, Data: []byte("warn\xff")},
 		{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"image/png": fakePNG, "text/plain": []byte("<Figure>")}}},
 		{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"text/plain": []byte("42")}, Main: true}},
+	}...)
+	for _, p := range req.ReturnFiles {
+		evs = append(evs, guest.CodeEvent{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"image/png": fakePNG}, File: p}})
 	}
 	if req.Code == "1/0" {
 		evs = append(evs, guest.CodeEvent{Kind: guest.EventError, Error: &guest.CodeError{

@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -26,6 +27,8 @@ type runCodeIn struct {
 	Context   string `json:"context,omitempty" jsonschema:"code context id (see context_create); default: the language's default context"`
 	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox to run in (default: this session's sandbox, created on first use)"`
 	TimeoutS  int    `json:"timeout_s,omitempty" jsonschema:"interrupt the code after this many seconds (default 60); the context survives"`
+	// ReturnFiles is CodeRequest.ReturnFiles.
+	ReturnFiles []string `json:"return_files,omitempty" jsonschema:"glob patterns (*, ?, [...]) relative to the context's directory (/root) or absolute, e.g. [\"*.png\"]: the image files (png, jpg, gif, svg) the code wrote that match come back as images"`
 }
 
 func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult, error) {
@@ -45,11 +48,18 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 		imgNote []string
 		cerr    *guest.CodeError
 		end     guest.CodeEnd
+		waiting string // the last status while the context started; "" once the run began
 	)
 	err = t.h.cfg.Service.RunCode(ctx, t.s.caller(), id, guest.CodeRequest{
 		ContextID: in.Context, Language: in.Language, Code: in.Code,
 		Timeout: d.Truncate(time.Millisecond), MaxOutputBytes: uint64(8 * limit),
+		ReturnFiles: in.ReturnFiles,
 	}, func(ev guest.CodeEvent) error {
+		if ev.Kind == guest.EventStatus {
+			waiting = ev.Status
+			return nil
+		}
+		waiting = ""
 		switch ev.Kind {
 		case guest.EventStdout:
 			_, _ = out.stdout.Write(ev.Data)
@@ -57,7 +67,7 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 			_, _ = out.stderr.Write(ev.Data)
 		case guest.EventResult:
 			data := ev.Result.Data
-			for _, mime := range []string{"image/png", "image/jpeg"} {
+			for _, mime := range []string{"image/png", "image/jpeg", "image/gif"} {
 				if img, ok := data[mime]; ok {
 					switch {
 					case len(images) >= maxImages:
@@ -69,6 +79,17 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 					}
 					break
 				}
+			}
+			if f := ev.Result.File; f != "" {
+				label := "an image"
+				if _, ok := data["image/svg+xml"]; ok {
+					label = "SVG text"
+				}
+				results = append(results, fmt.Sprintf("--- file %s (%s) ---", guest.Text(f, 256), label))
+				if svg, ok := data["image/svg+xml"]; ok {
+					results[len(results)-1] += "\n" + strings.ToValidUTF8(string(svg), "\uFFFD")
+				}
+				return nil
 			}
 			if txt, ok := data["text/plain"]; ok {
 				label := "display"
@@ -85,6 +106,11 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 		return nil
 	})
 	if err != nil {
+		if waiting != "" && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
+			// The deadline passed before the interpreter was up: say so,
+			// rather than that the call timed out.
+			return errorResult(fmt.Sprintf("the call's deadline passed while the code context was starting (%s); the next call finds it up, or raise timeout_s", waiting)), nil
+		}
 		return nil, err
 	}
 	var status []string
@@ -194,11 +220,18 @@ type contextView struct {
 	State     string    `json:"state"`
 	IsDefault bool      `json:"is_default,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
+	// Died says how a dead context ended ("killed by signal 9"); the next
+	// run_code in it restarts it.
+	Died string `json:"died,omitempty"`
 }
 
 func viewContext(c guest.ContextInfo) contextView {
-	return contextView{ID: c.ID, Language: c.Language, Cwd: c.Cwd, State: c.State,
+	v := contextView{ID: c.ID, Language: c.Language, Cwd: c.Cwd, State: c.State,
 		IsDefault: c.IsDefault, CreatedAt: c.CreatedAt.UTC()}
+	if c.State == "dead" {
+		v.Died = c.Exit.Reason()
+	}
+	return v
 }
 
 func sortedKeys(m map[string]string) []string {

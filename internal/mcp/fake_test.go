@@ -259,6 +259,14 @@ func (f *fake) RunCode(_ context.Context, _ sandbox.Caller, id string, req guest
 	if err != nil {
 		return err
 	}
+	if req.Code == "cold" {
+		// A context that does not start before the deadline.
+		_ = fn(guest.CodeEvent{Kind: guest.EventStatus, Status: "still starting python context (25s)"})
+		return fmt.Errorf("start the python context: %w", context.DeadlineExceeded)
+	}
+	for _, p := range req.ReturnFiles {
+		_ = fn(guest.CodeEvent{Kind: guest.EventResult, Result: &guest.CodeResult{Data: map[string][]byte{"image/png": png}, File: p}})
+	}
 	if req.Code == "raise" {
 		_ = fn(guest.CodeEvent{Kind: guest.EventError, Error: &guest.CodeError{Name: "ValueError", Value: "bad", Traceback: []string{"Traceback (most recent call last):", "  line 1"}}})
 	} else {

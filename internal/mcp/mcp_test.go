@@ -181,6 +181,21 @@ func TestRunCodeAndFiles(t *testing.T) {
 	if img == nil || img.MIMEType != "image/png" || string(img.Data) != string(png) {
 		t.Errorf("run_code image = %+v", img)
 	}
+	// return_files: each file is an image, named in the text.
+	txt, res = call(t, cs, "run_code", map[string]any{"code": "savefig", "return_files": []string{"out/*.png"}})
+	n := 0
+	for _, c := range res.Content {
+		if _, ok := c.(*sdk.ImageContent); ok {
+			n++
+		}
+	}
+	if res.IsError || n != 2 || !strings.Contains(txt, "--- file out/*.png (an image) ---") {
+		t.Errorf("run_code return_files: %d images, %q", n, txt)
+	}
+	// A context that is still starting at the deadline says so.
+	if txt, res = call(t, cs, "run_code", map[string]any{"code": "cold"}); !res.IsError || !strings.Contains(txt, "while the code context was starting (still starting python context (25s))") {
+		t.Errorf("run_code past its deadline while starting: %q", txt)
+	}
 	txt, res = call(t, cs, "run_code", map[string]any{"code": "raise"})
 	if !res.IsError || !strings.Contains(txt, "ValueError: bad") || !strings.Contains(txt, "Traceback") {
 		t.Errorf("run_code error: %q", txt)

@@ -105,7 +105,7 @@ func ValidateRunCode(req guest.CodeRequest) error {
 	if req.Timeout < 0 || req.Timeout > MaxCodeTimeout {
 		return fmt.Errorf("%w: timeout must be at most 24h", errdefs.ErrInvalid)
 	}
-	return nil
+	return validateReturnFiles(req.ReturnFiles)
 }
 
 func cutEnv(kv string) (k, v string, ok bool) {
@@ -223,15 +223,25 @@ func (m *Manager) InterruptContext(ctx context.Context, c Caller, sandboxID, con
 
 // RunCode runs req.Code in a context of a running sandbox (req.ContextID,
 // or the default context of req.Language, created on first use) and calls
-// fn for every event: stdout, stderr, result and error events, the last
-// being exactly one end. It returns nil after the end event. The shim
+// fn for every event: stdout, stderr, result, error and status events, the
+// last being exactly one end. It returns nil after the end event. The shim
 // enforces the limits whatever the guest does: output (stdout + stderr +
 // result bytes, at most MaxCodeOutputBytes; End.Truncated), the timeout
 // (req.Timeout plus a grace; End.TimedOut), and result sizes. An error
 // from fn ends the run (the code is interrupted) and is returned. Ending
-// ctx interrupts the code; the context survives. Errors: ErrNotFound (no
-// sandbox or context), ErrFailedPrecondition (not running), ErrInvalid,
-// ErrUnsupported (old agent), ErrUnavailable (the stream broke).
+// ctx interrupts the code; the context survives.
+//
+// A run that must wait for an interpreter to start (the language's default
+// context does not exist yet, or the context is dead and the guest
+// restarts it) gets EventStatus events while it waits: the first after
+// m.ContextProgress.Delay, then one every m.ContextProgress.Every. A
+// restarted context's run begins with a stderr line from the guest that
+// says so and why it had died. req.ReturnFiles adds the image files the
+// run wrote as results before the end (see returnFiles).
+//
+// Errors: ErrNotFound (no sandbox or context), ErrFailedPrecondition (not
+// running, or the interpreter did not start), ErrInvalid, ErrUnsupported
+// (old agent), ErrUnavailable (the stream broke).
 func (m *Manager) RunCode(ctx context.Context, c Caller, sandboxID string, req guest.CodeRequest, fn func(guest.CodeEvent) error) error {
 	if err := ValidateRunCode(req); err != nil {
 		return err
@@ -243,7 +253,7 @@ func (m *Manager) RunCode(ctx context.Context, c Caller, sandboxID string, req g
 	t0 := time.Now()
 	var end *guest.CodeEnd
 	var errName string
-	err = sc.RunCode(ctx, req, func(ev guest.CodeEvent) error {
+	err = m.runCode(ctx, sc, req, func(ev guest.CodeEvent) error {
 		switch ev.Kind {
 		case guest.EventEnd:
 			end = ev.End
@@ -271,6 +281,85 @@ func (m *Manager) RunCode(ctx context.Context, c Caller, sandboxID string, req g
 	}
 	m.audit(ctx, c, sb.ID, "code.run", detail)
 	return err
+}
+
+// runCode starts the run's context if it must (with progress), runs the
+// code and returns the files asked for.
+func (m *Manager) runCode(ctx context.Context, sc *shimclient.Client, req guest.CodeRequest, fn func(guest.CodeEvent) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lang, target := req.Language, req.ContextID
+	if lang == "" {
+		lang = LangPython
+	}
+	if target == "" {
+		target = "default-" + lang
+	}
+	infos, err := sc.ListContexts(ctx)
+	if err != nil {
+		return err
+	}
+	var info *guest.ContextInfo
+	for i := range infos {
+		if infos[i].ID == target {
+			info = &infos[i]
+		}
+	}
+	if info != nil {
+		lang = info.Language
+	}
+	p := m.newProgress(fn, lang, cancel)
+	defer p.stop()
+	switch {
+	case info == nil && req.ContextID == "":
+		// The default context starts now: create it apart from the run,
+		// so that the wait for its interpreter has a known end.
+		p.start("starting " + lang + " context")
+		created, err := sc.CreateContext(ctx, guest.ContextSpec{ID: target, Language: lang})
+		if err := p.finish(); err != nil {
+			return err
+		}
+		switch {
+		case err == nil:
+			info = &created
+		case errors.Is(err, errdefs.ErrConflict): // another run created it
+		default:
+			return fmt.Errorf("start the %s context: %w", lang, err)
+		}
+	case info != nil && info.State == "dead":
+		// The guest restarts it; the run's first event ends the wait.
+		p.start(fmt.Sprintf("restarting %s context %s (it had died: %s)", lang, target, info.Exit.Reason()))
+	}
+	var files *returnFiles
+	if len(req.ReturnFiles) > 0 {
+		cwd := "/root"
+		if info != nil && info.Cwd != "" {
+			cwd = info.Cwd
+		}
+		files = newReturnFiles(cwd, req.ReturnFiles)
+		files.before(ctx, sc)
+	}
+	var end *guest.CodeEvent
+	err = sc.RunCode(ctx, req, func(ev guest.CodeEvent) error {
+		if err := p.finish(); err != nil {
+			return err
+		}
+		if ev.Kind == guest.EventEnd && files != nil {
+			end = &ev // the files come before it
+			return nil
+		}
+		return fn(ev)
+	})
+	if err := p.finish(); err != nil {
+		return err
+	}
+	if err != nil || end == nil {
+		return err
+	}
+	if err := files.after(ctx, sc, fn); err != nil {
+		return err
+	}
+	return fn(*end)
 }
 
 // clipName bounds a guest-supplied error name for the audit trail.

@@ -75,6 +75,9 @@ type Manager struct {
 	// filesystem: creates, forks, pauses and snapshots that could use it
 	// are refused (disk.go). 0: DefaultDiskReserve; negative: none.
 	DiskReserve int64
+	// ContextProgress times the status events of a code run that waits
+	// for its context's interpreter to start (zero: the defaults).
+	ContextProgress ContextProgress
 
 	statfs   func(path string) (total, free int64, err error) // nil: statfs (tests replace it)
 	poolOnce sync.Once

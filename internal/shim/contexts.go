@@ -92,10 +92,19 @@ func checkInfo(in *agentv1.ContextInfo) error {
 
 func badGuest(err error) error { return connect.NewError(connect.CodeUnavailable, err) }
 
-// wireContextInfo maps a checked guest ContextInfo.
+// wireContextInfo maps a checked guest ContextInfo. An exit is kept only
+// for a dead context and only if it is one a process can have: an exit
+// status 0-255, or -1 with a signal 1-64.
 func wireContextInfo(in *agentv1.ContextInfo) *shimv2.ContextInfo {
-	return &shimv2.ContextInfo{Id: in.GetId(), Language: in.GetLanguage(), Cwd: in.GetCwd(),
+	out := &shimv2.ContextInfo{Id: in.GetId(), Language: in.GetLanguage(), Cwd: in.GetCwd(),
 		CreatedUnixNano: in.GetCreatedUnixNano(), State: in.GetState(), IsDefault: in.GetIsDefault()}
+	if e := in.GetExit(); e != nil && in.GetState() == "dead" {
+		code, sig := e.GetExitCode(), e.GetSignal()
+		if (code >= 0 && code <= 255 && sig == 0) || (code == -1 && sig >= 1 && sig <= 64) {
+			out.Exit = &shimv2.ContextExit{ExitCode: code, Signal: sig, OomKilled: e.GetOomKilled() && sig == 9}
+		}
+	}
+	return out
 }
 
 func (r *contextRelay) Create(ctx context.Context, req *connect.Request[shimv2.CreateContextRequest]) (*connect.Response[shimv2.ContextInfo], error) {

@@ -25,8 +25,12 @@ func (c *Client) contexts() shimv2connect.ContextServiceClient {
 }
 
 func contextInfo(in *shimv2.ContextInfo) guest.ContextInfo {
-	return guest.ContextInfo{ID: in.GetId(), Language: in.GetLanguage(), Cwd: in.GetCwd(),
+	out := guest.ContextInfo{ID: in.GetId(), Language: in.GetLanguage(), Cwd: in.GetCwd(),
 		CreatedAt: time.Unix(0, in.GetCreatedUnixNano()), State: in.GetState(), IsDefault: in.GetIsDefault()}
+	if e := in.GetExit(); e != nil {
+		out.Exit = &guest.ContextExit{Code: int(e.GetExitCode()), Signal: int(e.GetSignal()), OOMKilled: e.GetOomKilled()}
+	}
+	return out
 }
 
 // CreateContext starts a code context. Errors: ErrInvalid (the shim refused

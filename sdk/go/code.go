@@ -26,6 +26,12 @@ type CodeRequest struct {
 	// Timeout interrupts the code (whole seconds; 0: none). The context
 	// survives; CodeExecution.TimedOut reports it.
 	Timeout time.Duration
+	// ReturnFiles asks for the image files (.png, .jpg, .jpeg, .gif, .svg)
+	// the run writes that match these glob patterns (*, ?, [...]; relative
+	// to the context's directory, or absolute): each comes back as a
+	// Result with File set. At most 8 patterns; the server returns at most
+	// 16 files of at most 8 MiB and says on stderr what it left out.
+	ReturnFiles []string
 }
 
 // Result is one rich value: MIME type -> content. Text types (text/plain,
@@ -36,6 +42,11 @@ type Result struct {
 	// display() and figure outputs.
 	Main bool
 	Data map[string][]byte
+	// File is the guest path of a file that ReturnFiles returned (relative
+	// to the context's directory when under it); "" for the code's own
+	// results. It is the guest's text: escape it before printing it to a
+	// terminal.
+	File string
 }
 
 // Text returns the text/plain value ("" if none).
@@ -57,6 +68,10 @@ type CodeHandlers struct {
 	OnStderr func([]byte)
 	OnResult func(Result)
 	OnError  func(*CodeError)
+	// OnStatus gets the server's word on the run's progress while the
+	// context's interpreter starts ("starting python context", then
+	// "still starting python context (10s)"): never the code's output.
+	OnStatus func(string)
 }
 
 // CodeExecution is what a RunCode produced.
@@ -118,6 +133,9 @@ func (c *Client) RunCode(ctx context.Context, id string, req CodeRequest, h Code
 	if req.Timeout > 0 {
 		body["timeout_s"] = int64((req.Timeout + time.Second - 1) / time.Second)
 	}
+	if len(req.ReturnFiles) > 0 {
+		body["return_files"] = req.ReturnFiles
+	}
 	resp, err := c.openStream(ctx, http.MethodPost, sandboxPath(id, "code"), nil, body)
 	if err != nil {
 		return nil, err
@@ -131,6 +149,7 @@ type codeRecord struct {
 	Type           string          `json:"type"`
 	Data           json.RawMessage `json:"data"`
 	Main           bool            `json:"main"`
+	File           string          `json:"file"`
 	Name           string          `json:"name"`
 	Value          string          `json:"value"`
 	Traceback      []string        `json:"traceback"`
@@ -187,7 +206,7 @@ func readCodeStream(r io.Reader, h CodeHandlers) (*CodeExecution, error) {
 			if err := json.Unmarshal(m.Data, &d); err != nil {
 				return nil, broken(fmt.Errorf("bad result: %w", err))
 			}
-			res := Result{Main: m.Main, Data: make(map[string][]byte, len(d))}
+			res := Result{Main: m.Main, File: m.File, Data: make(map[string][]byte, len(d))}
 			for k, v := range d {
 				if textMIME(k) {
 					res.Data[k] = []byte(v)
@@ -202,6 +221,14 @@ func readCodeStream(r io.Reader, h CodeHandlers) (*CodeExecution, error) {
 			ex.Results = append(ex.Results, res)
 			if h.OnResult != nil {
 				h.OnResult(res)
+			}
+		case "status":
+			var s string
+			if err := json.Unmarshal(m.Data, &s); err != nil {
+				return nil, broken(fmt.Errorf("bad status data: %w", err))
+			}
+			if h.OnStatus != nil {
+				h.OnStatus(s)
 			}
 		case "error":
 			ce := &CodeError{Name: m.Name, Value: m.Value, Traceback: m.Traceback}
@@ -225,8 +252,20 @@ type Context struct {
 	Language  string    `json:"language"`
 	Cwd       string    `json:"cwd"`
 	CreatedAt time.Time `json:"created_at"`
-	State     string    `json:"state"` // "idle", "busy" or "dead"
+	State     string    `json:"state"` // "idle", "busy" or "dead" (the next run restarts it)
 	IsDefault bool      `json:"is_default"`
+	// Exit says how a dead context's interpreter ended; nil while it runs
+	// or when the server does not know.
+	Exit *ContextExit `json:"exit,omitempty"`
+}
+
+// ContextExit is how a context's interpreter ended.
+type ContextExit struct {
+	// Reason is "out of memory", "killed by signal N" or "exit code N".
+	Reason    string `json:"reason"`
+	Code      int    `json:"code"` // -1 when a signal ended it
+	Signal    int    `json:"signal"`
+	OOMKilled bool   `json:"oom_killed"`
 }
 
 // ContextOptions configure CreateContext.

@@ -47,6 +47,18 @@ func TestRunCode(t *testing.T) {
 	if _, err := c.RunCode(ctx, sb.ID, airlock.CodeRequest{Code: "1", Context: "nope"}, airlock.CodeHandlers{}); !errors.Is(err, airlock.ErrNotFound) {
 		t.Fatalf("missing context: %v", err)
 	}
+	// Status lines go to OnStatus only; returned files are results with
+	// File set.
+	var statuses []string
+	ex, err = c.RunCode(ctx, sb.ID, airlock.CodeRequest{Code: "cold\nprint(hi)", ReturnFiles: []string{"*.png"}}, airlock.CodeHandlers{
+		OnStatus: func(s string) { statuses = append(statuses, s) },
+	})
+	if err != nil || len(statuses) != 1 || statuses[0] != "starting python context" || string(ex.Stdout) != "hi\n" {
+		t.Fatalf("status: %q %+v %v", statuses, ex, err)
+	}
+	if len(ex.Results) != 1 || ex.Results[0].File != "*.png" || !bytes.Equal(ex.Results[0].Data["image/png"], fakePNG) {
+		t.Fatalf("returned files: %+v", ex.Results)
+	}
 }
 
 func TestContexts(t *testing.T) {

@@ -698,10 +698,11 @@ var fakePNG = []byte("\x89PNG\r\n\x1a\nfake")
 // "while True: pass" times out. Variables are per sandbox (one context).
 func (f *fakeServer) code(w http.ResponseWriter, r *http.Request, id string) {
 	var req struct {
-		Code     string `json:"code"`
-		Language string `json:"language"`
-		Context  string `json:"context"`
-		TimeoutS int    `json:"timeout_s"`
+		Code        string   `json:"code"`
+		Language    string   `json:"language"`
+		Context     string   `json:"context"`
+		TimeoutS    int      `json:"timeout_s"`
+		ReturnFiles []string `json:"return_files"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		f.fail(w, 400, "invalid", "bad body")
@@ -728,6 +729,8 @@ func (f *fakeServer) code(w http.ResponseWriter, r *http.Request, id string) {
 			_ = enc.Encode(map[string]any{"type": "error", "name": "ZeroDivisionError", "value": "division by zero", "traceback": []string{"Traceback", "ZeroDivisionError: division by zero"}})
 		case line == "while True: pass":
 			end["timed_out"] = true
+		case line == "cold":
+			_ = enc.Encode(map[string]any{"type": "status", "data": "starting python context"})
 		case line == "plot()":
 			_ = enc.Encode(map[string]any{"type": "result", "main": false, "data": map[string]string{"image/png": base64.StdEncoding.EncodeToString(fakePNG), "text/plain": "<Figure>"}})
 		case strings.HasPrefix(line, "print("):
@@ -746,6 +749,9 @@ func (f *fakeServer) code(w http.ResponseWriter, r *http.Request, id string) {
 				_ = enc.Encode(map[string]any{"type": "result", "main": true, "data": map[string]string{"text/plain": strconv.Itoa(v * n)}})
 			}
 		}
+	}
+	for _, p := range req.ReturnFiles {
+		_ = enc.Encode(map[string]any{"type": "result", "main": false, "file": p, "data": map[string]string{"image/png": base64.StdEncoding.EncodeToString(fakePNG)}})
 	}
 	_ = enc.Encode(end)
 }

@@ -8,6 +8,7 @@ import (
 	"image"
 	"image/color"
 	"image/png"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -39,7 +40,13 @@ import (
 //	while True: pass  loop until interrupted or timed out
 //	plot()            a display result with image/png (a 4x4 PNG) and text/plain
 //	svg()             a display result with image/svg+xml
+//	savefig("p.png")  write FakePNG to the file (relative to the cwd)
 //	flood(N)          N bytes of "x" on stdout, in 64 KiB chunks
+//	exit(N)  kill(N)  oom()   the interpreter dies: exit status N, signal N,
+//	                  or killed by the OOM killer (SIGKILL); the run reports
+//	                  ContextDied, the context is "dead" with its exit, and
+//	                  the next run restarts it (state lost) with a stderr
+//	                  line that says so first, as the real agent does
 //	import ...        ignored
 //
 // javascript: `let|const|var x = 21`, expressions as above, console.log(EXPR
@@ -49,9 +56,15 @@ import (
 //
 // An interrupt (or the run's timeout) ends the running code: an interrupt
 // reports KeyboardInterrupt, a timeout end.timed_out; the context keeps its
-// variables. Runs of one context are serialized.
+// variables. Runs of one context are serialized. The default context of a
+// language is "default-<language>", as in the real agent.
 type codeContexts struct {
 	agentv1connect.UnimplementedContextServiceHandler
+	// starting, if set, is called before an interpreter starts (create,
+	// restart, a run's restart of a dead context); it may block.
+	starting func(lang string)
+	// fs is the guest's filesystem (savefig); nil in tests of this file.
+	fs *fs
 
 	mu   sync.Mutex
 	byID map[string]*codeContext
@@ -60,12 +73,14 @@ type codeContexts struct {
 
 type codeContext struct {
 	info *agentv1.ContextInfo
+	fs   *fs
 	run  sync.Mutex // held by the running code
 
 	mu        sync.Mutex // guards the fields below
 	vars      map[string]int64
 	count     int32
-	interrupt context.CancelFunc // of the running code, or nil
+	interrupt context.CancelFunc   // of the running code, or nil
+	exit      *agentv1.ContextExit // how the interpreter died; nil while alive
 }
 
 var fakeIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -115,6 +130,7 @@ func (cs *codeContexts) createLocked(id, lang, cwd string, isDefault bool) (*cod
 	c := &codeContext{
 		info: &agentv1.ContextInfo{Id: id, Language: lang, Cwd: cwd, CreatedUnixNano: time.Now().UnixNano(), State: "idle", IsDefault: isDefault},
 		vars: map[string]int64{},
+		fs:   cs.fs,
 	}
 	cs.byID[id] = c
 	return c, nil
@@ -124,11 +140,20 @@ func (c *codeContext) snapshot() *agentv1.ContextInfo {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	state := "idle"
-	if c.interrupt != nil {
+	switch {
+	case c.exit != nil:
+		state = "dead"
+	case c.interrupt != nil:
 		state = "busy"
 	}
 	in := c.info
-	return &agentv1.ContextInfo{Id: in.Id, Language: in.Language, Cwd: in.Cwd, CreatedUnixNano: in.CreatedUnixNano, State: state, IsDefault: in.IsDefault}
+	return &agentv1.ContextInfo{Id: in.Id, Language: in.Language, Cwd: in.Cwd, CreatedUnixNano: in.CreatedUnixNano, State: state, IsDefault: in.IsDefault, Exit: c.exit}
+}
+
+func (cs *codeContexts) start(lang string) {
+	if cs.starting != nil {
+		cs.starting(lang)
+	}
 }
 
 func (cs *codeContexts) Create(_ context.Context, req *connect.Request[agentv1.CreateContextRequest]) (*connect.Response[agentv1.ContextInfo], error) {
@@ -136,8 +161,9 @@ func (cs *codeContexts) Create(_ context.Context, req *connect.Request[agentv1.C
 	if err != nil {
 		return nil, err
 	}
+	cs.start(lang)
 	cs.mu.Lock()
-	c, err := cs.createLocked(req.Msg.GetId(), lang, req.Msg.GetCwd(), false)
+	c, err := cs.createLocked(req.Msg.GetId(), lang, req.Msg.GetCwd(), req.Msg.GetId() == "default-"+lang)
 	cs.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -179,11 +205,17 @@ func (cs *codeContexts) Restart(_ context.Context, req *connect.Request[agentv1.
 	}
 	c.stop()
 	c.run.Lock()
-	c.mu.Lock()
-	c.vars, c.count = map[string]int64{}, 0
-	c.mu.Unlock()
+	cs.start(c.info.Language)
+	c.reset()
 	c.run.Unlock()
 	return connect.NewResponse(c.snapshot()), nil
+}
+
+// reset gives c a fresh interpreter.
+func (c *codeContext) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.vars, c.count, c.exit = map[string]int64{}, 0, nil
 }
 
 // stop interrupts the running code, if any.
@@ -220,19 +252,30 @@ func (cs *codeContexts) Run(ctx context.Context, req *connect.Request[agentv1.Ru
 		if err != nil {
 			return err
 		}
-		cs.mu.Lock()
-		c = cs.byID[lang+"-default"]
-		if c == nil {
-			c, err = cs.createLocked(lang+"-default", lang, "", true)
-		}
-		cs.mu.Unlock()
-		if err != nil {
-			return err
+		if c, err = cs.get("default-" + lang); err != nil {
+			cs.start(lang)
+			cs.mu.Lock()
+			if c = cs.byID["default-"+lang]; c == nil {
+				c, err = cs.createLocked("default-"+lang, lang, "", true)
+			}
+			cs.mu.Unlock()
+			if err != nil {
+				return err
+			}
 		}
 	}
 	c.run.Lock()
 	defer c.run.Unlock()
 	t0 := time.Now()
+	c.mu.Lock()
+	died := c.exit
+	c.mu.Unlock()
+	var notice []byte
+	if died != nil {
+		cs.start(c.info.Language)
+		c.reset()
+		notice = []byte("[airlock: the " + c.info.Language + " context had died (" + exitReason(died) + "); it was restarted and its state is lost]\n")
+	}
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var timedOut bool
@@ -277,9 +320,24 @@ func (cs *codeContexts) Run(ctx context.Context, req *connect.Request[agentv1.Ru
 	result := func(data map[string][]byte, main bool) error {
 		return send(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Result{Result: &agentv1.CodeResult{Data: data, IsMainResult: main}}})
 	}
+	if notice != nil {
+		if err := out(true, notice); err != nil {
+			return err
+		}
+	}
 	err := interpret(runCtx, c, m.GetCode(), out, result)
 	var ce *codeErr
+	var de *deathErr
 	switch {
+	case errors.As(err, &de):
+		c.mu.Lock()
+		c.exit = de.exit
+		c.mu.Unlock()
+		if err := send(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{
+			Name: "ContextDied", Value: "the interpreter died (" + exitReason(de.exit) + "); the next run restarts it, with its state lost",
+		}}}); err != nil {
+			return err
+		}
 	case errors.As(err, &ce):
 		if err := send(&agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_Error{Error: &agentv1.CodeError{
 			Name: ce.name, Value: ce.value, Traceback: []string{"Traceback (most recent call last):", "  Cell In[" + strconv.Itoa(int(count)) + "], line " + strconv.Itoa(ce.line), ce.name + ": " + ce.value},
@@ -316,12 +374,28 @@ type codeErr struct {
 
 func (e *codeErr) Error() string { return e.name + ": " + e.value }
 
+// deathErr ends the interpreter (exit, kill, oom).
+type deathErr struct{ exit *agentv1.ContextExit }
+
+func (e *deathErr) Error() string { return "died: " + exitReason(e.exit) }
+
+// exitReason words an exit as the real agent does.
+func exitReason(e *agentv1.ContextExit) string {
+	switch {
+	case e.GetOomKilled():
+		return "out of memory"
+	case e.GetSignal() > 0:
+		return "killed by signal " + strconv.Itoa(int(e.GetSignal()))
+	}
+	return "exit code " + strconv.Itoa(int(e.GetExitCode()))
+}
+
 // errStopped means the run's ctx ended (interrupt, timeout, host gone).
 var errStopped = errors.New("stopped")
 
 var (
 	assignRe = regexp.MustCompile(`^(?:(?:let|const|var)\s+)?([A-Za-z_]\w*)\s*=\s*(.+)$`)
-	callRe   = regexp.MustCompile(`^(print|eprint|console\.log|sleep|time\.sleep|flood|plot|svg)\((.*)\)$`)
+	callRe   = regexp.MustCompile(`^(print|eprint|console\.log|sleep|time\.sleep|flood|plot|svg|exit|kill|oom|savefig)\((.*)\)$`)
 	exprRe   = regexp.MustCompile(`^([A-Za-z_]\w*|-?\d+)\s*(?:([*+\-/])\s*([A-Za-z_]\w*|-?\d+))?$`)
 )
 
@@ -432,6 +506,29 @@ func call(ctx context.Context, c *codeContext, fn, arg string, line int, out fun
 			n -= k
 		}
 		return nil
+	case "savefig":
+		if c.fs == nil {
+			return &codeErr{"OSError", "no filesystem", line}
+		}
+		p := strings.Trim(arg, `"'`)
+		if !path.IsAbs(p) {
+			p = path.Join(c.info.Cwd, p)
+		}
+		c.fs.mu.Lock()
+		defer c.fs.mu.Unlock()
+		if d := c.fs.files[path.Dir(p)]; d == nil || !d.dir {
+			return &codeErr{"FileNotFoundError", "no such directory", line}
+		}
+		c.fs.files[p] = &file{data: bytes.Clone(FakePNG), mode: 0o644, mtime: time.Now()}
+		return nil
+	case "exit":
+		n, _ := strconv.Atoi(arg)
+		return &deathErr{&agentv1.ContextExit{ExitCode: int32(n)}}
+	case "kill":
+		n, _ := strconv.Atoi(arg)
+		return &deathErr{&agentv1.ContextExit{ExitCode: -1, Signal: int32(n)}}
+	case "oom":
+		return &deathErr{&agentv1.ContextExit{ExitCode: -1, Signal: 9, OomKilled: true}}
 	case "plot":
 		return result(map[string][]byte{"image/png": FakePNG, "text/plain": []byte("<Figure size 640x480 with 1 Axes>")}, false)
 	case "svg":

@@ -19,6 +19,7 @@ import (
 type Runtime struct {
 	mu        sync.Mutex
 	startHook func(runtime.Spec) error
+	ctxHook   func(lang string)
 	instances map[string]*Instance // live (created, not yet ended) by ID
 	snapshots map[string]*fs       // by cleaned snapshot dir
 }
@@ -45,6 +46,25 @@ func (r *Runtime) SetStartHook(hook func(runtime.Spec) error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.startHook = hook
+}
+
+// SetContextStartHook makes the fake guests call hook whenever they start
+// a code context's interpreter (create, restart, a run that creates a
+// default context or restarts a dead one), before the start completes; it
+// may block, as a slow interpreter would. nil removes the hook.
+func (r *Runtime) SetContextStartHook(hook func(lang string)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ctxHook = hook
+}
+
+func (r *Runtime) contextStarting(lang string) {
+	r.mu.Lock()
+	hook := r.ctxHook
+	r.mu.Unlock()
+	if hook != nil {
+		hook(lang)
+	}
 }
 
 // Instance returns the live instance with id, or nil.
@@ -171,6 +191,7 @@ func (in *Instance) serveLocked() {
 	sctx, cancel := context.WithCancel(context.Background())
 	a := &agent{fs: in.fs, cpus: in.spec.CPUs, memBytes: uint64(in.spec.MemoryMiB) << 20, booted: in.booted}
 	a.powerOff = func() { in.end(runtime.ExitStatus{Code: 0, Reason: "guest powered off"}) }
+	a.ctxs.starting, a.ctxs.fs = in.rt.contextStarting, in.fs
 	in.host, in.guest, in.cancel, in.agentTaken = host, guest, cancel, false
 	in.serving.Go(func() {
 		h := agentapi.NewHandler(a, a, a)
