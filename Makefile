@@ -11,7 +11,8 @@ STATE_DIR ?= $(or $(AIRLOCK_STATE_DIR),/var/lib/airlock)
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # `make install`: binaries under $(DESTDIR)$(PREFIX), the guest agent in
 # $(PREFIX)/lib/airlock (where airlock looks for it), the systemd unit in
-# UNITDIR, the settings file /etc/airlock/airlock.env.
+# UNITDIR, the settings files /etc/airlock/airlock.yaml (serve's config
+# file) and /etc/airlock/airlock.env (its environment).
 PREFIX ?= /usr/local
 DESTDIR ?=
 UNITDIR ?= $(PREFIX)/lib/systemd/system
@@ -43,14 +44,16 @@ build: ## build bin/airlock and the static guest agent bin/airlock-agent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/airlock-agent ./cmd/airlock-agent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/airlock ./cmd/airlock
 
-install: build ## install airlock, its guest agent and airlock.service under $(DESTDIR)$(PREFIX); /etc/airlock/airlock.env only where none exists
+install: build ## install airlock, its guest agent and airlock.service under $(DESTDIR)$(PREFIX); /etc/airlock/airlock.yaml and airlock.env only where none exists
 	install -D -m 0755 bin/airlock $(DESTDIR)$(PREFIX)/bin/airlock
 	install -D -m 0755 bin/airlock-agent $(DESTDIR)$(PREFIX)/lib/airlock/airlock-agent
 	install -d $(DESTDIR)$(UNITDIR)
 	sed 's|@BINDIR@|$(PREFIX)/bin|g' packaging/airlock.service >$(DESTDIR)$(UNITDIR)/airlock.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/airlock.service
-	@if [ -e $(DESTDIR)/etc/airlock/airlock.env ]; then echo "install: kept $(DESTDIR)/etc/airlock/airlock.env"; \
-	else install -D -m 0644 packaging/airlock.env $(DESTDIR)/etc/airlock/airlock.env; fi
+	@for f in airlock.yaml airlock.env; do \
+		if [ -e $(DESTDIR)/etc/airlock/$$f ]; then echo "install: kept $(DESTDIR)/etc/airlock/$$f"; \
+		else install -D -m 0644 packaging/$$f $(DESTDIR)/etc/airlock/$$f; fi; \
+	done
 	@echo "installed airlock $(VERSION); next: airlock setup; systemctl daemon-reload; systemctl enable --now airlock"
 
 uninstall: ## remove what make install put under $(DESTDIR)$(PREFIX) (keeps /etc/airlock and the state dir)
@@ -61,14 +64,14 @@ uninstall: ## remove what make install put under $(DESTDIR)$(PREFIX) (keeps /etc
 # -xzf it): the files of `make install` with PREFIX=/usr/local, the default
 # settings in share/airlock, the docs in share/doc/airlock. Reproducible:
 # sorted, owned by root, dated by the last commit.
-dist: build ## dist/airlock-$(VERSION)-<os>-<arch>.tar.gz: both binaries, airlock.service, airlock.env, README.md, docs/
+dist: build ## dist/airlock-$(VERSION)-<os>-<arch>.tar.gz: both binaries, airlock.service, airlock.yaml, airlock.env, README.md, docs/
 	@set -euo pipefail; name=airlock-$(VERSION)-$$($(GO) env GOOS)-$$($(GO) env GOARCH); stage=dist/$$name; \
 	rm -rf $$stage; \
 	install -D -m 0755 bin/airlock $$stage/bin/airlock; \
 	install -D -m 0755 bin/airlock-agent $$stage/lib/airlock/airlock-agent; \
 	install -d $$stage/lib/systemd/system $$stage/share/airlock $$stage/share/doc/airlock; \
 	sed 's|@BINDIR@|/usr/local/bin|g' packaging/airlock.service >$$stage/lib/systemd/system/airlock.service; \
-	install -m 0644 packaging/airlock.env $$stage/share/airlock/airlock.env; \
+	install -m 0644 packaging/airlock.yaml packaging/airlock.env $$stage/share/airlock/; \
 	cp -r README.md docs $$stage/share/doc/airlock/; \
 	if [ -f LICENSE ]; then cp LICENSE $$stage/share/doc/airlock/; fi; \
 	chmod -R u=rwX,go=rX $$stage; \
@@ -76,7 +79,7 @@ dist: build ## dist/airlock-$(VERSION)-<os>-<arch>.tar.gz: both binaries, airloc
 		-C dist -cf - $$name | gzip -n >dist/$$name.tar.gz; \
 	rm -rf $$stage; echo dist/$$name.tar.gz
 
-test-dist: ## a temp clone of HEAD tagged v0.0.0-test: make dist (version), make install into a temp root, the unit's serve answers /healthz, the Python and Go SDKs install offline
+test-dist: ## a temp clone of HEAD tagged v0.0.0-test: make dist (version), make install into a temp root, the unit's serve with the installed config file (TLS) answers /healthz and /v1/openapi.yaml, the Python and Go SDKs install offline
 	scripts/test-dist.sh
 
 setup: deps build ## guest kernel, initramfs and the default image into the state dir

@@ -121,31 +121,8 @@ func rootCmd(g *globals) *cobra.Command {
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
-				return fmt.Errorf("%w: --log-level %q", errdefs.ErrInvalid, g.logLevel)
-			}
-			g.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-			if abs, err := filepath.Abs(g.stateDir); err == nil {
-				g.stateDir = abs
-			}
-			switch g.accel {
-			case "auto", "kvm", "tcg":
-			default:
-				return fmt.Errorf("%w: --accel must be auto, kvm or tcg", errdefs.ErrInvalid)
-			}
-			switch g.runtime {
-			case "qemu", "gvisor", "auto":
-			default:
-				return fmt.Errorf("%w: --runtime must be qemu, gvisor or auto", errdefs.ErrInvalid)
-			}
-			switch g.hostCgroups {
-			case "auto", "on", "off":
-			default:
-				return fmt.Errorf("%w: --host-cgroups must be auto, on or off", errdefs.ErrInvalid)
-			}
-			return nil
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			return g.setup()
 		},
 	}
 	accel := os.Getenv("AIRLOCK_ACCEL")
@@ -172,6 +149,35 @@ func rootCmd(g *globals) *cobra.Command {
 	)
 	addExamples(root)
 	return root
+}
+
+// setup checks the global flags and makes the logger; serve calls it
+// again once its config file has set some of them.
+func (g *globals) setup() error {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return fmt.Errorf("%w: --log-level %q", errdefs.ErrInvalid, g.logLevel)
+	}
+	g.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	if abs, err := filepath.Abs(g.stateDir); err == nil {
+		g.stateDir = abs
+	}
+	switch g.accel {
+	case "auto", "kvm", "tcg":
+	default:
+		return fmt.Errorf("%w: --accel must be auto, kvm or tcg", errdefs.ErrInvalid)
+	}
+	switch g.runtime {
+	case "qemu", "gvisor", "auto":
+	default:
+		return fmt.Errorf("%w: --runtime must be qemu, gvisor or auto", errdefs.ErrInvalid)
+	}
+	switch g.hostCgroups {
+	case "auto", "on", "off":
+	default:
+		return fmt.Errorf("%w: --host-cgroups must be auto, on or off", errdefs.ErrInvalid)
+	}
+	return nil
 }
 
 // manager opens the catalog for one command.

@@ -71,6 +71,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			s.fail(w, r, err)
 			return
 		}
+		noteKey(r, k)
 		c := sandbox.KeyCaller(k, s.cfg.Defaults, "api")
 		r = r.WithContext(context.WithValue(r.Context(), keyCtx{}, authed{k, c}))
 		if lim := c.Limits; !s.limiter(k.Tenant, lim.RatePerMin).Allow() {

@@ -148,7 +148,6 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sid := r.PathValue("id")
-	t0 := time.Now()
 	// A background exec has no stream whose end could kill it.
 	st, err := ex.Exec(r.Context(), callerOf(r), sid, spec, req.KillOnDisconnect && !req.Background)
 	if err != nil {
@@ -156,7 +155,6 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer st.Close()
-	s.metrics.execLat.Observe(time.Since(t0).Seconds())
 	info := st.Info()
 	if req.Stdin != nil {
 		if err := s.execStdinOnce(r, ex, st, stdin, !req.StdinOpen, req.Background); err != nil {

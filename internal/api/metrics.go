@@ -16,12 +16,17 @@ import (
 )
 
 // metrics are the server's Prometheus metrics, in their own registry.
+// Labels: tenant (API keys' tenants, which an admin names: few), sandbox_id
+// only on the per-sandbox series of usageCollector, route patterns (never
+// raw paths) and status codes; never a guest's string.
 type metrics struct {
 	reg      *prometheus.Registry
 	creates  prometheus.Counter
-	execLat  prometheus.Histogram
+	execLat  *prometheus.HistogramVec // by tenant
+	execs    *prometheus.CounterVec   // by tenant, result
 	failures *prometheus.CounterVec
 	requests *prometheus.CounterVec
+	usage    *usageCollector
 }
 
 // sandboxCollector reports sandboxes by state at scrape time.
@@ -73,16 +78,19 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.resv, prometheus.GaugeValue, float64(d.Reserve))
 }
 
-func newMetrics(sb Sandboxes) *metrics {
+func newMetrics(sb Sandboxes, snaps Snapshots) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		creates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "airlock_sandbox_creates_total", Help: "Sandboxes created through the API.",
 		}),
-		execLat: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "airlock_exec_start_seconds", Help: "Time to start an exec session (request to process started).",
+		execLat: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "airlock_exec_start_seconds", Help: "Time to start an exec session (request to process started), by tenant.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
-		}),
+		}, []string{"tenant"}),
+		execs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_execs_total", Help: "Exec sessions asked to start (API, terminals, E2B), by tenant and result (started, failed).",
+		}, []string{"tenant", "result"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "airlock_failures_total", Help: "Requests that failed on the server's side (5xx), by operation.",
 		}, []string{"op"}),
@@ -90,7 +98,8 @@ func newMetrics(sb Sandboxes) *metrics {
 			Name: "airlock_http_requests_total", Help: "HTTP requests by route pattern and status code.",
 		}, []string{"route", "code"}),
 	}
-	m.reg.MustRegister(m.creates, m.execLat, m.failures, m.requests,
+	m.usage = newUsageCollector(sb, snaps)
+	m.reg.MustRegister(m.creates, m.execLat, m.execs, m.failures, m.requests, m.usage,
 		sandboxCollector{sb, prometheus.NewDesc("airlock_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d, ok := sb.(interface {

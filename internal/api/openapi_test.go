@@ -2,12 +2,15 @@ package api
 
 import (
 	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // TestOpenAPIMatchesRoutes keeps api/openapi.yaml and the route table in
@@ -72,5 +75,41 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("spec: %v", slices.Sorted(maps.Keys(inSpec)))
+	}
+}
+
+// TestServeOpenAPI: GET /v1/openapi.yaml serves api/openapi.yaml as it is
+// on disk, without a key, as the spec documents it; If-None-Match with its
+// ETag is 304.
+func TestServeOpenAPI(t *testing.T) {
+	t.Parallel()
+	want, err := os.ReadFile("../../api/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, store.APIKey{})
+	r := h.do("", "GET", "/v1/openapi.yaml", nil)
+	if r.code != 200 || string(r.body) != string(want) {
+		t.Fatalf("GET /v1/openapi.yaml: %d, %d bytes (want 200, the %d bytes of api/openapi.yaml)", r.code, len(r.body), len(want))
+	}
+	if ct := r.hdr.Get("Content-Type"); ct != "application/yaml" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	etag := r.hdr.Get("ETag")
+	if !strings.HasPrefix(etag, `"`) {
+		t.Fatalf("ETag %q", etag)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), "GET", h.url+"/v1/openapi.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("If-None-Match", etag)
+	res, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotModified {
+		t.Errorf("If-None-Match: %d, want 304", res.StatusCode)
 	}
 }

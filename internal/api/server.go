@@ -49,6 +49,9 @@ type Config struct {
 	// Secret (at least 32 bytes, the same for every server of the state
 	// dir) derives each sandbox's preview token.
 	Secret []byte
+	// AccessLog, if set, gets one Info line per request when it ends
+	// (accesslog.go says what a line holds and what it never does).
+	AccessLog *slog.Logger
 }
 
 // Validate checks c and fills in defaults.
@@ -91,6 +94,8 @@ type Server struct {
 	// byHeader routes requests that carry a header to another handler
 	// (RouteByHeader), ahead of the route table.
 	byHeader []headerRoute
+	// inflight counts the requests being served (InFlight, WaitIdle).
+	inflight inFlight
 	sess     sessions // the dashboard's sign-ins (session.go)
 
 	mu sync.Mutex
@@ -98,8 +103,8 @@ type Server struct {
 	limiters map[string]*rate.Limiter
 }
 
-// route is one entry of the route table; auth is false only for /healthz
-// and /metrics.
+// route is one entry of the route table; auth is false only for /healthz,
+// /metrics and the API's own spec.
 type route struct {
 	pattern string // "METHOD /path" (Go 1.22 ServeMux pattern); no method: all methods
 	auth    bool
@@ -111,6 +116,7 @@ type route struct {
 var routes = []route{
 	{"GET /healthz", false, (*Server).healthz},
 	{"GET /metrics", false, nil}, // filled in by New (promhttp)
+	{"GET /v1/openapi.yaml", false, (*Server).openAPI},
 	{"POST /v1/sandboxes", true, (*Server).createSandbox},
 	{"GET /v1/sandboxes", true, (*Server).listSandboxes},
 	{"GET /v1/sandboxes/{id}", true, (*Server).getSandbox},
@@ -159,7 +165,12 @@ func New(cfg Config) (*Server, error) {
 		deniedAudit: rate.NewLimiter(10, 20),
 		limiters:    map[string]*rate.Limiter{},
 	}
-	s.metrics = newMetrics(cfg.Sandboxes)
+	s.metrics = newMetrics(cfg.Sandboxes, cfg.Snapshots)
+	if cfg.Execs != nil {
+		// Every exec start of the API, its terminals and the adapters
+		// given Server.Execs is counted and timed by tenant.
+		s.cfg.Execs = meteredExecs{cfg.Execs, s.metrics}
+	}
 	s.previewProxy = s.newPreviewProxy()
 	for _, rt := range routes {
 		var h http.Handler
@@ -207,6 +218,11 @@ func (s *Server) RouteByHeader(header string, h http.Handler) {
 	s.byHeader = append(s.byHeader, headerRoute{header, s.instrument("header "+header, h)})
 }
 
+// Execs returns Config.Execs with the server's exec metrics (count and
+// start latency by tenant), for adapters that start execs on their own
+// (E2B), or nil if the server has none.
+func (s *Server) Execs() Execs { return s.cfg.Execs }
+
 // KeyOf returns the key a request was authenticated with.
 func KeyOf(ctx context.Context) (store.APIKey, bool) {
 	a, ok := ctx.Value(keyCtx{}).(authed)
@@ -215,9 +231,20 @@ func KeyOf(ctx context.Context) (store.APIKey, bool) {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.inflight.add()
+	defer s.inflight.done()
 	id := newRequestID()
 	w.Header().Set("X-Request-Id", id)
-	r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
+	ctx := context.WithValue(r.Context(), requestIDKey{}, id)
+	if s.cfg.AccessLog != nil {
+		// Logged when the request ends, after a panic's answer below; the
+		// mux sets r.Pattern on this r.
+		rec, aw, t0 := &accessRecord{}, &accessWriter{ResponseWriter: w}, time.Now()
+		ctx = context.WithValue(ctx, accessKey{}, rec)
+		w = aw
+		defer func() { s.logAccess(r, aw, rec, time.Since(t0)) }()
+	}
+	r = r.WithContext(ctx)
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler { //nolint:errorlint // a recovered panic value, compared as net/http documents

@@ -179,6 +179,21 @@ func (m *Manager) Usage(ctx context.Context, c Caller, id string) (guest.Usage, 
 	return sc.Usage(ctx)
 }
 
+// SampleUsage is Usage for metrics: it asks a running sandbox's guest only.
+// A sandbox in any other state is ErrFailedPrecondition and is left as it
+// is (a paused one is not resumed). It acts for the server, not a tenant,
+// and is not activity.
+func (m *Manager) SampleUsage(ctx context.Context, id string) (guest.Usage, error) {
+	sb, err := m.get(ctx, id)
+	if err != nil {
+		return guest.Usage{}, err
+	}
+	if sb.State != store.StateRunning {
+		return guest.Usage{}, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, id, sb.State)
+	}
+	return m.shims().Get(m.L.Socket(id)).Usage(ctx)
+}
+
 // PauseManifest is written next to a paused sandbox's saved state (and a
 // snapshot's): what a resume needs beyond the catalog row, and the state's
 // digest, checked on resume.

@@ -1,0 +1,298 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
+)
+
+// sampled counts the fake's SampleUsage calls by sandbox id (ids are
+// unique across the tests that look).
+var sampled sync.Map
+
+// SampleUsage makes the fake a UsageSampler: a running sandbox answers
+// figures derived from its row; one whose metadata has usage=hang answers
+// only when ctx ends.
+func (f *fake) SampleUsage(ctx context.Context, id string) (guest.Usage, error) {
+	n, _ := sampled.LoadOrStore(id, new(int64))
+	f.mu.Lock()
+	*n.(*int64)++
+	sb, ok := f.sbs[id]
+	f.mu.Unlock()
+	switch {
+	case !ok:
+		return guest.Usage{}, errdefs.ErrNotFound
+	case sb.State != store.StateRunning:
+		return guest.Usage{}, errdefs.ErrFailedPrecondition
+	case sb.Metadata["usage"] == "hang":
+		<-ctx.Done()
+		return guest.Usage{}, ctx.Err()
+	}
+	return guest.Usage{CPUBusy: 1500 * time.Millisecond, CPUTotal: 4 * time.Second, CPUs: sb.CPUs,
+		MemTotal: uint64(sb.MemoryMiB) << 20, MemAvailable: 128 << 20, DiskTotal: 2 << 30, DiskUsed: 256 << 20}, nil
+}
+
+func sampleCalls(id string) int64 {
+	n, ok := sampled.Load(id)
+	if !ok {
+		return 0
+	}
+	return *n.(*int64)
+}
+
+// obsServer is a Server on the fake with keys for alice and bob, for the
+// metrics and access log tests.
+type obsServer struct {
+	s           *Server
+	f           *fake
+	url         string
+	alice, bob  string
+	aliceKeyID  string
+	accessLines *testutil.Buffer
+}
+
+func newObsServer(t *testing.T, withAccessLog bool) *obsServer {
+	t.Helper()
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	o := &obsServer{f: newFake(), accessLines: &testutil.Buffer{}}
+	o.f.ev = st
+	rec, alice, err := st.CreateKey(t.Context(), store.APIKey{Tenant: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.alice, o.aliceKeyID = alice, rec.ID
+	if _, o.bob, err = st.CreateKey(t.Context(), store.APIKey{Tenant: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Sandboxes: o.f, Files: o.f, Execs: o.f, Contexts: o.f, Ports: o.f, Snapshots: o.f, Events: st, Keys: st}
+	if withAccessLog {
+		cfg.AccessLog = newJSONLogger(o.accessLines)
+	}
+	if o.s, err = New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(o.s)
+	t.Cleanup(srv.Close)
+	o.url = srv.URL
+	return o
+}
+
+func (o *obsServer) do(t *testing.T, key, method, path, body string, hdr ...string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, o.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, b
+}
+
+// scrape returns /metrics as series (name{labels} as the text format
+// writes them, labels sorted) -> value.
+func (o *obsServer) scrape(t *testing.T) map[string]float64 {
+	t.Helper()
+	code, b := o.do(t, "", "GET", "/metrics", "")
+	if code != 200 {
+		t.Fatalf("GET /metrics: %d %s", code, b)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metrics line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+func (f *fake) setState(id string, st store.State, meta map[string]string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sbs[id]
+	sb.State, sb.Metadata = st, meta
+	f.sbs[id] = sb
+}
+
+// TestUsageMetrics: per-sandbox series carry sandbox_id and tenant, the
+// per-tenant ones tenant alone, with the guest's figures; a paused
+// sandbox is never asked (a scrape must not resume it) but its host disk
+// is reported; a guest that does not answer is skipped and counted.
+func TestUsageMetrics(t *testing.T) {
+	t.Parallel()
+	o := newObsServer(t, false)
+	o.f.add("usagealice01", "alice")
+	o.f.add("usagealice02", "alice")
+	o.f.add("usagebob0001", "bob")
+	o.f.add("usagepaused1", "alice")
+	o.f.setState("usagepaused1", store.StatePaused, nil)
+
+	m := o.scrape(t)
+	sb := func(name, id, tenant string) string {
+		return fmt.Sprintf("%s{sandbox_id=%q,tenant=%q}", name, id, tenant)
+	}
+	const mib = 1 << 20
+	want := map[string]float64{
+		sb("airlock_sandbox_cpu_seconds_total", "usagealice01", "alice"):  1.5,
+		sb("airlock_sandbox_memory_bytes", "usagealice01", "alice"):       (512 - 128) * mib,
+		sb("airlock_sandbox_memory_limit_bytes", "usagealice01", "alice"): 512 * mib,
+		sb("airlock_sandbox_disk_bytes", "usagealice01", "alice"):         256 * mib,
+		sb("airlock_sandbox_disk_limit_bytes", "usagealice01", "alice"):   2048 * mib,
+		sb("airlock_sandbox_host_disk_bytes", "usagealice01", "alice"):    12 * mib, // the fake's DiskUsage: len(id) MiB
+		sb("airlock_sandbox_memory_bytes", "usagebob0001", "bob"):         384 * mib,
+		sb("airlock_sandbox_host_disk_bytes", "usagepaused1", "alice"):    12 * mib,
+		`airlock_tenant_cpu_seconds{tenant="alice"}`:                      3,
+		`airlock_tenant_memory_bytes{tenant="alice"}`:                     2 * 384 * mib,
+		`airlock_tenant_disk_bytes{tenant="alice"}`:                       2 * 256 * mib,
+		`airlock_tenant_host_disk_bytes{tenant="alice"}`:                  3 * 12 * mib,
+		`airlock_tenant_memory_bytes{tenant="bob"}`:                       384 * mib,
+		`airlock_tenant_sandboxes{state="running",tenant="alice"}`:        2,
+		`airlock_tenant_sandboxes{state="paused",tenant="alice"}`:         1,
+		`airlock_tenant_sandboxes{state="running",tenant="bob"}`:          1,
+		`airlock_metrics_sandboxes_skipped`:                               0,
+	}
+	for k, v := range want {
+		if got, ok := m[k]; !ok || got != v {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, v)
+		}
+	}
+	for k := range m {
+		if strings.Contains(k, `sandbox_id="usagepaused1"`) && !strings.HasPrefix(k, "airlock_sandbox_host_disk_bytes{") {
+			t.Errorf("a paused sandbox has guest figures: %s", k)
+		}
+		if strings.HasPrefix(k, "airlock_tenant_") && strings.Contains(k, "sandbox_id") {
+			t.Errorf("a per-tenant series carries sandbox_id: %s", k)
+		}
+	}
+	if n := sampleCalls("usagepaused1"); n != 0 {
+		t.Errorf("the scrape asked the paused sandbox's guest %d times", n)
+	}
+
+	// A guest that does not answer: left out and counted, the scrape
+	// still answers.
+	u := o.s.metrics.usage
+	u.mu.Lock()
+	u.perSandbox = 50 * time.Millisecond
+	u.mu.Unlock()
+	o.f.setState("usagealice02", store.StateRunning, map[string]string{"usage": "hang"})
+	m = o.scrape(t)
+	if m["airlock_metrics_sandboxes_skipped"] != 1 {
+		t.Errorf("skipped = %v, want 1", m["airlock_metrics_sandboxes_skipped"])
+	}
+	if _, ok := m[sb("airlock_sandbox_memory_bytes", "usagealice02", "alice")]; ok {
+		t.Error("a sandbox that did not answer has guest figures")
+	}
+	if got := m[`airlock_tenant_memory_bytes{tenant="alice"}`]; got != 384*mib {
+		t.Errorf("alice's memory = %v, want only the answering sandbox's %v", got, 384*mib)
+	}
+
+	// Prometheus naming conventions (units, _total on counters only).
+	mfs, err := o.s.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "airlock_") {
+			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+}
+
+// TestUsageMetricsBudget: a scrape's cost is bounded by its budget, not by
+// the number of sandboxes times a guest's timeout.
+func TestUsageMetricsBudget(t *testing.T) {
+	t.Parallel()
+	o := newObsServer(t, false)
+	for i := range 4 {
+		id := fmt.Sprintf("budgethang%02d", i)
+		o.f.add(id, "alice")
+		o.f.setState(id, store.StateRunning, map[string]string{"usage": "hang"})
+	}
+	u := o.s.metrics.usage
+	u.mu.Lock()
+	u.budget, u.perSandbox, u.workers = 200*time.Millisecond, time.Minute, 1
+	u.mu.Unlock()
+	t0 := time.Now()
+	m := o.scrape(t)
+	if took := time.Since(t0); took > 20*time.Second {
+		t.Errorf("the scrape took %v with a budget of 200ms", took)
+	}
+	if m["airlock_metrics_sandboxes_skipped"] != 4 {
+		t.Errorf("skipped = %v, want 4", m["airlock_metrics_sandboxes_skipped"])
+	}
+}
+
+// TestExecMetrics: exec starts are counted and timed by tenant, failures
+// apart.
+func TestExecMetrics(t *testing.T) {
+	t.Parallel()
+	o := newObsServer(t, false)
+	o.f.add("execalice001", "alice")
+	o.f.add("execbob00001", "bob")
+	if code, b := o.do(t, o.alice, "POST", "/v1/sandboxes/execalice001/exec", `{"cmd":["true"]}`); code != 200 {
+		t.Fatalf("exec: %d %s", code, b)
+	}
+	if code, b := o.do(t, o.alice, "POST", "/v1/sandboxes/execbob00001/exec", `{"cmd":["true"]}`); code != 404 {
+		t.Fatalf("exec in another tenant's sandbox: %d %s", code, b)
+	}
+	m := o.scrape(t)
+	for k, v := range map[string]float64{
+		`airlock_execs_total{result="started",tenant="alice"}`: 1,
+		`airlock_execs_total{result="failed",tenant="alice"}`:  1,
+		`airlock_exec_start_seconds_count{tenant="alice"}`:     1,
+	} {
+		if m[k] != v {
+			t.Errorf("%s = %v, want %v", k, m[k], v)
+		}
+	}
+	if _, ok := m[`airlock_execs_total{result="started",tenant="bob"}`]; ok {
+		t.Error("bob has execs")
+	}
+	if o.s.Execs() == nil {
+		t.Error("Server.Execs is nil")
+	}
+}
