@@ -152,7 +152,7 @@ func startServe(ctx context.Context, cfg config) (base string, stop func(), err 
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	srv := exec.Command(cfg.airlock, "--state-dir", cfg.stateDir, "--accel", cfg.accel, "--log-level", "warn", "serve", "--listen", addr)
+	srv := exec.Command(cfg.airlock, "--state-dir", cfg.stateDir, "--accel", cfg.accel, "--log-level", "warn", "serve", "--access-log=false", "--listen", addr)
 	srv.Stderr = os.Stderr
 	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := srv.Start(); err != nil {
