@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -14,6 +15,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shim"
+	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
 // splitRemote parses "ID:/path". ok is false for a local path.
@@ -26,20 +28,40 @@ func splitRemote(s string) (id, p string, ok bool) {
 }
 
 func cpCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "cp SRC DST",
-		Short: "Copy a file into (LOCAL ID:/PATH) or out of (ID:/PATH LOCAL) a sandbox",
-		Args:  cobra.ExactArgs(2),
+	var recursive bool
+	cmd := &cobra.Command{
+		Use:   "cp [-r] SRC DST",
+		Short: "Copy a file or, with -r, a directory into (LOCAL ID:/PATH) or out of (ID:/PATH LOCAL) a sandbox",
+		Long: `Copy a file into (LOCAL ID:/PATH) or out of (ID:/PATH LOCAL) a sandbox.
+
+With -r, directories are copied too, as tar streams, keeping permission bits,
+symlinks (as symlinks), hard links and mtimes, as docker cp does:
+  - DST does not exist: it is made and gets SRC's contents;
+  - DST is a directory: SRC lands in it as DST/NAME, or, when SRC ends in "/.",
+    SRC's contents land in DST;
+  - DST is not a directory: an error.
+"-" as the local side is a tar stream: on stdin into ID:/DIR, or of ID:/PATH to
+stdout (entries named NAME/...). Files copied in belong to root; files copied
+out belong to you, without setuid/setgid bits. Nothing a sandbox sends is ever
+written outside DST. On a terminal, the bytes copied so far go to stderr.`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sid, spath, sRemote := splitRemote(args[0])
 			did, dpath, dRemote := splitRemote(args[1])
 			if sRemote == dRemote {
 				return fmt.Errorf("%w: exactly one of SRC and DST must be ID:/PATH", errdefs.ErrInvalid)
 			}
-			if c, err := g.remote(); err != nil || c != nil {
-				if err != nil {
-					return err
-				}
+			if !recursive && (args[0] == "-" || args[1] == "-") {
+				return fmt.Errorf("%w: - (a tar stream) needs -r", errdefs.ErrInvalid)
+			}
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if recursive {
+				return copyTree(cmd, g, c, args)
+			}
+			if c != nil {
 				if dRemote {
 					return remoteCopyIn(cmd, g, c, args[0], did, dpath)
 				}
@@ -71,6 +93,69 @@ func cpCmd(g *globals) *cobra.Command {
 			return err
 		},
 	}
+	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "copy directories (as tar streams); - as the local side is a tar on stdin or stdout")
+	return cmd
+}
+
+// copyTree is cp -r, locally (the manager) or through the API server c.
+// A regular file goes as plain cp copies it.
+func copyTree(cmd *cobra.Command, g *globals, c *airlock.Client, args []string) error {
+	ctx := cmd.Context()
+	sid, spath, sRemote := splitRemote(args[0])
+	did, dpath, _ := splitRemote(args[1])
+	id := did
+	if sRemote {
+		id = sid
+	}
+	var sfs sandboxFS
+	if c != nil {
+		if _, err := c.Get(ctx, id); err != nil {
+			return err
+		}
+		sfs = remoteFS{c, id}
+	} else {
+		m, done, err := g.manager(ctx)
+		if err != nil {
+			return err
+		}
+		defer done()
+		if _, err := m.Get(ctx, sandbox.Local(), id); err != nil {
+			return err
+		}
+		sfs = localFS{m, id}
+	}
+	prog := terminalOrNil(cmd.ErrOrStderr())
+	if !sRemote {
+		res, err := copyTreeIn(ctx, sfs, cmd.InOrStdin(), prog, args[0], dpath)
+		if errors.Is(err, errNotDir) {
+			if c != nil {
+				return remoteCopyIn(cmd, g, c, args[0], did, dpath)
+			}
+			n, err := copyIn(ctx, sfs.(localFS).m, did, args[0], dpath)
+			if err == nil {
+				g.log.Info("copied", "bytes", n)
+			}
+			return err
+		}
+		if err != nil {
+			return fmt.Errorf("copy to %s: %w", dpath, err)
+		}
+		g.log.Info("copied", "entries", res.Entries, "bytes", res.Bytes)
+		return nil
+	}
+	st, err := copyTreeOut(ctx, sfs, cmd.OutOrStdout(), prog, spath, args[1])
+	if errors.Is(err, errNotDir) {
+		if c != nil {
+			return remoteCopyOut(cmd, c, sid, spath, args[1])
+		}
+		_, err = copyOut(ctx, sfs.(localFS).m, sid, spath, args[1])
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("copy from %s: %w", spath, err)
+	}
+	g.log.Info("copied", "entries", st.Entries(), "bytes", st.Bytes)
+	return nil
 }
 
 func copyIn(ctx context.Context, m *sandbox.Manager, id, local, remote string) (int64, error) {

@@ -25,7 +25,11 @@ var examples = map[string]string{
   airlock exec --timeout 30s $id -- make test`,
 	"shell": `  airlock shell $id`,
 	"cp": `  airlock cp ./script.py $id:/root/script.py
-  airlock cp $id:/root/out.csv ./out.csv`,
+  airlock cp $id:/root/out.csv ./out.csv
+  airlock cp -r ./project $id:/srv             # /srv/project (or /srv itself if it did not exist)
+  airlock cp -r ./project/. $id:/srv/app       # project's contents into /srv/app
+  airlock cp -r $id:/srv/app/results ./results
+  airlock cp -r $id:/srv/app - | tar -tv       # a tar stream to stdout`,
 	"ls": `  airlock ls
   airlock ls --size
   airlock ls --json | jq -r '.[].id'`,

@@ -88,6 +88,12 @@ type Files interface {
 	RemoveFile(ctx context.Context, c sandbox.Caller, id, p string, recursive bool) error
 	// Rename renames within one guest filesystem.
 	Rename(ctx context.Context, c sandbox.Caller, id, from, to string) error
+	// WriteArchive extracts the tar stream r into directory p (made if
+	// missing); the guest refuses entries that would leave p.
+	WriteArchive(ctx context.Context, c sandbox.Caller, id, p string, r io.Reader) (guest.ArchiveResult, error)
+	// ReadArchive streams a tar of p (named base(p)/...) to w, capped at
+	// sandbox.ArchiveLimit of the sandbox's disk.
+	ReadArchive(ctx context.Context, c sandbox.Caller, id, p string, w io.Writer) (int64, error)
 	// WatchDir calls started once the watch is in place, then fn per
 	// change, until ctx ends (nil), fn fails or the guest ends it.
 	WatchDir(ctx context.Context, c sandbox.Caller, id, p string, recursive bool, started func(), fn func(guest.FileEvent) error) error

@@ -134,5 +134,5 @@ func rootErr(op, name string, err error) error {
 	if errno, ok := errors.AsType[syscall.Errno](err); ok {
 		return fmt.Errorf("%s %q: %w", op, name, errno)
 	}
-	return fmt.Errorf("%w: %s %q: the path leads outside the destination", ErrInvalid, op, name)
+	return fmt.Errorf("%w: %q leads outside the destination", ErrInvalid, name)
 }

@@ -445,13 +445,24 @@ func TestWriteExtractRoundTrip(t *testing.T) {
 // puts From's contents in the destination itself.
 func TestExtractRebase(t *testing.T) {
 	t.Parallel()
-	tb := mkTar(t, ent{typ: tar.TypeDir, name: "src/"}, ent{typ: tar.TypeReg, name: "src/a", body: "a"})
+	tb := mkTar(t, ent{typ: tar.TypeDir, name: "src/", mode: 0o750}, ent{typ: tar.TypeReg, name: "src/a", body: "a"})
 	dest := t.TempDir()
 	if _, err := Extract(t.Context(), bytes.NewReader(tb), dest, ExtractOptions{From: "src"}); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(dest, "a")); err != nil || string(b) != "a" {
 		t.Errorf("a: %q, %v", b, err)
+	}
+	if fi, err := os.Stat(dest); err != nil || fi.Mode().Perm() == 0o750 {
+		t.Errorf("the destination took the archive's mode without RootMeta: %v, %v", fi, err)
+	}
+	tb = mkTar(t, ent{typ: tar.TypeDir, name: "src/", mode: 0o750}, ent{typ: tar.TypeReg, name: "src/a", body: "a"})
+	dest = t.TempDir()
+	if _, err := Extract(t.Context(), bytes.NewReader(tb), dest, ExtractOptions{From: "src", RootMeta: true}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dest); err != nil || fi.Mode().Perm() != 0o750 || !fi.ModTime().Equal(time.Unix(1_600_000_000, 0)) {
+		t.Errorf("RootMeta: the destination has %v, %v", fi, err)
 	}
 	tb = mkTar(t, ent{typ: tar.TypeReg, name: "src/a", body: "a"}, ent{typ: tar.TypeReg, name: "other", body: "o"})
 	if _, err := Extract(t.Context(), bytes.NewReader(tb), t.TempDir(), ExtractOptions{From: "src"}); !errors.Is(err, ErrInvalid) {

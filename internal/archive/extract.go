@@ -31,16 +31,21 @@ type ExtractOptions struct {
 	// target) must be From or below it, and From is replaced by To ("" is
 	// the destination itself). Names are compared after CleanName.
 	From, To string
+	// RootMeta gives the destination itself the mode and mtime of the
+	// archive's entry for it (if any), for a destination the caller has
+	// just made; otherwise the destination keeps its own.
+	RootMeta bool
 }
 
 // Extract reads the tar stream r into dir, an existing directory, and
 // returns what it made. dir itself keeps its mode, owner and times (an
-// entry that names it, "./", only counts). An entry whose name exists is
-// replaced (a file, symlink or link by rename, so never followed), and a
-// directory is merged into an existing one; a directory never replaces a
-// non-directory, nor the reverse (ErrInvalid). Missing parents are made
-// (0755). Directory modes and times are set after the last entry, so
-// that a read-only directory in the archive can still be filled.
+// entry that names it, "./", only counts) unless RootMeta is set. An entry
+// whose name exists is replaced (a file, symlink or link by rename, so
+// never followed), and a directory is merged into an existing one; a
+// directory never replaces a non-directory, nor the reverse (ErrInvalid).
+// Missing parents are made (0755). Directory modes and times are set
+// after the last entry, so that a read-only directory in the archive can
+// still be filled.
 //
 // Extract reads r up to the end-of-archive marker, not beyond. On an
 // error, what it made so far stays. It does not sync.
@@ -215,18 +220,22 @@ func (x *extractor) mkdir(name string, perm fs.FileMode) (bool, error) {
 }
 
 func (x *extractor) dir(name string, hdr *tar.Header) error {
-	if name == "" {
+	if name == "" && !x.opt.RootMeta {
 		return nil // the destination keeps its own mode, owner and times
 	}
-	if err := x.mkdirAll(parentDir(name)); err != nil {
-		return err
-	}
-	made, err := x.mkdir(name, 0o700)
-	if err != nil {
-		return err
-	}
-	if made {
-		x.stats.Dirs++
+	if name == "" {
+		name = "."
+	} else {
+		if err := x.mkdirAll(parentDir(name)); err != nil {
+			return err
+		}
+		made, err := x.mkdir(name, 0o700)
+		if err != nil {
+			return err
+		}
+		if made {
+			x.stats.Dirs++
+		}
 	}
 	d := dirMeta{name, fs.FileMode(hdr.Mode) & fs.ModePerm, hdr.ModTime}
 	if hdr.Mode&0o1000 != 0 {

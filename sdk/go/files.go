@@ -82,18 +82,7 @@ func (c *Client) writeFile(ctx context.Context, id, path string, r io.Reader, mo
 	if mode != "" {
 		q.Set("mode", mode)
 	}
-	var body io.Reader
-	switch r.(type) {
-	case *bytes.Reader, *bytes.Buffer, *strings.Reader:
-		body = r // net/http sets Content-Length and does not close these
-	case nil:
-		body = http.NoBody
-	default:
-		// Hide Close (the transport would close the caller's file) and any
-		// size hints; the body goes out chunked, read as it is sent.
-		body = struct{ io.Reader }{r}
-	}
-	req, err := c.newRequest(ctx, http.MethodPut, sandboxPath(id, "files"), q, body)
+	req, err := c.newRequest(ctx, http.MethodPut, sandboxPath(id, "files"), q, uploadBody(r))
 	if err != nil {
 		return 0, err
 	}
@@ -112,6 +101,20 @@ func (c *Client) writeFile(ctx context.Context, id, path string, r io.Reader, mo
 		return 0, fmt.Errorf("airlock: decode write response: %w", err)
 	}
 	return out.Size, nil
+}
+
+// uploadBody makes r a request body that is streamed, never closed.
+func uploadBody(r io.Reader) io.Reader {
+	switch r.(type) {
+	case *bytes.Reader, *bytes.Buffer, *strings.Reader:
+		return r // net/http sets Content-Length and does not close these
+	case nil:
+		return http.NoBody
+	default:
+		// Hide Close (the transport would close the caller's file) and any
+		// size hints; the body goes out chunked, read as it is sent.
+		return struct{ io.Reader }{r}
+	}
 }
 
 // ReadFile opens path in sandbox id for streaming. The caller must close the

@@ -7,6 +7,9 @@ import dataclasses
 import http.client
 import json
 import os
+import posixpath
+import tarfile
+import tempfile
 import urllib.parse
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -344,6 +347,24 @@ class Client:
         return bool(out and out.get("ok"))
 
 
+def _rebased(tar: tarfile.TarFile, base: str):
+    """The members of a sandbox's archive of ``base``, renamed relative to it
+    (the entry for ``base`` itself is left out); a member elsewhere raises."""
+    prefix = base + "/"
+    for m in tar:
+        name = m.name.rstrip("/")
+        if name == base:
+            continue
+        if not name.startswith(prefix):
+            raise tarfile.OutsideDestinationError(m, name)
+        m.name = name[len(prefix):]
+        if m.islnk():
+            if not m.linkname.startswith(prefix):
+                raise tarfile.LinkOutsideDestinationError(m, m.linkname)
+            m.linkname = m.linkname[len(prefix):]
+        yield m
+
+
 def _sb(sandbox_id: str, *rest: str) -> str:
     p = "/v1/sandboxes/" + urllib.parse.quote(sandbox_id, safe="")
     for r in rest:
@@ -659,6 +680,91 @@ class Sandbox:
     def mkdir(self, path: str, parents: bool = True) -> None:
         """Create directory ``path`` (and its parents, by default)."""
         self._client._json("POST", _sb(self.id, "files", "mkdir"), {"path": path, "parents": parents}, ok=(204, 200))
+
+    # -- directories as tar streams ----------------------------------------------
+
+    def write_archive(self, path: str, data: bytes | IO[bytes] | Iterable[bytes]) -> dict:
+        """Extract the uncompressed tar ``data`` (bytes, a binary file object or
+        an iterable of bytes, streamed) into directory ``path``, made with its
+        parents if missing; returns {"path", "entries", "size"}. The server
+        refuses (InvalidRequest) absolute names, ``..``, writes through symlinks
+        that lead outside ``path``, hard links to files the archive did not
+        make, device nodes and FIFOs. Modes, symlinks, hard links and mtimes are
+        kept; owners and setuid/setgid bits are not. A failure midway leaves
+        what was made."""
+        body: Any = bytes(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        conn, resp = self._client._open(
+            "PUT",
+            _sb(self.id, "files", "archive"),
+            query={"path": path},
+            body=body,
+            headers={"Content-Type": "application/x-tar", "Accept": "application/json"},
+            timeout=self._client.timeout,
+        )
+        try:
+            return json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def _open_archive(self, path: str):
+        return self._client._open(
+            "GET",
+            _sb(self.id, "files", "archive"),
+            query={"path": path},
+            headers={"Accept": "application/x-tar"},
+            timeout=self._client.timeout,
+        )
+
+    def read_archive_to(self, path: str, fileobj: IO[bytes]) -> int:
+        """Stream a tar of ``path`` (a file, or a directory and everything
+        below it, named ``basename(path)/...``) into the binary file object
+        ``fileobj``; returns the bytes written. The archive comes from the
+        sandbox: extract it as hostile input (download_dir does)."""
+        conn, resp = self._open_archive(path)
+        n = 0
+        try:
+            while chunk := resp.read(_CHUNK):
+                fileobj.write(chunk)
+                n += len(chunk)
+        finally:
+            conn.close()
+        return n
+
+    def upload_dir(self, local_dir: str | os.PathLike, path: str) -> dict:
+        """Copy the contents of ``local_dir`` into directory ``path`` (made, with
+        its parents, if missing): files, directories, symlinks (as symlinks) and
+        hard links, with their permission bits and mtimes; sockets, FIFOs and
+        devices are left out. The tar is spooled to a temporary file, then
+        streamed. Returns {"path", "entries", "size"}."""
+
+        def regular(ti: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            return ti if ti.isreg() or ti.isdir() or ti.issym() or ti.islnk() else None
+
+        with tempfile.TemporaryFile() as tmp:
+            with tarfile.open(fileobj=tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for name in sorted(os.listdir(local_dir)):
+                    tar.add(os.path.join(local_dir, name), arcname=name, filter=regular)
+            tmp.seek(0)
+            return self.write_archive(path, tmp)
+
+    def download_dir(self, path: str, local_dir: str | os.PathLike) -> None:
+        """Copy the contents of sandbox directory ``path`` into ``local_dir``
+        (made if missing). The archive is the sandbox's, so it is extracted as
+        hostile input, streamed, with tarfile's ``data`` filter: absolute names,
+        ``..``, links (hard or symbolic) that are absolute or lead outside
+        ``local_dir``, device nodes and FIFOs raise tarfile.FilterError;
+        setuid/setgid bits and owners are dropped. Entries not under
+        ``basename(path)`` raise too. A failure midway leaves what was made."""
+        if not hasattr(tarfile, "data_filter"):
+            raise RuntimeError("download_dir needs tarfile's data filter (Python 3.11.4 or later)")
+        base = posixpath.basename(path.rstrip("/"))
+        os.makedirs(local_dir, exist_ok=True)
+        conn, resp = self._open_archive(path)
+        try:
+            with tarfile.open(fileobj=resp, mode="r|") as tar:
+                tar.extractall(local_dir, members=_rebased(tar, base), filter="data")
+        finally:
+            conn.close()
 
     # -- code contexts ---------------------------------------------------------
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import io
 import json
 import re
+import tarfile
 import threading
 import time
 import urllib.parse
@@ -60,6 +62,10 @@ class FakeState:
         self.next_id = 0
         self.contexts: dict[str, dict[str, dict]] = {}  # sandbox -> context id -> vars
         self.snapshots: dict[str, dict] = {}  # name -> wire object
+        # archives: sandbox -> directory -> the last tar PUT there; GET sends
+        # archive_out if set (a hostile guest), else that tar (get_archive).
+        self.archives: dict[str, dict[str, bytes]] = {}
+        self.archive_out: bytes | None = None
 
     def event(self, sb, action, detail):
         self.events.append(
@@ -212,6 +218,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("GET", r"/v1/sandboxes/(\w+)/files/list", self.list_files),
             ("GET", r"/v1/sandboxes/(\w+)/files/stat", self.stat),
             ("POST", r"/v1/sandboxes/(\w+)/files/mkdir", self.mkdir),
+            ("PUT", r"/v1/sandboxes/(\w+)/files/archive", self.put_archive),
+            ("GET", r"/v1/sandboxes/(\w+)/files/archive", self.get_archive),
             ("POST", r"/v1/sandboxes/(\w+)/code", self.run_code),
             ("GET", r"/v1/sandboxes/(\w+)/contexts", self.list_contexts),
             ("POST", r"/v1/sandboxes/(\w+)/contexts", self.create_context),
@@ -585,6 +593,48 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = self._json_body()
         self.state.files[sid][body["path"]] = None
         self._send(204)
+
+    def put_archive(self, q, sid):
+        p = q.get("path", "")
+        data = self._body()
+        if not p.startswith("/") or "\x00" in p:
+            return self._fail(400, "invalid", "bad path")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+                members = tar.getmembers()
+        except tarfile.TarError as e:
+            return self._fail(400, "invalid", f"not a tar: {e}")
+        for m in members:
+            if m.name.startswith("/") or ".." in m.name.split("/"):
+                return self._fail(400, "invalid", f"entry {m.name!r} leaves the directory")
+        with self.state.lock:
+            self.state.archives.setdefault(sid, {})[p] = data
+            self.state.event(sid, "file.extract", {"path": p, "entries": len(members)})
+        self._send(200, {"path": p, "entries": len(members), "size": sum(m.size for m in members if m.isreg())})
+
+    def get_archive(self, q, sid):
+        """archive_out if set; else the tar last PUT into the path, with its
+        names put under basename(path)/ as the server names them."""
+        p = q.get("path", "")
+        if self.state.archive_out is not None:
+            return self._send(200, raw=self.state.archive_out, ctype="application/x-tar")
+        data = self.state.archives.get(sid, {}).get(p)
+        if data is None:
+            return self._fail(404, "not_found", "no such file")
+        base = p.rsplit("/", 1)[-1]
+        out = io.BytesIO()
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as src, \
+                tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
+            root = tarfile.TarInfo(base)
+            root.type, root.mode = tarfile.DIRTYPE, 0o750
+            dst.addfile(root)
+            for m in src.getmembers():
+                f = src.extractfile(m) if m.isreg() else None
+                m.name = base + "/" + m.name
+                if m.islnk():
+                    m.linkname = base + "/" + m.linkname
+                dst.addfile(m, f)
+        self._send(200, raw=out.getvalue(), ctype="application/x-tar")
 
     # -- events ----------------------------------------------------------------
 

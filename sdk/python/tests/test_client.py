@@ -4,6 +4,8 @@ import hashlib
 import http.server
 import io
 import os
+import tarfile
+import tempfile
 import threading
 import time
 import unittest
@@ -395,6 +397,94 @@ class FileTests(FakeTestCase):
         odd = "/srv/a b&c=d?.txt"
         sb.write_file(odd, b"q")
         self.assertEqual(sb.read_file(odd), b"q")
+
+
+class ArchiveTests(FakeTestCase):
+    def setUp(self):
+        super().setUp()
+        self.sb = self.client.create()
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def _tree(self, root):
+        os.makedirs(os.path.join(root, "sub"))
+        with open(os.path.join(root, "a.txt"), "wb") as f:
+            f.write(b"alpha")
+        os.chmod(os.path.join(root, "a.txt"), 0o640)
+        with open(os.path.join(root, "sub", "run.sh"), "wb") as f:
+            f.write(b"#!/bin/sh\n")
+        os.chmod(os.path.join(root, "sub", "run.sh"), 0o755)
+        os.symlink("sub/run.sh", os.path.join(root, "link"))
+        os.mkfifo(os.path.join(root, "fifo"))
+
+    def test_upload_then_download(self):
+        src = os.path.join(self.tmp.name, "src")
+        self._tree(src)
+        out = self.sb.upload_dir(src, "/srv/app")
+        self.assertEqual(out["path"], "/srv/app")
+        last = self.fake.last()
+        self.assertEqual(last["headers"].get("Content-Type"), "application/x-tar")
+        self.assertEqual(last["headers"].get("Transfer-Encoding"), "chunked")
+        with tarfile.open(fileobj=io.BytesIO(self.fake.state.archives[self.sb.id]["/srv/app"])) as tar:
+            names = {m.name: m for m in tar.getmembers()}
+        self.assertEqual(sorted(names), ["a.txt", "link", "sub", "sub/run.sh"])  # no fifo
+        self.assertEqual((names["a.txt"].mode, names["link"].linkname), (0o640, "sub/run.sh"))
+
+        dst = os.path.join(self.tmp.name, "dst")
+        self.sb.download_dir("/srv/app", dst)
+        with open(os.path.join(dst, "a.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"alpha")
+        self.assertEqual(os.stat(os.path.join(dst, "sub", "run.sh")).st_mode & 0o777, 0o755)
+        self.assertEqual(os.readlink(os.path.join(dst, "link")), "sub/run.sh")
+        buf = io.BytesIO()
+        self.assertGreater(self.sb.read_archive_to("/srv/app", buf), 0)
+        with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+            self.assertTrue(all(n == "app" or n.startswith("app/") for n in tar.getnames()))
+
+        with self.assertRaises(airlock.InvalidRequest):
+            self.sb.write_archive("relative", b"")
+        with self.assertRaises(airlock.NotFound):
+            self.sb.download_dir("/nope", os.path.join(self.tmp.name, "none"))
+
+    def _hostile(self, *members):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, typ, link in members:
+                ti = tarfile.TarInfo(name)
+                ti.type, ti.linkname = typ, link
+                data = b"pwned" if typ == tarfile.REGTYPE else b""
+                ti.size = len(data)
+                tar.addfile(ti, io.BytesIO(data))
+        return out.getvalue()
+
+    def test_download_refuses_hostile_archives(self):
+        cases = {
+            "dotdot": [("app/../../escape", tarfile.REGTYPE, "")],
+            "absolute": [("/tmp/airlock-py-escape", tarfile.REGTYPE, "")],
+            "symlink then file": [("app/up", tarfile.SYMTYPE, ".."), ("app/up/escape", tarfile.REGTYPE, "")],
+            "absolute symlink": [("app/etc", tarfile.SYMTYPE, "/etc")],
+            "hard link out": [("app/h", tarfile.LNKTYPE, "canary")],
+            "device": [("app/null", tarfile.CHRTYPE, "")],
+            "not under app": [("other", tarfile.REGTYPE, "")],
+        }
+        for name, members in cases.items():
+            with self.subTest(name):
+                root = tempfile.mkdtemp(dir=self.tmp.name)
+                with open(os.path.join(root, "canary"), "wb") as f:
+                    f.write(b"canary")
+                self.fake.state.archive_out = self._hostile(*members)
+                dest = os.path.join(root, "dest")
+                with self.assertRaises(tarfile.TarError):
+                    self.sb.download_dir("/srv/app", dest)
+                outside = sorted(os.listdir(root))
+                self.assertEqual(outside, ["canary", "dest"])
+                with open(os.path.join(root, "canary"), "rb") as f:
+                    self.assertEqual(f.read(), b"canary")
+                self.assertFalse(os.path.lexists("/tmp/airlock-py-escape"))
+                for dirpath, _, files in os.walk(dest):
+                    for fn in files:
+                        with open(os.path.join(dirpath, fn), "rb") as f:
+                            self.assertNotEqual(f.read(), b"canary")
 
 
 class LiveAgainstFakeTests(FakeTestCase):
