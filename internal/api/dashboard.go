@@ -54,7 +54,9 @@ func dashHeaders(h http.Handler) http.Handler {
 		hd.Set("Content-Security-Policy", dashboardCSP)
 		hd.Set("X-Frame-Options", "DENY")
 		hd.Set("X-Content-Type-Options", "nosniff")
-		hd.Set("Referrer-Policy", "no-referrer")
+		// Not no-referrer: with it Chromium sends "Origin: null" on form
+		// posts, and sign-in checks the Origin.
+		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("Cross-Origin-Opener-Policy", "same-origin")
 		hd.Set("Cross-Origin-Resource-Policy", "same-origin")
 		h.ServeHTTP(w, r)
