@@ -65,12 +65,15 @@ func (p *progress) start(first string) {
 	p.wg.Go(func() {
 		t := time.NewTimer(p.delay)
 		defer t.Stop()
-		msg := first
-		for {
+		for n := 0; ; n++ {
 			select {
 			case <-p.quit:
 				return
 			case <-t.C:
+			}
+			msg := first
+			if n > 0 {
+				msg = fmt.Sprintf("still starting %s context (%ds)", p.lang, int(time.Since(t0).Round(time.Second)/time.Second))
 			}
 			p.mu.Lock()
 			if p.done {
@@ -86,7 +89,6 @@ func (p *progress) start(first string) {
 				p.cancel()
 				return
 			}
-			msg = fmt.Sprintf("still starting %s context (%ds)", p.lang, int(time.Since(t0).Round(time.Second)/time.Second))
 			t.Reset(p.every)
 		}
 	})

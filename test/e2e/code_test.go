@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCodeContexts is the acceptance test of code contexts through the
@@ -78,5 +80,77 @@ func TestCodeContexts(t *testing.T) {
 	r = e.run(t, nil, "code", "--context", "scratch-1", id, "echo $W")
 	if r.code != 0 || strings.TrimSpace(r.stdout) != "9" || strings.Contains(r.stderr, "created") {
 		t.Fatalf("second use of --context scratch-1: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestCodeFirstRunFiguresAndDeath is what a new user hits (#21 items 2,
+// 3, 5), on one sandbox: the first python run says on stderr that the
+// context is starting (--progress; stdout stays the code's); matplotlib
+// figures come back with the Agg backend (savefig, then show in a later
+// run), and --return-files brings back the file savefig wrote; a kernel
+// killed by a signal is reported by contexts ls, and the next run restarts
+// it and says so first.
+func TestCodeFirstRunFiguresAndDeath(t *testing.T) {
+	e := setup(t)
+	id := e.create(t, "--memory", "1024M")
+
+	t0 := time.Now()
+	r := e.run(t, nil, "code", "--progress", id, "x = 20\nprint(x + 1)")
+	took := time.Since(t0)
+	if r.code != 0 || r.stdout != "21\n" {
+		t.Fatalf("first run: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// Status lines come after a second of waiting: a start that took
+	// longer than two must have said so.
+	if took > 2*time.Second && !strings.Contains(r.stderr, "airlock: starting python context\n") {
+		t.Fatalf("first run took %s and said nothing on stderr: %q", took, r.stderr)
+	}
+	t.Logf("first run: %s, stderr %q", took, r.stderr)
+
+	dir := t.TempDir()
+	count := func() int {
+		pngs, _ := filepath.Glob(filepath.Join(dir, "*.png"))
+		for _, p := range pngs {
+			if b, err := os.ReadFile(p); err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+				t.Fatalf("%s is not a PNG (%v)", p, err)
+			}
+		}
+		return len(pngs)
+	}
+	agg := "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.savefig('plot.png')"
+	r = e.run(t, nil, "code", "--out", dir, "--return-files", "*.png", id, agg)
+	if r.code != 0 || count() != 2 || !strings.Contains(r.stderr, "[image/png plot.png saved to ") {
+		t.Fatalf("Agg + savefig + --return-files: exit %d, %d PNGs\nstderr: %s", r.code, count(), r.stderr)
+	}
+	r = e.run(t, nil, "code", "--out", dir, id, "plt.plot([3, 2, 1])\nplt.show()")
+	if r.code != 0 || count() != 3 {
+		t.Fatalf("a later plt.show() under Agg: exit %d, %d PNGs\nstderr: %s", r.code, count(), r.stderr)
+	}
+
+	r = e.run(t, nil, "code", id, "import os; os.kill(os.getpid(), 9)")
+	if r.code != 1 || !strings.Contains(r.stderr, "ContextDied") || !strings.Contains(r.stderr, "killed by signal 9") {
+		t.Fatalf("kill: exit %d stderr %q", r.code, r.stderr)
+	}
+	var cxs []struct {
+		ID, State string
+		Exit      *struct{ Reason string }
+	}
+	if err := json.Unmarshal([]byte(e.must(t, "contexts", "ls", "--json", id)), &cxs); err != nil {
+		t.Fatal(err)
+	}
+	dead := false
+	for _, c := range cxs {
+		dead = dead || (c.ID == "default-python" && c.State == "dead" && c.Exit != nil && c.Exit.Reason == "killed by signal 9")
+	}
+	if !dead {
+		t.Fatalf("contexts ls --json: %+v", cxs)
+	}
+	if ls := e.must(t, "contexts", "ls", id); !strings.Contains(ls, "dead (killed by signal 9; the next run restarts it)") {
+		t.Fatalf("contexts ls: %s", ls)
+	}
+	r = e.run(t, nil, "code", id, "print('back')\nx")
+	want := "[airlock: the python context had died (killed by signal 9); it was restarted and its state is lost]\n"
+	if r.code != 1 || r.stdout != "back\n" || !strings.HasPrefix(r.stderr, want) || !strings.Contains(r.stderr, "NameError") {
+		t.Fatalf("run after the kill: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
 	}
 }

@@ -105,6 +105,17 @@ async function exercise(client) {
       "display(Image(data=base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==')))",
   });
   assert.ok(res.content.some((c) => c.type === "image" && c.mimeType === "image/png"), "run_code returned no image");
+  // Figures come back whatever backend the code picked (Agg shows
+  // nothing), in later runs too, and return_files brings back the file the
+  // code wrote (#21 item 3).
+  res = await ok(client, "run_code", {
+    code: "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.savefig('mcp-plot.png')",
+    return_files: ["*.png"],
+  });
+  assert.equal(res.content.filter((c) => c.type === "image" && c.mimeType === "image/png").length, 2, text(res));
+  assert.match(text(res), /--- file mcp-plot\.png \(an image\) ---/);
+  res = await ok(client, "run_code", { code: "plt.plot([3, 2, 1])\nplt.show()" });
+  assert.equal(res.content.filter((c) => c.type === "image").length, 1, `a later plt.show() under Agg: ${text(res)}`);
   await ok(client, "context_create", { id: "mcp-ctx", language: "python" });
   await ok(client, "run_code", { context: "mcp-ctx", code: "y = 1" });
   res = await ok(client, "context_list");
