@@ -258,11 +258,47 @@ func TestDashboard(t *testing.T) {
 		chromedp.WaitVisible(css(row+` button[data-action="kill"]`)),
 		state("running"))
 
+	// Create through the form (network deny with one allow rule), then kill
+	// it from its row, confirmed.
+	run("create",
+		chromedp.SendKeys(id("c-allow"), "example.com"),
+		chromedp.SetValue(css(`#c-mode`), "deny"),
+		chromedp.Click(id("create")),
+		poll(`/^created [a-z2-7]+$/.test(document.getElementById('create-status').textContent)`),
+		shot("6-created"))
+	created, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.getElementById('create-status').textContent.slice(8)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.do(key, "DELETE", "/v1/sandboxes/"+created, nil) })
+	code, b = s.do(key, "GET", "/v1/sandboxes/"+created, nil)
+	var got struct {
+		State   string
+		Network struct {
+			Mode  string
+			Allow []string
+		}
+	}
+	_ = json.Unmarshal(b, &got)
+	if code != 200 || got.State != "running" || got.Network.Mode != "deny" || len(got.Network.Allow) != 1 || got.Network.Allow[0] != "example.com" {
+		t.Fatalf("the sandbox the form made: %d %s; want running, deny, allow example.com", code, b)
+	}
+	crow := `tr[data-id="` + created + `"]`
+	run("kill",
+		chromedp.WaitVisible(css(crow)),
+		chromedp.Click(css(crow+` button[data-action="kill"]`)),
+		chromedp.Click(css(crow+` button[data-action="confirm-kill"]`)),
+		chromedp.WaitNotPresent(css(crow)),
+		state("running"))
+	if code, b := s.do(key, "GET", "/v1/sandboxes/"+created, nil); code != 404 {
+		t.Fatalf("the killed sandbox: %d %s; want 404", code, b)
+	}
+
 	// Sign out: back to the sign-in page, and the old session is dead.
 	run("sign out",
 		chromedp.Click(id("sign-out")),
 		chromedp.WaitVisible(id("key")),
-		shot("6-signed-out"))
+		shot("7-signed-out"))
 	report()
 	status, err := chromedp.Run(bctx, chromedp.Evaluate[int](`fetch('/v1/sandboxes').then(r => r.status)`, chromedp.EvalAwaitPromise))
 	if err != nil {
