@@ -299,6 +299,21 @@ func TestDashboard(t *testing.T) {
 		chromedp.Click(id("sign-out")),
 		chromedp.WaitVisible(id("key")),
 		shot("7-signed-out"))
+
+	// An admin key's session sees every tenant's sandboxes, grouped by
+	// tenant.
+	admin := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "e2e-dashboard-ops", "--admin"))
+	admin = admin[strings.LastIndex(admin, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", admin[4:14]) })
+	run("admin",
+		chromedp.SendKeys(id("key"), admin),
+		chromedp.Submit(id("key")),
+		chromedp.WaitVisible(css(row)),
+		chromedp.WaitVisible(chromedp.Search(`//tr[@class="group"]/th[normalize-space(.)="tenant e2e-dashboard"]`)),
+		chromedp.WaitVisible(chromedp.Search(`//td[contains(@class,"tenant")][normalize-space(.)="e2e-dashboard"]`)),
+		shot("8-admin"),
+		chromedp.Click(id("sign-out")),
+		chromedp.WaitVisible(id("key")))
 	report()
 	status, err := chromedp.Run(bctx, chromedp.Evaluate[int](`fetch('/v1/sandboxes').then(r => r.status)`, chromedp.EvalAwaitPromise))
 	if err != nil {
