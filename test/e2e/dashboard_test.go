@@ -200,12 +200,12 @@ func TestDashboard(t *testing.T) {
 		chromedp.WaitReady(css(`.xterm-helper-textarea`)),
 		// The page gives the terminal the keyboard focus.
 		poll(`document.activeElement && document.activeElement.classList.contains('xterm-helper-textarea')`))
-	run("type echo hi",
-		// Text as an input method inserts it, then Enter as a bare key
-		// down: chromedp's KeyEvent sends a key down with text and a char
-		// event, which xterm.js takes as two keystrokes.
-		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			if _, err := cdp.Call(ctx, tg, input.InsertText, input.InsertTextParams{Text: "echo hi"}); err != nil {
+	// typeLine types text as an input method inserts it, then Enter as a
+	// bare key down: chromedp's KeyEvent sends a key down with text and a
+	// char event, which xterm.js takes as two keystrokes.
+	typeLine := func(text string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			if _, err := cdp.Call(ctx, tg, input.InsertText, input.InsertTextParams{Text: text}); err != nil {
 				return err
 			}
 			for _, typ := range []input.DispatchKeyEventType{input.DispatchKeyEventTypeRawKeyDown, input.DispatchKeyEventTypeKeyUp} {
@@ -216,9 +216,25 @@ func TestDashboard(t *testing.T) {
 				}
 			}
 			return nil
-		}),
+		})
+	}
+	run("type echo hi",
+		typeLine("echo hi"),
 		poll(`Array.from(document.querySelectorAll('.xterm-rows > div')).some(d => d.textContent.trim() === 'hi')`),
 		shot("3-terminal"))
+	// The terminal is sized to its box (about 140 columns at 1280 pixels),
+	// not left at 80x24.
+	run("stty size", typeLine("stty size"),
+		poll(`Array.from(document.querySelectorAll('.xterm-rows > div')).some(d => /^\d+ \d+$/.test(d.textContent.trim()))`))
+	size, err := chromedp.Run(bctx, chromedp.Evaluate[string](`Array.from(document.querySelectorAll('.xterm-rows > div')).map(d => d.textContent.trim()).find(t => /^\d+ \d+$/.test(t))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows, cols int
+	if _, err := fmt.Sscanf(size, "%d %d", &rows, &cols); err != nil || rows < 20 || cols <= 100 {
+		t.Errorf("stty size in the dashboard's terminal: %q; want the box's size (more than 100 columns)", size)
+	}
+	t.Logf("the terminal is %d rows by %d columns", rows, cols)
 	run("close the terminal",
 		chromedp.Click(id("close-terminal")),
 		chromedp.WaitVisible(id("open-terminal")))
