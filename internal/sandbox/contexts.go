@@ -232,12 +232,14 @@ func (m *Manager) InterruptContext(ctx context.Context, c Caller, sandboxID, con
 // ctx interrupts the code; the context survives.
 //
 // A run that must wait for an interpreter to start (the language's default
-// context does not exist yet, or the context is dead and the guest
-// restarts it) gets EventStatus events while it waits: the first after
-// m.ContextProgress.Delay, then one every m.ContextProgress.Every. A
-// restarted context's run begins with a stderr line from the guest that
-// says so and why it had died. req.ReturnFiles adds the image files the
-// run wrote as results before the end (see returnFiles).
+// context does not exist yet, or the context is dead) gets EventStatus
+// events while it waits: the first after m.ContextProgress.Delay, then one
+// every m.ContextProgress.Every. The start happens before the code runs, so
+// it does not count against req.Timeout: a missing default context is
+// created, a dead one restarted by an empty run, whose stderr line from the
+// guest (that the context had died, why, and that its state is lost) comes
+// first. req.ReturnFiles adds the image files the run wrote as results
+// before the end (see returnFiles).
 //
 // Errors: ErrNotFound (no sandbox or context), ErrFailedPrecondition (not
 // running, or the interpreter did not start), ErrInvalid, ErrUnsupported
@@ -327,8 +329,26 @@ func (m *Manager) runCode(ctx context.Context, sc *shimclient.Client, req guest.
 			return fmt.Errorf("start the %s context: %w", lang, err)
 		}
 	case info != nil && info.State == "dead":
-		// The guest restarts it; the run's first event ends the wait.
+		// The guest restarts a dead context at the start of the next run
+		// and says so first: make that run an empty one, so that the
+		// restart does not count against the code's timeout, and pass on
+		// what it says.
 		p.start(fmt.Sprintf("restarting %s context %s (it had died: %s)", lang, target, info.Exit.Reason()))
+		err := sc.RunCode(ctx, guest.CodeRequest{ContextID: target}, func(ev guest.CodeEvent) error {
+			if err := p.finish(); err != nil {
+				return err
+			}
+			if ev.Kind == guest.EventStdout || ev.Kind == guest.EventStderr {
+				return fn(ev)
+			}
+			return nil
+		})
+		if err := p.finish(); err != nil {
+			return err
+		}
+		if err != nil {
+			return fmt.Errorf("restart the %s context: %w", lang, err)
+		}
 	}
 	var files *returnFiles
 	if len(req.ReturnFiles) > 0 {
@@ -341,18 +361,12 @@ func (m *Manager) runCode(ctx context.Context, sc *shimclient.Client, req guest.
 	}
 	var end *guest.CodeEvent
 	err = sc.RunCode(ctx, req, func(ev guest.CodeEvent) error {
-		if err := p.finish(); err != nil {
-			return err
-		}
 		if ev.Kind == guest.EventEnd && files != nil {
 			end = &ev // the files come before it
 			return nil
 		}
 		return fn(ev)
 	})
-	if err := p.finish(); err != nil {
-		return err
-	}
 	if err != nil || end == nil {
 		return err
 	}

@@ -126,7 +126,13 @@ func TestRunCodeProgressAndRestart(t *testing.T) {
 		t.Fatalf("x: %+v %v", r, err)
 	}
 
-	for _, tc := range []struct{ code, reason string }{
+	// The restart does not count against the run's timeout (the shim's
+	// deadline is the timeout plus timeoutGrace): the first case holds it
+	// for over a second, past a 100 ms timeout.
+	old := timeoutGrace
+	timeoutGrace = 50 * time.Millisecond
+	t.Cleanup(func() { timeoutGrace = old })
+	for i, tc := range []struct{ code, reason string }{
 		{"kill(9)", "killed by signal 9"},
 		{"oom()", "out of memory"},
 		{"exit(3)", "exit code 3"},
@@ -140,13 +146,18 @@ func TestRunCodeProgressAndRestart(t *testing.T) {
 			t.Fatalf("%s: contexts %+v %v", tc.code, list, err)
 		}
 		release := gate.hold()
-		events, done := asyncRun(t, m, h.id, guest.CodeRequest{Code: "x"})
+		events, done := asyncRun(t, m, h.id, guest.CodeRequest{Code: "x", Timeout: 100 * time.Millisecond})
 		<-gate.started
 		if ev := next(t, events); ev.Kind != guest.EventStatus || ev.Status != "restarting python context default-python (it had died: "+tc.reason+")" {
 			t.Fatalf("%s: first event: %+v", tc.code, ev)
 		}
 		if ev := next(t, events); ev.Kind != guest.EventStatus || !strings.HasPrefix(ev.Status, "still starting python context (") {
 			t.Fatalf("%s: second event: %+v", tc.code, ev)
+		}
+		for i == 0 {
+			if ev := next(t, events); ev.Kind != guest.EventStatus || ev.Status == "still starting python context (1s)" {
+				break
+			}
 		}
 		release()
 		ev := next(t, events)
@@ -164,6 +175,9 @@ func TestRunCodeProgressAndRestart(t *testing.T) {
 			}
 			if ev.Kind == guest.EventError {
 				names = append(names, ev.Error.Name)
+			}
+			if ev.Kind == guest.EventEnd && ev.End.TimedOut {
+				t.Errorf("%s: the restart counted against the run's timeout", tc.code)
 			}
 		}
 		if err := <-done; err != nil || len(names) != 1 || names[0] != "NameError" {
