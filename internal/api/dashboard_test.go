@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
@@ -378,5 +379,43 @@ func TestSessionsExpire(t *testing.T) {
 	}
 	if _, ok := ss.get(first, t0.Add(time.Hour)); ok {
 		t.Fatal("a key kept more than maxKeySessions sessions")
+	}
+}
+
+func TestSessionCookieNames(t *testing.T) {
+	t.Parallel()
+	plain := httptest.NewRequest(http.MethodGet, "http://airlock.example/", nil)
+	tls := httptest.NewRequest(http.MethodGet, "https://airlock.example/", nil)
+	if c := sessionCookie(plain, "v", 1); c.Name != SessionCookie || c.Secure {
+		t.Errorf("plain HTTP cookie %+v", c)
+	}
+	// Over TLS: __Host- (browsers then refuse one set by a sibling host,
+	// such as a preview host, or without Secure and Path=/).
+	if c := sessionCookie(tls, "v", 1); c.Name != SecureSessionCookie || !c.Secure || c.Path != "/" || c.Domain != "" || !c.HttpOnly {
+		t.Errorf("TLS cookie %+v", c)
+	}
+	tls.AddCookie(&http.Cookie{Name: SessionCookie, Value: "plain"})
+	if id := sessionID(tls); id != "" {
+		t.Errorf("over TLS the plain cookie was taken: %q", id)
+	}
+}
+
+func TestStripSessionCookie(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"a=1; b=2", "a=1; b=2"},
+		{"a=1; " + SessionCookie + "=secret; b=2", "a=1; b=2"},
+		{SecureSessionCookie + "=secret", ""},
+		{"odd=\"x y\"; keep=1", "odd=\"x y\"; keep=1"}, // untouched without a session cookie
+	} {
+		h := http.Header{}
+		if tc.in != "" {
+			h.Set("Cookie", tc.in)
+		}
+		stripSessionCookie(h)
+		if got := h.Get("Cookie"); got != tc.want {
+			t.Errorf("stripSessionCookie(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }

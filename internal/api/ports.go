@@ -134,11 +134,12 @@ func (s *Server) rewritePreview(pr *httputil.ProxyRequest) {
 }
 
 // stripKey removes the airlock API key from an outbound request: the
-// Authorization headers, and any other header or query parameter that
-// carries the key.
+// Authorization headers, the dashboard's session cookie, and any other
+// header or query parameter that carries the key.
 func stripKey(out *http.Request, auth string) {
 	out.Header.Del("Authorization")
 	out.Header.Del("Proxy-Authorization")
+	stripSessionCookie(out.Header)
 	key := strings.TrimSpace(strings.TrimPrefix(auth, "Bearer "))
 	if key == "" {
 		return

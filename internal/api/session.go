@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -39,8 +40,14 @@ import (
 // A session ends after sessionIdle without a request, sessionMax after it
 // began, on sign out, or when its key is revoked.
 
-// SessionCookie is the name of the dashboard's session cookie.
-const SessionCookie = "airlock_session"
+// SessionCookie is the name of the dashboard's session cookie over plain
+// HTTP; over TLS it is SecureSessionCookie, whose __Host- prefix makes
+// browsers refuse it from a sibling host (a preview host setting a
+// cookie for the parent domain) and without Secure.
+const (
+	SessionCookie       = "airlock_session"
+	SecureSessionCookie = "__Host-airlock_session"
+)
 
 // CSRFHeader carries a session's CSRF token on state-changing requests
 // authenticated by the session cookie.
@@ -170,20 +177,47 @@ func (ss *sessions) end(id string) {
 	delete(ss.m, sha256.Sum256([]byte(id)))
 }
 
+// cookieName is the session cookie's name for r.
+func cookieName(r *http.Request) string {
+	if r.TLS != nil {
+		return SecureSessionCookie
+	}
+	return SessionCookie
+}
+
 // sessionID is the value of r's session cookie ("" if none).
 func sessionID(r *http.Request) string {
-	c, err := r.Cookie(SessionCookie)
+	c, err := r.Cookie(cookieName(r))
 	if err != nil {
 		return ""
 	}
 	return c.Value
 }
 
+// stripSessionCookie removes the dashboard's session cookies from h's
+// Cookie headers (a request proxied to a guest).
+func stripSessionCookie(h http.Header) {
+	vals := h.Values("Cookie")
+	if !slices.ContainsFunc(vals, func(v string) bool { return strings.Contains(v, SessionCookie) }) {
+		return // left as sent: re-encoding could drop cookies Go finds odd
+	}
+	var keep []string
+	for _, c := range (&http.Request{Header: http.Header{"Cookie": vals}}).Cookies() {
+		if c.Name != SessionCookie && c.Name != SecureSessionCookie {
+			keep = append(keep, c.Name+"="+c.Value)
+		}
+	}
+	h.Del("Cookie")
+	if len(keep) > 0 {
+		h.Set("Cookie", strings.Join(keep, "; "))
+	}
+}
+
 // sessionCookie is the cookie that sets (value "" and maxAge < 0: clears)
 // the session.
 func sessionCookie(r *http.Request, value string, maxAge int) *http.Cookie {
 	return &http.Cookie{
-		Name: SessionCookie, Value: value, Path: "/", MaxAge: maxAge,
+		Name: cookieName(r), Value: value, Path: "/", MaxAge: maxAge,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
 	}
 }
