@@ -162,6 +162,9 @@ func TestDashboardCookieAuthOnAPI(t *testing.T) {
 	if res.Header.Get("Content-Security-Policy") == "" || !strings.Contains(res.Header.Get("Content-Security-Policy"), "sandbox") {
 		t.Errorf("a cookie-authenticated answer has CSP %q; want a sandboxing one", res.Header.Get("Content-Security-Policy"))
 	}
+	if cc := res.Header.Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("a cookie-authenticated answer has Cache-Control %q, want no-store", cc)
+	}
 	if res := a.req(http.MethodGet, "/v1/sandboxes/bobbbbbbbbbb", nil, nil); res.StatusCode != http.StatusNotFound {
 		t.Fatalf("bob's sandbox through alice's session: %d, want 404", res.StatusCode)
 	}
@@ -297,6 +300,18 @@ func TestDashboardSignOutAndRevoke(t *testing.T) {
 	}
 	if res := a.req(http.MethodGet, "/", nil, nil); res.StatusCode != http.StatusSeeOther {
 		t.Fatalf("page by a signed-out cookie: %d, want 303 to sign in", res.StatusCode)
+	}
+
+	// Signing in again from a signed-in browser replaces its session.
+	c := signIn(t, h, h.alice)
+	old := c.cookie
+	res = c.req(http.MethodPost, "/ui/sign-in", strings.NewReader(url.Values{"key": {h.alice}}.Encode()),
+		http.Header{"Content-Type": {"application/x-www-form-urlencoded"}})
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("second sign in: %d", res.StatusCode)
+	}
+	if res := c.req(http.MethodGet, "/v1/sandboxes", nil, nil); res.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the replaced session %q still works: %d", old.Value, res.StatusCode)
 	}
 
 	// Revoking the key ends its sessions on their next use.

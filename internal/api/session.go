@@ -274,6 +274,8 @@ func (s *Server) signIn(r *http.Request, key string) (*http.Cookie, store.APIKey
 	if err != nil {
 		return nil, k, err
 	}
+	// A sign-in replaces the browser's session, if it had one.
+	s.sess.end(sessionID(r))
 	id, _, err := s.sess.create(k.ID, time.Now())
 	if err != nil {
 		return nil, k, err
@@ -308,10 +310,12 @@ func (s *Server) signedIn(r *http.Request) (session, store.APIKey, error) {
 // sessionAuth authenticates a /v1 request by its session cookie, with the
 // CSRF and origin checks described above.
 // Its answers get a CSP that sandboxes them, should a browser be led to
-// show one (a guest's file) as a page of the dashboard's origin.
+// show one (a guest's file) as a page of the dashboard's origin, and are
+// not to be cached.
 func (s *Server) sessionAuth(w http.ResponseWriter, r *http.Request) (store.APIKey, error) {
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; sandbox; frame-ancestors 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
 	sess, k, err := s.signedIn(r)
 	if err != nil {
 		if errors.Is(err, errUnauth) {
