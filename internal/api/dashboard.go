@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"io/fs"
-	"mime"
 	"net/http"
 	"path"
 	"strings"
@@ -200,6 +199,14 @@ func (s *Server) auditKey(r *http.Request, k store.APIKey, action string) {
 	s.audit(r.WithContext(ctx), "", action, map[string]any{"via": "dashboard"})
 }
 
+// staticTypes are the content types of the static files, fixed here
+// rather than taken from the host's MIME database.
+var staticTypes = map[string]string{
+	".js":  "text/javascript; charset=utf-8",
+	".css": "text/css; charset=utf-8",
+	".svg": "image/svg+xml",
+}
+
 // dashStatic serves the embedded static files (no directory listings).
 func (s *Server) dashStatic(w http.ResponseWriter, r *http.Request) {
 	p := r.PathValue("path")
@@ -212,8 +219,8 @@ func (s *Server) dashStatic(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	ct := mime.TypeByExtension(path.Ext(p))
-	if ct == "" {
+	ct, ok := staticTypes[path.Ext(p)]
+	if !ok {
 		ct = "application/octet-stream"
 	}
 	w.Header().Set("Content-Type", ct)
