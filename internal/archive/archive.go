@@ -27,6 +27,9 @@ const (
 	MaxNameBytes = 4096
 	// maxComponentBytes caps one component of a name (NAME_MAX).
 	maxComponentBytes = 255
+	// MaxDepth caps the components of a name: every step costs a lookup,
+	// and real trees are far shallower.
+	MaxDepth = 256
 	// DefaultMaxEntries is the entry cap when Limits.MaxEntries is 0.
 	DefaultMaxEntries = 1 << 20
 	// tempPrefix starts the names of entries being made.
@@ -70,8 +73,8 @@ func (s Stats) Entries() int { return s.Files + s.Dirs + s.Symlinks + s.Links }
 
 // CleanName turns a tar entry name into a clean relative path ("" for the
 // top directory itself, as "." or "./" name it), or fails with ErrInvalid
-// for an absolute name, a ".." component, a NUL, or a name or component
-// that is too long. A leading "./" and empty or "." components are dropped.
+// for an absolute name, a ".." component, a NUL, a name or component that
+// is too long, or more than MaxDepth components. A leading "./" and empty or "." components are dropped.
 func CleanName(name string) (string, error) {
 	switch {
 	case name == "":
@@ -94,6 +97,9 @@ func CleanName(name string) (string, error) {
 			return "", fmt.Errorf("%w: a component of %q is longer than %d bytes", ErrInvalid, name, maxComponentBytes)
 		}
 		out = append(out, c)
+	}
+	if len(out) > MaxDepth {
+		return "", fmt.Errorf("%w: %q is more than %d directories deep", ErrInvalid, name[:64]+"...", MaxDepth)
 	}
 	return strings.Join(out, "/"), nil
 }

@@ -150,6 +150,7 @@ func TestExtractHostile(t *testing.T) {
 		{name: "fifo", ents: []ent{{typ: tar.TypeFifo, name: "p"}}},
 		{name: "long name", ents: []ent{{typ: tar.TypeReg, name: strings.Repeat("a/", 2100) + "f", body: "x"}}},
 		{name: "long component", ents: []ent{{typ: tar.TypeReg, name: strings.Repeat("a", 256), body: "x"}}},
+		{name: "too deep", ents: []ent{{typ: tar.TypeReg, name: strings.Repeat("a/", MaxDepth) + "f", body: "x"}}},
 		{name: "file over directory", ents: []ent{
 			{typ: tar.TypeDir, name: "d/"},
 			{typ: tar.TypeReg, name: "d", body: "x"},
@@ -292,6 +293,16 @@ func TestExtractLimits(t *testing.T) {
 	dest := t.TempDir()
 	if _, err := Extract(t.Context(), bytes.NewReader(tb), dest, ExtractOptions{Limits: Limits{MaxEntries: 3, MaxBytes: 15}}); err != nil {
 		t.Errorf("at the limits: %v", err)
+	}
+	// Parents made for an entry count as entries.
+	deep := mkTar(t, ent{typ: tar.TypeReg, name: "a/b/c/d/f", body: "x"})
+	if _, err := Extract(t.Context(), bytes.NewReader(deep), t.TempDir(), ExtractOptions{Limits: Limits{MaxEntries: 3}}); !errors.Is(err, ErrLimit) {
+		t.Errorf("4 parents and a file under 3 entries: %v, want ErrLimit", err)
+	}
+	// MaxDepth directories deep is fine.
+	deep = mkTar(t, ent{typ: tar.TypeReg, name: strings.Repeat("a/", MaxDepth-1) + "f", body: "x"})
+	if st, err := Extract(t.Context(), bytes.NewReader(deep), t.TempDir(), ExtractOptions{}); err != nil || st.Dirs != MaxDepth-1 {
+		t.Errorf("a name %d deep: %+v, %v", MaxDepth, st, err)
 	}
 	// A truncated archive is refused.
 	if _, err := Extract(t.Context(), bytes.NewReader(tb[:515]), t.TempDir(), ExtractOptions{}); err == nil {

@@ -5,7 +5,8 @@
 // guest sends), so both treat every archive as hostile:
 //
 //   - names are relative: an absolute name, a ".." component, a NUL, a
-//     name over MaxNameBytes or a component over 255 bytes is refused;
+//     name over MaxNameBytes, a component over 255 bytes or a name more
+//     than MaxDepth directories deep is refused;
 //   - every path is resolved through an os.Root on the destination, so
 //     nothing is created, written or changed outside it: a symlink (from
 //     the archive or already there) that points outside the destination,

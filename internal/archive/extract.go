@@ -115,6 +115,10 @@ func (x *extractor) run(ctx context.Context, r io.Reader) error {
 		if err := x.entry(hdr, tr); err != nil {
 			return err
 		}
+		// Parents made for entries count too.
+		if x.stats.Entries() > x.opt.Limits.entries() {
+			return fmt.Errorf("%w: more than %d entries made", ErrLimit, x.opt.Limits.entries())
+		}
 	}
 	for _, d := range slices.Backward(x.dirs) {
 		if err := x.finishDir(d); err != nil {
@@ -173,23 +177,62 @@ func parentDir(name string) string {
 }
 
 // mkdirAll makes the missing directories of dir (0755, and chowned), each
-// resolved inside the root.
+// resolved inside the root. An existing dir costs one lookup; a missing
+// one is made by descending one component at a time (sub-roots), so that a
+// deep name costs time linear in its length.
 func (x *extractor) mkdirAll(dir string) error {
 	if dir == "" {
 		return nil
 	}
-	if fi, err := x.root.Stat(dir); err == nil && fi.IsDir() {
+	fi, err := x.root.Stat(dir)
+	switch {
+	case err == nil && fi.IsDir():
 		return nil
+	case err == nil:
+		return fmt.Errorf("%w: %q: a non-directory is in the way", ErrInvalid, dir)
+	case !errors.Is(err, fs.ErrNotExist):
+		return rootErr("stat", dir, err)
 	}
-	if err := x.mkdirAll(parentDir(dir)); err != nil {
-		return err
-	}
-	made, err := x.mkdir(dir, 0o755)
-	if err != nil {
-		return err
-	}
-	if made {
-		x.stats.Dirs++
+	r := x.root
+	defer func() {
+		if r != x.root {
+			r.Close()
+		}
+	}()
+	comps := strings.Split(dir, "/")
+	for i, c := range comps {
+		prefix := strings.Join(comps[:i+1], "/")
+		err := r.Mkdir(c, 0o755)
+		switch {
+		case err == nil:
+			x.stats.Dirs++
+			if x.opt.Chown {
+				if err := r.Lchown(c, x.opt.UID, x.opt.GID); err != nil {
+					return rootErr("chown", prefix, err)
+				}
+			}
+		case !errors.Is(err, fs.ErrExist):
+			return rootErr("mkdir", prefix, err)
+		}
+		sub, err := r.OpenRoot(c)
+		if err != nil {
+			// c is there but is no plain directory: a symlink may still
+			// lead to one inside the root; resolve it from there.
+			if fi, serr := x.root.Stat(prefix); errors.Is(serr, fs.ErrNotExist) {
+				return fmt.Errorf("%w: %q: a dangling symlink is in the way", ErrInvalid, prefix)
+			} else if serr != nil {
+				return rootErr("open", prefix, serr)
+			} else if !fi.IsDir() {
+				return fmt.Errorf("%w: %q: a non-directory is in the way", ErrInvalid, prefix)
+			}
+			if sub, err = x.root.OpenRoot(prefix); err != nil {
+				return rootErr("open", prefix, err)
+			}
+		}
+		if r != x.root {
+			r.Close()
+		}
+		r = sub
 	}
 	return nil
 }

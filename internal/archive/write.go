@@ -117,6 +117,9 @@ func (a *archiver) header(h *tar.Header) error {
 	if len(h.Name) > MaxNameBytes {
 		return fmt.Errorf("%w: %q is longer than %d bytes", ErrInvalid, h.Name[:64]+"...", MaxNameBytes)
 	}
+	if strings.Count(strings.TrimSuffix(h.Name, "/"), "/") >= MaxDepth {
+		return fmt.Errorf("%w: %q is more than %d directories deep", ErrInvalid, h.Name[:64]+"...", MaxDepth)
+	}
 	return a.tw.WriteHeader(h)
 }
 

@@ -8,9 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -105,4 +110,20 @@ func TestArchiveThroughShimAndManager(t *testing.T) {
 		t.Errorf("last event %s %v", e.Action, e.Detail)
 	}
 	h.stop(t)
+}
+
+// TestArchiveNeedsProtocol6: an agent older than protocol 6 gets a clear
+// FAILED_PRECONDITION (update the guest) before anything reaches it.
+func TestArchiveNeedsProtocol6(t *testing.T) {
+	t.Parallel()
+	f := fileService{agent: &agentapi.Client{Info: &agentv1.InfoResponse{ProtocolVersion: agentapi.VersionArchive - 1}}}
+	err := f.ReadTar(t.Context(), connect.NewRequest(&shimv2.ReadTarRequest{Path: "/srv"}), nil)
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !errors.Is(err, agentapi.ErrUnsupported) ||
+		!strings.Contains(err.Error(), "airlock setup") {
+		t.Fatalf("ReadTar on protocol 5: %v", err)
+	}
+	f.agent.Info.ProtocolVersion = agentapi.VersionArchive
+	if err := f.requireArchive(); err != nil {
+		t.Fatalf("protocol 6: %v", err)
+	}
 }

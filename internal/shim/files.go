@@ -248,8 +248,8 @@ func (f fileService) WriteTar(ctx context.Context, in *connect.ClientStream[shim
 	if err := checkPath(h.GetPath()); err != nil {
 		return nil, err
 	}
-	if err := f.agent.Require(agentapi.VersionArchive, "copying directories"); err != nil {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	if err := f.requireArchive(); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -281,6 +281,16 @@ func (f fileService) WriteTar(ctx context.Context, in *connect.ClientStream[shim
 	return connect.NewResponse(&shimv2.WriteTarResponse{Entries: resp.Msg.GetEntries(), Bytes: resp.Msg.GetBytes()}), nil
 }
 
+// requireArchive refuses the tar RPCs for an agent that predates them,
+// saying what to do about it.
+func (f fileService) requireArchive() error {
+	if err := f.agent.Require(agentapi.VersionArchive, "copying directories"); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("%w; update the guest: rerun `airlock setup` and create the sandbox again", err))
+	}
+	return nil
+}
+
 // ReadTar relays the guest's tar of a path. The bytes are passed on
 // unread: they are guest data, capped by the shim client and extracted
 // (if at all) by code that treats them as hostile.
@@ -288,8 +298,8 @@ func (f fileService) ReadTar(ctx context.Context, req *connect.Request[shimv2.Re
 	if err := checkPath(req.Msg.GetPath()); err != nil {
 		return err
 	}
-	if err := f.agent.Require(agentapi.VersionArchive, "copying directories"); err != nil {
-		return connect.NewError(connect.CodeFailedPrecondition, err)
+	if err := f.requireArchive(); err != nil {
+		return err
 	}
 	in, err := f.agent.Files.ReadTar(ctx, connect.NewRequest(&agentv1.ReadTarRequest{Path: req.Msg.GetPath()}))
 	if err != nil {
