@@ -136,6 +136,8 @@ const (
 	// AgentService.Usage.
 	VersionWatch = 5
 	// VersionArchive added FileService.WriteTar and FileService.ReadTar
-	// (directories as tar streams).
+	// (directories as tar streams); ContextInfo.exit (how a dead
+	// context's interpreter ended) and Create of default-<language>
+	// arrived with it (an older agent leaves exit unset).
 	VersionArchive = 6
 )

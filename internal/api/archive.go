@@ -14,13 +14,6 @@ import (
 // The two routes join the route table here rather than in server.go's
 // literal (which others were editing when they were added); they belong
 // there.
-func init() {
-	routes = append(routes,
-		route{"PUT /v1/sandboxes/{id}/files/archive", true, (*Server).writeArchive},
-		route{"GET /v1/sandboxes/{id}/files/archive", true, (*Server).readArchive},
-	)
-}
-
 // writeArchive extracts the body, a tar stream, into ?path= (made if
 // missing).
 func (s *Server) writeArchive(w http.ResponseWriter, r *http.Request) {

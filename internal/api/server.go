@@ -147,6 +147,8 @@ var routes = []route{
 	{"PUT /v1/sandboxes/{id}/files", true, (*Server).writeFile},
 	{"GET /v1/sandboxes/{id}/files", true, (*Server).readFile},
 	{"DELETE /v1/sandboxes/{id}/files", true, (*Server).deleteFile},
+	{"PUT /v1/sandboxes/{id}/files/archive", true, (*Server).writeArchive},
+	{"GET /v1/sandboxes/{id}/files/archive", true, (*Server).readArchive},
 	{"GET /v1/sandboxes/{id}/files/list", true, (*Server).listFiles},
 	{"GET /v1/sandboxes/{id}/files/stat", true, (*Server).statFile},
 	{"POST /v1/sandboxes/{id}/files/mkdir", true, (*Server).mkdir},
