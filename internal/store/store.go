@@ -248,8 +248,8 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("open catalog: %w", err)
 	}
 	db.SetMaxOpenConns(4)
-	var version int
-	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+	version, err := firstQuery(ctx, db)
+	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open catalog %s: %w", path, err)
 	}
@@ -269,6 +269,34 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	_ = os.Chmod(path, 0o600)
 	return &Store{db: db, now: time.Now}, nil
 }
+
+// firstQuery reads the schema version on the catalog's first connection.
+// Opening it applies the DSN's pragmas, and switching a new database to
+// WAL takes an exclusive lock for which SQLite does not always wait on the
+// busy handler: processes opening a new catalog at once can get
+// SQLITE_BUSY here (TestConcurrentProcessesShareCatalog under load). That
+// one is retried, with a short backoff, for up to the busy timeout.
+func firstQuery(ctx context.Context, db *sql.DB) (int, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	wait := 5 * time.Millisecond
+	for {
+		var version int
+		err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version)
+		var se interface{ Code() int }
+		if err == nil || !errors.As(err, &se) || se.Code()&0xff != sqliteBusy || time.Now().After(deadline) {
+			return version, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// sqliteBusy is SQLite's primary result code SQLITE_BUSY.
+const sqliteBusy = 5
 
 // migrate runs migration from -> from+1 in one transaction; a concurrent
 // process that migrated first makes it a no-op.
