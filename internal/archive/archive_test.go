@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // ent is one entry of a tar built by mkTar.
@@ -487,9 +489,7 @@ func TestExtractRebase(t *testing.T) {
 
 func TestExtractChown(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("chown needs root")
-	}
+	testutil.NeedRoot(t) // chown
 	dest := t.TempDir()
 	tb := mkTar(t,
 		ent{typ: tar.TypeReg, name: "implicit/f", body: "x", mode: 0o4755},

@@ -546,19 +546,16 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send 
 		s.attachers[a] = struct{}{}
 	}
 	s.mu.Unlock()
-	if a == nil {
-		for _, ev := range backlog {
-			if err := send(ev); err != nil {
-				return err
-			}
-		}
-		return nil
+	if a != nil {
+		defer s.detach(t, a)
 	}
-	defer s.detach(t, a)
 	for _, ev := range backlog {
 		if err := send(ev); err != nil {
 			return err
 		}
+	}
+	if a == nil {
+		return nil
 	}
 	return s.follow(ctx, a, send)
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // TestDashboard drives the web dashboard of a real `airlock serve` in
@@ -240,14 +242,12 @@ func TestDashboard(t *testing.T) {
 		chromedp.WaitVisible(id("open-terminal")))
 	// Closing the socket kills the shell; a pause without force waits for
 	// no command to run.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		_, b := s.do(key, "GET", "/v1/sandboxes/"+sb.ID+"/execs", nil)
-		if !strings.Contains(string(b), `"state":"running"`) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the terminal's shell still runs a minute after the terminal closed: %s", b)
-		}
+	var execs []byte
+	if !testutil.WaitFor(t, time.Minute, func() bool {
+		_, execs = s.do(key, "GET", "/v1/sandboxes/"+sb.ID+"/execs", nil)
+		return !strings.Contains(string(execs), `"state":"running"`)
+	}) {
+		t.Fatalf("the terminal's shell still runs a minute after the terminal closed: %s", execs)
 	}
 
 	run("back to the list",
