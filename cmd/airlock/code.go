@@ -232,67 +232,41 @@ says so first on stderr; its state is lost.`,
 			}
 			p := &codePrinter{stdout: cmd.OutOrStdout(), stderr: cmd.ErrOrStderr(), out: out, progress: progress}
 			id := args[0]
-			c, err := g.remote()
-			if err != nil {
-				return err
-			}
-			if c != nil {
-				if ctxID != "" {
-					cxs, err := c.ListContexts(cmd.Context(), id)
-					if err != nil {
-						return fmt.Errorf("code: %s", apiMsg(err))
-					}
-					if !slices.ContainsFunc(cxs, func(cx airlock.Context) bool { return cx.ID == ctxID }) {
-						stop := starting(p, newLang+" context "+ctxID)
-						_, err := c.CreateContext(cmd.Context(), id, airlock.ContextOptions{ID: ctxID, Language: newLang})
-						stop()
-						if err != nil && !errors.Is(err, airlock.ErrConflict) {
-							return fmt.Errorf("code: create context %s: %s", ctxID, apiMsg(err))
-						}
-						fmt.Fprintf(cmd.ErrOrStderr(), "airlock: created context %s (%s)\n", ctxID, newLang)
-					}
-				}
-				ex, err := c.RunCode(cmd.Context(), id, airlock.CodeRequest{Code: code, Language: lang, Context: ctxID, Timeout: d, ReturnFiles: returnFiles}, airlock.CodeHandlers{
-					OnStdout: func(b []byte) { _, _ = p.stdout.Write(b) },
-					OnStderr: func(b []byte) { _, _ = p.stderr.Write(b) },
-					OnResult: func(r airlock.Result) {
-						if err := p.result(r.Main, r.Data, r.File); err != nil {
-							fmt.Fprintln(p.stderr, err)
-						}
-					},
-					OnError:  func(e *airlock.CodeError) { p.codeError(e.Name, e.Value, e.Traceback) },
-					OnStatus: p.status,
-				})
-				if err != nil {
-					return fmt.Errorf("code: %s", apiMsg(err))
-				}
-				p.timedOut, p.truncated = ex.TimedOut, ex.Truncated
-				return p.exit()
-			}
-			m, done, err := g.manager(cmd.Context())
+			c, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer done()
 			if ctxID != "" {
-				cxs, err := m.ListContexts(cmd.Context(), sandbox.Local(), id)
+				cxs, err := c.ListContexts(cmd.Context(), id)
 				if err != nil {
-					return err
+					return fmt.Errorf("code: %s", apiMsg(err))
 				}
-				if !slices.ContainsFunc(cxs, func(cx guest.ContextInfo) bool { return cx.ID == ctxID }) {
+				if !slices.ContainsFunc(cxs, func(cx airlock.Context) bool { return cx.ID == ctxID }) {
 					stop := starting(p, newLang+" context "+ctxID)
-					_, err := m.CreateContext(cmd.Context(), sandbox.Local(), id, guest.ContextSpec{ID: ctxID, Language: newLang})
+					_, err := c.CreateContext(cmd.Context(), id, airlock.ContextOptions{ID: ctxID, Language: newLang})
 					stop()
-					if err != nil && !errors.Is(err, errdefs.ErrConflict) {
-						return fmt.Errorf("create context %s: %w", ctxID, err)
+					if err != nil && !errors.Is(err, airlock.ErrConflict) {
+						return fmt.Errorf("code: create context %s: %s", ctxID, apiMsg(err))
 					}
 					fmt.Fprintf(cmd.ErrOrStderr(), "airlock: created context %s (%s)\n", ctxID, newLang)
 				}
 			}
-			req := guest.CodeRequest{Code: code, Language: lang, ContextID: ctxID, Timeout: d.Truncate(time.Millisecond), ReturnFiles: returnFiles}
-			if err := m.RunCode(cmd.Context(), sandbox.Local(), id, req, p.event); err != nil {
-				return err
+			ex, err := c.RunCode(cmd.Context(), id, airlock.CodeRequest{Code: code, Language: lang, Context: ctxID, Timeout: d, ReturnFiles: returnFiles}, airlock.CodeHandlers{
+				OnStdout: func(b []byte) { _, _ = p.stdout.Write(b) },
+				OnStderr: func(b []byte) { _, _ = p.stderr.Write(b) },
+				OnResult: func(r airlock.Result) {
+					if err := p.result(r.Main, r.Data, r.File); err != nil {
+						fmt.Fprintln(p.stderr, err)
+					}
+				},
+				OnError:  func(e *airlock.CodeError) { p.codeError(e.Name, e.Value, e.Traceback) },
+				OnStatus: p.status,
+			})
+			if err != nil {
+				return fmt.Errorf("code: %s", apiMsg(err))
 			}
+			p.timedOut, p.truncated = ex.TimedOut, ex.Truncated
 			return p.exit()
 		},
 	}
@@ -386,17 +360,7 @@ func contextsCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	ls := &cobra.Command{
 		Use: "ls ID", Short: "List code contexts", Args: cobra.ExactArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			infos, err := m.ListContexts(cmd.Context(), sandbox.Local(), args[0])
-			if err != nil {
-				return err
-			}
-			var out []contextView
-			for _, in := range infos {
-				out = append(out, localContext(in))
-			}
-			return printContexts(cmd.OutOrStdout(), out, asJSON)
-		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			cs, err := c.ListContexts(cmd.Context(), args[0])
 			if err != nil {
 				return fmt.Errorf("contexts ls: %s", apiMsg(err))
@@ -414,14 +378,7 @@ func contextsCmd(g *globals) *cobra.Command {
 	var env []string
 	create := &cobra.Command{
 		Use: "create ID", Short: "Create a code context; prints its id", Args: cobra.ExactArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			info, err := m.CreateContext(cmd.Context(), sandbox.Local(), args[0], guest.ContextSpec{Language: lang, ID: id, Cwd: cwd, Env: env})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), info.ID)
-			return nil
-		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			o := airlock.ContextOptions{ID: id, Language: lang, Cwd: cwd}
 			for _, kv := range env {
 				k, v, _ := strings.Cut(kv, "=")
@@ -447,9 +404,7 @@ func contextsCmd(g *globals) *cobra.Command {
 	op := func(use, short string, local func(m *sandbox.Manager, cmd *cobra.Command, id, cid string) error, remote func(c *airlock.Client, cmd *cobra.Command, id, cid string) error) *cobra.Command {
 		return &cobra.Command{
 			Use: use + " ID CONTEXT", Short: short, Args: cobra.ExactArgs(2),
-			RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-				return local(m, cmd, args[0], args[1])
-			}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+			RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 				if err := remote(c, cmd, args[0], args[1]); err != nil {
 					return fmt.Errorf("contexts %s: %s", use, apiMsg(err))
 				}

@@ -1,20 +1,16 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
-	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/shim"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
@@ -54,50 +50,25 @@ written outside DST. On a terminal, the bytes copied so far go to stderr.`,
 			if !recursive && (args[0] == "-" || args[1] == "-") {
 				return fmt.Errorf("%w: - (a tar stream) needs -r", errdefs.ErrInvalid)
 			}
-			c, err := g.remote()
-			if err != nil {
-				return err
-			}
-			if recursive {
-				return copyTree(cmd, g, c, args)
-			}
-			if c != nil {
-				if dRemote {
-					return remoteCopyIn(cmd, g, c, args[0], did, dpath)
-				}
-				return remoteCopyOut(cmd, c, sid, spath, args[1])
-			}
-			m, done, err := g.manager(cmd.Context())
+			c, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer done()
-			ctx := cmd.Context()
+			if recursive {
+				return copyTree(cmd, g, c, args)
+			}
 			if dRemote {
-				if _, err := m.Get(ctx, sandbox.Local(), did); err != nil {
-					return err
-				}
-				n, err := copyIn(ctx, m, did, args[0], dpath)
-				if err != nil {
-					return err
-				}
-				g.log.Info("copied", "bytes", n)
-				return nil
+				return copyIn(cmd, g, c, args[0], did, dpath)
 			}
-			if _, err := m.Get(ctx, sandbox.Local(), sid); err != nil {
-				return err
-			}
-			// A hostile guest must not fill the host's disk: the manager
-			// refuses more than the sandbox's disk size.
-			_, err = copyOut(ctx, m, sid, spath, args[1])
-			return err
+			return copyOut(cmd, c, sid, spath, args[1])
 		},
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "copy directories (as tar streams); - as the local side is a tar on stdin or stdout")
 	return cmd
 }
 
-// copyTree is cp -r, locally (the manager) or through the API server c.
+// copyTree is cp -r through the API client c.
 // A regular file goes as plain cp copies it.
 func copyTree(cmd *cobra.Command, g *globals, c *airlock.Client, args []string) error {
 	ctx := cmd.Context()
@@ -107,35 +78,15 @@ func copyTree(cmd *cobra.Command, g *globals, c *airlock.Client, args []string) 
 	if sRemote {
 		id = sid
 	}
-	var sfs sandboxFS
-	if c != nil {
-		if _, err := c.Get(ctx, id); err != nil {
-			return err
-		}
-		sfs = remoteFS{c, id}
-	} else {
-		m, done, err := g.manager(ctx)
-		if err != nil {
-			return err
-		}
-		defer done()
-		if _, err := m.Get(ctx, sandbox.Local(), id); err != nil {
-			return err
-		}
-		sfs = localFS{m, id}
+	if _, err := c.Get(ctx, id); err != nil {
+		return err
 	}
+	var sfs sandboxFS = apiFS{c, id}
 	prog := terminalOrNil(cmd.ErrOrStderr())
 	if !sRemote {
 		res, err := copyTreeIn(ctx, sfs, cmd.InOrStdin(), prog, args[0], dpath)
 		if errors.Is(err, errNotDir) {
-			if c != nil {
-				return remoteCopyIn(cmd, g, c, args[0], did, dpath)
-			}
-			n, err := copyIn(ctx, sfs.(localFS).m, did, args[0], dpath)
-			if err == nil {
-				g.log.Info("copied", "bytes", n)
-			}
-			return err
+			return copyIn(cmd, g, c, args[0], did, dpath)
 		}
 		if err != nil {
 			return fmt.Errorf("copy to %s: %w", dpath, err)
@@ -145,39 +96,13 @@ func copyTree(cmd *cobra.Command, g *globals, c *airlock.Client, args []string) 
 	}
 	st, err := copyTreeOut(ctx, sfs, cmd.OutOrStdout(), prog, spath, args[1])
 	if errors.Is(err, errNotDir) {
-		if c != nil {
-			return remoteCopyOut(cmd, c, sid, spath, args[1])
-		}
-		_, err = copyOut(ctx, sfs.(localFS).m, sid, spath, args[1])
-		return err
+		return copyOut(cmd, c, sid, spath, args[1])
 	}
 	if err != nil {
 		return fmt.Errorf("copy from %s: %w", spath, err)
 	}
 	g.log.Info("copied", "entries", st.Entries(), "bytes", st.Bytes)
 	return nil
-}
-
-func copyIn(ctx context.Context, m *sandbox.Manager, id, local, remote string) (int64, error) {
-	f, fi, err := openRegular(local)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	if strings.HasSuffix(remote, "/") {
-		remote += filepath.Base(local)
-	} else if st, err := m.StatFile(ctx, sandbox.Local(), id, path.Clean(remote)); err == nil && st.Type == guest.FileDirectory {
-		remote = path.Join(remote, filepath.Base(local))
-	}
-	remote = path.Clean(remote)
-	if err := shim.ValidateGuestPath(remote); err != nil {
-		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
-	}
-	n, err := m.WriteFile(ctx, sandbox.Local(), id, remote, uint32(fi.Mode().Perm()), f)
-	if err != nil {
-		return n, fmt.Errorf("copy to %s: %w", remote, err)
-	}
-	return n, nil
 }
 
 // openRegular opens local, which must be a regular file, for copying in.
@@ -196,21 +121,6 @@ func openRegular(local string) (*os.File, os.FileInfo, error) {
 		return nil, nil, fmt.Errorf("%w: %s is not a regular file", errdefs.ErrInvalid, local)
 	}
 	return f, fi, nil
-}
-
-// copyOut copies a guest file to local (at most the sandbox's disk size).
-func copyOut(ctx context.Context, m *sandbox.Manager, id, remote, local string) (int64, error) {
-	if err := shim.ValidateGuestPath(remote); err != nil {
-		return 0, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
-	}
-	return writeLocal(local, path.Base(remote), func(tmp *os.File) (int64, os.FileMode, error) {
-		var mode os.FileMode = 0o644
-		n, err := m.ReadFile(ctx, sandbox.Local(), id, remote, tmp, func(fi guest.FileInfo) { mode = os.FileMode(fi.Mode & 0o777) })
-		if err != nil {
-			return n, 0, fmt.Errorf("copy from %s: %w", remote, err)
-		}
-		return n, mode, nil
-	})
 }
 
 // writeLocal replaces local (or local/base if local is a directory) with

@@ -63,57 +63,12 @@ type sandboxFS interface {
 	diskBytes(ctx context.Context) (int64, error)
 }
 
-type localFS struct {
-	m  *sandbox.Manager
-	id string
-}
-
-func kindOf(t guest.FileType) guestKind {
-	switch t {
-	case guest.FileDirectory:
-		return guestDir
-	case guest.FileRegular:
-		return guestFile
-	case guest.FileSymlink:
-		return guestSymlink
-	}
-	return guestOther
-}
-
-func (l localFS) kind(ctx context.Context, p string) (guestKind, error) {
-	fi, err := l.m.StatFile(ctx, sandbox.Local(), l.id, p)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return guestMissing, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	return kindOf(fi.Type), nil
-}
-
-func (l localFS) writeArchive(ctx context.Context, dir string, r io.Reader) (guest.ArchiveResult, error) {
-	return l.m.WriteArchive(ctx, sandbox.Local(), l.id, dir, r)
-}
-
-func (l localFS) readArchive(ctx context.Context, p string, w io.Writer) error {
-	_, err := l.m.ReadArchive(ctx, sandbox.Local(), l.id, p, w)
-	return err
-}
-
-func (l localFS) diskBytes(ctx context.Context) (int64, error) {
-	sb, err := l.m.Get(ctx, sandbox.Local(), l.id)
-	if err != nil {
-		return 0, err
-	}
-	return int64(sb.DiskMiB) << 20, nil
-}
-
-type remoteFS struct {
+type apiFS struct {
 	c  *airlock.Client
 	id string
 }
 
-func (r remoteFS) kind(ctx context.Context, p string) (guestKind, error) {
+func (r apiFS) kind(ctx context.Context, p string) (guestKind, error) {
 	fi, err := r.c.Stat(ctx, r.id, p)
 	if errors.Is(err, airlock.ErrNotFound) {
 		return guestMissing, nil
@@ -132,7 +87,7 @@ func (r remoteFS) kind(ctx context.Context, p string) (guestKind, error) {
 	return guestOther, nil
 }
 
-func (r remoteFS) writeArchive(ctx context.Context, dir string, in io.Reader) (guest.ArchiveResult, error) {
+func (r apiFS) writeArchive(ctx context.Context, dir string, in io.Reader) (guest.ArchiveResult, error) {
 	res, err := r.c.WriteArchive(ctx, r.id, dir, in)
 	if err != nil {
 		return guest.ArchiveResult{}, errors.New(apiMsg(err))
@@ -140,7 +95,7 @@ func (r remoteFS) writeArchive(ctx context.Context, dir string, in io.Reader) (g
 	return guest.ArchiveResult{Entries: res.Entries, Bytes: res.Size}, nil
 }
 
-func (r remoteFS) readArchive(ctx context.Context, p string, w io.Writer) error {
+func (r apiFS) readArchive(ctx context.Context, p string, w io.Writer) error {
 	rc, err := r.c.ReadArchive(ctx, r.id, p)
 	if err != nil {
 		return errors.New(apiMsg(err))
@@ -160,7 +115,7 @@ func (r remoteFS) readArchive(ctx context.Context, p string, w io.Writer) error 
 	return err
 }
 
-func (r remoteFS) diskBytes(ctx context.Context) (int64, error) {
+func (r apiFS) diskBytes(ctx context.Context) (int64, error) {
 	sb, err := r.c.Get(ctx, r.id)
 	if err != nil {
 		return 0, err

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -37,23 +36,7 @@ net.secret.inject, net.secret.block, ...).
 
   airlock events ID --type net     every network decision of sandbox ID`,
 		Args: cobra.MaximumNArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			f, err := filter(args)
-			if err != nil {
-				return err
-			}
-			evs, err := m.Store.ListEvents(cmd.Context(), f)
-			if err != nil {
-				return err
-			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			for _, e := range evs {
-				if err := enc.Encode(e); err != nil {
-					return err
-				}
-			}
-			return nil
-		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			f, err := filter(args)
 			if err != nil {
 				return err

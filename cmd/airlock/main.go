@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -91,22 +90,23 @@ func report(w io.Writer, err error) int {
 		}
 		return ee.code
 	}
-	fmt.Fprintln(w, "airlock:", strings.TrimPrefix(err.Error(), "airlock: "))
+	fmt.Fprintln(w, "airlock:", apiMsg(err))
 	return 1
 }
 
 const rootLong = `Run untrusted code in microVM sandboxes.
 
-By default every command works on the local state directory (--state-dir).
-
-Remote mode: with AIRLOCK_HOST (e.g. http://127.0.0.1:7070) and AIRLOCK_API_KEY
-set, run, create, exec, cp, ls, inspect, rm, pause, resume, touch, snapshot,
-fork, events, code and contexts go through that airlock API server (` + "`airlock serve`" + `) instead; their flags and exit codes
-are the same. The other commands (serve, keys, image, setup, doctor, logs)
-always use the local state directory.
+The sandbox commands (run, create, exec, shell, cp, ls, inspect, rm, pause,
+resume, touch, snapshot, fork, events, code, contexts) go through the HTTP
+API: with AIRLOCK_HOST (e.g. http://127.0.0.1:7070) and AIRLOCK_API_KEY set,
+of that airlock server (` + "`airlock serve`" + `); otherwise of an API server on
+the local state directory (--state-dir) that airlock runs in its own process.
+Flags, output and exit codes are the same either way. The other commands
+(serve, keys, image, setup, doctor, logs, mcp) always use the local state
+directory.
 
 Environment:
-  AIRLOCK_HOST       API server for the remote mode
+  AIRLOCK_HOST       API server for the sandbox commands (default: in-process)
   AIRLOCK_API_KEY    API key for AIRLOCK_HOST (see ` + "`airlock keys create`" + `)
   AIRLOCK_STATE_DIR  default for --state-dir
   AIRLOCK_ACCEL      default for --accel

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
@@ -58,18 +57,7 @@ process as it was. Open TCP connections of the guest are reset. Commands or code
 running are refused unless --force, which ends them. Sandboxes with secrets cannot pause.
 A paused sandbox's lifetime stands still (it counts running time only).`,
 		Args: cobra.MinimumNArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			return forEachID(cmd, "pause", args, func(id string) error {
-				ctx, cancel := lifecycleCtx(cmd)
-				defer cancel()
-				res, err := m.Pause(ctx, sandbox.Local(), id, force)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), pausedLine(id, res.StateBytes, res.Save))
-				return nil
-			})
-		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			return forEachID(cmd, "pause", args, func(id string) error {
 				ctx, cancel := lifecycleCtx(cmd)
 				defer cancel()
@@ -91,18 +79,7 @@ func resumeCmd(g *globals) *cobra.Command {
 		Use:   "resume ID [ID...]",
 		Short: "Restore paused sandboxes (any other call on them does it too)",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			return forEachID(cmd, "resume", args, func(id string) error {
-				ctx, cancel := lifecycleCtx(cmd)
-				defer cancel()
-				start := time.Now()
-				if _, err := m.Resume(ctx, sandbox.Local(), id); err != nil {
-					return err
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), resumedLine(id, time.Since(start)))
-				return nil
-			})
-		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			return forEachID(cmd, "resume", args, func(id string) error {
 				ctx, cancel := lifecycleCtx(cmd)
 				defer cancel()
@@ -122,9 +99,7 @@ func touchCmd(g *globals) *cobra.Command {
 		Use:   "touch ID",
 		Short: "Keepalive: count as activity for a sandbox's --idle-pause timer (resumes a paused one)",
 		Args:  cobra.ExactArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			return m.Touch(cmd.Context(), sandbox.Local(), args[0])
-		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			return c.Keepalive(cmd.Context(), args[0])
 		}),
 	}

@@ -369,12 +369,20 @@ func TestRemoteExecRequest(t *testing.T) {
 	f.mu.Lock()
 	got, _ := json.Marshal(f.execReqs[0])
 	f.mu.Unlock()
-	want := `{"background":false,"cmd":["out","","","0"],"cwd":"/tmp","env":{"A":"1","B":"x=y"},"kill_on_disconnect":true,"timeout_s":2,"user":"nobody"}`
+	// No kill_on_disconnect: a CLI exec belongs to the sandbox and
+	// survives the CLI, through a server as locally (signals are forwarded).
+	want := `{"background":false,"cmd":["out","","","0"],"cwd":"/tmp","env":{"A":"1","B":"x=y"},"timeout_s":2,"user":"nobody"}`
 	if string(got) != want {
 		t.Errorf("exec request\n got %s\nwant %s", got, want)
 	}
-	if r := runCLI(t, srv, nil, "exec", "--pids-limit", "5", id, "true"); r.code != 1 || !strings.Contains(r.stderr, "--pids-limit") {
-		t.Errorf("--pids-limit remotely: %+v", r)
+	if r := runCLI(t, srv, nil, "exec", "--pids-limit", "5", id, "--", "out", "", "", "0"); r.code != 0 {
+		t.Fatalf("--pids-limit: %+v", r)
+	}
+	f.mu.Lock()
+	got, _ = json.Marshal(f.execReqs[1]["pids_limit"])
+	f.mu.Unlock()
+	if string(got) != "5" {
+		t.Errorf("--pids-limit 5 sent pids_limit %s", got)
 	}
 }
 
@@ -420,7 +428,7 @@ func TestRemoteErrors(t *testing.T) {
 		t.Errorf("inspect a missing sandbox: %+v", r)
 	}
 	g := &globals{host: srv.URL}
-	if _, err := g.remote(); err == nil {
+	if _, _, err := g.client(t.Context()); err == nil {
 		t.Error("AIRLOCK_HOST without AIRLOCK_API_KEY accepted")
 	}
 }

@@ -1,16 +1,12 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -19,7 +15,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/store"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
@@ -96,14 +91,6 @@ func (f *createFlags) snapshotOptions(cmd *cobra.Command, o sandbox.CreateOption
 		o.MemoryMiB = 0
 	}
 	return o, nil
-}
-
-// createSandbox creates o locally, from f's snapshot if one is named.
-func (f *createFlags) createSandbox(ctx context.Context, m *sandbox.Manager, o sandbox.CreateOptions) (store.Sandbox, error) {
-	if f.fromSnapshot != "" {
-		return m.CreateFromSnapshot(ctx, sandbox.Local(), f.fromSnapshot, o)
-	}
-	return m.Create(ctx, sandbox.Local(), o)
 }
 
 // options parses the flags; secret values are read with lookupEnv.
@@ -193,93 +180,6 @@ func (f *execFlags) start(argv []string) (guest.ExecSpec, error) {
 	return s, nil
 }
 
-// runExec runs spec in sandbox id through the manager's one exec path and
-// turns its end into an exit code. The exec belongs to the sandbox's shim,
-// as one started through the API does: if airlock is killed, it keeps
-// running (its output and exit stay readable through the API). SIGINT and
-// SIGTERM are forwarded to it (a second one sends SIGKILL); stdout and
-// stderr stream to airlock's own.
-func runExec(ctx context.Context, m *sandbox.Manager, id string, spec guest.ExecSpec) error {
-	// Signals are forwarded, not obeyed: the stream must outlive ctx (which
-	// ends on them) until the exec reports its exit.
-	sigc := make(chan os.Signal, 4)
-	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigc)
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	st, err := m.Exec(sctx, sandbox.Local(), id, spec, false)
-	if err != nil {
-		if ctx.Err() != nil {
-			return &exitError{code: 130, msg: "interrupted"}
-		}
-		if se, ok := guest.AsStartError(err); ok {
-			return notStartedExit(se.NotFound, se.Error())
-		}
-		if errors.Is(err, errdefs.ErrNotFound) {
-			// The manager's answer is the same for every missing sandbox;
-			// the local user gets the catalog's actionable words.
-			if _, gerr := m.Get(ctx, sandbox.Local(), id); gerr != nil {
-				return &exitError{code: 125, msg: gerr.Error()}
-			}
-		}
-		if errors.Is(err, errdefs.ErrFailedPrecondition) && strings.HasPrefix(err.Error(), errdefs.ErrFailedPrecondition.Error()+": sandbox ") {
-			return &exitError{code: 125, msg: err.Error()} // not running: the sandbox's own state
-		}
-		return &exitError{code: 125, msg: "exec in " + id + ": " + err.Error()}
-	}
-	defer st.Close()
-	if spec.Stdin {
-		// Not waited for: a read from a terminal cannot be interrupted. The
-		// goroutine ends at the reader's next return once the stream is done.
-		go pumpLocalStdin(st, os.Stdin)
-	}
-	events := make(chan execResult, 1)
-	go func() { events <- drain(st, os.Stdout, os.Stderr) }()
-	signals := 0
-	for {
-		select {
-		case res := <-events:
-			if res.err != nil {
-				return &exitError{code: 125, msg: "exec in " + id + ": " + res.err.Error()}
-			}
-			return exitFor(os.Stderr, res.exit, spec)
-		case sig := <-sigc:
-			n := 9
-			if s, ok := sig.(syscall.Signal); ok && signals == 0 {
-				n = int(s)
-			}
-			signals++
-			_ = st.Signal(n)
-		}
-	}
-}
-
-type execResult struct {
-	exit *guest.ExitStatus
-	err  error
-}
-
-// drain is guest.Drain as an execResult.
-func drain(st guest.ExecStream, stdout, stderr io.Writer) execResult {
-	exit, err := guest.Drain(st, stdout, stderr)
-	return execResult{exit: exit, err: err}
-}
-
-// pumpLocalStdin sends r to the exec's stdin, then closes it.
-func pumpLocalStdin(st guest.ExecStream, r io.Reader) {
-	buf := make([]byte, stdinChunk)
-	for {
-		n, err := r.Read(buf)
-		if n > 0 && st.Stdin(buf[:n]) != nil {
-			return
-		}
-		if err != nil {
-			_ = st.CloseStdin()
-			return
-		}
-	}
-}
-
 // exitFor turns an exec's end into airlock's exit: the command's own code,
 // 124 for a timeout, 128+N for signal N; the truncation marker goes to stderr.
 func exitFor(stderr io.Writer, ex *guest.ExitStatus, spec guest.ExecSpec) error {
@@ -320,36 +220,12 @@ func runCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			if c, err := g.remote(); err != nil || c != nil {
-				if err != nil {
-					return err
-				}
-				if start.TTY != nil {
-					return fmt.Errorf("%w: a terminal (-t) through airlock serve is not available yet; run run -t on the sandbox's host", errdefs.ErrUnsupported)
-				}
-				return remoteRun(cmd, c, o, cf.fromSnapshot, start, ef.interactive)
-			}
-			m, done, err := g.manager(ctx)
+			c, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer done()
-			sb, err := cf.createSandbox(ctx, m, o)
-			if err != nil {
-				return &exitError{code: 125, msg: err.Error()}
-			}
-			warnTCG(sb.Accel)
-			var runErr error
-			if start.TTY != nil {
-				runErr = runTerminal(sb.ID, start, ef.interactive, localTerminal(ctx, m, sb.ID))
-			} else {
-				runErr = runExec(ctx, m, sb.ID, start)
-			}
-			if err := m.Remove(context.WithoutCancel(ctx), sandbox.Local(), sb.ID); err != nil {
-				fmt.Fprintln(os.Stderr, "airlock: remove sandbox:", err)
-			}
-			return runErr
+			return runSandbox(cmd, c, o, cf.fromSnapshot, start, ef.interactive)
 		},
 	}
 	cf.register(cmd, "lifetime")
@@ -373,24 +249,12 @@ func createCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
-			if c, err := g.remote(); err != nil || c != nil {
-				if err != nil {
-					return err
-				}
-				return remoteCreate(cmd, c, o, cf.fromSnapshot)
-			}
-			m, done, err := g.manager(cmd.Context())
+			c, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer done()
-			sb, err := cf.createSandbox(cmd.Context(), m, o)
-			if err != nil {
-				return err
-			}
-			warnTCG(sb.Accel)
-			fmt.Println(sb.ID)
-			return nil
+			return createSandbox(cmd, c, o, cf.fromSnapshot)
 		},
 	}
 	cf.register(cmd, "lifetime")
@@ -419,24 +283,15 @@ func execCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if c, err := g.remote(); err != nil || c != nil {
-				if err != nil {
-					return err
-				}
-				if start.TTY != nil {
-					return runTerminal(args[0], start, ef.interactive, remoteTerminal(cmd.Context(), c, args[0]))
-				}
-				return remoteExec(cmd, c, args[0], start, ef.interactive)
-			}
-			m, done, err := g.manager(cmd.Context())
+			c, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer done()
 			if start.TTY != nil {
-				return runTerminal(args[0], start, ef.interactive, localTerminal(cmd.Context(), m, args[0]))
+				return runTerminal(args[0], start, ef.interactive, openTerminal(cmd.Context(), c, args[0]))
 			}
-			return runExec(cmd.Context(), m, args[0], start)
+			return runExec(cmd, c, args[0], start)
 		},
 	}
 	cmd.Flags().SetInterspersed(false)
@@ -450,20 +305,7 @@ func lsCmd(g *globals) *cobra.Command {
 		Use:   "ls",
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			sbs, err := m.List(cmd.Context(), sandbox.Local())
-			if err != nil {
-				return err
-			}
-			vs := views(sbs)
-			if size {
-				for i := range vs {
-					u := m.DiskUsage(vs[i].ID)
-					vs[i].DiskUsageBytes = &u
-				}
-			}
-			return printSandboxes(os.Stdout, vs, asJSON, size)
-		}, func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
 			return remoteLs(cmd, c, asJSON, size)
 		}),
 	}
@@ -535,14 +377,6 @@ type sandboxView struct {
 	DiskUsageBytes *int64 `json:"disk_usage_bytes,omitempty"`
 }
 
-func view(sb store.Sandbox) sandboxView {
-	v := sandboxView{sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB,
-		sb.CreatedAt.UTC(), sb.ExpiresAt.UTC(), sb.Accel, sb.Kernel, sb.StartMode, sb.Runtime, sb.Metadata, sb.Tenant, viewNetwork(sb.Network),
-		int64(sb.IdlePause / time.Second), nil, nil, sb.Source, nil}
-	v.PausedAt, v.LifetimeLeftS = sb.PauseView()
-	return v
-}
-
 // setPause fills the pause fields: pausedAt if not zero, the lifetime left
 // only while paused.
 func (v *sandboxView) setPause(pausedAt time.Time, paused bool, leftS int64) {
@@ -553,14 +387,6 @@ func (v *sandboxView) setPause(pausedAt time.Time, paused bool, leftS int64) {
 	if paused {
 		v.LifetimeLeftS = &leftS
 	}
-}
-
-func views(sbs []store.Sandbox) []sandboxView {
-	out := make([]sandboxView, 0, len(sbs))
-	for _, sb := range sbs {
-		out = append(out, view(sb))
-	}
-	return out
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -574,16 +400,7 @@ func inspectCmd(g *globals) *cobra.Command {
 		Use:   "inspect ID",
 		Short: "Show a sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			sb, err := m.Get(cmd.Context(), sandbox.Local(), args[0])
-			if err != nil {
-				return err
-			}
-			v := view(sb)
-			u := m.DiskUsage(sb.ID)
-			v.DiskUsageBytes = &u
-			return writeJSON(os.Stdout, v)
-		}, remoteInspect),
+		RunE:  g.withClient(remoteInspect),
 	}
 }
 
@@ -615,21 +432,7 @@ func rmCmd(g *globals) *cobra.Command {
 		Use:   "rm ID [ID...]",
 		Short: "Stop and remove sandboxes",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			var failed int
-			for _, id := range args {
-				if err := m.Remove(cmd.Context(), sandbox.Local(), id); err != nil {
-					fmt.Fprintln(os.Stderr, "airlock: rm", id+":", err)
-					failed++
-					continue
-				}
-				fmt.Println(id)
-			}
-			if failed > 0 {
-				return &exitError{code: 1}
-			}
-			return nil
-		}, remoteRm),
+		RunE:  g.withClient(remoteRm),
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/store"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
@@ -32,10 +30,6 @@ type snapshotView struct {
 	DiskMiB   int       `json:"disk_mb"`
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
-}
-
-func viewSnapshot(sn store.Snapshot) snapshotView {
-	return snapshotView{sn.Name, sn.ID, sn.SandboxID, sn.Tenant, sn.Image, sn.CPUs, sn.MemoryMiB, sn.DiskMiB, sn.Size, sn.Created.UTC()}
 }
 
 func remoteSnapshotView(sn *airlock.Snapshot) snapshotView {
@@ -67,16 +61,7 @@ func printSnapshots(w io.Writer, sns []snapshotView, asJSON bool) error {
 func snapshotCmd(g *globals) *cobra.Command {
 	var name string
 	var force bool
-	run := g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-		ctx, cancel := lifecycleCtx(cmd)
-		defer cancel()
-		sn, err := m.Snapshot(ctx, sandbox.Local(), args[0], name, force)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(cmd.OutOrStdout(), snapshotLine(viewSnapshot(sn)))
-		return nil
-	}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+	run := g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 		ctx, cancel := lifecycleCtx(cmd)
 		defer cancel()
 		sn, err := c.Snapshot(ctx, args[0], name, force)
@@ -136,17 +121,7 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 		Use:   "ls [--json] [--all]",
 		Short: "List snapshots: name, source sandbox, image, size, age",
 		Args:  cobra.NoArgs,
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			sns, err := m.ListSnapshots(cmd.Context(), sandbox.Local(), "", all)
-			if err != nil {
-				return err
-			}
-			vs := []snapshotView{}
-			for _, sn := range sns {
-				vs = append(vs, viewSnapshot(sn))
-			}
-			return printSnapshots(cmd.OutOrStdout(), vs, asJSON)
-		}, func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
 			if all {
 				return fmt.Errorf("%w: --all works on the server's host only (or GET /v1/snapshots?all=1 with an admin key)", errdefs.ErrInvalid)
 			}
@@ -174,15 +149,7 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 		Use:   "rm NAME [NAME...]",
 		Short: "Remove snapshots and free their disk (refused while sandboxes made from them exist)",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			return forEachID(cmd, "snapshot rm", args, func(name string) error {
-				if err := m.RemoveSnapshot(cmd.Context(), sandbox.Local(), tenant, name); err != nil {
-					return err
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), name)
-				return nil
-			})
-		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			if tenant != "" {
 				return fmt.Errorf("%w: --tenant works on the server's host only", errdefs.ErrInvalid)
 			}
@@ -207,11 +174,7 @@ func snapshotPruneCmd(g *globals) *cobra.Command {
 		Use:   "prune",
 		Short: "Remove the snapshots forks started from once unused, and orphaned snapshot files",
 		Args:  cobra.NoArgs,
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			freed, err := m.PruneSnapshots(context.WithoutCancel(cmd.Context()), sandbox.Local())
-			report(cmd, freed)
-			return err
-		}, func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
 			freed, err := c.PruneSnapshots(cmd.Context())
 			if err != nil {
 				return err
@@ -235,22 +198,7 @@ have the source's size, image, env, network, metadata and lifetime. All or nothi
 copy fails, none is left. Commands or code running in the source are refused unless
 --force, which ends them. Sandboxes with secrets cannot be forked.`,
 		Args: cobra.ExactArgs(1),
-		RunE: g.localOrRemote(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
-			if count < 1 || count > sandbox.MaxForks {
-				return fmt.Errorf("%w: --count must be 1 to %d", errdefs.ErrInvalid, sandbox.MaxForks)
-			}
-			ctx, cancel := lifecycleCtx(cmd)
-			defer cancel()
-			forks, err := m.Fork(ctx, sandbox.Local(), args[0], count, force) // all or none
-			if err != nil {
-				return err
-			}
-			for _, f := range forks {
-				warnTCG(f.Accel)
-				fmt.Fprintln(cmd.OutOrStdout(), f.ID)
-			}
-			return nil
-		}, func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			ctx, cancel := lifecycleCtx(cmd)
 			defer cancel()
 			forks, err := c.Fork(ctx, args[0], count, force)

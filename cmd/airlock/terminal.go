@@ -13,7 +13,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/airlock-sandbox/airlock/internal/guest"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
@@ -99,59 +98,32 @@ func runTerminal(id string, spec guest.ExecSpec, interactive bool, open func(gue
 	}
 }
 
-// localTerminal opens a terminal exec through the manager; it dies with
-// this process.
-func localTerminal(ctx context.Context, m *sandbox.Manager, id string) func(guest.ExecSpec) (termSession, error) {
-	return func(spec guest.ExecSpec) (termSession, error) {
-		st, err := m.Exec(context.WithoutCancel(ctx), sandbox.Local(), id, spec, true)
-		if err != nil {
-			if se, ok := guest.AsStartError(err); ok {
-				return nil, notStartedExit(se.NotFound, se.Error())
-			}
-			return nil, &exitError{code: 125, msg: "exec in " + id + ": " + err.Error()}
-		}
-		return localSession{st}, nil
-	}
-}
-
-type localSession struct{ st guest.ExecStream }
-
-func (l localSession) input(p []byte) error { return l.st.Stdin(p) }
-func (l localSession) resize(rows, cols int) error {
-	return l.st.Resize(guest.TermSize{Rows: uint32(rows), Cols: uint32(cols)})
-}
-func (l localSession) signal(sig int) error { return l.st.Signal(sig) }
-func (l localSession) close()               { l.st.Close() }
-func (l localSession) wait(out io.Writer) (*guest.ExitStatus, error) {
-	return guest.Drain(l.st, out, out)
-}
-
-// remoteTerminal opens a terminal through airlock serve (the SDK's
-// Terminal, a WebSocket).
-func remoteTerminal(ctx context.Context, c *airlock.Client, id string) func(guest.ExecSpec) (termSession, error) {
+// openTerminal opens a terminal through the API (the SDK's Terminal, a
+// WebSocket); it ends with this process.
+func openTerminal(ctx context.Context, c *airlock.Client, id string) func(guest.ExecSpec) (termSession, error) {
 	return func(spec guest.ExecSpec) (termSession, error) {
 		t, err := c.Terminal(ctx, id, airlock.TerminalOptions{
 			Cmd: spec.Argv, Rows: int(spec.TTY.Rows), Cols: int(spec.TTY.Cols), Env: spec.Env, Cwd: spec.Cwd, User: spec.User, Timeout: spec.Timeout,
 		})
 		if err != nil {
-			return nil, remoteExecFailed(ctx, id, err)
+			return nil, execFailed(id, err)
 		}
-		return remoteSession{t}, nil
+		return termConn{t}, nil
 	}
 }
 
-type remoteSession struct{ t *airlock.Terminal }
+type termConn struct{ t *airlock.Terminal }
 
-func (r remoteSession) input(p []byte) error {
+func (r termConn) input(p []byte) error {
 	_, err := r.t.Write(p)
 	return err
 }
-func (r remoteSession) resize(rows, cols int) error {
+func (r termConn) resize(rows, cols int) error {
 	return r.t.Resize(context.Background(), rows, cols)
 }
-func (r remoteSession) signal(sig int) error { return r.t.Signal(context.Background(), sig) }
-func (r remoteSession) close()               { _ = r.t.Close() }
-func (r remoteSession) wait(out io.Writer) (*guest.ExitStatus, error) {
+func (r termConn) signal(sig int) error { return r.t.Signal(context.Background(), sig) }
+func (r termConn) close()               { _ = r.t.Close() }
+func (r termConn) wait(out io.Writer) (*guest.ExitStatus, error) {
 	if _, err := io.Copy(out, r.t); err != nil {
 		return nil, err
 	}
@@ -182,18 +154,12 @@ func shellCmd(g *globals) *cobra.Command {
 				Argv: []string{"/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"},
 				User: user, Cwd: workdir, Stdin: true, TTY: &guest.TermSize{Rows: 24, Cols: 80},
 			}
-			if c, err := g.remote(); err != nil || c != nil {
-				if err != nil {
-					return err
-				}
-				return runTerminal(args[0], spec, true, remoteTerminal(cmd.Context(), c, args[0]))
-			}
-			m, done, err := g.manager(cmd.Context())
+			c, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer done()
-			return runTerminal(args[0], spec, true, localTerminal(cmd.Context(), m, args[0]))
+			return runTerminal(args[0], spec, true, openTerminal(cmd.Context(), c, args[0]))
 		},
 	}
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user (name, uid, name:group) in the guest; default root")

@@ -51,6 +51,12 @@ func CallerOf(ctx context.Context) (sandbox.Caller, bool) {
 // Failures are audited as auth.denied, without the key.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := localCaller(r); ok {
+			// In-process (Local): the process's own caller, no key.
+			r = r.WithContext(context.WithValue(r.Context(), keyCtx{}, authed{store.APIKey{Tenant: c.Tenant, Admin: c.Admin}, c}))
+			next.ServeHTTP(w, r)
+			return
+		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok {
 			// The header E2B's SDKs send the key in.
@@ -143,13 +149,23 @@ func (s *Server) limiter(tenant string, perMin int) *rate.Limiter {
 	return l
 }
 
+// noSandbox is the answer for a sandbox r's caller cannot use:
+// errNoSandbox, byte for byte, except for the process's own caller (Local),
+// who gets the manager's words (cause).
+func noSandbox(r *http.Request, cause error) error {
+	if _, local := localCaller(r); local {
+		return cause
+	}
+	return errNoSandbox
+}
+
 // sandbox returns the sandbox named by the {id} path value if r's caller
 // may see it; every other case is errNoSandbox, byte for byte.
 func (s *Server) sandbox(r *http.Request) (store.Sandbox, error) {
 	sb, err := s.cfg.Sandboxes.Get(r.Context(), callerOf(r), r.PathValue("id"))
 	if err != nil {
 		if pe := publicError(err); pe.Status == http.StatusNotFound || pe.Status == http.StatusBadRequest {
-			return sb, errNoSandbox
+			return sb, noSandbox(r, err)
 		}
 		return sb, err
 	}

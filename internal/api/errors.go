@@ -121,6 +121,17 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		Message   string `json:"message"`
 		RequestID string `json:"request_id"`
 	}
+	if _, local := localCaller(r); local {
+		// The host's own user (Local) gets the manager's full text and no
+		// request id: there is no server log to look it up in.
+		msg := e.Message
+		if !public {
+			msg = err.Error()
+		}
+		w.Header().Del("X-Request-Id")
+		writeJSON(w, e.Status, map[string]body{"error": {e.Code, msg, ""}})
+		return
+	}
 	writeJSON(w, e.Status, map[string]body{"error": {e.Code, e.Message, requestID(r)}})
 }
 

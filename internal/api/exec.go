@@ -24,6 +24,7 @@ type execRequest struct {
 	TimeoutS         int               `json:"timeout_s"`
 	Background       bool              `json:"background"`
 	KillOnDisconnect bool              `json:"kill_on_disconnect"`
+	PidsLimit        int64             `json:"pids_limit"`
 }
 
 // Exec is the API's view of an exec session.
@@ -92,7 +93,7 @@ func (s *Server) execFail(w http.ResponseWriter, r *http.Request, err error) {
 	case guest.IsNoExec(err):
 		err = errNoExec
 	case errors.Is(err, errdefs.ErrNotFound):
-		err = errNoSandbox
+		err = noSandbox(r, err)
 	case publicError(err).Status == http.StatusBadRequest:
 		s.requestFail(w, r, err)
 		return
@@ -111,13 +112,23 @@ func (s *Server) requestFail(w http.ResponseWriter, r *http.Request, err error) 
 
 // specFor translates the request (the sandbox's env is merged under it by
 // the shim; the manager validates the rest).
+//
+// pids_limit (0: the guest's default, 1024) is bounded by the kernel's
+// own pid_max ceiling.
+// maxPidsLimit is the largest pids_limit: the kernel's PID_MAX_LIMIT.
+const maxPidsLimit = 4 << 20
+
 func specFor(req execRequest) (guest.ExecSpec, error) {
 	if req.TimeoutS < 0 || req.TimeoutS > 24*3600 {
 		return guest.ExecSpec{}, invalidf("timeout_s must be between 0 and 86400")
 	}
+	if req.PidsLimit < 0 || req.PidsLimit > maxPidsLimit {
+		return guest.ExecSpec{}, invalidf("pids_limit must be between 0 and %d", maxPidsLimit)
+	}
 	return guest.ExecSpec{
 		Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User,
 		Stdin: req.Stdin != nil || req.StdinOpen, Timeout: time.Duration(req.TimeoutS) * time.Second,
+		PidsLimit: uint32(req.PidsLimit),
 	}, nil
 }
 

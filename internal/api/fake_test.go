@@ -34,7 +34,7 @@ type fake struct {
 	runs    []guest.CodeRequest
 	// guest, if set, accepts the conns DialPort returns (an in-test HTTP
 	// server on the other end of a pipe); dials records every DialPort.
-	guest *pipeListener
+	guest *memListener
 	dials []string
 	// pauses and touches record Pause (that did pause) and Touch calls.
 	pauses, touches []string
@@ -447,50 +447,12 @@ func (f *fake) DialPort(ctx context.Context, caller sandbox.Caller, id string, p
 	if g == nil || port == 9 {
 		return nil, fmt.Errorf("%w: guest port %d: connection refused", errdefs.ErrUnavailable, port)
 	}
-	c, s := net.Pipe()
-	select {
-	case g.ch <- s:
+	c, err := g.dial(ctx, "", "")
+	if err == nil {
 		return c, nil
-	case <-g.done:
-	case <-ctx.Done():
 	}
-	c.Close()
-	s.Close()
 	return nil, fmt.Errorf("%w: guest server closed", errdefs.ErrUnavailable)
 }
-
-// pipeListener is a net.Listener of in-memory conns (for an in-test
-// http server that DialPort connects to).
-type pipeListener struct {
-	ch   chan net.Conn
-	done chan struct{}
-	once sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{ch: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.ch:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
-
-type pipeAddr struct{}
-
-func (pipeAddr) Network() string { return "pipe" }
-func (pipeAddr) String() string  { return "guest:0" }
 
 var (
 	_ Sandboxes = (*fake)(nil)

@@ -41,7 +41,7 @@ func TestHostPreview(t *testing.T) {
 	g := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"path": r.URL.RequestURI(), "host": r.Host, "header": r.Header})
 	}))
-	l := newPipeListener()
+	l := newMemListener()
 	g.Listener = l
 	g.Start()
 	t.Cleanup(g.Close)

@@ -181,7 +181,7 @@ func TestPreview(t *testing.T) {
 			"header": r.Header, "body": string(b),
 		})
 	}))
-	l := newPipeListener()
+	l := newMemListener()
 	guest.Listener = l
 	guest.Start()
 	t.Cleanup(guest.Close)

@@ -30,6 +30,9 @@ type ExecRequest struct {
 	Timeout time.Duration
 	// KillOnDisconnect kills the command if its output stream breaks.
 	KillOnDisconnect bool
+	// PidsLimit caps the command's processes and threads (0: the guest's
+	// default, 1024).
+	PidsLimit int
 }
 
 type execRequest struct {
@@ -42,12 +45,14 @@ type execRequest struct {
 	TimeoutS         int64             `json:"timeout_s,omitempty"`
 	Background       bool              `json:"background"`
 	KillOnDisconnect bool              `json:"kill_on_disconnect,omitempty"`
+	PidsLimit        int               `json:"pids_limit,omitempty"`
 }
 
 func (r ExecRequest) wire(background bool) execRequest {
 	w := execRequest{
 		Cmd: r.Cmd, Env: r.Env, Cwd: r.Cwd, User: r.User, StdinOpen: r.StdinOpen,
 		TimeoutS: seconds(r.Timeout), Background: background, KillOnDisconnect: r.KillOnDisconnect,
+		PidsLimit: r.PidsLimit,
 	}
 	if r.Stdin != nil {
 		s := base64.StdEncoding.EncodeToString(r.Stdin)
