@@ -115,9 +115,13 @@ test-unit: test-sdk-unit ## unit tier only (no root, boots nothing)
 test-race: ## unit tier with the race detector (needs cgo: gcc from make deps)
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
 
+# Debian's python3, where scripts/deps.sh installs the tests' packages
+# (python3-yaml, python3-websocket); any python3 where there is none.
+SDK_PYTHON := $(firstword $(wildcard /usr/bin/python3) python3)
+
 test-sdk-unit: ## SDK unit tests (Go module sdk/go, Python sdk/python) against in-process fakes
 	cd sdk/go && $(GO) vet ./... && $(GO) test -short -count=1 ./...
-	python3 -m unittest discover -s sdk/python/tests
+	$(SDK_PYTHON) -m unittest discover -s sdk/python/tests
 
 test-host: build ## unit + host tier
 	AIRLOCK_TEST_ROOT=1 $(GO) test -count=1 ./...

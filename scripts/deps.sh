@@ -2,10 +2,11 @@
 # Installs the host packages airlock needs on Debian 12, only if missing.
 # Idempotent; safe to run on every `make demo` / `make test`. gcc is for
 # `go test -race` (cgo); protobuf-compiler is the protoc `make generate` pins;
-# chromium drives the dashboard's browser test (test/e2e, over CDP).
+# chromium drives the dashboard's browser test (test/e2e, over CDP);
+# python3-yaml reads api/openapi.yaml in the Python SDK's spec test.
 set -euo pipefail
 
-pkgs=(gcc protobuf-compiler libprotobuf-dev qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs lz4 xz-utils zstd kmod iproute2 ca-certificates python3 curl python3-ipykernel python3-matplotlib python3-pip python3-setuptools python3-wheel python3-websocket chromium)
+pkgs=(gcc protobuf-compiler libprotobuf-dev qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs lz4 xz-utils zstd kmod iproute2 ca-certificates python3 curl python3-ipykernel python3-matplotlib python3-pip python3-setuptools python3-wheel python3-websocket python3-yaml chromium)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -27,8 +27,9 @@ export AIRLOCK_TEST_API="http://127.0.0.1:$port" AIRLOCK_TEST_API_KEY="$key" AIR
 echo "test-sdk: Go SDK against $AIRLOCK_TEST_API"
 (cd sdk/go && go test -count=1 ./...)
 # Debian's interpreter: scripts/deps.sh installs the terminal's WebSocket
-# client (python3-websocket) for it; another python3 first on PATH (pyenv)
-# would not see it and the terminal test would fail.
+# client (python3-websocket) and PyYAML (python3-yaml, for test_spec.py,
+# which checks the SDK against api/openapi.yaml) for it; another python3
+# first on PATH (pyenv) would not see them and those tests would fail.
 py=/usr/bin/python3
 [[ -x $py ]] || py=python3
 echo "test-sdk: Python SDK ($("$py" --version)) against $AIRLOCK_TEST_API"

@@ -1,4 +1,4 @@
-// Package api is airlock's HTTP API v1 (api/CONTRACT.md, api/openapi.yaml):
+// Package api is airlock's HTTP API v1, whose contract is api/openapi.yaml:
 // a net/http ServeMux with one file per resource over a narrow Service
 // interface that *sandbox.Manager implements.
 //

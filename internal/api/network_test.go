@@ -260,3 +260,46 @@ func TestPreview(t *testing.T) {
 		t.Errorf("without a key: %d", r.code)
 	}
 }
+
+// TestPreviewDropsXAPIKey: a key sent in X-API-KEY (as E2B's SDKs send
+// it) authenticates the preview route like a Bearer key and, like it,
+// never reaches the guest: not the header, nor a copy of the key in
+// another header or the query.
+func TestPreviewDropsXAPIKey(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	guest := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"query": r.URL.RawQuery, "header": r.Header})
+	}))
+	l := newMemListener()
+	guest.Listener = l
+	guest.Start()
+	t.Cleanup(guest.Close)
+	h.fake.mu.Lock()
+	h.fake.guest = l
+	h.fake.mu.Unlock()
+
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", h.url+"/v1/sandboxes/aliceaaaaaaa/ports/8000/?x=1&k="+h.alice, nil)
+	req.Header.Set("X-API-KEY", h.alice)
+	req.Header.Set("X-Leak", "key "+h.alice)
+	req.Header.Set("X-Keep", "1")
+	res, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	var e struct {
+		Query  string
+		Header http.Header
+	}
+	if err := json.Unmarshal(b, &e); err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("preview with X-API-KEY: %d %s", res.StatusCode, b)
+	}
+	if strings.Contains(string(b), h.alice) {
+		t.Errorf("the API key reached the guest: %s", b)
+	}
+	if e.Header.Get("X-Keep") != "1" || e.Query != "x=1" {
+		t.Errorf("the guest lost what was not the key: query %q, headers %v", e.Query, e.Header)
+	}
+}

@@ -108,7 +108,7 @@ func (s *Server) rewritePreview(pr *httputil.ProxyRequest) {
 		out.URL.Scheme, out.URL.Host = "http", t.id+previewHost+":"+port
 		out.Host = "localhost:" + port
 		pr.SetXForwarded()
-		stripKey(out, pr.In.Header.Get("Authorization"))
+		stripKey(out, pr.In.Header)
 		stripPreviewToken(out)
 		return
 	}
@@ -130,39 +130,47 @@ func (s *Server) rewritePreview(pr *httputil.ProxyRequest) {
 	out.Host = "localhost:" + port
 	pr.SetXForwarded()
 	out.Header.Set("X-Forwarded-Prefix", "/v1/sandboxes/"+t.id+"/ports/"+port)
-	stripKey(out, pr.In.Header.Get("Authorization"))
+	stripKey(out, pr.In.Header)
 }
 
 // stripKey removes the airlock API key from an outbound request: the
-// Authorization headers, the dashboard's session cookie, and any other
-// header or query parameter that carries the key.
-func stripKey(out *http.Request, auth string) {
+// headers a key authenticates with (Authorization, X-API-KEY as E2B's SDKs
+// send it) and Proxy-Authorization, the dashboard's session cookie, and any
+// other header or query parameter that carries a key the inbound request
+// sent in either header.
+func stripKey(out *http.Request, in http.Header) {
+	var keys []string
+	if tok, ok := strings.CutPrefix(in.Get("Authorization"), "Bearer "); ok && strings.TrimSpace(tok) != "" {
+		keys = append(keys, strings.TrimSpace(tok))
+	}
+	if tok := strings.TrimSpace(in.Get("X-API-KEY")); tok != "" {
+		keys = append(keys, tok)
+	}
 	out.Header.Del("Authorization")
 	out.Header.Del("Proxy-Authorization")
+	out.Header.Del("X-API-KEY")
 	stripSessionCookie(out.Header)
-	key := strings.TrimSpace(strings.TrimPrefix(auth, "Bearer "))
-	if key == "" {
-		return
-	}
-	for name, vals := range out.Header {
-		for _, v := range vals {
-			if strings.Contains(v, key) {
-				out.Header.Del(name)
-				break
-			}
-		}
-	}
-	if strings.Contains(out.URL.RawQuery, key) || strings.Contains(out.URL.RawQuery, url.QueryEscape(key)) {
-		q := out.URL.Query()
-		for name, vals := range q {
+	for _, key := range keys {
+		for name, vals := range out.Header {
 			for _, v := range vals {
 				if strings.Contains(v, key) {
-					q.Del(name)
+					out.Header.Del(name)
 					break
 				}
 			}
 		}
-		out.URL.RawQuery = q.Encode()
+		if strings.Contains(out.URL.RawQuery, key) || strings.Contains(out.URL.RawQuery, url.QueryEscape(key)) {
+			q := out.URL.Query()
+			for name, vals := range q {
+				for _, v := range vals {
+					if strings.Contains(v, key) {
+						q.Del(name)
+						break
+					}
+				}
+			}
+			out.URL.RawQuery = q.Encode()
+		}
 	}
 }
 

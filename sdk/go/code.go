@@ -123,18 +123,9 @@ func (c *Client) RunCode(ctx context.Context, id string, req CodeRequest, h Code
 	if req.Timeout < 0 {
 		return nil, errors.New("airlock: negative timeout")
 	}
-	body := map[string]any{"code": req.Code}
-	if req.Language != "" {
-		body["language"] = req.Language
-	}
-	if req.Context != "" {
-		body["context"] = req.Context
-	}
-	if req.Timeout > 0 {
-		body["timeout_s"] = int64((req.Timeout + time.Second - 1) / time.Second)
-	}
-	if len(req.ReturnFiles) > 0 {
-		body["return_files"] = req.ReturnFiles
+	body := codeRequest{
+		Code: req.Code, Language: req.Language, Context: req.Context,
+		TimeoutS: seconds(req.Timeout), ReturnFiles: req.ReturnFiles,
 	}
 	resp, err := c.openStream(ctx, http.MethodPost, sandboxPath(id, "code"), nil, body)
 	if err != nil {
@@ -142,6 +133,15 @@ func (c *Client) RunCode(ctx context.Context, id string, req CodeRequest, h Code
 	}
 	defer resp.Body.Close()
 	return readCodeStream(resp.Body, h)
+}
+
+// codeRequest is the body of POST /v1/sandboxes/{id}/code.
+type codeRequest struct {
+	Code        string   `json:"code"`
+	Language    string   `json:"language,omitempty"`
+	Context     string   `json:"context,omitempty"`
+	TimeoutS    int64    `json:"timeout_s,omitempty"`
+	ReturnFiles []string `json:"return_files,omitempty"`
 }
 
 // codeRecord is one NDJSON line of a code stream.

@@ -823,10 +823,10 @@ class Sandbox:
         self._client._json("DELETE", _sb(self.id, "contexts", context_id), ok=(204,))
 
     def restart_context(self, context_id: str) -> dict:
-        return self._client._json("POST", _sb(self.id, "contexts", context_id, "restart"), {})
+        return self._client._json("POST", _sb(self.id, "contexts", context_id, "restart"))
 
     def interrupt_context(self, context_id: str) -> None:
-        self._client._json("POST", _sb(self.id, "contexts", context_id, "interrupt"), {}, ok=(204,))
+        self._client._json("POST", _sb(self.id, "contexts", context_id, "interrupt"), ok=(204,))
 
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path``; a non-empty directory needs recursive=True."""
