@@ -75,14 +75,7 @@ func (g *globals) client(ctx context.Context) (c *airlock.Client, done func(), e
 
 // withClient adapts a command body to the API client of client().
 func (g *globals) withClient(run func(cmd *cobra.Command, c *airlock.Client, args []string) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, args []string) error {
-		c, done, err := g.client(cmd.Context())
-		if err != nil {
-			return err
-		}
-		defer done()
-		return run(cmd, c, args)
-	}
+	return withOpen(g.client, run)
 }
 
 // apiMsg is err's text without the SDK's "airlock: " prefix; for an

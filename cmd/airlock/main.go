@@ -205,13 +205,19 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 
 // withManager adapts a command body that needs the sandbox manager.
 func (g *globals) withManager(run func(cmd *cobra.Command, m *sandbox.Manager, args []string) error) func(*cobra.Command, []string) error {
+	return withOpen(g.manager, run)
+}
+
+// withOpen adapts a command body that needs what open makes for the one
+// command (the manager, an API client), released when the body returns.
+func withOpen[T any](open func(context.Context) (T, func(), error), run func(*cobra.Command, T, []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		m, done, err := g.manager(cmd.Context())
+		v, done, err := open(cmd.Context())
 		if err != nil {
 			return err
 		}
 		defer done()
-		return run(cmd, m, args)
+		return run(cmd, v, args)
 	}
 }
 

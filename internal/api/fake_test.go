@@ -9,8 +9,12 @@ import (
 	"io"
 	"maps"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -90,6 +94,20 @@ func (f *fake) reserve(c sandbox.Caller, owner string, n, cpus, mem, disk int) (
 	}
 	f.mu.Unlock()
 	return f.quota.Reserve(c, owner, live, 0, n, cpus, mem, disk)
+}
+
+// newFakeOnCatalog is a fake whose audit trail is a new catalog, which it
+// returns too (for keys and events).
+func newFakeOnCatalog(t *testing.T) (*fake, *store.Store) {
+	t.Helper()
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	f := newFake()
+	f.ev = st
+	return f, st
 }
 
 func newFake() *fake {
@@ -432,6 +450,19 @@ func (f *fake) GetExec(_ context.Context, c sandbox.Caller, id, execID string) (
 		return ExecInfo{}, guest.ErrNoExec
 	}
 	return ExecInfo{ID: fakeExecID, Argv: []string{"true"}, State: "running"}, nil
+}
+
+// serveGuest makes h the fake guest's server: DialPort connects to it
+// over in-memory conns. It stops with the test.
+func (f *fake) serveGuest(t *testing.T, h http.Handler) {
+	g := httptest.NewUnstartedServer(h)
+	l := newMemListener()
+	g.Listener = l
+	g.Start()
+	t.Cleanup(g.Close)
+	f.mu.Lock()
+	f.guest = l
+	f.mu.Unlock()
 }
 
 // DialPort hands the guest server one end of a pipe. Port 9 has nothing

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -20,13 +19,7 @@ import (
 // either reaches the guest; anything else is 401.
 func TestHostPreview(t *testing.T) {
 	t.Parallel()
-	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	f := newFake()
-	f.ev = st
+	f, st := newFakeOnCatalog(t)
 	_, alice, _ := st.CreateKey(t.Context(), store.APIKey{Tenant: "alice"})
 	_, bob, _ := st.CreateKey(t.Context(), store.APIKey{Tenant: "bob"})
 	const id = "aliceaaaaaaaaaaaaaaa"
@@ -38,16 +31,9 @@ func TestHostPreview(t *testing.T) {
 	}
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	g := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	f.serveGuest(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"path": r.URL.RequestURI(), "host": r.Host, "header": r.Header})
 	}))
-	l := newMemListener()
-	g.Listener = l
-	g.Start()
-	t.Cleanup(g.Close)
-	f.mu.Lock()
-	f.guest = l
-	f.mu.Unlock()
 
 	tok := s.PreviewToken(id)
 	get := func(host, path string, hdr ...string) (*http.Response, string) {

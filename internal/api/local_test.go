@@ -5,12 +5,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // TestLocalActsAsItsCaller serves the API in memory (the CLI's local mode)
@@ -18,13 +16,7 @@ import (
 // without a key, with the manager's own error text and no request id; and
 // that the same server on a network listener still wants a key.
 func TestLocalActsAsItsCaller(t *testing.T) {
-	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	f := newFake()
-	f.ev = st
+	f, st := newFakeOnCatalog(t)
 	f.add("bobbbbbbbbbb", "bob")
 	s, err := New(Config{Sandboxes: f, Files: f, Execs: f, Contexts: f, Ports: f, Snapshots: f, Events: st, Keys: st})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -172,7 +171,7 @@ func TestEventsType(t *testing.T) {
 func TestPreview(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, store.APIKey{})
-	guest := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h.fake.serveGuest(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		w.Header().Set("X-Guest", "yes")
 		w.WriteHeader(http.StatusTeapot)
@@ -181,13 +180,6 @@ func TestPreview(t *testing.T) {
 			"header": r.Header, "body": string(b),
 		})
 	}))
-	l := newMemListener()
-	guest.Listener = l
-	guest.Start()
-	t.Cleanup(guest.Close)
-	h.fake.mu.Lock()
-	h.fake.guest = l
-	h.fake.mu.Unlock()
 
 	type echo struct {
 		Method, Path, Query, Host, Body string
@@ -268,16 +260,9 @@ func TestPreview(t *testing.T) {
 func TestPreviewDropsXAPIKey(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, store.APIKey{})
-	guest := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h.fake.serveGuest(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"query": r.URL.RawQuery, "header": r.Header})
 	}))
-	l := newMemListener()
-	guest.Listener = l
-	guest.Start()
-	t.Cleanup(guest.Close)
-	h.fake.mu.Lock()
-	h.fake.guest = l
-	h.fake.mu.Unlock()
 
 	req, _ := http.NewRequestWithContext(t.Context(), "GET", h.url+"/v1/sandboxes/aliceaaaaaaa/ports/8000/?x=1&k="+h.alice, nil)
 	req.Header.Set("X-API-KEY", h.alice)
