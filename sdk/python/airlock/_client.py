@@ -462,7 +462,7 @@ class Sandbox:
 
     # -- exec ----------------------------------------------------------------
 
-    def _exec_payload(self, cmd, env, cwd, user, stdin, stdin_open, timeout_s, background, kill_on_disconnect):
+    def _exec_payload(self, cmd, env, cwd, user, stdin, stdin_open, timeout_s, background, kill_on_disconnect, pids_limit):
         p: dict[str, Any] = {"cmd": _cmd(cmd), "background": background}
         if env:
             p["env"] = dict(env)
@@ -478,6 +478,8 @@ class Sandbox:
             p["timeout_s"] = int(timeout_s)
         if kill_on_disconnect:
             p["kill_on_disconnect"] = True
+        if pids_limit:
+            p["pids_limit"] = int(pids_limit)
         return p
 
     def exec(
@@ -492,12 +494,16 @@ class Sandbox:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         kill_on_disconnect: bool = False,
+        pids_limit: int = 0,
     ) -> ExecResult:
         """Run ``cmd`` (an argv list, or a string run with ``sh -c``) and wait
         for it. Output is collected into the result, or passed chunk by chunk
         to on_stdout/on_stderr as it arrives. ``stdin`` is the whole stdin.
-        Raises StreamBroken if the stream ends before the command does."""
-        payload = self._exec_payload(cmd, env, cwd, user, stdin, False, timeout_s, False, kill_on_disconnect)
+        ``pids_limit`` caps the command's processes and threads (0: the
+        guest's default, 1024 in a microVM; under gVisor half the sandbox's
+        task budget). Raises StreamBroken if the stream ends before the
+        command does."""
+        payload = self._exec_payload(cmd, env, cwd, user, stdin, False, timeout_s, False, kill_on_disconnect, pids_limit)
         conn, resp = self._client._open(
             "POST",
             _sb(self.id, "exec"),
@@ -521,11 +527,12 @@ class Sandbox:
         stdin: bytes | str | None = None,
         stdin_open: bool = False,
         timeout_s: int | None = None,
+        pids_limit: int = 0,
     ) -> str:
         """Start ``cmd`` in the background and return its exec id (for attach,
         send_stdin, signal, get_exec). ``stdin_open`` keeps stdin open for
-        send_stdin."""
-        payload = self._exec_payload(cmd, env, cwd, user, stdin, stdin_open, timeout_s, True, False)
+        send_stdin; ``pids_limit`` is as for exec."""
+        payload = self._exec_payload(cmd, env, cwd, user, stdin, stdin_open, timeout_s, True, False, pids_limit)
         out = self._client._json("POST", _sb(self.id, "exec"), payload, query={"encoding": "base64"}, ok=(202, 200))
         return out["exec_id"]
 

@@ -57,7 +57,7 @@ class FakeState:
         self.files: dict[str, dict[str, bytes | None]] = {}
         self.execs: dict[str, dict[str, FakeExec]] = {}
         self.events: list[dict] = []
-        self.requests: list[dict] = []  # method, path, query, headers
+        self.requests: list[dict] = []  # method, path, query, headers, json (a JSON body)
         self.upload_started = threading.Event()
         self.next_id = 0
         self.contexts: dict[str, dict[str, dict]] = {}  # sandbox -> context id -> vars
@@ -156,9 +156,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _json_body(self):
         try:
-            return json.loads(self._body() or b"{}")
+            body = json.loads(self._body() or b"{}")
         except ValueError:
             return None
+        self._record["json"] = body
+        return body
 
     def _stream(self, recs_source: FakeExec, first=None):
         self.send_response(200)
@@ -185,8 +187,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         u = urllib.parse.urlsplit(self.path)
         q = {k: v[0] for k, v in urllib.parse.parse_qs(u.query, keep_blank_values=True).items()}
         st = self.state
+        self._record = {"method": method, "path": u.path, "query": q, "headers": dict(self.headers)}
         with st.lock:
-            st.requests.append({"method": method, "path": u.path, "query": q, "headers": dict(self.headers)})
+            st.requests.append(self._record)
         if self.headers.get("Authorization") != f"Bearer {KEY}":
             self._body()
             return self._fail(401, "unauthenticated", "missing or bad API key")
@@ -473,6 +476,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         st, body = self.state, self._json_body()
         if not body or not body.get("cmd"):
             return self._fail(400, "invalid", "cmd is required")
+        pids = body.get("pids_limit", 0)
+        if type(pids) is not int or not 0 <= pids <= 4 << 20:
+            return self._fail(400, "invalid", "pids_limit must be between 0 and 4194304")
         cmd = body["cmd"]
         with st.lock:
             eid = f"ex{len(st.execs[sid]) + 1:014d}"
@@ -496,6 +502,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             elif cmd[0] == "fail":
                 e.out("stderr", b"boom")
                 e.finish(int(cmd[1]))
+            elif cmd[0] == "pids":
+                e.out("stdout", f"pids_limit={body.get('pids_limit')}\n".encode())
+                e.finish()
             elif cmd[0] == "python3":
                 e.out("stdout", b"42\n")
                 e.finish()

@@ -373,8 +373,8 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.snapshot", sb.snapshot, "snap2", force=True)
         call("Sandbox.fork", sb.fork, count=1)
         call("Sandbox.exec", sb.exec, ["sh", "-c", "true"], env={"A": "1"}, cwd="/", user="root", stdin=b"in",
-             timeout_s=5, kill_on_disconnect=True)
-        call("Sandbox.start", sb.start, ["sleep", "1"], env={"A": "1"}, stdin_open=True, timeout_s=5)
+             timeout_s=5, kill_on_disconnect=True, pids_limit=64)
+        call("Sandbox.start", sb.start, ["sleep", "1"], env={"A": "1"}, stdin_open=True, timeout_s=5, pids_limit=64)
         call("Sandbox.attach", sb.attach, "b" * 20)
         self.srv.fail_next = "stream-error"
         with self.assertRaises(airlock.StreamBroken):
