@@ -13,7 +13,7 @@ import tempfile
 import urllib.parse
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from ._code import Execution, ndjson_records, read_code_stream
+from ._code import Execution, Result, ndjson_records, read_code_stream
 from ._errors import AirlockError, StreamBroken, error_from_response
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -784,13 +784,29 @@ class Sandbox:
         timeout_s: int | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
-        on_result: Callable[[dict], None] | None = None,
+        on_result: Callable[[Result], None] | None = None,
+        return_files: str | Iterable[str] | None = None,
+        on_status: Callable[[str], None] | None = None,
     ) -> "Execution":
         """Run ``code`` in a code context (state is kept between calls). With no
         ``context``, the default context of ``language`` (python by default) is
-        used. Returns an Execution: stdout, stderr, results (MIME bundles,
-        images as bytes), ``main`` (the last expression's value), ``error``
-        (an exception the code raised) and ``timed_out``."""
+        used. Returns an Execution: stdout, stderr, results (Result MIME
+        bundles, images as bytes), ``main`` (the last expression's value),
+        ``error`` (an exception the code raised), ``timed_out`` and
+        ``status``.
+
+        ``return_files`` (a glob pattern or a list of them: ``*``, ``?``,
+        ``[...]``, no ``**``; relative to the context's directory, or
+        absolute) asks for the image files (.png, .jpg, .jpeg, .gif, .svg)
+        the run creates or changes that match: each comes back as a Result
+        with ``file`` set to its path (``Execution.files`` maps paths to
+        them). At most 8 patterns; the server returns at most 16 files of at
+        most 8 MiB and says on stderr what it left out.
+
+        ``on_status`` gets the server's word on the run's progress while the
+        context's interpreter starts ("starting python context", then "still
+        starting python context (10s)"), never the code's output; the lines
+        are kept in ``Execution.status`` too."""
         payload: dict = {"code": code}
         if language:
             payload["language"] = language
@@ -798,6 +814,8 @@ class Sandbox:
             payload["context"] = context
         if timeout_s:
             payload["timeout_s"] = int(timeout_s)
+        if return_files:
+            payload["return_files"] = [return_files] if isinstance(return_files, str) else [str(p) for p in return_files]
         conn, resp = self._client._open(
             "POST",
             _sb(self.id, "code"),
@@ -806,7 +824,7 @@ class Sandbox:
             timeout=None,
         )
         try:
-            return read_code_stream(resp, on_stdout, on_stderr, on_result)
+            return read_code_stream(resp, on_stdout, on_stderr, on_result, on_status)
         finally:
             conn.close()
 

@@ -2,12 +2,20 @@
 
 Execs are interpreted, not run: "echo ARGS" prints ARGS, "cat" echoes its
 stdin, "bytes" prints all 256 byte values, "fail N" writes "boom" to stderr and
-exits N, "python3" prints 42, "sha256sum PATH" hashes a stored file.
+exits N, "python3" prints 42, "sha256sum PATH" hashes a stored file, "pids"
+prints the request's pids_limit.
+
+Code is scripted too (see run_code): the first run in a context sends a status
+line, and "savefig(NAME)" writes a PNG that return_files can send back.
+
+Each request's record (FakeServer.last()) holds its decoded JSON body under
+"json" once the handler has read it.
 """
 
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import http.server
 import io
@@ -254,13 +262,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # -- code contexts (a tiny scripted "python") ------------------------------
 
     def run_code(self, q, sb):
-        req = json.loads(self._body() or b"{}")
+        req = self._json_body()
+        if req is None:
+            return self._fail(400, "invalid", "bad JSON")
+        patterns = req.get("return_files", [])
+        if not isinstance(patterns, list) or len(patterns) > 8 or not all(isinstance(p, str) for p in patterns):
+            return self._fail(400, "invalid", "return_files must be at most 8 strings")
         code, ctx = req.get("code", ""), req.get("context") or "default-" + (req.get("language") or "python")
-        vars_ = self.state.contexts.setdefault(sb, {}).setdefault(ctx, {})
+        lang = req.get("language") or "python"
         recs = []
+        if ctx not in self.state.contexts.setdefault(sb, {}):  # the run starts the context's interpreter
+            recs.append({"type": "status", "data": f"starting {lang} context"})
+        vars_ = self.state.contexts[sb].setdefault(ctx, {})
         m = re.fullmatch(r"(\w+) = (\d+)", code)
         m2 = re.fullmatch(r"(\w+) \* (\d+)", code)
-        if m:
+        m3 = re.fullmatch(r"savefig\('([\w./-]+)'\)", code)
+        if m3:  # writes an image; it comes back if a return_files pattern matches it
+            png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + m3.group(1).encode()).decode()
+            if any(fnmatch.fnmatchcase(m3.group(1), p) for p in patterns):
+                recs.append({"type": "result", "main": False, "data": {"image/png": png}, "file": m3.group(1)})
+        elif m:
             vars_[m.group(1)] = int(m.group(2))
         elif m2 and m2.group(1) not in vars_:
             recs.append({"type": "error", "name": "NameError", "value": f"name {m2.group(1)!r} is not defined", "traceback": []})

@@ -395,7 +395,13 @@ class SDKMatchesSpec(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             open(os.path.join(d, "f"), "wb").close()
             call("Sandbox.upload_dir", sb.upload_dir, d, "/d")
-        call("Sandbox.run_code", sb.run_code, "1+1", language="python", timeout_s=5)
+        status: list[str] = []
+        ex = call("Sandbox.run_code", sb.run_code, "1+1", language="python", timeout_s=5,
+                  return_files=["*.png", "/tmp/*.svg"], on_status=status.append)
+        # The spec's answer has one line of each type: a status line, and a
+        # result line with every property (file included).
+        self.assertEqual((status, ex.status), (["a" * 20], ["a" * 20]))
+        self.assertEqual([(r.file, r["text/plain"]) for r in ex.results], [("a" * 20, "42")])
         call("Sandbox.run_code", sb.run_code, "1+1", context="ctx-1")
         call("Sandbox.create_context", sb.create_context, id="c1", language="python", cwd="/root", env={"A": "1"})
         call("Sandbox.list_contexts", sb.list_contexts)
