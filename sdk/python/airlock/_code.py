@@ -10,9 +10,10 @@ from typing import Callable
 
 from ._errors import StreamBroken
 
-# MIME types sent as text on the wire; every other type is base64.
+# MIME types sent as text on the wire (api/openapi.yaml, CodeEvent); every
+# other type is base64.
 _TEXT_SUFFIXES = ("+json", "+xml")
-_TEXT_TYPES = ("image/svg+xml", "application/json")
+_TEXT_TYPES = ("image/svg+xml", "application/json", "application/javascript")
 
 _MAX_LINE = 32 * 1024 * 1024
 

@@ -289,6 +289,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             recs.append({"type": "result", "main": True, "data": {"text/plain": str(vars_[m2.group(1)] * int(m2.group(2)))}})
         elif code == "1/0":
             recs.append({"type": "error", "name": "ZeroDivisionError", "value": "division by zero", "traceback": ["Traceback", "ZeroDivisionError"]})
+        elif code == "js()":  # IPython's Javascript display: a text type on the wire
+            recs.append({"type": "result", "main": False, "data": {"application/javascript": "var x = 1;", "text/plain": "<JS>"}})
         elif code == "plot()":
             png = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
             recs.append({"type": "result", "main": False, "data": {"image/png": png, "text/plain": "<Figure>"}})

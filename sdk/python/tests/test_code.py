@@ -41,6 +41,12 @@ class CodeTests(unittest.TestCase):
         ex = self.sb.run_code("plot()")
         self.assertEqual((ex.results[0].main, ex.results[0].file), (False, None))
 
+    def test_text_types_stay_text(self):
+        # The API sends text/*, image/svg+xml, application/json,
+        # application/javascript, *+json and *+xml as strings, others base64.
+        ex = self.sb.run_code("js()")
+        self.assertEqual(ex.results, [{"application/javascript": "var x = 1;", "text/plain": "<JS>"}])
+
     def test_return_files(self):
         ex = self.sb.run_code("savefig('plot.png')")  # not asked for: not sent
         self.assertNotIn("return_files", self.srv.last()["json"])
