@@ -120,8 +120,26 @@ def read_code_stream(
     on_result: Callable[[Result], None] | None,
     on_status: Callable[[str], None] | None = None,
 ) -> Execution:
-    """Parse a code NDJSON stream up to its end record."""
+    """Parse a code NDJSON stream up to its end record. A stream that ends
+    early raises StreamBroken, with the reason the server gave (an error
+    record named AirlockError) if it gave one."""
     ex = Execution()
+    try:
+        return _read_code_records(resp, ex, on_stdout, on_stderr, on_result, on_status)
+    except StreamBroken as e:
+        if ex.error is not None and ex.error.name == "AirlockError" and e.message != "record too long":
+            raise StreamBroken(None, f"{ex.error.value}: {e.message}") from e
+        raise
+
+
+def _read_code_records(
+    resp: http.client.HTTPResponse,
+    ex: Execution,
+    on_stdout: Callable[[bytes], None] | None,
+    on_stderr: Callable[[bytes], None] | None,
+    on_result: Callable[[Result], None] | None,
+    on_status: Callable[[str], None] | None,
+) -> Execution:
     out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
     cbs = {"stdout": on_stdout, "stderr": on_stderr}
     for rec in ndjson_records(resp, lambda: None, "end"):

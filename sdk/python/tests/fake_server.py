@@ -289,6 +289,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             recs.append({"type": "result", "main": True, "data": {"text/plain": str(vars_[m2.group(1)] * int(m2.group(2)))}})
         elif code == "1/0":
             recs.append({"type": "error", "name": "ZeroDivisionError", "value": "division by zero", "traceback": ["Traceback", "ZeroDivisionError"]})
+        elif code == "die()":  # the server gives up on the run: it says why, and sends no end line
+            recs.append({"type": "stdout", "data": "partial\n"})
+            recs.append({"type": "error", "name": "AirlockError", "value": "the sandbox stopped", "traceback": []})
+            return self._send(200, raw=b"".join(json.dumps(r).encode() + b"\n" for r in recs), ctype="application/x-ndjson")
         elif code == "js()":  # IPython's Javascript display: a text type on the wire
             recs.append({"type": "result", "main": False, "data": {"application/javascript": "var x = 1;", "text/plain": "<JS>"}})
         elif code == "plot()":

@@ -47,6 +47,12 @@ class CodeTests(unittest.TestCase):
         ex = self.sb.run_code("js()")
         self.assertEqual(ex.results, [{"application/javascript": "var x = 1;", "text/plain": "<JS>"}])
 
+    def test_stream_broken_says_why(self):
+        with self.assertRaises(airlock.StreamBroken) as cm:
+            self.sb.run_code("die()")
+        self.assertIn("the sandbox stopped", str(cm.exception))
+        self.assertIn("stream ended before the end record", str(cm.exception))
+
     def test_return_files(self):
         ex = self.sb.run_code("savefig('plot.png')")  # not asked for: not sent
         self.assertNotIn("return_files", self.srv.last()["json"])
