@@ -2,11 +2,14 @@
 
 Execs are interpreted, not run: "echo ARGS" prints ARGS, "cat" echoes its
 stdin, "bytes" prints all 256 byte values, "fail N" writes "boom" to stderr and
-exits N, "python3" prints 42, "sha256sum PATH" hashes a stored file, "pids"
-prints the request's pids_limit.
+exits N, "python3" prints 42 (or, for a script that starts processes, how many
+of 40 the request's pids_limit lets start), "sha256sum PATH" hashes a stored
+file, "pids" prints the request's pids_limit.
 
 Code is scripted too (see run_code): the first run in a context sends a status
-line, and "savefig(NAME)" writes a PNG that return_files can send back.
+line; "savefig(NAME)" writes a PNG, and so does each line
+open("NAME", "w" or "wb").write(LITERAL) of a run: the image files among them
+that match a return_files pattern come back as results with file set.
 
 Each request's record (FakeServer.last()) holds its decoded JSON body under
 "json" once the handler has read it.
@@ -14,6 +17,7 @@ Each request's record (FakeServer.last()) holds its decoded JSON body under
 
 from __future__ import annotations
 
+import ast
 import base64
 import fnmatch
 import hashlib
@@ -277,10 +281,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         m = re.fullmatch(r"(\w+) = (\d+)", code)
         m2 = re.fullmatch(r"(\w+) \* (\d+)", code)
         m3 = re.fullmatch(r"savefig\('([\w./-]+)'\)", code)
-        if m3:  # writes an image; it comes back if a return_files pattern matches it
-            png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + m3.group(1).encode()).decode()
-            if any(fnmatch.fnmatchcase(m3.group(1), p) for p in patterns):
-                recs.append({"type": "result", "main": False, "data": {"image/png": png}, "file": m3.group(1)})
+        writes = re.findall(r"""^open\("([\w./-]+)", "wb?"\)\.write\((.+)\)$""", code, re.M)
+        written: dict[str, bytes] = {}  # the files the run wrote
+        if m3:
+            written[m3.group(1)] = b"\x89PNG\r\n\x1a\n" + m3.group(1).encode()
+        elif writes:
+            for name, literal in writes:
+                v = ast.literal_eval(literal)
+                written[name] = v.encode() if isinstance(v, str) else v
         elif m:
             vars_[m.group(1)] = int(m.group(2))
         elif m2 and m2.group(1) not in vars_:
@@ -300,6 +308,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             recs.append({"type": "result", "main": False, "data": {"image/png": png, "text/plain": "<Figure>"}})
         else:
             recs.append({"type": "stdout", "data": code + "\n"})
+        mimes = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif", ".svg": "image/svg+xml"}
+        for name, data in written.items():
+            mime = mimes.get(name[name.rfind("."):].lower()) if "." in name else None
+            if mime and any(fnmatch.fnmatchcase(name, p) for p in patterns):
+                v = data.decode() if mime == "image/svg+xml" else base64.b64encode(data).decode()
+                recs.append({"type": "result", "main": False, "data": {mime: v}, "file": name})
         recs.append({"type": "end", "timed_out": False, "truncated": False, "duration_ms": 1, "execution_count": 1, "context": ctx})
         body = b"".join(json.dumps(r).encode() + b"\n" for r in recs)
         self.send_response(200)
@@ -531,6 +545,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 e.finish(int(cmd[1]))
             elif cmd[0] == "pids":
                 e.out("stdout", f"pids_limit={body.get('pids_limit')}\n".encode())
+                e.finish()
+            elif cmd[0] == "python3" and "subprocess.Popen" in cmd[-1]:
+                # test_live's _SPAWN: 40 sleeps, as many as the limit lets start
+                # (python3 is one task); the guest's default is 1024.
+                e.out("stdout", f"{min(40, (body.get('pids_limit') or 1024) - 1)}\n".encode())
                 e.finish()
             elif cmd[0] == "python3":
                 e.out("stdout", b"42\n")
