@@ -7,7 +7,7 @@
 """
 
 from ._client import Client, ExecResult, FileList, Sandbox, __version__
-from ._code import CodeError, Execution
+from ._code import CodeError, Execution, Result
 from ._terminal import Terminal
 from ._errors import (
     AirlockError,
@@ -38,6 +38,7 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "QuotaExceeded",
+    "Result",
     "Sandbox",
     "StreamBroken",
     "Terminal",

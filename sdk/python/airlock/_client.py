@@ -13,7 +13,7 @@ import tempfile
 import urllib.parse
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from ._code import Execution, ndjson_records, read_code_stream
+from ._code import Execution, Result, ndjson_records, read_code_stream
 from ._errors import AirlockError, StreamBroken, error_from_response
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -462,7 +462,7 @@ class Sandbox:
 
     # -- exec ----------------------------------------------------------------
 
-    def _exec_payload(self, cmd, env, cwd, user, stdin, stdin_open, timeout_s, background, kill_on_disconnect):
+    def _exec_payload(self, cmd, env, cwd, user, stdin, stdin_open, timeout_s, background, kill_on_disconnect, pids_limit):
         p: dict[str, Any] = {"cmd": _cmd(cmd), "background": background}
         if env:
             p["env"] = dict(env)
@@ -478,6 +478,8 @@ class Sandbox:
             p["timeout_s"] = int(timeout_s)
         if kill_on_disconnect:
             p["kill_on_disconnect"] = True
+        if pids_limit:
+            p["pids_limit"] = int(pids_limit)
         return p
 
     def exec(
@@ -492,12 +494,16 @@ class Sandbox:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         kill_on_disconnect: bool = False,
+        pids_limit: int = 0,
     ) -> ExecResult:
         """Run ``cmd`` (an argv list, or a string run with ``sh -c``) and wait
         for it. Output is collected into the result, or passed chunk by chunk
         to on_stdout/on_stderr as it arrives. ``stdin`` is the whole stdin.
-        Raises StreamBroken if the stream ends before the command does."""
-        payload = self._exec_payload(cmd, env, cwd, user, stdin, False, timeout_s, False, kill_on_disconnect)
+        ``pids_limit`` caps the command's processes and threads (0: the
+        guest's default, 1024 in a microVM; under gVisor half the sandbox's
+        task budget). Raises StreamBroken if the stream ends before the
+        command does."""
+        payload = self._exec_payload(cmd, env, cwd, user, stdin, False, timeout_s, False, kill_on_disconnect, pids_limit)
         conn, resp = self._client._open(
             "POST",
             _sb(self.id, "exec"),
@@ -521,11 +527,12 @@ class Sandbox:
         stdin: bytes | str | None = None,
         stdin_open: bool = False,
         timeout_s: int | None = None,
+        pids_limit: int = 0,
     ) -> str:
         """Start ``cmd`` in the background and return its exec id (for attach,
         send_stdin, signal, get_exec). ``stdin_open`` keeps stdin open for
-        send_stdin."""
-        payload = self._exec_payload(cmd, env, cwd, user, stdin, stdin_open, timeout_s, True, False)
+        send_stdin; ``pids_limit`` is as for exec."""
+        payload = self._exec_payload(cmd, env, cwd, user, stdin, stdin_open, timeout_s, True, False, pids_limit)
         out = self._client._json("POST", _sb(self.id, "exec"), payload, query={"encoding": "base64"}, ok=(202, 200))
         return out["exec_id"]
 
@@ -777,13 +784,29 @@ class Sandbox:
         timeout_s: int | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
-        on_result: Callable[[dict], None] | None = None,
+        on_result: Callable[[Result], None] | None = None,
+        return_files: str | Iterable[str] | None = None,
+        on_status: Callable[[str], None] | None = None,
     ) -> "Execution":
         """Run ``code`` in a code context (state is kept between calls). With no
         ``context``, the default context of ``language`` (python by default) is
-        used. Returns an Execution: stdout, stderr, results (MIME bundles,
-        images as bytes), ``main`` (the last expression's value), ``error``
-        (an exception the code raised) and ``timed_out``."""
+        used. Returns an Execution: stdout, stderr, results (Result MIME
+        bundles, images as bytes), ``main`` (the last expression's value),
+        ``error`` (an exception the code raised), ``timed_out`` and
+        ``status``.
+
+        ``return_files`` (a glob pattern or a list of them: ``*``, ``?``,
+        ``[...]``, no ``**``; relative to the context's directory, or
+        absolute) asks for the image files (.png, .jpg, .jpeg, .gif, .svg)
+        the run creates or changes that match: each comes back as a Result
+        with ``file`` set to its path (``Execution.files`` maps paths to
+        them). At most 8 patterns; the server returns at most 16 files of at
+        most 8 MiB and says on stderr what it left out.
+
+        ``on_status`` gets the server's word on the run's progress while the
+        context's interpreter starts ("starting python context", then "still
+        starting python context (10s)"), never the code's output; the lines
+        are kept in ``Execution.status`` too."""
         payload: dict = {"code": code}
         if language:
             payload["language"] = language
@@ -791,6 +814,8 @@ class Sandbox:
             payload["context"] = context
         if timeout_s:
             payload["timeout_s"] = int(timeout_s)
+        if return_files:
+            payload["return_files"] = [return_files] if isinstance(return_files, str) else [str(p) for p in return_files]
         conn, resp = self._client._open(
             "POST",
             _sb(self.id, "code"),
@@ -799,7 +824,7 @@ class Sandbox:
             timeout=None,
         )
         try:
-            return read_code_stream(resp, on_stdout, on_stderr, on_result)
+            return read_code_stream(resp, on_stdout, on_stderr, on_result, on_status)
         finally:
             conn.close()
 

@@ -2,12 +2,24 @@
 
 Execs are interpreted, not run: "echo ARGS" prints ARGS, "cat" echoes its
 stdin, "bytes" prints all 256 byte values, "fail N" writes "boom" to stderr and
-exits N, "python3" prints 42, "sha256sum PATH" hashes a stored file.
+exits N, "python3" prints 42 (or, for a script that starts processes, how many
+of 40 the request's pids_limit lets start), "sha256sum PATH" hashes a stored
+file, "pids" prints the request's pids_limit.
+
+Code is scripted too (see run_code): the first run in a context sends a status
+line; "savefig(NAME)" writes a PNG, and so does each line
+open("NAME", "w" or "wb").write(LITERAL) of a run: the image files among them
+that match a return_files pattern come back as results with file set.
+
+Each request's record (FakeServer.last()) holds its decoded JSON body under
+"json" once the handler has read it.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
+import fnmatch
 import hashlib
 import http.server
 import io
@@ -57,7 +69,7 @@ class FakeState:
         self.files: dict[str, dict[str, bytes | None]] = {}
         self.execs: dict[str, dict[str, FakeExec]] = {}
         self.events: list[dict] = []
-        self.requests: list[dict] = []  # method, path, query, headers
+        self.requests: list[dict] = []  # method, path, query, headers, json (a JSON body)
         self.upload_started = threading.Event()
         self.next_id = 0
         self.contexts: dict[str, dict[str, dict]] = {}  # sandbox -> context id -> vars
@@ -156,9 +168,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _json_body(self):
         try:
-            return json.loads(self._body() or b"{}")
+            body = json.loads(self._body() or b"{}")
         except ValueError:
             return None
+        self._record["json"] = body
+        return body
 
     def _stream(self, recs_source: FakeExec, first=None):
         self.send_response(200)
@@ -185,8 +199,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         u = urllib.parse.urlsplit(self.path)
         q = {k: v[0] for k, v in urllib.parse.parse_qs(u.query, keep_blank_values=True).items()}
         st = self.state
+        self._record = {"method": method, "path": u.path, "query": q, "headers": dict(self.headers)}
         with st.lock:
-            st.requests.append({"method": method, "path": u.path, "query": q, "headers": dict(self.headers)})
+            st.requests.append(self._record)
         if self.headers.get("Authorization") != f"Bearer {KEY}":
             self._body()
             return self._fail(401, "unauthenticated", "missing or bad API key")
@@ -251,13 +266,30 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # -- code contexts (a tiny scripted "python") ------------------------------
 
     def run_code(self, q, sb):
-        req = json.loads(self._body() or b"{}")
+        req = self._json_body()
+        if req is None:
+            return self._fail(400, "invalid", "bad JSON")
+        patterns = req.get("return_files", [])
+        if not isinstance(patterns, list) or len(patterns) > 8 or not all(isinstance(p, str) for p in patterns):
+            return self._fail(400, "invalid", "return_files must be at most 8 strings")
         code, ctx = req.get("code", ""), req.get("context") or "default-" + (req.get("language") or "python")
-        vars_ = self.state.contexts.setdefault(sb, {}).setdefault(ctx, {})
+        lang = req.get("language") or "python"
         recs = []
+        if ctx not in self.state.contexts.setdefault(sb, {}):  # the run starts the context's interpreter
+            recs.append({"type": "status", "data": f"starting {lang} context"})
+        vars_ = self.state.contexts[sb].setdefault(ctx, {})
         m = re.fullmatch(r"(\w+) = (\d+)", code)
         m2 = re.fullmatch(r"(\w+) \* (\d+)", code)
-        if m:
+        m3 = re.fullmatch(r"savefig\('([\w./-]+)'\)", code)
+        writes = re.findall(r"""^open\("([\w./-]+)", "wb?"\)\.write\((.+)\)$""", code, re.M)
+        written: dict[str, bytes] = {}  # the files the run wrote
+        if m3:
+            written[m3.group(1)] = b"\x89PNG\r\n\x1a\n" + m3.group(1).encode()
+        elif writes:
+            for name, literal in writes:
+                v = ast.literal_eval(literal)
+                written[name] = v.encode() if isinstance(v, str) else v
+        elif m:
             vars_[m.group(1)] = int(m.group(2))
         elif m2 and m2.group(1) not in vars_:
             recs.append({"type": "error", "name": "NameError", "value": f"name {m2.group(1)!r} is not defined", "traceback": []})
@@ -265,11 +297,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
             recs.append({"type": "result", "main": True, "data": {"text/plain": str(vars_[m2.group(1)] * int(m2.group(2)))}})
         elif code == "1/0":
             recs.append({"type": "error", "name": "ZeroDivisionError", "value": "division by zero", "traceback": ["Traceback", "ZeroDivisionError"]})
+        elif code == "die()":  # the server gives up on the run: it says why, and sends no end line
+            recs.append({"type": "stdout", "data": "partial\n"})
+            recs.append({"type": "error", "name": "AirlockError", "value": "the sandbox stopped", "traceback": []})
+            return self._send(200, raw=b"".join(json.dumps(r).encode() + b"\n" for r in recs), ctype="application/x-ndjson")
+        elif code == "js()":  # IPython's Javascript display: a text type on the wire
+            recs.append({"type": "result", "main": False, "data": {"application/javascript": "var x = 1;", "text/plain": "<JS>"}})
         elif code == "plot()":
             png = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
             recs.append({"type": "result", "main": False, "data": {"image/png": png, "text/plain": "<Figure>"}})
         else:
             recs.append({"type": "stdout", "data": code + "\n"})
+        mimes = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif", ".svg": "image/svg+xml"}
+        for name, data in written.items():
+            mime = mimes.get(name[name.rfind("."):].lower()) if "." in name else None
+            if mime and any(fnmatch.fnmatchcase(name, p) for p in patterns):
+                v = data.decode() if mime == "image/svg+xml" else base64.b64encode(data).decode()
+                recs.append({"type": "result", "main": False, "data": {mime: v}, "file": name})
         recs.append({"type": "end", "timed_out": False, "truncated": False, "duration_ms": 1, "execution_count": 1, "context": ctx})
         body = b"".join(json.dumps(r).encode() + b"\n" for r in recs)
         self.send_response(200)
@@ -473,6 +517,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         st, body = self.state, self._json_body()
         if not body or not body.get("cmd"):
             return self._fail(400, "invalid", "cmd is required")
+        pids = body.get("pids_limit", 0)
+        if type(pids) is not int or not 0 <= pids <= 4 << 20:
+            return self._fail(400, "invalid", "pids_limit must be between 0 and 4194304")
         cmd = body["cmd"]
         with st.lock:
             eid = f"ex{len(st.execs[sid]) + 1:014d}"
@@ -496,6 +543,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             elif cmd[0] == "fail":
                 e.out("stderr", b"boom")
                 e.finish(int(cmd[1]))
+            elif cmd[0] == "pids":
+                e.out("stdout", f"pids_limit={body.get('pids_limit')}\n".encode())
+                e.finish()
+            elif cmd[0] == "python3" and "subprocess.Popen" in cmd[-1]:
+                # test_live's _SPAWN: 40 sleeps, as many as the limit lets start
+                # (python3 is one task); the guest's default is 1024.
+                e.out("stdout", f"{min(40, (body.get('pids_limit') or 1024) - 1)}\n".encode())
+                e.finish()
             elif cmd[0] == "python3":
                 e.out("stdout", b"42\n")
                 e.finish()

@@ -236,6 +236,19 @@ class ExecTests(FakeTestCase):
         r = self.sb.exec(["env"], env={"B": "2"}, cwd="/tmp", user="nobody", timeout_s=5)
         self.assertEqual(r.stdout, b"A=1\nB=2\ncwd=/tmp user=nobody timeout=5\n")
 
+    def test_pids_limit(self):
+        r = self.sb.exec(["pids"])
+        self.assertNotIn("pids_limit", self.fake.last()["json"])  # 0: the guest's default, not sent
+        self.assertEqual(r.stdout, b"pids_limit=None\n")
+        r = self.sb.exec(["pids"], pids_limit=64)
+        self.assertEqual(self.fake.last()["json"]["pids_limit"], 64)
+        self.assertEqual(r.stdout, b"pids_limit=64\n")
+        eid = self.sb.start(["pids"], pids_limit=128)
+        self.assertEqual(self.fake.last()["json"]["pids_limit"], 128)
+        self.assertEqual(self.sb.attach(eid).stdout, b"pids_limit=128\n")
+        with self.assertRaises(airlock.InvalidRequest):  # the server says what is wrong
+            self.sb.exec(["pids"], pids_limit=-1)
+
     def test_callbacks(self):
         out, err = [], []
         r = self.sb.exec(["bytes"], on_stdout=out.append, on_stderr=err.append)

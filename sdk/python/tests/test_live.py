@@ -8,10 +8,36 @@ tier cannot vanish silently from `make test`.
 import hashlib
 import io
 import os
+import time
 import unittest
 
 import _path  # noqa: F401  (sdk/python on sys.path)
 import airlock
+
+
+# Starts up to 40 sleeps, prints how many started, and ends them.
+_SPAWN = """
+import subprocess
+ps = []
+for _ in range(40):
+    try:
+        ps.append(subprocess.Popen(["sleep", "60"]))
+    except OSError:
+        pass
+print(len(ps))
+for p in ps:
+    p.kill()
+    p.wait()
+"""
+
+# Writes a PNG (its signature is what the server checks) and an SVG.
+_WRITE_FILES = """
+import os
+os.makedirs("live-out", exist_ok=True)
+open("live-out/a.png", "wb").write(b"\\x89PNG\\r\\n\\x1a\\nlive")
+open("live-out/b.svg", "w").write('<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>')
+open("live-out/c.txt", "w").write("not an image")
+"""
 
 
 def run_live(tc: unittest.TestCase, client: airlock.Client) -> None:
@@ -29,7 +55,34 @@ def run_live(tc: unittest.TestCase, client: airlock.Client) -> None:
         r = sb.exec(["sha256sum", "/tmp/blob"])
         tc.assertEqual(r.stdout[:64].decode(), want)
 
-        sb.run_code("x = 21")  # a code context keeps state between calls
+        # pids_limit caps the command's processes and threads: python3 is one.
+        r = sb.exec(["python3", "-c", _SPAWN], pids_limit=10)
+        tc.assertEqual(r.exit_code, 0, r.stderr)
+        tc.assertLess(int(r.stdout), 10, r.stderr)
+        r = sb.exec(["python3", "-c", _SPAWN])  # the default (1024) lets all 40 start
+        tc.assertEqual((int(r.stdout), r.exit_code), (40, 0), r.stderr)
+
+        # The first run starts the python context's interpreter; while it
+        # starts (more than a second) the server sends status lines.
+        status: list[str] = []
+        t0 = time.monotonic()
+        ex = sb.run_code("x = 21", on_status=status.append)  # a code context keeps state between calls
+        took = time.monotonic() - t0
+        tc.assertIsNone(ex.error)
+        tc.assertEqual(ex.status, status)
+        if took > 10:  # the start alone then took well over the server's 1 s delay
+            tc.assertTrue(status, f"no status line in a {took:.1f} s first run")
+        for i, line in enumerate(status):
+            want = "starting python context" if i == 0 else "still starting python context ("
+            tc.assertTrue(line.startswith(want), status)
+        tc.assertNotIn(b"starting", ex.stdout + ex.stderr)
+
+        ex = sb.run_code(_WRITE_FILES, return_files=["live-out/*.png", "live-out/*.svg", "live-out/*.txt"])
+        tc.assertIsNone(ex.error)
+        tc.assertEqual(sorted(ex.files), ["live-out/a.png", "live-out/b.svg"], ex.stderr)
+        tc.assertEqual(ex.files["live-out/a.png"]["image/png"], b"\x89PNG\r\n\x1a\nlive")
+        tc.assertIn("<svg", ex.files["live-out/b.svg"]["image/svg+xml"])
+        tc.assertFalse(any(r.main for r in ex.files.values()))
         tc.assertEqual(sb.run_code("x * 2").text, "42")
         tc.assertEqual(sb.run_code("1/0").error.name, "ZeroDivisionError")
         sid = sb.id

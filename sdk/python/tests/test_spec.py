@@ -373,8 +373,8 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.snapshot", sb.snapshot, "snap2", force=True)
         call("Sandbox.fork", sb.fork, count=1)
         call("Sandbox.exec", sb.exec, ["sh", "-c", "true"], env={"A": "1"}, cwd="/", user="root", stdin=b"in",
-             timeout_s=5, kill_on_disconnect=True)
-        call("Sandbox.start", sb.start, ["sleep", "1"], env={"A": "1"}, stdin_open=True, timeout_s=5)
+             timeout_s=5, kill_on_disconnect=True, pids_limit=64)
+        call("Sandbox.start", sb.start, ["sleep", "1"], env={"A": "1"}, stdin_open=True, timeout_s=5, pids_limit=64)
         call("Sandbox.attach", sb.attach, "b" * 20)
         self.srv.fail_next = "stream-error"
         with self.assertRaises(airlock.StreamBroken):
@@ -395,7 +395,13 @@ class SDKMatchesSpec(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             open(os.path.join(d, "f"), "wb").close()
             call("Sandbox.upload_dir", sb.upload_dir, d, "/d")
-        call("Sandbox.run_code", sb.run_code, "1+1", language="python", timeout_s=5)
+        status: list[str] = []
+        ex = call("Sandbox.run_code", sb.run_code, "1+1", language="python", timeout_s=5,
+                  return_files=["*.png", "/tmp/*.svg"], on_status=status.append)
+        # The spec's answer has one line of each type: a status line, and a
+        # result line with every property (file included).
+        self.assertEqual((status, ex.status), (["a" * 20], ["a" * 20]))
+        self.assertEqual([(r.file, r["text/plain"]) for r in ex.results], [("a" * 20, "42")])
         call("Sandbox.run_code", sb.run_code, "1+1", context="ctx-1")
         call("Sandbox.create_context", sb.create_context, id="c1", language="python", cwd="/root", env={"A": "1"})
         call("Sandbox.list_contexts", sb.list_contexts)
