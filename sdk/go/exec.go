@@ -31,7 +31,8 @@ type ExecRequest struct {
 	// KillOnDisconnect kills the command if its output stream breaks.
 	KillOnDisconnect bool
 	// PidsLimit caps the command's processes and threads (0: the guest's
-	// default, 1024).
+	// default: 1024 in a QEMU sandbox, half the sandbox's task budget under
+	// gVisor).
 	PidsLimit int
 }
 
