@@ -33,4 +33,4 @@ echo "test-sdk: Go SDK against $AIRLOCK_TEST_API"
 py=/usr/bin/python3
 [[ -x $py ]] || py=python3
 echo "test-sdk: Python SDK ($("$py" --version)) against $AIRLOCK_TEST_API"
-"$py" -m unittest discover -s sdk/python/tests -v 2>&1 | tail -20
+"$py" -m unittest discover -s sdk/python/tests -v
