@@ -24,18 +24,19 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // harness is a state dir with an image, boot files and one sandbox row,
 // and a shim running in-process on the fake runtime.
 type harness struct {
-	l    sandbox.Layout
+	l    statedir.Layout
 	st   *store.Store
 	rt   *fake.Runtime
 	id   string
@@ -46,7 +47,7 @@ func newHarness(t *testing.T, lifetime time.Duration, opts ...func(*store.Sandbo
 	t.Helper()
 	testutil.NeedTool(t, "qemu-img", "make deps") // overlays are real qcow2 files
 	ctx := t.Context()
-	h := &harness{l: sandbox.Layout{Root: t.TempDir()}, rt: fake.New(), id: sandbox.NewID(), done: make(chan error, 1)}
+	h := &harness{l: statedir.Layout{Root: t.TempDir()}, rt: fake.New(), id: statedir.NewID(), done: make(chan error, 1)}
 	var err error
 	if h.st, err = store.Open(ctx, h.l.Catalog()); err != nil {
 		t.Fatal(err)
@@ -57,7 +58,7 @@ func newHarness(t *testing.T, lifetime time.Duration, opts ...func(*store.Sandbo
 			t.Fatal(err)
 		}
 	}
-	if err := h.l.SaveBootConfig(sandbox.BootConfig{Kernel: filepath.Join(h.l.Root, "vmlinux"), Initrd: filepath.Join(h.l.Root, "initrd.cpio")}); err != nil {
+	if err := h.l.SaveBootConfig(statedir.BootConfig{Kernel: filepath.Join(h.l.Root, "vmlinux"), Initrd: filepath.Join(h.l.Root, "initrd.cpio")}); err != nil {
 		t.Fatal(err)
 	}
 	digest := "sha256:" + strings.Repeat("ab", 32)
@@ -73,7 +74,7 @@ func newHarness(t *testing.T, lifetime time.Duration, opts ...func(*store.Sandbo
 	}
 	now := time.Now()
 	sb := store.Sandbox{ID: h.id, State: store.StateCreating, Image: "base", ImageDigest: digest,
-		CPUs: 1, MemoryMiB: 256, DiskMiB: sandbox.TemplateDiskMiB(1 << 20), TimeoutSec: int(lifetime / time.Second),
+		CPUs: 1, MemoryMiB: 256, DiskMiB: template.DiskMiB(1 << 20), TimeoutSec: int(lifetime / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(lifetime)}
 	cfg := Config{StateDir: h.l.Root, ID: h.id, Runtime: h.rt}
 	for _, o := range opts {
