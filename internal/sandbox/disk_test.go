@@ -13,18 +13,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-func TestDefaultDiskReserve(t *testing.T) {
-	for total, want := range map[int64]int64{
-		100 << 30: 5 << 30, // 5%
-		10 << 30:  2 << 30, // at least 2 GiB
-		3 << 30:   3 << 29, // at most half
-	} {
-		if got := statedir.DefaultDiskReserve(total); got != want {
-			t.Errorf("DefaultDiskReserve(%d GiB) = %d MiB, want %d MiB", total>>30, got>>20, want>>20)
-		}
-	}
-}
-
 // TestThreat117HostReserve: work that could take the host's disk below
 // its reserve is refused as insufficient storage, before anything is
 // allocated: a create or fork asking for more disk than the host can
