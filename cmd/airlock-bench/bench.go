@@ -21,6 +21,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
 func median(ds []time.Duration) time.Duration {
@@ -327,7 +328,7 @@ func smapsRollup(pid int) (rss, pss int64) {
 
 // bareBoot boots the kernel+initramfs with a plain QEMU command line (the
 // notes' recipe, no airlock code in the loop) and times it to the banner.
-func bareBoot(ctx context.Context, bc sandbox.BootConfig, stateDir string) (time.Duration, error) {
+func bareBoot(ctx context.Context, bc statedir.BootConfig, stateDir string) (time.Duration, error) {
 	dir, err := os.MkdirTemp("", "airlock-bench-")
 	if err != nil {
 		return 0, err

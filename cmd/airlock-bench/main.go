@@ -26,6 +26,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -153,7 +154,7 @@ func rootCmd() *cobra.Command {
 // openManager opens the catalog of cfg's state directory. Shims the
 // manager starts (resume, fork) run from the airlock binary under test.
 func openManager(ctx context.Context, cfg config) (*sandbox.Manager, func(), error) {
-	l := sandbox.Layout{Root: cfg.stateDir}
+	l := statedir.Layout{Root: cfg.stateDir}
 	if _, err := os.Stat(l.Catalog()); err != nil {
 		return nil, nil, fmt.Errorf("state dir %s is not set up (airlock setup): %w", cfg.stateDir, err)
 	}
@@ -170,6 +171,6 @@ func openManager(ctx context.Context, cfg config) (*sandbox.Manager, func(), err
 }
 
 // newQEMU is the qemu runtime, for the probe that heads the table.
-func newQEMU(cfg config, bc sandbox.BootConfig) (*qemu.Runtime, error) {
+func newQEMU(cfg config, bc statedir.BootConfig) (*qemu.Runtime, error) {
 	return qemu.New(qemu.Config{StateDir: cfg.stateDir, Accel: cfg.accel, ProbeKernel: bc.Kernel, ProbeInitrd: bc.Initrd, Logger: cfg.log})
 }

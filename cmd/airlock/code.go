@@ -291,7 +291,7 @@ func readCode(cmd *cobra.Command, args []string, file string) (string, error) {
 		b, err := os.ReadFile(file)
 		return string(b), err
 	}
-	b, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), sandbox.MaxCodeBytes+1))
+	b, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), guest.MaxCodeBytes+1))
 	return string(b), err
 }
 

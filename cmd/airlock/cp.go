@@ -10,14 +10,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
 // splitRemote parses "ID:/path". ok is false for a local path.
 func splitRemote(s string) (id, p string, ok bool) {
 	id, p, found := strings.Cut(s, ":")
-	if !found || sandbox.ValidateID(id) != nil {
+	if !found || statedir.ValidateID(id) != nil {
 		return "", "", false
 	}
 	return id, p, true

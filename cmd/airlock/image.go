@@ -13,7 +13,9 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/image"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // catalogIndex backs the image store's name index with the SQLite catalog.
@@ -52,7 +54,7 @@ func (g *globals) images(ctx context.Context) (*image.Store, func(), error) {
 	if err := os.MkdirAll(g.stateDir, 0o755); err != nil {
 		return nil, nil, err
 	}
-	st, err := store.Open(ctx, sandbox.Layout{Root: g.stateDir}.Catalog())
+	st, err := store.Open(ctx, statedir.Layout{Root: g.stateDir}.Catalog())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -147,7 +149,7 @@ func imageCmd(g *globals) *cobra.Command {
 			}
 			if _, err := os.Stat(s.Path(im)); errors.Is(err, os.ErrNotExist) {
 				// The blob is gone: drop the templates booted from it.
-				if err := sandbox.RemoveTemplates(l, im.Digest); err != nil {
+				if err := template.RemoveForImage(l, im.Digest); err != nil {
 					return err
 				}
 			}
@@ -162,7 +164,7 @@ func imageCmd(g *globals) *cobra.Command {
 			}
 			removed, err := s.Prune(ctx, func(d string) bool { return len(users[d]) > 0 })
 			for _, d := range removed {
-				if rerr := sandbox.RemoveTemplates(l, d); rerr != nil {
+				if rerr := template.RemoveForImage(l, d); rerr != nil {
 					err = errors.Join(err, rerr)
 				}
 				fmt.Println(d)
@@ -175,15 +177,15 @@ func imageCmd(g *globals) *cobra.Command {
 
 // sandboxesByImage returns the catalog's sandboxes by image digest, and
 // the state dir's layout (for the templates of an image).
-func sandboxesByImage(ctx context.Context, g *globals) (sandbox.Layout, map[string][]store.Sandbox, error) {
+func sandboxesByImage(ctx context.Context, g *globals) (statedir.Layout, map[string][]store.Sandbox, error) {
 	m, done, err := g.manager(ctx)
 	if err != nil {
-		return sandbox.Layout{}, nil, err
+		return statedir.Layout{}, nil, err
 	}
 	defer done()
 	sbs, err := m.List(ctx, sandbox.Local())
 	if err != nil {
-		return sandbox.Layout{}, nil, err
+		return statedir.Layout{}, nil, err
 	}
 	by := map[string][]store.Sandbox{}
 	for _, sb := range sbs {

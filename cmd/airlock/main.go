@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -185,7 +186,7 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 	if err := os.MkdirAll(g.stateDir, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("state dir: %w", err)
 	}
-	l := sandbox.Layout{Root: g.stateDir}
+	l := statedir.Layout{Root: g.stateDir}
 	st, err := store.Open(ctx, l.Catalog())
 	if err != nil {
 		return nil, nil, err

@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
 // runtimeChoice is the runtime new sandboxes get, and why.
@@ -30,7 +30,7 @@ func (g *globals) resolveRuntime(ctx context.Context) runtimeChoice {
 		return runtimeChoice{name: g.runtime, why: "--runtime " + g.runtime}
 	}
 	kvm := "KVM not probed"
-	if bc, err := (sandbox.Layout{Root: g.stateDir}).LoadBootConfig(); err != nil {
+	if bc, err := (statedir.Layout{Root: g.stateDir}).LoadBootConfig(); err != nil {
 		kvm += " (" + err.Error() + ")"
 	} else if rt, err := newRuntime(g, bc); err != nil {
 		kvm += " (" + err.Error() + ")"

@@ -22,9 +22,10 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shim"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // agentPath finds the guest agent binary: --agent, else next to airlock
@@ -58,7 +59,7 @@ func findAgent(binDir string) (string, error) {
 }
 
 // newRuntime builds the qemu runtime for this state dir.
-func newRuntime(g *globals, bc sandbox.BootConfig) (*qemu.Runtime, error) {
+func newRuntime(g *globals, bc statedir.BootConfig) (*qemu.Runtime, error) {
 	return qemu.New(qemu.Config{
 		StateDir:    g.stateDir,
 		Accel:       g.accel,
@@ -71,7 +72,7 @@ func newRuntime(g *globals, bc sandbox.BootConfig) (*qemu.Runtime, error) {
 // sandboxRuntime is the runtime a shim runs its sandbox with (--runtime),
 // and for gvisor the function giving the sandbox's read-only root
 // directory (the image extracted once per digest).
-func sandboxRuntime(g *globals, bc sandbox.BootConfig) (runtime.Runtime, func(context.Context, store.Sandbox) (string, error), error) {
+func sandboxRuntime(g *globals, bc statedir.BootConfig) (runtime.Runtime, func(context.Context, store.Sandbox) (string, error), error) {
 	switch g.runtime {
 	case "qemu":
 		rt, err := newRuntime(g, bc)
@@ -106,7 +107,7 @@ func setupCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			start := time.Now()
-			l := sandbox.Layout{Root: g.stateDir}
+			l := statedir.Layout{Root: g.stateDir}
 			if err := os.MkdirAll(g.stateDir, 0o755); err != nil {
 				return err
 			}
@@ -123,7 +124,7 @@ func setupCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("initramfs: %w", err)
 			}
-			bc := sandbox.BootConfig{Kernel: k.Vmlinux, KernelRelease: k.Release, Initrd: initrd}
+			bc := statedir.BootConfig{Kernel: k.Vmlinux, KernelRelease: k.Release, Initrd: initrd}
 			if err := l.SaveBootConfig(bc); err != nil {
 				return err
 			}
@@ -257,7 +258,7 @@ func doctorCmd(g *globals) *cobra.Command {
 			} else {
 				row(true, "/dev/kvm", "present ("+fi.Mode().String()+"); a probe guest decides whether it is usable")
 			}
-			l := sandbox.Layout{Root: g.stateDir}
+			l := statedir.Layout{Root: g.stateDir}
 			bc, err := l.LoadBootConfig()
 			if err != nil {
 				row(false, "guest kernel", err.Error())
@@ -328,11 +329,11 @@ func shimCmd(g *globals) *cobra.Command {
 			ready := os.NewFile(3, "ready")
 			// The shim lock the control plane took for this shim (shim.Config.Lock):
 			// close-on-exec at once, so nothing this process starts keeps it.
-			lock := os.NewFile(sandbox.ShimLockFD, "shim.lock")
+			lock := os.NewFile(statedir.ShimLockFD, "shim.lock")
 			if lock != nil {
-				syscall.CloseOnExec(sandbox.ShimLockFD)
+				syscall.CloseOnExec(statedir.ShimLockFD)
 			}
-			l := sandbox.Layout{Root: g.stateDir}
+			l := statedir.Layout{Root: g.stateDir}
 			bc, err := l.LoadBootConfig()
 			if err != nil {
 				if ready != nil {
@@ -386,8 +387,8 @@ func holderCmd(g *globals) *cobra.Command {
 			if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" {
 				return fmt.Errorf("%w: bad template id", errdefs.ErrInvalid)
 			}
-			l := sandbox.Layout{Root: g.stateDir}
-			t := sandbox.Template{Dir: filepath.Join(l.Templates(), id), Snapshot: filepath.Join(l.Templates(), id, "snap")}
+			l := statedir.Layout{Root: g.stateDir}
+			t := template.Template{Dir: filepath.Join(l.Templates(), id), Snapshot: filepath.Join(l.Templates(), id, "snap")}
 			setOOMScoreAdj(g.log, oomAdjSandbox)
 			// Started by a shim, it outlives that sandbox: out of its envelope.
 			if err := hostcg.Escape(hostcg.DefaultParent); err != nil {
@@ -395,7 +396,7 @@ func holderCmd(g *globals) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.WithoutCancel(cmd.Context()), syscall.SIGTERM)
 			defer stop()
-			return sandbox.RunHolder(ctx, t, qemu.SealSnapshotRAM, g.log)
+			return template.RunHolder(ctx, t, qemu.SealSnapshotRAM, g.log)
 		},
 	}
 	cmd.Flags().StringVar(&id, "template", "", "template id")

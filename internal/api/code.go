@@ -216,7 +216,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
 	for _, k := range slices.Sorted(maps.Keys(req.Env)) {
 		areq.Env = append(areq.Env, k+"="+req.Env[k])
 	}
-	if err := sandbox.ValidateCreateContext(areq); err != nil {
+	if err := areq.Validate(); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -239,7 +239,7 @@ func (s *Server) contextRef(w http.ResponseWriter, r *http.Request) (string, str
 		return "", "", nil, false
 	}
 	cid := r.PathValue("ctx")
-	if sandbox.ValidateContextID(cid) != nil {
+	if guest.ValidateContextID(cid) != nil {
 		s.fail(w, r, errNoContext)
 		return "", "", nil, false
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
 // Error is an error with a public face: its code and message go to the
@@ -75,7 +76,7 @@ func publicError(err error) *Error {
 	if errors.Is(err, guest.ErrExecExited) {
 		return &Error{http.StatusConflict, "conflict", guest.ErrExecExited.Error()}
 	}
-	if se, ok := errors.AsType[*sandbox.SpaceError](err); ok {
+	if se, ok := errors.AsType[*statedir.SpaceError](err); ok {
 		// The tenant learns what it asked for, not the host's free space.
 		return &Error{http.StatusInsufficientStorage, "insufficient_storage",
 			fmt.Sprintf("the server is short of disk space: %s needs up to %d MiB beyond what it keeps free; retry later or ask for less", se.What, se.Need>>20)}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -61,7 +62,7 @@ func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 // sandboxes' implementation knows them (the manager does).
 type diskCollector struct {
 	d interface {
-		Disk() (sandbox.DiskFigures, error)
+		Disk() (statedir.DiskFigures, error)
 	}
 	free, resv *prometheus.Desc
 }
@@ -103,7 +104,7 @@ func newMetrics(sb Sandboxes, snaps Snapshots) *metrics {
 		sandboxCollector{sb, prometheus.NewDesc("airlock_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d, ok := sb.(interface {
-		Disk() (sandbox.DiskFigures, error)
+		Disk() (statedir.DiskFigures, error)
 	}); ok {
 		m.reg.MustRegister(diskCollector{d,
 			prometheus.NewDesc("airlock_state_dir_free_bytes", "Free bytes on the state dir's filesystem.", nil, nil),

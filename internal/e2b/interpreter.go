@@ -85,11 +85,11 @@ func (h *handler) interpreterFail(w http.ResponseWriter, r *http.Request, err er
 func language(l string) (string, error) {
 	switch strings.ToLower(l) {
 	case "", "python", "python3":
-		return sandbox.LangPython, nil
+		return guest.LangPython, nil
 	case "js", "javascript":
-		return sandbox.LangJavaScript, nil
+		return guest.LangJavaScript, nil
 	case "bash", "sh":
-		return sandbox.LangBash, nil
+		return guest.LangBash, nil
 	}
 	return "", fmt.Errorf("%w: language %q is not supported by airlock (python, javascript, bash)", errdefs.ErrInvalid, l)
 }
@@ -206,7 +206,7 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request) {
 		cr.Language = lang
 	}
 	if err := sandbox.ValidateRunCode(cr); err != nil {
-		if req.ContextID != "" && sandbox.ValidateContextID(req.ContextID) != nil {
+		if req.ContextID != "" && guest.ValidateContextID(req.ContextID) != nil {
 			textError(w, http.StatusNotFound, fmt.Sprintf("Context %s not found", req.ContextID))
 			return
 		}

@@ -1,8 +1,12 @@
 package guest
 
 import (
+	"errors"
 	"fmt"
+	"regexp"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
 )
 
 // ContextSpec asks for a code context.
@@ -134,4 +138,134 @@ type CodeEnd struct {
 	ExecutionCount int32
 	// ContextID is the context that ran the code.
 	ContextID string
+}
+
+// Code-context limits shared by the shim (which enforces them against the
+// guest) and the manager and its surfaces (which check requests before they
+// leave the host).
+const (
+	// MaxCodeBytes caps the code of one RunCode.
+	MaxCodeBytes = 1 << 20
+	// MaxCodeOutputBytes is the default and the largest output cap of one
+	// RunCode: stdout + stderr + result bytes.
+	MaxCodeOutputBytes = 16 << 20
+	// MaxResultValueBytes caps one MIME value of a CodeResult.
+	MaxResultValueBytes = 8 << 20
+	// MaxResultEntries caps the MIME entries of one CodeResult.
+	MaxResultEntries = 16
+	// MaxCodeMessageBytes caps one ContextService message from the guest
+	// (and from the shim): a result with a MaxResultValueBytes image plus
+	// its small text siblings.
+	MaxCodeMessageBytes = MaxResultValueBytes + 1<<20
+	// MaxCodeTimeout is the longest timeout of one RunCode.
+	MaxCodeTimeout = 24 * time.Hour
+	// MaxContextEnv caps ContextSpec.Env.
+	MaxContextEnv = 256
+)
+
+// Context languages.
+const (
+	LangPython     = "python"
+	LangJavaScript = "javascript"
+	LangBash       = "bash"
+)
+
+var contextIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ValidateContextID checks a code-context id ([a-z0-9][a-z0-9-]{0,62}).
+func ValidateContextID(id string) error {
+	if !contextIDRe.MatchString(id) {
+		return fmt.Errorf("%w: context id must match [a-z0-9][a-z0-9-]{0,62}", errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// ValidateLanguage checks a context language; "" means python.
+func ValidateLanguage(lang string) error {
+	switch lang {
+	case "", LangPython, LangJavaScript, LangBash:
+		return nil
+	}
+	return fmt.Errorf("%w: language must be python, javascript or bash", errdefs.ErrInvalid)
+}
+
+// Validate checks a context spec on the host side; errors wrap
+// errdefs.ErrInvalid.
+func (req ContextSpec) Validate() error {
+	if err := ValidateLanguage(req.Language); err != nil {
+		return err
+	}
+	if id := req.ID; id != "" {
+		if err := ValidateContextID(id); err != nil {
+			return err
+		}
+	}
+	if c := req.Cwd; c != "" {
+		if err := validGuestPath(c); err != nil {
+			return fmt.Errorf("%w: cwd: %v", errdefs.ErrInvalid, err)
+		}
+	}
+	if len(req.Env) > MaxContextEnv {
+		return fmt.Errorf("%w: at most %d environment variables", errdefs.ErrInvalid, MaxContextEnv)
+	}
+	for _, kv := range req.Env {
+		k, v, ok := cutEnv(kv)
+		if !ok || k == "" || len(k) > 256 || len(v) > 32<<10 || containsNUL(kv) {
+			return fmt.Errorf("%w: env entries must be KEY=VALUE, names 1-256 bytes, values at most 32 KiB, no NUL", errdefs.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+func cutEnv(kv string) (k, v string, ok bool) {
+	for i := 0; i < len(kv); i++ {
+		if kv[i] == '=' {
+			return kv[:i], kv[i+1:], true
+		}
+	}
+	return "", "", false
+}
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// validGuestPath is the host's first check of a guest path (the shim
+// checks again).
+func validGuestPath(p string) error {
+	switch {
+	case len(p) > 4096:
+		return errors.New("path too long")
+	case p[0] != '/':
+		return errors.New("path is not absolute")
+	case containsNUL(p):
+		return errors.New("path contains NUL")
+	}
+	return nil
+}
+
+// Validate checks a code request on the host side, all but its
+// ReturnFiles (which the manager reads and checks; the shim never sees
+// them); errors wrap errdefs.ErrInvalid.
+func (req CodeRequest) Validate() error {
+	if id := req.ContextID; id != "" {
+		if err := ValidateContextID(id); err != nil {
+			return err
+		}
+	}
+	if err := ValidateLanguage(req.Language); err != nil {
+		return err
+	}
+	if len(req.Code) > MaxCodeBytes {
+		return fmt.Errorf("%w: code is longer than %d bytes", errdefs.ErrInvalid, MaxCodeBytes)
+	}
+	if req.Timeout < 0 || req.Timeout > MaxCodeTimeout {
+		return fmt.Errorf("%w: timeout must be at most 24h", errdefs.ErrInvalid)
+	}
+	return nil
 }

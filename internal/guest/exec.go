@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -179,6 +180,18 @@ var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}(?:[a-z2-7]{4})?$`) // 16: ids o
 
 // ValidExecID reports whether id has the form of an exec id.
 func ValidExecID(id string) bool { return execIDRe.MatchString(id) }
+
+// NewExecID returns a fresh random exec id (20 characters [a-z2-7], 100
+// bits). The shim mints them.
+func NewExecID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz234567"
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[b[i]&31]
+	}
+	return string(b)
+}
 
 // ErrNoExec is the answer for an exec id the shim does not know (or a
 // malformed one).

@@ -12,7 +12,6 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // maxImageBytes caps one image of a run_code result; maxImages their count.
@@ -32,7 +31,7 @@ type runCodeIn struct {
 }
 
 func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult, error) {
-	if err := sandbox.ValidateLanguage(in.Language); err != nil {
+	if err := guest.ValidateLanguage(in.Language); err != nil {
 		return nil, err
 	}
 	ctx, cancel, id, d, err := t.begin(ctx, in.SandboxID, in.TimeoutS)

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // These tests drive the manager's decisions (what a caller sees, quotas,
@@ -34,7 +36,7 @@ func newTestManager(t *testing.T) *Manager {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	m := &Manager{L: Layout{Root: root}, Store: st}
+	m := &Manager{L: statedir.Layout{Root: root}, Store: st}
 	addPaused(t, m, "aaaaaaaaaaaa", "alice")
 	addPaused(t, m, "bbbbbbbbbbbb", "bob")
 	return m
@@ -317,7 +319,7 @@ func TestSnapshotScope(t *testing.T) {
 	ctx := t.Context()
 	for _, sn := range []store.Snapshot{
 		{Tenant: "alice", Name: "a1", ID: "s1"},
-		{Tenant: "alice", Name: forkPrefix + "x", ID: "s2"},
+		{Tenant: "alice", Name: template.ForkPrefix + "x", ID: "s2"},
 		{Tenant: "bob", Name: "b1", ID: "s3"},
 	} {
 		sn.Created = time.Now()

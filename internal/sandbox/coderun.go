@@ -122,7 +122,7 @@ const (
 	// MaxReturnFiles caps the files one run returns.
 	MaxReturnFiles = 16
 	// MaxReturnFileBytes caps one returned file (a result value).
-	MaxReturnFileBytes = MaxResultValueBytes
+	MaxReturnFileBytes = guest.MaxResultValueBytes
 	// MaxReturnTotalBytes caps the files of one run together.
 	MaxReturnTotalBytes = 32 << 20
 )
@@ -134,12 +134,22 @@ var returnMIME = map[string]string{
 	".gif": "image/gif", ".svg": "image/svg+xml",
 }
 
+// ValidateRunCode checks a code request before it leaves the host: the
+// request itself (guest.CodeRequest.Validate) and the ReturnFiles patterns
+// that the manager reads after the run.
+func ValidateRunCode(req guest.CodeRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	return validateReturnFiles(req.ReturnFiles)
+}
+
 func validateReturnFiles(patterns []string) error {
 	if len(patterns) > MaxReturnPatterns {
 		return fmt.Errorf("%w: at most %d return_files patterns", errdefs.ErrInvalid, MaxReturnPatterns)
 	}
 	for _, p := range patterns {
-		if p == "" || len(p) > 1024 || containsNUL(p) {
+		if p == "" || len(p) > 1024 || strings.IndexByte(p, 0) >= 0 {
 			return fmt.Errorf("%w: a return_files pattern is empty, longer than 1024 bytes or holds NUL", errdefs.ErrInvalid)
 		}
 		if _, err := path.Match(p, ""); err != nil {

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 func testManager(t *testing.T) *Manager {
@@ -19,7 +21,7 @@ func testManager(t *testing.T) *Manager {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return &Manager{L: Layout{Root: root}, Store: st}
+	return &Manager{L: statedir.Layout{Root: root}, Store: st}
 }
 
 func addSandbox(t *testing.T, m *Manager, id string, state store.State) {
@@ -39,7 +41,7 @@ func addSandbox(t *testing.T, m *Manager, id string, state store.State) {
 func TestCollectTemplates(t *testing.T) {
 	m := testManager(t)
 	ctx := t.Context()
-	bc := BootConfig{Kernel: filepath.Join(m.L.Root, "vmlinux-new"), Initrd: filepath.Join(m.L.Root, "initrd-new")}
+	bc := statedir.BootConfig{Kernel: filepath.Join(m.L.Root, "vmlinux-new"), Initrd: filepath.Join(m.L.Root, "initrd-new")}
 	for _, p := range []string{bc.Kernel, bc.Initrd} {
 		if err := os.WriteFile(p, nil, 0o644); err != nil {
 			t.Fatal(err)
@@ -53,8 +55,7 @@ func TestCollectTemplates(t *testing.T) {
 		if err := os.MkdirAll(filepath.Join(m.L.Templates(), id), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		b, _ := json.Marshal(templateMeta{Key: TemplateKey{Format: templateFormat, Kernel: kernel, Initrd: bc.Initrd}})
-		if err := os.WriteFile(filepath.Join(m.L.Templates(), id, "meta.json"), b, 0o444); err != nil {
+		if err := template.MarkBuilt(filepath.Join(m.L.Templates(), id), template.Key{Kernel: kernel, Initrd: bc.Initrd}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -68,7 +69,7 @@ func TestCollectTemplates(t *testing.T) {
 	if err := m.Store.PutSnapshot(ctx, store.Snapshot{Name: "named", ID: "snap1", Created: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	mkTemplate(snapshotTemplateID("snap1"), "vmlinux-old")
+	mkTemplate(template.SnapshotID("snap1"), "vmlinux-old")
 	addSandbox(t, m, "aaaaaaaaaaaa", store.StatePaused)
 	addSandbox(t, m, "bbbbbbbbbbbb", store.StatePaused)
 	for _, id := range []string{"aaaaaaaaaaaa", "bbbbbbbbbbbb"} {
@@ -76,10 +77,10 @@ func TestCollectTemplates(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, err := m.PruneTemplates(ctx); err != nil || n != 1 || !exists("old") || exists(snapshotTemplateID("snap1")) {
+	if n, err := m.PruneTemplates(ctx); err != nil || n != 1 || !exists("old") || exists(template.SnapshotID("snap1")) {
 		t.Fatalf("prune with the old template held: %d, %v; old kept %v", n, err, exists("old"))
 	}
-	mkTemplate(snapshotTemplateID("snap1"), "vmlinux-old")
+	mkTemplate(template.SnapshotID("snap1"), "vmlinux-old")
 	if err := m.Remove(ctx, Local(), "aaaaaaaaaaaa"); err != nil {
 		t.Fatal(err)
 	}
@@ -89,8 +90,8 @@ func TestCollectTemplates(t *testing.T) {
 	if err := m.Remove(ctx, Local(), "bbbbbbbbbbbb"); err != nil {
 		t.Fatal(err)
 	}
-	if exists("old") || !exists("current") || !exists(snapshotTemplateID("snap1")) {
-		t.Fatalf("after the last holder: old %v, current %v, snapshot's %v", exists("old"), exists("current"), exists(snapshotTemplateID("snap1")))
+	if exists("old") || !exists("current") || !exists(template.SnapshotID("snap1")) {
+		t.Fatalf("after the last holder: old %v, current %v, snapshot's %v", exists("old"), exists("current"), exists(template.SnapshotID("snap1")))
 	}
 }
 
@@ -132,7 +133,7 @@ func TestReconcile(t *testing.T) {
 		if err := os.MkdirAll(m.L.PauseDir(id), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), PauseManifestFile), []byte("{}"), 0o400); err != nil {
+		if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), statedir.PauseManifestFile), []byte("{}"), 0o400); err != nil {
 			t.Fatal(err)
 		}
 		if sb, _ = m.Get(ctx, Local(), id); sb.State != store.StatePaused || (st == store.StatePausing && sb.LifetimeLeft < 50*time.Minute) {
@@ -190,13 +191,13 @@ func TestFreezeRecordsReferences(t *testing.T) {
 	if err := m.Store.AddRefs(ctx, store.SandboxObj(id), store.RoleDisk, store.TemplateObj("t1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(m.L.PauseDir(id), PauseStateDir), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(m.L.PauseDir(id), statedir.PauseStateDir), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), PauseStateDir, "state.bin"), []byte("state"), 0o444); err != nil {
+	if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), statedir.PauseStateDir, "state.bin"), []byte("state"), 0o444); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), PauseManifestFile), []byte(`{"version":1}`), 0o400); err != nil {
+	if err := os.WriteFile(filepath.Join(m.L.PauseDir(id), statedir.PauseManifestFile), []byte(`{"version":1}`), 0o400); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", m.L.RootDisk(id), "16M").CombinedOutput(); err != nil {
@@ -235,7 +236,7 @@ func TestFreezeRecordsReferences(t *testing.T) {
 		Backing string `json:"backing-filename"`
 	}
 	_ = json.Unmarshal(out, &info)
-	if info.Backing != filepath.Join(m.L.SnapshotDir(sn.ID), snapshotDisk) {
+	if info.Backing != filepath.Join(m.L.SnapshotDir(sn.ID), statedir.SnapshotDisk) {
 		t.Fatalf("after the refused freeze the disk is backed by %q", info.Backing)
 	}
 	if got := targets(store.SandboxObj(id)); len(got) != 2 {

@@ -9,20 +9,9 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
-
-func TestDefaultDiskReserve(t *testing.T) {
-	for total, want := range map[int64]int64{
-		100 << 30: 5 << 30, // 5%
-		10 << 30:  2 << 30, // at least 2 GiB
-		3 << 30:   3 << 29, // at most half
-	} {
-		if got := DefaultDiskReserve(total); got != want {
-			t.Errorf("DefaultDiskReserve(%d GiB) = %d MiB, want %d MiB", total>>30, got>>20, want>>20)
-		}
-	}
-}
 
 // TestThreat117HostReserve: work that could take the host's disk below
 // its reserve is refused as insufficient storage, before anything is
@@ -36,7 +25,7 @@ func TestThreat117HostReserve(t *testing.T) {
 	alice := Caller{Tenant: "alice", Limits: Limits{MaxDiskMiB: 1 << 20}}
 	before, _ := os.ReadDir(m.L.Root + "/sandboxes")
 	_, err := m.Create(ctx, alice, CreateOptions{Image: "base", DiskMiB: 6 << 10})
-	var se *SpaceError
+	var se *statedir.SpaceError
 	if !errors.As(err, &se) || !errors.Is(err, errdefs.ErrInsufficientStorage) || se.Need != 6<<30 || se.Free != free || se.Reserve != 5<<30 {
 		t.Fatalf("a 6 GiB disk with 10 GiB free and 5 GiB reserved: %v", err)
 	}

@@ -2,13 +2,8 @@ package sandbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -192,69 +187,4 @@ func (m *Manager) SampleUsage(ctx context.Context, id string) (guest.Usage, erro
 		return guest.Usage{}, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrFailedPrecondition, id, sb.State)
 	}
 	return m.shims().Get(m.L.Socket(id)).Usage(ctx)
-}
-
-// PauseManifest is written next to a paused sandbox's saved state (and a
-// snapshot's): what a resume needs beyond the catalog row, and the state's
-// digest, checked on resume.
-type PauseManifest struct {
-	Version     int       `json:"version"`
-	Kernel      string    `json:"kernel"`
-	Initrd      string    `json:"initrd"`
-	StateSHA256 string    `json:"state_sha256"`
-	StateBytes  int64     `json:"state_bytes"`
-	PausedAt    time.Time `json:"paused_at"`
-	// For snapshots: the digest of the frozen disk overlay, the
-	// snapshot's content address (over state and disk digests) and what it
-	// was taken of. Empty for a paused sandbox, whose disk is its own.
-	DiskSHA256  string `json:"disk_sha256,omitempty"`
-	Digest      string `json:"digest,omitempty"`
-	ImageDigest string `json:"image_digest,omitempty"`
-	CPUs        int    `json:"cpus,omitempty"`
-	MemoryMiB   int    `json:"memory_mib,omitempty"`
-	DiskMiB     int    `json:"disk_mib,omitempty"`
-	// Runtime and Accel are what saved the state (a restore needs the
-	// same).
-	Runtime string `json:"runtime,omitempty"`
-	Accel   string `json:"accel,omitempty"`
-}
-
-// Files of a pause (or snapshot) directory.
-const (
-	PauseStateDir     = "state"         // the runtime's saved state
-	PauseManifestFile = "manifest.json" // PauseManifest
-)
-
-// HashDir is the sha256 over the regular files of dir (name, size,
-// content, in name order) and their total size.
-func HashDir(dir string) (string, int64, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return "", 0, err
-	}
-	h := sha256.New()
-	var total int64
-	for _, e := range ents {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		n, err := hashFile(h, filepath.Join(dir, e.Name()), e.Name())
-		if err != nil {
-			return "", 0, err
-		}
-		total += n
-	}
-	return hex.EncodeToString(h.Sum(nil)), total, nil
-}
-
-func hashFile(h io.Writer, path, name string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	fmt.Fprintf(h, "%s\x00", name)
-	n, err := io.Copy(h, f)
-	fmt.Fprintf(h, "\x00%d\x00", n)
-	return n, err
 }

@@ -25,7 +25,9 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // Limits on create options.
@@ -43,7 +45,7 @@ type CreateOptions struct {
 	Image     string
 	CPUs      int
 	MemoryMiB int
-	DiskMiB   int // 0: TemplateDiskMiB (the image size plus 512 MiB, at least 2 GiB)
+	DiskMiB   int // 0: template.DiskMiB (the image size plus 512 MiB, at least 2 GiB)
 	Timeout   time.Duration
 	Metadata  map[string]string
 	Tenant    string            // owner: set by the manager to the caller's tenant
@@ -60,7 +62,7 @@ type CreateOptions struct {
 
 // Manager creates and finds sandboxes in one state dir.
 type Manager struct {
-	L     Layout
+	L     statedir.Layout
 	Store *store.Store
 	Log   *slog.Logger
 	// Exe is the airlock binary the shim is started from (default: this
@@ -85,11 +87,6 @@ type Manager struct {
 	quota    Quotas           // creates in flight (see reserve)
 }
 
-// ImagePath returns the blob path of an image digest ("sha256:<hex>").
-func (l Layout) ImagePath(digest string) string {
-	return l.Root + "/images/blobs/" + strings.Replace(digest, ":", "-", 1) + ".ext4"
-}
-
 func (o *CreateOptions) validate(imageSize int64) error {
 	if o.Image == "" {
 		o.Image = "base"
@@ -105,7 +102,7 @@ func (o *CreateOptions) validate(imageSize int64) error {
 	}
 	imgMiB := int((imageSize + (1<<20 - 1)) >> 20)
 	if o.DiskMiB == 0 {
-		o.DiskMiB = TemplateDiskMiB(imageSize)
+		o.DiskMiB = template.DiskMiB(imageSize)
 	}
 	switch {
 	case o.CPUs < 1 || o.CPUs > MaxCPUs:
@@ -190,7 +187,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 	// quota and the host's reserve; m.create validates the rest.
 	if o.DiskMiB == 0 {
 		if img, err := m.Store.GetImage(ctx, cmp.Or(o.Image, "base")); err == nil {
-			o.DiskMiB = TemplateDiskMiB(img.Size)
+			o.DiskMiB = template.DiskMiB(img.Size)
 		}
 	}
 	release, err := m.reserve(ctx, c, c.Tenant, 1, o.CPUs, o.MemoryMiB, o.DiskMiB)
@@ -238,7 +235,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 	}
 	now := time.Now()
 	sb := store.Sandbox{
-		ID: NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
+		ID: statedir.NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
 		CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskMiB: o.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: o.Env,
 		Network: o.Network, IdlePause: o.IdlePause, Runtime: rt,
@@ -295,10 +292,6 @@ func (m *Manager) takeShimLock(id string) (*os.File, error) {
 	}
 	return f, nil
 }
-
-// ShimLockFD is the descriptor a shim inherits its sandbox's shim lock on
-// (taken by the control plane before it claimed the generation).
-const ShimLockFD = 5
 
 // startShim starts `airlock shim` for sb (on sb's runtime) detached and
 // waits for its verdict on a pipe: "ok" once the guest answers, or
@@ -421,7 +414,7 @@ func (m *Manager) Reconcile(ctx context.Context, sb store.Sandbox) store.Sandbox
 		}
 	}
 	if sb.State == store.StateResuming || sb.State == store.StatePausing {
-		if _, err := os.Stat(filepath.Join(m.L.PauseDir(sb.ID), PauseManifestFile)); err == nil {
+		if _, err := os.Stat(filepath.Join(m.L.PauseDir(sb.ID), statedir.PauseManifestFile)); err == nil {
 			c = store.Change{To: store.StatePaused, From: sb.State, Gen: sb.Gen, LifetimeLeft: time.Until(sb.ExpiresAt)}
 		}
 	}
@@ -479,7 +472,7 @@ func (m *Manager) Get(ctx context.Context, c Caller, id string) (store.Sandbox, 
 
 // get returns a reconciled sandbox, whoever owns it.
 func (m *Manager) get(ctx context.Context, id string) (store.Sandbox, error) {
-	if err := ValidateID(id); err != nil {
+	if err := statedir.ValidateID(id); err != nil {
 		return store.Sandbox{}, err
 	}
 	sb, err := m.Store.GetSandbox(ctx, id)
@@ -535,7 +528,7 @@ func (m *Manager) Remove(ctx context.Context, c Caller, id string) error {
 // remove is Remove for the manager's own use: whoever owns id, no audit.
 // Removing twice is fine.
 func (m *Manager) remove(ctx context.Context, id string) error {
-	if err := ValidateID(id); err != nil {
+	if err := statedir.ValidateID(id); err != nil {
 		return err
 	}
 	if _, err := m.Store.GetSandbox(ctx, id); err != nil {

@@ -7,13 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"strings"
 	"time"
 
-	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
-	"github.com/airlock-sandbox/airlock/internal/netconf"
 )
 
 // The guest-port protocol of a shim's ports.sock (Layout.PortsSock): the
@@ -74,20 +71,3 @@ type bufConn struct {
 }
 
 func (c *bufConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-// GuestNetwork is the agent's network config for a sandbox: every guest has
-// the address netconf.GuestIP behind the gateway netconf.GatewayIP, which
-// also answers DNS; ca is the interception CA to trust (nil: none).
-// Disabled means no network at all: the NIC goes down.
-func GuestNetwork(enabled bool, ca []byte) *agentv1.NetworkConfig {
-	if !enabled {
-		return &agentv1.NetworkConfig{Enabled: false}
-	}
-	return &agentv1.NetworkConfig{
-		Enabled:     true,
-		Address:     netip.PrefixFrom(netconf.GuestIP, netconf.PrefixLen).String(),
-		Gateway:     netconf.GatewayIP.String(),
-		Nameservers: []string{netconf.GatewayIP.String()},
-		CaCertPem:   ca,
-	}
-}

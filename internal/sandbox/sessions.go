@@ -10,10 +10,6 @@ import (
 // Actor is who asks for an exec, for the audit trail.
 type Actor struct{ Tenant, KeyID string }
 
-// NewExecID returns a fresh random exec id (20 characters [a-z2-7], 100
-// bits).
-func NewExecID() string { return randomID(20) }
-
 // Exec starts spec in sandbox sandboxID for c and returns the exec's stream
 // once the guest reported its pid (stream.Info). This is the one way every
 // surface (CLI, API, MCP) runs a command. The exec belongs to the sandbox's

@@ -12,18 +12,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
-
-// Snapshot files: snapshots/<id>/{state/, disk.qcow2, manifest.json}.
-// The disk is the sandbox's overlay frozen at the moment of the snapshot;
-// it is backed by the template's disk (and older snapshots' disks), which
-// the catalog's disk references keep (collect.go).
-const snapshotDisk = "disk.qcow2"
 
 // MaxForks bounds one Fork call.
 const MaxForks = 16
@@ -37,12 +32,6 @@ func ValidateSnapshotName(name string) error {
 	}
 	return nil
 }
-
-// SnapshotsDir holds every snapshot's files.
-func (l Layout) SnapshotsDir() string { return filepath.Join(l.Root, "snapshots") }
-
-// SnapshotDir is one snapshot's files.
-func (l Layout) SnapshotDir(id string) string { return filepath.Join(l.SnapshotsDir(), id) }
 
 // Snapshot saves a running (or paused) sandbox's memory, devices and disk
 // as a named snapshot that new sandboxes start from; the sandbox keeps
@@ -113,11 +102,11 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	// ids are 128-bit digests, so other local users cannot find the disks.
 	_ = os.MkdirAll(m.L.SnapshotsDir(), 0o711)
 	_ = os.Chmod(m.L.SnapshotsDir(), 0o711)
-	tmp := filepath.Join(m.L.SnapshotsDir(), ".tmp-"+randomID(12))
+	tmp := filepath.Join(m.L.SnapshotsDir(), ".tmp-"+statedir.RandomID(12))
 	if err := os.Mkdir(tmp, 0o711); err != nil {
 		return store.Snapshot{}, err
 	}
-	if err := os.Mkdir(filepath.Join(tmp, PauseStateDir), 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(tmp, statedir.PauseStateDir), 0o700); err != nil {
 		_ = os.RemoveAll(tmp)
 		return store.Snapshot{}, err
 	}
@@ -140,26 +129,26 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 		}
 	}()
 	pdir := m.L.PauseDir(sb.ID)
-	var man PauseManifest
-	b, err := os.ReadFile(filepath.Join(pdir, PauseManifestFile))
+	var man statedir.PauseManifest
+	b, err := os.ReadFile(filepath.Join(pdir, statedir.PauseManifestFile))
 	if err != nil || json.Unmarshal(b, &man) != nil {
 		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has no readable paused state", errdefs.ErrFailedPrecondition, sb.ID)
 	}
-	states, _ := os.ReadDir(filepath.Join(pdir, PauseStateDir))
+	states, _ := os.ReadDir(filepath.Join(pdir, statedir.PauseStateDir))
 	for _, e := range states {
-		if err := os.Link(filepath.Join(pdir, PauseStateDir, e.Name()), filepath.Join(dir, PauseStateDir, e.Name())); err != nil {
+		if err := os.Link(filepath.Join(pdir, statedir.PauseStateDir, e.Name()), filepath.Join(dir, statedir.PauseStateDir, e.Name())); err != nil {
 			return store.Snapshot{}, fmt.Errorf("snapshot state: %w", err)
 		}
 	}
 	// The overlay becomes the snapshot's frozen disk; the sandbox continues
 	// on a new overlay backed by it.
-	if err := os.Rename(root, filepath.Join(dir, snapshotDisk)); err != nil {
+	if err := os.Rename(root, filepath.Join(dir, statedir.SnapshotDisk)); err != nil {
 		return store.Snapshot{}, fmt.Errorf("snapshot disk: %w", err)
 	}
-	movedDisk = filepath.Join(dir, snapshotDisk)
+	movedDisk = filepath.Join(dir, statedir.SnapshotDisk)
 	_ = os.Chmod(movedDisk, 0o444)
 	h := sha256.New()
-	if _, err := hashFile(h, movedDisk, snapshotDisk); err != nil {
+	if _, err := statedir.HashFile(h, movedDisk, statedir.SnapshotDisk); err != nil {
 		return store.Snapshot{}, err
 	}
 	man.DiskSHA256 = hex.EncodeToString(h.Sum(nil))
@@ -169,20 +158,20 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	if err := os.Rename(dir, final); err != nil {
 		return store.Snapshot{}, fmt.Errorf("%w: snapshot %s: %v", errdefs.ErrConflict, sid, err)
 	}
-	dir, movedDisk = final, filepath.Join(final, snapshotDisk)
-	if err := CreateOverlay(ctx, root, movedDisk, "qcow2", 0); err != nil {
+	dir, movedDisk = final, filepath.Join(final, statedir.SnapshotDisk)
+	if err := statedir.CreateOverlay(ctx, root, movedDisk, "qcow2", 0); err != nil {
 		return store.Snapshot{}, err
 	}
 	man.Digest = "sha256:" + hex.EncodeToString(sum[:])
 	man.ImageDigest, man.CPUs, man.MemoryMiB, man.DiskMiB = sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB
 	mb, _ := json.MarshalIndent(man, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, PauseManifestFile), mb, 0o400); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, statedir.PauseManifestFile), mb, 0o400); err != nil {
 		return store.Snapshot{}, err
 	}
 	sn := store.Snapshot{
 		Tenant: sb.Tenant, Name: name, ID: sid, SandboxID: sb.ID, Image: sb.Image, ImageDigest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: sb.Network, Env: sb.Env,
-		Size: dirUsage(dir), Created: time.Now(),
+		Size: statedir.DirUsage(dir), Created: time.Now(),
 	}
 	// Disk chains: the snapshot is backed by whatever the sandbox's disk
 	// was; the sandbox now by the snapshot too. On failure (a name taken
@@ -202,7 +191,7 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 // snapshot. Fork bases are not found here.
 func (m *Manager) CreateFromSnapshot(ctx context.Context, c Caller, name string, o CreateOptions) (store.Sandbox, error) {
 	o.Tenant = c.Tenant
-	if strings.HasPrefix(name, forkPrefix) {
+	if strings.HasPrefix(name, template.ForkPrefix) {
 		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
 	}
 	sn, err := m.Store.GetSnapshot(ctx, o.Tenant, name)
@@ -256,7 +245,7 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, count int, forc
 		int64(count*sb.DiskMiB+sb.MemoryMiB)<<20); err != nil {
 		return nil, err
 	}
-	sn, err := m.snapshot(ctx, id, forkPrefix+randomID(12), force)
+	sn, err := m.snapshot(ctx, id, template.ForkPrefix+statedir.RandomID(12), force)
 	if err != nil {
 		return nil, err
 	}
@@ -282,23 +271,20 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, count int, forc
 	return out, nil
 }
 
-// forkPrefix names the unlisted snapshots forks start from.
-const forkPrefix = "_fork-"
-
 // materialize creates a sandbox from snapshot sn: its shim clones the
 // snapshot's template (built on first use), so sandboxes from one snapshot
 // share the memory pages none of them changed.
 func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source string, o CreateOptions) (store.Sandbox, error) {
 	sdir := m.L.SnapshotDir(sn.ID)
-	var man PauseManifest
-	b, err := os.ReadFile(filepath.Join(sdir, PauseManifestFile))
+	var man statedir.PauseManifest
+	b, err := os.ReadFile(filepath.Join(sdir, statedir.PauseManifestFile))
 	if err != nil || json.Unmarshal(b, &man) != nil {
 		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q has no readable manifest", errdefs.ErrFailedPrecondition, sn.Name)
 	}
 	// The disk backs every sandbox from the snapshot: check it each time
 	// (the state is checked when the snapshot's template is built).
 	h := sha256.New()
-	if _, err := hashFile(h, filepath.Join(sdir, snapshotDisk), snapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
+	if _, err := statedir.HashFile(h, filepath.Join(sdir, statedir.SnapshotDisk), statedir.SnapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
 		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q is corrupt: its disk does not match its digest", errdefs.ErrFailedPrecondition, sn.Name)
 	}
 	if o.Timeout == 0 {
@@ -316,7 +302,7 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 	network.Ports = nil
 	now := time.Now()
 	sb := store.Sandbox{
-		ID: NewID(), State: store.StateCreating, Image: sn.Image, ImageDigest: sn.ImageDigest,
+		ID: statedir.NewID(), State: store.StateCreating, Image: sn.Image, ImageDigest: sn.ImageDigest,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskMiB: sn.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: sn.Env,
 		Network: network, IdlePause: o.IdlePause, Source: source,
@@ -370,7 +356,7 @@ func (m *Manager) ListSnapshots(ctx context.Context, c Caller, tenant string, al
 	}
 	out := sns[:0]
 	for _, sn := range sns {
-		if all || !strings.HasPrefix(sn.Name, forkPrefix) {
+		if all || !strings.HasPrefix(sn.Name, template.ForkPrefix) {
 			out = append(out, sn)
 		}
 	}
@@ -407,7 +393,7 @@ func (m *Manager) removeSnapshot(ctx context.Context, tenant, name string) error
 	if err != nil {
 		return err
 	}
-	err = errors.Join(removeSnapshotTemplate(m.L, sn.ID), os.RemoveAll(m.L.SnapshotDir(sn.ID)))
+	err = errors.Join(template.RemoveSnapshot(m.L, sn.ID), os.RemoveAll(m.L.SnapshotDir(sn.ID)))
 	if _, _, cerr := m.collect(ctx); cerr != nil {
 		m.log().Warn("collect after snapshot rm", "err", cerr)
 	}
@@ -454,7 +440,7 @@ func (m *Manager) pruneSnapshots(ctx context.Context) (int64, error) {
 		if fi, err := os.Stat(p); err == nil && time.Since(fi.ModTime()) < time.Minute {
 			continue // being written
 		}
-		freed += dirUsage(p)
+		freed += statedir.DirUsage(p)
 		if err := os.RemoveAll(p); err != nil {
 			errs = append(errs, err)
 			continue
@@ -466,24 +452,7 @@ func (m *Manager) pruneSnapshots(ctx context.Context) (int64, error) {
 
 // DiskUsage is the bytes a sandbox's files take on the host (its disk
 // overlay, paused state, logs), counting allocated blocks.
-func (m *Manager) DiskUsage(id string) int64 { return dirUsage(m.L.Dir(id)) }
-
-// dirUsage sums the allocated bytes of the files under dir.
-func dirUsage(dir string) int64 {
-	var n int64
-	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return nil
-		}
-		if fi, err := d.Info(); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				n += st.Blocks * 512
-			}
-		}
-		return nil
-	})
-	return n
-}
+func (m *Manager) DiskUsage(id string) int64 { return statedir.DirUsage(m.L.Dir(id)) }
 
 // snapshotCount refuses a new named snapshot of tenant past c's
 // max_snapshots (the local user has no quota).

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // TestSnapshotRefsGuardRemoval: a snapshot backing a sandbox's or another
@@ -21,13 +23,13 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	m := &Manager{L: Layout{Root: root}, Store: st}
+	m := &Manager{L: statedir.Layout{Root: root}, Store: st}
 	mk := func(name, id string) {
 		t.Helper()
 		if err := os.MkdirAll(m.L.SnapshotDir(id), 0o711); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(m.L.SnapshotDir(id), snapshotDisk), make([]byte, 8192), 0o444); err != nil {
+		if err := os.WriteFile(filepath.Join(m.L.SnapshotDir(id), statedir.SnapshotDisk), make([]byte, 8192), 0o444); err != nil {
 			t.Fatal(err)
 		}
 		if err := st.PutSnapshot(t.Context(), store.Snapshot{Name: name, ID: id, Created: time.Now()}); err != nil {
@@ -36,7 +38,7 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 	}
 	mk("base", "s1")
 	mk("child", "s2")
-	mk(forkPrefix+"x", "s3")
+	mk(template.ForkPrefix+"x", "s3")
 	// s2 was taken of a sandbox started from s1; sandbox a runs from s2.
 	if err := st.AddRefs(t.Context(), store.SnapshotObj("s2"), store.RoleDisk, store.SnapshotObj("s1")); err != nil {
 		t.Fatal(err)
@@ -82,7 +84,7 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 			t.Errorf("rm %s: %v", name, err)
 		}
 	}
-	if err := ValidateSnapshotName(forkPrefix + "x"); err == nil {
+	if err := ValidateSnapshotName(template.ForkPrefix + "x"); err == nil {
 		t.Error("a fork-base name is accepted from users")
 	}
 }
@@ -96,11 +98,11 @@ func TestRemoveFreesForkBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	m := &Manager{L: Layout{Root: root}, Store: st}
+	m := &Manager{L: statedir.Layout{Root: root}, Store: st}
 	if err := os.MkdirAll(m.L.SnapshotDir("base1"), 0o711); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.PutSnapshot(t.Context(), store.Snapshot{Name: forkPrefix + "a", ID: "base1", Created: time.Now()}); err != nil {
+	if err := st.PutSnapshot(t.Context(), store.Snapshot{Name: template.ForkPrefix + "a", ID: "base1", Created: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"aaaaaaaaaaaa", "bbbbbbbbbbbb"} {

@@ -13,7 +13,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/guest"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 )
@@ -39,7 +38,7 @@ const (
 // ignore: ids and languages are checked before the guest sees them, a
 // run's output (stdout + stderr + result bytes) is capped, its deadline
 // (timeout + timeoutGrace) holds, results are bounded
-// (sandbox.MaxResultEntries values of at most sandbox.MaxResultValueBytes
+// (guest.MaxResultEntries values of at most guest.MaxResultValueBytes
 // each), unknown events are dropped, and every run ends with exactly one
 // `end`.
 type contextRelay struct {
@@ -61,7 +60,7 @@ func (r *contextRelay) require() error {
 func hostErr(err error) error { return invalid(err) }
 
 func checkRef(id string) error {
-	if err := sandbox.ValidateContextID(id); err != nil {
+	if err := guest.ValidateContextID(id); err != nil {
 		return hostErr(err)
 	}
 	return nil
@@ -73,10 +72,10 @@ func checkInfo(in *agentv1.ContextInfo) error {
 	if in == nil {
 		return errors.New("guest sent no context info")
 	}
-	if sandbox.ValidateContextID(in.GetId()) != nil {
+	if guest.ValidateContextID(in.GetId()) != nil {
 		return errors.New("guest sent a malformed context id")
 	}
-	if sandbox.ValidateLanguage(in.GetLanguage()) != nil {
+	if guest.ValidateLanguage(in.GetLanguage()) != nil {
 		return errors.New("guest sent an unknown context language")
 	}
 	if len(in.GetCwd()) > maxInfoString || len(in.GetState()) > 16 {
@@ -112,7 +111,7 @@ func (r *contextRelay) Create(ctx context.Context, req *connect.Request[shimv2.C
 		return nil, err
 	}
 	m := req.Msg
-	if err := sandbox.ValidateCreateContext(guest.ContextSpec{ID: m.GetId(), Language: m.GetLanguage(), Cwd: m.GetCwd(), Env: m.GetEnv()}); err != nil {
+	if err := (guest.ContextSpec{ID: m.GetId(), Language: m.GetLanguage(), Cwd: m.GetCwd(), Env: m.GetEnv()}).Validate(); err != nil {
 		return nil, hostErr(err)
 	}
 	if c := m.GetCwd(); c != "" {
@@ -202,14 +201,14 @@ func (r *contextRelay) Run(ctx context.Context, req *connect.Request[shimv2.RunC
 		return err
 	}
 	m := req.Msg
-	if err := sandbox.ValidateRunCode(guest.CodeRequest{ContextID: m.GetContextId(), Language: m.GetLanguage(), Code: m.GetCode(),
-		Timeout: time.Duration(m.GetTimeoutMs()) * time.Millisecond}); err != nil {
+	if err := (guest.CodeRequest{ContextID: m.GetContextId(), Language: m.GetLanguage(), Code: m.GetCode(),
+		Timeout: time.Duration(m.GetTimeoutMs()) * time.Millisecond}).Validate(); err != nil {
 		return hostErr(err)
 	}
 	msg := &agentv1.RunCodeRequest{ContextId: m.GetContextId(), Language: m.GetLanguage(), Code: m.GetCode(),
 		TimeoutMs: m.GetTimeoutMs(), MaxOutputBytes: m.GetMaxOutputBytes()}
-	if limit := msg.GetMaxOutputBytes(); limit == 0 || limit > sandbox.MaxCodeOutputBytes {
-		msg.MaxOutputBytes = sandbox.MaxCodeOutputBytes
+	if limit := msg.GetMaxOutputBytes(); limit == 0 || limit > guest.MaxCodeOutputBytes {
+		msg.MaxOutputBytes = guest.MaxCodeOutputBytes
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -316,7 +315,7 @@ func (g *runGuard) filter(ev *agentv1.RunCodeEvent) (*agentv1.RunCodeEvent, bool
 		if g.truncated {
 			end.Truncated = true
 		}
-		if sandbox.ValidateContextID(end.GetContextId()) != nil {
+		if guest.ValidateContextID(end.GetContextId()) != nil {
 			end.ContextId = g.contextID
 		}
 		if end.DurationMs < 0 {
@@ -334,12 +333,12 @@ func (g *runGuard) filter(ev *agentv1.RunCodeEvent) (*agentv1.RunCodeEvent, bool
 // each value at most MaxResultValueBytes, types of the form type/subtype)
 // and returns it with its size; ok is false if it breaks a bound.
 func boundResult(res *agentv1.CodeResult) (*agentv1.CodeResult, uint64, bool) {
-	if res == nil || len(res.GetData()) == 0 || len(res.GetData()) > sandbox.MaxResultEntries {
+	if res == nil || len(res.GetData()) == 0 || len(res.GetData()) > guest.MaxResultEntries {
 		return nil, 0, false
 	}
 	var n uint64
 	for k, v := range res.GetData() {
-		if !validMIME(k) || len(v) > sandbox.MaxResultValueBytes {
+		if !validMIME(k) || len(v) > guest.MaxResultValueBytes {
 			return nil, 0, false
 		}
 		n += uint64(len(v))

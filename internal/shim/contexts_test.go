@@ -172,7 +172,7 @@ func TestContextsThroughShimAndManager(t *testing.T) {
 	}
 
 	// Host-side validation: never reaches the guest.
-	for _, req := range []guest.CodeRequest{{Language: "cobol"}, {ContextID: "../x"}, {Code: strings.Repeat("x", sandbox.MaxCodeBytes+1)}} {
+	for _, req := range []guest.CodeRequest{{Language: "cobol"}, {ContextID: "../x"}, {Code: strings.Repeat("x", guest.MaxCodeBytes+1)}} {
 		if _, err := runCode(t, m, h.id, req); !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("%v: %v", req.Language, err)
 		}
@@ -210,7 +210,7 @@ func (hostileContexts) Run(ctx context.Context, req *connect.Request[agentv1.Run
 		}
 	case "results":
 		many := map[string][]byte{}
-		for i := range sandbox.MaxResultEntries + 1 {
+		for i := range guest.MaxResultEntries + 1 {
 			many["text/x"+string(rune('a'+i))] = []byte("v")
 		}
 		for _, ev := range []*agentv1.RunCodeEvent{
@@ -245,7 +245,7 @@ func relayContexts(t *testing.T, h agentv1connect.ContextServiceHandler, v uint3
 	mux := agentapi.NewHandler(ha, hostileAgent{}, hostileAgent{})
 	mux.Handle(agentv1connect.NewContextServiceHandler(h))
 	go func() { _ = agentapi.Serve(context.Background(), guestEnd, mux) }()
-	ac, err := agentapi.Dial(t.Context(), host, agentapi.Options{MaxMessageBytes: sandbox.MaxCodeMessageBytes})
+	ac, err := agentapi.Dial(t.Context(), host, agentapi.Options{MaxMessageBytes: guest.MaxCodeMessageBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func relayContexts(t *testing.T, h agentv1connect.ContextServiceHandler, v uint3
 	}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close(); ac.Close(); guestEnd.Close() })
-	return shimv2connect.NewContextServiceClient(h2c(t, sock), "http://shim", connect.WithReadMaxBytes(sandbox.MaxCodeMessageBytes))
+	return shimv2connect.NewContextServiceClient(h2c(t, sock), "http://shim", connect.WithReadMaxBytes(guest.MaxCodeMessageBytes))
 }
 
 type versionAgent struct {

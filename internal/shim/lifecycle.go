@@ -17,9 +17,9 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -222,7 +222,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	left := time.Until(sb.ExpiresAt)
 	dir := s.l.PauseDir(s.cfg.ID)
 	_ = os.RemoveAll(dir)
-	stateDir := filepath.Join(dir, sandbox.PauseStateDir)
+	stateDir := filepath.Join(dir, statedir.PauseStateDir)
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, false, err
 	}
@@ -248,15 +248,15 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 		return nil, true, fmt.Errorf("save guest state: %w", err)
 	}
 	saveDur := time.Since(t0)
-	sum, size, err := sandbox.HashDir(stateDir)
+	sum, size, err := statedir.HashDir(stateDir)
 	if err != nil {
 		return nil, true, err
 	}
 	bc := s.boot
-	m := sandbox.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: time.Now().UTC(),
+	m := statedir.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: time.Now().UTC(),
 		Runtime: s.cfg.Runtime.Name(), Accel: s.accel}
 	b, _ := json.MarshalIndent(m, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, sandbox.PauseManifestFile), b, 0o400); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, statedir.PauseManifestFile), b, 0o400); err != nil {
 		return nil, true, err
 	}
 	if _, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StatePaused, Gen: s.gen, LifetimeLeft: left}); err != nil {
@@ -271,11 +271,11 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 // must return nil before the sandbox is marked running.
 func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 	dir := s.l.PauseDir(s.cfg.ID)
-	b, err := os.ReadFile(filepath.Join(dir, sandbox.PauseManifestFile))
+	b, err := os.ReadFile(filepath.Join(dir, statedir.PauseManifestFile))
 	if err != nil {
 		return nil, fmt.Errorf("paused state is missing (%v); the sandbox cannot be resumed", err)
 	}
-	var m sandbox.PauseManifest
+	var m statedir.PauseManifest
 	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.StateSHA256) != 64 {
 		return nil, errors.New("paused state manifest is unreadable; the sandbox cannot be resumed")
 	}
@@ -288,11 +288,11 @@ func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 		}
 	}
 	spec.Kernel, spec.Initrd = m.Kernel, m.Initrd
-	spec.RestoreFrom = filepath.Join(dir, sandbox.PauseStateDir)
+	spec.RestoreFrom = filepath.Join(dir, statedir.PauseStateDir)
 	s.boot.Kernel, s.boot.Initrd = m.Kernel, m.Initrd
 	done := make(chan error, 1)
 	go func() {
-		sum, size, err := sandbox.HashDir(spec.RestoreFrom)
+		sum, size, err := statedir.HashDir(spec.RestoreFrom)
 		switch {
 		case err != nil:
 			done <- err

@@ -22,8 +22,8 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // maxSecretsJSON bounds what the shim reads from the secrets pipe.
@@ -151,7 +151,7 @@ func (n *network) guestConfig() *agentv1.NetworkConfig {
 	if n.eng == nil {
 		return nil
 	}
-	return sandbox.GuestNetwork(n.spec.Mode != "none", n.eng.CACertPEM())
+	return template.GuestNetwork(n.spec.Mode != "none", n.eng.CACertPEM())
 }
 
 // listenPorts serves ports.sock and the published ports.

@@ -15,7 +15,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/guest"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -184,7 +183,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 		return nil, nil, notStarted(err)
 	}
 	s := &session{
-		id: sandbox.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin() || start.GetTty() != nil, tty: start.GetTty() != nil,
+		id: guest.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin() || start.GetTty() != nil, tty: start.GetTty() != nil,
 		tenant: tenant, keyID: keyID, killOnDetach: killOnDetach,
 		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
 	}

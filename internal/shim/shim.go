@@ -51,9 +51,10 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // Config is one shim's configuration.
@@ -75,7 +76,7 @@ type Config struct {
 	Secrets netconf.Values
 	// Lock, if set, is the sandbox's shim lock, already taken by the
 	// control plane that claimed the sandbox's generation and started this
-	// shim (inherited on sandbox.ShimLockFD; see store.Transition). It is
+	// shim (inherited on statedir.ShimLockFD; see store.Transition). It is
 	// used if it is that file and is locked; otherwise the shim takes the
 	// lock itself.
 	Lock *os.File
@@ -111,22 +112,22 @@ type ramSharer interface {
 
 type shim struct {
 	cfg      Config
-	l        sandbox.Layout
+	l        statedir.Layout
 	st       *store.Store
 	log      *slog.Logger
 	inst     runtime.Instance
 	agent    *agentapi.Client
 	srv      *http.Server
-	tmpl     *sandbox.Template  // the template this sandbox was cloned from, if any
-	execs    *sessions          // execs the shim owns (ExecService)
-	net      *network           // the guest's network
-	env      map[string]string  // default environment of execs and contexts
-	boot     sandbox.BootConfig // kernel and initramfs the guest runs
-	accel    string             // "kvm" or "tcg"
-	act      activity           // what keeps the sandbox from idling
-	pauseReq chan pauseReq      // LifecycleService.Pause asks the main loop
-	gen      int64              // the generation this shim owns (store.Transition)
-	envelope *hostcg.Envelope   // the host cgroup this shim and its VMM run in; nil if none
+	tmpl     *template.Template  // the template this sandbox was cloned from, if any
+	execs    *sessions           // execs the shim owns (ExecService)
+	net      *network            // the guest's network
+	env      map[string]string   // default environment of execs and contexts
+	boot     statedir.BootConfig // kernel and initramfs the guest runs
+	accel    string              // "kvm" or "tcg"
+	act      activity            // what keeps the sandbox from idling
+	pauseReq chan pauseReq       // LifecycleService.Pause asks the main loop
+	gen      int64               // the generation this shim owns (store.Transition)
+	envelope *hostcg.Envelope    // the host cgroup this shim and its VMM run in; nil if none
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -182,13 +183,13 @@ func (s *shim) leaveEnvelope() {
 
 // Run is the shim's whole life. It returns when the sandbox is gone.
 func Run(ctx context.Context, cfg Config) (err error) {
-	if err := sandbox.ValidateID(cfg.ID); err != nil {
+	if err := statedir.ValidateID(cfg.ID); err != nil {
 		return err
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &shim{cfg: cfg, l: sandbox.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq)}
+	s := &shim{cfg: cfg, l: statedir.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq)}
 	ready := func(msg string) {
 		if cfg.Ready != nil {
 			_, _ = io.WriteString(cfg.Ready, msg+"\n")
@@ -320,8 +321,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				expiry.Reset(time.Until(expiresAt))
 			}
 			if sb.IdlePause > 0 && s.act.idleFor(time.Now(), s.busy()) >= sb.IdlePause {
-				m := &sandbox.Manager{L: s.l, Store: s.st, Log: s.log, DiskReserve: s.cfg.DiskReserve}
-				if err := m.CheckSpace(bg, "an idle pause", int64(sb.MemoryMiB)<<20); err != nil {
+				if err := s.l.CheckSpace(s.cfg.DiskReserve, "an idle pause", int64(sb.MemoryMiB)<<20); err != nil {
 					s.log.Warn("idle pause skipped", "err", err)
 					s.event(bg, sb, "sandbox.pause.skipped", map[string]any{"reason": err.Error()})
 					s.act.touch() // try again after another idle period
@@ -346,7 +346,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			_ = os.RemoveAll(s.l.Dir(cfg.ID))
 			_ = s.st.DeleteSandbox(bg, cfg.ID)
 			// What only this sandbox held (a fork base) goes with it.
-			if _, err := (&sandbox.Manager{L: s.l, Store: s.st, Log: s.log}).Collect(bg); err != nil {
+			if _, _, err := template.Collect(bg, s.l, s.st); err != nil {
 				s.log.Warn("collect after lifetime end", "err", err)
 			}
 			return nil
@@ -434,9 +434,9 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	tmplDisk := sandbox.TemplateDiskMiB(fi.Size())
+	tmplDisk := template.DiskMiB(fi.Size())
 	var verify func() error
-	fromSnap, err := sandbox.OriginSnapshot(ctx, s.st, sb.ID)
+	fromSnap, err := template.OriginSnapshot(ctx, s.st, sb.ID)
 	if err != nil {
 		return err
 	}
@@ -460,16 +460,16 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		mark("check")
 	} else if fromSnap != "" || (caps.Snapshots && sb.DiskMiB >= tmplDisk) {
 		// A disk smaller than the template's cannot be a clone of it: cold boot.
-		key := sandbox.TemplateKey{
+		key := template.Key{
 			ImageDigest: sb.ImageDigest, ImagePath: imgPath, Kernel: bc.Kernel, Initrd: bc.Initrd,
 			CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: tmplDisk, Runtime: s.cfg.Runtime.Name(), Accel: caps.Accel, VMM: caps.VMMVersion,
 		}
-		var t sandbox.Template
+		var t template.Template
 		if fromSnap != "" {
 			// A fork or a sandbox from a snapshot: clone the snapshot's own
 			// template, whose disk has the snapshot's size.
 			key.DiskMiB = sb.DiskMiB
-			t, err = sandbox.EnsureSnapshotTemplate(ctx, s.l, s.cfg.Runtime, fromSnap, key, s.log)
+			t, err = template.EnsureSnapshot(ctx, s.l, s.cfg.Runtime, fromSnap, key, s.log)
 			if err == nil {
 				bc.Kernel, bc.Initrd = t.Key.Kernel, t.Key.Initrd
 				spec.Kernel, spec.Initrd = bc.Kernel, bc.Initrd
@@ -477,7 +477,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 				tmplDisk = sb.DiskMiB
 			}
 		} else {
-			t, err = sandbox.EnsureTemplate(ctx, s.l, s.cfg.Runtime, key, s.log)
+			t, err = template.Ensure(ctx, s.l, s.cfg.Runtime, key, s.log)
 		}
 		if err != nil {
 			return err
@@ -496,7 +496,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		// Map the template's RAM from its holder, shared with every other
 		// clone, rather than from a private copy in this process.
 		if sharer, ok := s.cfg.Runtime.(ramSharer); ok && s.cfg.Exe != "" {
-			if f, err := sandbox.SharedRAM(ctx, s.l, t, s.cfg.Exe); err != nil {
+			if f, err := template.SharedRAM(ctx, s.l, t, s.cfg.Exe); err != nil {
 				s.log.Warn("shared template RAM unavailable; using a private copy", "err", err)
 			} else {
 				err := sharer.UseSnapshotRAM(t.Snapshot, f)
@@ -509,7 +509,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		spec.RestoreFrom = t.Snapshot
 		mode = "template"
 		mark("overlay")
-	} else if err := sandbox.CreateOverlay(ctx, spec.RootDisk, imgPath, "raw", sb.DiskMiB); err != nil {
+	} else if err := statedir.CreateOverlay(ctx, spec.RootDisk, imgPath, "raw", sb.DiskMiB); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(spec.RunDir, 0o755); err != nil {
@@ -534,7 +534,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	bootCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	s.agent, err = sandbox.DialAgent(bootCtx, inst, conn)
+	s.agent, err = template.DialAgent(bootCtx, inst, conn)
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -11,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,89 +22,44 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shim/shimtest"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // harness is a state dir with an image, boot files and one sandbox row,
-// and a shim running in-process on the fake runtime.
+// and a shim running in-process on the fake runtime (shimtest).
 type harness struct {
-	l    sandbox.Layout
+	l    statedir.Layout
 	st   *store.Store
 	rt   *fake.Runtime
 	id   string
-	done chan error
+	shim *shimtest.Shim
 }
 
 func newHarness(t *testing.T, lifetime time.Duration, opts ...func(*store.Sandbox, *Config)) *harness {
 	t.Helper()
-	testutil.NeedTool(t, "qemu-img", "make deps") // overlays are real qcow2 files
-	ctx := t.Context()
-	h := &harness{l: sandbox.Layout{Root: t.TempDir()}, rt: fake.New(), id: sandbox.NewID(), done: make(chan error, 1)}
-	var err error
-	if h.st, err = store.Open(ctx, h.l.Catalog()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.st.Close() })
-	for _, f := range []string{"vmlinux", "initrd.cpio"} {
-		if err := os.WriteFile(filepath.Join(h.l.Root, f), []byte("x"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := h.l.SaveBootConfig(sandbox.BootConfig{Kernel: filepath.Join(h.l.Root, "vmlinux"), Initrd: filepath.Join(h.l.Root, "initrd.cpio")}); err != nil {
-		t.Fatal(err)
-	}
-	digest := "sha256:" + strings.Repeat("ab", 32)
-	blob := h.l.ImagePath(digest)
-	if err := os.MkdirAll(filepath.Dir(blob), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(blob, make([]byte, 1<<20), 0o444); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.st.PutImage(ctx, store.ImageRecord{Name: "base", Digest: digest, Size: 1 << 20, Created: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	sb := store.Sandbox{ID: h.id, State: store.StateCreating, Image: "base", ImageDigest: digest,
-		CPUs: 1, MemoryMiB: 256, DiskMiB: sandbox.TemplateDiskMiB(1 << 20), TimeoutSec: int(lifetime / time.Second),
-		CreatedAt: now, ExpiresAt: now.Add(lifetime)}
+	e := shimtest.New(t)
+	h := &harness{l: e.L, st: e.Store, rt: e.Runtime, id: statedir.NewID()}
+	sb := e.Row(h.id, lifetime)
 	cfg := Config{StateDir: h.l.Root, ID: h.id, Runtime: h.rt}
 	for _, o := range opts {
 		o(&sb, &cfg)
 	}
-	if err := h.st.CreateSandbox(ctx, sb); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(h.l.Dir(h.id), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	pr, pw := io.Pipe()
-	go func() {
-		cfg.Ready = pw
-		h.done <- Run(context.Background(), cfg)
-	}()
-	line, _ := bufio.NewReader(pr).ReadString('\n')
-	if strings.TrimSpace(line) != "ok" {
-		t.Fatalf("shim readiness: %q", line)
-	}
+	h.shim = e.Start(t, sb, func(ready io.WriteCloser) error {
+		cfg.Ready = ready
+		return Run(context.Background(), cfg)
+	})
 	return h
 }
 
 func (h *harness) wait(t *testing.T) {
 	t.Helper()
-	select {
-	case err := <-h.done:
-		if err != nil {
-			t.Fatalf("shim: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("shim did not exit")
-	}
+	h.shim.Wait(t)
 }
 
 func TestShimServesExecAndStops(t *testing.T) {

@@ -14,14 +14,12 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 )
 
-// MaxCodeMessageBytes caps one ContextService message from a shim: a
-// result with an 8 MiB image plus its small text siblings.
-const MaxCodeMessageBytes = 8<<20 + 1<<20
-
-// contexts returns a ContextService client on c's connection.
+// contexts returns a ContextService client on c's connection, reading
+// messages up to guest.MaxCodeMessageBytes (a result with an 8 MiB image
+// plus its small text siblings).
 func (c *Client) contexts() shimv2connect.ContextServiceClient {
 	return shimv2connect.NewContextServiceClient(c.hc, baseURL,
-		connect.WithReadMaxBytes(MaxCodeMessageBytes), connect.WithAcceptCompression("gzip", nil, nil))
+		connect.WithReadMaxBytes(guest.MaxCodeMessageBytes), connect.WithAcceptCompression("gzip", nil, nil))
 }
 
 func contextInfo(in *shimv2.ContextInfo) guest.ContextInfo {

@@ -14,8 +14,8 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/airlock-sandbox/airlock/internal/guest"
-	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
@@ -25,7 +25,7 @@ import (
 func TestTerminalWatchRename(t *testing.T) {
 	e := setup(t)
 	id := e.create(t)
-	c := shimclient.New(sandbox.Layout{Root: e.state}.Socket(id))
+	c := shimclient.New(statedir.Layout{Root: e.state}.Socket(id))
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()

@@ -1,4 +1,4 @@
-package sandbox
+package template
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
 // A template holder is a small long-lived process (`airlock template-holder`)
@@ -86,7 +88,7 @@ func RunHolder(ctx context.Context, t Template, seal func(dir string) (*os.File,
 // SharedRAM returns the template's RAM memfd from its holder, starting the
 // holder (exe template-holder --state-dir root --template ID) if none is
 // alive. The caller closes the file.
-func SharedRAM(ctx context.Context, l Layout, t Template, exe string) (*os.File, error) {
+func SharedRAM(ctx context.Context, l statedir.Layout, t Template, exe string) (*os.File, error) {
 	touch(holderUsed(t))
 	if f, err := openHeld(t); err == nil {
 		return f, nil

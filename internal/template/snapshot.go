@@ -1,4 +1,4 @@
-package sandbox
+package template
 
 import (
 	"context"
@@ -13,52 +13,53 @@ import (
 	"path/filepath"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-// snapshotTemplateID is the template a snapshot's sandboxes are cloned
+// SnapshotID is the id of the template a snapshot's sandboxes are cloned
 // from: like an image's template, but booted from the snapshot's state.
-func snapshotTemplateID(sid string) string {
+func SnapshotID(sid string) string {
 	h := sha256.Sum256([]byte("snapshot-template:" + sid))
 	return hex.EncodeToString(h[:16])
 }
 
-// EnsureSnapshotTemplate returns the template of snapshot sid, building it
+// EnsureSnapshot returns the template of snapshot sid, building it
 // once (concurrent callers in any process share one build): the snapshot's
 // full state is restored into a RAM file and saved as a template, whose
 // RAM its clones map copy-on-write and share (a fork template). The
 // snapshot's digests are checked before the build. cpus and memMiB are the
 // snapshot's.
-func EnsureSnapshotTemplate(ctx context.Context, l Layout, rt runtime.Runtime, sid string, key TemplateKey, log *slog.Logger) (Template, error) {
+func EnsureSnapshot(ctx context.Context, l statedir.Layout, rt runtime.Runtime, sid string, key Key, log *slog.Logger) (Template, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	sdir := l.SnapshotDir(sid)
-	var man PauseManifest
-	b, err := os.ReadFile(filepath.Join(sdir, PauseManifestFile))
+	var man statedir.PauseManifest
+	b, err := os.ReadFile(filepath.Join(sdir, statedir.PauseManifestFile))
 	if err != nil || json.Unmarshal(b, &man) != nil {
 		return Template{}, fmt.Errorf("snapshot %s has no readable manifest", sid)
 	}
 	key.Kernel, key.Initrd, key.Format = man.Kernel, man.Initrd, templateFormat
-	t := newTemplate(l, snapshotTemplateID(sid), key)
+	t := newTemplate(l, SnapshotID(sid), key)
 	return ensureBuilt(ctx, l, t, func() error { return buildSnapshotTemplate(ctx, t, rt, sdir, man, log) }, log)
 }
 
-func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, sdir string, man PauseManifest, log *slog.Logger) error {
+func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, sdir string, man statedir.PauseManifest, log *slog.Logger) error {
 	_ = os.RemoveAll(t.Dir)
 	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
 		return err
 	}
-	state := filepath.Join(sdir, PauseStateDir)
-	if sum, size, err := HashDir(state); err != nil || sum != man.StateSHA256 || size != man.StateBytes {
+	state := filepath.Join(sdir, statedir.PauseStateDir)
+	if sum, size, err := statedir.HashDir(state); err != nil || sum != man.StateSHA256 || size != man.StateBytes {
 		return fmt.Errorf("snapshot state is corrupt (its digest does not match the manifest): %v", err)
 	}
-	disk := filepath.Join(sdir, snapshotDisk)
+	disk := filepath.Join(sdir, statedir.SnapshotDisk)
 	h := sha256.New()
-	if _, err := hashFile(h, disk, snapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
+	if _, err := statedir.HashFile(h, disk, statedir.SnapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
 		return fmt.Errorf("snapshot disk is corrupt (its digest does not match the manifest): %v", err)
 	}
-	if err := CreateOverlay(ctx, t.Disk, disk, "qcow2", 0); err != nil {
+	if err := statedir.CreateOverlay(ctx, t.Disk, disk, "qcow2", 0); err != nil {
 		return err
 	}
 	spec := runtime.Spec{
@@ -86,9 +87,9 @@ func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, 
 	return errors.Join(os.Chmod(t.Snapshot, 0o700), os.Chmod(t.Dir, 0o711), os.Chmod(t.Disk, 0o444))
 }
 
-// removeSnapshotTemplate deletes the template built from snapshot sid.
-func removeSnapshotTemplate(l Layout, sid string) error {
-	dir := filepath.Join(l.Templates(), snapshotTemplateID(sid))
+// RemoveSnapshot deletes the template built from snapshot sid.
+func RemoveSnapshot(l statedir.Layout, sid string) error {
+	dir := filepath.Join(l.Templates(), SnapshotID(sid))
 	_ = os.Remove(dir + ".lock")
 	return os.RemoveAll(dir)
 }

@@ -1,4 +1,4 @@
-package sandbox
+package template
 
 import (
 	"context"
@@ -10,10 +10,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
@@ -21,7 +20,10 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
 // templateFormat changes whenever the template layout or the VM's device set
@@ -32,8 +34,8 @@ import (
 //	v5: no SVM/VMX in the guest CPU (no nested virtualization)
 const templateFormat = "v5"
 
-// TemplateKey is everything a restored clone must share with its template.
-type TemplateKey struct {
+// Key is everything a restored clone must share with its template.
+type Key struct {
 	Format      string `json:"format"`
 	ImageDigest string `json:"image_digest"`
 	ImagePath   string `json:"image_path"`
@@ -47,15 +49,15 @@ type TemplateKey struct {
 	VMM         string `json:"vmm"`
 }
 
-// TemplateDiskMiB is the root disk size templates of an image are built
+// DiskMiB is the root disk size templates of an image are built
 // with, and so the default --disk: clones of that size need no resize.
-func TemplateDiskMiB(imageSize int64) int {
+func DiskMiB(imageSize int64) int {
 	imgMiB := int((imageSize + (1<<20 - 1)) >> 20)
 	return max(2048, imgMiB+512)
 }
 
 // ID is the key's content hash (first 16 bytes, hex).
-func (k TemplateKey) ID() string {
+func (k Key) ID() string {
 	k.Format = templateFormat
 	b, _ := json.Marshal(k)
 	sum := sha256.Sum256(b)
@@ -67,21 +69,21 @@ type Template struct {
 	Dir      string
 	Disk     string // frozen qcow2 the clones' overlays are backed by
 	Snapshot string // directory for runtime.Spec.RestoreFrom
-	Key      TemplateKey
+	Key      Key
 	Built    bool          // true if this call built it
 	BuildDur time.Duration // how long the build took, if Built
 }
 
 type templateMeta struct {
-	Key       TemplateKey `json:"key"`
-	CreatedAt time.Time   `json:"created_at"`
+	Key       Key       `json:"key"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
-// EnsureTemplate returns the template for key, building it first if needed
+// Ensure returns the template for key, building it first if needed
 // (a cold boot plus a snapshot, a few seconds under TCG). Concurrent callers
 // in any process build it once: a flock on the template's lock file
 // serialises builders, and meta.json, written last, marks it complete.
-func EnsureTemplate(ctx context.Context, l Layout, rt runtime.Runtime, key TemplateKey, log *slog.Logger) (Template, error) {
+func Ensure(ctx context.Context, l statedir.Layout, rt runtime.Runtime, key Key, log *slog.Logger) (Template, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -90,7 +92,7 @@ func EnsureTemplate(ctx context.Context, l Layout, rt runtime.Runtime, key Templ
 	return ensureBuilt(ctx, l, t, func() error { return buildTemplate(ctx, t, rt, log) }, log)
 }
 
-func newTemplate(l Layout, id string, key TemplateKey) Template {
+func newTemplate(l statedir.Layout, id string, key Key) Template {
 	return Template{
 		Dir:      filepath.Join(l.Templates(), id),
 		Key:      key,
@@ -101,7 +103,7 @@ func newTemplate(l Layout, id string, key TemplateKey) Template {
 
 // ensureBuilt returns t once it is complete, running build (which fills
 // t.Dir) under the template's lock if no process has built it yet.
-func ensureBuilt(ctx context.Context, l Layout, t Template, build func() error, log *slog.Logger) (Template, error) {
+func ensureBuilt(ctx context.Context, l statedir.Layout, t Template, build func() error, log *slog.Logger) (Template, error) {
 	id, key := filepath.Base(t.Dir), t.Key
 	meta := filepath.Join(t.Dir, "meta.json")
 	if _, err := os.Stat(meta); err == nil {
@@ -131,14 +133,24 @@ func ensureBuilt(ctx context.Context, l Layout, t Template, build func() error, 
 		_ = os.RemoveAll(t.Dir)
 		return t, fmt.Errorf("build template: %w", err)
 	}
-	b, _ := json.MarshalIndent(templateMeta{Key: key, CreatedAt: time.Now().UTC()}, "", "  ")
-	if err := os.WriteFile(meta, b, 0o444); err != nil {
+	if err := MarkBuilt(t.Dir, key); err != nil {
 		_ = os.RemoveAll(t.Dir)
-		return t, fmt.Errorf("write template meta: %w", err)
+		return t, err
 	}
 	t.Built, t.BuildDur = true, time.Since(start)
 	log.Info("template ready", "template", id, "took", t.BuildDur.Round(time.Millisecond))
 	return t, nil
+}
+
+// MarkBuilt writes the meta.json of the template in dir, built for key (of
+// the current template format), which marks it complete.
+func MarkBuilt(dir string, key Key) error {
+	key.Format = templateFormat
+	b, _ := json.MarshalIndent(templateMeta{Key: key, CreatedAt: time.Now().UTC()}, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "meta.json"), b, 0o444); err != nil {
+		return fmt.Errorf("write template meta: %w", err)
+	}
+	return nil
 }
 
 func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slog.Logger) error {
@@ -146,7 +158,7 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
 		return err
 	}
-	if err := CreateOverlay(ctx, t.Disk, t.Key.ImagePath, "raw", t.Key.DiskMiB); err != nil {
+	if err := statedir.CreateOverlay(ctx, t.Disk, t.Key.ImagePath, "raw", t.Key.DiskMiB); err != nil {
 		return err
 	}
 	spec := runtime.Spec{
@@ -302,9 +314,9 @@ func DialAgent(ctx context.Context, inst runtime.Instance, conn net.Conn) (*agen
 	}
 	res := make(chan result, 1)
 	go func() {
-		// Messages up to MaxCodeMessageBytes: a code result carries an image
-		// of up to MaxResultValueBytes in one message.
-		c, err := agentapi.Dial(ctx, conn, agentapi.Options{MaxMessageBytes: MaxCodeMessageBytes})
+		// Messages up to guest.MaxCodeMessageBytes: a code result carries an
+		// image of up to guest.MaxResultValueBytes in one message.
+		c, err := agentapi.Dial(ctx, conn, agentapi.Options{MaxMessageBytes: guest.MaxCodeMessageBytes})
 		res <- result{c, err}
 	}()
 	select {
@@ -323,29 +335,25 @@ func DialAgent(ctx context.Context, inst runtime.Instance, conn net.Conn) (*agen
 	}
 }
 
-// CreateOverlay creates a qcow2 overlay at path backed by backing (format
-// "raw" or "qcow2"). sizeMiB 0 keeps the backing file's size.
-func CreateOverlay(ctx context.Context, path, backing, backingFmt string, sizeMiB int) error {
-	args := []string{"create", "-q", "-f", "qcow2", "-o", "backing_file=" + backing + ",backing_fmt=" + backingFmt, path}
-	if sizeMiB > 0 {
-		args = append(args, strconv.Itoa(sizeMiB)+"M")
+// GuestNetwork is the agent's network config for a sandbox: every guest has
+// the address netconf.GuestIP behind the gateway netconf.GatewayIP, which
+// also answers DNS; ca is the interception CA to trust (nil: none).
+// Disabled means no network at all: the NIC goes down.
+func GuestNetwork(enabled bool, ca []byte) *agentv1.NetworkConfig {
+	if !enabled {
+		return &agentv1.NetworkConfig{Enabled: false}
 	}
-	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu-img create: %w: %s", err, bytesTrim(out))
+	return &agentv1.NetworkConfig{
+		Enabled:     true,
+		Address:     netip.PrefixFrom(netconf.GuestIP, netconf.PrefixLen).String(),
+		Gateway:     netconf.GatewayIP.String(),
+		Nameservers: []string{netconf.GatewayIP.String()},
+		CaCertPem:   ca,
 	}
-	return nil
 }
 
-func bytesTrim(b []byte) string {
-	if len(b) > 512 {
-		b = b[:512]
-	}
-	return string(b)
-}
-
-// RemoveTemplates deletes every template booted from the image digest.
-func RemoveTemplates(l Layout, imageDigest string) error {
+// RemoveForImage deletes every template booted from the image digest.
+func RemoveForImage(l statedir.Layout, imageDigest string) error {
 	metas, _ := filepath.Glob(filepath.Join(l.Templates(), "*", "meta.json"))
 	var errs []error
 	for _, mp := range metas {
@@ -371,7 +379,7 @@ func (t Template) TakeOverlay(ctx context.Context, path string) error {
 			return nil
 		}
 	}
-	return CreateOverlay(ctx, path, t.Disk, "qcow2", 0)
+	return statedir.CreateOverlay(ctx, path, t.Disk, "qcow2", 0)
 }
 
 // MakeSpare creates one spare overlay for the next TakeOverlay, unless
@@ -381,10 +389,10 @@ func (t Template) MakeSpare(ctx context.Context) {
 	if len(spares) >= 2 {
 		return
 	}
-	tmp := filepath.Join(t.Dir, ".tmp-spare-"+NewID())
-	if err := CreateOverlay(ctx, tmp, t.Disk, "qcow2", 0); err != nil {
+	tmp := filepath.Join(t.Dir, ".tmp-spare-"+statedir.NewID())
+	if err := statedir.CreateOverlay(ctx, tmp, t.Disk, "qcow2", 0); err != nil {
 		_ = os.Remove(tmp)
 		return
 	}
-	_ = os.Rename(tmp, filepath.Join(t.Dir, "spare-"+NewID()+".qcow2"))
+	_ = os.Rename(tmp, filepath.Join(t.Dir, "spare-"+statedir.NewID()+".qcow2"))
 }

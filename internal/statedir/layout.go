@@ -1,12 +1,4 @@
-// Package sandbox is the sandbox manager: it creates sandboxes by starting a
-// shim per sandbox, finds and reconciles them through the catalog, builds the
-// booted templates clones start from, and talks to shims for the CLI.
-//
-// No daemon: every CLI command is a short-lived manager over the state dir.
-// A shim holds an exclusive flock on its sandbox's shim.lock for its whole
-// life, so "is the shim alive" is answered without PIDs (no reuse races):
-// if the lock can be taken, the shim is gone.
-package sandbox
+package statedir
 
 import (
 	"crypto/rand"
@@ -16,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 )
@@ -36,6 +29,20 @@ func (l Layout) RunDir(id string) string    { return filepath.Join(l.Dir(id), "r
 func (l Layout) Console(id string) string   { return filepath.Join(l.RunDir(id), "console.log") }
 func (l Layout) Templates() string          { return filepath.Join(l.Root, "templates") }
 func (l Layout) BootConfig() string         { return filepath.Join(l.Root, "boot.json") }
+func (l Layout) SnapshotsDir() string       { return filepath.Join(l.Root, "snapshots") }
+
+// SnapshotDir is snapshot id's directory: its state, disk and manifest.
+func (l Layout) SnapshotDir(id string) string { return filepath.Join(l.SnapshotsDir(), id) }
+
+// ImagePath returns the blob path of an image digest ("sha256:<hex>").
+func (l Layout) ImagePath(digest string) string {
+	return l.Root + "/images/blobs/" + strings.Replace(digest, ":", "-", 1) + ".ext4"
+}
+
+// ShimLockFD is the descriptor a shim inherits its sandbox's shim lock
+// (Layout.ShimLock) on, taken by the control plane before it claimed the
+// generation.
+const ShimLockFD = 5
 
 // idRe matches sandbox IDs: 20 lowercase base32 characters (100 random
 // bits), or 12 for sandboxes made before ids grew.
@@ -43,10 +50,12 @@ var idRe = regexp.MustCompile(`^[a-z2-7]{12}(?:[a-z2-7]{8})?$`)
 
 // NewID returns a fresh random sandbox ID: 100 bits, so an id cannot be
 // guessed even where it is the only thing a request names.
-func NewID() string { return randomID(20) }
+func NewID() string { return RandomID(20) }
 
-// randomID returns n random characters of [a-z2-7].
-func randomID(n int) string {
+// RandomID returns n random characters of [a-z2-7] (5 bits each), for
+// names that must not be guessed or collide: sandbox, exec and fork ids,
+// temporary files.
+func RandomID(n int) string {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz234567"
 	b := make([]byte, n)
 	_, _ = rand.Read(b)

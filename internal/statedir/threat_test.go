@@ -1,4 +1,4 @@
-package sandbox
+package statedir
 
 import (
 	"strings"
@@ -13,7 +13,7 @@ import (
 // other length), so ids can neither be guessed nor smuggle a path.
 func TestThreat105IdentifierHygiene(t *testing.T) {
 	const n = 20000
-	for name, gen := range map[string]func() string{"sandbox": NewID, "exec": NewExecID} {
+	for name, gen := range map[string]func() string{"sandbox": NewID, "exec": guest.NewExecID} {
 		seen := make(map[string]bool, n)
 		var used [32]bool
 		for range n {
@@ -42,7 +42,7 @@ func TestThreat105IdentifierHygiene(t *testing.T) {
 	if err := ValidateID(NewID()); err != nil {
 		t.Fatal(err)
 	}
-	if !guest.ValidExecID(NewExecID()) {
+	if !guest.ValidExecID(guest.NewExecID()) {
 		t.Fatal("a new exec id is refused")
 	}
 	for _, bad := range []string{"", "../../etc/pa", "aaaaaaaaaaa/", "AAAAAAAAAAAA", "aaaaaaaaaaaa\x00", "aaaaaaaaaaaaa",

@@ -1,0 +1,347 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
+	"github.com/airlock-sandbox/airlock/internal/shim"
+	"github.com/airlock-sandbox/airlock/internal/shim/shimtest"
+	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// These tests drive the manager over running sandboxes: each one's shim
+// runs in-process on the fake runtime (shimtest), and the manager talks to
+// it over its socket as it does in production. A shim does not import this
+// package, so its tests here can start real ones.
+
+// running is a manager over a shimtest state dir.
+type running struct {
+	*shimtest.Env
+	m *Manager
+}
+
+func newRunning(t *testing.T) *running {
+	t.Helper()
+	e := shimtest.New(t)
+	// No free-space reserve: the refusals tested here are the quotas', not
+	// the test machine's disk.
+	return &running{Env: e, m: &Manager{L: e.L, Store: e.Store, DiskReserve: -1}}
+}
+
+// start starts a running sandbox of tenant, as a create leaves it (the
+// catalog row in the shim's hands, the guest answering), with its row and
+// the shim's configuration changed by opts. The shim is shut down at the
+// end of the test if it still runs.
+func (r *running) start(t *testing.T, tenant string, opts ...func(*store.Sandbox, *shim.Config)) string {
+	t.Helper()
+	id := statedir.NewID()
+	sb := r.Row(id, time.Hour)
+	sb.Tenant = tenant
+	cfg := shim.Config{StateDir: r.L.Root, ID: id, Runtime: r.Runtime}
+	for _, o := range opts {
+		o(&sb, &cfg)
+	}
+	s := r.Start(t, sb, func(ready io.WriteCloser) error {
+		cfg.Ready = ready
+		return shim.Run(context.Background(), cfg)
+	})
+	t.Cleanup(func() {
+		if r.m.shimAlive(id) {
+			c := shimclient.New(r.L.Socket(id))
+			defer c.Close()
+			if err := c.Shutdown(context.Background()); err != nil {
+				t.Errorf("shut down %s: %v", id, err)
+			}
+		}
+		s.Wait(t)
+	})
+	return id
+}
+
+// sandboxDirs lists the state dir's sandbox directories.
+func (r *running) sandboxDirs(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir(r.L.Sandboxes())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// actions returns the audit trail of sandbox id (every sandbox if ""), as
+// "action tenant via" lines.
+func (r *running) actions(t *testing.T, id string) []string {
+	t.Helper()
+	evs, err := r.Store.ListEvents(t.Context(), store.EventFilter{SandboxID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		out = append(out, fmt.Sprintf("%s %s %v", e.Action, e.Tenant, e.Detail["via"]))
+	}
+	return out
+}
+
+func run(t *testing.T, m *Manager, c Caller, id string, argv ...string) (string, int, error) {
+	t.Helper()
+	st, err := m.Exec(t.Context(), c, id, guest.ExecSpec{Argv: argv}, false)
+	if err != nil {
+		return "", 0, err
+	}
+	defer st.Close()
+	var out bytes.Buffer
+	ex, err := guest.Drain(st, &out, io.Discard)
+	if err != nil {
+		return out.String(), 0, err
+	}
+	return out.String(), ex.Code, nil
+}
+
+// TestManagerRunningTenancy: on running sandboxes, a caller sees, runs
+// commands in and removes its own tenant's only; another tenant's sandbox
+// is not found exactly like a missing one, and nothing happens to it; an
+// admin sees and removes any. A remove ends the shim and leaves no row and
+// no directory, and is audited once, as its caller, with its surface.
+func TestManagerRunningTenancy(t *testing.T) {
+	r := newRunning(t)
+	ctx := t.Context()
+	a := r.start(t, "alice")
+	b := r.start(t, "bob")
+	missing := statedir.NewID()
+
+	for _, tc := range []struct {
+		name string
+		call func(id string) error
+	}{
+		{"Get", func(id string) error { _, err := r.m.Get(ctx, alice, id); return err }},
+		{"Exec", func(id string) error { _, _, err := run(t, r.m, alice, id, "true"); return err }},
+		{"Stats", func(id string) error { _, err := r.m.Stats(ctx, alice, id); return err }},
+		{"ListExecs", func(id string) error { _, err := r.m.ListExecs(ctx, alice, id); return err }},
+		{"Pause", func(id string) error { _, err := r.m.Pause(ctx, alice, id, true); return err }},
+		{"Remove", func(id string) error { return r.m.Remove(ctx, alice, id) }},
+	} {
+		other, absent := tc.call(b), tc.call(missing)
+		if !errors.Is(other, errdefs.ErrNotFound) || other.Error() != absent.Error() {
+			t.Errorf("%s: another tenant's sandbox %q, a missing one %q", tc.name, other, absent)
+		}
+	}
+	if sb, err := r.m.Get(ctx, bob, b); err != nil || sb.State != store.StateRunning || sb.Tenant != "bob" {
+		t.Fatalf("bob's sandbox after alice's attempts: %+v %v", sb, err)
+	}
+	if got := r.actions(t, ""); len(got) != 0 {
+		t.Fatalf("refused calls left an audit trail: %q", got)
+	}
+
+	ids := func(c Caller) []string {
+		sbs, err := r.m.List(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, sb := range sbs {
+			out = append(out, sb.ID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	both := []string{a, b}
+	slices.Sort(both)
+	for c, want := range map[*Caller][]string{&alice: {a}, &bob: {b}, &admin: both, {Tenant: "carol"}: nil} {
+		if got := ids(*c); !slices.Equal(got, want) {
+			t.Errorf("%q lists %v, want %v", c.Tenant, got, want)
+		}
+	}
+
+	// Its owner and an admin remove it.
+	if err := r.m.Remove(ctx, bob, b); err != nil {
+		t.Fatalf("bob removes his sandbox: %v", err)
+	}
+	if err := r.m.Remove(ctx, admin, a); err != nil {
+		t.Fatalf("an admin removes alice's sandbox: %v", err)
+	}
+	for _, id := range []string{a, b} {
+		if _, err := r.Store.GetSandbox(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("%s: row after remove: %v", id, err)
+		}
+		if r.m.shimAlive(id) {
+			t.Errorf("%s: shim alive after remove", id)
+		}
+	}
+	if dirs := r.sandboxDirs(t); len(dirs) != 0 {
+		t.Errorf("directories left after remove: %v", dirs)
+	}
+	if got, want := r.actions(t, a), []string{"sandbox.delete ops api"}; !slices.Equal(got, want) {
+		t.Errorf("alice's sandbox's audit trail %q, want %q", got, want)
+	}
+	if got, want := r.actions(t, b), []string{"sandbox.delete bob mcp"}; !slices.Equal(got, want) {
+		t.Errorf("bob's sandbox's audit trail %q, want %q", got, want)
+	}
+	if ids(admin) != nil {
+		t.Errorf("an admin still lists %v", ids(admin))
+	}
+}
+
+// TestManagerExec: a command runs through the manager's one exec path with
+// its output and exit code; the shim records its start and exit once each,
+// as the caller's tenant and key.
+func TestManagerExec(t *testing.T) {
+	r := newRunning(t)
+	id := r.start(t, "alice")
+	out, code, err := run(t, r.m, alice, id, "echo", "hello")
+	if err != nil || code != 0 || out != "hello\n" {
+		t.Fatalf("echo hello: %q, exit %d, %v", out, code, err)
+	}
+	if _, code, err = run(t, r.m, alice, id, "exit", "7"); err != nil || code != 7 {
+		t.Fatalf("exit 7: exit %d, %v", code, err)
+	}
+	// A bad spec is refused before the sandbox is asked.
+	if _, _, err := run(t, r.m, alice, id); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("an empty argv: %v", err)
+	}
+	evs, err := r.Store.ListEvents(t.Context(), store.EventFilter{SandboxID: id, Type: "exec"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.Action+" "+e.Tenant+" "+e.KeyID)
+	}
+	want := []string{"exec.start alice ka", "exec.exit alice ka", "exec.start alice ka", "exec.exit alice ka"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("exec events %q, want %q", got, want)
+	}
+	infos, err := r.m.ListExecs(t.Context(), alice, id)
+	if err != nil || len(infos) != 2 {
+		t.Fatalf("execs: %+v %v", infos, err)
+	}
+}
+
+// TestManagerAuditsOnceWithVia: what the manager does for a caller is
+// audited once per action, as the caller, with the surface it came
+// through.
+func TestManagerAuditsOnceWithVia(t *testing.T) {
+	r := newRunning(t)
+	ctx := t.Context()
+	id := r.start(t, "alice")
+	viaMCP := alice
+	viaMCP.Via = "mcp"
+	if err := r.m.SetTimeout(ctx, alice, id, 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.m.WriteFile(ctx, viaMCP, id, "/tmp/f", 0o644, strings.NewReader("abc")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.m.CreateContext(ctx, alice, id, guest.ContextSpec{ID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	// Reads are not audited.
+	if _, err := r.m.Get(ctx, alice, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.m.Stats(ctx, alice, id); err != nil {
+		t.Fatal(err)
+	}
+	got := r.actions(t, id)
+	want := []string{"sandbox.timeout alice api", "file.write alice mcp", "context.create alice api"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("audit trail %q, want %q", got, want)
+	}
+}
+
+// TestManagerPauseRefusedWithSecrets: a sandbox with secrets is never
+// paused (their values live only in its shim's memory): the manager
+// reports the shim's refusal, the sandbox keeps running and nothing is
+// audited.
+func TestManagerPauseRefusedWithSecrets(t *testing.T) {
+	r := newRunning(t)
+	id := r.start(t, "alice", func(sb *store.Sandbox, c *shim.Config) {
+		c.Secrets = netconf.Values{"API_TOKEN": "s3cret-value"}
+		n, err := netconf.Spec{Secrets: []netconf.Secret{{Name: "API_TOKEN", Hosts: []string{"api.test"}}}}.Normalize(c.Secrets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.Network = n
+	})
+	for _, force := range []bool{false, true} {
+		_, err := r.m.Pause(t.Context(), alice, id, force)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "secrets") || strings.Contains(err.Error(), "s3cret-value") {
+			t.Fatalf("pause (force %v) of a sandbox with secrets: %v", force, err)
+		}
+	}
+	if sb, err := r.m.Get(t.Context(), alice, id); err != nil || sb.State != store.StateRunning {
+		t.Fatalf("after the refused pauses: %+v %v", sb, err)
+	}
+	if _, code, err := run(t, r.m, alice, id, "true"); err != nil || code != 0 {
+		t.Fatalf("exec after the refused pauses: exit %d, %v", code, err)
+	}
+	evs, err := r.Store.ListEvents(t.Context(), store.EventFilter{SandboxID: id, Type: "sandbox"})
+	if err != nil || len(evs) != 0 {
+		t.Fatalf("refused pauses were audited: %+v %v", evs, err)
+	}
+}
+
+// TestManagerCreateRefusedLeavesNothing: a create over any of the tenant's
+// quotas is a *QuotaError naming it, and one whose shim never comes up
+// fails; neither leaves a catalog row, a sandbox directory or an audit
+// event behind, and neither holds quota afterwards.
+func TestManagerCreateRefusedLeavesNothing(t *testing.T) {
+	r := newRunning(t)
+	ctx := t.Context()
+	existing := r.start(t, "alice") // 1 vCPU, 256 MiB
+	tight := Caller{Tenant: "alice", KeyID: "ka", Via: "api", Limits: Limits{MaxSandboxes: 2, MaxVCPUs: 2, MaxMemoryMiB: 1024}}
+	full := tight
+	full.Limits.MaxSandboxes = 1
+	for _, tc := range []struct {
+		name  string
+		c     Caller
+		o     CreateOptions
+		quota string
+	}{
+		{"sandboxes", full, CreateOptions{}, "max_sandboxes"},
+		{"vcpus", tight, CreateOptions{CPUs: 2}, "max_vcpus"},
+		{"memory", tight, CreateOptions{MemoryMiB: 1024}, "max_memory_mb"},
+	} {
+		_, err := r.m.Create(ctx, tc.c, tc.o)
+		q, ok := errors.AsType[*QuotaError](err)
+		if !ok || q.Quota != tc.quota || !errors.Is(err, errdefs.ErrResourceExhausted) {
+			t.Errorf("%s: %v, want a %s quota error", tc.name, err, tc.quota)
+		}
+	}
+	// Within quota, but the shim cannot start: the row and directory made
+	// for it are removed again.
+	r.m.Exe = "/nonexistent/airlock"
+	if _, err := r.m.Create(ctx, tight, CreateOptions{}); err == nil || errors.As(err, new(*QuotaError)) {
+		t.Fatalf("a create whose shim cannot start: %v", err)
+	}
+	sbs, err := r.m.List(ctx, admin)
+	if err != nil || len(sbs) != 1 || sbs[0].ID != existing {
+		t.Fatalf("after the refused creates: %+v %v", sbs, err)
+	}
+	if dirs := r.sandboxDirs(t); !slices.Equal(dirs, []string{existing}) {
+		t.Fatalf("sandbox directories after the refused creates: %v", dirs)
+	}
+	if got := r.actions(t, ""); len(got) != 0 {
+		t.Fatalf("refused creates were audited: %q", got)
+	}
+	if len(r.m.quota.pending) != 0 {
+		t.Fatalf("refused creates hold quota: %v", r.m.quota.pending)
+	}
+}
