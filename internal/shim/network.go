@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,34 +24,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
-
-// maxSecretsJSON bounds what the shim reads from the secrets pipe.
-const maxSecretsJSON = 1 << 20
-
-// ReadSecrets reads the secret values the manager writes to the shim's
-// secrets pipe (JSON object name -> value), then closes it. A nil file
-// means none.
-func ReadSecrets(f *os.File) (netconf.Values, error) {
-	if f == nil {
-		return nil, nil
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxSecretsJSON+1))
-	if err != nil {
-		return nil, fmt.Errorf("read secrets pipe: %w", err)
-	}
-	if len(b) > maxSecretsJSON {
-		return nil, errors.New("secrets pipe: too much data")
-	}
-	if len(b) == 0 {
-		return nil, nil
-	}
-	var v netconf.Values
-	if err := json.Unmarshal(b, &v); err != nil {
-		return nil, errors.New("secrets pipe: not a JSON object of strings")
-	}
-	return v, nil
-}
 
 // network is the sandbox's running network: the egress engine on the
 // guest's link, published ports and ports.sock.

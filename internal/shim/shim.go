@@ -71,7 +71,7 @@ type Config struct {
 	// (runtimes like gvisor that run on a directory, not a disk image):
 	// then there is no disk overlay and no template.
 	RootDir func(context.Context, store.Sandbox) (string, error)
-	// Secrets are the values of the sandbox's secrets (ReadSecrets).
+	// Secrets are the values of the sandbox's secrets (shimconf.Doc).
 	Secrets netconf.Values
 	// Lock, if set, is the sandbox's shim lock, already taken by the
 	// control plane that claimed the sandbox's generation and started this
@@ -86,8 +86,9 @@ type Config struct {
 	// of intercepted connections ("" for none).
 	UpstreamCAFile string
 	// TestDialMap is a TEST HOOK ("a.b.c.d=w.x.y.z,..."): where the policy
-	// allowed a flow to a.b.c.d the shim dials w.x.y.z instead. Only
-	// `airlock shim` sets it, from envknob.TestDialMap.
+	// allowed a flow to a.b.c.d the shim dials w.x.y.z instead. `airlock
+	// shim` sets it from its configuration document (shimconf), which the
+	// control plane's command fills from envknob.TestDialMap.
 	TestDialMap string
 	// HostCgroupParent, if set, is the host cgroup under which the shim
 	// makes the sandbox's envelope (hostcg: memory and pids limits
