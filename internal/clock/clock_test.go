@@ -1,6 +1,7 @@
 package clock
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -16,6 +17,10 @@ func TestFakeFiresInOrderOnlyWhenAdvanced(t *testing.T) {
 	f.AfterFunc(30*time.Second, func() { fired <- f.Now() })
 	if n := f.Pending(); n != 4 {
 		t.Fatalf("pending %d, want 4", n)
+	}
+	want := []time.Time{t0.Add(20 * time.Second), t0.Add(30 * time.Second), t0.Add(time.Minute), t0.Add(time.Hour)}
+	if got := f.Deadlines(); !slices.Equal(got, want) {
+		t.Fatalf("deadlines %v, want %v", got, want)
 	}
 	select {
 	case <-short.C():

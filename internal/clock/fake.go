@@ -1,6 +1,7 @@
 package clock
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -35,6 +36,20 @@ func (f *Fake) Pending() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.timers)
+}
+
+// Deadlines returns when the pending timers and tickers fire next,
+// earliest first: a test waits for a deadline to appear (or move) to know
+// that the code under test armed (or reset) its timer.
+func (f *Fake) Deadlines() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]time.Time, 0, len(f.timers))
+	for t := range f.timers {
+		out = append(out, t.when)
+	}
+	slices.SortFunc(out, time.Time.Compare)
+	return out
 }
 
 // Advance moves the time forward by d, firing every timer and tick due

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
@@ -51,7 +52,7 @@ func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.
 	if err != nil {
 		return nil, err
 	}
-	n := &network{s: s, spec: spec, audit: newAuditor(s.st, sb, s.log)}
+	n := &network{s: s, spec: spec, audit: newAuditor(s.st, sb, s.log, s.clk)}
 	nctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
 	ok := false
@@ -369,11 +370,11 @@ type auditor struct {
 
 const auditQueue = 4096
 
-func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, ...any) }) *auditor {
-	a := &auditor{st: st, sb: sb, ch: make(chan store.Event, auditQueue), limit: newAuditLimit(), now: time.Now, done: make(chan struct{})}
+func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, ...any) }, clk clock.Clock) *auditor {
+	a := &auditor{st: st, sb: sb, ch: make(chan store.Event, auditQueue), limit: newAuditLimit(), now: clk.Now, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		tick := time.NewTicker(auditInterval)
+		tick := clk.NewTicker(auditInterval)
 		defer tick.Stop()
 		report := func() {
 			for _, e := range a.limit.flush(sb, a.now()) {
@@ -396,7 +397,7 @@ func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, 
 				if _, err := st.AppendEvent(context.Background(), e); err != nil {
 					log.Error("audit", "err", err)
 				}
-			case <-tick.C:
+			case <-tick.C():
 				report()
 			}
 		}
