@@ -80,7 +80,7 @@ func TestFakeStopDropsAStaleValue(t *testing.T) {
 
 func TestReal(t *testing.T) {
 	t.Parallel()
-	var c Clock = Or(nil)
+	c := Or(nil)
 	tm := c.AfterFunc(time.Hour, func() {})
 	if !tm.Stop() {
 		t.Fatal("Stop of a pending real timer")
