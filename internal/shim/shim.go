@@ -4,7 +4,10 @@
 //
 // Contract with the manager (internal/sandbox):
 //   - start: the manager creates the catalog row (state creating) and the
-//     sandbox dir, then starts the shim detached with fd 3 a pipe. The shim
+//     sandbox dir, then starts the shim detached with fd 3 a pipe, its
+//     configuration document on fd 4 (internal/shimconf: every setting,
+//     the secret values included; `airlock shim` reads it into Config) and
+//     the shim lock on fd 5. The shim
 //     takes an exclusive flock on shim.lock (held until it exits), boots or
 //     restores the guest, serves its services on shim.sock, marks the
 //     row running and writes "ok\n" to fd 3; on failure it marks the row
