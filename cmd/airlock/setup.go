@@ -373,12 +373,14 @@ func shimCmd(g *globals) *cobra.Command {
 }
 
 // readShimConfig reads the shim's configuration document on descriptor
-// shimconf.FD and checks that it names sandbox id (--id).
+// shimconf.FD, a pipe from the control plane, and checks that it names
+// sandbox id (--id).
 func readShimConfig(id string) (shimconf.Doc, error) {
-	f := os.NewFile(shimconf.FD, "shim-config")
-	if f == nil {
-		return shimconf.Doc{}, fmt.Errorf("%w: no configuration on descriptor %d (airlock starts its shims itself)", errdefs.ErrInvalid, shimconf.FD)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(shimconf.FD, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+		return shimconf.Doc{}, fmt.Errorf("%w: no configuration pipe on descriptor %d (airlock starts its shims itself)", errdefs.ErrInvalid, shimconf.FD)
 	}
+	f := os.NewFile(shimconf.FD, "shim-config")
 	defer f.Close()
 	doc, err := shimconf.Read(f)
 	if err != nil {
