@@ -10,6 +10,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -23,9 +24,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimconf"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -163,7 +166,13 @@ func openManager(ctx context.Context, cfg config) (*sandbox.Manager, func(), err
 		return nil, nil, err
 	}
 	m := &sandbox.Manager{L: l, Store: st, Log: cfg.log, Exe: cfg.airlock,
-		ShimArgs: []string{"--accel", cfg.accel, "--log-level", "info"},
+		// The shims it starts get the flags and the environment knobs of
+		// this process (as `airlock` gives its own), and the host cgroup
+		// mode `airlock` would take from its environment.
+		Shim: shimconf.Options{
+			Accel: cfg.accel, LogLevel: "info", HostCgroups: cmp.Or(os.Getenv("AIRLOCK_HOST_CGROUPS"), "auto"),
+			DNS: envknob.DNS.Get(), UpstreamCAFile: envknob.UpstreamCAFile.Get(), TestDialMap: envknob.TestDialMap.Get(),
+		},
 		// The rows the manager runs (pause, resume, fork) are qemu's; the
 		// runtime rows create through the CLI with --runtime.
 		Runtime: func(context.Context) (string, error) { return "qemu", nil }}

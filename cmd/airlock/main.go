@@ -17,8 +17,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/shimconf"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -196,7 +198,14 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 		st.Close()
 		return nil, nil, err
 	}
-	m := &sandbox.Manager{L: l, Store: st, Log: g.log, ShimArgs: []string{"--accel", g.accel, "--log-level", "info", "--host-cgroups", g.hostCgroups, "--disk-reserve", g.diskReserve}, DiskReserve: reserve,
+	// What every shim this process starts gets in its configuration
+	// document: the flags, and the environment knobs read here (the shim
+	// reads no environment knob itself).
+	shimOpts := shimconf.Options{
+		Accel: g.accel, LogLevel: "info", HostCgroups: g.hostCgroups,
+		DNS: envknob.DNS.Get(), UpstreamCAFile: envknob.UpstreamCAFile.Get(), TestDialMap: envknob.TestDialMap.Get(),
+	}
+	m := &sandbox.Manager{L: l, Store: st, Log: g.log, Shim: shimOpts, DiskReserve: reserve,
 		Runtime: func(ctx context.Context) (string, error) {
 			c := g.pickRuntime(ctx)
 			return c.name, c.err

@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/bootfiles"
-	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/image"
@@ -23,6 +22,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
 	"github.com/airlock-sandbox/airlock/internal/shim"
+	"github.com/airlock-sandbox/airlock/internal/shimconf"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
@@ -321,7 +321,7 @@ func shimCmd(g *globals) *cobra.Command {
 	var id string
 	cmd := &cobra.Command{
 		Use:    "shim --id ID",
-		Short:  "Per-sandbox supervisor (started by airlock itself)",
+		Short:  "Per-sandbox supervisor (started by airlock itself, its configuration on descriptor 4)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -333,47 +333,67 @@ func shimCmd(g *globals) *cobra.Command {
 			if lock != nil {
 				syscall.CloseOnExec(statedir.ShimLockFD)
 			}
+			fail := func(err error) error {
+				if ready != nil {
+					fmt.Fprintf(ready, "error: %s\n", err)
+				}
+				return err
+			}
+			// Every setting comes from the configuration document
+			// (shimconf), read and checked before anything else; --id only
+			// names the sandbox for ps and must agree with it.
+			doc, err := readShimConfig(id)
+			if err != nil {
+				return fail(err)
+			}
+			g.stateDir, g.runtime, g.accel, g.logLevel, g.hostCgroups = doc.StateDir, doc.Runtime, doc.Accel, doc.LogLevel, doc.HostCgroups
+			if err := g.setup(); err != nil {
+				return fail(err)
+			}
 			l := statedir.Layout{Root: g.stateDir}
 			bc, err := l.LoadBootConfig()
 			if err != nil {
-				if ready != nil {
-					fmt.Fprintf(ready, "error: %s\n", err)
-				}
-				return err
+				return fail(err)
 			}
 			rt, rootDir, err := sandboxRuntime(g, bc)
 			if err != nil {
-				if ready != nil {
-					fmt.Fprintf(ready, "error: %s\n", err)
-				}
-				return err
-			}
-			// The shim must outlive the CLI's signals; it stops on its own
-			// terms (rm, lifetime, VMM exit, SIGTERM handled in shim.Run).
-			secrets, err := shim.ReadSecrets(os.NewFile(4, "secrets"))
-			if err != nil {
-				if ready != nil {
-					fmt.Fprintf(ready, "error: %s\n", err)
-				}
-				return err
-			}
-			reserve, err := parseReserve(g.diskReserve)
-			if err != nil {
-				if ready != nil {
-					fmt.Fprintf(ready, "error: %s\n", err)
-				}
-				return err
+				return fail(err)
 			}
 			exe, _ := os.Executable()
+			// The shim must outlive the CLI's signals; it stops on its own
+			// terms (rm, lifetime, VMM exit, SIGTERM handled in shim.Run).
 			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
-				StateDir: g.stateDir, ID: id, Ready: ready, Runtime: rt, RootDir: rootDir, Exe: exe, Secrets: secrets, Lock: lock, Log: g.log.With("component", "shim"),
-				DNS: envknob.DNS.Get(), UpstreamCAFile: envknob.UpstreamCAFile.Get(), TestDialMap: envknob.TestDialMap.Get(),
-				HostCgroupParent: hostCgroupParent(g), HostCgroupRequired: g.hostCgroups == "on", DiskReserve: reserve,
+				StateDir: g.stateDir, ID: doc.ID, Ready: ready, Runtime: rt, RootDir: rootDir, Exe: exe, Secrets: doc.Secrets, Lock: lock, Log: g.log.With("component", "shim"),
+				DNS: doc.DNS, UpstreamCAFile: doc.UpstreamCAFile, TestDialMap: doc.TestDialMap,
+				HostCgroupParent: hostCgroupParent(g), HostCgroupRequired: g.hostCgroups == "on", DiskReserve: doc.DiskReserve,
 			})
 		},
 	}
-	cmd.Flags().StringVar(&id, "id", "", "sandbox id")
+	cmd.Flags().StringVar(&id, "id", "", "sandbox id (must match the configuration's)")
 	return cmd
+}
+
+// readShimConfig reads the shim's configuration document on descriptor
+// shimconf.FD, a pipe from the control plane, and checks that it names
+// sandbox id (--id).
+func readShimConfig(id string) (shimconf.Doc, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(shimconf.FD, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+		return shimconf.Doc{}, fmt.Errorf("%w: no configuration pipe on descriptor %d (airlock starts its shims itself)", errdefs.ErrInvalid, shimconf.FD)
+	}
+	f := os.NewFile(shimconf.FD, "shim-config")
+	defer f.Close()
+	doc, err := shimconf.Read(f)
+	if err != nil {
+		return shimconf.Doc{}, err
+	}
+	if err := statedir.ValidateID(doc.ID); err != nil {
+		return shimconf.Doc{}, err
+	}
+	if id != doc.ID {
+		return shimconf.Doc{}, fmt.Errorf("%w: shim --id %q does not match its configuration's sandbox %s", errdefs.ErrInvalid, id, doc.ID)
+	}
+	return doc, nil
 }
 
 func holderCmd(g *globals) *cobra.Command {

@@ -36,8 +36,9 @@ func register(name, doc string, testHook bool) Knob {
 // All returns every registered knob, in declaration order.
 func All() []Knob { return slices.Clone(knobs) }
 
-// The shim's knobs: `airlock shim` reads them and passes the values in
-// shim.Config.
+// The shim's knobs: the command that builds the sandbox.Manager reads them
+// into Manager.Shim, and each shim gets the values in its configuration
+// document (internal/shimconf); the shim process reads no knob.
 var (
 	// DNS lists the resolvers ("ip[:port],...") the shim forwards guest DNS
 	// queries to; unset: the nameservers of /etc/resolv.conf.

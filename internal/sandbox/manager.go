@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,10 +20,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/shimconf"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
@@ -68,8 +69,11 @@ type Manager struct {
 	// Exe is the airlock binary the shim is started from (default: this
 	// process's executable).
 	Exe string
-	// ShimArgs are extra flags for the shim (e.g. --accel).
-	ShimArgs []string
+	// Shim are the settings every shim this manager starts gets in its
+	// configuration document (shimconf.Doc), beside the sandbox's own: the
+	// command's flags and environment knobs, read by the command (cmd/),
+	// never here.
+	Shim shimconf.Options
 	// Runtime picks the runtime of a new sandbox ("qemu" or "gvisor");
 	// nil means qemu. A sandbox keeps its runtime for its lifetime.
 	Runtime func(context.Context) (string, error)
@@ -314,43 +318,49 @@ func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netco
 		return fmt.Errorf("shim log: %w", err)
 	}
 	defer logf.Close()
+	root, err := filepath.Abs(m.L.Root)
+	if err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	doc := shimconf.Doc{
+		Version: shimconf.Version, StateDir: root, ID: id, Runtime: cmp.Or(sb.Runtime, "qemu"),
+		DiskReserve: m.DiskReserve, Options: m.Shim.WithDefaults(), Secrets: secrets,
+	}
+	if err := doc.Validate(); err != nil {
+		return err
+	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return err
 	}
 	defer pr.Close()
-	// Secret values reach the shim through a pipe: never argv, env or disk.
-	sr, sw, err := os.Pipe()
+	// The configuration, secret values included, reaches the shim through
+	// a pipe: never argv, env or disk.
+	cr, cw, err := os.Pipe()
 	if err != nil {
 		pw.Close()
 		return err
 	}
-	defer sr.Close()
-	args := append([]string{"shim", "--state-dir", m.L.Root, "--id", id, "--runtime", cmp.Or(sb.Runtime, "qemu")}, m.ShimArgs...)
-	cmd := exec.Command(exe, args...)
+	defer cr.Close()
+	// argv names the sandbox for ps; the shim checks it against the
+	// document.
+	cmd := exec.Command(exe, "shim", "--id", id)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw, sr, lock} // fd 3: readiness, fd 4: secrets, fd 5: shim lock
+	cmd.ExtraFiles = []*os.File{pw, cr, lock} // fd 3: readiness, fd 4 (shimconf.FD): config, fd 5: shim lock
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	// The shim gets the values over the pipe; the caller's own copies in
-	// its environment (`--secret NAME@host` reads $NAME) stay behind.
-	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		k, _, _ := strings.Cut(kv, "=")
-		_, isSecret := secrets[k]
-		return isSecret
-	})
+	cmd.Env = shimEnv(os.Environ(), secrets)
 	if err := cmd.Start(); err != nil {
 		pw.Close()
-		sw.Close()
+		cw.Close()
 		return fmt.Errorf("start shim: %w", err)
 	}
 	pw.Close()
-	sr.Close()
+	cr.Close()
 	lock.Close() // the shim holds it now
 	go func() {
-		defer sw.Close()
-		if len(secrets) > 0 {
-			b, _ := json.Marshal(secrets)
-			_, _ = sw.Write(b)
+		defer cw.Close()
+		if err := shimconf.Write(cw, doc); err != nil {
+			m.log().Warn("write shim config", "sandbox_id", id, "err", err)
 		}
 	}()
 	waited := make(chan error, 1)
@@ -375,6 +385,23 @@ func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netco
 		_ = cmd.Process.Kill()
 		return fmt.Errorf("wait for sandbox: %w", ctx.Err())
 	}
+}
+
+// shimEnv is the environment a shim starts with: this process's, less the
+// caller's own copies of the secret values (`--secret NAME@host` reads
+// $NAME; the shim gets the values in its document) and the environment
+// knobs (the command read them into Manager.Shim: the shim reads its
+// settings from its document only).
+func shimEnv(environ []string, secrets netconf.Values) []string {
+	knobs := map[string]bool{}
+	for _, k := range envknob.All() {
+		knobs[k.Name] = true
+	}
+	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		_, isSecret := secrets[k]
+		return isSecret || knobs[k]
+	})
 }
 
 // shimAlive reports whether the shim of id holds its lock.

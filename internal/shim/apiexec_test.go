@@ -21,6 +21,7 @@ import (
 // stdin) reaches a real shim over one connection and reads the sandbox's
 // row once; a second exec reuses the connection.
 func TestAPIExecOneConnectionOneRead(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	defer h.stop(t)
 	m := h.manager()
@@ -113,6 +114,7 @@ func TestAPIExecOneConnectionOneRead(t *testing.T) {
 // exec_not_started through the API and a guest.StartError through the
 // manager, never "sandbox not found"; the sandbox keeps working.
 func TestExecNotStarted(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	defer h.stop(t)
 	m := h.manager()
@@ -177,6 +179,7 @@ func TestExecNotStarted(t *testing.T) {
 // manager, so the local CLI's (Local caller, via "cli") are audited like
 // an API key's.
 func TestManagerAuditsEverySurface(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	defer h.stop(t)
 	m := h.manager()

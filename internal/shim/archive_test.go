@@ -45,6 +45,7 @@ func testTar(t *testing.T, files map[string]string) []byte {
 // comes back out through the shim's relay (fake agent), with the shim's
 // path checks, the client's byte cap and the manager's audit event.
 func TestArchiveThroughShimAndManager(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	m := h.manager()
 	ctx := t.Context()

@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -16,6 +16,7 @@ import (
 // every event is either recorded singly or counted in its kind's row, and
 // more kinds than rows are counted as dropped.
 func TestAuditLimitFoldsAFlood(t *testing.T) {
+	t.Parallel()
 	l := newAuditLimit()
 	sb := store.Sandbox{ID: "sb1", Tenant: "acme"}
 	now := time.Unix(1000, 0)
@@ -81,20 +82,19 @@ func TestAuditLimitFoldsAFlood(t *testing.T) {
 // through the shim's auditor, as the egress engine delivers them, leaves
 // a few hundred rows in a real catalog, and the counts add up to the flood.
 func TestAuditorFloodBoundsCatalog(t *testing.T) {
+	t.Parallel()
 	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
 	sb := store.Sandbox{ID: "sbflood", Tenant: "acme"}
-	a := newAuditor(st, sb, slog.New(slog.DiscardHandler))
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixNano()) // recent: the catalog keeps 90 days
-	a.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	clk := clock.NewFake(time.Now()) // recent: the catalog keeps 90 days
+	a := newAuditor(st, sb, slog.New(slog.DiscardHandler), clk)
 	const n = 200000
 	for i := range n {
 		if i%1000 == 0 {
-			clock.Add(int64(50 * time.Millisecond)) // 200,000 events over 10 s
+			clk.Advance(50 * time.Millisecond) // 200,000 events over 10 s
 		}
 		a.add(egress.Event{Action: "net.deny", Detail: map[string]any{"proto": "udp", "dst": fmt.Sprintf("10.%d.%d.%d:53", i>>16&255, i>>8&255, i&255), "rule": "floor", "class": "private"}})
 	}

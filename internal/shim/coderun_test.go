@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // startGate holds the fake guest's interpreter starts while closed.
@@ -81,7 +83,13 @@ func next(t *testing.T, events <-chan guest.CodeEvent) guest.CodeEvent {
 // context comes back on the next run, which says so first and why it had
 // died (#21 item 5); contexts ls says how a dead one ended.
 func TestRunCodeProgressAndRestart(t *testing.T) {
-	h := newHarness(t, time.Hour)
+	t.Parallel()
+	// The system clock: the restarts below are held past a run's timeout
+	// plus a short grace, in real time, and must not count against it.
+	h := newHarness(t, time.Hour, func(_ *store.Sandbox, c *Config) {
+		c.Clock = clock.Real{}
+		c.serving = func(s *shim) { s.contexts.grace = 50 * time.Millisecond }
+	})
 	m := h.manager()
 	m.ContextProgress = sandbox.ContextProgress{Delay: time.Millisecond, Every: 10 * time.Millisecond}
 	gate := &startGate{started: make(chan string, 8)}
@@ -129,9 +137,6 @@ func TestRunCodeProgressAndRestart(t *testing.T) {
 	// The restart does not count against the run's timeout (the shim's
 	// deadline is the timeout plus timeoutGrace): the first case holds it
 	// for over a second, past a 100 ms timeout.
-	old := timeoutGrace
-	timeoutGrace = 50 * time.Millisecond
-	t.Cleanup(func() { timeoutGrace = old })
 	for i, tc := range []struct{ code, reason string }{
 		{"kill(9)", "killed by signal 9"},
 		{"oom()", "out of memory"},
@@ -208,7 +213,16 @@ func TestRunCodeProgressAndRestart(t *testing.T) {
 			return gone
 		})
 	}()
-	<-gate.started
+	// The context's start reaches the guest (and waits there), unless the
+	// client's error at the first status ended the run before it got
+	// there (a loaded machine): either way the run ends with that error.
+	select {
+	case <-gate.started:
+	case err := <-errc:
+		errc <- err
+	case <-time.After(time.Minute):
+		t.Fatal("the run of a gone client neither started its context nor ended")
+	}
 	select {
 	case err := <-errc:
 		if !errors.Is(err, gone) {
@@ -225,6 +239,7 @@ func TestRunCodeProgressAndRestart(t *testing.T) {
 // wrote (not those it left alone, not other files) as results before the
 // end, with their paths relative to the context's directory.
 func TestRunCodeReturnFiles(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	m := h.manager()
 	ctx := t.Context()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
@@ -43,7 +44,9 @@ const (
 // `end`.
 type contextRelay struct {
 	agent *agentapi.Client
-	env   []string // the sandbox's default environment
+	env   []string      // the sandbox's default environment
+	clk   clock.Clock   // host-side deadlines and durations (nil: the system clock)
+	grace time.Duration // past a run's timeout, the host's deadline (timeoutGrace)
 }
 
 var _ shimv2connect.ContextServiceHandler = (*contextRelay)(nil)
@@ -212,10 +215,11 @@ func (r *contextRelay) Run(ctx context.Context, req *connect.Request[shimv2.RunC
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	g := &runGuard{limit: msg.GetMaxOutputBytes(), t0: time.Now(), contextID: msg.GetContextId()}
+	clk := clock.Or(r.clk)
+	g := &runGuard{limit: msg.GetMaxOutputBytes(), clk: clk, t0: clk.Now(), contextID: msg.GetContextId()}
 	if t := msg.GetTimeoutMs(); t > 0 {
-		d := time.Duration(t)*time.Millisecond + timeoutGrace
-		timer := time.AfterFunc(d, func() { g.hostTimedOut.Store(true); cancel() })
+		d := time.Duration(t)*time.Millisecond + r.grace
+		timer := clk.AfterFunc(d, func() { g.hostTimedOut.Store(true); cancel() })
 		defer timer.Stop()
 	}
 	in, err := r.agent.Contexts.Run(ctx, connect.NewRequest(msg))
@@ -273,6 +277,7 @@ type runGuard struct {
 	limit        uint64
 	sent         uint64
 	truncated    bool
+	clk          clock.Clock
 	t0           time.Time
 	contextID    string
 }
@@ -280,7 +285,7 @@ type runGuard struct {
 // madeUpEnd is the end the host reports when the agent missed the deadline.
 func (g *runGuard) madeUpEnd() *agentv1.RunCodeEvent {
 	return &agentv1.RunCodeEvent{Event: &agentv1.RunCodeEvent_End{End: &agentv1.CodeEnd{
-		TimedOut: true, Truncated: g.truncated, DurationMs: time.Since(g.t0).Milliseconds(), ContextId: g.contextID,
+		TimedOut: true, Truncated: g.truncated, DurationMs: g.clk.Now().Sub(g.t0).Milliseconds(), ContextId: g.contextID,
 	}}}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // codeRun is what a RunCode delivered.
@@ -60,6 +61,7 @@ func runCode(t *testing.T, m *sandbox.Manager, id string, req guest.CodeRequest)
 }
 
 func TestContextsThroughShimAndManager(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	m := h.manager()
 	ctx := t.Context()
@@ -138,17 +140,16 @@ func TestContextsThroughShimAndManager(t *testing.T) {
 		r, _ := runCode(t, m, h.id, guest.CodeRequest{Code: "sleep(30)", ContextID: "js1"})
 		done <- r
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	if !testutil.WaitFor(t, 5*time.Second, func() bool {
 		list, _ := m.ListContexts(ctx, sandbox.Local(), h.id)
-		busy := false
 		for _, c := range list {
-			busy = busy || (c.ID == "js1" && c.State == "busy")
+			if c.ID == "js1" && c.State == "busy" {
+				return true
+			}
 		}
-		if busy || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+		return false
+	}) {
+		t.Fatal("context js1 never became busy")
 	}
 	if err := m.InterruptContext(ctx, sandbox.Local(), h.id, "js1"); err != nil {
 		t.Fatal(err)
@@ -240,6 +241,13 @@ func (hostileContexts) Create(context.Context, *connect.Request[agentv1.CreateCo
 // version v) and returns a client of the shim's ContextService.
 func relayContexts(t *testing.T, h agentv1connect.ContextServiceHandler, v uint32) shimv2connect.ContextServiceClient {
 	t.Helper()
+	return relayContextsGrace(t, h, v, timeoutGrace)
+}
+
+// relayContextsGrace is relayContexts with the host's deadline grace past a
+// run's timeout.
+func relayContextsGrace(t *testing.T, h agentv1connect.ContextServiceHandler, v uint32, grace time.Duration) shimv2connect.ContextServiceClient {
+	t.Helper()
 	host, guestEnd := net.Pipe()
 	ha := versionAgent{v: v}
 	mux := agentapi.NewHandler(ha, hostileAgent{}, hostileAgent{})
@@ -250,7 +258,7 @@ func relayContexts(t *testing.T, h agentv1connect.ContextServiceHandler, v uint3
 		t.Fatal(err)
 	}
 	smux := http.NewServeMux()
-	smux.Handle(shimv2connect.NewContextServiceHandler(&contextRelay{agent: ac}))
+	smux.Handle(shimv2connect.NewContextServiceHandler(&contextRelay{agent: ac, grace: grace}))
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: smux, Protocols: &p}
@@ -302,10 +310,8 @@ func collect(t *testing.T, c shimv2connect.ContextServiceClient, req *shimv2.Run
 }
 
 func TestContextRelayAgainstHostileAgent(t *testing.T) {
-	old := timeoutGrace
-	timeoutGrace = 100 * time.Millisecond
-	t.Cleanup(func() { timeoutGrace = old })
-	c := relayContexts(t, hostileContexts{}, agentapi.ProtocolVersion)
+	t.Parallel()
+	c := relayContextsGrace(t, hostileContexts{}, agentapi.ProtocolVersion, 100*time.Millisecond)
 
 	start := time.Now()
 	r, err := collect(t, c, &shimv2.RunCodeRequest{Code: "hang", TimeoutMs: 100, ContextId: "c1"})
@@ -344,6 +350,7 @@ func TestContextRelayAgainstHostileAgent(t *testing.T) {
 }
 
 func TestContextRelayRefusesOldAgent(t *testing.T) {
+	t.Parallel()
 	c := relayContexts(t, hostileContexts{}, agentapi.VersionContexts-1)
 	_, err := c.List(t.Context(), connect.NewRequest(&shimv2.ListContextsRequest{}))
 	if connect.CodeOf(err) != connect.CodeUnimplemented || !strings.Contains(err.Error(), "too old") {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 )
 
 // checkStart validates an exec start on the host side and clamps its output
@@ -40,7 +41,7 @@ func checkStart(start *agentv1.ExecStart) error {
 
 // guardedExec is one agent exec stream with the host-side limits applied:
 // the output cap (checkStart's MaxOutputBytes) and the deadline
-// (timeout_ms + timeoutGrace) hold whatever the guest does. Every exec the
+// (timeout_ms + its grace, timeoutGrace in the shim) hold whatever the guest does. Every exec the
 // shim owns (sessions) runs on one.
 //
 // Next must be called from one goroutine; Send and CloseRequest from any;
@@ -51,7 +52,7 @@ type guardedExec struct {
 	reqMu sync.Mutex // serializes the request side: Send, CloseRequest
 
 	cancel       context.CancelFunc
-	timer        *time.Timer
+	timer        clock.Timer
 	hostTimedOut atomic.Bool
 	limit        uint64
 	sent         uint64
@@ -60,8 +61,9 @@ type guardedExec struct {
 }
 
 // openExec checks start (see checkStart), opens an exec stream to the agent
-// under ctx and sends start. The caller must Close the result.
-func openExec(ctx context.Context, agent *agentapi.Client, start *agentv1.ExecStart, defaults []string) (*guardedExec, error) {
+// under ctx and sends start. The host-side deadline is the start's timeout
+// plus grace on clk. The caller must Close the result.
+func openExec(ctx context.Context, agent *agentapi.Client, start *agentv1.ExecStart, defaults []string, clk clock.Clock, grace time.Duration) (*guardedExec, error) {
 	if err := checkStart(start); err != nil {
 		return nil, err
 	}
@@ -69,8 +71,8 @@ func openExec(ctx context.Context, agent *agentapi.Client, start *agentv1.ExecSt
 	ctx, cancel := context.WithCancel(ctx)
 	g := &guardedExec{cancel: cancel, limit: start.GetMaxOutputBytes()}
 	if t := start.GetTimeoutMs(); t > 0 {
-		d := time.Duration(t)*time.Millisecond + timeoutGrace
-		g.timer = time.AfterFunc(d, func() { g.hostTimedOut.Store(true); cancel() })
+		d := time.Duration(t)*time.Millisecond + grace
+		g.timer = clk.AfterFunc(d, func() { g.hostTimedOut.Store(true); cancel() })
 	}
 	g.as = agent.Exec.Exec(ctx)
 	// The HTTP/2 transport notices a cancelled ctx only once the request

@@ -14,6 +14,7 @@ import (
 )
 
 func TestFilesThroughShimAndManager(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	m := h.manager()
 	ctx := t.Context()
@@ -84,6 +85,7 @@ func TestFilesThroughShimAndManager(t *testing.T) {
 }
 
 func TestLifecycleTouchAndStats(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	ctx := t.Context()
 	sc := shimclient.New(h.l.Socket(h.id))
@@ -98,6 +100,7 @@ func TestLifecycleTouchAndStats(t *testing.T) {
 	if err != nil || !again.LastActivity.Equal(before) {
 		t.Fatalf("stats moved the activity clock: %v -> %v (%v)", before, again.LastActivity, err)
 	}
+	h.clk.Advance(time.Second) // activity is timed on the shim's clock
 	if err := h.manager().Touch(ctx, sandbox.Local(), h.id); err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
@@ -82,13 +83,14 @@ func (hostileAgent) Stat(context.Context, *connect.Request[agentv1.StatRequest])
 // forwarding to a hostile agent over net.Pipe, and returns a client for it.
 func relayOverHostileAgent(t *testing.T) *shimclient.Client {
 	t.Helper()
-	c, _ := hostileShim(t)
+	c, _ := hostileShim(t, nil)
 	return c
 }
 
 // hostileShim is relayOverHostileAgent that also returns the shim's
-// session table, for tests that look at a session's state.
-func hostileShim(t *testing.T) (*shimclient.Client, *sessions) {
+// session table, for tests that look at a session's state. configure, if
+// set, adjusts the table before anything is served.
+func hostileShim(t *testing.T, configure func(*sessions)) (*shimclient.Client, *sessions) {
 	t.Helper()
 	host, gconn := net.Pipe()
 	h := hostileAgent{}
@@ -101,7 +103,10 @@ func hostileShim(t *testing.T) (*shimclient.Client, *sessions) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tbl := newSessions(ac, st, "hostilehostil", nil, slog.New(slog.DiscardHandler))
+	tbl := newSessions(ac, st, "hostilehostil", nil, slog.New(slog.DiscardHandler), clock.Real{})
+	if configure != nil {
+		configure(tbl)
+	}
 	mux := http.NewServeMux()
 	mux.Handle(shimv2connect.NewExecServiceHandler(execService{t: tbl, log: slog.New(slog.DiscardHandler)}))
 	mux.Handle(shimv2connect.NewFileServiceHandler(fileService{agent: ac}))
@@ -149,10 +154,8 @@ func runStream(ctx context.Context, c *shimclient.Client, spec guest.ExecSpec, w
 }
 
 func TestRelayEnforcesTimeoutAgainstHostileAgent(t *testing.T) {
-	old := timeoutGrace
-	timeoutGrace = 200 * time.Millisecond
-	t.Cleanup(func() { timeoutGrace = old })
-	c := relayOverHostileAgent(t)
+	t.Parallel()
+	c, _ := hostileShim(t, func(tbl *sessions) { tbl.grace = 200 * time.Millisecond })
 	start := time.Now()
 	ex, err := runStream(t.Context(), c, guest.ExecSpec{Argv: []string{"hang"}, Timeout: 100 * time.Millisecond}, io.Discard)
 	if err != nil {
@@ -171,10 +174,8 @@ type countWriter struct{ n int }
 func (w *countWriter) Write(p []byte) (int, error) { w.n += len(p); return len(p), nil }
 
 func TestThreat016HostileAgent(t *testing.T) {
-	old := timeoutGrace
-	timeoutGrace = 0
-	t.Cleanup(func() { timeoutGrace = old })
-	c := relayOverHostileAgent(t)
+	t.Parallel()
+	c, _ := hostileShim(t, func(tbl *sessions) { tbl.grace = 0 })
 	var w countWriter
 	ex, err := runStream(t.Context(), c, guest.ExecSpec{Argv: []string{"flood"}, Timeout: 3 * time.Second, MaxOutputBytes: 1 << 20}, &w)
 	if err != nil {
@@ -189,10 +190,8 @@ func TestThreat016HostileAgent(t *testing.T) {
 // its output like a pipe: a reader that falls far behind (here 32 times the
 // retained output) is not cut off; it gets every byte up to the cap.
 func TestThreat092SlowConsumer(t *testing.T) {
-	oldCap := retainCap
-	retainCap = 64 << 10
-	t.Cleanup(func() { retainCap = oldCap })
-	c, tbl := hostileShim(t)
+	t.Parallel()
+	c, tbl := hostileShim(t, func(tbl *sessions) { tbl.retainCap = 64 << 10 })
 	st, err := c.Exec(t.Context(), guest.ExecSpec{Argv: []string{"flood"}, Timeout: time.Hour, MaxOutputBytes: 2 << 20}, shimclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -232,10 +231,8 @@ func TestThreat092SlowConsumer(t *testing.T) {
 // is called) is held back for it, never dropped: it gets every byte up to
 // the cap, in order, with no "earlier bytes dropped" note.
 func TestStarterMissesNoEarlyOutput(t *testing.T) {
-	oldCap := retainCap
-	retainCap = 64 << 10
-	t.Cleanup(func() { retainCap = oldCap })
-	_, tbl := hostileShim(t)
+	t.Parallel()
+	_, tbl := hostileShim(t, func(tbl *sessions) { tbl.retainCap = 64 << 10 })
 	s, starter, err := tbl.Start(t.Context(), &agentv1.ExecStart{Argv: []string{"flood"}, TimeoutMs: 3600_000, MaxOutputBytes: 1 << 20}, "", "", false)
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +241,7 @@ func TestStarterMissesNoEarlyOutput(t *testing.T) {
 	if !testutil.WaitFor(t, 30*time.Second, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return starter.qBytes+32<<10 > retainCap
+		return starter.qBytes+32<<10 > tbl.retainCap
 	}) {
 		t.Fatal("the flood never filled the starter's queue")
 	}
@@ -270,6 +267,7 @@ func TestStarterMissesNoEarlyOutput(t *testing.T) {
 // UTF-8) reach the host's callers escaped: as the error of a file call
 // and as the reason an exec did not start, with the code kept.
 func TestThreat035HostileGuestText(t *testing.T) {
+	t.Parallel()
 	c := relayOverHostileAgent(t)
 	_, statErr := c.StatFile(t.Context(), "/x")
 	_, execErr := runStream(t.Context(), c, guest.ExecSpec{Argv: []string{"hostile-start"}}, io.Discard)

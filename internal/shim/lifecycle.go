@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
@@ -27,12 +28,13 @@ import (
 // on shim.sock, execs the shim owns, inbound connections to published ports
 // and the preview route, and the time the last of them ended.
 type activity struct {
+	clk      clock.Clock // set before first use (Run)
 	inflight atomic.Int64
 	last     atomic.Int64 // unix nanoseconds
 	pausing  atomic.Bool  // new requests are refused
 }
 
-func (a *activity) touch() { a.last.Store(time.Now().UnixNano()) }
+func (a *activity) touch() { a.last.Store(a.clk.Now().UnixNano()) }
 
 func (a *activity) begin() { a.inflight.Add(1); a.touch() }
 
@@ -219,7 +221,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	if err != nil {
 		return nil, false, err
 	}
-	left := time.Until(sb.ExpiresAt)
+	left := sb.ExpiresAt.Sub(s.clk.Now())
 	dir := s.l.PauseDir(s.cfg.ID)
 	_ = os.RemoveAll(dir)
 	stateDir := filepath.Join(dir, statedir.PauseStateDir)
@@ -253,7 +255,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 		return nil, true, err
 	}
 	bc := s.boot
-	m := statedir.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: time.Now().UTC(),
+	m := statedir.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: s.clk.Now().UTC(),
 		Runtime: s.cfg.Runtime.Name(), Accel: s.accel}
 	b, _ := json.MarshalIndent(m, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, statedir.PauseManifestFile), b, 0o400); err != nil {

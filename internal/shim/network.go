@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
@@ -25,34 +25,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
-
-// maxSecretsJSON bounds what the shim reads from the secrets pipe.
-const maxSecretsJSON = 1 << 20
-
-// ReadSecrets reads the secret values the manager writes to the shim's
-// secrets pipe (JSON object name -> value), then closes it. A nil file
-// means none.
-func ReadSecrets(f *os.File) (netconf.Values, error) {
-	if f == nil {
-		return nil, nil
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxSecretsJSON+1))
-	if err != nil {
-		return nil, fmt.Errorf("read secrets pipe: %w", err)
-	}
-	if len(b) > maxSecretsJSON {
-		return nil, errors.New("secrets pipe: too much data")
-	}
-	if len(b) == 0 {
-		return nil, nil
-	}
-	var v netconf.Values
-	if err := json.Unmarshal(b, &v); err != nil {
-		return nil, errors.New("secrets pipe: not a JSON object of strings")
-	}
-	return v, nil
-}
 
 // network is the sandbox's running network: the egress engine on the
 // guest's link, published ports and ports.sock.
@@ -80,7 +52,7 @@ func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.
 	if err != nil {
 		return nil, err
 	}
-	n := &network{s: s, spec: spec, audit: newAuditor(s.st, sb, s.log)}
+	n := &network{s: s, spec: spec, audit: newAuditor(s.st, sb, s.log, s.clk)}
 	nctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
 	ok := false
@@ -398,11 +370,11 @@ type auditor struct {
 
 const auditQueue = 4096
 
-func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, ...any) }) *auditor {
-	a := &auditor{st: st, sb: sb, ch: make(chan store.Event, auditQueue), limit: newAuditLimit(), now: time.Now, done: make(chan struct{})}
+func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, ...any) }, clk clock.Clock) *auditor {
+	a := &auditor{st: st, sb: sb, ch: make(chan store.Event, auditQueue), limit: newAuditLimit(), now: clk.Now, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		tick := time.NewTicker(auditInterval)
+		tick := clk.NewTicker(auditInterval)
 		defer tick.Stop()
 		report := func() {
 			for _, e := range a.limit.flush(sb, a.now()) {
@@ -425,7 +397,7 @@ func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, 
 				if _, err := st.AppendEvent(context.Background(), e); err != nil {
 					log.Error("audit", "err", err)
 				}
-			case <-tick.C:
+			case <-tick.C():
 				report()
 			}
 		}

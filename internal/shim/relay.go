@@ -18,8 +18,9 @@ const (
 )
 
 // timeoutGrace is how long past an exec's timeout the host waits for the
-// agent to report it before it gives up on the agent (a var for tests).
-var timeoutGrace = 5 * time.Second
+// agent to report it before it gives up on the agent (sessions.grace and
+// contextRelay.grace: tests shorten it).
+const timeoutGrace = 5 * time.Second
 
 // ValidateGuestPath checks a path the host is about to send to the guest.
 func ValidateGuestPath(p string) error { return guest.CheckPath(p) }

@@ -6,6 +6,7 @@ import (
 )
 
 func TestThreat021UploadPathTraversal(t *testing.T) {
+	t.Parallel()
 	good := []string{"/", "/srv/in.txt", "/a b/c"}
 	bad := []string{"", "rel/path", "/a/../b", "/a//b", "/a/", "/a\x00b", "/" + strings.Repeat("a", maxPathLen)}
 	for _, p := range good {
@@ -21,6 +22,7 @@ func TestThreat021UploadPathTraversal(t *testing.T) {
 }
 
 func TestAdmitCapsOutput(t *testing.T) {
+	t.Parallel()
 	var sent uint64
 	truncated := false
 	chunk := func(n int) []byte { return make([]byte, n) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -34,8 +35,8 @@ const (
 
 // retainCap caps the stdout+stderr a session keeps for replay (the oldest
 // goes first), and how far behind the live output an attacher may fall
-// before it is cut off. A var for tests.
-var retainCap = 4 << 20
+// before it is cut off (sessions.retainCap, which tests lower).
+const retainCap = 4 << 20
 
 // sessions is the shim's table of execs it owns: each runs independently of
 // any client, pumps its agent stream into a retained buffer, and fans its
@@ -47,6 +48,9 @@ type sessions struct {
 	sandboxID string
 	env       []string // the sandbox's default environment
 	log       *slog.Logger
+	clk       clock.Clock     // start and end times, host-side exec deadlines
+	retainCap int             // see retainCap
+	grace     time.Duration   // see timeoutGrace
 	ctx       context.Context // ends every exec stream when cancelled
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // pumps and kill_on_detach kills
@@ -61,9 +65,10 @@ type sessions struct {
 	closed   bool
 }
 
-func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, env []string, log *slog.Logger) *sessions {
+func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, env []string, log *slog.Logger, clk clock.Clock) *sessions {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &sessions{agent: agent, st: st, sandboxID: sandboxID, env: env, log: log, ctx: ctx, cancel: cancel, byID: map[string]*session{}}
+	return &sessions{agent: agent, st: st, sandboxID: sandboxID, env: env, log: log, clk: clk, retainCap: retainCap, grace: timeoutGrace,
+		ctx: ctx, cancel: cancel, byID: map[string]*session{}}
 }
 
 // session is one exec owned by the shim.
@@ -164,7 +169,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 			return nil, nil, connect.NewError(connect.CodeFailedPrecondition, err)
 		}
 	}
-	g, err := openExec(t.ctx, t.agent, start, t.env)
+	g, err := openExec(t.ctx, t.agent, start, t.env, t.clk, t.grace)
 	if err != nil {
 		return nil, nil, notStarted(err)
 	}
@@ -185,7 +190,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 	s := &session{
 		id: guest.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin() || start.GetTty() != nil, tty: start.GetTty() != nil,
 		tenant: tenant, keyID: keyID, killOnDetach: killOnDetach,
-		startedAt: time.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
+		startedAt: t.clk.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
 	}
 	starter := newAttacher(true)
 	s.attachers[starter] = struct{}{} // before the pump reads any output
@@ -278,7 +283,7 @@ func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
 	for {
 		var behind *attacher
 		for a := range s.attachers {
-			if a.flow && a.qBytes > 0 && a.qBytes+n > retainCap {
+			if a.flow && a.qBytes > 0 && a.qBytes+n > t.retainCap {
 				behind = a
 				break
 			}
@@ -300,8 +305,8 @@ func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
 	defer s.mu.Unlock()
 	s.out = append(s.out, ev)
 	s.outBytes += n
-	for s.outBytes > retainCap {
-		first, excess := s.out[0], s.outBytes-retainCap
+	for s.outBytes > t.retainCap {
+		first, excess := s.out[0], s.outBytes-t.retainCap
 		if fl := outputLen(first); fl <= excess {
 			s.out[0] = nil
 			s.out = s.out[1:]
@@ -319,9 +324,9 @@ func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
 		s.dropped += uint64(excess)
 	}
 	for a := range s.attachers {
-		if a.qBytes+n > retainCap {
+		if a.qBytes+n > t.retainCap {
 			a.q, a.qBytes = nil, 0
-			a.err = connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("attacher fell more than %d bytes behind the exec's output", retainCap))
+			a.err = connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("attacher fell more than %d bytes behind the exec's output", t.retainCap))
 			delete(s.attachers, a)
 			s.killIfDetachedLocked(t)
 		} else {
@@ -346,7 +351,7 @@ func (s *session) killIfDetachedLocked(t *sessions) {
 // finish records the exit, then hands it to attachers and moves the session
 // to the finished list.
 func (t *sessions) finish(s *session, ex *agentv1.ExecExited) {
-	now := time.Now()
+	now := t.clk.Now()
 	if ex.GetDurationMs() == 0 {
 		ex.DurationMs = now.Sub(s.startedAt).Milliseconds()
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // local is the caller of these tests: the CLI on its own state dir.
@@ -133,6 +134,30 @@ func (c *collected) add(ev guest.ExecEvent) error {
 	return nil
 }
 
+// waitAttached waits until n attachers other than its starter follow exec
+// execID in the shim (an attach registered: input or a stop after this is
+// seen live).
+func (h *harness) waitAttached(t *testing.T, execID string, n int) {
+	t.Helper()
+	s, err := h.s.execs.Get(execID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !testutil.WaitFor(t, 10*time.Second, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		k := 0
+		for a := range s.attachers {
+			if !a.flow {
+				k++
+			}
+		}
+		return k >= n
+	}) {
+		t.Fatalf("exec %s: %d attachers never registered", execID, n)
+	}
+}
+
 func attachAll(t *testing.T, m *sandbox.Manager, sbID, execID string, fromStart bool) *collected {
 	t.Helper()
 	var c collected
@@ -146,6 +171,7 @@ func attachAll(t *testing.T, m *sandbox.Manager, sbID, execID string, fromStart 
 }
 
 func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	defer h.stop(t)
 	ctx := t.Context()
@@ -168,7 +194,7 @@ func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
 			return nil
 		})
 	}()
-	time.Sleep(50 * time.Millisecond) // let the attacher register before the input
+	h.waitAttached(t, info.ID, 1) // the attacher sees the input live
 	if err := execInput(ctx, m, h.id, info.ID, []byte("hello\n"), false); err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +242,7 @@ func TestSessionOutlivesAttacherAndReplays(t *testing.T) {
 }
 
 func TestSessionConcurrentAttachersSignalAndAudit(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	ctx := t.Context()
 	m := h.manager()
@@ -261,7 +288,7 @@ func TestSessionConcurrentAttachersSignalAndAudit(t *testing.T) {
 	var sc collected
 	done := make(chan error, 1)
 	go func() { done <- attachExec(context.Background(), m, h.id, sleeper.ID, false, sc.add) }()
-	time.Sleep(50 * time.Millisecond)
+	h.waitAttached(t, sleeper.ID, 1)
 	h.stop(t)
 	if err := <-done; err != nil || sc.exit.Signal != 9 {
 		t.Fatalf("attacher at stop: %v %v", err, sc.exit)
@@ -300,10 +327,10 @@ func TestSessionConcurrentAttachersSignalAndAudit(t *testing.T) {
 }
 
 func TestSessionRetentionDropsOldest(t *testing.T) {
-	old := retainCap
-	retainCap = 1024
-	t.Cleanup(func() { retainCap = old })
-	h := newHarness(t, time.Hour)
+	t.Parallel()
+	h := newHarness(t, time.Hour, func(_ *store.Sandbox, c *Config) {
+		c.serving = func(s *shim) { s.execs.retainCap = 1024 }
+	})
 	defer h.stop(t)
 	ctx := t.Context()
 	m := h.manager()
@@ -330,6 +357,7 @@ func TestSessionRetentionDropsOldest(t *testing.T) {
 }
 
 func TestSessionKillOnDetach(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	defer h.stop(t)
 	ctx := t.Context()
@@ -346,7 +374,7 @@ func TestSessionKillOnDetach(t *testing.T) {
 	go func() {
 		done <- attachExec(actx, m, h.id, info.ID, true, func(guest.ExecEvent) error { return nil })
 	}()
-	time.Sleep(100 * time.Millisecond)
+	h.waitAttached(t, info.ID, 1)
 	cancel()
 	<-done //nolint:errcheck // only waiting for the attach to end; its result is not the subject here
 	if gi, err := m.GetExec(ctx, local, h.id, info.ID); err != nil || gi.State != guest.ExecStateRunning {
@@ -360,23 +388,21 @@ func TestSessionKillOnDetach(t *testing.T) {
 
 func waitExited(t *testing.T, m *sandbox.Manager, sbID, execID string) guest.ExecInfo {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		gi, err := m.GetExec(t.Context(), local, sbID, execID)
-		if err != nil {
+	var gi guest.ExecInfo
+	if !testutil.WaitFor(t, 5*time.Second, func() bool {
+		var err error
+		if gi, err = m.GetExec(t.Context(), local, sbID, execID); err != nil {
 			t.Fatal(err)
 		}
-		if gi.State == guest.ExecStateExited {
-			return gi
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("exec %s still running", execID)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return gi.State == guest.ExecStateExited
+	}) {
+		t.Fatalf("exec %s still running", execID)
 	}
+	return gi
 }
 
 func TestSessionHostTimeoutAndBadStart(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	defer h.stop(t)
 	ctx := t.Context()
@@ -408,30 +434,41 @@ func TestSessionHostTimeoutAndBadStart(t *testing.T) {
 }
 
 func TestShimLifetimeFollowsSetExpiry(t *testing.T) {
-	old := expiryPoll
-	expiryPoll = 20 * time.Millisecond
-	t.Cleanup(func() { expiryPoll = old })
-
-	// Extended: a 1 s lifetime moved an hour out keeps the sandbox.
-	h := newHarness(t, time.Second)
-	if err := h.st.SetExpiry(t.Context(), h.id, time.Now().Add(time.Hour)); err != nil {
+	t.Parallel()
+	// Extended: a 15 s lifetime moved an hour out keeps the sandbox. (15 s:
+	// no other timer of the shim falls due at that instant.)
+	h := newHarness(t, 15*time.Second)
+	first, extended := h.t0.Add(15*time.Second), h.t0.Add(time.Hour)
+	if !testutil.WaitFor(t, 10*time.Second, func() bool { return h.hasDeadline(first) }) {
+		t.Fatalf("the shim never armed its lifetime timer: %v", h.clk.Deadlines())
+	}
+	if err := h.st.SetExpiry(t.Context(), h.id, extended); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
-	if sb, err := h.st.GetSandbox(t.Context(), h.id); err != nil || sb.State != store.StateRunning {
+	h.clk.Advance(expiryPoll) // the shim re-reads expires_at
+	if !testutil.WaitFor(t, 10*time.Second, func() bool { return h.hasDeadline(extended) && !h.hasDeadline(first) }) {
+		t.Fatalf("the shim did not move its lifetime timer: %v", h.clk.Deadlines())
+	}
+	h.clk.Advance(20 * time.Second) // well past the first lifetime
+	if sb, err := h.st.GetSandbox(t.Context(), h.id); err != nil || sb.State != store.StateRunning || !h.hasDeadline(extended) {
 		t.Fatalf("after extension: %+v %v", sb, err)
 	}
 	// Shortened: the shim removes the sandbox at the new time.
-	if err := h.st.SetExpiry(t.Context(), h.id, time.Now().Add(100*time.Millisecond)); err != nil {
+	shortened := h.clk.Now().Add(100 * time.Millisecond)
+	if err := h.st.SetExpiry(t.Context(), h.id, shortened); err != nil {
 		t.Fatal(err)
 	}
-	h.wait(t)
+	h.waitAdvancing(t)
+	if h.clk.Now().Before(shortened) {
+		t.Fatalf("removed at %v, before its shortened lifetime %v", h.clk.Now(), shortened)
+	}
 	if _, err := h.st.GetSandbox(t.Context(), h.id); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("row after shortened lifetime: %v", err)
 	}
 }
 
 func TestSessionNotRunningSandbox(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	h.stop(t)
 	m := h.manager()
@@ -441,11 +478,9 @@ func TestSessionNotRunningSandbox(t *testing.T) {
 }
 
 func TestSessionCutsOffSlowAttacherOnly(t *testing.T) {
-	old := retainCap
-	retainCap = 100
-	t.Cleanup(func() { retainCap = old })
+	t.Parallel()
 	s := &session{id: "slowslowslowslow", attachers: map[*attacher]struct{}{}}
-	tbl := &sessions{}
+	tbl := &sessions{retainCap: 100}
 
 	block := make(chan struct{})
 	slowErr := make(chan error, 1)
@@ -458,14 +493,12 @@ func TestSessionCutsOffSlowAttacherOnly(t *testing.T) {
 	go func() {
 		fastErr <- s.Attach(fastCtx, tbl, false, func(ev *agentv1.ExecResponse) error { fastGot <- len(ev.GetStdout()); return nil })
 	}()
-	for {
+	if !testutil.WaitFor(t, 10*time.Second, func() bool {
 		s.mu.Lock()
-		n := len(s.attachers)
-		s.mu.Unlock()
-		if n == 2 {
-			break
-		}
-		time.Sleep(time.Millisecond)
+		defer s.mu.Unlock()
+		return len(s.attachers) == 2
+	}) {
+		t.Fatal("the two attachers never registered")
 	}
 	for range 5 {
 		s.publish(tbl, &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: make([]byte, 40)}})
@@ -490,6 +523,7 @@ func TestSessionCutsOffSlowAttacherOnly(t *testing.T) {
 // reported so when it ended by SIGKILL (or 137) while the host counted an
 // OOM kill in the sandbox's cgroup (gVisor), and only then.
 func TestKilledByHostOOM(t *testing.T) {
+	t.Parallel()
 	var count uint64
 	var countErr error
 	tbl := &sessions{hostOOM: func() (uint64, error) { return count, countErr }}

@@ -4,7 +4,10 @@
 //
 // Contract with the manager (internal/sandbox):
 //   - start: the manager creates the catalog row (state creating) and the
-//     sandbox dir, then starts the shim detached with fd 3 a pipe. The shim
+//     sandbox dir, then starts the shim detached with fd 3 a pipe, its
+//     configuration document on fd 4 (internal/shimconf: every setting,
+//     the secret values included; `airlock shim` reads it into Config) and
+//     the shim lock on fd 5. The shim
 //     takes an exclusive flock on shim.lock (held until it exits), boots or
 //     restores the guest, serves its services on shim.sock, marks the
 //     row running and writes "ok\n" to fd 3; on failure it marks the row
@@ -47,6 +50,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
@@ -72,7 +76,7 @@ type Config struct {
 	// (runtimes like gvisor that run on a directory, not a disk image):
 	// then there is no disk overlay and no template.
 	RootDir func(context.Context, store.Sandbox) (string, error)
-	// Secrets are the values of the sandbox's secrets (ReadSecrets).
+	// Secrets are the values of the sandbox's secrets (shimconf.Doc).
 	Secrets netconf.Values
 	// Lock, if set, is the sandbox's shim lock, already taken by the
 	// control plane that claimed the sandbox's generation and started this
@@ -87,8 +91,9 @@ type Config struct {
 	// of intercepted connections ("" for none).
 	UpstreamCAFile string
 	// TestDialMap is a TEST HOOK ("a.b.c.d=w.x.y.z,..."): where the policy
-	// allowed a flow to a.b.c.d the shim dials w.x.y.z instead. Only
-	// `airlock shim` sets it, from envknob.TestDialMap.
+	// allowed a flow to a.b.c.d the shim dials w.x.y.z instead. `airlock
+	// shim` sets it from its configuration document (shimconf), which the
+	// control plane's command fills from envknob.TestDialMap.
 	TestDialMap string
 	// HostCgroupParent, if set, is the host cgroup under which the shim
 	// makes the sandbox's envelope (hostcg: memory and pids limits
@@ -102,6 +107,18 @@ type Config struct {
 	// filesystem below it is skipped (the sandbox keeps running).
 	DiskReserve int64
 	Log         *slog.Logger
+	// Clock is the time of the shim's timers and timestamps: the
+	// lifetime (expires_at and its re-reads), the idle pause and the
+	// activity that defers it, the audit trail's rate limit and folding,
+	// the host-side deadlines of execs and code runs, exec start and end
+	// times. nil: the system clock. Deadlines of I/O (sockets, RPCs to the
+	// guest, the pause's short drain) and durations measured for logs stay
+	// on the system clock.
+	Clock clock.Clock
+
+	// serving, if set, is called with the shim once its tables exist and
+	// before it serves anything (in-package tests look inside through it).
+	serving func(*shim)
 }
 
 // ramSharer is implemented by runtimes that can map a template's RAM from a
@@ -112,6 +129,7 @@ type ramSharer interface {
 
 type shim struct {
 	cfg      Config
+	clk      clock.Clock // cfg.Clock or the system clock
 	l        statedir.Layout
 	st       *store.Store
 	log      *slog.Logger
@@ -120,6 +138,7 @@ type shim struct {
 	srv      *http.Server
 	tmpl     *template.Template  // the template this sandbox was cloned from, if any
 	execs    *sessions           // execs the shim owns (ExecService)
+	contexts *contextRelay       // ContextService
 	net      *network            // the guest's network
 	env      map[string]string   // default environment of execs and contexts
 	boot     statedir.BootConfig // kernel and initramfs the guest runs
@@ -189,7 +208,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &shim{cfg: cfg, l: statedir.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq)}
+	clk := clock.Or(cfg.Clock)
+	s := &shim{cfg: cfg, clk: clk, l: statedir.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq)}
+	s.act.clk = clk
 	ready := func(msg string) {
 		if cfg.Ready != nil {
 			_, _ = io.WriteString(cfg.Ready, msg+"\n")
@@ -261,8 +282,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		spareCtx, cancelSpare := context.WithCancel(context.WithoutCancel(ctx))
 		var spare sync.WaitGroup
 		spare.Go(func() {
+			after := clk.NewTimer(time.Second)
+			defer after.Stop()
 			select {
-			case <-time.After(time.Second):
+			case <-after.C():
 				s.tmpl.MakeSpare(spareCtx)
 			case <-spareCtx.Done():
 			}
@@ -281,11 +304,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	expiresAt := sb.ExpiresAt
 	if sb.State == store.StateResuming {
 		// The lifetime counts running time only: what was left at pause.
-		expiresAt = time.Now().Add(sb.LifetimeLeft)
+		expiresAt = clk.Now().Add(sb.LifetimeLeft)
 	}
-	expiry := time.NewTimer(time.Until(expiresAt))
+	expiry := clk.NewTimer(expiresAt.Sub(clk.Now()))
 	defer expiry.Stop()
-	poll := time.NewTicker(expiryPoll)
+	poll := clk.NewTicker(expiryPoll)
 	defer poll.Stop()
 
 	bg := context.WithoutCancel(ctx)
@@ -314,13 +337,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			if s.pauseFailed(bg, "pause", err, fatal) {
 				return nil
 			}
-		case <-poll.C:
+		case <-poll.C():
 			if at, err := s.st.GetSandbox(ctx, cfg.ID); err == nil && !at.ExpiresAt.Equal(expiresAt) {
 				expiresAt = at.ExpiresAt
 				s.log.Info("lifetime changed", "expires_at", expiresAt)
-				expiry.Reset(time.Until(expiresAt))
+				expiry.Reset(expiresAt.Sub(clk.Now()))
 			}
-			if sb.IdlePause > 0 && s.act.idleFor(time.Now(), s.busy()) >= sb.IdlePause {
+			if sb.IdlePause > 0 && s.act.idleFor(clk.Now(), s.busy()) >= sb.IdlePause {
 				if err := s.l.CheckSpace(s.cfg.DiskReserve, "an idle pause", int64(sb.MemoryMiB)<<20); err != nil {
 					s.log.Warn("idle pause skipped", "err", err)
 					s.event(bg, sb, "sandbox.pause.skipped", map[string]any{"reason": err.Error()})
@@ -339,7 +362,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				}
 				s.act.touch() // try again after another idle period
 			}
-		case <-expiry.C:
+		case <-expiry.C():
 			s.log.Info("lifetime timeout reached; removing sandbox")
 			s.event(bg, sb, "sandbox.expire", map[string]any{"reason": "its lifetime ended", "expires_at": expiresAt.UTC()})
 			s.teardown(bg, true)
@@ -371,9 +394,9 @@ func (s *shim) pauseFailed(ctx context.Context, what string, err error, fatal bo
 	return true
 }
 
-// expiryPoll is how often the shim re-reads its sandbox's expires_at (a var
-// for tests).
-var expiryPoll = time.Second
+// expiryPoll is how often the shim re-reads its sandbox's expires_at, and
+// checks whether it has been idle for its idle pause (on Config.Clock).
+const expiryPoll = time.Second
 
 func (s *shim) fail(ctx context.Context, reason string) {
 	sb, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StateFailed, Gen: s.gen, Reason: oneLine(reason)})
@@ -567,7 +590,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 			return err
 		}
 		mark("verified")
-		if err := s.st.SetExpiry(ctx, sb.ID, time.Now().Add(sb.LifetimeLeft)); err != nil {
+		if err := s.st.SetExpiry(ctx, sb.ID, s.clk.Now().Add(sb.LifetimeLeft)); err != nil {
 			return err
 		}
 	}
@@ -605,11 +628,15 @@ func (s *shim) serve() error {
 	// The shim's own contract (proto/airlock/shim/v2), mapped to the guest
 	// protocol inside.
 	mux.Handle(shimv2connect.NewFileServiceHandler(fileService{agent: s.agent}))
-	mux.Handle(shimv2connect.NewContextServiceHandler(&contextRelay{agent: s.agent, env: env}))
-	mux.Handle(shimv2connect.NewLifecycleServiceHandler(lifecycleService{s: s, since: time.Now()}))
-	s.execs = newSessions(s.agent, s.st, s.cfg.ID, env, s.log)
+	s.contexts = &contextRelay{agent: s.agent, env: env, clk: s.clk, grace: timeoutGrace}
+	mux.Handle(shimv2connect.NewContextServiceHandler(s.contexts))
+	mux.Handle(shimv2connect.NewLifecycleServiceHandler(lifecycleService{s: s, since: s.clk.Now()}))
+	s.execs = newSessions(s.agent, s.st, s.cfg.ID, env, s.log, s.clk)
 	if c, ok := s.inst.(runtime.HostOOMCounter); ok {
 		s.execs.hostOOM = c.HostOOMKills
+	}
+	if s.cfg.serving != nil {
+		s.cfg.serving(s)
 	}
 	mux.Handle(shimv2connect.NewExecServiceHandler(execService{t: s.execs, log: s.log}, connect.WithReadMaxBytes(maxInputMessage)))
 	var p http.Protocols

@@ -19,6 +19,7 @@ import (
 
 	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/agentapi/agentv1/agentv1connect"
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
@@ -32,11 +33,16 @@ import (
 )
 
 // harness is a state dir with an image, boot files and one sandbox row,
-// and a shim running in-process on the fake runtime (shimtest).
+// and a shim running in-process on the fake runtime (shimtest), on a fake
+// clock: its timers (lifetime, idle pause, host-side deadlines) fire only
+// when the test advances clk.
 type harness struct {
 	l    statedir.Layout
 	st   *store.Store
 	rt   *fake.Runtime
+	clk  *clock.Fake // nil when an option gave the shim another clock
+	s    *shim       // the shim, once it serves (Config.serving)
+	t0   time.Time   // the sandbox's creation, on the fake clock
 	id   string
 	shim *shimtest.Shim
 }
@@ -45,10 +51,23 @@ func newHarness(t *testing.T, lifetime time.Duration, opts ...func(*store.Sandbo
 	t.Helper()
 	e := shimtest.New(t)
 	h := &harness{l: e.L, st: e.Store, rt: e.Runtime, id: statedir.NewID()}
+	// Recent: the catalog keeps events for 90 days.
+	fakeClock := clock.NewFake(time.Now().Round(0)) // wall time only, as the catalog keeps it
 	sb := e.Row(h.id, lifetime)
-	cfg := Config{StateDir: h.l.Root, ID: h.id, Runtime: h.rt}
+	now := fakeClock.Now()
+	h.t0 = now
+	sb.CreatedAt, sb.ExpiresAt = now, now.Add(lifetime)
+	cfg := Config{StateDir: h.l.Root, ID: h.id, Runtime: h.rt, Clock: fakeClock}
 	for _, o := range opts {
 		o(&sb, &cfg)
+	}
+	h.clk, _ = cfg.Clock.(*clock.Fake)
+	serving := cfg.serving
+	cfg.serving = func(s *shim) {
+		h.s = s
+		if serving != nil {
+			serving(s)
+		}
 	}
 	h.shim = e.Start(t, sb, func(ready io.WriteCloser) error {
 		cfg.Ready = ready
@@ -62,7 +81,40 @@ func (h *harness) wait(t *testing.T) {
 	h.shim.Wait(t)
 }
 
+// waitAdvancing moves the fake clock on by one expiryPoll at a time until
+// the shim exits (a lifetime or idle pause that must come due).
+func (h *harness) waitAdvancing(t *testing.T) {
+	t.Helper()
+	var err error
+	if !testutil.WaitFor(t, 20*time.Second, func() bool {
+		select {
+		case err = <-h.shim.Done():
+			return true
+		default:
+			h.clk.Advance(expiryPoll)
+			return false
+		}
+	}) {
+		t.Fatal("shim did not exit")
+	}
+	if err != nil {
+		t.Fatalf("shim: %v", err)
+	}
+}
+
+// hasDeadline reports whether one of the fake clock's pending timers fires
+// at at.
+func (h *harness) hasDeadline(at time.Time) bool {
+	for _, d := range h.clk.Deadlines() {
+		if d.Equal(at) {
+			return true
+		}
+	}
+	return false
+}
+
 func TestShimServesExecAndStops(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	ctx := t.Context()
 	sb, err := h.st.GetSandbox(ctx, h.id)
@@ -104,6 +156,7 @@ func TestShimServesExecAndStops(t *testing.T) {
 }
 
 func TestShimMarksVMMCrashFailed(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, time.Hour)
 	in := h.rt.Instance(h.id)
 	if in == nil {
@@ -125,9 +178,7 @@ func TestShimMarksVMMCrashFailed(t *testing.T) {
 // state dir's filesystem below its reserve is skipped, with an event, and
 // the sandbox keeps running.
 func TestShimIdlePauseKeepsTheDiskReserve(t *testing.T) {
-	old := expiryPoll
-	expiryPoll = 20 * time.Millisecond
-	t.Cleanup(func() { expiryPoll = old })
+	t.Parallel()
 	h := newHarness(t, time.Hour, func(sb *store.Sandbox, c *Config) {
 		sb.IdlePause = 100 * time.Millisecond
 		c.DiskReserve = 1 << 60 // more than any disk has free
@@ -135,6 +186,7 @@ func TestShimIdlePauseKeepsTheDiskReserve(t *testing.T) {
 	var evs []store.Event
 	if !testutil.WaitFor(t, 10*time.Second, func() bool {
 		evs, _ = h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: h.id, Type: "sandbox.pause.skipped"})
+		h.clk.Advance(expiryPoll) // the idle check runs on every poll
 		return len(evs) > 0
 	}) {
 		t.Fatal("no sandbox.pause.skipped event")
@@ -155,8 +207,12 @@ func TestShimIdlePauseKeepsTheDiskReserve(t *testing.T) {
 }
 
 func TestShimRemovesSandboxAtLifetime(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 2*time.Second)
-	h.wait(t)
+	h.waitAdvancing(t)
+	if at := h.clk.Now(); at.Before(h.t0.Add(2 * time.Second)) {
+		t.Fatalf("removed at %v, before its lifetime ended at %v", at, h.t0.Add(2*time.Second))
+	}
 	if _, err := h.st.GetSandbox(t.Context(), h.id); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("row after lifetime: %v", err)
 	}

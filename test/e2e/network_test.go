@@ -397,9 +397,19 @@ func TestThreat069GuestOnlyHoldsPlaceholder(t *testing.T) {
 		t.Errorf("the other host received the placeholder: %q", data)
 	}
 
-	// The shim got the value over a pipe, not in its environment.
-	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", shimPID(t, e, id))); err != nil || bytes.Contains(env, []byte(value)) {
+	// The shim got the value over a pipe (its configuration document), not
+	// in its environment or argv; the environment knobs (the dial map
+	// this test relies on) came in the same document.
+	shim := shimPID(t, e, id)
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", shim))
+	if err != nil || bytes.Contains(env, []byte(value)) {
 		t.Errorf("shim environment holds the secret value (or is unreadable: %v)", err)
+	}
+	if bytes.Contains(env, []byte("AIRLOCK_TEST_DIAL_MAP=")) || bytes.Contains(env, []byte("AIRLOCK_DNS=")) {
+		t.Error("shim environment holds the environment knobs; they belong in its configuration document")
+	}
+	if argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", shim)); err != nil || bytes.Contains(argv, []byte(value)) || !bytes.Contains(argv, []byte("shim\x00--id\x00"+id)) {
+		t.Errorf("shim argv %q: want `shim --id %s` and no secret value (%v)", argv, id, err)
 	}
 
 	// The value is nowhere in the VMM's memory, a superset of the guest's

@@ -108,6 +108,9 @@ func (e *Env) Start(t testing.TB, sb store.Sandbox, run func(ready io.WriteClose
 	return s
 }
 
+// Done delivers the shim's result once it exited.
+func (s *Shim) Done() <-chan error { return s.done }
+
 // Wait waits for the shim to exit and fails t if it failed or took more
 // than 20 seconds.
 func (s *Shim) Wait(t testing.TB) {
