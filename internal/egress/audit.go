@@ -4,6 +4,7 @@ import (
 	"net/netip"
 
 	"github.com/airlock-sandbox/airlock/internal/dns"
+	"github.com/airlock-sandbox/airlock/internal/netstack"
 	"github.com/airlock-sandbox/airlock/internal/policy"
 	"github.com/airlock-sandbox/airlock/internal/secrets"
 )
@@ -23,6 +24,17 @@ func (e *Engine) audit(action, proto string, dst netip.AddrPort, names []string,
 		det["class"] = d.Class.String()
 	}
 	e.cfg.Audit(Event{Action: action, Detail: det})
+}
+
+// auditBusy records a guest flow the stack refused or dropped before any
+// policy decision because one of its caps was full ("net.busy"): a flood
+// that outruns the host is in the audit trail, counted, not silent.
+func (e *Engine) auditBusy(proto string, dst netip.AddrPort, limit string) {
+	reason := "dropped: the sandbox's connection limit (max_conns) is reached"
+	if limit == netstack.LimitDials {
+		reason = "dropped: too many new flows are waiting for a decision; the guest may retry"
+	}
+	e.cfg.Audit(Event{Action: "net.busy", Detail: map[string]any{"proto": proto, "dst": dst.String(), "rule": limit, "reason": reason}})
 }
 
 // auditDNS records one DNS query.

@@ -206,6 +206,7 @@ func New(cfg Config) (*Engine, error) {
 		GuestMAC:  guestMAC,
 		Dial:      e.dial,
 		MaxConns:  maxConns,
+		Busy:      e.auditBusy,
 		Logger:    cfg.Logger,
 	})
 	if err != nil {

@@ -48,6 +48,11 @@ type Config struct {
 	// UDPIdle closes a UDP flow with no datagram either way for this long.
 	// Default 60 s.
 	UDPIdle time.Duration
+	// Busy, if set, is told of every guest flow refused or dropped before
+	// Dial because a cap was full (the flows Stats.DialsBusy counts): limit
+	// is "max_conns" or "dials_in_flight". It runs on the packet path and
+	// must not block.
+	Busy func(proto string, dst netip.AddrPort, limit string)
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -93,6 +98,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UDPIdle == 0 {
 		c.UDPIdle = 60 * time.Second
+	}
+	if c.Busy == nil {
+		c.Busy = func(string, netip.AddrPort, string) {}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -333,7 +333,13 @@ func TestInflightDialCap(t *testing.T) {
 func TestConnCap(t *testing.T) {
 	ln, _ := listener(t)
 	h := &hook{target: ln.Addr().String()}
-	e := newEnv(t, Config{Dial: h.dial, MaxConns: 1})
+	var mu sync.Mutex
+	var busy []string
+	e := newEnv(t, Config{Dial: h.dial, MaxConns: 1, Busy: func(proto string, dst netip.AddrPort, limit string) {
+		mu.Lock()
+		defer mu.Unlock()
+		busy = append(busy, proto+" "+dst.String()+" "+limit)
+	}})
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	c1, err := e.dialTCP(ctx, publicDst)
@@ -347,6 +353,12 @@ func TestConnCap(t *testing.T) {
 	}
 	if st := e.s.Stats(); st.DialsBusy != 1 || h.calls.Load() != 1 {
 		t.Fatalf("stats %+v, hook calls %d", st, h.calls.Load())
+	}
+	// The refusal is reported to Busy (the audit trail's net.busy).
+	mu.Lock()
+	defer mu.Unlock()
+	if want := "tcp " + publicDst.String() + " " + LimitConns; len(busy) != 1 || busy[0] != want {
+		t.Errorf("Busy calls %q, want [%q]", busy, want)
 	}
 }
 

@@ -2,6 +2,12 @@ package netstack
 
 import "sync/atomic"
 
+// The caps a Config.Busy call names.
+const (
+	LimitConns = "max_conns"       // Config.MaxConns
+	LimitDials = "dials_in_flight" // Config.MaxInflightDials
+)
+
 // Stats is a snapshot of a Stack's counters.
 type Stats struct {
 	// DialsAllowed counts Dial calls that returned a conn.

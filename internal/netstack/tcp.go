@@ -33,6 +33,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	log := s.cfg.Logger
 	if !s.reserveConn() {
 		s.stats.dialsBusy.Add(1)
+		s.cfg.Busy("tcp", dst, LimitConns)
 		log.Debug("tcp refused: connection cap", "dst", dst)
 		r.Complete(true)
 		return

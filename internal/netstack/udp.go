@@ -25,6 +25,7 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	dst := netip.AddrPortFrom(netipAddr(id.LocalAddress), id.LocalPort)
 	if !s.reserveConn() {
 		s.stats.dialsBusy.Add(1)
+		s.cfg.Busy("udp", dst, LimitConns)
 		return true
 	}
 	select {
@@ -32,6 +33,7 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	default:
 		s.releaseConn()
 		s.stats.dialsBusy.Add(1)
+		s.cfg.Busy("udp", dst, LimitDials)
 		return true
 	}
 	var wq waiter.Queue
