@@ -49,6 +49,14 @@
 //     ServeLink returns [ErrFrameLength]. Outbound frames wait in a bounded
 //     queue; when it is full gVisor drops them.
 //
+// # Counters
+//
+// [Stack.Stats] counts dials, flows and frames. [Stats.BytesIn] and
+// [Stats.BytesOut] are the bytes of the frames that crossed the link into the
+// stack and out to the guest (whole Ethernet frames, not the stream's length
+// words): what the guest sent and received, headers included. They are
+// counted in the frame loop with one atomic add per frame.
+//
 // Not yet: ICMP, IPv6, DHCP (the guest is configured statically), TCP
 // keepalive or idle timeouts on proxied TCP, and an injected clock.
 package netstack

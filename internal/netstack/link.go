@@ -158,6 +158,7 @@ func readFrames(r io.Reader, ep *channel.Endpoint, mtu int, filter func([]byte) 
 		ep.InjectInbound(0, pkt)
 		pkt.DecRef()
 		c.framesIn.Add(1)
+		c.bytesIn.Add(uint64(n))
 	}
 }
 
@@ -178,7 +179,8 @@ func writeFrames(ctx context.Context, w io.Writer, ep *channel.Endpoint, c *coun
 		if pkt == nil {
 			return nil // ctx ended
 		}
-		binary.BigEndian.PutUint32(hdr[:], uint32(pkt.Size()))
+		size := pkt.Size()
+		binary.BigEndian.PutUint32(hdr[:], uint32(size))
 		_, err := bw.Write(hdr[:])
 		for _, b := range pkt.AsSlices() {
 			if err != nil {
@@ -194,5 +196,6 @@ func writeFrames(ctx context.Context, w io.Writer, ep *channel.Endpoint, c *coun
 			return err
 		}
 		c.framesOut.Add(1)
+		c.bytesOut.Add(uint64(size))
 	}
 }

@@ -54,6 +54,27 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 type env struct {
 	s     *Stack
 	guest *stack.Stack
+	// wire counts the bytes the guest wrote to and read from the link,
+	// length words included.
+	wire *countingConn
+}
+
+// countingConn counts the bytes read from and written to a conn.
+type countingConn struct {
+	net.Conn
+	read, written atomic.Uint64
+}
+
+func (c *countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.read.Add(uint64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.written.Add(uint64(n))
+	return n, err
 }
 
 func newEnv(t *testing.T, cfg Config) *env {
@@ -63,7 +84,8 @@ func newEnv(t *testing.T, cfg Config) *env {
 		t.Fatal(err)
 	}
 	g := newGuestStack(t)
-	hostEnd, guestEnd := socketPair(t)
+	hostEnd, guestConn := socketPair(t)
+	guestEnd := &countingConn{Conn: guestConn}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -80,7 +102,7 @@ func newEnv(t *testing.T, cfg Config) *env {
 		g.ns.Close()
 		g.ns.Wait()
 	})
-	return &env{s: s, guest: g.ns}
+	return &env{s: s, guest: g.ns, wire: guestEnd}
 }
 
 type guestStack struct {
@@ -202,6 +224,64 @@ func TestTCPRoundTripHalfClose(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	waitFor(t, func() bool { return e.s.Stats().ActiveConns == 0 }, "conn released")
+}
+
+// TestLinkByteCounts checks BytesIn and BytesOut against the bytes that
+// crossed the link: exactly what the guest wrote and read, less one length
+// word per frame; and at least the payload, with at most a full set of
+// Ethernet, IPv4 and TCP headers (options included) on each frame.
+func TestLinkByteCounts(t *testing.T) {
+	ln, _ := listener(t)
+	e := newEnv(t, Config{Dial: (&hook{target: ln.Addr().String()}).dial})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	c, err := e.dialTCP(ctx, publicDst)
+	if err != nil {
+		t.Fatalf("guest dial: %v", err)
+	}
+	const sent = 100 << 10
+	if _, err := c.Write(bytes.Repeat([]byte("x"), sent)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil || len(got) != len("got:")+sent {
+		t.Fatalf("read %d bytes (%v), want %d", len(got), err, len("got:")+sent)
+	}
+	c.Close()
+
+	// Once the link is quiet, every frame the guest wrote was counted in,
+	// and every frame counted out reached the guest.
+	var st Stats
+	waitFor(t, func() bool {
+		st = e.s.Stats()
+		return st.ActiveConns == 0 && st.FramesFiltered == 0 && st.FramesDropped == 0 &&
+			st.BytesIn+4*st.FramesIn == e.wire.written.Load() &&
+			st.BytesOut+4*st.FramesOut == e.wire.read.Load()
+	}, "link counters to match the bytes the guest wrote and read")
+	t.Logf("in: %d bytes in %d frames; out: %d bytes in %d frames", st.BytesIn, st.FramesIn, st.BytesOut, st.FramesOut)
+	// The smallest frame is an ARP one, the largest overhead a TCP segment
+	// with full IPv4 and TCP options.
+	const (
+		minFrame   = ethHeaderLen + header.ARPSize
+		maxHeaders = ethHeaderLen + header.IPv4MaximumHeaderSize + header.TCPHeaderMaximumSize
+	)
+	for _, d := range []struct {
+		name          string
+		bytes, frames uint64
+		payload       uint64
+	}{
+		{"in", st.BytesIn, st.FramesIn, sent},
+		{"out", st.BytesOut, st.FramesOut, uint64(len(got))},
+	} {
+		if d.frames == 0 || d.bytes < d.payload+d.frames*minFrame || d.bytes > d.payload+d.frames*maxHeaders {
+			t.Errorf("%s: %d bytes in %d frames for %d bytes of payload, want %d..%d", d.name, d.bytes, d.frames, d.payload,
+				d.payload+d.frames*minFrame, d.payload+d.frames*maxHeaders)
+		}
+	}
 }
 
 func TestTCPRefusedBeforeHandshake(t *testing.T) {

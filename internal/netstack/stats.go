@@ -21,8 +21,18 @@ type Stats struct {
 	// InflightDrops counts TCP SYNs dropped because MaxInflightDials dials
 	// were in flight; the guest retransmits them.
 	InflightDrops uint64
-	// FramesIn and FramesOut count frames passed to and from the stack.
+	// FramesIn and FramesOut count frames passed to and from the stack:
+	// FramesIn those from the guest that entered it, FramesOut those it
+	// wrote to the guest.
 	FramesIn, FramesOut uint64
+	// BytesIn and BytesOut are the sizes of the frames FramesIn and
+	// FramesOut count: whole Ethernet frames (14-byte header and IP packet,
+	// no FCS), without the stream's 4-byte length word. Payload carried
+	// over TCP or UDP is therefore counted with its headers: at least 54
+	// bytes more per TCP frame (Ethernet, IPv4, TCP without options), 42
+	// per UDP datagram, plus the frames that carry no payload (ARP,
+	// handshakes, ACKs).
+	BytesIn, BytesOut uint64
 	// FramesDropped counts malformed frames from the link: zero, short or
 	// over-MTU lengths, and a desynchronising length.
 	FramesDropped uint64
@@ -36,6 +46,7 @@ type Stats struct {
 type counters struct {
 	dialsAllowed, dialsDenied, dialsBusy atomic.Uint64
 	framesIn, framesOut                  atomic.Uint64
+	bytesIn, bytesOut                    atomic.Uint64
 	framesDropped, framesFiltered        atomic.Uint64
 }
 
@@ -48,6 +59,8 @@ func (s *Stack) Stats() Stats {
 		InflightDrops:  s.ns.Stats().TCP.ForwardMaxInFlightDrop.Value(),
 		FramesIn:       s.stats.framesIn.Load(),
 		FramesOut:      s.stats.framesOut.Load(),
+		BytesIn:        s.stats.bytesIn.Load(),
+		BytesOut:       s.stats.bytesOut.Load(),
 		FramesDropped:  s.stats.framesDropped.Load(),
 		FramesFiltered: s.stats.framesFiltered.Load(),
 		ActiveConns:    s.active.Load(),
