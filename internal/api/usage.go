@@ -39,11 +39,13 @@ const (
 )
 
 // usageCollector reports resource use per sandbox and per tenant, sampled
-// at scrape time. Label sets: sandbox_id and tenant on the per-sandbox
-// series (airlock_sandbox_*), tenant alone on the per-tenant ones
+// at scrape time: the guest's figures and its shim's network counters.
+// Label sets: sandbox_id and tenant on the per-sandbox series
+// (airlock_sandbox_*), tenant alone on the per-tenant ones
 // (airlock_tenant_*); so the per-sandbox series number one per sandbox
-// (running ones for the guest's figures) and may be dropped at the
-// scraper without losing the tenants'.
+// (running ones for the guest's figures, running ones with a network for
+// the network's) and may be dropped at the scraper without losing the
+// tenants'.
 type usageCollector struct {
 	sb      Sandboxes
 	sampler UsageSampler       // nil: no guest figures
@@ -57,7 +59,9 @@ type usageCollector struct {
 	mu sync.Mutex
 
 	cpu, mem, memLimit, disk, diskLimit, hostDisk *prometheus.Desc // per sandbox
+	netRx, netTx, netConns                        *prometheus.Desc // per sandbox with a network
 	tCPU, tMem, tDisk, tHostDisk, tSandboxes      *prometheus.Desc // per tenant
+	tNetRx, tNetTx, tNetConns                     *prometheus.Desc
 	skipped                                       *prometheus.Desc
 }
 
@@ -72,12 +76,22 @@ func newUsageCollector(sb Sandboxes, snaps Snapshots) *usageCollector {
 		disk:      prometheus.NewDesc("airlock_sandbox_disk_bytes", "Bytes used on a running sandbox's root filesystem, as its guest sees it.", per, nil),
 		diskLimit: prometheus.NewDesc("airlock_sandbox_disk_limit_bytes", "Size of a running sandbox's root filesystem, as its guest sees it.", per, nil),
 		hostDisk:  prometheus.NewDesc("airlock_sandbox_host_disk_bytes", "Bytes a sandbox's files take on the host (disk overlay, saved memory of a paused one), in any state.", per, nil),
+		netRx: prometheus.NewDesc("airlock_sandbox_network_receive_bytes_total",
+			"Bytes a running sandbox received on its network: Ethernet frames its shim passed to the guest, headers included, counted on the host since the sandbox last started or resumed. Receive is the sandbox's point of view (downloads, answers to its requests).", per, nil),
+		netTx: prometheus.NewDesc("airlock_sandbox_network_transmit_bytes_total",
+			"Bytes a running sandbox transmitted on its network: Ethernet frames its guest sent to its shim, headers included, counted on the host since the sandbox last started or resumed. Transmit is the sandbox's point of view (uploads, its requests).", per, nil),
+		netConns: prometheus.NewDesc("airlock_sandbox_network_connections", "TCP connections and UDP flows a running sandbox has open through its network, dialling or established.", per, nil),
 		tCPU: prometheus.NewDesc("airlock_tenant_cpu_seconds",
 			"CPU time the tenant's running sandboxes that answered have used since they booted (a gauge: it falls when a sandbox ends; for a rate use sum by (tenant) (rate(airlock_sandbox_cpu_seconds_total[5m]))).", ten, nil),
 		tMem:       prometheus.NewDesc("airlock_tenant_memory_bytes", "Memory the tenant's running sandboxes that answered use.", ten, nil),
 		tDisk:      prometheus.NewDesc("airlock_tenant_disk_bytes", "Bytes used on the root filesystems of the tenant's running sandboxes that answered.", ten, nil),
 		tHostDisk:  prometheus.NewDesc("airlock_tenant_host_disk_bytes", "Bytes the tenant's sandboxes' files take on the host.", ten, nil),
 		tSandboxes: prometheus.NewDesc("airlock_tenant_sandboxes", "The tenant's sandboxes by state.", []string{"tenant", "state"}, nil),
+		tNetRx: prometheus.NewDesc("airlock_tenant_network_receive_bytes",
+			"Bytes the tenant's running sandboxes that answered received on their networks (a gauge: it falls when a sandbox ends; for a rate use sum by (tenant) (rate(airlock_sandbox_network_receive_bytes_total[5m]))).", ten, nil),
+		tNetTx: prometheus.NewDesc("airlock_tenant_network_transmit_bytes",
+			"Bytes the tenant's running sandboxes that answered transmitted on their networks (a gauge: it falls when a sandbox ends; for a rate use sum by (tenant) (rate(airlock_sandbox_network_transmit_bytes_total[5m]))).", ten, nil),
+		tNetConns: prometheus.NewDesc("airlock_tenant_network_connections", "TCP connections and UDP flows the tenant's running sandboxes that answered have open.", ten, nil),
 		skipped: prometheus.NewDesc("airlock_metrics_sandboxes_skipped",
 			"Running sandboxes this scrape left out because their guest did not answer in time or failed.", nil, nil),
 	}
@@ -90,7 +104,8 @@ func newUsageCollector(sb Sandboxes, snaps Snapshots) *usageCollector {
 
 func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.cpu, c.mem, c.memLimit, c.disk, c.diskLimit, c.hostDisk,
-		c.tCPU, c.tMem, c.tDisk, c.tHostDisk, c.tSandboxes, c.skipped} {
+		c.netRx, c.netTx, c.netConns,
+		c.tCPU, c.tMem, c.tDisk, c.tHostDisk, c.tSandboxes, c.tNetRx, c.tNetTx, c.tNetConns, c.skipped} {
 		ch <- d
 	}
 }
@@ -105,9 +120,10 @@ type usageSample struct {
 
 // tenantUsage sums a tenant's samples.
 type tenantUsage struct {
-	cpu, mem, disk float64
-	host           float64
-	states         map[store.State]int
+	cpu, mem, disk      float64
+	host                float64
+	netRx, netTx, conns float64
+	states              map[store.State]int
 }
 
 func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
@@ -155,6 +171,14 @@ func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
 		t.cpu += u.CPUBusy.Seconds()
 		t.mem += used
 		t.disk += float64(u.DiskUsed)
+		if n := u.Network; n != nil { // nil: the sandbox has no network
+			ch <- prometheus.MustNewConstMetric(c.netRx, prometheus.CounterValue, float64(n.ReceiveBytes), sb.ID, sb.Tenant)
+			ch <- prometheus.MustNewConstMetric(c.netTx, prometheus.CounterValue, float64(n.TransmitBytes), sb.ID, sb.Tenant)
+			gauge(c.netConns, float64(n.Connections), sb.ID, sb.Tenant)
+			t.netRx += float64(n.ReceiveBytes)
+			t.netTx += float64(n.TransmitBytes)
+			t.conns += float64(n.Connections)
+		}
 	}
 	for name, t := range tenants {
 		for st, n := range t.states {
@@ -167,6 +191,9 @@ func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.tCPU, t.cpu, name)
 			gauge(c.tMem, t.mem, name)
 			gauge(c.tDisk, t.disk, name)
+			gauge(c.tNetRx, t.netRx, name)
+			gauge(c.tNetTx, t.netTx, name)
+			gauge(c.tNetConns, t.conns, name)
 		}
 	}
 	if c.sampler != nil {

@@ -28,7 +28,7 @@ var sampled sync.Map
 
 // SampleUsage makes the fake a UsageSampler: a running sandbox answers
 // figures derived from its row; one whose metadata has usage=hang answers
-// only when ctx ends.
+// only when ctx ends; usage=nonet has no network (no network counters).
 func (f *fake) SampleUsage(ctx context.Context, id string) (guest.Usage, error) {
 	n, _ := sampled.LoadOrStore(id, new(int64))
 	f.mu.Lock()
@@ -44,8 +44,13 @@ func (f *fake) SampleUsage(ctx context.Context, id string) (guest.Usage, error) 
 		<-ctx.Done()
 		return guest.Usage{}, ctx.Err()
 	}
-	return guest.Usage{CPUBusy: 1500 * time.Millisecond, CPUTotal: 4 * time.Second, CPUs: sb.CPUs,
-		MemTotal: uint64(sb.MemoryMiB) << 20, MemAvailable: 128 << 20, DiskTotal: 2 << 30, DiskUsed: 256 << 20}, nil
+	u := guest.Usage{CPUBusy: 1500 * time.Millisecond, CPUTotal: 4 * time.Second, CPUs: sb.CPUs,
+		MemTotal: uint64(sb.MemoryMiB) << 20, MemAvailable: 128 << 20, DiskTotal: 2 << 30, DiskUsed: 256 << 20}
+	if sb.Metadata["usage"] != "nonet" {
+		u.Network = &guest.NetworkUsage{ReceiveBytes: 3 << 20, TransmitBytes: 1 << 20, ReceiveFrames: 2500, TransmitFrames: 1500,
+			Connections: 2, DialsAllowed: 5, DialsDenied: 1}
+	}
+	return u, nil
 }
 
 func sampleCalls(id string) int64 {
@@ -238,6 +243,72 @@ func TestUsageMetrics(t *testing.T) {
 	for _, p := range problems {
 		if strings.HasPrefix(p.Metric, "airlock_") {
 			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+}
+
+// TestUsageNetworkMetrics: the network counters of each running sandbox
+// with a network, as counters (bytes) and a gauge (connections) with
+// sandbox_id and tenant, summed per tenant; a sandbox without a network
+// has no network series but its other figures, and its tenant's sums are
+// zero, not absent.
+func TestUsageNetworkMetrics(t *testing.T) {
+	t.Parallel()
+	o := newObsServer(t, false)
+	o.f.add("netalice0001", "alice")
+	o.f.add("netalice0002", "alice")
+	o.f.add("netbobnonet1", "bob")
+	o.f.setState("netbobnonet1", store.StateRunning, map[string]string{"usage": "nonet"})
+	o.f.add("netpaused001", "alice")
+	o.f.setState("netpaused001", store.StatePaused, nil)
+
+	m := o.scrape(t)
+	sb := func(name, id, tenant string) string {
+		return fmt.Sprintf("%s{sandbox_id=%q,tenant=%q}", name, id, tenant)
+	}
+	const mib = 1 << 20
+	want := map[string]float64{
+		sb("airlock_sandbox_network_receive_bytes_total", "netalice0001", "alice"):  3 * mib,
+		sb("airlock_sandbox_network_transmit_bytes_total", "netalice0001", "alice"): 1 * mib,
+		sb("airlock_sandbox_network_connections", "netalice0001", "alice"):          2,
+		sb("airlock_sandbox_network_receive_bytes_total", "netalice0002", "alice"):  3 * mib,
+		sb("airlock_sandbox_memory_bytes", "netbobnonet1", "bob"):                   384 * mib,
+		`airlock_tenant_network_receive_bytes{tenant="alice"}`:                      6 * mib,
+		`airlock_tenant_network_transmit_bytes{tenant="alice"}`:                     2 * mib,
+		`airlock_tenant_network_connections{tenant="alice"}`:                        4,
+		`airlock_tenant_network_receive_bytes{tenant="bob"}`:                        0,
+		`airlock_tenant_network_transmit_bytes{tenant="bob"}`:                       0,
+		`airlock_tenant_network_connections{tenant="bob"}`:                          0,
+	}
+	for k, v := range want {
+		if got, ok := m[k]; !ok || got != v {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, v)
+		}
+	}
+	for k := range m {
+		if strings.HasPrefix(k, "airlock_sandbox_network_") && (strings.Contains(k, "netbobnonet1") || strings.Contains(k, "netpaused001")) {
+			t.Errorf("a sandbox without a network, or paused, has network series: %s", k)
+		}
+	}
+	// The types: bytes are counters (rate() works on them), connections
+	// a gauge.
+	mfs, err := o.s.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := map[string]string{}
+	for _, mf := range mfs {
+		types[mf.GetName()] = mf.GetType().String()
+	}
+	for name, typ := range map[string]string{
+		"airlock_sandbox_network_receive_bytes_total":  "COUNTER",
+		"airlock_sandbox_network_transmit_bytes_total": "COUNTER",
+		"airlock_sandbox_network_connections":          "GAUGE",
+		"airlock_tenant_network_receive_bytes":         "GAUGE",
+		"airlock_tenant_network_connections":           "GAUGE",
+	} {
+		if types[name] != typ {
+			t.Errorf("%s is a %q, want %s", name, types[name], typ)
 		}
 	}
 }

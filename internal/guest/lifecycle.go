@@ -30,8 +30,9 @@ type Stats struct {
 	LastActivity time.Time
 }
 
-// Usage is a guest's resource use as its agent reports it: the guest's own
-// account, informational.
+// Usage is a sandbox's resource use: the guest's own account of CPU,
+// memory and disk as its agent reports it (informational), and the host's
+// account of its network.
 type Usage struct {
 	// CPUBusy and CPUTotal are the CPU time of all the guest's CPUs since
 	// boot, busy and in all.
@@ -41,4 +42,25 @@ type Usage struct {
 	MemTotal, MemAvailable, MemCached uint64
 	// The root filesystem, in bytes.
 	DiskTotal, DiskUsed uint64
+	// Network is counted by the sandbox's shim on the guest's link; nil
+	// when the sandbox has no network (mode none, or a runtime that gives
+	// the guest no NIC).
+	Network *NetworkUsage
+}
+
+// NetworkUsage is a sandbox's network as its shim counts it on the guest's
+// link, since the shim started serving it (a resumed sandbox starts again
+// from zero). Receive and transmit are the guest's point of view: receive
+// is what reached the guest, transmit what it sent.
+type NetworkUsage struct {
+	// Bytes of the Ethernet frames the guest received and transmitted
+	// (headers included), and the number of those frames.
+	ReceiveBytes, TransmitBytes   uint64
+	ReceiveFrames, TransmitFrames uint64
+	// Connections counts TCP connections and UDP flows open now, dialling
+	// or established.
+	Connections int
+	// Guest flows the host dialled for, refused (policy, upstream failure),
+	// and dropped at its connection or dial caps.
+	DialsAllowed, DialsDenied, DialsBusy uint64
 }

@@ -138,8 +138,9 @@ func (l lifecycleService) Stats(context.Context, *connect.Request[shimv2.StatsRe
 	return connect.NewResponse(resp), nil
 }
 
-// Usage relays the guest's resource use. The guest's numbers are its own
-// account: informational, never used for a decision.
+// Usage relays the guest's resource use and adds the network counters of
+// the guest's link. The guest's numbers are its own account:
+// informational, never used for a decision.
 func (l lifecycleService) Usage(ctx context.Context, _ *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error) {
 	a := l.s.agent
 	if a == nil {
@@ -157,6 +158,7 @@ func (l lifecycleService) Usage(ctx context.Context, _ *connect.Request[shimv2.U
 		CpuBusyNs: u.GetCpuBusyNs(), CpuTotalNs: u.GetCpuTotalNs(), Cpus: u.GetCpus(),
 		MemTotalBytes: u.GetMemTotalBytes(), MemAvailableBytes: u.GetMemAvailableBytes(), MemCachedBytes: u.GetMemCachedBytes(),
 		DiskTotalBytes: u.GetDiskTotalBytes(), DiskUsedBytes: u.GetDiskUsedBytes(),
+		Network: l.s.net.usage(),
 	}), nil
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
@@ -116,6 +117,21 @@ func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.
 	}
 	ok = true
 	return n, nil
+}
+
+// usage is the counters of the guest's link, or nil when the sandbox has
+// no network (mode none, or no NIC). Safe for concurrent use.
+func (n *network) usage() *shimv2.NetworkUsage {
+	if n == nil || n.eng == nil || n.spec.Mode == "none" {
+		return nil
+	}
+	st := n.eng.Stats()
+	return &shimv2.NetworkUsage{
+		ReceiveBytes: st.BytesOut, TransmitBytes: st.BytesIn, // the stack's out is the guest's receive
+		ReceiveFrames: st.FramesOut, TransmitFrames: st.FramesIn,
+		Connections:  uint32(max(st.ActiveConns, 0)),
+		DialsAllowed: st.DialsAllowed, DialsDenied: st.DialsDenied, DialsBusy: st.DialsBusy,
+	}
 }
 
 // guestConfig is what the agent's Sync sets up in the guest.

@@ -62,7 +62,8 @@ func (c *Client) Stats(ctx context.Context) (guest.Stats, error) {
 }
 
 // Usage asks the guest for its resource use (ErrFailedPrecondition if its
-// agent predates it).
+// agent predates it), with the shim's network counters (Network nil when
+// the sandbox has no network).
 func (c *Client) Usage(ctx context.Context) (guest.Usage, error) {
 	resp, err := c.lifecycle().Usage(ctx, connect.NewRequest(&shimv2.UsageRequest{}))
 	if err != nil {
@@ -73,5 +74,19 @@ func (c *Client) Usage(ctx context.Context) (guest.Usage, error) {
 		CPUBusy: time.Duration(m.GetCpuBusyNs()), CPUTotal: time.Duration(m.GetCpuTotalNs()), CPUs: int(m.GetCpus()),
 		MemTotal: m.GetMemTotalBytes(), MemAvailable: m.GetMemAvailableBytes(), MemCached: m.GetMemCachedBytes(),
 		DiskTotal: m.GetDiskTotalBytes(), DiskUsed: m.GetDiskUsedBytes(),
+		Network: networkUsage(m.GetNetwork()),
 	}, nil
+}
+
+// networkUsage maps the shim's network counters (nil: no network).
+func networkUsage(n *shimv2.NetworkUsage) *guest.NetworkUsage {
+	if n == nil {
+		return nil
+	}
+	return &guest.NetworkUsage{
+		ReceiveBytes: n.GetReceiveBytes(), TransmitBytes: n.GetTransmitBytes(),
+		ReceiveFrames: n.GetReceiveFrames(), TransmitFrames: n.GetTransmitFrames(),
+		Connections:  int(n.GetConnections()),
+		DialsAllowed: n.GetDialsAllowed(), DialsDenied: n.GetDialsDenied(), DialsBusy: n.GetDialsBusy(),
+	}
 }

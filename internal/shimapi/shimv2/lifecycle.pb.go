@@ -455,8 +455,12 @@ type UsageResponse struct {
 	// The guest's root filesystem.
 	DiskTotalBytes uint64 `protobuf:"varint,7,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
 	DiskUsedBytes  uint64 `protobuf:"varint,8,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The sandbox's network as its shim counts it on the guest's link (the
+	// host's account, not the guest's). Absent when the sandbox has no
+	// network: mode none, or a runtime that gives the guest no NIC.
+	Network       *NetworkUsage `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UsageResponse) Reset() {
@@ -545,6 +549,121 @@ func (x *UsageResponse) GetDiskUsedBytes() uint64 {
 	return 0
 }
 
+func (x *UsageResponse) GetNetwork() *NetworkUsage {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// NetworkUsage is a sandbox's network since its shim started serving the
+// guest's link (a resumed sandbox starts again from zero). Receive and
+// transmit are the guest's point of view.
+type NetworkUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the Ethernet frames the guest received and transmitted on its
+	// link (headers included), and those frames.
+	ReceiveBytes   uint64 `protobuf:"varint,1,opt,name=receive_bytes,json=receiveBytes,proto3" json:"receive_bytes,omitempty"`
+	TransmitBytes  uint64 `protobuf:"varint,2,opt,name=transmit_bytes,json=transmitBytes,proto3" json:"transmit_bytes,omitempty"`
+	ReceiveFrames  uint64 `protobuf:"varint,3,opt,name=receive_frames,json=receiveFrames,proto3" json:"receive_frames,omitempty"`
+	TransmitFrames uint64 `protobuf:"varint,4,opt,name=transmit_frames,json=transmitFrames,proto3" json:"transmit_frames,omitempty"`
+	// TCP connections and UDP flows open now, dialling or established.
+	Connections uint32 `protobuf:"varint,5,opt,name=connections,proto3" json:"connections,omitempty"`
+	// Guest flows the host dialled for, refused (policy, upstream failure),
+	// and dropped at its connection or dial caps.
+	DialsAllowed  uint64 `protobuf:"varint,6,opt,name=dials_allowed,json=dialsAllowed,proto3" json:"dials_allowed,omitempty"`
+	DialsDenied   uint64 `protobuf:"varint,7,opt,name=dials_denied,json=dialsDenied,proto3" json:"dials_denied,omitempty"`
+	DialsBusy     uint64 `protobuf:"varint,8,opt,name=dials_busy,json=dialsBusy,proto3" json:"dials_busy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkUsage) Reset() {
+	*x = NetworkUsage{}
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkUsage) ProtoMessage() {}
+
+func (x *NetworkUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkUsage.ProtoReflect.Descriptor instead.
+func (*NetworkUsage) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *NetworkUsage) GetReceiveBytes() uint64 {
+	if x != nil {
+		return x.ReceiveBytes
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetTransmitBytes() uint64 {
+	if x != nil {
+		return x.TransmitBytes
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetReceiveFrames() uint64 {
+	if x != nil {
+		return x.ReceiveFrames
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetTransmitFrames() uint64 {
+	if x != nil {
+		return x.TransmitFrames
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetConnections() uint32 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetDialsAllowed() uint64 {
+	if x != nil {
+		return x.DialsAllowed
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetDialsDenied() uint64 {
+	if x != nil {
+		return x.DialsDenied
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetDialsBusy() uint64 {
+	if x != nil {
+		return x.DialsBusy
+	}
+	return 0
+}
+
 var File_airlock_shim_v2_lifecycle_proto protoreflect.FileDescriptor
 
 const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
@@ -569,7 +688,7 @@ const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\x12requests_in_flight\x18\x05 \x01(\rR\x10requestsInFlight\x12/\n" +
 	"\x13inbound_connections\x18\x06 \x01(\rR\x12inboundConnections\x125\n" +
 	"\x17last_activity_unix_nano\x18\a \x01(\x03R\x14lastActivityUnixNano\"\x0e\n" +
-	"\fUsageRequest\"\xb9\x02\n" +
+	"\fUsageRequest\"\xf2\x02\n" +
 	"\rUsageResponse\x12\x1e\n" +
 	"\vcpu_busy_ns\x18\x01 \x01(\x04R\tcpuBusyNs\x12 \n" +
 	"\fcpu_total_ns\x18\x02 \x01(\x04R\n" +
@@ -579,7 +698,18 @@ const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\x13mem_available_bytes\x18\x05 \x01(\x04R\x11memAvailableBytes\x12(\n" +
 	"\x10mem_cached_bytes\x18\x06 \x01(\x04R\x0ememCachedBytes\x12(\n" +
 	"\x10disk_total_bytes\x18\a \x01(\x04R\x0ediskTotalBytes\x12&\n" +
-	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes2\x83\x03\n" +
+	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes\x127\n" +
+	"\anetwork\x18\t \x01(\v2\x1d.airlock.shim.v2.NetworkUsageR\anetwork\"\xb3\x02\n" +
+	"\fNetworkUsage\x12#\n" +
+	"\rreceive_bytes\x18\x01 \x01(\x04R\freceiveBytes\x12%\n" +
+	"\x0etransmit_bytes\x18\x02 \x01(\x04R\rtransmitBytes\x12%\n" +
+	"\x0ereceive_frames\x18\x03 \x01(\x04R\rreceiveFrames\x12'\n" +
+	"\x0ftransmit_frames\x18\x04 \x01(\x04R\x0etransmitFrames\x12 \n" +
+	"\vconnections\x18\x05 \x01(\rR\vconnections\x12#\n" +
+	"\rdials_allowed\x18\x06 \x01(\x04R\fdialsAllowed\x12!\n" +
+	"\fdials_denied\x18\a \x01(\x04R\vdialsDenied\x12\x1d\n" +
+	"\n" +
+	"dials_busy\x18\b \x01(\x04R\tdialsBusy2\x83\x03\n" +
 	"\x10LifecycleService\x12F\n" +
 	"\x05Pause\x12\x1d.airlock.shim.v2.PauseRequest\x1a\x1e.airlock.shim.v2.PauseResponse\x12O\n" +
 	"\bShutdown\x12 .airlock.shim.v2.ShutdownRequest\x1a!.airlock.shim.v2.ShutdownResponse\x12F\n" +
@@ -599,7 +729,7 @@ func file_airlock_shim_v2_lifecycle_proto_rawDescGZIP() []byte {
 	return file_airlock_shim_v2_lifecycle_proto_rawDescData
 }
 
-var file_airlock_shim_v2_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_airlock_shim_v2_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_airlock_shim_v2_lifecycle_proto_goTypes = []any{
 	(*PauseRequest)(nil),     // 0: airlock.shim.v2.PauseRequest
 	(*PauseResponse)(nil),    // 1: airlock.shim.v2.PauseResponse
@@ -611,23 +741,25 @@ var file_airlock_shim_v2_lifecycle_proto_goTypes = []any{
 	(*StatsResponse)(nil),    // 7: airlock.shim.v2.StatsResponse
 	(*UsageRequest)(nil),     // 8: airlock.shim.v2.UsageRequest
 	(*UsageResponse)(nil),    // 9: airlock.shim.v2.UsageResponse
+	(*NetworkUsage)(nil),     // 10: airlock.shim.v2.NetworkUsage
 }
 var file_airlock_shim_v2_lifecycle_proto_depIdxs = []int32{
-	0, // 0: airlock.shim.v2.LifecycleService.Pause:input_type -> airlock.shim.v2.PauseRequest
-	2, // 1: airlock.shim.v2.LifecycleService.Shutdown:input_type -> airlock.shim.v2.ShutdownRequest
-	4, // 2: airlock.shim.v2.LifecycleService.Touch:input_type -> airlock.shim.v2.TouchRequest
-	6, // 3: airlock.shim.v2.LifecycleService.Stats:input_type -> airlock.shim.v2.StatsRequest
-	8, // 4: airlock.shim.v2.LifecycleService.Usage:input_type -> airlock.shim.v2.UsageRequest
-	1, // 5: airlock.shim.v2.LifecycleService.Pause:output_type -> airlock.shim.v2.PauseResponse
-	3, // 6: airlock.shim.v2.LifecycleService.Shutdown:output_type -> airlock.shim.v2.ShutdownResponse
-	5, // 7: airlock.shim.v2.LifecycleService.Touch:output_type -> airlock.shim.v2.TouchResponse
-	7, // 8: airlock.shim.v2.LifecycleService.Stats:output_type -> airlock.shim.v2.StatsResponse
-	9, // 9: airlock.shim.v2.LifecycleService.Usage:output_type -> airlock.shim.v2.UsageResponse
-	5, // [5:10] is the sub-list for method output_type
-	0, // [0:5] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	10, // 0: airlock.shim.v2.UsageResponse.network:type_name -> airlock.shim.v2.NetworkUsage
+	0,  // 1: airlock.shim.v2.LifecycleService.Pause:input_type -> airlock.shim.v2.PauseRequest
+	2,  // 2: airlock.shim.v2.LifecycleService.Shutdown:input_type -> airlock.shim.v2.ShutdownRequest
+	4,  // 3: airlock.shim.v2.LifecycleService.Touch:input_type -> airlock.shim.v2.TouchRequest
+	6,  // 4: airlock.shim.v2.LifecycleService.Stats:input_type -> airlock.shim.v2.StatsRequest
+	8,  // 5: airlock.shim.v2.LifecycleService.Usage:input_type -> airlock.shim.v2.UsageRequest
+	1,  // 6: airlock.shim.v2.LifecycleService.Pause:output_type -> airlock.shim.v2.PauseResponse
+	3,  // 7: airlock.shim.v2.LifecycleService.Shutdown:output_type -> airlock.shim.v2.ShutdownResponse
+	5,  // 8: airlock.shim.v2.LifecycleService.Touch:output_type -> airlock.shim.v2.TouchResponse
+	7,  // 9: airlock.shim.v2.LifecycleService.Stats:output_type -> airlock.shim.v2.StatsResponse
+	9,  // 10: airlock.shim.v2.LifecycleService.Usage:output_type -> airlock.shim.v2.UsageResponse
+	6,  // [6:11] is the sub-list for method output_type
+	1,  // [1:6] is the sub-list for method input_type
+	1,  // [1:1] is the sub-list for extension type_name
+	1,  // [1:1] is the sub-list for extension extendee
+	0,  // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_airlock_shim_v2_lifecycle_proto_init() }
@@ -641,7 +773,7 @@ func file_airlock_shim_v2_lifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v2_lifecycle_proto_rawDesc), len(file_airlock_shim_v2_lifecycle_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -71,8 +71,8 @@ type LifecycleServiceClient interface {
 	// guest.
 	Stats(context.Context, *connect.Request[shimv2.StatsRequest]) (*connect.Response[shimv2.StatsResponse], error)
 	// Usage asks the guest for its resource use (CPU time, memory, root
-	// filesystem). FAILED_PRECONDITION if the guest agent predates it. Not
-	// activity.
+	// filesystem) and adds the shim's own network counters.
+	// FAILED_PRECONDITION if the guest agent predates it. Not activity.
 	Usage(context.Context, *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error)
 }
 
@@ -173,8 +173,8 @@ type LifecycleServiceHandler interface {
 	// guest.
 	Stats(context.Context, *connect.Request[shimv2.StatsRequest]) (*connect.Response[shimv2.StatsResponse], error)
 	// Usage asks the guest for its resource use (CPU time, memory, root
-	// filesystem). FAILED_PRECONDITION if the guest agent predates it. Not
-	// activity.
+	// filesystem) and adds the shim's own network counters.
+	// FAILED_PRECONDITION if the guest agent predates it. Not activity.
 	Usage(context.Context, *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error)
 }
 
