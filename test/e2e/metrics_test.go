@@ -93,6 +93,7 @@ print(len(body))`, pubA, port, up)
 	}
 
 	after := scrapeMetrics(t, s)
+	t.Logf("receive %.0f -> %.0f, transmit %.0f -> %.0f bytes", before[rx], after[rx], before[tx], after[tx])
 	if d := after[rx] - before[rx]; d < down {
 		t.Errorf("receive grew by %.0f bytes (%.0f -> %.0f), want at least the %d downloaded", d, before[rx], after[rx], down)
 	}
