@@ -262,7 +262,7 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("the terminal's shell still runs a minute after the terminal closed: %s", execs)
 	}
 
-	dashboardSandboxPage(t, e, s, key, sb.ID, bctx, run, poll, shot)
+	dashboardSandboxPage(t, s, key, sb.ID, bctx, run, poll, art)
 
 	run("back to the list",
 		chromedp.Navigate(s.base+"/"),
@@ -363,10 +363,20 @@ func TestDashboard(t *testing.T) {
 // lands in the guest and in the listing; its download link saves the same
 // bytes; a code cell prints (markup as text), plots (a PNG the browser
 // decodes) and raises; exec.start, code.run and file.write events appear.
-func dashboardSandboxPage(t *testing.T, e env, s *apiServer, key, id string, bctx context.Context,
+func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx context.Context,
 	run func(string, ...chromedp.Action[chromedp.Void]), poll func(string) chromedp.Action[chromedp.Void],
-	shot func(string) chromedp.Action[chromedp.Void]) {
+	art string) {
 	t.Helper()
+	// shot saves a screenshot of the page's card whose heading is h.
+	shot := func(name, h string) chromedp.Action[chromedp.Void] {
+		return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+			png, err := chromedp.Screenshot(chromedp.CSS(`section[aria-labelledby="`+h+`"]`))(ctx, tg)
+			if err != nil {
+				return chromedp.Void{}, err
+			}
+			return chromedp.Void{}, os.WriteFile(filepath.Join(art, name+".png"), png, 0o644)
+		}
+	}
 	const hostile = `<img src=x onerror=alert(1)>.txt`
 	body, _ := json.Marshal(map[string]any{"cmd": []string{"sh", "-c", `mkdir -p /root/dash && printf hostile > "/root/dash/$1"`, "sh", hostile}})
 	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(body)); code != 200 || !strings.Contains(string(b), `"code":0`) {
@@ -405,7 +415,7 @@ func dashboardSandboxPage(t *testing.T, e env, s *apiServer, key, id string, bct
 		chromedp.Click(chromedp.ID("upload")),
 		poll(`document.getElementById('upload-status').textContent.startsWith('uploaded /root/dash/upload.bin')`),
 		poll(`!!`+rowOf("upload.bin")),
-		shot("3b-files"))
+		shot("3b-files", "files-h"))
 	if code, b := s.do(key, "GET", "/v1/sandboxes/"+id+"/files?path=/root/dash/upload.bin", nil); code != 200 || !bytes.Equal(b, want) {
 		t.Fatalf("the uploaded file in the guest: %d, %d bytes; want the %d bytes sent", code, len(b), len(want))
 	}
@@ -442,7 +452,7 @@ func dashboardSandboxPage(t *testing.T, e env, s *apiServer, key, id string, bct
 		`Array.from(document.querySelectorAll('#code-out pre.stdout')).some(p => p.textContent === 'hi <b>from</b> the cell\n') && !document.querySelector('#code-out b')`)
 	cell("run a plot", "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()",
 		`(() => { const i = document.querySelector('#code-out img.result[data-type="image/png"]'); return !!i && i.complete && i.naturalWidth > 100 && i.src.startsWith('data:image/png;base64,iVBORw0KGgo'); })()`)
-	run("the page with the plot", shot("3c-code"))
+	run("the page with the plot", shot("3c-code", "code-h"))
 	cell("run an error", `1/0`,
 		`Array.from(document.querySelectorAll('#code-out pre.error')).some(p => p.textContent.startsWith('ZeroDivisionError: division by zero') && !p.textContent.includes('\x1b'))`)
 
@@ -450,6 +460,5 @@ func dashboardSandboxPage(t *testing.T, e env, s *apiServer, key, id string, bct
 	run("events",
 		poll(`['exec.start', 'code.run', 'file.write'].every(a => document.querySelector('#events li[data-action="' + a + '"]'))`),
 		poll(`(() => { const s = Array.from(document.querySelectorAll('#events li')).map(l => +l.dataset.seq); return s.length > 3 && s.every((v, i) => i === 0 || s[i-1] > v); })()`),
-		chromedp.ScrollIntoView(chromedp.ID("events-h")),
-		shot("3d-events"))
+		shot("3d-events", "events-h"))
 }

@@ -154,5 +154,10 @@
     }
   });
 
-  list(dir, false);
+  // The first listing waits for the user unless the sandbox runs: a file
+  // call resumes a paused sandbox, which opening its page must not do.
+  api("GET", "/sandboxes/" + encodeURIComponent(id)).then((sb) => {
+    if (sb && sb.state === "running") list(dir, false);
+    else setStatus(status, "the sandbox is " + (sb && sb.state) + ": Open or Refresh lists its files (and resumes it)");
+  }).catch((e) => setStatus(status, e.message, true));
 })();
