@@ -482,16 +482,8 @@ func TestDashboardFiles(t *testing.T) {
 	}
 
 	// By key: the API's answer is unchanged.
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, h.url+q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+h.alice)
-	kres, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kres.Body.Close()
+	byKey := &dashClient{t: t, h: h}
+	kres := byKey.req(http.MethodGet, q, nil, http.Header{"Authorization": {"Bearer " + h.alice}})
 	if kres.StatusCode != http.StatusOK || kres.Header.Get("Content-Disposition") != "" {
 		t.Errorf("download by key: %d, Content-Disposition %q; want 200 and none", kres.StatusCode, kres.Header.Get("Content-Disposition"))
 	}
