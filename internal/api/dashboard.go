@@ -25,8 +25,12 @@ import (
 
 // dashboardCSP forbids inline and foreign scripts, frames and plugins.
 // Inline styles are allowed because xterm.js sets its theme in a <style>
-// element it makes.
-const dashboardCSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self'; " +
+// element it makes. Images may be data: URLs: the code cell shows a
+// run's PNG and JPEG results as <img src="data:image/png;base64,…">. That
+// is safe: an image element runs no script (not even an SVG's), and a
+// data: URL fetches nothing, so it can neither load nor leak anything;
+// the cell builds only raster types' URLs (never text/html or SVG).
+const dashboardCSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; " +
 	"connect-src 'self'; font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
 // maxSignInBody caps the sign-in form.
@@ -137,7 +141,7 @@ func (s *Server) dashSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	p.SandboxID = r.PathValue("id")
 	p.Styles = []string{"vendor/xterm/xterm.css"}
-	p.Scripts = []string{"vendor/xterm/xterm.js", "common.js", "sandbox.js"}
+	p.Scripts = []string{"vendor/xterm/xterm.js", "common.js", "sandbox.js", "files.js", "code.js", "events.js"}
 	s.render(w, r, http.StatusOK, "sandbox.html", p)
 }
 

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"io"
+	"mime"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -431,6 +432,94 @@ func TestStripSessionCookie(t *testing.T) {
 		stripSessionCookie(h)
 		if got := h.Get("Cookie"); got != tc.want {
 			t.Errorf("stripSessionCookie(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// The sandbox page's file browser: an upload by cookie needs the CSRF
+// header; a download by cookie is an attachment named after the file
+// (hostile names encoded, never raw), sandboxed and not sniffed; a
+// download by key is answered as before, with no Content-Disposition.
+func TestDashboardFiles(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	a := signIn(t, h, h.alice)
+	const name = "<img src=x onerror=alert(1)>\".txt"
+	p := "/root/" + name
+	q := "/v1/sandboxes/aliceaaaaaaa/files?path=" + url.QueryEscape(p)
+	if res := a.req(http.MethodPut, q, strings.NewReader("evil"), nil); res.StatusCode != http.StatusForbidden {
+		t.Fatalf("upload by cookie without CSRF: %d, want 403", res.StatusCode)
+	}
+	res := a.req(http.MethodPut, q, strings.NewReader("<script>alert(1)</script>"), http.Header{CSRFHeader: {a.csrf}, "Origin": {h.url}})
+	if body := readAll(t, res); res.StatusCode != http.StatusOK {
+		t.Fatalf("upload by cookie with CSRF: %d %s", res.StatusCode, body)
+	}
+
+	res = a.req(http.MethodGet, q, nil, nil)
+	body := readAll(t, res)
+	if res.StatusCode != http.StatusOK || body != "<script>alert(1)</script>" {
+		t.Fatalf("download by cookie: %d %q", res.StatusCode, body)
+	}
+	cd := res.Header.Get("Content-Disposition")
+	disp, params, err := mime.ParseMediaType(cd)
+	if err != nil || disp != "attachment" || params["filename"] != name {
+		t.Errorf("download by cookie: Content-Disposition %q (%v); want an attachment named %q", cd, err, name)
+	}
+	for k, want := range map[string]string{
+		"Content-Type": "application/octet-stream", "X-Content-Type-Options": "nosniff",
+		"Content-Security-Policy": "default-src 'none'; sandbox; frame-ancestors 'none'",
+	} {
+		if got := res.Header.Get(k); got != want {
+			t.Errorf("download by cookie: %s %q, want %q", k, got, want)
+		}
+	}
+	// Control bytes in a name are encoded, not sent raw in the header.
+	if got := attachment("/tmp/a\r\nSet-Cookie: x=1"); strings.ContainsAny(got, "\r\n") || !strings.HasPrefix(got, "attachment; filename*=utf-8''") {
+		t.Errorf("attachment of a name with CR LF: %q", got)
+	}
+	if got := attachment("/"); got != "attachment" {
+		t.Errorf("attachment(/) = %q", got)
+	}
+
+	// By key: the API's answer is unchanged.
+	byKey := &dashClient{t: t, h: h}
+	kres := byKey.req(http.MethodGet, q, nil, http.Header{"Authorization": {"Bearer " + h.alice}})
+	if kres.StatusCode != http.StatusOK || kres.Header.Get("Content-Disposition") != "" {
+		t.Errorf("download by key: %d, Content-Disposition %q; want 200 and none", kres.StatusCode, kres.Header.Get("Content-Disposition"))
+	}
+	// Other cookie answers (a listing) are not attachments.
+	if res := a.req(http.MethodGet, "/v1/sandboxes/aliceaaaaaaa/files/list?path=/root", nil, nil); res.StatusCode != http.StatusOK || res.Header.Get("Content-Disposition") != "" {
+		t.Errorf("listing by cookie: %d, Content-Disposition %q", res.StatusCode, res.Header.Get("Content-Disposition"))
+	}
+}
+
+// The dashboard's CSP lets images be data: URLs (the code cell's plots)
+// and nothing else new: scripts and everything else stay the server's own.
+func TestDashboardCSPImages(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	a := signIn(t, h, h.alice)
+	res := a.req(http.MethodGet, "/ui/sandboxes/aliceaaaaaaa", nil, nil)
+	body := readAll(t, res)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("sandbox page: %d", res.StatusCode)
+	}
+	csp := res.Header.Get("Content-Security-Policy")
+	for _, d := range strings.Split(csp, ";") {
+		d = strings.TrimSpace(d)
+		if strings.Contains(d, "data:") && d != "img-src 'self' data:" {
+			t.Errorf("CSP directive %q allows data: URLs; only img-src may", d)
+		}
+	}
+	if !strings.Contains(csp, "img-src 'self' data:;") || !strings.Contains(csp, "default-src 'none'") {
+		t.Errorf("CSP %q: want img-src 'self' data:", csp)
+	}
+	for _, s := range []string{"files.js", "code.js", "events.js"} {
+		if !strings.Contains(body, `<script src="/ui/static/`+s+`" defer></script>`) {
+			t.Errorf("the sandbox page does not load %s", s)
+		}
+		if res := a.req(http.MethodGet, "/ui/static/"+s, nil, nil); res.StatusCode != http.StatusOK {
+			t.Errorf("GET /ui/static/%s: %d", s, res.StatusCode)
 		}
 	}
 }

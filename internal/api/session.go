@@ -8,8 +8,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -307,15 +309,38 @@ func (s *Server) signedIn(r *http.Request) (session, store.APIKey, error) {
 	return sess, k, nil
 }
 
+// downloadRoute is the route of a guest file's bytes. Its answers to the
+// cookie are attachments: the dashboard's download links save the file,
+// and a browser never shows it as a page of the dashboard's origin.
+const downloadRoute = "GET /v1/sandboxes/{id}/files"
+
+// attachment is the Content-Disposition of a download of the guest file
+// p: its base name, quoted or RFC 2231-encoded by mime.FormatMediaType
+// (guest names are hostile: quotes, control bytes, non-ASCII), or no name
+// when it cannot be encoded.
+func attachment(p string) string {
+	name := path.Base(p)
+	if name == "/" || name == "." {
+		return "attachment"
+	}
+	if v := mime.FormatMediaType("attachment", map[string]string{"filename": name}); v != "" {
+		return v
+	}
+	return "attachment"
+}
+
 // sessionAuth authenticates a /v1 request by its session cookie, with the
 // CSRF and origin checks described above.
 // Its answers get a CSP that sandboxes them, should a browser be led to
 // show one (a guest's file) as a page of the dashboard's origin, and are
-// not to be cached.
+// not to be cached; a guest file's bytes are an attachment.
 func (s *Server) sessionAuth(w http.ResponseWriter, r *http.Request) (store.APIKey, error) {
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; sandbox; frame-ancestors 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Cache-Control", "no-store")
+	if r.Pattern == downloadRoute {
+		w.Header().Set("Content-Disposition", attachment(r.URL.Query().Get("path")))
+	}
 	sess, k, err := s.signedIn(r)
 	if err != nil {
 		if errors.Is(err, errUnauth) {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
@@ -24,7 +27,8 @@ import (
 // TestDashboard drives the web dashboard of a real `airlock serve` in
 // headless Chromium (Debian's chromium, over CDP with chromedp): sign in
 // with a key, see a sandbox made through the API, open its terminal and
-// run `echo hi`, pause and resume it from the list (QEMU only: gVisor
+// run `echo hi`, use its file browser, code cell and live audit events
+// (dashboardSandboxPage), pause and resume it from the list (QEMU only: gVisor
 // sandboxes cannot pause), cancel a kill, sign out. The pages must log no
 // console error (CSP violations included). A screenshot of each page goes
 // to $AIRLOCK_TEST_ARTEFACTS (or the test's temp dir), named in the log.
@@ -98,6 +102,14 @@ func TestDashboard(t *testing.T) {
 			} else {
 				problems = append(problems, "exception: "+d.Text)
 			}
+		case *page.EventJavascriptDialogOpening:
+			problems = append(problems, fmt.Sprintf("a %s dialog opened: %q", ev.Type, ev.Message))
+			go func() {
+				_ = chromedp.Do(bctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+					_, err := cdp.Call(ctx, tg, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: false})
+					return err
+				}))
+			}()
 		case *log.EventEntryAdded:
 			if ev.Entry.Level == log.EntryLevelError || ev.Entry.Level == log.EntryLevelWarning {
 				problems = append(problems, fmt.Sprintf("log %s: %s (%s)", ev.Entry.Level, ev.Entry.Text, ev.Entry.URL))
@@ -250,6 +262,8 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("the terminal's shell still runs a minute after the terminal closed: %s", execs)
 	}
 
+	dashboardSandboxPage(t, s, key, sb.ID, bctx, run, poll, art)
+
 	run("back to the list",
 		chromedp.Navigate(s.base+"/"),
 		chromedp.WaitVisible(css(row)),
@@ -341,4 +355,110 @@ func TestDashboard(t *testing.T) {
 	if code, _ := s.do(key, "GET", "/v1/sandboxes/"+sb.ID, nil); code != 200 {
 		t.Errorf("the sandbox after the dashboard session: %d", code)
 	}
+}
+
+// dashboardSandboxPage drives the sandbox page's file browser, code cell
+// and live audit events (the browser is on the sandbox's page, signed in
+// with key): a file whose guest name is markup shows as text; an upload
+// lands in the guest and in the listing; its download link saves the same
+// bytes; a code cell prints (markup as text), plots (a PNG the browser
+// decodes) and raises; exec.start, code.run and file.write events appear.
+func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx context.Context,
+	run func(string, ...chromedp.Action[chromedp.Void]), poll func(string) chromedp.Action[chromedp.Void],
+	art string) {
+	t.Helper()
+	// shot saves a screenshot of the page's card whose heading is h.
+	shot := func(name, h string) chromedp.Action[chromedp.Void] {
+		return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+			png, err := chromedp.Screenshot(chromedp.CSS(`section[aria-labelledby="`+h+`"]`))(ctx, tg)
+			if err != nil {
+				return chromedp.Void{}, err
+			}
+			return chromedp.Void{}, os.WriteFile(filepath.Join(art, name+".png"), png, 0o644)
+		}
+	}
+	const hostile = `<img src=x onerror=alert(1)>.txt`
+	body, _ := json.Marshal(map[string]any{"cmd": []string{"sh", "-c", `mkdir -p /root/dash && printf hostile > "/root/dash/$1"`, "sh", hostile}})
+	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(body)); code != 200 || !strings.Contains(string(b), `"code":0`) {
+		t.Fatalf("make the guest's files: %d %s", code, b)
+	}
+	js := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	// rowOf finds a listing row by its name (no CSS selector of a hostile
+	// name).
+	rowOf := func(name string) string {
+		return `Array.from(document.querySelectorAll('#files tbody tr')).find(r => r.dataset.name === ` + js(name) + `)`
+	}
+	run("list /root and open dash/",
+		chromedp.Click(chromedp.ID("dir-refresh")),
+		poll(`!!`+rowOf("dash")),
+		chromedp.Click(chromedp.CSS(`#files tr[data-name="dash"] button[data-action="open"]`)),
+		poll(`document.getElementById('dir').value === '/root/dash' && !!`+rowOf(hostile)))
+	// The hostile name is text: the link's text is the name, no element
+	// came of it, no script ran (a dialog or a console error fails the test).
+	ok, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`(() => { const r = `+rowOf(hostile)+`; const a = r && r.querySelector('a');
+		return !!a && a.textContent === `+js(hostile)+` && a.children.length === 0 && document.querySelectorAll('#files img').length === 0; })()`))
+	if err != nil || !ok {
+		t.Fatalf("the hostile file name did not show as plain text (%v)", err)
+	}
+
+	// Upload a file of every byte value into /root/dash.
+	want := make([]byte, 3*256)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	local := filepath.Join(t.TempDir(), "upload.bin")
+	if err := os.WriteFile(local, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run("upload",
+		chromedp.SetUploadFiles(chromedp.ID("upload-file"), []string{local}),
+		chromedp.Click(chromedp.ID("upload")),
+		poll(`document.getElementById('upload-status').textContent.startsWith('uploaded /root/dash/upload.bin')`),
+		poll(`!!`+rowOf("upload.bin")),
+		shot("3b-files", "files-h"))
+	if code, b := s.do(key, "GET", "/v1/sandboxes/"+id+"/files?path=/root/dash/upload.bin", nil); code != 200 || !bytes.Equal(b, want) {
+		t.Fatalf("the uploaded file in the guest: %d, %d bytes; want the %d bytes sent", code, len(b), len(want))
+	}
+	// Its link downloads it: the browser saves the same bytes.
+	dl := t.TempDir()
+	run("download",
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, browser.SetDownloadBehavior, browser.SetDownloadBehaviorParams{
+				Behavior: browser.SetDownloadBehaviorBehaviorAllow, DownloadPath: dl})
+			return err
+		}),
+		chromedp.Click(chromedp.CSS(`#files tr[data-name="upload.bin"] a[data-action="download"]`)))
+	var got []byte
+	if !testutil.WaitFor(t, time.Minute, func() bool {
+		got, _ = os.ReadFile(filepath.Join(dl, "upload.bin"))
+		return bytes.Equal(got, want)
+	}) {
+		ents, _ := os.ReadDir(dl)
+		t.Fatalf("the download saved %d bytes (%v in the folder); want the %d uploaded", len(got), ents, len(want))
+	}
+	run("up to /root",
+		chromedp.Click(chromedp.ID("dir-up")),
+		poll(`document.getElementById('dir').value === '/root' && !!`+rowOf("dash")))
+
+	// The code cell: text (markup stays text), then a plot, then an error.
+	cell := func(step, code, until string) {
+		run(step,
+			chromedp.SetValue(chromedp.ID("code"), code),
+			chromedp.Click(chromedp.ID("run-code")),
+			poll(`document.getElementById('code-status').textContent.startsWith('done')`),
+			poll(until))
+	}
+	cell("run print", `print("hi <b>from</b> the cell")`,
+		`Array.from(document.querySelectorAll('#code-out pre.stdout')).some(p => p.textContent === 'hi <b>from</b> the cell\n') && !document.querySelector('#code-out b')`)
+	cell("run a plot", "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()",
+		`(() => { const i = document.querySelector('#code-out img.result[data-type="image/png"]'); return !!i && i.complete && i.naturalWidth > 100 && i.src.startsWith('data:image/png;base64,iVBORw0KGgo'); })()`)
+	run("the page with the plot", shot("3c-code", "code-h"))
+	cell("run an error", `1/0`,
+		`Array.from(document.querySelectorAll('#code-out pre.error')).some(p => p.textContent.startsWith('ZeroDivisionError: division by zero') && !p.textContent.includes('\x1b'))`)
+
+	// The live events show what was done, newest first.
+	run("events",
+		poll(`['exec.start', 'code.run', 'file.write'].every(a => document.querySelector('#events li[data-action="' + a + '"]'))`),
+		poll(`(() => { const s = Array.from(document.querySelectorAll('#events li')).map(l => +l.dataset.seq); return s.length > 3 && s.every((v, i) => i === 0 || s[i-1] > v); })()`),
+		shot("3d-events", "events-h"))
 }

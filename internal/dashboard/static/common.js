@@ -70,5 +70,5 @@ const airlock = (() => {
     node.classList.toggle("bad", !!bad);
   }
 
-  return { api, el, duration, lifetimeLeft, metadataText, setStatus };
+  return { api, el, duration, lifetimeLeft, metadataText, setStatus, csrf };
 })();

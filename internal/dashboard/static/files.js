@@ -1,0 +1,163 @@
+// A sandbox's file browser: list a directory (GET .../files/list), go into
+// directories and up, download a file (a link to GET .../files, which the
+// server answers as an attachment: the browser saves it, never shows it on
+// this origin) and upload one into the current directory (PUT .../files).
+// Names come from the guest and are hostile: they go into the page as
+// text, and paths are built here from checked parts and URL-encoded.
+"use strict";
+
+(() => {
+  const { api, el, setStatus } = airlock;
+  const id = document.getElementById("sandbox").dataset.id;
+  const base = "/v1/sandboxes/" + encodeURIComponent(id);
+  const dirInput = document.getElementById("dir");
+  const tbody = document.querySelector("#files tbody");
+  const empty = document.getElementById("files-empty");
+  const status = document.getElementById("files-status");
+  const upStatus = document.getElementById("upload-status");
+  const upBtn = document.getElementById("dir-up");
+  let dir = "/root";
+
+  // clean makes p an absolute, clean path (no ., .. or empty parts), as
+  // the API wants it.
+  function clean(p) {
+    const out = [];
+    for (const part of String(p).split("/")) {
+      if (part === "" || part === ".") continue;
+      if (part === "..") out.pop();
+      else out.push(part);
+    }
+    return "/" + out.join("/");
+  }
+
+  // join is dir/name, or null when name is not one plain name.
+  function join(d, name) {
+    if (typeof name !== "string" || name === "" || name === "." || name === ".." || name.includes("/") || name.includes("\0")) return null;
+    return d === "/" ? "/" + name : d + "/" + name;
+  }
+
+  function parent(d) {
+    return clean(d + "/..");
+  }
+
+  function size(n) {
+    if (typeof n !== "number") return "";
+    if (n < 1024) return n + " B";
+    const units = ["KiB", "MiB", "GiB", "TiB"];
+    let v = n / 1024, i = 0;
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return v.toFixed(v < 10 ? 1 : 0) + " " + units[i];
+  }
+
+  function mode(m) {
+    return typeof m === "number" ? (m & 0o7777).toString(8).padStart(4, "0") : "";
+  }
+
+  function entryRow(e) {
+    const p = join(dir, e.name);
+    if (p === null) return null;
+    const tr = el("tr", null, { "data-name": e.name, "data-type": e.type });
+    const nameCell = el("td", null, { class: "name" });
+    if (e.type === "dir") {
+      const b = el("button", e.name + "/", { type: "button", class: "link mono", "data-action": "open" });
+      b.addEventListener("click", () => list(p, true));
+      nameCell.append(b);
+    } else if (e.type === "file" || e.type === "symlink") {
+      // The server's answer to this link is an attachment; download names
+      // the saved file too.
+      nameCell.append(el("a", e.name, {
+        href: base + "/files?path=" + encodeURIComponent(p), download: e.name, class: "mono",
+        "data-action": "download", "aria-label": "Download " + e.name,
+      }));
+    } else {
+      nameCell.append(el("span", e.name, { class: "mono" }));
+    }
+    if (e.type === "symlink" && e.symlink_target) nameCell.append(el("span", " → " + e.symlink_target, { class: "muted mono" }));
+    tr.append(nameCell, el("td", e.type), el("td", e.type === "dir" ? "" : size(e.size), { class: "num" }),
+      el("td", e.mtime ? new Date(e.mtime).toLocaleString() : ""), el("td", mode(e.mode), { class: "mono" }));
+    return tr;
+  }
+
+  // list shows directory d; focus moves to the first entry when the user
+  // went somewhere (keyboard users keep their place).
+  async function list(d, focus) {
+    d = clean(d);
+    setStatus(status, "listing " + d + "…");
+    try {
+      const data = await api("GET", "/sandboxes/" + encodeURIComponent(id) + "/files/list?path=" + encodeURIComponent(d));
+      dir = d;
+      dirInput.value = d;
+      upBtn.disabled = d === "/";
+      const entries = ((data && data.entries) || []).filter((e) => e && e.path !== d);
+      entries.sort((a, b) => (a.type === "dir") !== (b.type === "dir") ? (a.type === "dir" ? -1 : 1) : (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+      const rows = [];
+      for (const e of entries) {
+        const r = entryRow(e);
+        if (r) rows.push(r);
+      }
+      tbody.replaceChildren(...rows);
+      empty.hidden = rows.length !== 0;
+      setStatus(status, rows.length + (rows.length === 1 ? " entry" : " entries") + (data && data.truncated ? " (truncated)" : ""));
+      if (focus) {
+        const first = tbody.querySelector("button, a");
+        (first || dirInput).focus();
+      }
+    } catch (e) {
+      setStatus(status, d + ": " + e.message, true);
+    }
+  }
+
+  document.getElementById("dir-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    list(dirInput.value, false);
+  });
+  upBtn.addEventListener("click", () => list(parent(dir), true));
+  document.getElementById("dir-refresh").addEventListener("click", () => list(dir, false));
+
+  // Upload: the file's bytes as the body of PUT .../files, streamed by the
+  // browser, with the CSRF header (api() sends JSON, so fetch here).
+  const form = document.getElementById("upload-form");
+  const input = document.getElementById("upload-file");
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const f = input.files && input.files[0];
+    if (!f) {
+      setStatus(upStatus, "choose a file first", true);
+      return;
+    }
+    const p = join(dir, f.name);
+    if (p === null) {
+      setStatus(upStatus, "that file name cannot be used", true);
+      return;
+    }
+    const btn = document.getElementById("upload");
+    btn.disabled = true;
+    setStatus(upStatus, "uploading " + f.name + "…");
+    try {
+      const res = await fetch(base + "/files?path=" + encodeURIComponent(p), {
+        method: "PUT", body: f, credentials: "same-origin", cache: "no-store",
+        headers: { "Content-Type": "application/octet-stream", "X-Airlock-CSRF": airlock.csrf, Accept: "application/json" },
+      });
+      if (res.status === 401) {
+        window.location.assign("/ui/sign-in");
+        return;
+      }
+      const data = await res.json().catch(() => null);
+      if (!res.ok) throw new Error(data && data.error ? data.error.message + " (" + data.error.code + ")" : "HTTP " + res.status);
+      setStatus(upStatus, "uploaded " + p + " (" + size(data && data.size) + ")");
+      form.reset();
+      list(dir, false);
+    } catch (e) {
+      setStatus(upStatus, "upload: " + e.message, true);
+    } finally {
+      btn.disabled = false;
+    }
+  });
+
+  // The first listing waits for the user unless the sandbox runs: a file
+  // call resumes a paused sandbox, which opening its page must not do.
+  api("GET", "/sandboxes/" + encodeURIComponent(id)).then((sb) => {
+    if (sb && sb.state === "running") list(dir, false);
+    else setStatus(status, "the sandbox is " + (sb && sb.state) + ": Open or Refresh lists its files (and resumes it)");
+  }).catch((e) => setStatus(status, e.message, true));
+})();
