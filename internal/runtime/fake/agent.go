@@ -124,9 +124,9 @@ var fakeCommands = map[string]bool{"true": true, "false": true, "echo": true, "e
 // Exec runs one of: true, false, echo ARGS, exit N, cat (stdin to stdout),
 // cat FILE... (files of its filesystem to stdout), sleep SECONDS, printf
 // FORMAT [ARGS] (%s, %%, \n, \t and \\ only), and sh -c SCRIPT: commands
-// separated by ';', words split on blanks or quoted with '', each of the
-// above, or `kill -N $$` (the shell kills itself with signal N), with
-// `>&2` at the end of one sending its stdout to stderr. Like the real
+// separated by ';', words split on blanks or quoted in single quotes, each
+// of the above or `kill -N $$` (the shell kills itself with signal N), and
+// `>&2` at the end of one sends its stdout to stderr. Like the real
 // agent it refuses to start another program (NotFound, or PermissionDenied
 // for a file of its filesystem), a cwd that is not one of its directories
 // and a user other than root or nobody; in sh -c any other command exits
@@ -355,7 +355,7 @@ func (a *agent) runScript(ctx context.Context, script string, stdinOpen bool, st
 }
 
 // shellCommands splits script into commands on ';' and each into words on
-// blanks, with '' quoting (no other shell syntax); empty commands are
+// blanks, with single quotes (no other shell syntax); empty commands are
 // dropped.
 func shellCommands(script string) [][]string {
 	var (
