@@ -1,9 +1,10 @@
 // Package shimtest is test support for running sandboxes' shims in-process
 // on the fake runtime (internal/runtime/fake): a state dir with boot
 // files, one image ("base") and a catalog, into which tests put sandbox
-// rows and start a shim for each. The shim's own tests and the control
-// plane's (a Manager over the same state dir, talking to the shims over
-// their sockets) share it.
+// rows and start a shim for each (Start), or in which a sandbox.Manager
+// creates sandboxes whose shims it starts in-process (Starter). The shim's
+// own tests and the control plane's (a Manager over the same state dir,
+// talking to the shims over their sockets) share it.
 //
 // It does not import the shim: Start takes the function that runs one, so
 // that the shim's in-package tests can use it too.
