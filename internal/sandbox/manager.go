@@ -90,7 +90,7 @@ type Manager struct {
 	// lock, taken by this manager (its fd 5). It returns once the shim is
 	// started (not ready); from then on the shim owns ready and lock and
 	// closes both when it ends, and the manager waits for its readiness
-	// line as for a process. Tests set it, when they build the manager, to
+	// line as for a process. If it fails, the manager closes both. Tests set it, when they build the manager, to
 	// run shims in-process on the fake runtime (shimtest.Env.Starter);
 	// nothing sets it from the environment.
 	StartShim func(doc shimconf.Doc, ready io.WriteCloser, lock *os.File) error
@@ -308,11 +308,11 @@ func (m *Manager) takeShimLock(id string) (*os.File, error) {
 }
 
 // startShim starts `airlock shim` for sb (on sb's runtime) detached, or
-// the shim m.StartShim runs, and waits for its verdict on a pipe: "ok" once the guest answers, or
-// "error: ..." with the reason. lock is sb's shim lock, held by the
-// caller since it claimed sb's generation: the shim inherits it (fd
-// ShimLockFD), so the lock stays held for as long as the owner of that
-// generation lives. startShim closes the caller's copy.
+// has m.StartShim start it, and waits for its verdict on a pipe: "ok" once
+// the guest answers, or "error: ..." with the reason. lock is sb's shim
+// lock, held by the caller since it claimed sb's generation: the shim
+// inherits it (fd ShimLockFD), so the lock stays held for as long as the
+// owner of that generation lives. startShim closes the caller's copy.
 func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netconf.Values, lock *os.File) error {
 	defer lock.Close()
 	id := sb.ID
@@ -365,9 +365,9 @@ func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netco
 	}
 }
 
-// startInProcess hands doc, ready and a descriptor of lock (the same open
-// file, so the shim holds the lock once the caller closes its own) to
-// m.StartShim. ready belongs to the shim from then on, even on failure.
+// startInProcess hands doc, ready and a new descriptor of lock (the same
+// open file: the lock stays held once the caller closes its own) to
+// m.StartShim. If that fails, it closes ready and the new descriptor.
 func (m *Manager) startInProcess(doc shimconf.Doc, ready *os.File, lock *os.File) error {
 	fd, err := unix.FcntlInt(lock.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
