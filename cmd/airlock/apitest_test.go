@@ -70,14 +70,51 @@ func newTestAPI(t *testing.T) *testAPI {
 			rec.raw = strings.TrimSpace(string(b))
 			_ = json.Unmarshal(b, &rec.body)
 		}
-		s.ServeHTTP(w, r)
-		rec.requestID = w.Header().Get("X-Request-Id")
+		// Recorded before it is served, and its request id before any of
+		// the answer leaves: a command that got its answer finds both.
 		a.mu.Lock()
+		i := len(a.reqs)
 		a.reqs = append(a.reqs, rec)
 		a.mu.Unlock()
+		iw := &idWriter{ResponseWriter: w, note: func(id string) {
+			a.mu.Lock()
+			a.reqs[i].requestID = id
+			a.mu.Unlock()
+		}}
+		s.ServeHTTP(iw, r)
+		iw.noteID()
 	}))
 	t.Cleanup(a.srv.Close)
 	return a
+}
+
+// idWriter notes the request id of an answer (X-Request-Id, set by the
+// server first) before any of the answer is written. Flush and the rest
+// pass through Unwrap (http.ResponseController); Flush is also a method,
+// for handlers that assert http.Flusher.
+type idWriter struct {
+	http.ResponseWriter
+	once sync.Once
+	note func(id string)
+}
+
+func (w *idWriter) noteID() { w.once.Do(func() { w.note(w.Header().Get("X-Request-Id")) }) }
+
+func (w *idWriter) WriteHeader(code int) {
+	w.noteID()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *idWriter) Write(b []byte) (int, error) {
+	w.noteID()
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *idWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *idWriter) Flush() {
+	w.noteID()
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // inProcessShim runs a shim from its document on e's fake runtime, as
