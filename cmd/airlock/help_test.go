@@ -38,20 +38,18 @@ func TestFlagValueNames(t *testing.T) {
 // as on run; --timeout, its old name on create, still sets it and warns.
 func TestCreateLifetimeFlag(t *testing.T) {
 	t.Parallel()
-	f, srv := newFakeAPI(t)
-	if r := runCLI(t, srv, nil, "create", "--lifetime", "90s"); r.code != 0 || strings.Contains(r.stderr, "deprecated") {
+	a := newTestAPI(t)
+	if r := runCLI(t, a, nil, "create", "--lifetime", "90s"); r.code != 0 || strings.Contains(r.stderr, "deprecated") {
 		t.Fatalf("create --lifetime: %+v", r)
 	}
-	r := runCLI(t, srv, nil, "create", "--timeout", "2m")
+	r := runCLI(t, a, nil, "create", "--timeout", "2m")
 	if r.code != 0 || !strings.Contains(r.stderr+r.stdout, "use --lifetime") {
 		t.Fatalf("create --timeout: %+v", r)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.creates) != 2 || f.creates[0]["timeout_s"] != float64(90) || f.creates[1]["timeout_s"] != float64(120) {
-		t.Fatalf("creates: %+v", f.creates)
+	if creates := a.creates(); len(creates) != 2 || creates[0]["timeout_s"] != float64(90) || creates[1]["timeout_s"] != float64(120) {
+		t.Fatalf("creates: %+v", creates)
 	}
-	if r := runCLI(t, srv, nil, "create", "--help"); !strings.Contains(r.stdout, "--lifetime") || strings.Contains(r.stdout, "--timeout") {
+	if r := runCLI(t, a, nil, "create", "--help"); !strings.Contains(r.stdout, "--lifetime") || strings.Contains(r.stdout, "--timeout") {
 		t.Fatalf("create --help shows --timeout or lacks --lifetime:\n%s", r.stdout)
 	}
 }

@@ -58,6 +58,10 @@ type globals struct {
 	// env, if set, replaces the process environment for secret values
 	// (tests).
 	env map[string]string
+	// startShim, if set, is the manager's StartShim: tests set it to run
+	// the shims of local commands in-process on the fake runtime. Nothing
+	// sets it outside tests, and never from the environment.
+	startShim func(shimconf.Doc, io.WriteCloser, *os.File) error
 }
 
 func defaultStateDir() string {
@@ -205,7 +209,7 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 		Accel: g.accel, LogLevel: "info", HostCgroups: g.hostCgroups,
 		DNS: envknob.DNS.Get(), UpstreamCAFile: envknob.UpstreamCAFile.Get(), TestDialMap: envknob.TestDialMap.Get(),
 	}
-	m := &sandbox.Manager{L: l, Store: st, Log: g.log, Shim: shimOpts, DiskReserve: reserve,
+	m := &sandbox.Manager{L: l, Store: st, Log: g.log, Shim: shimOpts, DiskReserve: reserve, StartShim: g.startShim,
 		Runtime: func(ctx context.Context) (string, error) {
 			c := g.pickRuntime(ctx)
 			return c.name, c.err

@@ -1,29 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
-	"net/http/httptest"
-	"path/filepath"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 )
-
-// runCLIEnv is runCLI with env as the CLI's environment (secret values).
-func runCLIEnv(t *testing.T, srv *httptest.Server, env map[string]string, args ...string) cliResult {
-	t.Helper()
-	g := &globals{host: srv.URL, apiKey: "al_test", env: env}
-	root := rootCmd(g)
-	var out, errb bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&errb)
-	root.SetArgs(append([]string{"--state-dir", filepath.Join(t.TempDir(), "unused")}, args...))
-	code := 0
-	if err := root.ExecuteContext(t.Context()); err != nil {
-		code = report(&errb, err)
-	}
-	return cliResult{out.String(), errb.String(), code}
-}
 
 func TestNetFlags(t *testing.T) {
 	t.Parallel()
@@ -73,24 +56,24 @@ func TestNetFlags(t *testing.T) {
 
 func TestRemoteNetwork(t *testing.T) {
 	t.Parallel()
-	f, srv := newFakeAPI(t)
+	a := newTestAPI(t)
 	env := map[string]string{"OPENAI_API_KEY": "sk-from-env"}
-	r := runCLIEnv(t, srv, env, "create", "--net", "deny", "--allow", "api.github.com", "--allow", "203.0.113.0/24:443",
-		"--secret", "OPENAI_API_KEY@api.openai.com", "-p", "127.0.0.1:8080:8000", "--net-rate", "1M", "--max-conns", "64")
+	// The sandbox's shim listens on the published port: a free one.
+	port := freePort(t)
+	r := runCLIEnv(t, a, env, "create", "--net", "deny", "--allow", "api.github.com", "--allow", "203.0.113.0/24:443",
+		"--secret", "OPENAI_API_KEY@api.openai.com", "-p", fmt.Sprintf("127.0.0.1:%d:8000", port), "--net-rate", "1M", "--max-conns", "64")
 	if r.code != 0 {
 		t.Fatalf("create: %+v", r)
 	}
 	id := strings.TrimSpace(r.stdout)
-	f.mu.Lock()
-	got, _ := json.Marshal(f.creates[0]["network"])
-	f.mu.Unlock()
+	got, _ := json.Marshal(a.creates()[0]["network"])
 	want := `{"allow":["api.github.com","203.0.113.0/24:443"],"max_conns":64,"mode":"deny",` +
-		`"ports":[{"guest_port":8000,"host_ip":"127.0.0.1","host_port":8080}],"rate_bytes":1048576,` +
+		fmt.Sprintf(`"ports":[{"guest_port":8000,"host_ip":"127.0.0.1","host_port":%d}],"rate_bytes":1048576,`, port) +
 		`"secrets":[{"hosts":["api.openai.com"],"name":"OPENAI_API_KEY","value":"sk-from-env"}]}`
 	if string(got) != want {
 		t.Errorf("network sent\n got %s\nwant %s", got, want)
 	}
-	r = runCLIEnv(t, srv, env, "inspect", id)
+	r = runCLIEnv(t, a, env, "inspect", id)
 	var v sandboxView
 	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v.Network == nil {
 		t.Fatalf("inspect: %+v %v", r, err)
@@ -103,29 +86,36 @@ func TestRemoteNetwork(t *testing.T) {
 		t.Error("inspect shows the secret value")
 	}
 	// No network flags: no "network" in the request (the server's default).
-	if r := runCLIEnv(t, srv, env, "run", "--", "out", "", "", "0"); r.code != 0 {
+	if r := runCLIEnv(t, a, env, "run", "--", "true"); r.code != 0 {
 		t.Fatalf("run: %+v", r)
 	}
 	// A secret missing from the environment fails before anything is created.
-	r = runCLIEnv(t, srv, env, "run", "--secret", "GH_TOKEN@api.github.com", "--", "true")
+	r = runCLIEnv(t, a, env, "run", "--secret", "GH_TOKEN@api.github.com", "--", "true")
 	if r.code != 1 || !strings.Contains(r.stderr, "--secret GH_TOKEN") || !strings.Contains(r.stderr, "unset") {
 		t.Errorf("unset secret: %+v", r)
 	}
-	f.mu.Lock()
-	if n := len(f.creates); n != 2 || f.creates[1]["network"] != nil {
-		t.Errorf("%d creates; second network %v", n, f.creates[len(f.creates)-1]["network"])
+	if creates := a.creates(); len(creates) != 2 || creates[1]["network"] != nil {
+		t.Errorf("%d creates; second network %v", len(creates), creates[len(creates)-1]["network"])
 	}
-	f.mu.Unlock()
 
-	if r := runCLIEnv(t, srv, env, "events", id, "--type", "net"); r.code != 0 {
+	if r := runCLIEnv(t, a, env, "events", id, "--type", "net"); r.code != 0 {
 		t.Fatalf("events: %+v", r)
 	}
-	if r := runCLIEnv(t, srv, env, "events", "--sandbox", "other0000000", id); r.code != 1 || !strings.Contains(r.stderr, "--sandbox") {
+	if r := runCLIEnv(t, a, env, "events", "--sandbox", "other0000000", id); r.code != 1 || !strings.Contains(r.stderr, "--sandbox") {
 		t.Errorf("events with two ids: %+v", r)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.eventsQ) != 1 || !strings.Contains(f.eventsQ[0], "type=net") || !strings.Contains(f.eventsQ[0], "sandbox="+id) {
-		t.Errorf("events queries %q", f.eventsQ)
+	if evs := a.requests("GET", "/v1/events"); len(evs) != 1 || !strings.Contains(evs[0].query, "type=net") || !strings.Contains(evs[0].query, "sandbox="+id) {
+		t.Errorf("events queries %+v", evs)
 	}
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -84,6 +84,16 @@ type Manager struct {
 	// ContextProgress times the status events of a code run that waits
 	// for its context's interpreter to start (zero: the defaults).
 	ContextProgress ContextProgress
+	// StartShim, if set, starts each shim instead of the exec of `airlock
+	// shim` (Exe). It gets what that process would: the checked
+	// configuration document, the readiness writer (its fd 3) and the shim
+	// lock, taken by this manager (its fd 5). It returns once the shim is
+	// started (not ready); from then on the shim owns ready and lock and
+	// closes both when it ends, and the manager waits for its readiness
+	// line as for a process. If it fails, the manager closes both. Tests set it, when they build the manager, to
+	// run shims in-process on the fake runtime (shimtest.Env.Starter);
+	// nothing sets it from the environment.
+	StartShim func(doc shimconf.Doc, ready io.WriteCloser, lock *os.File) error
 
 	statfs   func(path string) (total, free int64, err error) // nil: statfs (tests replace it)
 	poolOnce sync.Once
@@ -297,27 +307,15 @@ func (m *Manager) takeShimLock(id string) (*os.File, error) {
 	return f, nil
 }
 
-// startShim starts `airlock shim` for sb (on sb's runtime) detached and
-// waits for its verdict on a pipe: "ok" once the guest answers, or
-// "error: ..." with the reason. lock is sb's shim lock, held by the
-// caller since it claimed sb's generation: the shim inherits it (fd
-// ShimLockFD), so the lock stays held for as long as the owner of that
-// generation lives. startShim closes the caller's copy.
+// startShim starts `airlock shim` for sb (on sb's runtime) detached, or
+// has m.StartShim start it, and waits for its verdict on a pipe: "ok" once
+// the guest answers, or "error: ..." with the reason. lock is sb's shim
+// lock, held by the caller since it claimed sb's generation: the shim
+// inherits it (fd ShimLockFD), so the lock stays held for as long as the
+// owner of that generation lives. startShim closes the caller's copy.
 func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netconf.Values, lock *os.File) error {
 	defer lock.Close()
 	id := sb.ID
-	exe := m.Exe
-	if exe == "" {
-		var err error
-		if exe, err = os.Executable(); err != nil {
-			return fmt.Errorf("find airlock binary: %w", err)
-		}
-	}
-	logf, err := os.OpenFile(m.L.ShimLog(id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("shim log: %w", err)
-	}
-	defer logf.Close()
 	root, err := filepath.Abs(m.L.Root)
 	if err != nil {
 		return fmt.Errorf("state dir: %w", err)
@@ -334,37 +332,15 @@ func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netco
 		return err
 	}
 	defer pr.Close()
-	// The configuration, secret values included, reaches the shim through
-	// a pipe: never argv, env or disk.
-	cr, cw, err := os.Pipe()
+	var kill func()
+	if m.StartShim != nil {
+		err = m.startInProcess(doc, pw, lock)
+	} else {
+		kill, err = m.execShim(doc, pw, lock)
+	}
 	if err != nil {
-		pw.Close()
 		return err
 	}
-	defer cr.Close()
-	// argv names the sandbox for ps; the shim checks it against the
-	// document.
-	cmd := exec.Command(exe, "shim", "--id", id)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw, cr, lock} // fd 3: readiness, fd 4 (shimconf.FD): config, fd 5: shim lock
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	cmd.Env = shimEnv(os.Environ(), secrets)
-	if err := cmd.Start(); err != nil {
-		pw.Close()
-		cw.Close()
-		return fmt.Errorf("start shim: %w", err)
-	}
-	pw.Close()
-	cr.Close()
-	lock.Close() // the shim holds it now
-	go func() {
-		defer cw.Close()
-		if err := shimconf.Write(cw, doc); err != nil {
-			m.log().Warn("write shim config", "sandbox_id", id, "err", err)
-		}
-	}()
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }() // reaps it if it dies while we wait
 	line := make(chan string, 1)
 	go func() {
 		s, _ := bufio.NewReader(io.LimitReader(pr, 4096)).ReadString('\n')
@@ -382,9 +358,75 @@ func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netco
 			return fmt.Errorf("%w: the sandbox's shim exited before it was ready (see %s)", errdefs.ErrUnavailable, m.L.ShimLog(id))
 		}
 	case <-ctx.Done():
-		_ = cmd.Process.Kill()
+		if kill != nil {
+			kill()
+		}
 		return fmt.Errorf("wait for sandbox: %w", ctx.Err())
 	}
+}
+
+// startInProcess hands doc, ready and a new descriptor of lock (the same
+// open file: the lock stays held once the caller closes its own) to
+// m.StartShim. If that fails, it closes ready and the new descriptor.
+func (m *Manager) startInProcess(doc shimconf.Doc, ready *os.File, lock *os.File) error {
+	fd, err := unix.FcntlInt(lock.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		ready.Close()
+		return fmt.Errorf("shim lock: %w", err)
+	}
+	held := os.NewFile(uintptr(fd), lock.Name())
+	if err := m.StartShim(doc, ready, held); err != nil {
+		ready.Close()
+		held.Close()
+		return fmt.Errorf("start shim: %w", err)
+	}
+	return nil
+}
+
+// execShim starts `airlock shim --id ID` detached, with ready on its fd 3,
+// doc on a pipe at fd 4 and lock on fd 5, and closes this process's
+// copies of ready and lock. kill kills it; it is reaped when it exits.
+func (m *Manager) execShim(doc shimconf.Doc, ready *os.File, lock *os.File) (kill func(), err error) {
+	defer ready.Close()
+	id := doc.ID
+	exe := m.Exe
+	if exe == "" {
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("find airlock binary: %w", err)
+		}
+	}
+	logf, err := os.OpenFile(m.L.ShimLog(id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("shim log: %w", err)
+	}
+	defer logf.Close()
+	// The configuration, secret values included, reaches the shim through
+	// a pipe: never argv, env or disk.
+	cr, cw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer cr.Close()
+	// argv names the sandbox for ps; the shim checks it against the
+	// document.
+	cmd := exec.Command(exe, "shim", "--id", id)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{ready, cr, lock} // fd 3: readiness, fd 4 (shimconf.FD): config, fd 5: shim lock
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Env = shimEnv(os.Environ(), doc.Secrets)
+	if err := cmd.Start(); err != nil {
+		cw.Close()
+		return nil, fmt.Errorf("start shim: %w", err)
+	}
+	lock.Close() // the shim holds it now
+	go func() {
+		defer cw.Close()
+		if err := shimconf.Write(cw, doc); err != nil {
+			m.log().Warn("write shim config", "sandbox_id", id, "err", err)
+		}
+	}()
+	go func() { _ = cmd.Wait() }() // reaps it if it dies while we wait
+	return func() { _ = cmd.Process.Kill() }, nil
 }
 
 // shimEnv is the environment a shim starts with: this process's, less the

@@ -18,6 +18,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/shim"
 	"github.com/airlock-sandbox/airlock/internal/shim/shimtest"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/shimconf"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -39,6 +40,19 @@ func newRunning(t *testing.T) *running {
 	// No free-space reserve: the refusals tested here are the quotas', not
 	// the test machine's disk.
 	return &running{Env: e, m: &Manager{L: e.L, Store: e.Store, DiskReserve: -1}}
+}
+
+// startInProcess makes r's manager start every shim in this process on the
+// fake runtime (Manager.StartShim), from the document it would give `airlock
+// shim`.
+func (r *running) startInProcess(t *testing.T) {
+	t.Helper()
+	r.m.StartShim = r.Starter(t, func(doc shimconf.Doc, ready io.WriteCloser, lock *os.File) error {
+		return shim.Run(context.Background(), shim.Config{
+			StateDir: doc.StateDir, ID: doc.ID, Ready: ready, Lock: lock, Runtime: r.Runtime, Secrets: doc.Secrets,
+			DNS: doc.DNS, TestDialMap: doc.TestDialMap, DiskReserve: doc.DiskReserve,
+		})
+	})
 }
 
 // start starts a running sandbox of tenant, as a create leaves it (the
@@ -343,5 +357,64 @@ func TestManagerCreateRefusedLeavesNothing(t *testing.T) {
 	}
 	if len(r.m.quota.pending) != 0 {
 		t.Fatalf("refused creates hold quota: %v", r.m.quota.pending)
+	}
+}
+
+// TestManagerCreateExecRemove: a create through the manager's one path
+// (row, shim lock, shim started with its document, readiness) gives a
+// running sandbox whose shim holds the lock; a command runs in it; a
+// remove ends the shim and frees everything: no row, no directory, no
+// guest, no quota held; create and delete are audited once each.
+func TestManagerCreateExecRemove(t *testing.T) {
+	r := newRunning(t)
+	r.startInProcess(t)
+	ctx := t.Context()
+	sb, err := r.m.Create(ctx, alice, CreateOptions{MemoryMiB: 256, Metadata: map[string]string{"k": "v"}})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if sb.State != store.StateRunning || sb.Tenant != "alice" || sb.MemoryMiB != 256 || sb.Metadata["k"] != "v" {
+		t.Fatalf("created %+v", sb)
+	}
+	if !r.m.shimAlive(sb.ID) {
+		t.Fatal("no shim holds the lock of the created sandbox")
+	}
+	if _, err := r.m.takeShimLock(sb.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("the shim lock of a running sandbox was free: %v", err)
+	}
+	if r.Runtime.Live() != 1 {
+		t.Fatalf("%d guests, want 1", r.Runtime.Live())
+	}
+	if out, code, err := run(t, r.m, alice, sb.ID, "echo", "hello"); err != nil || code != 0 || out != "hello\n" {
+		t.Fatalf("echo hello: %q, exit %d, %v", out, code, err)
+	}
+	if err := r.m.Remove(ctx, alice, sb.ID); err != nil {
+		t.Fatalf("remove: %v", err)
+	}
+	if _, err := r.Store.GetSandbox(ctx, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("row after remove: %v", err)
+	}
+	if r.m.shimAlive(sb.ID) {
+		t.Error("shim alive after remove")
+	}
+	if dirs := r.sandboxDirs(t); len(dirs) != 0 {
+		t.Errorf("directories left after remove: %v", dirs)
+	}
+	if n := r.Runtime.Live(); n != 0 {
+		t.Errorf("%d guests left after remove", n)
+	}
+	if len(r.m.quota.pending) != 0 {
+		t.Errorf("quota held after remove: %v", r.m.quota.pending)
+	}
+	evs, err := r.Store.ListEvents(ctx, store.EventFilter{SandboxID: sb.ID, Type: "sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.Action+" "+e.Tenant)
+	}
+	if want := []string{"sandbox.create alice", "sandbox.delete alice"}; !slices.Equal(got, want) {
+		t.Errorf("audit trail %q, want %q", got, want)
 	}
 }

@@ -119,14 +119,18 @@ func (a *agent) Shutdown(context.Context, *connect.Request[agentv1.ShutdownReque
 // --- ExecService ---
 
 // fakeCommands are the programs the fake guest has.
-var fakeCommands = map[string]bool{"true": true, "false": true, "echo": true, "exit": true, "cat": true, "sleep": true, "sh": true}
+var fakeCommands = map[string]bool{"true": true, "false": true, "echo": true, "exit": true, "cat": true, "sleep": true, "sh": true, "printf": true}
 
 // Exec runs one of: true, false, echo ARGS, exit N, cat (stdin to stdout),
-// sleep SECONDS, sh -c 'exit N' and sh -c 'echo ARGS'. Like the real
+// cat FILE... (files of its filesystem to stdout), sleep SECONDS, printf
+// FORMAT [ARGS] (%s, %%, \n, \t and \\ only), and sh -c SCRIPT: commands
+// separated by ';', words split on blanks or quoted in single quotes, each
+// of the above or `kill -N $$` (the shell kills itself with signal N), and
+// `>&2` at the end of one sends its stdout to stderr. Like the real
 // agent it refuses to start another program (NotFound, or PermissionDenied
 // for a file of its filesystem), a cwd that is not one of its directories
-// and a user other than root or nobody; sh -c with anything else exits 127 with
-// "command not found" on stderr.
+// and a user other than root or nobody; in sh -c any other command exits
+// 127 with "command not found" on stderr.
 func (a *agent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse]) error {
 	first, err := st.Receive()
 	if err != nil {
@@ -202,7 +206,7 @@ func (a *agent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.ExecReq
 		return st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: b}})
 	}
 	exited := &agentv1.ExecExited{}
-	code, sig, err := runCommand(runCtx, start, stdin, signals, out, func(b []byte) error {
+	code, sig, err := a.runCommand(runCtx, start.GetArgv(), start.GetStdin(), stdin, signals, out, func(b []byte) error {
 		return st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: b}})
 	})
 	if err != nil {
@@ -241,14 +245,11 @@ func (a *agent) startable(start *agentv1.ExecStart) error {
 	return nil
 }
 
-// runCommand interprets argv; it returns the exit code and signal.
-func runCommand(ctx context.Context, start *agentv1.ExecStart, stdin <-chan []byte, signals <-chan int32, stdout, stderr func([]byte) error) (int32, int32, error) {
-	argv := start.GetArgv()
-	if argv[0] == "sh" && len(argv) == 3 && argv[1] == "-c" {
-		argv = strings.Fields(argv[2])
-	}
-	if len(argv) == 0 {
-		return 0, 0, nil
+// runCommand interprets argv; stdinOpen says whether the exec has a
+// stdin. It returns the exit code and signal.
+func (a *agent) runCommand(ctx context.Context, argv []string, stdinOpen bool, stdin <-chan []byte, signals <-chan int32, stdout, stderr func([]byte) error) (int32, int32, error) {
+	if len(argv) == 3 && argv[0] == "sh" && argv[1] == "-c" {
+		return a.runScript(ctx, argv[2], stdinOpen, stdin, signals, stdout, stderr)
 	}
 	switch argv[0] {
 	case "true":
@@ -264,7 +265,10 @@ func runCommand(ctx context.Context, start *agentv1.ExecStart, stdin <-chan []by
 		}
 		return int32(n & 0xff), 0, nil
 	case "cat":
-		if !start.GetStdin() {
+		if len(argv) > 1 {
+			return a.catFiles(argv[1:], stdout, stderr)
+		}
+		if !stdinOpen {
 			return 0, 0, nil
 		}
 		for {
@@ -297,9 +301,171 @@ func runCommand(ctx context.Context, start *agentv1.ExecStart, stdin <-chan []by
 		case <-ctx.Done():
 			return -1, 9, nil
 		}
+	case "printf":
+		if len(argv) < 2 {
+			return 1, 0, stderr([]byte("printf: usage: printf FORMAT [ARGS]\n"))
+		}
+		return 0, 0, stdout([]byte(printf(argv[1], argv[2:])))
 	default:
 		return 127, 0, stderr([]byte("fake: " + argv[0] + ": command not found\n"))
 	}
+}
+
+// runScript runs sh -c's script (see Exec): its status is its last
+// command's, or that of exit, or the signal of kill -N $$.
+func (a *agent) runScript(ctx context.Context, script string, stdinOpen bool, stdin <-chan []byte, signals <-chan int32, stdout, stderr func([]byte) error) (int32, int32, error) {
+	var code int32
+	for _, argv := range shellCommands(script) {
+		out := stdout
+		if argv[len(argv)-1] == ">&2" {
+			out, argv = stderr, argv[:len(argv)-1]
+			if len(argv) == 0 {
+				continue
+			}
+		}
+		if argv[0] == "kill" {
+			if len(argv) == 3 && argv[2] == "$$" && strings.HasPrefix(argv[1], "-") {
+				if n, err := strconv.Atoi(argv[1][1:]); err == nil && n > 0 && n < 65 {
+					return -1, int32(n), nil
+				}
+			}
+			code = 1
+			if err := stderr([]byte("fake: kill: only kill -N $$ is supported\n")); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
+		if !fakeCommands[argv[0]] {
+			code = 127
+			if err := stderr([]byte("fake: " + argv[0] + ": command not found\n")); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
+		c, sig, err := a.runCommand(ctx, argv, stdinOpen, stdin, signals, out, stderr)
+		if err != nil || sig != 0 {
+			return c, sig, err
+		}
+		code = c
+		if argv[0] == "exit" {
+			return code, 0, nil
+		}
+	}
+	return code, 0, nil
+}
+
+// shellCommands splits script into commands on ';' and each into words on
+// blanks, with single quotes (no other shell syntax); empty commands are
+// dropped.
+func shellCommands(script string) [][]string {
+	var (
+		cmds    [][]string
+		words   []string
+		word    strings.Builder
+		inWord  bool
+		inQuote bool
+	)
+	endWord := func() {
+		if inWord {
+			words = append(words, word.String())
+			word.Reset()
+			inWord = false
+		}
+	}
+	endCmd := func() {
+		endWord()
+		if len(words) > 0 {
+			cmds = append(cmds, words)
+		}
+		words = nil
+	}
+	for _, r := range script {
+		switch {
+		case inQuote && r == '\'':
+			inQuote = false
+		case inQuote:
+			word.WriteRune(r)
+		case r == '\'':
+			inQuote, inWord = true, true
+		case r == ';' || r == '\n':
+			endCmd()
+		case r == ' ' || r == '\t':
+			endWord()
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	endCmd()
+	return cmds
+}
+
+// printf formats like printf(1) for %s, %%, \n, \t and \\; anything else
+// is copied as is.
+func printf(format string, args []string) string {
+	var b strings.Builder
+	for i := 0; i < len(format); i++ {
+		c := format[i]
+		if i+1 == len(format) || (c != '\\' && c != '%') {
+			b.WriteByte(c)
+			continue
+		}
+		i++
+		switch next := format[i]; {
+		case c == '\\' && next == 'n':
+			b.WriteByte('\n')
+		case c == '\\' && next == 't':
+			b.WriteByte('\t')
+		case c == '\\' && next == '\\', c == '%' && next == '%':
+			b.WriteByte(next)
+		case c == '%' && next == 's':
+			if len(args) > 0 {
+				b.WriteString(args[0])
+				args = args[1:]
+			}
+		default:
+			b.WriteByte(c)
+			b.WriteByte(next)
+		}
+	}
+	return b.String()
+}
+
+// catChunk is the most one stdout event of cat FILE carries.
+const catChunk = 64 << 10
+
+// catFiles writes the files at paths to stdout, in chunks; a missing one
+// or a directory is reported on stderr and makes the status 1.
+func (a *agent) catFiles(paths []string, stdout, stderr func([]byte) error) (int32, int32, error) {
+	var code int32
+	for _, p := range paths {
+		a.fs.mu.Lock()
+		e, ok := a.fs.files[path.Clean(p)]
+		var data []byte
+		if ok && !e.dir {
+			data = e.data // never changed in place: a write replaces it
+		}
+		a.fs.mu.Unlock()
+		if !ok || e.dir {
+			code = 1
+			msg := "No such file or directory"
+			if ok {
+				msg = "Is a directory"
+			}
+			if err := stderr([]byte("cat: " + p + ": " + msg + "\n")); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
+		for len(data) > 0 {
+			n := min(len(data), catChunk)
+			if err := stdout(data[:n]); err != nil {
+				return 0, 0, err
+			}
+			data = data[n:]
+		}
+	}
+	return code, 0, nil
 }
 
 // --- FileService ---

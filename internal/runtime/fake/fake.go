@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,7 +22,8 @@ type Runtime struct {
 	startHook func(runtime.Spec) error
 	ctxHook   func(lang string)
 	instances map[string]*Instance // live (created, not yet ended) by ID
-	snapshots map[string]*fs       // by cleaned snapshot dir
+	snapshots map[string]*fs       // by the token in a saved dir's marker file (see saved)
+	saves     int                  // tokens handed out
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -83,7 +85,8 @@ func (r *Runtime) Live() int {
 }
 
 // Create validates spec and returns a new instance. A RestoreFrom must name
-// a snapshot saved by this Runtime.
+// a directory saved by this Runtime (SaveSnapshot, SaveState), where it was
+// saved or wherever it was moved since.
 func (r *Runtime) Create(_ context.Context, spec runtime.Spec) (runtime.Instance, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", errdefs.ErrInvalid, err)
@@ -92,7 +95,7 @@ func (r *Runtime) Create(_ context.Context, spec runtime.Spec) (runtime.Instance
 	defer r.mu.Unlock()
 	fsys := newFS()
 	if spec.RestoreFrom != "" {
-		snap := r.snapshots[filepath.Clean(spec.RestoreFrom)]
+		snap := r.snapshots[savedToken(spec.RestoreFrom)]
 		if snap == nil {
 			return nil, fmt.Errorf("%w: snapshot %s", errdefs.ErrNotFound, spec.RestoreFrom)
 		}
@@ -104,6 +107,35 @@ func (r *Runtime) Create(_ context.Context, spec runtime.Spec) (runtime.Instance
 	in := &Instance{rt: r, spec: spec, fs: fsys, done: make(chan struct{})}
 	r.instances[spec.ID] = in
 	return in, nil
+}
+
+// savedMarker is the file a saved directory holds: the token of its
+// filesystem copy in the Runtime. The token moves with the directory, as
+// a real runtime's state files do.
+const savedMarker = "fake-saved"
+
+// save records snap under a new token and writes the token into dir.
+func (r *Runtime) save(dir string, snap *fs) error {
+	r.mu.Lock()
+	r.saves++
+	token := fmt.Sprintf("save-%d", r.saves)
+	r.mu.Unlock()
+	if err := os.WriteFile(filepath.Join(dir, savedMarker), []byte(token+"\n"), 0o444); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.snapshots[token] = snap
+	r.mu.Unlock()
+	return nil
+}
+
+// savedToken reads the token of a saved dir ("" if there is none).
+func savedToken(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, savedMarker))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func (r *Runtime) forget(in *Instance) {
@@ -269,13 +301,9 @@ func (in *Instance) SaveSnapshot(ctx context.Context, dir string) error {
 	if len(ents) > 0 {
 		return fmt.Errorf("%w: snapshot dir is not empty", errdefs.ErrInvalid)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "fake-snapshot"), []byte(in.spec.ID+"\n"), 0o444); err != nil {
+	if err := in.rt.save(dir, in.fs.clone()); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	snap := in.fs.clone()
-	in.rt.mu.Lock()
-	in.rt.snapshots[filepath.Clean(dir)] = snap
-	in.rt.mu.Unlock()
 	in.end(runtime.ExitStatus{Code: 0, Requested: true})
 	return nil
 }
@@ -304,13 +332,9 @@ func (in *Instance) SaveState(ctx context.Context, dir string, o runtime.SaveOpt
 	if len(ents) > 0 {
 		return fmt.Errorf("%w: save state dir is not empty", errdefs.ErrInvalid)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "fake-state"), []byte(in.spec.ID+"\n"), 0o444); err != nil {
+	if err := in.rt.save(dir, in.fs.clone()); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
-	snap := in.fs.clone()
-	in.rt.mu.Lock()
-	in.rt.snapshots[filepath.Clean(dir)] = snap
-	in.rt.mu.Unlock()
 	if !o.KeepRunning {
 		in.mu.Lock()
 		in.saves = append(in.saves, SaveCall{Dir: dir, Opts: o})

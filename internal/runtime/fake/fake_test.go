@@ -136,6 +136,13 @@ func TestExec(t *testing.T) {
 		{"", []string{"sleep", "0.01"}, execResult{}},
 		{"", []string{"sleep", "10"}, execResult{code: -1, signal: 9, timedOut: true}},
 		{"", []string{"sh", "-c", "nope"}, execResult{code: 127, stderr: "fake: nope: command not found\n"}},
+		{"", []string{"printf", `a\tb%s\n%%\\`, "c"}, execResult{stdout: "a\tbc\n%\\"}},
+		{"", []string{"sh", "-c", "printf o; printf 'e 1' >&2; nope; echo  two  words; exit 3; echo never"},
+			execResult{stdout: "otwo words\n", stderr: "e 1fake: nope: command not found\n", code: 3}},
+		{"", []string{"sh", "-c", "true; false"}, execResult{code: 1}},
+		{"", []string{"sh", "-c", "echo x; kill -15 $$; echo never"}, execResult{stdout: "x\n", code: -1, signal: 15}},
+		{"", []string{"sh", "-c", "kill 1"}, execResult{code: 1, stderr: "fake: kill: only kill -N $$ is supported\n"}},
+		{"", []string{"cat", "/tmp/nope", "/tmp"}, execResult{code: 1, stderr: "cat: /tmp/nope: No such file or directory\ncat: /tmp: Is a directory\n"}},
 	}
 	for _, tc := range cases {
 		got, err := run(t, c, t.Context(), tc.stdin, tc.argv...)
@@ -175,6 +182,9 @@ func TestFilesAndCrash(t *testing.T) {
 	st, err := c.Files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: "/a/b/f"}))
 	if err != nil || st.Msg.GetInfo().GetSize() != 4 || st.Msg.GetInfo().GetMode() != 0o644 {
 		t.Fatalf("stat: %v %v", st, err)
+	}
+	if got, err := run(t, c, ctx, "", "cat", "/a/b/f", "/a/b/f"); err != nil || got != (execResult{stdout: "datadata"}) {
+		t.Fatalf("cat a file twice: %+v, %v", got, err)
 	}
 	ls, err := c.Files.List(ctx, connect.NewRequest(&agentv1.ListRequest{Path: "/a", Depth: 2}))
 	if err != nil || len(ls.Msg.GetEntries()) != 2 {

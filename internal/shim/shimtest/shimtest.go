@@ -1,9 +1,10 @@
 // Package shimtest is test support for running sandboxes' shims in-process
 // on the fake runtime (internal/runtime/fake): a state dir with boot
 // files, one image ("base") and a catalog, into which tests put sandbox
-// rows and start a shim for each. The shim's own tests and the control
-// plane's (a Manager over the same state dir, talking to the shims over
-// their sockets) share it.
+// rows and start a shim for each (Start), or in which a sandbox.Manager
+// creates sandboxes whose shims it starts in-process (Starter). The shim's
+// own tests and the control plane's (a Manager over the same state dir,
+// talking to the shims over their sockets) share it.
 //
 // It does not import the shim: Start takes the function that runs one, so
 // that the shim's in-package tests can use it too.
@@ -11,14 +12,18 @@ package shimtest
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime/fake"
+	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/shimconf"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
@@ -84,6 +89,8 @@ func (e *Env) Row(id string, lifetime time.Duration) store.Sandbox {
 // Shim is one shim started by Start.
 type Shim struct {
 	done chan error
+	// exited is closed once the shim returned (Starter's shims only).
+	exited chan struct{}
 }
 
 // Start records sb, makes its directory and calls run (which runs the
@@ -106,6 +113,66 @@ func (e *Env) Start(t testing.TB, sb store.Sandbox, run func(ready io.WriteClose
 		t.Fatalf("shim readiness: %q", line)
 	}
 	return s
+}
+
+// RunFunc runs the shim of doc to its end, in-process (shim.Run on the
+// Env's runtime), writing its readiness to ready and holding lock.
+type RunFunc func(doc shimconf.Doc, ready io.WriteCloser, lock *os.File) error
+
+// Starter returns a sandbox.Manager.StartShim that starts each shim by
+// calling run on a goroutine: a manager built with it creates, resumes and
+// forks sandboxes whose shims run in this process, and talks to them over
+// their sockets as in production. When t ends, every shim that still runs
+// is shut down (shimclient.Shutdown), and t fails if one of them failed or
+// did not exit within 20 seconds.
+func (e *Env) Starter(t testing.TB, run RunFunc) func(shimconf.Doc, io.WriteCloser, *os.File) error {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		shims = map[string][]*Shim{} // by sandbox id: a resumed one has several
+	)
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for id, ss := range shims {
+			for _, s := range ss {
+				s.stop(t, e.L.Socket(id))
+				s.Wait(t)
+			}
+		}
+	})
+	return func(doc shimconf.Doc, ready io.WriteCloser, lock *os.File) error {
+		s := &Shim{done: make(chan error, 1), exited: make(chan struct{})}
+		mu.Lock()
+		shims[doc.ID] = append(shims[doc.ID], s)
+		mu.Unlock()
+		go func() {
+			defer close(s.exited)
+			s.done <- run(doc, ready, lock)
+		}()
+		return nil
+	}
+}
+
+// stop shuts the shim down if it still runs.
+func (s *Shim) stop(t testing.TB, sock string) {
+	t.Helper()
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	c := shimclient.New(sock)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Shutdown(ctx); err != nil {
+		select {
+		case <-s.exited: // it ended meanwhile
+		default:
+			t.Errorf("shut down the shim at %s: %v", sock, err)
+		}
+	}
 }
 
 // Done delivers the shim's result once it exited.
