@@ -1,14 +1,12 @@
 package api
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -134,21 +132,7 @@ func (o *obsServer) scrape(t *testing.T) map[string]float64 {
 	if code != 200 {
 		t.Fatalf("GET /metrics: %d %s", code, b)
 	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(string(b)))
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("metrics line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out
+	return testutil.ParseMetrics(t, b)
 }
 
 func (f *fake) setState(id string, st store.State, meta map[string]string) {

@@ -107,20 +107,24 @@ func TestOtherTenantIsAbsent(t *testing.T) {
 	}
 }
 
+// listIDs is the sorted ids of the sandboxes c sees.
+func listIDs(t *testing.T, m *Manager, c Caller) []string {
+	t.Helper()
+	sbs, err := m.List(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, sb := range sbs {
+		out = append(out, sb.ID)
+	}
+	slices.Sort(out)
+	return out
+}
+
 func TestListFiltersByTenant(t *testing.T) {
 	m := newTestManager(t)
-	ids := func(c Caller) []string {
-		sbs, err := m.List(t.Context(), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, sb := range sbs {
-			out = append(out, sb.ID)
-		}
-		slices.Sort(out)
-		return out
-	}
+	ids := func(c Caller) []string { return listIDs(t, m, c) }
 	for c, want := range map[*Caller][]string{
 		&alice:            {"aaaaaaaaaaaa"},
 		&bob:              {"bbbbbbbbbbbb"},

@@ -164,18 +164,7 @@ func TestManagerRunningTenancy(t *testing.T) {
 		t.Fatalf("refused calls left an audit trail: %q", got)
 	}
 
-	ids := func(c Caller) []string {
-		sbs, err := r.m.List(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, sb := range sbs {
-			out = append(out, sb.ID)
-		}
-		slices.Sort(out)
-		return out
-	}
+	ids := func(c Caller) []string { return listIDs(t, r.m, c) }
 	both := []string{a, b}
 	slices.Sort(both)
 	for c, want := range map[*Caller][]string{&alice: {a}, &bob: {b}, &admin: both, {Tenant: "carol"}: nil} {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // scrapeMetrics returns /metrics as series (name{labels} as the text
@@ -21,20 +22,7 @@ func scrapeMetrics(t *testing.T, s *apiServer) map[string]float64 {
 	if code != 200 {
 		t.Fatalf("GET /metrics: %d %s", code, b)
 	}
-	out := map[string]float64{}
-	for sc := bufio.NewScanner(bytes.NewReader(b)); sc.Scan(); {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("metrics line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out
+	return testutil.ParseMetrics(t, b)
 }
 
 // TestMetricsNetwork: /metrics reports a sandbox's network as its shim
