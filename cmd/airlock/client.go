@@ -92,7 +92,7 @@ func apiMsg(err error) string {
 func createOptions(o sandbox.CreateOptions) airlock.CreateOptions {
 	return airlock.CreateOptions{
 		Image: o.Image, CPUs: o.CPUs, MemoryMB: o.MemoryMiB, DiskMB: o.DiskMiB,
-		Timeout: o.Timeout, Metadata: o.Metadata, Env: o.Env, Network: remoteNetwork(o.Network, o.Secrets),
+		Timeout: o.Timeout, Metadata: o.Metadata, Env: o.Env, Network: apiNetwork(o.Network, o.Secrets),
 		IdlePause: o.IdlePause,
 	}
 }
@@ -102,12 +102,12 @@ func execRequest(spec guest.ExecSpec) airlock.ExecRequest {
 	return airlock.ExecRequest{Cmd: spec.Argv, Cwd: spec.Cwd, User: spec.User, Timeout: spec.Timeout, Env: spec.Env, PidsLimit: int(spec.PidsLimit)}
 }
 
-func remoteView(sb *airlock.Sandbox) sandboxView {
+func viewSandbox(sb *airlock.Sandbox) sandboxView {
 	v := sandboxView{
 		ID: sb.ID, State: sb.State, Reason: sb.Reason, Image: sb.Image, Digest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMB, DiskMiB: sb.DiskMB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(), Accel: sb.Accel, Kernel: sb.GuestKernel,
-		StartMode: sb.StartMode, Runtime: sb.Runtime, Metadata: sb.Metadata, Tenant: sb.Tenant, Network: viewRemoteNetwork(sb.Network),
+		StartMode: sb.StartMode, Runtime: sb.Runtime, Metadata: sb.Metadata, Tenant: sb.Tenant, Network: viewAPINetwork(sb.Network),
 		IdlePauseS: sb.IdlePauseS, Source: sb.Source,
 	}
 	u := sb.DiskUsageBytes
@@ -373,14 +373,14 @@ func copyOut(cmd *cobra.Command, c *airlock.Client, id, remote, local string) er
 	return err
 }
 
-func remoteLs(cmd *cobra.Command, c *airlock.Client, asJSON, size bool) error {
+func listSandboxes(cmd *cobra.Command, c *airlock.Client, asJSON, size bool) error {
 	sbs, err := c.List(cmd.Context(), airlock.ListOptions{})
 	if err != nil {
 		return err
 	}
 	vs := make([]sandboxView, 0, len(sbs))
 	for i := range sbs {
-		v := remoteView(&sbs[i])
+		v := viewSandbox(&sbs[i])
 		if !size {
 			v.DiskUsageBytes = nil // as locally: only with --size
 		}
@@ -389,15 +389,15 @@ func remoteLs(cmd *cobra.Command, c *airlock.Client, asJSON, size bool) error {
 	return printSandboxes(cmd.OutOrStdout(), vs, asJSON, size)
 }
 
-func remoteInspect(cmd *cobra.Command, c *airlock.Client, args []string) error {
+func inspectSandbox(cmd *cobra.Command, c *airlock.Client, args []string) error {
 	sb, err := c.Get(cmd.Context(), args[0])
 	if err != nil {
 		return err
 	}
-	return writeJSON(cmd.OutOrStdout(), remoteView(sb))
+	return writeJSON(cmd.OutOrStdout(), viewSandbox(sb))
 }
 
-func remoteRm(cmd *cobra.Command, c *airlock.Client, args []string) error {
+func removeSandboxes(cmd *cobra.Command, c *airlock.Client, args []string) error {
 	var failed int
 	for _, id := range args {
 		if err := c.Kill(cmd.Context(), id); err != nil {
@@ -413,7 +413,7 @@ func remoteRm(cmd *cobra.Command, c *airlock.Client, args []string) error {
 	return nil
 }
 
-func remoteEvents(cmd *cobra.Command, c *airlock.Client, f store.EventFilter) error {
+func listEvents(cmd *cobra.Command, c *airlock.Client, f store.EventFilter) error {
 	evs, _, err := c.Events(cmd.Context(), airlock.EventsOptions{Sandbox: f.SandboxID, Type: f.Type, Since: f.Since, Limit: f.Limit})
 	if err != nil {
 		return err

@@ -322,7 +322,7 @@ func localContext(in guest.ContextInfo) contextView {
 	return v
 }
 
-func remoteContext(in *airlock.Context) contextView {
+func viewContext(in *airlock.Context) contextView {
 	v := contextView{in.ID, in.Language, in.State, in.IsDefault, in.Cwd, in.CreatedAt, nil}
 	if e := in.Exit; e != nil {
 		v.Exit = &contextExit{e.Reason, e.Code, e.Signal, e.OOMKilled}
@@ -367,7 +367,7 @@ func contextsCmd(g *globals) *cobra.Command {
 			}
 			var out []contextView
 			for i := range cs {
-				out = append(out, remoteContext(&cs[i]))
+				out = append(out, viewContext(&cs[i]))
 			}
 			return printContexts(cmd.OutOrStdout(), out, asJSON)
 		}),

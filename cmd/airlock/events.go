@@ -41,7 +41,7 @@ net.secret.inject, net.secret.block, ...).
 			if err != nil {
 				return err
 			}
-			return remoteEvents(cmd, c, f)
+			return listEvents(cmd, c, f)
 		}),
 	}
 	cmd.Flags().StringVar(&f.SandboxID, "sandbox", "", "only events of this sandbox (same as the ID argument)")

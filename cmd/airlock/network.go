@@ -111,9 +111,9 @@ func (g *globals) lookupEnv(name string) (string, bool) {
 	return os.LookupEnv(name)
 }
 
-// remoteNetwork is the API's form of a network spec with its values; nil
+// apiNetwork is the API's form of a network spec with its values; nil
 // for the default network.
-func remoteNetwork(s netconf.Spec, vals netconf.Values) *airlock.Network {
+func apiNetwork(s netconf.Spec, vals netconf.Values) *airlock.Network {
 	if s.Mode == "" && len(s.Allow) == 0 && len(s.Secrets) == 0 && len(s.Ports) == 0 && s.RateBytes == 0 && s.MaxConns == 0 {
 		return nil
 	}
@@ -157,7 +157,7 @@ func viewNetwork(s netconf.Spec) *networkView {
 	return v
 }
 
-func viewRemoteNetwork(n airlock.Network) *networkView {
+func viewAPINetwork(n airlock.Network) *networkView {
 	s := netconf.Spec{Mode: n.Mode, Allow: n.Allow, RateBytes: n.RateBytes, MaxConns: n.MaxConns}
 	for _, sec := range n.Secrets {
 		s.Secrets = append(s.Secrets, netconf.Secret{Name: sec.Name, Hosts: sec.Hosts, Placeholder: sec.Placeholder})

@@ -306,7 +306,7 @@ func lsCmd(g *globals) *cobra.Command {
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
 		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
-			return remoteLs(cmd, c, asJSON, size)
+			return listSandboxes(cmd, c, asJSON, size)
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -400,7 +400,7 @@ func inspectCmd(g *globals) *cobra.Command {
 		Use:   "inspect ID",
 		Short: "Show a sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
-		RunE:  g.withClient(remoteInspect),
+		RunE:  g.withClient(inspectSandbox),
 	}
 }
 
@@ -432,7 +432,7 @@ func rmCmd(g *globals) *cobra.Command {
 		Use:   "rm ID [ID...]",
 		Short: "Stop and remove sandboxes",
 		Args:  cobra.MinimumNArgs(1),
-		RunE:  g.withClient(remoteRm),
+		RunE:  g.withClient(removeSandboxes),
 	}
 }
 

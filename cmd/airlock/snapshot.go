@@ -32,7 +32,7 @@ type snapshotView struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-func remoteSnapshotView(sn *airlock.Snapshot) snapshotView {
+func viewSnapshot(sn *airlock.Snapshot) snapshotView {
 	return snapshotView{sn.Name, sn.ID, sn.SandboxID, sn.Tenant, sn.Image, sn.CPUs, sn.MemoryMB, sn.DiskMB, sn.SizeBytes, sn.CreatedAt.UTC()}
 }
 
@@ -68,7 +68,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(cmd.OutOrStdout(), snapshotLine(remoteSnapshotView(sn)))
+		fmt.Fprintln(cmd.OutOrStdout(), snapshotLine(viewSnapshot(sn)))
 		return nil
 	})
 	create := func(cmd *cobra.Command, args []string) error {
@@ -131,7 +131,7 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 			}
 			vs := []snapshotView{}
 			for i := range sns {
-				v := remoteSnapshotView(&sns[i])
+				v := viewSnapshot(&sns[i])
 				v.Tenant = "" // the key's own
 				vs = append(vs, v)
 			}
