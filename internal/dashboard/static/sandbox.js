@@ -29,6 +29,8 @@
   async function refresh() {
     try {
       const sb = await api("GET", "/sandboxes/" + encodeURIComponent(id));
+      // usage.js samples only while this says running.
+      document.getElementById("sandbox").dataset.state = sb.state;
       const now = Date.now();
       details.replaceChildren();
       row("State", sb.state + (sb.reason ? " (" + sb.reason + ")" : ""));
