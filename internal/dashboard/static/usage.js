@@ -94,7 +94,8 @@
         d += (last === p.seg ? " L" : " M") + x(p.t).toFixed(1) + " " + y(p.v).toFixed(1);
         last = p.seg;
       }
-      const path = node("path", { d: d.trim() || "M0 " + H, class: "line " + s.cls, "data-points": s.points.length });
+      const top = s.points.length ? Math.max(...s.points.map((p) => p.v)) : 0;
+      const path = node("path", { d: d.trim() || "M0 " + H, class: "line " + s.cls, "data-points": s.points.length, "data-max": top });
       path.setAttribute("vector-effect", "non-scaling-stroke");
       kids.push(path);
     }
