@@ -1,8 +1,8 @@
 // A sandbox's resource use over time: GET /v1/sandboxes/ID/usage every few
-// seconds while the sandbox runs (sandbox.js keeps its state in the
-// #sandbox element's data-state) and the page is visible, the last samples
-// kept in memory, drawn as SVG line charts made with DOM calls, each with a
-// text summary for screen readers. The route never resumes a paused
+// seconds while the sandbox runs (sandbox.js keeps its state and vCPUs in
+// the #sandbox element's data-state and data-cpus) and the page is
+// visible, the last samples kept in memory, drawn as SVG line charts made
+// with DOM calls, each with a text summary for screen readers. The route never resumes a paused
 // sandbox and is not activity, so an open page keeps nothing awake.
 "use strict";
 
@@ -113,7 +113,9 @@
   function render() {
     const last = samples[samples.length - 1];
     if (!last) return;
-    const cpus = last.cpus > 0 ? last.cpus : 1;
+    // The sandbox's vCPUs (its size; a gVisor guest may see the host's
+    // CPUs), else the guest's count.
+    const cpus = +box.dataset.cpus > 0 ? +box.dataset.cpus : last.cpus > 0 ? last.cpus : 1;
 
     const cpu = rates((a, b, dt) => (b.cpu_seconds < a.cpu_seconds ? null : Math.min(100, ((b.cpu_seconds - a.cpu_seconds) / dt / cpus) * 100)));
     draw(charts.cpu, [{ points: cpu, cls: "cpu" }], 100);
