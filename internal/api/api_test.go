@@ -49,7 +49,9 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-func newHarness(t testing.TB, aliceLimits store.APIKey) *harness {
+// newHarness serves a Server on the fake; tune, if any, sets its test
+// knobs before it serves.
+func newHarness(t testing.TB, aliceLimits store.APIKey, tune ...func(*Server)) *harness {
 	t.Helper()
 	catalog := filepath.Join(t.TempDir(), "catalog.db")
 	st, err := store.Open(t.Context(), catalog)
@@ -70,6 +72,9 @@ func newHarness(t testing.TB, aliceLimits store.APIKey) *harness {
 		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range tune {
+		f(s)
 	}
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)

@@ -514,7 +514,7 @@ func TestDashboardCSPImages(t *testing.T) {
 	if !strings.Contains(csp, "img-src 'self' data:;") || !strings.Contains(csp, "default-src 'none'") {
 		t.Errorf("CSP %q: want img-src 'self' data:", csp)
 	}
-	for _, s := range []string{"files.js", "code.js", "events.js"} {
+	for _, s := range []string{"usage.js", "files.js", "code.js", "events.js"} {
 		if !strings.Contains(body, `<script src="/ui/static/`+s+`" defer></script>`) {
 			t.Errorf("the sandbox page does not load %s", s)
 		}

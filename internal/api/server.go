@@ -97,6 +97,9 @@ type Server struct {
 	// inflight counts the requests being served (InFlight, WaitIdle).
 	inflight inFlight
 	sess     sessions // the dashboard's sign-ins (session.go)
+	// usageTimeout bounds one guest sample of the usage route
+	// (usageRouteTimeout; tests shorten it before serving).
+	usageTimeout time.Duration
 
 	mu sync.Mutex
 	// limiters are the per-tenant request buckets.
@@ -125,6 +128,7 @@ var routes = []route{
 	{"POST /v1/sandboxes/{id}/pause", true, (*Server).pauseSandbox},
 	{"POST /v1/sandboxes/{id}/resume", true, (*Server).resumeSandbox},
 	{"POST /v1/sandboxes/{id}/keepalive", true, (*Server).keepalive},
+	{"GET /v1/sandboxes/{id}/usage", true, (*Server).sandboxUsage},
 	{"POST /v1/sandboxes/{id}/snapshot", true, (*Server).snapshotSandbox},
 	{"POST /v1/sandboxes/{id}/fork", true, (*Server).forkSandbox},
 	{"GET /v1/snapshots", true, (*Server).listSnapshots},
@@ -164,8 +168,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, log: cfg.Log, mux: http.NewServeMux(),
-		deniedAudit: rate.NewLimiter(10, 20),
-		limiters:    map[string]*rate.Limiter{},
+		deniedAudit:  rate.NewLimiter(10, 20),
+		limiters:     map[string]*rate.Limiter{},
+		usageTimeout: usageRouteTimeout,
 	}
 	s.metrics = newMetrics(cfg.Sandboxes, cfg.Snapshots)
 	if cfg.Execs != nil {

@@ -41,6 +41,7 @@ var sdkGoBindings = []struct{ typ, method, path, body string }{
 	{"Client.Pause.in", "POST", "/v1/sandboxes/{id}/pause", "request"},
 	{"Client.Pause.out", "POST", "/v1/sandboxes/{id}/pause", "200"},
 	{"Client.Resume.sb", "POST", "/v1/sandboxes/{id}/resume", "200"},
+	{"Client.Usage.u", "GET", "/v1/sandboxes/{id}/usage", "200"},
 	{"Client.Snapshot.in", "POST", "/v1/sandboxes/{id}/snapshot", "request"},
 	{"Client.Snapshot.sn", "POST", "/v1/sandboxes/{id}/snapshot", "201"},
 	{"Client.Fork.in", "POST", "/v1/sandboxes/{id}/fork", "request"},

@@ -68,6 +68,7 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", f.withSandbox(f.pause))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.withSandbox(f.resume))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", f.withSandbox(f.keepalive))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/usage", f.withSandbox(f.usage))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", f.withSandbox(f.exec))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs", f.withSandbox(f.listExecs))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs/{eid}", f.withExec(f.getExec))
@@ -377,6 +378,25 @@ func (f *fakeServer) resume(w http.ResponseWriter, _ *http.Request, id string) {
 func (f *fakeServer) keepalive(w http.ResponseWriter, _ *http.Request, id string) {
 	f.resume(httptest.NewRecorder(), nil, id) // like any call, it resumes
 	w.WriteHeader(204)
+}
+
+// usage answers fixed figures for a running sandbox, with a network block
+// unless its network mode is none; any other state is 412 (it never
+// resumes).
+func (f *fakeServer) usage(w http.ResponseWriter, _ *http.Request, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sandboxes[id]
+	if sb["state"] != "running" {
+		f.fail(w, 412, "failed_precondition", fmt.Sprintf("the sandbox is %s: usage is sampled only while it runs", sb["state"]))
+		return
+	}
+	out := map[string]any{"sandbox_id": id, "sampled_at": "2026-11-26T05:30:00.25Z", "cpus": sb["cpus"], "cpu_seconds": 1.5,
+		"memory_bytes": 384 << 20, "memory_limit_bytes": 512 << 20, "disk_bytes": 256 << 20, "disk_limit_bytes": 2 << 30}
+	if nw, _ := sb["network"].(map[string]any); nw["mode"] != "none" {
+		out["network"] = map[string]any{"receive_bytes": 3 << 20, "transmit_bytes": 1 << 20, "connections": 2}
+	}
+	writeJSON(w, 200, out)
 }
 
 func b64(p []byte) string { return base64.StdEncoding.EncodeToString(p) }

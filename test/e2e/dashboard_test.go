@@ -362,7 +362,9 @@ func TestDashboard(t *testing.T) {
 // with key): a file whose guest name is markup shows as text; an upload
 // lands in the guest and in the listing; its download link saves the same
 // bytes; a code cell prints (markup as text), plots (a PNG the browser
-// decodes) and raises; exec.start, code.run and file.write events appear.
+// decodes) and raises; exec.start, code.run and file.write events appear;
+// the usage card charts the guest's CPU through a CPU load, its memory and
+// its disk.
 func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx context.Context,
 	run func(string, ...chromedp.Action[chromedp.Void]), poll func(string) chromedp.Action[chromedp.Void],
 	art string) {
@@ -461,4 +463,24 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 		poll(`['exec.start', 'code.run', 'file.write'].every(a => document.querySelector('#events li[data-action="' + a + '"]'))`),
 		poll(`(() => { const s = Array.from(document.querySelectorAll('#events li')).map(l => +l.dataset.seq); return s.length > 3 && s.every((v, i) => i === 0 || s[i-1] > v); })()`),
 		shot("3d-events", "events-h"))
+
+	// The usage card has been sampling since the page opened; a CPU load
+	// in the guest shows on its CPU chart (a share of the one vCPU), and
+	// memory and disk are drawn too, each with its text summary.
+	run("usage samples",
+		poll(`+document.getElementById('sandbox').dataset.usageSamples >= 2`),
+		poll(`['mem', 'disk'].every(k => +document.querySelector('#chart-' + k + ' path.line').dataset.points >= 2)`))
+	load, _ := json.Marshal(map[string]any{"cmd": []string{"python3", "-c", "import time\nend = time.time() + 9\nwhile time.time() < end: pass"}, "timeout_s": 120})
+	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(load)); code != 200 || !strings.Contains(string(b), `"code":0`) {
+		t.Fatalf("the CPU load: %d %s", code, b)
+	}
+	run("usage after a CPU load",
+		poll(`(() => { const p = document.querySelector('#chart-cpu path.line'); return !!p && +p.dataset.points >= 2 && +p.dataset.max > 20 && /^M[\d.]+ [\d.]+( [ML][\d.]+ [\d.]+)+$/.test(p.getAttribute('d')); })()`),
+		poll(`['cpu', 'mem', 'disk', 'net'].every(k => document.getElementById(k + '-summary').textContent.length > 20) && /of 1 vCPU$/.test(document.getElementById('cpu-value').textContent)`),
+		shot("3e-usage", "usage-h"))
+	cpu, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.getElementById('cpu-summary').textContent + ' | ' + document.getElementById('net-summary').textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("usage card: %s", cpu)
 }

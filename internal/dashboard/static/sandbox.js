@@ -29,6 +29,11 @@
   async function refresh() {
     try {
       const sb = await api("GET", "/sandboxes/" + encodeURIComponent(id));
+      // usage.js samples only while this says running, and charts CPU
+      // as a share of the sandbox's vCPUs.
+      const box = document.getElementById("sandbox");
+      box.dataset.state = sb.state;
+      box.dataset.cpus = String(sb.cpus);
       const now = Date.now();
       details.replaceChildren();
       row("State", sb.state + (sb.reason ? " (" + sb.reason + ")" : ""));

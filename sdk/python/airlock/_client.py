@@ -269,6 +269,16 @@ class Client:
         ``create(idle_pause_s=...)``); like any call, resumes it if paused."""
         self._json("POST", _sb(sandbox_id, "keepalive"), ok=(204, 200))
 
+    def usage(self, sandbox_id: str) -> dict:
+        """One sample of running sandbox ``sandbox_id``'s resource use:
+        ``{"sandbox_id", "sampled_at", "cpus", "cpu_seconds", "memory_bytes",
+        "memory_limit_bytes", "disk_bytes", "disk_limit_bytes"}`` and, when it
+        has a network, ``"network": {"receive_bytes", "transmit_bytes",
+        "connections"}``. Rates are deltas between two samples over their
+        ``sampled_at``. Never resumes a paused sandbox (FailedPrecondition
+        unless running) and is not activity for the idle pause."""
+        return self._json("GET", _sb(sandbox_id, "usage"))
+
     # -- snapshots and forks ---------------------------------------------------
 
     def snapshot(self, sandbox_id: str, name: str, force: bool = False) -> dict:
@@ -459,6 +469,11 @@ class Sandbox:
     def keepalive(self) -> None:
         """Count as activity for the idle pause (resumes it if paused)."""
         self._client.keepalive(self.id)
+
+    def usage(self) -> dict:
+        """One sample of the sandbox's resource use (see Client.usage); never
+        resumes it."""
+        return self._client.usage(self.id)
 
     # -- exec ----------------------------------------------------------------
 

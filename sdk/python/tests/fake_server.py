@@ -215,6 +215,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("POST", r"/v1/sandboxes/(\w+)/pause", self.pause),
             ("POST", r"/v1/sandboxes/(\w+)/resume", self.resume),
             ("POST", r"/v1/sandboxes/(\w+)/keepalive", self.keepalive),
+            ("GET", r"/v1/sandboxes/(\w+)/usage", self.usage),
             ("POST", r"/v1/sandboxes/(\w+)/snapshot", self.snapshot),
             ("POST", r"/v1/sandboxes/(\w+)/fork", self.fork),
             ("GET", r"/v1/snapshots", self.list_snapshots),
@@ -452,6 +453,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             sb.pop("lifetime_left_s", None)
         self.state.keepalives = getattr(self.state, "keepalives", 0) + 1
         self._send(204)
+
+    def usage(self, q, sid):
+        self._body()
+        sb = self.state.sandboxes[sid]
+        if sb["state"] != "running":  # never resumes
+            return self._fail(412, "failed_precondition", f"the sandbox is {sb['state']}: usage is sampled only while it runs")
+        out = {"sandbox_id": sid, "sampled_at": "2026-11-26T05:30:00.25Z", "cpus": sb["cpus"], "cpu_seconds": 1.5,
+               "memory_bytes": 384 << 20, "memory_limit_bytes": 512 << 20, "disk_bytes": 256 << 20, "disk_limit_bytes": 2 << 30}
+        if (sb.get("network") or {}).get("mode") != "none":
+            out["network"] = {"receive_bytes": 3 << 20, "transmit_bytes": 1 << 20, "connections": 2}
+        self._send(200, out)
 
     # -- snapshots and forks ---------------------------------------------------
 

@@ -42,6 +42,19 @@ class SandboxTests(FakeTestCase):
             c.get(sb.id)
         self.assertEqual((cm.exception.status, cm.exception.code, cm.exception.request_id), (404, "not_found", "req-1"))
 
+    def test_usage(self):
+        c = self.client
+        sb = c.create(cpus=2)
+        u = sb.usage()
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/usage")
+        self.assertEqual(self.fake.last()["method"], "GET")
+        self.assertEqual((u["cpus"], u["cpu_seconds"], u["memory_bytes"], u["network"]["connections"]), (2, 1.5, 384 << 20, 2))
+        self.assertNotIn("network", c.create(network="none").usage())
+        sb.pause()
+        with self.assertRaises(airlock.FailedPrecondition):
+            c.usage(sb.id)
+        self.assertEqual(c.get(sb.id).state, "paused")  # asking did not resume it
+
     def test_pause_resume_keepalive(self):
         c = self.client
         sb = c.create(idle_pause_s=300)

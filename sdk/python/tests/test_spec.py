@@ -352,6 +352,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Client.pause", c.pause, sid, force=True)
         call("Client.resume", c.resume, sid)
         call("Client.keepalive", c.keepalive, sid)
+        call("Client.usage", c.usage, sid)
         call("Client.snapshot", c.snapshot, sid, "snap", force=True)
         call("Client.list_snapshots", c.list_snapshots)
         call("Client.get_snapshot", c.get_snapshot, "snap")
@@ -370,6 +371,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.pause", sb.pause, force=True)
         call("Sandbox.resume", sb.resume)
         call("Sandbox.keepalive", sb.keepalive)
+        call("Sandbox.usage", sb.usage)
         call("Sandbox.snapshot", sb.snapshot, "snap2", force=True)
         call("Sandbox.fork", sb.fork, count=1)
         call("Sandbox.exec", sb.exec, ["sh", "-c", "true"], env={"A": "1"}, cwd="/", user="root", stdin=b"in",
