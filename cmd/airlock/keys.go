@@ -33,8 +33,9 @@ func keysCmd(g *globals) *cobra.Command {
 	f.IntVar(&k.MaxSandboxes, "max-sandboxes", 0, "live sandboxes of the tenant (0: server default)")
 	f.IntVar(&k.MaxVCPUs, "max-vcpus", 0, "total vCPUs of the tenant's live sandboxes (0: server default)")
 	f.IntVar(&k.MaxMemoryMiB, "max-memory-mb", 0, "total memory in MiB of the tenant's live sandboxes (0: server default)")
-	f.IntVar(&k.MaxDiskMiB, "max-disk-mb", 0, "total disk in MiB of the tenant's sandboxes (their disk sizes) and snapshots (0: server default, 65536)")
+	f.IntVar(&k.MaxDiskMiB, "max-disk-mb", 0, "total disk in MiB of the tenant's sandboxes (their disk sizes) snapshots and volumes (0: server default, 65536)")
 	f.IntVar(&k.MaxSnapshots, "max-snapshots", 0, "named snapshots the tenant may keep (0: server default, 100)")
+	f.IntVar(&k.MaxVolumes, "max-volumes", 0, "named volumes the tenant may keep (0: server default, 20)")
 	f.IntVar(&k.RatePerMin, "rate-per-min", 0, "API requests per minute for the tenant (0: server default)")
 	_ = create.MarkFlagRequired("tenant")
 
@@ -53,15 +54,15 @@ func keysCmd(g *globals) *cobra.Command {
 				for _, k := range keys {
 					out = append(out, keyJSON{ID: k.ID, Tenant: k.Tenant, Admin: k.Admin, Revoked: k.Revoked,
 						MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, MaxDiskMiB: k.MaxDiskMiB,
-						MaxSnapshots: k.MaxSnapshots, RatePerMin: k.RatePerMin, Created: k.Created.UTC()})
+						MaxSnapshots: k.MaxSnapshots, MaxVolumes: k.MaxVolumes, RatePerMin: k.RatePerMin, Created: k.Created.UTC()})
 				}
 				return writeJSON(cmd.OutOrStdout(), out)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTENANT\tADMIN\tREVOKED\tMAX_SANDBOXES\tMAX_VCPUS\tMAX_MEMORY_MB\tMAX_DISK_MB\tMAX_SNAPSHOTS\tRATE_PER_MIN\tCREATED")
+			fmt.Fprintln(tw, "ID\tTENANT\tADMIN\tREVOKED\tMAX_SANDBOXES\tMAX_VCPUS\tMAX_MEMORY_MB\tMAX_DISK_MB\tMAX_SNAPSHOTS\tMAX_VOLUMES\tRATE_PER_MIN\tCREATED")
 			for _, k := range keys {
-				fmt.Fprintf(tw, "%s\t%s\t%t\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Tenant, k.Admin, k.Revoked,
-					k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.MaxSnapshots, k.RatePerMin, k.Created.UTC().Format("2006-01-02T15:04:05Z"))
+				fmt.Fprintf(tw, "%s\t%s\t%t\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Tenant, k.Admin, k.Revoked,
+					k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.MaxSnapshots, k.MaxVolumes, k.RatePerMin, k.Created.UTC().Format("2006-01-02T15:04:05Z"))
 			}
 			return tw.Flush()
 		}),
@@ -90,6 +91,7 @@ type keyJSON struct {
 	MaxMemoryMiB int       `json:"max_memory_mb"`
 	MaxDiskMiB   int       `json:"max_disk_mb"`
 	MaxSnapshots int       `json:"max_snapshots"`
+	MaxVolumes   int       `json:"max_volumes"`
 	RatePerMin   int       `json:"rate_per_min"`
 	Created      time.Time `json:"created"`
 }

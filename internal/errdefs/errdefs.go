@@ -18,6 +18,9 @@ var (
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnsupported        = errors.New("unsupported")
 	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrPermissionDenied: the caller may not do this (e.g. a host
+	// mount outside the directories the server allows).
+	ErrPermissionDenied = errors.New("permission denied")
 	// ErrInsufficientStorage: the host's disk cannot take it (the state
 	// dir would fall below its free-space reserve).
 	ErrInsufficientStorage = errors.New("insufficient storage")
@@ -42,6 +45,8 @@ func Category(err error) string {
 		return "unsupported"
 	case errors.Is(err, ErrFailedPrecondition):
 		return "failed_precondition"
+	case errors.Is(err, ErrPermissionDenied):
+		return "permission_denied"
 	case errors.Is(err, ErrInsufficientStorage):
 		return "insufficient_storage"
 	case errors.Is(err, context.DeadlineExceeded):

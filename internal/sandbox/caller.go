@@ -15,14 +15,15 @@ type Limits struct {
 	MaxSandboxes int
 	MaxVCPUs     int
 	MaxMemoryMiB int
-	MaxDiskMiB   int // sandboxes' disk sizes plus snapshots' bytes, in MiB
+	MaxDiskMiB   int // sandboxes' disk sizes, snapshots' bytes and volumes' sizes, in MiB
 	MaxSnapshots int // named snapshots
+	MaxVolumes   int // named volumes
 	RatePerMin   int // requests per minute (the HTTP API's rate limiter)
 }
 
 // DefaultLimits apply where neither a key nor the server sets a limit
 // (secure by default: no tenant is unlimited).
-var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 10, MaxDiskMiB: 64 << 10, MaxSnapshots: 100, RatePerMin: 1200}
+var DefaultLimits = Limits{MaxSandboxes: 20, MaxVCPUs: 32, MaxMemoryMiB: 32 << 10, MaxDiskMiB: 64 << 10, MaxSnapshots: 100, MaxVolumes: 20, RatePerMin: 1200}
 
 // Or returns l with its zero fields taken from d.
 func (l Limits) Or(d Limits) Limits {
@@ -38,6 +39,7 @@ func (l Limits) Or(d Limits) Limits {
 		MaxMemoryMiB: pick(l.MaxMemoryMiB, d.MaxMemoryMiB),
 		MaxDiskMiB:   pick(l.MaxDiskMiB, d.MaxDiskMiB),
 		MaxSnapshots: pick(l.MaxSnapshots, d.MaxSnapshots),
+		MaxVolumes:   pick(l.MaxVolumes, d.MaxVolumes),
 		RatePerMin:   pick(l.RatePerMin, d.RatePerMin),
 	}
 }
@@ -46,7 +48,7 @@ func (l Limits) Or(d Limits) Limits {
 // key's tenant, id and admin flag, and its limits with defaults (then
 // DefaultLimits) filling the ones it does not set.
 func KeyCaller(k store.APIKey, defaults Limits, via string) Caller {
-	own := Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, MaxDiskMiB: k.MaxDiskMiB, MaxSnapshots: k.MaxSnapshots, RatePerMin: k.RatePerMin}
+	own := Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, MaxDiskMiB: k.MaxDiskMiB, MaxSnapshots: k.MaxSnapshots, MaxVolumes: k.MaxVolumes, RatePerMin: k.RatePerMin}
 	return Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Limits: own.Or(defaults).Or(DefaultLimits), Via: via}
 }
 
@@ -71,6 +73,10 @@ type Caller struct {
 
 // Local is the caller of the CLI working on its own state dir.
 func Local() Caller { return Caller{Admin: true, Via: "cli"} }
+
+// Local reports whether c is the local user (the CLI on its own state
+// dir, not an API key).
+func (c Caller) Local() bool { return c.Tenant == "" && c.KeyID == "" }
 
 // Sees reports whether c may see sb.
 func (c Caller) Sees(sb store.Sandbox) bool { return c.Admin || sb.Tenant == c.Tenant }

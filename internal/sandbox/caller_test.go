@@ -371,7 +371,7 @@ func TestKeyCaller(t *testing.T) {
 	k := store.APIKey{ID: "k1", Tenant: "t", MaxVCPUs: 8}
 	c := KeyCaller(k, Limits{MaxSandboxes: 5}, "api")
 	want := Caller{Tenant: "t", KeyID: "k1", Via: "api",
-		Limits: Limits{MaxSandboxes: 5, MaxVCPUs: 8, MaxMemoryMiB: DefaultLimits.MaxMemoryMiB, MaxDiskMiB: DefaultLimits.MaxDiskMiB, MaxSnapshots: DefaultLimits.MaxSnapshots, RatePerMin: DefaultLimits.RatePerMin}}
+		Limits: Limits{MaxSandboxes: 5, MaxVCPUs: 8, MaxMemoryMiB: DefaultLimits.MaxMemoryMiB, MaxDiskMiB: DefaultLimits.MaxDiskMiB, MaxSnapshots: DefaultLimits.MaxSnapshots, MaxVolumes: DefaultLimits.MaxVolumes, RatePerMin: DefaultLimits.RatePerMin}}
 	if c != want {
 		t.Fatalf("got %+v, want %+v", c, want)
 	}

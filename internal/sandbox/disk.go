@@ -57,13 +57,13 @@ func (m *Manager) spaceForState(ctx context.Context, c Caller, sb store.Sandbox,
 }
 
 // tenantDiskMiB is what counts toward a tenant's disk quota: its live
-// sandboxes' disk sizes and its snapshots' bytes.
+// sandboxes' disk sizes, its snapshots' bytes and its volumes' sizes.
 func (m *Manager) tenantDiskMiB(ctx context.Context, tenant string) (int, error) {
 	sbs, err := m.list(ctx)
 	if err != nil {
 		return 0, err
 	}
-	used, err := m.snapshotMiB(ctx, tenant)
+	used, err := m.keptMiB(ctx, tenant)
 	if err != nil {
 		return 0, err
 	}
@@ -73,6 +73,17 @@ func (m *Manager) tenantDiskMiB(ctx context.Context, tenant string) (int, error)
 		}
 	}
 	return used, nil
+}
+
+// keptMiB is what a tenant keeps outside its sandboxes, in MiB: its
+// snapshots' bytes (rounded up) and its volumes' sizes.
+func (m *Manager) keptMiB(ctx context.Context, tenant string) (int, error) {
+	vol, err := m.volumeMiB(ctx, tenant)
+	if err != nil {
+		return 0, err
+	}
+	snap, err := m.snapshotMiB(ctx, tenant)
+	return vol + snap, err
 }
 
 // snapshotMiB is the size of a tenant's snapshots, in MiB (rounded up).

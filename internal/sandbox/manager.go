@@ -51,6 +51,10 @@ type CreateOptions struct {
 	Metadata  map[string]string
 	Tenant    string            // owner: set by the manager to the caller's tenant
 	Env       map[string]string // default environment of every exec
+	// Volumes and HostMounts are mounted for the sandbox's life
+	// (volumes.go).
+	Volumes    []VolumeMount
+	HostMounts []HostMount
 	// Network is the egress policy, secrets, published ports and limits.
 	Network netconf.Spec
 	// IdlePause pauses the sandbox after this long without activity (0:
@@ -59,6 +63,9 @@ type CreateOptions struct {
 	// Secrets holds the values of Network.Secrets. They go to the shim
 	// through a pipe and are never stored.
 	Secrets netconf.Values
+
+	// mounts are Volumes and HostMounts as checked by Create.
+	mounts []store.Mount
 }
 
 // Manager creates and finds sandboxes in one state dir.
@@ -81,6 +88,10 @@ type Manager struct {
 	// filesystem: creates, forks, pauses and snapshots that could use it
 	// are refused (disk.go). 0: DefaultDiskReserve; negative: none.
 	DiskReserve int64
+	// HostMountRoots are the host directories under which API callers
+	// may mount host paths (`serve --allow-host-mount`); absolute and
+	// clean. The local user may mount any directory.
+	HostMountRoots []string
 	// ContextProgress times the status events of a code run that waits
 	// for its context's interpreter to start (zero: the defaults).
 	ContextProgress ContextProgress
@@ -204,6 +215,10 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 			o.DiskMiB = template.DiskMiB(img.Size)
 		}
 	}
+	mounts, err := m.resolveMounts(ctx, c, o.Volumes, o.HostMounts)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
 	release, err := m.reserve(ctx, c, c.Tenant, 1, o.CPUs, o.MemoryMiB, o.DiskMiB)
 	if err != nil {
 		return store.Sandbox{}, err
@@ -212,6 +227,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 	if err := m.CheckSpace(ctx, fmt.Sprintf("this sandbox's disk (%d MiB)", o.DiskMiB), int64(o.DiskMiB)<<20); err != nil {
 		return store.Sandbox{}, err
 	}
+	o.mounts = mounts
 	sb, err := m.create(ctx, o)
 	if err != nil {
 		return sb, err
@@ -247,12 +263,15 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 	if rt == "gvisor" && o.IdlePause > 0 {
 		return store.Sandbox{}, fmt.Errorf("%w: gvisor sandboxes cannot pause yet: --idle-pause needs the qemu runtime", errdefs.ErrInvalid)
 	}
+	if err := m.checkMountsFor(ctx, rt, o); err != nil {
+		return store.Sandbox{}, err
+	}
 	now := time.Now()
 	sb := store.Sandbox{
 		ID: statedir.NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
 		CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskMiB: o.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: o.Env,
-		Network: o.Network, IdlePause: o.IdlePause, Runtime: rt,
+		Network: o.Network, IdlePause: o.IdlePause, Runtime: rt, Mounts: o.mounts,
 	}
 	lock, err := m.newSandboxDir(sb.ID)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 // QuotaError is a create refused by a tenant's quota. It is an
 // ErrResourceExhausted; its Detail names only the tenant's own numbers.
 type QuotaError struct {
-	Quota string // max_sandboxes, max_vcpus, max_memory_mb, max_disk_mb or max_snapshots
+	Quota string // max_sandboxes, max_vcpus, max_memory_mb, max_disk_mb, max_snapshots or max_volumes
 	Used  int    // what the tenant's sandboxes (and creates in flight) use
 	Need  int    // what the refused sandbox needs
 	Max   int    // the quota
@@ -46,7 +46,7 @@ type Quotas struct {
 
 // reserve checks n sandboxes of cpus, memMiB and diskMiB each, owned by
 // tenant owner, against c's limits and holds them until release is
-// called. The tenant's snapshots count toward its disk quota.
+// called. The tenant's snapshots and volumes count toward its disk quota.
 func (m *Manager) reserve(ctx context.Context, c Caller, owner string, n, cpus, memMiB, diskMiB int) (release func(), err error) {
 	if c.Tenant == "" {
 		return func() {}, nil
@@ -55,7 +55,7 @@ func (m *Manager) reserve(ctx context.Context, c Caller, owner string, n, cpus, 
 	if err != nil {
 		return nil, err
 	}
-	snapMiB, err := m.snapshotMiB(ctx, owner)
+	snapMiB, err := m.keptMiB(ctx, owner)
 	if err != nil {
 		return nil, err
 	}

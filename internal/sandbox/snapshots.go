@@ -70,6 +70,13 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (st
 	if _, err := m.Store.GetSnapshot(ctx, sb.Tenant, name); err == nil {
 		return store.Snapshot{}, fmt.Errorf("%w: snapshot %q exists (remove it first)", errdefs.ErrConflict, name)
 	}
+	if len(sb.Mounts) > 0 {
+		// A snapshot holds memory and the root disk. Its sandboxes would
+		// need the same devices, and a volume's data would be shared by
+		// reference with a guest whose page cache disagrees with it.
+		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has %s mounted at %s: snapshots and forks of sandboxes with volumes or host mounts are refused (their data is not part of a snapshot); copy the data into the root disk or snapshot a sandbox without mounts",
+			errdefs.ErrFailedPrecondition, id, mountWhat(sb.Mounts[0]), sb.Mounts[0].Path)
+	}
 	wasRunning := sb.State != store.StatePaused
 	if wasRunning {
 		if _, err := m.pause(ctx, id, force); err != nil {
@@ -211,6 +218,9 @@ func (m *Manager) CreateFromSnapshot(ctx context.Context, c Caller, name string,
 	}
 	if len(o.Secrets) > 0 || len(o.Network.Secrets) > 0 {
 		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from a snapshot cannot have secrets", errdefs.ErrInvalid)
+	}
+	if len(o.Volumes) > 0 || len(o.HostMounts) > 0 {
+		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from a snapshot cannot have volumes or host mounts (the snapshot's devices are fixed)", errdefs.ErrInvalid)
 	}
 	sb, err := m.materialize(ctx, sn, "snapshot:"+name, o)
 	if err != nil {

@@ -119,3 +119,23 @@ func (l Layout) SaveBootConfig(bc BootConfig) error {
 	}
 	return os.Rename(tmp, l.BootConfig())
 }
+
+// VolumesDir holds the volumes' images.
+func (l Layout) VolumesDir() string { return filepath.Join(l.Root, "volumes") }
+
+// VolumeImage is volume id's ext4 image.
+func (l Layout) VolumeImage(id string) string { return filepath.Join(l.VolumesDir(), id+".img") }
+
+// NewVolumeID returns a new volume id ("vol-" and 16 random characters).
+func NewVolumeID() string { return "vol-" + RandomID(16) }
+
+var volumeIDRe = regexp.MustCompile(`^vol-[a-z2-7]{16}$`)
+
+// ValidateVolumeID checks a volume id read back from the catalog before it
+// names a file.
+func ValidateVolumeID(id string) error {
+	if !volumeIDRe.MatchString(id) {
+		return fmt.Errorf("%w: %q is not a volume id", errdefs.ErrInvalid, id)
+	}
+	return nil
+}

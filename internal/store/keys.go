@@ -29,6 +29,7 @@ type APIKey struct {
 	MaxMemoryMiB int
 	MaxDiskMiB   int // sandboxes' disk sizes plus snapshots' bytes
 	MaxSnapshots int // named snapshots
+	MaxVolumes   int // named volumes
 	RatePerMin   int
 }
 
@@ -72,7 +73,7 @@ func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, string, error)
 	if err := ValidateTenant(k.Tenant); err != nil {
 		return k, "", err
 	}
-	if k.MaxSandboxes < 0 || k.MaxVCPUs < 0 || k.MaxMemoryMiB < 0 || k.MaxDiskMiB < 0 || k.MaxSnapshots < 0 || k.RatePerMin < 0 {
+	if k.MaxSandboxes < 0 || k.MaxVCPUs < 0 || k.MaxMemoryMiB < 0 || k.MaxDiskMiB < 0 || k.MaxSnapshots < 0 || k.MaxVolumes < 0 || k.RatePerMin < 0 {
 		return k, "", fmt.Errorf("%w: key limits must not be negative", errdefs.ErrInvalid)
 	}
 	idb, secb := make([]byte, 5), make([]byte, 20)
@@ -83,22 +84,22 @@ func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, string, error)
 	if k.Created.IsZero() {
 		k.Created = time.Now()
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min)
-		VALUES(?,?,?,?,?,0,?,?,?,?,?,?)`, k.ID, k.Tenant, hashSecret(secret), k.Admin, k.Created.UnixNano(),
-		k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.MaxSnapshots, k.RatePerMin)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min,max_volumes)
+		VALUES(?,?,?,?,?,0,?,?,?,?,?,?,?)`, k.ID, k.Tenant, hashSecret(secret), k.Admin, k.Created.UnixNano(),
+		k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.MaxSnapshots, k.RatePerMin, k.MaxVolumes)
 	if err != nil {
 		return k, "", fmt.Errorf("create key: %w", err)
 	}
 	return k, "e2b_" + k.ID + secret, nil
 }
 
-const keyCols = `id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min`
+const keyCols = `id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min,max_volumes`
 
 func scanKey(r scanner) (APIKey, string, error) {
 	var k APIKey
 	var hash string
 	var created int64
-	err := r.Scan(&k.ID, &k.Tenant, &hash, &k.Admin, &created, &k.Revoked, &k.MaxSandboxes, &k.MaxVCPUs, &k.MaxMemoryMiB, &k.MaxDiskMiB, &k.MaxSnapshots, &k.RatePerMin)
+	err := r.Scan(&k.ID, &k.Tenant, &hash, &k.Admin, &created, &k.Revoked, &k.MaxSandboxes, &k.MaxVCPUs, &k.MaxMemoryMiB, &k.MaxDiskMiB, &k.MaxSnapshots, &k.RatePerMin, &k.MaxVolumes)
 	k.Created = time.Unix(0, created)
 	return k, hash, err
 }

@@ -81,6 +81,8 @@ type Sandbox struct {
 	// Gen is the owner generation (see Transition): 1 at create, one more
 	// at each resume.
 	Gen int64
+	// Mounts are its volumes and host directories, fixed at create.
+	Mounts []Mount
 }
 
 // PauseView is how views show sb's pause state: when it was last paused
@@ -232,10 +234,32 @@ var migrations = []string{
 	// v9: a tenant's snapshot count quota.
 	`ALTER TABLE api_keys ADD COLUMN max_snapshots INTEGER NOT NULL DEFAULT 0;
 	PRAGMA user_version = 9;`,
+	// v10: volumes, the sandboxes that mount them, and a tenant's volume
+	// count quota.
+	`CREATE TABLE volumes (
+		id TEXT PRIMARY KEY,
+		tenant TEXT NOT NULL,
+		name TEXT NOT NULL,
+		size_mib INTEGER NOT NULL,
+		created INTEGER NOT NULL,
+		guest_written INTEGER NOT NULL DEFAULT 0,
+		UNIQUE (tenant, name)
+	);
+	CREATE TABLE volume_mounts (
+		volume_id TEXT NOT NULL,
+		sandbox_id TEXT NOT NULL,
+		path TEXT NOT NULL,
+		read_only INTEGER NOT NULL,
+		PRIMARY KEY (sandbox_id, path)
+	);
+	CREATE INDEX volume_mounts_volume ON volume_mounts(volume_id);
+	ALTER TABLE sandboxes ADD COLUMN mounts TEXT NOT NULL DEFAULT '[]';
+	ALTER TABLE api_keys ADD COLUMN max_volumes INTEGER NOT NULL DEFAULT 0;
+	PRAGMA user_version = 10;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 9
+const schemaVersion = 10
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -392,7 +416,7 @@ func (s *Store) DeleteImage(ctx context.Context, name string) error {
 	return nil
 }
 
-const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source,runtime,gen`
+const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source,runtime,gen,mounts`
 
 // CreateSandbox inserts a new sandbox row, owned by generation 1. Its
 // state is sb.State: StateCreating for a new sandbox (other states are for
@@ -410,25 +434,40 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)`,
-		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
-		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env), string(network),
-		sb.IdlePause.Milliseconds(), sb.LifetimeLeft.Milliseconds(), unixNano(sb.PausedAt), sb.Source, cmp.Or(sb.Runtime, "qemu"))
+	if sb.Mounts == nil {
+		sb.Mounts = []Mount{}
+	}
+	mounts, err := json.Marshal(sb.Mounts)
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
-	return nil
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,1,?)`,
+		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
+		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env), string(network),
+		sb.IdlePause.Milliseconds(), sb.LifetimeLeft.Milliseconds(), unixNano(sb.PausedAt), sb.Source, cmp.Or(sb.Runtime, "qemu"), string(mounts))
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	if err := attachVolumes(ctx, tx, sb); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
-	var state, md, env, network string
+	var state, md, env, network, mounts string
 	var created, expires, idle, left, paused int64
 	err := r.Scan(&sb.ID, &state, &sb.Reason, &sb.Image, &sb.ImageDigest, &sb.CPUs, &sb.MemoryMiB, &sb.DiskMiB,
 		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env, &network,
-		&idle, &left, &paused, &sb.Source, &sb.Runtime, &sb.Gen)
+		&idle, &left, &paused, &sb.Source, &sb.Runtime, &sb.Gen, &mounts)
 	if err != nil {
 		return sb, err
 	}
@@ -441,6 +480,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	_ = json.Unmarshal([]byte(md), &sb.Metadata)
 	_ = json.Unmarshal([]byte(env), &sb.Env)
 	_ = json.Unmarshal([]byte(network), &sb.Network)
+	_ = json.Unmarshal([]byte(mounts), &sb.Mounts)
 	return sb, nil
 }
 
@@ -497,6 +537,9 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE holder_kind = ? AND holder_id = ?`, string(KindSandbox), id); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM volume_mounts WHERE sandbox_id = ?`, id); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	return tx.Commit()

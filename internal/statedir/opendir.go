@@ -1,0 +1,31 @@
+package statedir
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// OpenDirNoSymlinks opens directory p (absolute) as an O_PATH descriptor,
+// refusing a symlink in any component of p, the last included (threat 11:
+// the directory shared is the one named, and a link swapped in later does
+// not move it). The caller closes the descriptor.
+func OpenDirNoSymlinks(p string) (int, error) {
+	fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	switch {
+	case err == nil:
+		return fd, nil
+	case errors.Is(err, unix.ELOOP):
+		return -1, errors.New("a component of the path is a symbolic link (name the real directory)")
+	case errors.Is(err, unix.ENOTDIR):
+		return -1, errors.New("not a directory")
+	case errors.Is(err, unix.ENOENT):
+		return -1, errors.New("no such directory")
+	default:
+		return -1, fmt.Errorf("open: %w", err)
+	}
+}
