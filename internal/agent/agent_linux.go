@@ -88,6 +88,10 @@ func (a *agentService) Sync(_ context.Context, req *connect.Request[agentv1.Sync
 			return nil, err
 		}
 	}
+	vols, err := parseVolumes(m.GetVolumes())
+	if err != nil {
+		return nil, err
+	}
 	resp := &agentv1.SyncResponse{GuestUnixNanoBefore: time.Now().UnixNano()}
 	if err := a.sys.SetClock(time.Unix(0, m.GetUnixNano())); err != nil {
 		return nil, sysError("set clock", err)
@@ -114,6 +118,12 @@ func (a *agentService) Sync(_ context.Context, req *connect.Request[agentv1.Sync
 		} else if err != nil {
 			a.log.Warn("grow root", "err", err)
 			return nil, sysError("grow root", err)
+		}
+	}
+	if len(vols) > 0 {
+		if err := a.sys.MountVolumes(vols); err != nil {
+			a.log.Warn("mount volumes", "err", err)
+			return nil, sysError("mount volumes", err)
 		}
 	}
 	size, err := a.sys.RootSize()

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -43,10 +44,20 @@ func TestSync(t *testing.T) {
 	}
 	s := env.sys
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !s.clock.Equal(time.Unix(0, host.UnixNano())) || !bytes.Equal(s.entropy, seed) || s.hostname != "box-1" || !s.grown {
 		t.Errorf("system got clock=%v entropy=%d hostname=%q grown=%v", s.clock, len(s.entropy), s.hostname, s.grown)
 	}
+	s.mu.Unlock()
+	if _, err := env.c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{UnixNano: host.UnixNano(), Entropy: seed,
+		Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/data"}, {Serial: "airlock-vol1", Path: "/ro", ReadOnly: true}}})); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	if want := []volumeMount{{"airlock-vol0", "/data", false}, {"airlock-vol1", "/ro", true}}; !slices.Equal(s.volumes, want) {
+		t.Errorf("volumes = %+v, want %+v", s.volumes, want)
+	}
+	s.volumes = nil
+	s.mu.Unlock()
 
 	for name, req := range map[string]*agentv1.SyncRequest{
 		"short entropy": {UnixNano: host.UnixNano(), Entropy: make([]byte, 31)},
@@ -56,12 +67,24 @@ func TestSync(t *testing.T) {
 		"bad network": {UnixNano: host.UnixNano(), Entropy: seed, Network: &agentv1.NetworkConfig{
 			Enabled: true, Address: "10.0.2.15", Gateway: "10.0.2.2",
 		}},
+		"volume serial":   {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "vda", Path: "/data"}}},
+		"volume relative": {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "data"}}},
+		"volume dotdot":   {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/data/../etc"}}},
+		"volume root":     {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/"}}},
+		"volume proc":     {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/proc/x"}}},
+		"volume twice": {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{
+			{Serial: "airlock-vol0", Path: "/a"}, {Serial: "airlock-vol0", Path: "/b"}}},
 	} {
 		_, err := env.c.Agent.Sync(ctx, connect.NewRequest(req))
 		if connect.CodeOf(err) != connect.CodeInvalidArgument {
 			t.Errorf("%s: err = %v, want InvalidArgument", name, err)
 		}
 	}
+	s.mu.Lock()
+	if len(s.volumes) != 0 {
+		t.Errorf("refused syncs mounted %+v", s.volumes)
+	}
+	s.mu.Unlock()
 }
 
 func TestSyncNetwork(t *testing.T) {

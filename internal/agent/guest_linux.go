@@ -154,6 +154,7 @@ func (g guestSystem) PowerOff() {
 	_ = unix.Kill(-1, unix.SIGKILL)
 	waitNoProcesses(time.Second)
 	unix.Sync()
+	unmountVolumes(g.rootDevice)
 	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 		g.log.Warn("remount / read-only", "err", err)
 	}

@@ -115,7 +115,15 @@ type fakeSystem struct {
 	hostname string
 	grown    bool
 	network  []netConfig
+	volumes  []volumeMount
 	powerOff chan struct{}
+}
+
+func (f *fakeSystem) MountVolumes(v []volumeMount) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.volumes = append(f.volumes, v...)
+	return nil
 }
 
 func (f *fakeSystem) ConfigureNetwork(c netConfig) error {

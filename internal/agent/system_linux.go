@@ -25,6 +25,9 @@ type system interface {
 	// for an enabled one writes resolv.conf, hosts and the egress CA.
 	// Idempotent. errNoNIC if the guest has no NIC.
 	ConfigureNetwork(c netConfig) error
+	// MountVolumes mounts checked volumes (block devices the host
+	// attached). Only the guest has them.
+	MountVolumes(vols []volumeMount) error
 	// RootSize is the size of the root filesystem in bytes.
 	RootSize() (uint64, error)
 	// PowerOff stops every process and powers the machine off. In the guest
@@ -42,5 +45,8 @@ func (hostSystem) AddEntropy([]byte) error          { return nil }
 func (hostSystem) SetHostname(string) error         { return nil }
 func (hostSystem) GrowRoot(want uint64) error       { return nil }
 func (hostSystem) ConfigureNetwork(netConfig) error { return nil }
+func (hostSystem) MountVolumes([]volumeMount) error {
+	return errors.New("volumes are mounted by the runtime here")
+}
 func (hostSystem) RootSize() (uint64, error)        { return statfsSize("/") }
 func (h hostSystem) PowerOff()                      { h.log.Info("power off requested (host mode: ignored)") }

@@ -135,12 +135,20 @@ type SyncOptions struct {
 	// SyncWith fails with ErrUnsupported instead. Nil leaves networking as
 	// it is.
 	Network *agentv1.NetworkConfig
+	// Volumes are mounted by the guest (after a cold boot only). They
+	// need VersionVolumes.
+	Volumes []*agentv1.VolumeMount
 }
 
 // SyncWith is Sync with every option. Call it after every boot and restore.
 func (c *Client) SyncWith(ctx context.Context, o SyncOptions) (*agentv1.SyncResponse, error) {
 	if o.Network != nil {
 		if err := c.Require(VersionNetwork, "network config"); err != nil {
+			return nil, err
+		}
+	}
+	if len(o.Volumes) > 0 {
+		if err := c.Require(VersionVolumes, "volumes"); err != nil {
 			return nil, err
 		}
 	}
@@ -156,6 +164,7 @@ func (c *Client) SyncWith(ctx context.Context, o SyncOptions) (*agentv1.SyncResp
 		GrowRoot:      diskBytes > 0,
 		RootDiskBytes: diskBytes,
 		Network:       o.Network,
+		Volumes:       o.Volumes,
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("agent sync: %w", err)

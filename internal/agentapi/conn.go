@@ -30,7 +30,7 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 // ProtocolVersion is the version this build speaks. Bump it when an RPC or
 // a request field that an older agent would ignore is added, and record
 // below which version introduced it.
-const ProtocolVersion = VersionArchive
+const ProtocolVersion = VersionVolumes
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -140,4 +140,8 @@ const (
 	// context's interpreter ended) and Create of default-<language>
 	// arrived with it (an older agent leaves exit unset).
 	VersionArchive = 6
+	// VersionVolumes added SyncRequest.volumes (ext4 volumes on virtio-blk
+	// devices). An older agent ignores the field: check before relying
+	// on it.
+	VersionVolumes = 7
 )

@@ -9,7 +9,10 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -98,6 +101,39 @@ type Spec struct {
 	// instead of its configured parent; runtimes whose processes inherit
 	// the shim's cgroup (qemu) ignore it.
 	HostCgroup string
+	// Mounts are filesystems the guest has for its whole life, at most
+	// MaxMounts. A restore must have the same ones, in the same order.
+	Mounts []Mount
+}
+
+// MaxMounts bounds Spec.Mounts: a microVM has 8 virtio device slots and
+// airlock's own devices take 4.
+const MaxMounts = 4
+
+// Mount is a filesystem shared with the guest at Target.
+type Mount struct {
+	// Image is an ext4 image file (a volume): the runtime opens it
+	// itself, as root. Exactly one of Image and Dir is set.
+	Image string
+	// Dir is a host directory (a host mount), opened without following
+	// symlinks.
+	Dir string
+	// Target is the guest path: absolute and clean.
+	Target   string
+	ReadOnly bool
+}
+
+// MountSerial is the virtio-blk serial of the disk that carries
+// Spec.Mounts[i] on runtimes whose guest mounts its volumes itself
+// (GuestMounter).
+func MountSerial(i int) string { return "airlock-vol" + strconv.Itoa(i) }
+
+// GuestMounter is implemented by instances whose guest must mount
+// Spec.Mounts itself (qemu: the images are virtio-blk disks, found by
+// MountSerial) after a cold boot. Other runtimes mount them before the
+// guest starts.
+type GuestMounter interface {
+	GuestMountsVolumes() bool
 }
 
 // Validate checks the fields every runtime relies on.
@@ -119,6 +155,18 @@ func (s Spec) Validate() error {
 		return errors.New("spec: root disk format must be qcow2 or raw")
 	case s.HostCgroup != "" && (!strings.HasPrefix(s.HostCgroup, "/") || strings.Contains(s.HostCgroup, "..")):
 		return errors.New("spec: host cgroup must be an absolute cgroup path")
+	case len(s.Mounts) > MaxMounts:
+		return fmt.Errorf("spec: at most %d mounts", MaxMounts)
+	}
+	for _, m := range s.Mounts {
+		switch {
+		case (m.Image == "") == (m.Dir == ""):
+			return errors.New("spec: a mount has exactly one of an image and a directory")
+		case !path.IsAbs(m.Target) || path.Clean(m.Target) != m.Target || m.Target == "/":
+			return fmt.Errorf("spec: mount target %q must be absolute, clean and not /", m.Target)
+		case m.Image != "" && !filepath.IsAbs(m.Image), m.Dir != "" && !filepath.IsAbs(m.Dir):
+			return errors.New("spec: mount sources must be absolute")
+		}
 	}
 	return nil
 }

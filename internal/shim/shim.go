@@ -50,6 +50,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
+	agentv1 "github.com/airlock-sandbox/airlock/internal/agentapi/agentv1"
 	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
@@ -452,6 +453,9 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if s.envelope != nil {
 		spec.HostCgroup = s.envelope.Path()
 	}
+	if spec.Mounts, err = s.specMounts(sb); err != nil {
+		return err
+	}
 	mode := "cold"
 	fi, err := os.Stat(imgPath)
 	if err != nil {
@@ -481,7 +485,8 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		}
 		mode = "resume"
 		mark("check")
-	} else if fromSnap != "" || (caps.Snapshots && sb.DiskMiB >= tmplDisk) {
+	} else if fromSnap != "" || (caps.Snapshots && sb.DiskMiB >= tmplDisk && len(spec.Mounts) == 0) {
+		// (A sandbox with mounts has devices its template lacks: cold boot.)
 		// A disk smaller than the template's cannot be a clone of it: cold boot.
 		key := template.Key{
 			ImageDigest: sb.ImageDigest, ImagePath: imgPath, Kernel: bc.Kernel, Initrd: bc.Initrd,
@@ -581,7 +586,14 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if mode == "template" || mode == "resume" {
 		hostname = "" // set in the template already; rewriting it costs a disk write
 	}
-	if _, err := s.agent.SyncWith(bootCtx, agentapi.SyncOptions{Hostname: hostname, DiskBytes: diskBytes, Network: s.net.guestConfig()}); err != nil {
+	var vols []*agentv1.VolumeMount
+	if gm, ok := inst.(runtime.GuestMounter); ok && gm.GuestMountsVolumes() && mode == "cold" {
+		// After a resume they are mounted already (in the guest's RAM).
+		for i, m := range spec.Mounts {
+			vols = append(vols, &agentv1.VolumeMount{Serial: runtime.MountSerial(i), Path: m.Target, ReadOnly: m.ReadOnly})
+		}
+	}
+	if _, err := s.agent.SyncWith(bootCtx, agentapi.SyncOptions{Hostname: hostname, DiskBytes: diskBytes, Network: s.net.guestConfig(), Volumes: vols}); err != nil {
 		return err
 	}
 	mark("sync")
@@ -755,4 +767,24 @@ func oneLine(s string) string {
 		s = s[:512]
 	}
 	return s
+}
+
+// specMounts turns the sandbox's mounts into the runtime's: a volume's
+// image by its id in the state dir, a host directory as resolved at
+// create.
+func (s *shim) specMounts(sb store.Sandbox) ([]runtime.Mount, error) {
+	var out []runtime.Mount
+	for _, m := range sb.Mounts {
+		rm := runtime.Mount{Target: m.Path, ReadOnly: m.ReadOnly}
+		if m.VolumeID != "" {
+			if err := statedir.ValidateVolumeID(m.VolumeID); err != nil {
+				return nil, err
+			}
+			rm.Image = s.l.VolumeImage(m.VolumeID)
+		} else {
+			rm.Dir = m.HostPath
+		}
+		out = append(out, rm)
+	}
+	return out, nil
 }

@@ -431,7 +431,10 @@ type SyncRequest struct {
 	RootDiskBytes uint64 `protobuf:"varint,5,opt,name=root_disk_bytes,json=rootDiskBytes,proto3" json:"root_disk_bytes,omitempty"`
 	// If set (protocol >= 3), the guest network is configured as described;
 	// if absent, the agent leaves networking alone.
-	Network       *NetworkConfig `protobuf:"bytes,6,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkConfig `protobuf:"bytes,6,opt,name=network,proto3" json:"network,omitempty"`
+	// Block devices the host attached to mount (protocol >= 7), each found
+	// by its virtio serial. Sent once, after a cold boot.
+	Volumes       []*VolumeMount `protobuf:"bytes,7,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -508,6 +511,78 @@ func (x *SyncRequest) GetNetwork() *NetworkConfig {
 	return nil
 }
 
+func (x *SyncRequest) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+// VolumeMount is an ext4 volume on a virtio-blk device to mount.
+type VolumeMount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The device's virtio-blk serial: "airlock-vol" and a digit.
+	Serial string `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
+	// Absolute, clean guest path; created if missing.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Mount read-only (the device is read-only too), without replaying the
+	// journal.
+	ReadOnly      bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeMount) Reset() {
+	*x = VolumeMount{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeMount) ProtoMessage() {}
+
+func (x *VolumeMount) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
+func (*VolumeMount) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *VolumeMount) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
 // NetworkConfig is the guest side of the sandbox network: the virtio NIC
 // (normally eth0), its route, DNS and the CA used for TLS interception.
 // Applying the same config twice is a no-op.
@@ -533,7 +608,7 @@ type NetworkConfig struct {
 
 func (x *NetworkConfig) Reset() {
 	*x = NetworkConfig{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -545,7 +620,7 @@ func (x *NetworkConfig) String() string {
 func (*NetworkConfig) ProtoMessage() {}
 
 func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -558,7 +633,7 @@ func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkConfig.ProtoReflect.Descriptor instead.
 func (*NetworkConfig) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NetworkConfig) GetEnabled() bool {
@@ -615,7 +690,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +702,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +715,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SyncResponse) GetGuestUnixNanoBefore() int64 {
@@ -667,7 +742,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +754,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +767,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ShutdownRequest) GetPoweroff() bool {
@@ -710,7 +785,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +797,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +810,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 type ExecRequest struct {
@@ -754,7 +829,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +841,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +854,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -883,7 +958,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +970,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +983,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -960,7 +1035,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1047,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1060,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -1066,7 +1141,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1153,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1166,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1174,7 +1249,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1261,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1274,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecStarted) GetPid() int32 {
@@ -1231,7 +1306,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1318,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1331,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -1314,7 +1389,7 @@ type WriteTarRequest struct {
 
 func (x *WriteTarRequest) Reset() {
 	*x = WriteTarRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1401,7 @@ func (x *WriteTarRequest) String() string {
 func (*WriteTarRequest) ProtoMessage() {}
 
 func (x *WriteTarRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1414,7 @@ func (x *WriteTarRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarRequest.ProtoReflect.Descriptor instead.
 func (*WriteTarRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WriteTarRequest) GetMsg() isWriteTarRequest_Msg {
@@ -1397,7 +1472,7 @@ type WriteTarHeader struct {
 
 func (x *WriteTarHeader) Reset() {
 	*x = WriteTarHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1484,7 @@ func (x *WriteTarHeader) String() string {
 func (*WriteTarHeader) ProtoMessage() {}
 
 func (x *WriteTarHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1497,7 @@ func (x *WriteTarHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarHeader.ProtoReflect.Descriptor instead.
 func (*WriteTarHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WriteTarHeader) GetPath() string {
@@ -1451,7 +1526,7 @@ type WriteTarResponse struct {
 
 func (x *WriteTarResponse) Reset() {
 	*x = WriteTarResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1538,7 @@ func (x *WriteTarResponse) String() string {
 func (*WriteTarResponse) ProtoMessage() {}
 
 func (x *WriteTarResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1551,7 @@ func (x *WriteTarResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarResponse.ProtoReflect.Descriptor instead.
 func (*WriteTarResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WriteTarResponse) GetEntries() uint64 {
@@ -1502,7 +1577,7 @@ type ReadTarRequest struct {
 
 func (x *ReadTarRequest) Reset() {
 	*x = ReadTarRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1589,7 @@ func (x *ReadTarRequest) String() string {
 func (*ReadTarRequest) ProtoMessage() {}
 
 func (x *ReadTarRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1602,7 @@ func (x *ReadTarRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTarRequest.ProtoReflect.Descriptor instead.
 func (*ReadTarRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadTarRequest) GetPath() string {
@@ -1547,7 +1622,7 @@ type ReadTarResponse struct {
 
 func (x *ReadTarResponse) Reset() {
 	*x = ReadTarResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1634,7 @@ func (x *ReadTarResponse) String() string {
 func (*ReadTarResponse) ProtoMessage() {}
 
 func (x *ReadTarResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1647,7 @@ func (x *ReadTarResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTarResponse.ProtoReflect.Descriptor instead.
 func (*ReadTarResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadTarResponse) GetData() []byte {
@@ -1592,7 +1667,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +1679,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +1692,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -1642,7 +1717,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +1729,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +1742,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 type WatchRequest struct {
@@ -1681,7 +1756,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1768,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1781,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -1734,7 +1809,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1821,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1834,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FileEvent) GetName() string {
@@ -1789,7 +1864,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +1876,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +1889,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
@@ -1878,7 +1953,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +1965,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +1978,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1978,7 +2053,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +2065,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2078,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -2022,7 +2097,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2109,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2122,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -2070,7 +2145,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2082,7 +2157,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2095,7 +2170,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -2129,7 +2204,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2141,7 +2216,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2154,7 +2229,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -2184,7 +2259,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2271,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2284,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -2241,7 +2316,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2328,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2341,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 type RemoveRequest struct {
@@ -2279,7 +2354,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2291,7 +2366,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2304,7 +2379,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2329,7 +2404,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2416,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2429,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 type ReadRequest struct {
@@ -2366,7 +2441,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2453,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2466,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadRequest) GetPath() string {
@@ -2414,7 +2489,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2426,7 +2501,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2439,7 +2514,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReadResponse) GetMsg() isReadResponse_Msg {
@@ -2496,7 +2571,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2583,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2596,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteRequest) GetMsg() isWriteRequest_Msg {
@@ -2580,7 +2655,7 @@ type WriteHeader struct {
 
 func (x *WriteHeader) Reset() {
 	*x = WriteHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2667,7 @@ func (x *WriteHeader) String() string {
 func (*WriteHeader) ProtoMessage() {}
 
 func (x *WriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2680,7 @@ func (x *WriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteHeader.ProtoReflect.Descriptor instead.
 func (*WriteHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WriteHeader) GetPath() string {
@@ -2645,7 +2720,7 @@ type WriteResponse struct {
 
 func (x *WriteResponse) Reset() {
 	*x = WriteResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +2732,7 @@ func (x *WriteResponse) String() string {
 func (*WriteResponse) ProtoMessage() {}
 
 func (x *WriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +2745,7 @@ func (x *WriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteResponse.ProtoReflect.Descriptor instead.
 func (*WriteResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WriteResponse) GetBytesWritten() uint64 {
@@ -2696,7 +2771,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2708,7 +2783,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2721,7 +2796,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CreateContextRequest) GetLanguage() string {
@@ -2772,7 +2847,7 @@ type ContextInfo struct {
 
 func (x *ContextInfo) Reset() {
 	*x = ContextInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2784,7 +2859,7 @@ func (x *ContextInfo) String() string {
 func (*ContextInfo) ProtoMessage() {}
 
 func (x *ContextInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2797,7 +2872,7 @@ func (x *ContextInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextInfo.ProtoReflect.Descriptor instead.
 func (*ContextInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ContextInfo) GetId() string {
@@ -2864,7 +2939,7 @@ type ContextExit struct {
 
 func (x *ContextExit) Reset() {
 	*x = ContextExit{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2876,7 +2951,7 @@ func (x *ContextExit) String() string {
 func (*ContextExit) ProtoMessage() {}
 
 func (x *ContextExit) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2889,7 +2964,7 @@ func (x *ContextExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextExit.ProtoReflect.Descriptor instead.
 func (*ContextExit) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ContextExit) GetExitCode() int32 {
@@ -2921,7 +2996,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2933,7 +3008,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2946,7 +3021,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 type ListContextsResponse struct {
@@ -2958,7 +3033,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3045,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3058,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -3002,7 +3077,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3014,7 +3089,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3027,7 +3102,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -3045,7 +3120,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3057,7 +3132,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3070,7 +3145,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 type RestartContextRequest struct {
@@ -3082,7 +3157,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3169,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3182,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -3126,7 +3201,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3138,7 +3213,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3151,7 +3226,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -3169,7 +3244,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3181,7 +3256,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3194,7 +3269,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 type RunCodeRequest struct {
@@ -3216,7 +3291,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3228,7 +3303,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3241,7 +3316,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{49}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -3295,7 +3370,7 @@ type RunCodeEvent struct {
 
 func (x *RunCodeEvent) Reset() {
 	*x = RunCodeEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3307,7 +3382,7 @@ func (x *RunCodeEvent) String() string {
 func (*RunCodeEvent) ProtoMessage() {}
 
 func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3320,7 +3395,7 @@ func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
 func (*RunCodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{50}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
@@ -3425,7 +3500,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3437,7 +3512,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3450,7 +3525,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{51}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -3478,7 +3553,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3490,7 +3565,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3503,7 +3578,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{52}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CodeError) GetName() string {
@@ -3544,7 +3619,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +3631,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +3644,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{53}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -3630,14 +3705,19 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x13mem_available_bytes\x18\x05 \x01(\x04R\x11memAvailableBytes\x12(\n" +
 	"\x10mem_cached_bytes\x18\x06 \x01(\x04R\x0ememCachedBytes\x12(\n" +
 	"\x10disk_total_bytes\x18\a \x01(\x04R\x0ediskTotalBytes\x12&\n" +
-	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes\"\xe0\x01\n" +
+	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes\"\x99\x02\n" +
 	"\vSyncRequest\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x1b\n" +
 	"\tgrow_root\x18\x04 \x01(\bR\bgrowRoot\x12&\n" +
 	"\x0froot_disk_bytes\x18\x05 \x01(\x04R\rrootDiskBytes\x129\n" +
-	"\anetwork\x18\x06 \x01(\v2\x1f.airlock.agent.v1.NetworkConfigR\anetwork\"\xb1\x01\n" +
+	"\anetwork\x18\x06 \x01(\v2\x1f.airlock.agent.v1.NetworkConfigR\anetwork\x127\n" +
+	"\avolumes\x18\a \x03(\v2\x1d.airlock.agent.v1.VolumeMountR\avolumes\"V\n" +
+	"\vVolumeMount\x12\x16\n" +
+	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\xb1\x01\n" +
 	"\rNetworkConfig\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
@@ -3884,7 +3964,7 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(FileOp)(0),                      // 0: airlock.agent.v1.FileOp
 	(FileType)(0),                    // 1: airlock.agent.v1.FileType
@@ -3893,125 +3973,127 @@ var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(*UsageRequest)(nil),             // 4: airlock.agent.v1.UsageRequest
 	(*UsageResponse)(nil),            // 5: airlock.agent.v1.UsageResponse
 	(*SyncRequest)(nil),              // 6: airlock.agent.v1.SyncRequest
-	(*NetworkConfig)(nil),            // 7: airlock.agent.v1.NetworkConfig
-	(*SyncResponse)(nil),             // 8: airlock.agent.v1.SyncResponse
-	(*ShutdownRequest)(nil),          // 9: airlock.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 10: airlock.agent.v1.ShutdownResponse
-	(*ExecRequest)(nil),              // 11: airlock.agent.v1.ExecRequest
-	(*TerminalSize)(nil),             // 12: airlock.agent.v1.TerminalSize
-	(*ExecStart)(nil),                // 13: airlock.agent.v1.ExecStart
-	(*ExecResponse)(nil),             // 14: airlock.agent.v1.ExecResponse
-	(*ExecStarted)(nil),              // 15: airlock.agent.v1.ExecStarted
-	(*ExecExited)(nil),               // 16: airlock.agent.v1.ExecExited
-	(*WriteTarRequest)(nil),          // 17: airlock.agent.v1.WriteTarRequest
-	(*WriteTarHeader)(nil),           // 18: airlock.agent.v1.WriteTarHeader
-	(*WriteTarResponse)(nil),         // 19: airlock.agent.v1.WriteTarResponse
-	(*ReadTarRequest)(nil),           // 20: airlock.agent.v1.ReadTarRequest
-	(*ReadTarResponse)(nil),          // 21: airlock.agent.v1.ReadTarResponse
-	(*RenameRequest)(nil),            // 22: airlock.agent.v1.RenameRequest
-	(*RenameResponse)(nil),           // 23: airlock.agent.v1.RenameResponse
-	(*WatchRequest)(nil),             // 24: airlock.agent.v1.WatchRequest
-	(*FileEvent)(nil),                // 25: airlock.agent.v1.FileEvent
-	(*WatchResponse)(nil),            // 26: airlock.agent.v1.WatchResponse
-	(*FileInfo)(nil),                 // 27: airlock.agent.v1.FileInfo
-	(*StatRequest)(nil),              // 28: airlock.agent.v1.StatRequest
-	(*StatResponse)(nil),             // 29: airlock.agent.v1.StatResponse
-	(*ListRequest)(nil),              // 30: airlock.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 31: airlock.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 32: airlock.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 33: airlock.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 34: airlock.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 35: airlock.agent.v1.RemoveResponse
-	(*ReadRequest)(nil),              // 36: airlock.agent.v1.ReadRequest
-	(*ReadResponse)(nil),             // 37: airlock.agent.v1.ReadResponse
-	(*WriteRequest)(nil),             // 38: airlock.agent.v1.WriteRequest
-	(*WriteHeader)(nil),              // 39: airlock.agent.v1.WriteHeader
-	(*WriteResponse)(nil),            // 40: airlock.agent.v1.WriteResponse
-	(*CreateContextRequest)(nil),     // 41: airlock.agent.v1.CreateContextRequest
-	(*ContextInfo)(nil),              // 42: airlock.agent.v1.ContextInfo
-	(*ContextExit)(nil),              // 43: airlock.agent.v1.ContextExit
-	(*ListContextsRequest)(nil),      // 44: airlock.agent.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 45: airlock.agent.v1.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 46: airlock.agent.v1.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 47: airlock.agent.v1.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 48: airlock.agent.v1.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 49: airlock.agent.v1.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 50: airlock.agent.v1.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 51: airlock.agent.v1.RunCodeRequest
-	(*RunCodeEvent)(nil),             // 52: airlock.agent.v1.RunCodeEvent
-	(*CodeResult)(nil),               // 53: airlock.agent.v1.CodeResult
-	(*CodeError)(nil),                // 54: airlock.agent.v1.CodeError
-	(*CodeEnd)(nil),                  // 55: airlock.agent.v1.CodeEnd
-	nil,                              // 56: airlock.agent.v1.CodeResult.DataEntry
+	(*VolumeMount)(nil),              // 7: airlock.agent.v1.VolumeMount
+	(*NetworkConfig)(nil),            // 8: airlock.agent.v1.NetworkConfig
+	(*SyncResponse)(nil),             // 9: airlock.agent.v1.SyncResponse
+	(*ShutdownRequest)(nil),          // 10: airlock.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 11: airlock.agent.v1.ShutdownResponse
+	(*ExecRequest)(nil),              // 12: airlock.agent.v1.ExecRequest
+	(*TerminalSize)(nil),             // 13: airlock.agent.v1.TerminalSize
+	(*ExecStart)(nil),                // 14: airlock.agent.v1.ExecStart
+	(*ExecResponse)(nil),             // 15: airlock.agent.v1.ExecResponse
+	(*ExecStarted)(nil),              // 16: airlock.agent.v1.ExecStarted
+	(*ExecExited)(nil),               // 17: airlock.agent.v1.ExecExited
+	(*WriteTarRequest)(nil),          // 18: airlock.agent.v1.WriteTarRequest
+	(*WriteTarHeader)(nil),           // 19: airlock.agent.v1.WriteTarHeader
+	(*WriteTarResponse)(nil),         // 20: airlock.agent.v1.WriteTarResponse
+	(*ReadTarRequest)(nil),           // 21: airlock.agent.v1.ReadTarRequest
+	(*ReadTarResponse)(nil),          // 22: airlock.agent.v1.ReadTarResponse
+	(*RenameRequest)(nil),            // 23: airlock.agent.v1.RenameRequest
+	(*RenameResponse)(nil),           // 24: airlock.agent.v1.RenameResponse
+	(*WatchRequest)(nil),             // 25: airlock.agent.v1.WatchRequest
+	(*FileEvent)(nil),                // 26: airlock.agent.v1.FileEvent
+	(*WatchResponse)(nil),            // 27: airlock.agent.v1.WatchResponse
+	(*FileInfo)(nil),                 // 28: airlock.agent.v1.FileInfo
+	(*StatRequest)(nil),              // 29: airlock.agent.v1.StatRequest
+	(*StatResponse)(nil),             // 30: airlock.agent.v1.StatResponse
+	(*ListRequest)(nil),              // 31: airlock.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 32: airlock.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 33: airlock.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 34: airlock.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 35: airlock.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 36: airlock.agent.v1.RemoveResponse
+	(*ReadRequest)(nil),              // 37: airlock.agent.v1.ReadRequest
+	(*ReadResponse)(nil),             // 38: airlock.agent.v1.ReadResponse
+	(*WriteRequest)(nil),             // 39: airlock.agent.v1.WriteRequest
+	(*WriteHeader)(nil),              // 40: airlock.agent.v1.WriteHeader
+	(*WriteResponse)(nil),            // 41: airlock.agent.v1.WriteResponse
+	(*CreateContextRequest)(nil),     // 42: airlock.agent.v1.CreateContextRequest
+	(*ContextInfo)(nil),              // 43: airlock.agent.v1.ContextInfo
+	(*ContextExit)(nil),              // 44: airlock.agent.v1.ContextExit
+	(*ListContextsRequest)(nil),      // 45: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 46: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 47: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 48: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 49: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 50: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 51: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 52: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 53: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 54: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 55: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 56: airlock.agent.v1.CodeEnd
+	nil,                              // 57: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
-	7,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
-	13, // 1: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
-	12, // 2: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
-	12, // 3: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
-	15, // 4: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
-	16, // 5: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
-	18, // 6: airlock.agent.v1.WriteTarRequest.header:type_name -> airlock.agent.v1.WriteTarHeader
-	0,  // 7: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
-	25, // 8: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
-	1,  // 9: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
-	27, // 10: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
-	27, // 11: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
-	27, // 12: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
-	39, // 13: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	43, // 14: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
-	42, // 15: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
-	53, // 16: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
-	54, // 17: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
-	55, // 18: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
-	56, // 19: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
-	2,  // 20: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	4,  // 21: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
-	6,  // 22: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	9,  // 23: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	11, // 24: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	28, // 25: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	30, // 26: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	32, // 27: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	34, // 28: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	36, // 29: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	38, // 30: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	22, // 31: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
-	24, // 32: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
-	17, // 33: airlock.agent.v1.FileService.WriteTar:input_type -> airlock.agent.v1.WriteTarRequest
-	20, // 34: airlock.agent.v1.FileService.ReadTar:input_type -> airlock.agent.v1.ReadTarRequest
-	41, // 35: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
-	44, // 36: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
-	46, // 37: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
-	48, // 38: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
-	51, // 39: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
-	49, // 40: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
-	3,  // 41: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	5,  // 42: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
-	8,  // 43: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	10, // 44: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	14, // 45: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	29, // 46: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	31, // 47: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	33, // 48: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	35, // 49: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	37, // 50: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	40, // 51: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	23, // 52: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
-	26, // 53: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
-	19, // 54: airlock.agent.v1.FileService.WriteTar:output_type -> airlock.agent.v1.WriteTarResponse
-	21, // 55: airlock.agent.v1.FileService.ReadTar:output_type -> airlock.agent.v1.ReadTarResponse
-	42, // 56: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
-	45, // 57: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
-	47, // 58: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
-	42, // 59: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
-	52, // 60: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
-	50, // 61: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
-	41, // [41:62] is the sub-list for method output_type
-	20, // [20:41] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	8,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
+	7,  // 1: airlock.agent.v1.SyncRequest.volumes:type_name -> airlock.agent.v1.VolumeMount
+	14, // 2: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
+	13, // 3: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
+	13, // 4: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
+	16, // 5: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
+	17, // 6: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
+	19, // 7: airlock.agent.v1.WriteTarRequest.header:type_name -> airlock.agent.v1.WriteTarHeader
+	0,  // 8: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
+	26, // 9: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
+	1,  // 10: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
+	28, // 11: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
+	28, // 12: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
+	28, // 13: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
+	40, // 14: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
+	44, // 15: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
+	43, // 16: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	54, // 17: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	55, // 18: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	56, // 19: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	57, // 20: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	2,  // 21: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
+	4,  // 22: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
+	6,  // 23: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	10, // 24: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	12, // 25: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	29, // 26: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	31, // 27: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	33, // 28: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	35, // 29: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	37, // 30: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	39, // 31: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	23, // 32: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
+	25, // 33: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
+	18, // 34: airlock.agent.v1.FileService.WriteTar:input_type -> airlock.agent.v1.WriteTarRequest
+	21, // 35: airlock.agent.v1.FileService.ReadTar:input_type -> airlock.agent.v1.ReadTarRequest
+	42, // 36: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	45, // 37: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	47, // 38: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	49, // 39: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	52, // 40: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	50, // 41: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	3,  // 42: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	5,  // 43: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
+	9,  // 44: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	11, // 45: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	15, // 46: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	30, // 47: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	32, // 48: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	34, // 49: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	36, // 50: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	38, // 51: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	41, // 52: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	24, // 53: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
+	27, // 54: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
+	20, // 55: airlock.agent.v1.FileService.WriteTar:output_type -> airlock.agent.v1.WriteTarResponse
+	22, // 56: airlock.agent.v1.FileService.ReadTar:output_type -> airlock.agent.v1.ReadTarResponse
+	43, // 57: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	46, // 58: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	48, // 59: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	43, // 60: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	53, // 61: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	51, // 62: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	42, // [42:63] is the sub-list for method output_type
+	21, // [21:42] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_airlock_agent_v1_agent_proto_init() }
@@ -4019,36 +4101,36 @@ func file_airlock_agent_v1_agent_proto_init() {
 	if File_airlock_agent_v1_agent_proto != nil {
 		return
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exited)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[16].OneofWrappers = []any{
 		(*WriteTarRequest_Header)(nil),
 		(*WriteTarRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[24].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{
 		(*WatchResponse_Started)(nil),
 		(*WatchResponse_Event)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[35].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[36].OneofWrappers = []any{
 		(*ReadResponse_Info)(nil),
 		(*ReadResponse_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[36].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[37].OneofWrappers = []any{
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[50].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[51].OneofWrappers = []any{
 		(*RunCodeEvent_Stdout)(nil),
 		(*RunCodeEvent_Stderr)(nil),
 		(*RunCodeEvent_Result)(nil),
@@ -4061,7 +4143,7 @@ func file_airlock_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   55,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -27,7 +27,12 @@ const (
 	fdMem      = 7 // RAM file (Snapshottable) or sealed memfd (restore)
 	fdIncoming = 8 // state.bin of a restore
 	fdNet      = 9 // QEMU's end of the NIC's stream socketpair (Spec.Network)
+	// fdVolume0 + i is the image of Spec.Mounts[i] (volumes only).
+	fdVolume0 = 10
 )
+
+// volumeFDSet0 + i is the -add-fd set of Spec.Mounts[i].
+const volumeFDSet0 = 10
 
 // GuestMAC is the MAC address of every guest's NIC.
 const GuestMAC = netconf.GuestMAC
@@ -119,6 +124,26 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 			"-add-fd", fmt.Sprintf("fd=%d,set=%d", fdDisk, diskFDSet),
 			"-blockdev", fmt.Sprintf("driver=%s,node-name=root,file.driver=file,file.filename=/dev/fdset/%d", format, diskFDSet),
 			"-device", "virtio-blk-device,drive=root",
+		)
+	}
+	for i, m := range spec.Mounts {
+		if m.Image == "" || cfg.Probe {
+			continue
+		}
+		// Raw ext4 images, each its own virtio-blk disk named by its
+		// serial. Read-only ones are read-only devices: the guest's root
+		// cannot write them (threat 8). Writable ones pass the guest's
+		// discards to the image (fstrim frees host blocks) and its
+		// flushes to the host's disk (fsync is durable).
+		node := "vol" + strconv.Itoa(i)
+		opts := "read-only=off,discard=unmap"
+		if m.ReadOnly {
+			opts = "read-only=on"
+		}
+		a = append(a,
+			"-add-fd", fmt.Sprintf("fd=%d,set=%d", fdVolume0+i, volumeFDSet0+i),
+			"-blockdev", fmt.Sprintf("driver=raw,node-name=%s,%s,file.driver=file,file.filename=/dev/fdset/%d", node, opts, volumeFDSet0+i),
+			"-device", fmt.Sprintf("virtio-blk-device,drive=%s,serial=%s", node, runtime.MountSerial(i)),
 		)
 	}
 	if fds.Net {

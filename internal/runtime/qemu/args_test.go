@@ -45,6 +45,13 @@ func TestBuildArgsGolden(t *testing.T) {
 			s.RestoreFrom, s.Snapshottable = "/var/lib/airlock/sandboxes/sbx-0123/pause", true
 		}, fdLayout{Disk: true, Mem: true, MemShare: true, Incoming: true}},
 		{"cold-net", tcg, func(s *runtime.Spec) { s.Network = true }, fdLayout{Disk: true, Net: true}},
+		{"volumes", tcg, func(s *runtime.Spec) {
+			s.Network = true
+			s.Mounts = []runtime.Mount{
+				{Image: "/var/lib/airlock/volumes/vol-a.img", Target: "/data"},
+				{Image: "/var/lib/airlock/volumes/vol-b.img", Target: "/ref", ReadOnly: true},
+			}
+		}, fdLayout{Disk: true, Net: true}},
 		{"probe", argConfig{Accel: "kvm", Probe: true}, func(s *runtime.Spec) { s.ID = "probe,x"; s.RootDisk = ""; s.KernelArgs = nil }, fdLayout{}},
 	}
 	for _, c := range cases {

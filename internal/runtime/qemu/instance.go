@@ -168,6 +168,10 @@ func (l *launch) release() error {
 	return errors.Join(errs...)
 }
 
+// GuestMountsVolumes: the guest mounts Spec.Mounts' disks itself
+// (runtime.GuestMounter).
+func (in *instance) GuestMountsVolumes() bool { return true }
+
 func (in *instance) start(ctx context.Context) (err error) {
 	l := &launch{}
 	var hostQMP, hostAgent, hostNet net.Conn
@@ -191,7 +195,7 @@ func (in *instance) start(ctx context.Context) (err error) {
 	uid := l.lease.UID
 
 	// ExtraFiles[i] is fd 3+i in QEMU; see the fd* constants.
-	files := make([]*os.File, fdNet-2)
+	files := make([]*os.File, fdVolume0-3+len(in.spec.Mounts))
 	set := func(fd int, f *os.File) { files[fd-3] = f }
 
 	var conChild, qmpChild, agentChild *os.File
@@ -236,6 +240,21 @@ func (in *instance) start(ctx context.Context) (err error) {
 		l.childFiles = append(l.childFiles, disk)
 		set(fdDisk, disk)
 		fds.Disk = true
+	}
+	for i, m := range in.spec.Mounts {
+		if m.Image == "" {
+			return fmt.Errorf("mount at %s: the qemu runtime cannot share host directories", m.Target)
+		}
+		flag := os.O_RDWR
+		if m.ReadOnly {
+			flag = os.O_RDONLY
+		}
+		img, err := os.OpenFile(m.Image, flag|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			return fmt.Errorf("volume image: %w", err)
+		}
+		l.childFiles = append(l.childFiles, img)
+		set(fdVolume0+i, img)
 	}
 	if in.spec.Snapshottable {
 		mem, err := os.OpenFile(filepath.Join(in.spec.RunDir, "mem.raw"), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
