@@ -49,11 +49,11 @@ func TestSync(t *testing.T) {
 	}
 	s.mu.Unlock()
 	if _, err := env.c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{UnixNano: host.UnixNano(), Entropy: seed,
-		Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/data"}, {Serial: "airlock-vol1", Path: "/ro", ReadOnly: true}}})); err != nil {
+		Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/data"}, {Staged: "/.airlock-mounts/1", Path: "/ro", ReadOnly: true}}})); err != nil {
 		t.Fatal(err)
 	}
 	s.mu.Lock()
-	if want := []volumeMount{{"airlock-vol0", "/data", false}, {"airlock-vol1", "/ro", true}}; !slices.Equal(s.volumes, want) {
+	if want := []volumeMount{{"airlock-vol0", "/data", false, ""}, {"", "/ro", true, "/.airlock-mounts/1"}}; !slices.Equal(s.volumes, want) {
 		t.Errorf("volumes = %+v, want %+v", s.volumes, want)
 	}
 	s.volumes = nil
@@ -67,11 +67,13 @@ func TestSync(t *testing.T) {
 		"bad network": {UnixNano: host.UnixNano(), Entropy: seed, Network: &agentv1.NetworkConfig{
 			Enabled: true, Address: "10.0.2.15", Gateway: "10.0.2.2",
 		}},
-		"volume serial":   {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "vda", Path: "/data"}}},
-		"volume relative": {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "data"}}},
-		"volume dotdot":   {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/data/../etc"}}},
-		"volume root":     {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/"}}},
-		"volume proc":     {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/proc/x"}}},
+		"volume serial":      {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "vda", Path: "/data"}}},
+		"volume relative":    {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "data"}}},
+		"volume dotdot":      {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/data/../etc"}}},
+		"volume root":        {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/"}}},
+		"volume proc":        {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Path: "/proc/x"}}},
+		"volume staged path": {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Staged: "/etc", Path: "/data"}}},
+		"volume both":        {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{{Serial: "airlock-vol0", Staged: "/.airlock-mounts/0", Path: "/data"}}},
 		"volume twice": {UnixNano: host.UnixNano(), Entropy: seed, Volumes: []*agentv1.VolumeMount{
 			{Serial: "airlock-vol0", Path: "/a"}, {Serial: "airlock-vol0", Path: "/b"}}},
 	} {

@@ -48,5 +48,5 @@ func (hostSystem) ConfigureNetwork(netConfig) error { return nil }
 func (hostSystem) MountVolumes([]volumeMount) error {
 	return errors.New("volumes are mounted by the runtime here")
 }
-func (hostSystem) RootSize() (uint64, error)        { return statfsSize("/") }
-func (h hostSystem) PowerOff()                      { h.log.Info("power off requested (host mode: ignored)") }
+func (hostSystem) RootSize() (uint64, error) { return statfsSize("/") }
+func (h hostSystem) PowerOff()               { h.log.Info("power off requested (host mode: ignored)") }

@@ -18,13 +18,17 @@ import (
 // maxVolumes bounds one Sync's volumes (a microVM has few device slots).
 const maxVolumes = 8
 
-var volumeSerial = regexp.MustCompile(`^airlock-vol[0-9]$`)
+var (
+	volumeSerial = regexp.MustCompile(`^airlock-vol[0-9]$`)
+	volumeStaged = regexp.MustCompile(`^/\.airlock-mounts/[0-9]$`)
+)
 
-// volumeMount is a checked agentv1.VolumeMount.
+// volumeMount is a checked agentv1.VolumeMount: serial or staged is set.
 type volumeMount struct {
 	serial   string
 	path     string
 	readOnly bool
+	staged   string
 }
 
 // parseVolumes checks the host's volume list: known serials, each once;
@@ -36,7 +40,12 @@ func parseVolumes(in []*agentv1.VolumeMount) ([]volumeMount, error) {
 	seen := map[string]bool{}
 	out := make([]volumeMount, 0, len(in))
 	for _, v := range in {
-		if !volumeSerial.MatchString(v.GetSerial()) {
+		switch {
+		case v.GetStaged() != "" && v.GetSerial() != "":
+			return nil, invalidf("a volume has a serial or a staging path, not both")
+		case v.GetStaged() != "" && !volumeStaged.MatchString(v.GetStaged()):
+			return nil, invalidf("volume staging path %q is not /.airlock-mounts/ and a digit", v.GetStaged())
+		case v.GetStaged() == "" && !volumeSerial.MatchString(v.GetSerial()):
 			return nil, invalidf("volume serial %q is not airlock-vol and a digit", v.GetSerial())
 		}
 		p := v.GetPath()
@@ -46,11 +55,12 @@ func parseVolumes(in []*agentv1.VolumeMount) ([]volumeMount, error) {
 		if p == "/" || p == "/proc" || p == "/sys" || p == "/dev" || strings.HasPrefix(p, "/proc/") || strings.HasPrefix(p, "/sys/") || strings.HasPrefix(p, "/dev/") {
 			return nil, invalidf("volume path %q is a system filesystem", p)
 		}
-		if seen[v.GetSerial()] || seen[p] {
-			return nil, invalidf("volume %q or path %q given twice", v.GetSerial(), p)
+		src := v.GetSerial() + v.GetStaged()
+		if seen[src] || seen[p] {
+			return nil, invalidf("volume %q or path %q given twice", src, p)
 		}
-		seen[v.GetSerial()], seen[p] = true, true
-		out = append(out, volumeMount{serial: v.GetSerial(), path: p, readOnly: v.GetReadOnly()})
+		seen[src], seen[p] = true, true
+		out = append(out, volumeMount{serial: v.GetSerial(), path: p, readOnly: v.GetReadOnly(), staged: v.GetStaged()})
 	}
 	return out, nil
 }
@@ -77,7 +87,15 @@ func findBlockBySerial(serial string) (string, error) {
 // mountVolumes mounts each volume (ext4, nosuid, nodev); a read-write one
 // then grows to fill its device (the host may have grown the image).
 func (g guestSystem) MountVolumes(vols []volumeMount) error {
+	staged := false
 	for _, v := range vols {
+		if v.staged != "" {
+			if err := moveStaged(v); err != nil {
+				return err
+			}
+			staged = true
+			continue
+		}
 		dev, err := findBlockBySerial(v.serial)
 		if err != nil {
 			return err
@@ -101,6 +119,40 @@ func (g guestSystem) MountVolumes(vols []volumeMount) error {
 				g.log.Warn("grow volume", "path", v.path, "err", err)
 			}
 		}
+	}
+	if staged {
+		// The runtime's own mounts still show through the root at the
+		// staging paths (gVisor's gofer made them there): cover them
+		// with an empty read-only tmpfs.
+		if err := unix.Mount("tmpfs", stageDir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0755"); err != nil {
+			return fmt.Errorf("cover %s: %w", stageDir, err)
+		}
+	}
+	return nil
+}
+
+// stageDir holds the staging paths of VolumeMount.staged.
+const stageDir = "/.airlock-mounts"
+
+// moveStaged binds the mount the runtime made at v.staged to v.path
+// (read-only if asked: the host side is read-only too) and takes it off
+// the staging path.
+func moveStaged(v volumeMount) error {
+	if err := os.MkdirAll(v.path, 0o755); err != nil {
+		return fmt.Errorf("volume %s: %w", v.path, err)
+	}
+	if err := unix.Mount(v.staged, v.path, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind volume at %s: %w", v.path, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+	if v.readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", v.path, "", flags, ""); err != nil {
+		return fmt.Errorf("remount volume at %s: %w", v.path, err)
+	}
+	if err := unix.Unmount(v.staged, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", v.staged, err)
 	}
 	return nil
 }

@@ -62,6 +62,9 @@ func (s *Store) Dir(ctx context.Context, img Image, prepare func(root string) er
 	defer unlock()
 
 	if _, err := os.Stat(final); err == nil {
+		if err := reprepare(final, prepare); err != nil {
+			return "", err
+		}
 		return final, ensureReadOnly(final)
 	}
 	staging, err := os.MkdirTemp(parent, ".tmp-")
@@ -137,6 +140,28 @@ func ensureReadOnly(dir string) error {
 	if err := unix.Mount("", dir, "", flags, ""); err != nil {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 		return fmt.Errorf("image dir: remount read-only: %w", err)
+	}
+	return nil
+}
+
+// reprepare runs prepare on an existing tree, which writes nothing if the
+// tree has what it adds. A tree made by an older airlock may lack
+// something newer one adds: then its read-only bind is taken off while
+// prepare adds it (ensureReadOnly puts it back; sandboxes already running
+// keep their own view).
+func reprepare(dir string, prepare func(root string) error) error {
+	if prepare == nil {
+		return nil
+	}
+	err := prepare(dir)
+	for i := 0; i < 4 && errors.Is(err, unix.EROFS) && isMountPoint(dir); i++ {
+		if uerr := unix.Unmount(dir, unix.MNT_DETACH); uerr != nil {
+			return fmt.Errorf("image dir: unmount to update: %w", uerr)
+		}
+		err = prepare(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("image dir: prepare: %w", err)
 	}
 	return nil
 }

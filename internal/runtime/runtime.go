@@ -128,6 +128,13 @@ type Mount struct {
 // (GuestMounter).
 func MountSerial(i int) string { return "airlock-vol" + strconv.Itoa(i) }
 
+// MountStager is implemented by instances that present Spec.Mounts[i] to
+// the guest at a fixed path, StagedMountPath(i), which the guest agent
+// then moves to its target (gvisor).
+type MountStager interface {
+	StagedMountPath(i int) string
+}
+
 // GuestMounter is implemented by instances whose guest must mount
 // Spec.Mounts itself (qemu: the images are virtio-blk disks, found by
 // MountSerial) after a cold boot. Other runtimes mount them before the

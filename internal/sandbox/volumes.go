@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -37,9 +38,8 @@ import (
 const (
 	// MinVolumeMiB is the smallest volume (ext4 and its journal need room).
 	MinVolumeMiB = 16
-	// MaxMounts bounds a sandbox's volumes and host mounts together: a
-	// microVM has 8 virtio device slots and airlock's own devices take 4.
-	MaxMounts = 4
+	// MaxMounts bounds a sandbox's volumes and host mounts together.
+	MaxMounts = runtime.MaxMounts
 )
 
 var volumeName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
@@ -376,7 +376,7 @@ func (m *Manager) checkHostMount(c Caller, p string) (string, error) {
 		}
 		return "", fmt.Errorf("%w: host path %q is not under a directory this server allows (%s)", errdefs.ErrPermissionDenied, p, strings.Join(m.HostMountRoots, ", "))
 	}
-	fd, err := statedir.OpenDirNoSymlinks(p)
+	fd, err := runtime.OpenDirNoSymlinks(p)
 	if err != nil {
 		return "", fmt.Errorf("%w: host path %q: %v", errdefs.ErrInvalid, p, err)
 	}

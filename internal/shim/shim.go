@@ -587,10 +587,18 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		hostname = "" // set in the template already; rewriting it costs a disk write
 	}
 	var vols []*agentv1.VolumeMount
-	if gm, ok := inst.(runtime.GuestMounter); ok && gm.GuestMountsVolumes() && mode == "cold" {
+	if mode != "resume" && mode != "template" {
 		// After a resume they are mounted already (in the guest's RAM).
 		for i, m := range spec.Mounts {
-			vols = append(vols, &agentv1.VolumeMount{Serial: runtime.MountSerial(i), Path: m.Target, ReadOnly: m.ReadOnly})
+			v := &agentv1.VolumeMount{Path: m.Target, ReadOnly: m.ReadOnly}
+			if ms, ok := inst.(runtime.MountStager); ok {
+				v.Staged = ms.StagedMountPath(i)
+			} else if gm, ok := inst.(runtime.GuestMounter); ok && gm.GuestMountsVolumes() {
+				v.Serial = runtime.MountSerial(i)
+			} else {
+				continue // the runtime mounted it at its target
+			}
+			vols = append(vols, v)
 		}
 	}
 	if _, err := s.agent.SyncWith(bootCtx, agentapi.SyncOptions{Hostname: hostname, DiskBytes: diskBytes, Network: s.net.guestConfig(), Volumes: vols}); err != nil {

@@ -432,8 +432,8 @@ type SyncRequest struct {
 	// If set (protocol >= 3), the guest network is configured as described;
 	// if absent, the agent leaves networking alone.
 	Network *NetworkConfig `protobuf:"bytes,6,opt,name=network,proto3" json:"network,omitempty"`
-	// Block devices the host attached to mount (protocol >= 7), each found
-	// by its virtio serial. Sent once, after a cold boot.
+	// Filesystems the host attached to mount (protocol >= 7). Sent once,
+	// after a cold boot.
 	Volumes       []*VolumeMount `protobuf:"bytes,7,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -518,7 +518,9 @@ func (x *SyncRequest) GetVolumes() []*VolumeMount {
 	return nil
 }
 
-// VolumeMount is an ext4 volume on a virtio-blk device to mount.
+// VolumeMount is a filesystem the host attached, to mount at path: an
+// ext4 volume on a virtio-blk device (serial), or a mount the runtime made
+// at a staging path (staged: gVisor), which the agent moves to path.
 type VolumeMount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The device's virtio-blk serial: "airlock-vol" and a digit.
@@ -527,7 +529,10 @@ type VolumeMount struct {
 	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	// Mount read-only (the device is read-only too), without replaying the
 	// journal.
-	ReadOnly      bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	ReadOnly bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// Instead of serial: "/.airlock-mounts/" and a digit, where the runtime
+	// mounted it.
+	Staged        string `protobuf:"bytes,4,opt,name=staged,proto3" json:"staged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -581,6 +586,13 @@ func (x *VolumeMount) GetReadOnly() bool {
 		return x.ReadOnly
 	}
 	return false
+}
+
+func (x *VolumeMount) GetStaged() string {
+	if x != nil {
+		return x.Staged
+	}
+	return ""
 }
 
 // NetworkConfig is the guest side of the sandbox network: the virtio NIC
@@ -3713,11 +3725,12 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\tgrow_root\x18\x04 \x01(\bR\bgrowRoot\x12&\n" +
 	"\x0froot_disk_bytes\x18\x05 \x01(\x04R\rrootDiskBytes\x129\n" +
 	"\anetwork\x18\x06 \x01(\v2\x1f.airlock.agent.v1.NetworkConfigR\anetwork\x127\n" +
-	"\avolumes\x18\a \x03(\v2\x1d.airlock.agent.v1.VolumeMountR\avolumes\"V\n" +
+	"\avolumes\x18\a \x03(\v2\x1d.airlock.agent.v1.VolumeMountR\avolumes\"n\n" +
 	"\vVolumeMount\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
-	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\xb1\x01\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\x12\x16\n" +
+	"\x06staged\x18\x04 \x01(\tR\x06staged\"\xb1\x01\n" +
 	"\rNetworkConfig\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +

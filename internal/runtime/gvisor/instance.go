@@ -176,6 +176,11 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 		}
 		b.netnsPath = l.netnsPath()
 	}
+	mounts, err := in.prepareMounts()
+	if err != nil {
+		return nil, err
+	}
+	b.mounts = mounts
 	js, err := buildSpec(in.spec, b)
 	if err != nil {
 		return nil, err
@@ -364,7 +369,7 @@ func (in *instance) cleanup() error {
 	if link != nil {
 		errs = append(errs, link.destroy())
 	}
-	errs = append(errs, in.removeCgroups())
+	errs = append(errs, in.removeCgroups(), in.releaseMounts())
 	// runsc bind-mounts a "null" network namespace into its root dir
 	// (--network=none) and leaves it there.
 	if ents, err := os.ReadDir(in.paths.root); err == nil {

@@ -20,7 +20,14 @@ const AgentPath = "/.airlock-agent"
 var MountPoints = []MountPoint{
 	{"/proc", true}, {"/sys", true}, {"/dev", true}, {"/dev/pts", true}, {"/dev/shm", true},
 	{"/tmp", true}, {"/run", true}, {AgentPath, false},
+	{StagePath(0), true}, {StagePath(1), true}, {StagePath(2), true}, {StagePath(3), true},
 }
+
+// StagePath is where Spec.Mounts[i] is mounted in the sandbox before the
+// agent moves it to its target: runsc's gofer needs every mount point to
+// exist in the image tree, which is shared and read-only, so the targets
+// users choose cannot be mount points of the spec.
+func StagePath(i int) string { return "/.airlock-mounts/" + strconv.Itoa(i) }
 
 // MountPoint is a path the sandbox's spec mounts over.
 type MountPoint struct {
@@ -29,10 +36,14 @@ type MountPoint struct {
 }
 
 // PrepareRoot creates MountPoints in the image tree root (as root, before
-// the tree is shared). Idempotent.
+// the tree is shared). Idempotent: on a tree that has them all it writes
+// nothing (so it succeeds on a read-only one).
 func PrepareRoot(root string) error {
 	for _, m := range MountPoints {
 		p := filepath.Join(root, m.Path)
+		if _, err := os.Lstat(p); err == nil {
+			continue
+		}
 		if m.Dir {
 			if err := os.MkdirAll(p, 0o755); err != nil {
 				return fmt.Errorf("prepare root: %w", err)
@@ -141,9 +152,10 @@ var allCaps = []string{
 
 // bundleSpec is what buildSpec needs besides the runtime.Spec.
 type bundleSpec struct {
-	agent       string // host path of the agent binary
-	netnsPath   string // "" without Spec.Network
-	cgroupsPath string // "" to apply no resource limits
+	agent       string     // host path of the agent binary
+	netnsPath   string     // "" without Spec.Network
+	cgroupsPath string     // "" to apply no resource limits
+	mounts      []ociMount // Spec.Mounts as prepared (prepareMounts)
 }
 
 // buildSpec returns the OCI config.json for spec: the agent as init, the
@@ -177,6 +189,7 @@ func buildSpec(spec runtime.Spec, b bundleSpec) ([]byte, error) {
 			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}, {Type: "network", Path: b.netnsPath}},
 		},
 	}
+	s.Mounts = append(s.Mounts, b.mounts...)
 	if b.cgroupsPath != "" {
 		const period = 100_000
 		s.Linux.CgroupsPath = b.cgroupsPath

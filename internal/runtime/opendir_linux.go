@@ -1,4 +1,4 @@
-package statedir
+package runtime
 
 import (
 	"errors"
