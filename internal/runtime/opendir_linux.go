@@ -29,3 +29,19 @@ func OpenDirNoSymlinks(p string) (int, error) {
 		return -1, fmt.Errorf("open: %w", err)
 	}
 }
+
+// CheckWritableHostDir refuses a read-write host mount of the directory
+// open at fd unless its mount on the host is nosuid and nodev: a guest's
+// root can give files it writes there any mode, set-id bits included, and
+// those must never take effect on the host (threat 9).
+func CheckWritableHostDir(fd int) error {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		return fmt.Errorf("statfs: %w", err)
+	}
+	if st.Flags&unix.ST_NOSUID == 0 || st.Flags&unix.ST_NODEV == 0 {
+		return errors.New("a read-write host mount must be on a host mount that is nosuid and nodev (a guest can set set-id bits on files it writes); " +
+			"mount it read-only, or make the directory such a mount first: mount --bind DIR DIR && mount -o remount,bind,nosuid,nodev DIR")
+	}
+	return nil
+}

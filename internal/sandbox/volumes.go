@@ -346,7 +346,7 @@ func (m *Manager) resolveMounts(ctx context.Context, c Caller, vols []VolumeMoun
 		if err := ValidateGuestPath(hm.Path); err != nil {
 			return nil, err
 		}
-		real, err := m.checkHostMount(c, hm.HostPath)
+		real, err := m.checkHostMount(c, hm.HostPath, hm.ReadWrite)
 		if err != nil {
 			return nil, err
 		}
@@ -364,9 +364,9 @@ func (m *Manager) resolveMounts(ctx context.Context, c Caller, vols []VolumeMoun
 
 // checkHostMount resolves host directory p for c: absolute, every
 // component a real directory (no symlink anywhere: the path shared is the
-// path named), not the state dir or around it, and for an API caller
-// under one of Manager.HostMountRoots.
-func (m *Manager) checkHostMount(c Caller, p string) (string, error) {
+// path named), not the state dir or around it, for an API caller under
+// one of Manager.HostMountRoots, and if rw on a nosuid, nodev mount.
+func (m *Manager) checkHostMount(c Caller, p string, rw bool) (string, error) {
 	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
 		return "", fmt.Errorf("%w: host path %q must be absolute and clean", errdefs.ErrInvalid, p)
 	}
@@ -380,7 +380,13 @@ func (m *Manager) checkHostMount(c Caller, p string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: host path %q: %v", errdefs.ErrInvalid, p, err)
 	}
+	if rw {
+		err = runtime.CheckWritableHostDir(fd)
+	}
 	unix.Close(fd)
+	if err != nil {
+		return "", fmt.Errorf("%w: host path %q: %v", errdefs.ErrFailedPrecondition, p, err)
+	}
 	root := filepath.Clean(m.L.Root)
 	if p == root || strings.HasPrefix(p, root+"/") || strings.HasPrefix(root, p+"/") || p == "/" {
 		return "", fmt.Errorf("%w: host path %q holds or is inside airlock's state dir", errdefs.ErrInvalid, p)

@@ -227,6 +227,11 @@ func bindDir(dir, point string, ro bool) error {
 		return fmt.Errorf("host directory %s: %w", dir, err)
 	}
 	defer unix.Close(fd)
+	if !ro {
+		if err := runtime.CheckWritableHostDir(fd); err != nil {
+			return fmt.Errorf("host directory %s: %w", dir, err)
+		}
+	}
 	src := "/proc/self/fd/" + strconv.Itoa(fd)
 	if err := unix.Mount(src, point, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s: %w", dir, err)

@@ -113,6 +113,7 @@ func TestMountsVolume(t *testing.T) {
 func TestMountsHostDir(t *testing.T) {
 	f := newFixture(t)
 	ro, rw := newHostTree(t), newHostTree(t)
+	nosuid(t, rw.dir)
 	spec := f.spec(t)
 	spec.Mounts = []runtime.Mount{{Dir: ro.dir, Target: "/ro", ReadOnly: true}, {Dir: rw.dir, Target: "/rw"}}
 	_, cl := bootMounts(t, f, spec)
@@ -165,8 +166,12 @@ func TestMountsHostDir(t *testing.T) {
 			t.Errorf("the guest made a hard link on the host to a file outside the mount")
 		}
 	}
+	// A set-id bit the guest set is never live at the host path.
 	if fi, err := os.Stat(filepath.Join(rw.dir, "new")); err == nil && fi.Mode()&os.ModeSetuid != 0 {
-		t.Logf("note: the guest set the setuid bit on a file in a read-write host mount (%v)", fi.Mode())
+		var st unix.Statfs_t
+		if err := unix.Statfs(filepath.Join(rw.dir, "new"), &st); err != nil || st.Flags&unix.ST_NOSUID == 0 {
+			t.Errorf("a set-id file the guest made is live on the host: %v %v", fi.Mode(), err)
+		}
 	}
 	// Swap the shared directory for a symlink to the canary's directory:
 	// the guest keeps the directory it was given.
@@ -178,6 +183,34 @@ func TestMountsHostDir(t *testing.T) {
 	}
 	if r := c.run("sh", "-c", "ls /ro; cat /ro/canary"); strings.Contains(r.stdout, canaryText) || !strings.Contains(r.stdout, "in.txt") {
 		t.Errorf("after the swap the guest sees %q", r.stdout)
+	}
+}
+
+// nosuid makes dir a nosuid, nodev bind mount of itself for the test.
+func nosuid(t *testing.T, dir string) {
+	t.Helper()
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMountsRefuseSetidHostDir: a read-write host mount of a directory
+// whose host mount lets set-id bits take effect is refused.
+func TestMountsRefuseSetidHostDir(t *testing.T) {
+	f := newFixture(t)
+	h := newHostTree(t)
+	spec := f.spec(t)
+	spec.Mounts = []runtime.Mount{{Dir: h.dir, Target: "/h"}}
+	ri, err := f.rt.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ri.Start(t.Context()); err == nil || !strings.Contains(err.Error(), "nosuid") {
+		t.Fatalf("start with a read-write host dir on a suid mount: %v", err)
 	}
 }
 
