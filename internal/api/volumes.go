@@ -150,6 +150,14 @@ func mountErr(err error) error {
 	return err
 }
 
+// PublicMountError is err, from a create with volumes or host mounts, as
+// the API shows it (status, code, message), for adapters that answer in
+// another envelope (the E2B surface).
+func PublicMountError(err error) (status int, code, message string) {
+	e := publicError(mountErr(err))
+	return e.Status, e.Code, e.Message
+}
+
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Volumes == nil {
 		s.fail(w, r, errNoVolumes)
