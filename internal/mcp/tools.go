@@ -145,7 +145,6 @@ func volumeMounts(in []volumeIn) []sandbox.VolumeMount {
 // mounted elsewhere in a way that excludes its mount.
 const errVolumeBusy = "a volume asked for is mounted by another sandbox: a volume is mounted read-write by one sandbox at a time, or read-only by any number, never both"
 
-
 func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
 	network := netconf.Spec{Mode: in.Network, Allow: in.Allow}
 	if _, err := network.Normalize(nil); err != nil {
