@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -181,5 +183,37 @@ func TestVolumeCommands(t *testing.T) {
 	}
 	if len(a.creates()) != n {
 		t.Fatal("a refused --mount reached the server")
+	}
+}
+
+// TestVolumeCommandsLocal: without AIRLOCK_HOST the CLI is the local user:
+// its volumes, and any host directory (a relative one taken from the
+// current directory); the manager's full text reaches it.
+func TestVolumeCommandsLocal(t *testing.T) {
+	a := newTestAPI(t)
+	if r := runLocal(t, a, nil, "volume", "create", "local", "--size", "16M"); r.code != 0 || r.stdout != "local\n" {
+		t.Fatalf("create: %+v", r)
+	}
+	if r := runLocal(t, a, nil, "volume", "ls", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"name": "local"`) {
+		t.Fatalf("ls: %+v", r)
+	}
+	// The local user's volumes are not an API key's.
+	if r := runCLI(t, a, nil, "volume", "inspect", "local"); r.code == 0 || !strings.Contains(r.stderr, "volume not found") {
+		t.Fatalf("the key's tenant sees the local volume: %+v", r)
+	}
+	// qemu (runLocal's runtime) refuses host mounts, in the manager's words.
+	if r := runLocal(t, a, nil, "create", "--mount", t.TempDir()+":/src"); r.code == 0 || !strings.Contains(r.stderr, "--runtime gvisor") {
+		t.Fatalf("host mount on qemu: %+v", r)
+	}
+	// A relative host path is taken from the current directory.
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := runLocal(t, a, nil, "create", "--mount", "no-such-dir:/src"); r.code == 0 || !strings.Contains(r.stderr, filepath.Join(wd, "no-such-dir")) || !strings.Contains(r.stderr, "no such directory") {
+		t.Fatalf("relative host path: %+v", r)
+	}
+	if r := runLocal(t, a, nil, "volume", "rm", "local"); r.code != 0 {
+		t.Fatalf("rm: %+v", r)
 	}
 }
