@@ -396,6 +396,26 @@ func TestCreateWithVolumes(t *testing.T) {
 	if info, _ := r.m.GetVolume(ctx, c, "", "data"); !info.GuestWritten {
 		t.Fatal("a qemu read-write mount did not mark the volume guest-written")
 	}
+	// A qemu writer refused because the volume is mounted elsewhere does
+	// not mark the volume it never got.
+	if _, err := r.m.CreateVolume(ctx, c, "other", 16); err != nil {
+		t.Fatal(err)
+	}
+	rt = "gvisor"
+	g, err := r.m.Create(ctx, c, CreateOptions{MemoryMiB: 256, Volumes: []VolumeMount{{Name: "other", Path: "/o", ReadOnly: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt = "qemu"
+	if _, err := r.m.Create(ctx, c, CreateOptions{MemoryMiB: 256, Volumes: []VolumeMount{{Name: "other", Path: "/o"}}}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("qemu writer of a volume a reader has: %v", err)
+	}
+	if info, _ := r.m.GetVolume(ctx, c, "", "other"); info.GuestWritten {
+		t.Fatal("a refused qemu create marked the volume guest-written")
+	}
+	if err := r.m.Remove(ctx, c, g.ID); err != nil {
+		t.Fatal(err)
+	}
 	if err := r.m.Remove(ctx, c, q.ID); err != nil {
 		t.Fatal(err)
 	}
