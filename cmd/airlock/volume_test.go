@@ -184,6 +184,17 @@ func TestVolumeCommands(t *testing.T) {
 	if len(a.creates()) != n {
 		t.Fatal("a refused --mount reached the server")
 	}
+	// An API key mounts host directories only under the server's
+	// --allow-host-mount roots; the answer names neither path nor roots.
+	root := t.TempDir()
+	r = runCLI(t, a, nil, "create", "--mount", root+":/src")
+	if r.code == 0 || !strings.Contains(r.stderr, "only under the directories the server's admin allows") || strings.Contains(r.stderr, root) {
+		t.Fatalf("host mount without roots: %+v", r)
+	}
+	a.m.HostMountRoots = []string{root}
+	if r = runCLI(t, a, nil, "create", "--mount", root+":/src"); r.code == 0 || !strings.Contains(r.stderr, "need the gvisor runtime") {
+		t.Fatalf("host mount under a root, on qemu: %+v", r)
+	}
 }
 
 // TestVolumeCommandsLocal: without AIRLOCK_HOST the CLI is the local user:
