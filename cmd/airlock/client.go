@@ -61,7 +61,7 @@ func (g *globals) client(ctx context.Context) (c *airlock.Client, done func(), e
 	if g.log.Enabled(ctx, slog.LevelDebug) {
 		log = g.log.With("component", "api")
 	}
-	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Events: m.Store, Keys: m.Store, Log: log})
+	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Events: m.Store, Keys: m.Store, Log: log})
 	if err != nil {
 		closeManager()
 		return nil, nil, err
@@ -93,8 +93,24 @@ func createOptions(o sandbox.CreateOptions) airlock.CreateOptions {
 	return airlock.CreateOptions{
 		Image: o.Image, CPUs: o.CPUs, MemoryMB: o.MemoryMiB, DiskMB: o.DiskMiB,
 		Timeout: o.Timeout, Metadata: o.Metadata, Env: o.Env, Network: apiNetwork(o.Network, o.Secrets),
-		IdlePause: o.IdlePause,
+		IdlePause: o.IdlePause, Volumes: apiVolumes(o.Volumes), HostMounts: apiHostMounts(o.HostMounts),
 	}
+}
+
+func apiVolumes(vs []sandbox.VolumeMount) []airlock.VolumeMount {
+	var out []airlock.VolumeMount
+	for _, v := range vs {
+		out = append(out, airlock.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
+	return out
+}
+
+func apiHostMounts(hs []sandbox.HostMount) []airlock.HostMount {
+	var out []airlock.HostMount
+	for _, h := range hs {
+		out = append(out, airlock.HostMount{HostPath: h.HostPath, Path: h.Path, ReadWrite: h.ReadWrite})
+	}
+	return out
 }
 
 // execRequest translates the parsed exec flags for the API.
@@ -108,7 +124,7 @@ func viewSandbox(sb *airlock.Sandbox) sandboxView {
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMB, DiskMiB: sb.DiskMB,
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(), Accel: sb.Accel, Kernel: sb.GuestKernel,
 		StartMode: sb.StartMode, Runtime: sb.Runtime, Metadata: sb.Metadata, Tenant: sb.Tenant, Network: viewAPINetwork(sb.Network),
-		IdlePauseS: sb.IdlePauseS, Source: sb.Source,
+		IdlePauseS: sb.IdlePauseS, Source: sb.Source, Mounts: sb.Mounts,
 	}
 	u := sb.DiskUsageBytes
 	v.DiskUsageBytes = &u

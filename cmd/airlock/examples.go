@@ -14,11 +14,16 @@ var examples = map[string]string{
 	"run": `  airlock run -- python3 -c 'print(6*7)'
   airlock run --net deny --allow pypi.org --allow files.pythonhosted.org -- pip install requests
   echo 'print("hi")' | airlock run -i -- python3 -
-  airlock run -t -- top                      # a terminal, of this terminal's size`,
+  airlock run -t -- top                      # a terminal, of this terminal's size
+  airlock run -v data:/data -- python3 train.py   # volume data, read-write
+  airlock run -v data:/data:ro -- ls -l /data     # read-only (any number of sandboxes)
+  airlock run --runtime gvisor --mount ./src:/src -- ls /src   # a host directory, read-only`,
 	"create": `  id=$(airlock create)
   airlock create --memory 2G --cpus 2 --lifetime 2h --idle-pause 10m
   airlock create --image myimage --net deny --allow api.example.com:443 -p 8080:8000
-  airlock create --from-snapshot with-deps`,
+  airlock create --from-snapshot with-deps
+  airlock create -v data:/data -v models:/models:ro
+  airlock create --runtime gvisor --mount /srv/datasets:/datasets --mount ./out:/out:rw`,
 	"exec": `  airlock exec $id -- ls -la /
   airlock exec -it $id -- bash               # an interactive terminal
   airlock exec -u user -w /tmp -e DEBUG=1 $id -- env
@@ -49,6 +54,18 @@ var examples = map[string]string{
   airlock snapshot ls --json`,
 	"snapshot rm":    `  airlock snapshot rm with-deps`,
 	"snapshot prune": `  airlock snapshot prune`,
+	"volume": `  airlock volume create data --size 10G
+  airlock run -v data:/data -- sh -c 'echo hi > /data/greeting'
+  airlock run -v data:/data:ro -- cat /data/greeting
+  airlock volume ls`,
+	"volume create": `  airlock volume create data --size 10G`,
+	"volume ls": `  airlock volume ls
+  airlock volume ls --json | jq -r '.[].name'`,
+	"volume inspect": `  airlock volume inspect data
+  airlock volume inspect data --json | jq .attachments`,
+	"volume resize": `  airlock volume resize data --size 20G`,
+	"volume rm": `  airlock volume rm data
+  airlock volume rm data models`,
 	"fork": `  airlock fork $id                           # one running copy
   airlock fork $id --count 3`,
 	"image": `  airlock image ls

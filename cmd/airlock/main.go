@@ -150,7 +150,7 @@ func rootCmd(g *globals) *cobra.Command {
 
 	root.AddCommand(
 		runCmd(g), createCmd(g), execCmd(g), shellCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
-		pauseCmd(g), resumeCmd(g), touchCmd(g), snapshotCmd(g), forkCmd(g),
+		pauseCmd(g), resumeCmd(g), touchCmd(g), snapshotCmd(g), forkCmd(g), volumeCmd(g),
 		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
 		mcpCmd(g), codeCmd(g), contextsCmd(g), versionCmd(),
 	)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -57,6 +58,8 @@ type createFlags struct {
 	cpus                         int
 	meta                         []string
 	net                          netFlags
+	// volumes (-v NAME:/path[:ro|rw]) and mounts (--mount HOST:GUEST[:ro|rw]).
+	volumes, mounts []string
 }
 
 func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
@@ -67,6 +70,8 @@ func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
 	cmd.Flags().StringVar(&f.timeout, lifetimeName, "15m", "lifetime (running time; time paused does not count): the sandbox is stopped and removed after this")
 	cmd.Flags().StringArrayVar(&f.meta, "meta", nil, "metadata KEY=VALUE (repeatable)")
 	cmd.Flags().StringVar(&f.idlePause, "idle-pause", "0", "pause the sandbox after this long idle (no exec or code running, no call, no inbound connection); the next call resumes it. 0: never")
+	cmd.Flags().StringArrayVarP(&f.volumes, "volume", "v", nil, "mount volume `NAME:/path[:ro|rw]` (repeatable; read-write by default; see 'airlock volume'); one sandbox may write a volume, or any number read it")
+	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "mount host directory `HOST:GUEST[:ro|rw]` (repeatable; read-only unless :rw; a relative HOST is from the current directory, locally only; gvisor runtime)")
 	f.net.register(cmd)
 	cmd.Flags().StringVar(&f.fromSnapshot, "from-snapshot", "", "start from this snapshot (see 'airlock snapshot ls'): processes, memory and disk as saved; its image, size, env and network are the snapshot's")
 }
@@ -129,7 +134,85 @@ func (f *createFlags) options(lifetimeFlag string, lookupEnv func(string) (strin
 	if o.Network, o.Secrets, err = f.net.spec(lookupEnv); err != nil {
 		return o, err
 	}
+	for _, v := range f.volumes {
+		vm, err := parseVolumeFlag(v)
+		if err != nil {
+			return o, err
+		}
+		o.Volumes = append(o.Volumes, vm)
+	}
+	for _, m := range f.mounts {
+		hm, err := parseMountFlag(m)
+		if err != nil {
+			return o, err
+		}
+		o.HostMounts = append(o.HostMounts, hm)
+	}
 	return o, nil
+}
+
+// mountMode splits a trailing ":ro" or ":rw" off s.
+func mountMode(s string) (rest string, readOnly, given bool) {
+	if r, ok := strings.CutSuffix(s, ":ro"); ok {
+		return r, true, true
+	}
+	if r, ok := strings.CutSuffix(s, ":rw"); ok {
+		return r, false, true
+	}
+	return s, false, false
+}
+
+// parseVolumeFlag reads -v NAME:/path[:ro|rw] (read-write by default).
+func parseVolumeFlag(s string) (sandbox.VolumeMount, error) {
+	rest, ro, _ := mountMode(s)
+	name, p, ok := strings.Cut(rest, ":")
+	if !ok || name == "" || p == "" || strings.Contains(p, ":") {
+		return sandbox.VolumeMount{}, fmt.Errorf("%w: --volume %q: want NAME:/path, NAME:/path:ro or NAME:/path:rw", errdefs.ErrInvalid, s)
+	}
+	if err := sandbox.ValidateVolumeName(name); err != nil {
+		return sandbox.VolumeMount{}, fmt.Errorf("--volume %q: %w", s, err)
+	}
+	if err := sandbox.ValidateGuestPath(p); err != nil {
+		return sandbox.VolumeMount{}, fmt.Errorf("--volume %q: %w", s, err)
+	}
+	return sandbox.VolumeMount{Name: name, Path: p, ReadOnly: ro}, nil
+}
+
+// parseMountFlag reads --mount HOST:GUEST[:ro|rw] (read-only by default).
+// The guest path has no ':', so HOST is everything before the last one.
+// A relative HOST is left relative: hostMountPaths resolves it.
+func parseMountFlag(s string) (sandbox.HostMount, error) {
+	rest, ro, given := mountMode(s)
+	i := strings.LastIndex(rest, ":")
+	if i <= 0 || i == len(rest)-1 {
+		return sandbox.HostMount{}, fmt.Errorf("%w: --mount %q: want HOST:GUEST, HOST:GUEST:ro or HOST:GUEST:rw (a host directory and an absolute guest path)", errdefs.ErrInvalid, s)
+	}
+	host, p := rest[:i], rest[i+1:]
+	if err := sandbox.ValidateGuestPath(p); err != nil {
+		return sandbox.HostMount{}, fmt.Errorf("--mount %q: %w", s, err)
+	}
+	return sandbox.HostMount{HostPath: host, Path: p, ReadWrite: given && !ro}, nil
+}
+
+// hostMountPaths makes o's relative host mount paths absolute against cwd
+// for the local CLI; through an API server (remote) a relative path is
+// refused: it would name a directory on the server's host, not here.
+func hostMountPaths(o *sandbox.CreateOptions, remote bool, cwd func() (string, error)) error {
+	for i, hm := range o.HostMounts {
+		if filepath.IsAbs(hm.HostPath) {
+			o.HostMounts[i].HostPath = filepath.Clean(hm.HostPath)
+			continue
+		}
+		if remote {
+			return fmt.Errorf("%w: --mount %s:%s: the host path must be absolute with AIRLOCK_HOST set (it names a directory on the server's host)", errdefs.ErrInvalid, hm.HostPath, hm.Path)
+		}
+		dir, err := cwd()
+		if err != nil {
+			return fmt.Errorf("--mount %s: %w", hm.HostPath, err)
+		}
+		o.HostMounts[i].HostPath = filepath.Join(dir, hm.HostPath)
+	}
+	return nil
 }
 
 type execFlags struct {
@@ -216,6 +299,9 @@ func runCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
+			if err := hostMountPaths(&o, g.host != "", os.Getwd); err != nil {
+				return err
+			}
 			start, err := ef.start(args)
 			if err != nil {
 				return err
@@ -248,6 +334,9 @@ func createCmd(g *globals) *cobra.Command {
 				if o, err = cf.snapshotOptions(cmd, o); err != nil {
 					return err
 				}
+			}
+			if err := hostMountPaths(&o, g.host != "", os.Getwd); err != nil {
+				return err
 			}
 			c, done, err := g.client(cmd.Context())
 			if err != nil {
@@ -375,6 +464,8 @@ type sandboxView struct {
 	// DiskUsageBytes: what its files take on the host; set by inspect and
 	// ls --size only.
 	DiskUsageBytes *int64 `json:"disk_usage_bytes,omitempty"`
+	// Mounts: its volumes and host directories.
+	Mounts []airlock.Mount `json:"mounts,omitempty"`
 }
 
 // setPause fills the pause fields: pausedAt if not zero, the lifetime left

@@ -11,14 +11,19 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
 // serveOptions are serve's own settings (the global ones are in globals).
@@ -29,6 +34,9 @@ type serveOptions struct {
 	previewDomain   string
 	drain           time.Duration
 	accessLog       bool
+	// hostMountRoots are the directories under which API callers may
+	// mount host paths (--allow-host-mount, repeatable).
+	hostMountRoots []string
 }
 
 // maxDrain caps --drain.
@@ -56,8 +64,12 @@ AIRLOCK_RUNTIME, AIRLOCK_ACCEL, AIRLOCK_HOST_CGROUPS); the config file
 (--config or AIRLOCK_CONFIG, YAML: see /etc/airlock/airlock.yaml as
 make install writes it); built-in defaults. Config keys: version (1),
 listen, tls.cert, tls.key, preview_domain, drain, log.level, log.access,
-state_dir, runtime, accel, host_cgroups, disk_reserve; an unknown key is an
-error naming its line.
+state_dir, runtime, accel, host_cgroups, disk_reserve, allow_host_mount (a
+list of directories); an unknown key is an error naming its line.
+
+API keys may mount host directories into sandboxes only under the
+directories --allow-host-mount names (none by default); the local CLI user
+may mount any directory.
 
 With --tls-cert and --tls-key the API is served over HTTPS (HTTP/2 too).
 Logs go to stderr: one access line per request (method, path without its
@@ -94,10 +106,14 @@ func serveCmd(g *globals) *cobra.Command {
 			return o.validate()
 		},
 		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+			roots, err := hostMountRoots(o.hostMountRoots, m.L.Root)
+			if err != nil {
+				return err
+			}
+			m.HostMountRoots = roots
 			setOOMScoreAdj(g.log, oomAdjServe)
 			var tlsConf *tls.Config
 			if o.tlsCert != "" {
-				var err error
 				if tlsConf, err = loadTLS(o.tlsCert, o.tlsKey, g.log); err != nil {
 					return err
 				}
@@ -129,7 +145,44 @@ func serveCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.previewDomain, "preview-domain", os.Getenv("AIRLOCK_PREVIEW_DOMAIN"), "serve port P of sandbox ID at http://P-ID.`DOMAIN`/ (a wildcard DNS name, or localhost:7070 with a Host header; env AIRLOCK_PREVIEW_DOMAIN); E2B's getHost returns such hosts")
 	f.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGTERM/SIGINT, how long requests in flight (exec streams too) may run before they are cut")
 	f.BoolVar(&o.accessLog, "access-log", true, "log one line per request to stderr")
+	f.StringArrayVar(&o.hostMountRoots, "allow-host-mount", nil, "let API keys mount host directories under `DIR` into sandboxes (repeatable; absolute, an existing directory with no symlink in its path; the local CLI user may mount any directory)")
 	return cmd
+}
+
+// hostMountRoots checks --allow-host-mount's directories once, at start:
+// absolute, clean, existing directories with no symlink in any component
+// (a root that is or passes through a link could be moved later), not /,
+// and neither holding nor inside the state dir stateDir.
+func hostMountRoots(dirs []string, stateDir string) ([]string, error) {
+	state := filepath.Clean(stateDir)
+	var out []string
+	for _, d := range dirs {
+		bad := func(why string) error {
+			return fmt.Errorf("%w: --allow-host-mount %q: %s", errdefs.ErrInvalid, d, why)
+		}
+		switch {
+		case !filepath.IsAbs(d):
+			return nil, bad("must be an absolute path")
+		case filepath.Clean(d) != d && filepath.Clean(d)+"/" != d:
+			return nil, bad("must be clean (no '.', '..' or '//')")
+		}
+		d = filepath.Clean(d)
+		switch {
+		case d == "/":
+			return nil, bad("allowing / would share the whole host: name the directories to share")
+		case d == state || strings.HasPrefix(d, state+"/") || strings.HasPrefix(state, d+"/"):
+			return nil, bad("holds or is inside airlock's state dir " + state)
+		}
+		fd, err := statedir.OpenDirNoSymlinks(d)
+		if err != nil {
+			return nil, bad(err.Error())
+		}
+		_ = unix.Close(fd)
+		if !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out, nil
 }
 
 // newAPIServer builds the API server of serve over m: the /v1 API, MCP at
@@ -141,7 +194,7 @@ func newAPIServer(ctx context.Context, g *globals, m *sandbox.Manager, previewDo
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Events: m.Store, Keys: m.Store, Log: g.log,
+	cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Events: m.Store, Keys: m.Store, Log: g.log,
 		PreviewDomain: previewDomain, Secret: secret, AccessLog: access}
 	s, err := api.New(cfg)
 	if err != nil {

@@ -50,7 +50,11 @@ const configVersion = "1"
 type configKey struct {
 	key, flag, env string
 	path           bool
-	check          func(string) error
+	// list: the value may be a YAML list, each item given to the flag in
+	// turn (a repeatable flag); a command line that gives the flag
+	// replaces the whole list.
+	list  bool
+	check func(string) error
 }
 
 func oneOf(vals ...string) func(string) error {
@@ -87,6 +91,7 @@ var configKeys = []configKey{
 	{key: "accel", flag: "accel", env: "AIRLOCK_ACCEL", check: oneOf("auto", "kvm", "tcg")},
 	{key: "host_cgroups", flag: "host-cgroups", env: "AIRLOCK_HOST_CGROUPS", check: oneOf("auto", "on", "off")},
 	{key: "disk_reserve", flag: "disk-reserve", check: checkReserve},
+	{key: "allow_host_mount", flag: "allow-host-mount", path: true, list: true},
 }
 
 // configSections are the keys that hold other keys.
@@ -207,7 +212,23 @@ func parseServeConfig(name string, b []byte) ([]configValue, error) {
 			if i < 0 {
 				return fail(k.Line, "unknown key %q (known: version, %s)", name, knownKeys())
 			}
+			if configKeys[i].list && v.Kind == yaml.SequenceNode {
+				for _, item := range v.Content {
+					switch {
+					case item.Kind != yaml.ScalarNode || item.Anchor != "" || item.Style&yaml.TaggedStyle != 0:
+						return fail(item.Line, "%s: each item must be one plain value", name)
+					case item.Tag == "!!null" || item.Value == "":
+						return fail(item.Line, "%s: an item has no value", name)
+					case strings.ContainsRune(item.Value, 0):
+						return fail(item.Line, "%s holds a NUL byte", name)
+					}
+					out = append(out, configValue{configKeys[i], item.Value, item.Line})
+				}
+				continue
+			}
 			switch {
+			case v.Kind != yaml.ScalarNode && configKeys[i].list:
+				return fail(v.Line, "%s must be one value or a list of values, not a section", name)
 			case v.Kind != yaml.ScalarNode:
 				return fail(v.Line, "%s must be one value, not a list or a section", name)
 			case v.Tag == "!!null":

@@ -36,6 +36,7 @@ runtime: gvisor
 accel: tcg
 host_cgroups: "off"
 disk_reserve: 4G
+allow_host_mount: [/srv/shared]
 `
 	vals, err := parseServeConfig("a.yaml", []byte(good))
 	if err != nil {
@@ -50,7 +51,8 @@ disk_reserve: 4G
 	}
 	want := map[string]string{"listen": "127.0.0.1:7443", "tls.cert": "tls/cert.pem", "tls.key": "/etc/airlock/key.pem",
 		"preview_domain": "sbx.example.com", "drain": "45s", "log.level": "debug", "log.access": "false",
-		"state_dir": "/var/lib/airlock", "runtime": "gvisor", "accel": "tcg", "host_cgroups": "off", "disk_reserve": "4G"}
+		"state_dir": "/var/lib/airlock", "runtime": "gvisor", "accel": "tcg", "host_cgroups": "off", "disk_reserve": "4G",
+		"allow_host_mount": "/srv/shared"}
 	if len(got) != len(want) {
 		t.Errorf("got %d keys, want %d: %v", len(got), len(want), got)
 	}

@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/apispec"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
@@ -68,7 +70,10 @@ func newHarness(t testing.TB, aliceLimits store.APIKey, tune ...func(*Server)) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Snapshots: h.fake, Events: st, Keys: st,
+	// Volumes are the real manager's, on the harness's catalog (mkfs.ext4
+	// makes their images in a temporary state dir).
+	vols := &sandbox.Manager{L: statedir.Layout{Root: t.TempDir()}, Store: st, DiskReserve: -1}
+	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Snapshots: h.fake, Volumes: vols, Events: st, Keys: st,
 		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

@@ -55,7 +55,7 @@ var categories = []struct {
 	{errdefs.ErrInvalid, http.StatusBadRequest, "invalid", "invalid request"},
 	{errdefs.ErrConflict, http.StatusConflict, "conflict", "conflict"},
 	{errdefs.ErrFailedPrecondition, http.StatusPreconditionFailed, "failed_precondition", "the sandbox is not in a state that allows this"},
-	{errdefs.ErrPermissionDenied, http.StatusForbidden, "forbidden", "not allowed"},
+	{errdefs.ErrPermissionDenied, http.StatusForbidden, "permission_denied", "not allowed"},
 	{errdefs.ErrResourceExhausted, http.StatusTooManyRequests, "resource_exhausted", "resource exhausted"},
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, "unavailable", "temporarily unavailable; retry later"},
 	{errdefs.ErrUnsupported, http.StatusBadRequest, "invalid", "not supported"},
@@ -64,6 +64,9 @@ var categories = []struct {
 
 // publicError returns the client's view of err.
 func publicError(err error) *Error {
+	if f, ok := errors.AsType[*faced](err); ok {
+		return f.pub
+	}
 	if e, ok := errors.AsType[*Error](err); ok {
 		return e
 	}

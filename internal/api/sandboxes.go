@@ -47,6 +47,8 @@ type Sandbox struct {
 	// DiskUsageBytes is what the sandbox's files take on the server's disk
 	// (disk overlay, paused state, logs); 0 when the server does not say.
 	DiskUsageBytes int64 `json:"disk_usage_bytes"`
+	// Mounts are its volumes and host directories, fixed at create.
+	Mounts []Mount `json:"mounts"`
 }
 
 func viewSandbox(sb store.Sandbox) Sandbox {
@@ -60,6 +62,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
 		Accel: sb.Accel, GuestKernel: sb.Kernel, StartMode: sb.StartMode, Runtime: sb.Runtime, Metadata: md, Tenant: sb.Tenant,
 		Network: sb.Network, IdlePauseS: int64(sb.IdlePause / time.Second), Source: sb.Source,
+		Mounts: viewMounts(sb.Mounts),
 	}
 	v.PausedAt, v.LifetimeLeftS = sb.PauseView()
 	return v
@@ -89,6 +92,9 @@ type createRequest struct {
 	// FromSnapshot starts the sandbox from the tenant's snapshot of that
 	// name (its size, image, env and network).
 	FromSnapshot string `json:"from_snapshot"`
+	// Volumes and Mounts are mounted for the sandbox's life.
+	Volumes []volumeMountRequest `json:"volumes"`
+	Mounts  []hostMountRequest   `json:"mounts"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -118,6 +124,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		Timeout: time.Duration(req.TimeoutS) * time.Second, Metadata: req.Metadata, Env: req.Env,
 		IdlePause: time.Duration(req.IdlePauseS) * time.Second,
 	}
+	o.Volumes, o.HostMounts = mountOptions(req.Volumes, req.Mounts)
 	c := callerOf(r)
 	var err error
 	if o.Network, o.Secrets, err = networkOptions(req.Network, c.Admin); err != nil {
@@ -131,6 +138,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	// The manager checks the quota, cleans up on failure and audits.
 	sb, err := s.cfg.Sandboxes.Create(r.Context(), c, o)
 	if err != nil {
+		if len(o.Volumes)+len(o.HostMounts) > 0 {
+			err = mountErr(err)
+		}
 		s.fail(w, r, err)
 		return
 	}

@@ -29,7 +29,8 @@ var DefaultLimits = sandbox.DefaultLimits
 // Config is what a Server needs. Sandboxes, Files, Events and Keys are
 // required; a nil Execs answers exec routes with 503, a nil Contexts the
 // code and context routes, a nil Ports the preview route, a nil Snapshots
-// the snapshot and fork routes (and create with from_snapshot).
+// the snapshot and fork routes (and create with from_snapshot), a nil
+// Volumes the volume routes.
 type Config struct {
 	Sandboxes Sandboxes
 	Files     Files
@@ -37,6 +38,7 @@ type Config struct {
 	Contexts  Contexts
 	Ports     Ports
 	Snapshots Snapshots
+	Volumes   Volumes
 	Events    Events
 	Keys      Keys
 	Log       *slog.Logger // nil: discard
@@ -135,6 +137,11 @@ var routes = []route{
 	{"GET /v1/snapshots/{name}", true, (*Server).getSnapshot},
 	{"DELETE /v1/snapshots/{name}", true, (*Server).deleteSnapshot},
 	{"POST /v1/snapshots/prune", true, (*Server).pruneSnapshots},
+	{"POST /v1/volumes", true, (*Server).createVolume},
+	{"GET /v1/volumes", true, (*Server).listVolumes},
+	{"GET /v1/volumes/{name}", true, (*Server).getVolume},
+	{"POST /v1/volumes/{name}/resize", true, (*Server).resizeVolume},
+	{"DELETE /v1/volumes/{name}", true, (*Server).deleteVolume},
 	{"POST /v1/sandboxes/{id}/exec", true, (*Server).exec},
 	{"GET /v1/sandboxes/{id}/pty", true, (*Server).pty},
 	{"GET /v1/sandboxes/{id}/execs", true, (*Server).listExecs},

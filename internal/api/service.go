@@ -74,6 +74,27 @@ type Snapshots interface {
 	DiskUsage(id string) int64
 }
 
+// Volumes is the volume part of the manager (sandbox.Manager's methods of
+// the same names), acting for a caller like Snapshots: another tenant's
+// volume is ErrNotFound like a missing one; tenant is honoured for admins
+// only. Errors are categorized with errdefs.
+type Volumes interface {
+	// CreateVolume makes an empty volume of sizeMiB for c's tenant
+	// (ErrConflict if the name is taken, *sandbox.QuotaError over quota).
+	CreateVolume(ctx context.Context, c sandbox.Caller, name string, sizeMiB int) (store.Volume, error)
+	// ListVolumes returns c's tenant's volumes (tenant's for an admin who
+	// names one; every tenant's with all, admins only).
+	ListVolumes(ctx context.Context, c sandbox.Caller, tenant string, all bool) ([]sandbox.VolumeInfo, error)
+	// GetVolume returns one volume with its attachments.
+	GetVolume(ctx context.Context, c sandbox.Caller, tenant, name string) (sandbox.VolumeInfo, error)
+	// ResizeVolume grows a volume no sandbox has mounted (ErrConflict
+	// while one has; ErrInvalid to shrink).
+	ResizeVolume(ctx context.Context, c sandbox.Caller, tenant, name string, sizeMiB int) (store.Volume, error)
+	// RemoveVolume deletes a volume and its data (ErrConflict while a
+	// sandbox has it mounted).
+	RemoveVolume(ctx context.Context, c sandbox.Caller, tenant, name string) error
+}
+
 // Files is the file part of the manager. Paths are validated by the API
 // before they get here. Nothing is buffered whole: data streams.
 type Files interface {
@@ -165,6 +186,7 @@ var (
 	_ Contexts  = (*sandbox.Manager)(nil)
 	_ Ports     = (*sandbox.Manager)(nil)
 	_ Snapshots = (*sandbox.Manager)(nil)
+	_ Volumes   = (*sandbox.Manager)(nil)
 	_ Events    = (*store.Store)(nil)
 	_ Keys      = (*store.Store)(nil)
 )

@@ -243,6 +243,8 @@ func (s *Server) createFromSnapshot(w http.ResponseWriter, r *http.Request, req 
 		Timeout: time.Duration(req.TimeoutS) * time.Second, Metadata: req.Metadata,
 		IdlePause: time.Duration(req.IdlePauseS) * time.Second,
 	}
+	// The manager refuses mounts on a sandbox from a snapshot.
+	o.Volumes, o.HostMounts = mountOptions(req.Volumes, req.Mounts)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
 	defer cancel()
 	sb, err := s.cfg.Snapshots.CreateFromSnapshot(ctx, callerOf(r), req.FromSnapshot, o)

@@ -271,6 +271,9 @@ func (h *handler) createFromSnapshot(w http.ResponseWriter, r *http.Request, c s
 	case len(req.EnvVars) > 0:
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q is a snapshot: a sandbox from it has the snapshot's environment; leave envVars out", sn.Name))
 		return
+	case len(req.VolumeMounts) > 0:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q is a snapshot: a sandbox from a snapshot cannot mount volumes; leave volumeMounts out", sn.Name))
+		return
 	case req.AllowInternetAccess != nil && !*req.AllowInternetAccess && internetAccess(sn.Network.Mode, len(sn.Network.Allow)):
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q is a snapshot of a sandbox with internet access: a sandbox from it has the snapshot's network; leave allow_internet_access out", sn.Name))
 		return

@@ -55,6 +55,7 @@
 // sandbox's shim, named by its guest pid.
 //
 // Not served yet (see the README): PTY sessions, directory watching,
-// metrics and network updates (501); autoPause, lifecycle, volumeMounts and
-// network rules of a create are refused or ignored as the README says.
+// metrics and network updates (501); autoPause, lifecycle and network
+// rules of a create are refused or ignored as the README says. A create's
+// volumeMounts mount the tenant's airlock volumes read-write.
 package e2b

@@ -159,7 +159,15 @@ type ListedSandbox struct {
 	MemoryMB     int               `json:"memoryMB"`
 	DiskSizeMB   int               `json:"diskSizeMB"`
 	EnvdVersion  string            `json:"envdVersion"`
-	VolumeMounts []any             `json:"volumeMounts"`
+	VolumeMounts []VolumeMount     `json:"volumeMounts"`
+}
+
+// VolumeMount is E2B's volume mount: a volume of the tenant, mounted
+// read-write (E2B has no read-only mounts; a sandbox that mounts a volume
+// read-only through airlock's /v1 API lists it here all the same).
+type VolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // SandboxDetail is the answer to a get.
@@ -199,11 +207,11 @@ type newSandboxRequest struct {
 		MaskRequestHost    json.RawMessage `json:"maskRequestHost"`
 		HTTPSPorts         json.RawMessage `json:"httpsPorts"`
 	} `json:"network"`
-	VolumeMounts    []json.RawMessage `json:"volumeMounts"`
-	MCP             json.RawMessage   `json:"mcp"`
-	IAM             json.RawMessage   `json:"iam"`
-	AutoPause       *bool             `json:"autoPause"`
-	AutoPauseMemory *bool             `json:"autoPauseMemory"`
+	VolumeMounts    []VolumeMount   `json:"volumeMounts"`
+	MCP             json.RawMessage `json:"mcp"`
+	IAM             json.RawMessage `json:"iam"`
+	AutoPause       *bool           `json:"autoPause"`
+	AutoPauseMemory *bool           `json:"autoPauseMemory"`
 	AutoResume      *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
@@ -222,8 +230,8 @@ func set(raw json.RawMessage) bool {
 // nothing): never a silent success.
 func (req *newSandboxRequest) refusal() string {
 	switch {
-	case len(req.VolumeMounts) > 0:
-		return "volumeMounts are not supported by airlock yet"
+	case slices.ContainsFunc(req.VolumeMounts, func(v VolumeMount) bool { return v.Name == "" || v.Path == "" }):
+		return "volumeMounts: each needs a name and a path"
 	case set(req.MCP):
 		return "mcp is not supported by airlock's E2B surface"
 	case set(req.IAM):
@@ -310,13 +318,23 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 		image = im
 	}
 	o := sandbox.CreateOptions{Image: image, Timeout: timeout, Metadata: req.Metadata, Env: req.EnvVars, Network: req.egress()}
+	// E2B's volume mounts are read-write.
+	for _, v := range req.VolumeMounts {
+		o.Volumes = append(o.Volumes, sandbox.VolumeMount{Name: v.Name, Path: v.Path})
+	}
 	sb, err := h.cfg.Sandboxes.Create(r.Context(), c, o)
 	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
+		switch {
+		case errors.Is(err, errdefs.ErrNotFound) && len(o.Volumes) > 0:
+			writeError(w, http.StatusNotFound, fmt.Sprintf("template %q or a volume of volumeMounts not found (volumes are made with airlock's /v1 API or CLI)", tmpl))
+		case errors.Is(err, errdefs.ErrNotFound):
 			writeError(w, http.StatusNotFound, fmt.Sprintf("template %q not found: build or import an airlock image of that name", tmpl))
-			return
+		case len(o.Volumes) > 0:
+			status, _, msg := api.PublicMountError(err)
+			writeError(w, status, msg)
+		default:
+			h.fail(w, r, err)
 		}
-		h.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, h.sandbox(sb, tmpl))
@@ -351,8 +369,20 @@ func listed(sb store.Sandbox) ListedSandbox {
 		SandboxID: sb.ID, TemplateID: sb.Image, ClientID: clientID, Metadata: md,
 		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(), State: state(sb),
 		CPUCount: sb.CPUs, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.DiskMiB, EnvdVersion: EnvdVersion,
-		VolumeMounts: []any{},
+		VolumeMounts: volumeMounts(sb.Mounts),
 	}
+}
+
+// volumeMounts are sb's volumes in E2B's terms (host directories, which
+// E2B has no word for, are left out).
+func volumeMounts(ms []store.Mount) []VolumeMount {
+	out := []VolumeMount{}
+	for _, m := range ms {
+		if m.VolumeID != "" {
+			out = append(out, VolumeMount{Name: m.VolumeName, Path: m.Path})
+		}
+	}
+	return out
 }
 
 // visible returns sandbox id as c may see it in E2B's terms, or answers

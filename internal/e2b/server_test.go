@@ -53,6 +53,15 @@ func (f *fakeSandboxes) Create(_ context.Context, c sandbox.Caller, o sandbox.Cr
 	now := time.Now().Add(time.Duration(f.n) * time.Millisecond)
 	sb := store.Sandbox{ID: fmt.Sprintf("sbx%017d", f.n), State: store.StateRunning, Image: o.Image, CPUs: 1, MemoryMiB: 512, DiskMiB: 2048,
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Env: o.Env, Tenant: c.Tenant, Network: o.Network}
+	for _, v := range o.Volumes {
+		switch v.Name {
+		case "busy":
+			return store.Sandbox{}, fmt.Errorf("%w: volume %q is mounted read-write by sandbox sbx0", errdefs.ErrConflict, v.Name)
+		case "missing":
+			return store.Sandbox{}, fmt.Errorf("%w: no volume %q", errdefs.ErrNotFound, v.Name)
+		}
+		sb.Mounts = append(sb.Mounts, store.Mount{VolumeID: "vol" + v.Name, VolumeName: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
 	f.sbs[sb.ID] = sb
 	return sb, nil
 }
@@ -273,7 +282,8 @@ func TestCreateRefusals(t *testing.T) {
 		`{"autoPause":true}`:                                        "onTimeout 'pause'",
 		`{"autoResume":{"enabled":true}}`:                           "autoResume",
 		`{"iam":{"tokens":{"t":{"audience":"a","tokenType":"b"}}}}`: "iam",
-		`{"volumeMounts":[{"name":"v","path":"/data"}]}`:            "volumeMounts",
+		`{"volumeMounts":[{"name":"v"}]}`:                           "volumeMounts",
+		`{"volumeMounts":[{"path":"/data"}]}`:                       "volumeMounts",
 		`{"templateID":`:                                            "bad JSON",
 	} {
 		r := h.do(h.alice, "POST", "/sandboxes", body)

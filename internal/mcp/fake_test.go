@@ -49,6 +49,12 @@ func (f *fake) blindCreate(_ context.Context, o sandbox.CreateOptions) (store.Sa
 	sb := store.Sandbox{ID: fmt.Sprintf("sb%014d", f.n), State: store.StateRunning, Image: "base", CPUs: o.CPUs,
 		MemoryMiB: o.MemoryMiB, Tenant: o.Tenant, Env: o.Env, Metadata: o.Metadata, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour),
 		IdlePause: o.IdlePause}
+	for _, v := range o.Volumes {
+		if v.Name == "busy" {
+			return store.Sandbox{}, fmt.Errorf("%w: volume %q is mounted read-write by sandbox sb0", errdefs.ErrConflict, v.Name)
+		}
+		sb.Mounts = append(sb.Mounts, store.Mount{VolumeID: "vol" + v.Name, VolumeName: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
 	f.sbs[sb.ID] = sb
 	return sb, nil
 }

@@ -256,6 +256,16 @@ type sandboxView struct {
 	LifetimeLeftS *int64 `json:"lifetime_left_s,omitempty"`
 	// Source: "snapshot:<name>" or "fork:<sandbox id>" (absent for an image).
 	Source string `json:"source,omitempty"`
+	// Mounts: its volumes (and host directories, made through the CLI or
+	// HTTP API).
+	Mounts []mountView `json:"mounts,omitempty"`
+}
+
+type mountView struct {
+	Volume   string `json:"volume,omitempty"`
+	HostPath string `json:"host_path,omitempty"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only"`
 }
 
 func viewSandbox(sb store.Sandbox) sandboxView {
@@ -265,5 +275,8 @@ func viewSandbox(sb store.Sandbox) sandboxView {
 		Metadata: sb.Metadata, IdlePauseS: int64(sb.IdlePause / time.Second), Source: sb.Source,
 	}
 	v.PausedAt, v.LifetimeLeftS = sb.PauseView()
+	for _, m := range sb.Mounts {
+		v.Mounts = append(v.Mounts, mountView{Volume: m.VolumeName, HostPath: m.HostPath, Path: m.Path, ReadOnly: m.ReadOnly})
+	}
 	return v
 }

@@ -121,7 +121,29 @@ type createIn struct {
 	Allow        []string          `json:"allow,omitempty" jsonschema:"allow rules: example.com, *.example.com, 203.0.113.7, 203.0.113.0/24, each optionally :port or :lo-hi (makes the default mode deny)"`
 	IdlePauseS   int               `json:"idle_pause_s,omitempty" jsonschema:"pause the sandbox after this many idle seconds (no command or code running, no call, no inbound connection); the next call resumes it. 0 (default): never; at most 604800"`
 	FromSnapshot string            `json:"from_snapshot,omitempty" jsonschema:"start from this snapshot (see sandbox_snapshot): processes, variables and files as saved; its image, size, env and network are the snapshot's (leave image, cpus, memory_mb, env, network and allow out)"`
+	Volumes      []volumeIn        `json:"volumes,omitempty" jsonschema:"named volumes to mount for the sandbox's life (at most 4; created with the CLI or HTTP API): a volume is mounted read-write by one sandbox at a time, or read-only by any number. Not with from_snapshot."`
 }
+
+// volumeIn is one volume of sandbox_create. Host directories are not
+// offered over MCP: an agent picks its own arguments, and sharing host
+// files is for the user to decide (CLI or HTTP API).
+type volumeIn struct {
+	Name     string `json:"name" jsonschema:"the volume's name"`
+	Path     string `json:"path" jsonschema:"where the guest sees it: an absolute path such as /data"`
+	ReadOnly bool   `json:"read_only,omitempty" jsonschema:"mount it read-only (default: read-write)"`
+}
+
+func volumeMounts(in []volumeIn) []sandbox.VolumeMount {
+	var out []sandbox.VolumeMount
+	for _, v := range in {
+		out = append(out, sandbox.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
+	return out
+}
+
+// errVolumeBusy is what a create learns when a volume it asked for is
+// mounted elsewhere in a way that excludes its mount.
+const errVolumeBusy = "a volume asked for is mounted by another sandbox: a volume is mounted read-write by one sandbox at a time, or read-only by any number, never both"
 
 func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
 	network := netconf.Spec{Mode: in.Network, Allow: in.Allow}
@@ -140,8 +162,12 @@ func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolRe
 	sb, err := t.s.create(ctx, sandbox.CreateOptions{
 		Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
 		Env: in.Env, Metadata: in.Metadata, Network: network, IdlePause: time.Duration(in.IdlePauseS) * time.Second,
+		Volumes: volumeMounts(in.Volumes),
 	})
 	if err != nil {
+		if len(in.Volumes) > 0 && errors.Is(err, errdefs.ErrConflict) {
+			return errorResult(errVolumeBusy), nil
+		}
 		return nil, err
 	}
 	return jsonResult(viewSandbox(sb))
@@ -234,6 +260,7 @@ func (t *tools) createFromSnapshot(ctx context.Context, in createIn) (*sdk.CallT
 	o := sandbox.CreateOptions{
 		Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
 		Metadata: in.Metadata, IdlePause: time.Duration(in.IdlePauseS) * time.Second,
+		Volumes: volumeMounts(in.Volumes), // the manager refuses them
 	}
 	sbs, err := t.s.boot(ctx, 1, func(ctx context.Context) ([]store.Sandbox, error) {
 		ctx, cancel := context.WithTimeout(ctx, lifecycleTimeout)

@@ -423,6 +423,15 @@ func (m *Manager) checkMountsFor(ctx context.Context, rt string, o CreateOptions
 		case rt == "gvisor" && v.GuestWritten:
 			return fmt.Errorf("%w: volume %q has been written by a microVM's guest kernel, and airlock never mounts a guest-written filesystem on the host, which a gvisor sandbox needs; mount it in qemu sandboxes", errdefs.ErrFailedPrecondition, v.Name)
 		case rt == "qemu" && !mt.ReadOnly && !v.GuestWritten:
+			// A create the catalog will refuse (the volume is mounted
+			// elsewhere) must not mark it: the mark is for good.
+			att, err := m.Store.Attachments(ctx, v.ID)
+			if err != nil {
+				return err
+			}
+			if len(att) > 0 {
+				return fmt.Errorf("%w: volume %q is mounted by sandbox %s: a read-write mount needs it mounted nowhere else", errdefs.ErrConflict, v.Name, att[0].SandboxID)
+			}
 			if err := m.Store.MarkGuestWritten(ctx, v.ID); err != nil {
 				return err
 			}

@@ -57,6 +57,8 @@ type Sandbox struct {
 	// DiskUsageBytes is what the sandbox's files take on the server's disk
 	// (disk overlay, paused state, logs).
 	DiskUsageBytes int64 `json:"disk_usage_bytes"`
+	// Mounts are its volumes and host directories, fixed at create.
+	Mounts []Mount `json:"mounts"`
 }
 
 // Network modes.
@@ -134,6 +136,11 @@ type CreateOptions struct {
 	// MemoryMB, DiskMB and Image zero (or equal to the snapshot's) and Env
 	// and Network nil; Timeout, Metadata and IdlePause apply.
 	FromSnapshot string
+	// Volumes are the tenant's volumes to mount for the sandbox's life,
+	// and HostMounts host directories (the gvisor runtime only, for now);
+	// at most 4 in all. Not with FromSnapshot.
+	Volumes    []VolumeMount
+	HostMounts []HostMount
 }
 
 type createRequest struct {
@@ -146,8 +153,10 @@ type createRequest struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Network  *Network          `json:"network,omitempty"`
 	// IdlePauseS: 0 is never, which is also the server's default.
-	IdlePauseS   int64  `json:"idle_pause_s,omitempty"`
-	FromSnapshot string `json:"from_snapshot,omitempty"`
+	IdlePauseS   int64              `json:"idle_pause_s,omitempty"`
+	FromSnapshot string             `json:"from_snapshot,omitempty"`
+	Volumes      []VolumeMount      `json:"volumes,omitempty"`
+	Mounts       []hostMountRequest `json:"mounts,omitempty"`
 }
 
 // seconds converts d to whole seconds, rounding a positive remainder up so
@@ -166,7 +175,10 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 	in := createRequest{
 		Image: opts.Image, CPUs: opts.CPUs, MemoryMB: opts.MemoryMB, DiskMB: opts.DiskMB,
 		TimeoutS: seconds(opts.Timeout), Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
-		IdlePauseS: seconds(opts.IdlePause), FromSnapshot: opts.FromSnapshot,
+		IdlePauseS: seconds(opts.IdlePause), FromSnapshot: opts.FromSnapshot, Volumes: opts.Volumes,
+	}
+	for _, m := range opts.HostMounts {
+		in.Mounts = append(in.Mounts, hostMountRequest{HostPath: m.HostPath, Path: m.Path, ReadOnly: !m.ReadWrite})
 	}
 	var sb Sandbox
 	if err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes", nil, in, &sb, http.StatusCreated, http.StatusOK); err != nil {

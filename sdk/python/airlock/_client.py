@@ -182,6 +182,8 @@ class Client:
         network: str | Mapping[str, Any] | None = None,
         idle_pause_s: int = 0,
         from_snapshot: str | None = None,
+        volumes: Iterable[Mapping[str, Any]] | None = None,
+        mounts: Iterable[Mapping[str, Any]] | None = None,
     ) -> "Sandbox":
         """Start a sandbox. Use it as a context manager to kill it on exit:
         ``with client.create() as sb: ...``.
@@ -213,6 +215,20 @@ class Client:
         tenant (see ``snapshot``): processes, memory and disk as saved. Its
         image, size, env and network are the snapshot's: leave image, cpus,
         memory_mb, disk_mb, env and network unset.
+
+        ``volumes`` mounts your tenant's volumes (see ``create_volume``) for
+        the sandbox's life, and ``mounts`` host directories (gvisor runtime
+        only, for now), at most 4 in all::
+
+            volumes=[{"name": "data", "path": "/data"},                   # read-write
+                     {"name": "models", "path": "/models", "read_only": True}],
+            mounts=[{"host_path": "/srv/datasets", "path": "/datasets"}],  # read-only
+                   # unless "read_only": False
+
+        A volume is mounted read-write by one sandbox at a time, or
+        read-only by any number (Conflict otherwise). Host directories are
+        read-only unless ``"read_only": False``; an API key may mount only
+        under the directories the server allows (PermissionDenied).
         """
         payload: dict[str, Any] = {"timeout_s": timeout_s}
         if from_snapshot:
@@ -230,6 +246,10 @@ class Client:
             payload["env"] = dict(env)
         if metadata:
             payload["metadata"] = dict(metadata)
+        if volumes:
+            payload["volumes"] = [dict(v) for v in volumes]
+        if mounts:
+            payload["mounts"] = [dict(m) for m in mounts]
         return Sandbox(self, self._json("POST", "/v1/sandboxes", payload, ok=(201, 200)))
 
     def get(self, sandbox_id: str) -> "Sandbox":
@@ -322,6 +342,39 @@ class Client:
         out = self._json("POST", _sb(sandbox_id, "fork"), {"count": int(count), "force": bool(force)}, ok=(201, 200))
         return [Sandbox(self, s) for s in out.get("sandboxes") or []]
 
+    # -- volumes -------------------------------------------------------------
+
+    def create_volume(self, name: str, size_mb: int) -> dict:
+        """Create volume ``name``, an empty filesystem of ``size_mb`` MiB (at
+        least 16) that outlives sandboxes; mount it with ``create(volumes=...)``.
+        Names: 1-63 lowercase letters, digits, ".", "_" or "-", starting with
+        a letter or digit. Returns the volume (name, id, tenant, size_mb,
+        allocated_bytes, created_at, guest_written, attachments). Raises
+        Conflict if the name is taken and QuotaExceeded over max_volumes or
+        max_disk_mb (a volume's full size counts)."""
+        return self._json("POST", "/v1/volumes", {"name": name, "size_mb": int(size_mb)}, ok=(201, 200))
+
+    def list_volumes(self) -> list[dict]:
+        """Your tenant's volumes."""
+        return self._json("GET", "/v1/volumes").get("volumes") or []
+
+    def get_volume(self, name: str) -> dict:
+        """Volume ``name`` with its ``attachments`` (the sandboxes that mount
+        it: sandbox_id, path, read_only); NotFound if your tenant has none
+        of that name."""
+        return self._json("GET", _vol(name))
+
+    def resize_volume(self, name: str, size_mb: int) -> dict:
+        """Grow volume ``name`` to ``size_mb`` MiB (never shrink:
+        InvalidRequest); its filesystem grows when a sandbox next mounts it.
+        Raises Conflict while a sandbox has it mounted."""
+        return self._json("POST", _vol(name) + "/resize", {"size_mb": int(size_mb)})
+
+    def delete_volume(self, name: str) -> None:
+        """Delete volume ``name`` and its data. Raises Conflict while a
+        sandbox (in any state) has it mounted."""
+        self._json("DELETE", _vol(name), ok=(204, 200))
+
     def sandbox(self, sandbox_id: str) -> "Sandbox":
         """A handle on ``sandbox_id`` without fetching it (``info`` holds only the id)."""
         return Sandbox(self, {"id": sandbox_id})
@@ -382,6 +435,10 @@ def _sb(sandbox_id: str, *rest: str) -> str:
     return p
 
 
+def _vol(name: str) -> str:
+    return "/v1/volumes/" + urllib.parse.quote(name, safe="")
+
+
 def _cmd(cmd: str | list[str]) -> list[str]:
     if isinstance(cmd, str):
         return ["sh", "-c", cmd]
@@ -413,6 +470,12 @@ class Sandbox:
         """The network as the server reports it (mode, allow, secrets with
         name, hosts and placeholder but never a value, ports, limits)."""
         return self.info.get("network") or {}
+
+    @property
+    def mounts(self) -> list[dict]:
+        """Its volumes and host directories as the server reports them:
+        ``[{"volume" or "host_path", "path", "read_only"}]``."""
+        return self.info.get("mounts") or []
 
     def port_url(self, port: int) -> str:
         """The preview URL of TCP ``port`` in this sandbox (see Client.port_url)."""

@@ -74,6 +74,7 @@ class FakeState:
         self.next_id = 0
         self.contexts: dict[str, dict[str, dict]] = {}  # sandbox -> context id -> vars
         self.snapshots: dict[str, dict] = {}  # name -> wire object
+        self.volumes: dict[str, dict] = {}  # name -> wire object (attachments from the sandboxes)
         # archives: sandbox -> directory -> the last tar PUT there; GET sends
         # archive_out if set (a hostile guest), else that tar (get_archive).
         self.archives: dict[str, dict[str, bytes]] = {}
@@ -222,6 +223,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("POST", r"/v1/snapshots/prune", self.prune_snapshots),
             ("GET", r"/v1/snapshots/([\w.-]+)", self.get_snapshot),
             ("DELETE", r"/v1/snapshots/([\w.-]+)", self.delete_snapshot),
+            ("POST", r"/v1/volumes", self.create_volume),
+            ("GET", r"/v1/volumes", self.list_volumes),
+            ("GET", r"/v1/volumes/([\w.-]+)", self.get_volume),
+            ("POST", r"/v1/volumes/([\w.-]+)/resize", self.resize_volume),
+            ("DELETE", r"/v1/volumes/([\w.-]+)", self.delete_volume),
             ("POST", r"/v1/sandboxes/(\w+)/exec", self.exec),
             ("GET", r"/v1/sandboxes/(\w+)/execs", self.list_execs),
             ("GET", r"/v1/sandboxes/(\w+)/execs/(\w+)", self.get_exec),
@@ -382,6 +388,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self._fail(400, "invalid", "from_snapshot: size, image, env and network come from the snapshot")
             body.update(image=sn["image"], cpus=sn["cpus"], memory_mb=sn["memory_mb"])
             source = "snapshot:" + sn["name"]
+        mounts = []
+        for v in body.get("volumes") or []:
+            vol = st.volumes.get(v.get("name"))
+            if vol is None:
+                return self._fail(404, "not_found", "the image or a volume asked for was not found")
+            ro = bool(v.get("read_only", False))
+            if any(not (ro and a["read_only"]) for a in self._attachments(vol["name"])):
+                return self._fail(409, "conflict", "a volume asked for is mounted elsewhere")
+            mounts.append({"volume": vol["name"], "path": v["path"], "read_only": ro})
+        for m in body.get("mounts") or []:
+            # Like the server: read-only unless read_only is false.
+            mounts.append({"host_path": m["host_path"], "path": m["path"], "read_only": m.get("read_only", True) is not False})
         with st.lock:
             st.next_id += 1
             sid = f"sb{st.next_id:010d}"
@@ -391,7 +409,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                   "accel": "tcg", "guest_kernel": "6.1", "start_mode": "clone",
                   "metadata": body.get("metadata") or {}, "tenant": "t1", "_env": body.get("env") or {},
                   "network": net, "idle_pause_s": body.get("idle_pause_s", 0), "source": source,
-                  "disk_usage_bytes": 3 << 20}
+                  "disk_usage_bytes": 3 << 20, "mounts": mounts}
             st.sandboxes[sid], st.files[sid], st.execs[sid] = sb, {}, {}
             st.event(sid, "sandbox.create", {})
         self._send(201, {k: v for k, v in sb.items() if not k.startswith("_")})
@@ -498,6 +516,56 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if any(sb.get("source") == "snapshot:" + name for sb in st.sandboxes.values()):
             return self._fail(412, "failed_precondition", "the snapshot backs the disks of sandboxes")
         del st.snapshots[name]
+        self._send(204)
+
+    # -- volumes ---------------------------------------------------------------
+
+    def _attachments(self, name):
+        return [{"sandbox_id": sb["id"], "path": m["path"], "read_only": m["read_only"]}
+                for sb in self.state.sandboxes.values() for m in sb.get("mounts", []) if m.get("volume") == name]
+
+    def _volume(self, name):
+        return dict(self.state.volumes[name], attachments=self._attachments(name))
+
+    def create_volume(self, q):
+        body = self._json_body() or {}
+        st = self.state
+        if not body.get("name") or body.get("size_mb", 0) < 16:
+            return self._fail(400, "invalid", "name and size_mb (at least 16) are required")
+        if body["name"] in st.volumes:
+            return self._fail(409, "conflict", "the tenant already has a volume of that name")
+        st.volumes[body["name"]] = {"name": body["name"], "id": "vol%d" % len(st.volumes), "tenant": "t1",
+                                    "size_mb": body["size_mb"], "allocated_bytes": 1 << 20,
+                                    "created_at": "2025-01-02T03:06:00Z", "guest_written": False}
+        self._send(201, self._volume(body["name"]))
+
+    def list_volumes(self, q):
+        self._send(200, {"volumes": [self._volume(n) for n in self.state.volumes]})
+
+    def get_volume(self, q, name):
+        if name not in self.state.volumes:
+            return self._fail(404, "not_found", "volume not found")
+        self._send(200, self._volume(name))
+
+    def resize_volume(self, q, name):
+        body = self._json_body() or {}
+        vol = self.state.volumes.get(name)
+        if vol is None:
+            return self._fail(404, "not_found", "volume not found")
+        if self._attachments(name):
+            return self._fail(409, "conflict", "the volume is mounted by a sandbox")
+        if body.get("size_mb", 0) < vol["size_mb"]:
+            return self._fail(400, "invalid", "a volume can only grow")
+        vol["size_mb"] = body["size_mb"]
+        self._send(200, self._volume(name))
+
+    def delete_volume(self, q, name):
+        self._body()
+        if name not in self.state.volumes:
+            return self._fail(404, "not_found", "volume not found")
+        if self._attachments(name):
+            return self._fail(409, "conflict", "the volume is mounted by a sandbox")
+        del self.state.volumes[name]
         self._send(204)
 
     def prune_snapshots(self, q):

@@ -86,6 +86,37 @@ class SandboxTests(FakeTestCase):
         with self.assertRaises(airlock.NotFound):
             c.resume("sbnope")
 
+    def test_volumes(self):
+        c = self.client
+        v = c.create_volume("data", 64)
+        self.assertEqual((v["name"], v["size_mb"], v["attachments"]), ("data", 64, []))
+        self.assertEqual(self.fake.last()["json"], {"name": "data", "size_mb": 64})
+        with self.assertRaises(airlock.Conflict):
+            c.create_volume("data", 64)
+        self.assertEqual([x["name"] for x in c.list_volumes()], ["data"])
+        self.assertEqual(c.resize_volume("data", 128)["size_mb"], 128)
+        with self.assertRaises(airlock.InvalidRequest):
+            c.resize_volume("data", 32)
+
+        sb = c.create(volumes=[{"name": "data", "path": "/data"}], mounts=[{"host_path": "/srv/src", "path": "/src"}])
+        sent = self.fake.last()["json"]
+        self.assertEqual(sent["volumes"], [{"name": "data", "path": "/data"}])
+        self.assertEqual(sent["mounts"], [{"host_path": "/srv/src", "path": "/src"}])  # read-only: the server's default
+        self.assertEqual(sb.mounts, [{"volume": "data", "path": "/data", "read_only": False},
+                                     {"host_path": "/srv/src", "path": "/src", "read_only": True}])
+        self.assertEqual(c.get_volume("data")["attachments"], [{"sandbox_id": sb.id, "path": "/data", "read_only": False}])
+        with self.assertRaises(airlock.Conflict):
+            c.create(volumes=[{"name": "data", "path": "/data", "read_only": True}])
+        with self.assertRaises(airlock.Conflict):
+            c.delete_volume("data")
+        with self.assertRaises(airlock.NotFound):
+            c.create(volumes=[{"name": "nope", "path": "/data"}])
+        sb.kill()
+        self.assertIsNone(c.delete_volume("data"))
+        with self.assertRaises(airlock.NotFound):
+            c.get_volume("data")
+        self.assertEqual(c.create().mounts, [])
+
     def test_snapshot_and_fork(self):
         c = self.client
         sb = c.create(cpus=2)

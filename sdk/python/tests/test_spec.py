@@ -346,6 +346,13 @@ class SDKMatchesSpec(unittest.TestCase):
         sb = call("Client.create", c.create, image="base", cpus=1, memory_mb=512, disk_mb=2048, timeout_s=60,
                   env={"A": "1"}, metadata={"k": "v"}, network=net, idle_pause_s=0)
         call("Client.create", c.create, from_snapshot="snap", idle_pause_s=60, network="none")
+        call("Client.create", c.create, volumes=[{"name": "data", "path": "/data", "read_only": True}],
+             mounts=[{"host_path": "/srv", "path": "/srv", "read_only": False}])
+        call("Client.create_volume", c.create_volume, "data", 64)
+        call("Client.list_volumes", c.list_volumes)
+        call("Client.get_volume", c.get_volume, "data")
+        call("Client.resize_volume", c.resize_volume, "data", 128)
+        call("Client.delete_volume", c.delete_volume, "data")
         sb = call("Client.sandbox", c.sandbox, sid)
         call("Client.get", c.get, sid)
         call("Client.list", c.list, state="running", metadata={"k": "v"})
@@ -366,6 +373,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.id", lambda: sb.id)
         call("Sandbox.state", lambda: sb.state)
         call("Sandbox.network", lambda: sb.network)
+        call("Sandbox.mounts", lambda: sb.mounts)
         call("Sandbox.refresh", sb.refresh)
         call("Sandbox.set_timeout", sb.set_timeout, 60)
         call("Sandbox.pause", sb.pause, force=True)
