@@ -22,8 +22,8 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
 // serveOptions are serve's own settings (the global ones are in globals).
@@ -173,7 +173,7 @@ func hostMountRoots(dirs []string, stateDir string) ([]string, error) {
 		case d == state || strings.HasPrefix(d, state+"/") || strings.HasPrefix(state, d+"/"):
 			return nil, bad("holds or is inside airlock's state dir " + state)
 		}
-		fd, err := statedir.OpenDirNoSymlinks(d)
+		fd, err := runtime.OpenDirNoSymlinks(d)
 		if err != nil {
 			return nil, bad(err.Error())
 		}

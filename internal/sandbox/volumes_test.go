@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/shim"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
@@ -275,8 +277,23 @@ func TestHostMountChecks(t *testing.T) {
 		}
 	}
 
+	// Read-write needs a nosuid, nodev host mount (threat 9).
+	if _, err := m.resolveMounts(ctx, alice, nil, []HostMount{{HostPath: share, Path: "/rw", ReadWrite: true}}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "nosuid") {
+		t.Fatalf("read-write on a suid mount: %v", err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the rest needs root (a nosuid bind mount)")
+	}
+	sub := filepath.Join(share, "sub")
+	if err := unix.Mount(sub, sub, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	if err := unix.Mount("", sub, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		t.Fatal(err)
+	}
 	// Host mounts are read-only unless asked for read-write.
-	ms, err := m.resolveMounts(ctx, alice, nil, []HostMount{{HostPath: share, Path: "/ro"}, {HostPath: filepath.Join(share, "sub"), Path: "/rw", ReadWrite: true}})
+	ms, err := m.resolveMounts(ctx, alice, nil, []HostMount{{HostPath: share, Path: "/ro"}, {HostPath: sub, Path: "/rw", ReadWrite: true}})
 	if err != nil || len(ms) != 2 || !ms[0].ReadOnly || ms[1].ReadOnly || ms[0].HostPath != share {
 		t.Fatalf("modes: %+v %v", ms, err)
 	}
