@@ -52,6 +52,8 @@ var (
 		"the snapshot backs the disks of sandboxes (made from it or forked) or of other snapshots; remove them first"}
 	errCannotSnapshot = &Error{http.StatusPreconditionFailed, "failed_precondition",
 		"the sandbox cannot be saved now: it has secrets, runs commands or code (use force to end them), or is not running"}
+	errSnapshotMounts = &Error{http.StatusPreconditionFailed, "failed_precondition",
+		"the sandbox has volumes or host mounts: snapshots and forks of such sandboxes are refused (their data is not part of a snapshot)"}
 	errPruneNeedsAdmin = &Error{http.StatusForbidden, "permission_denied", "pruning snapshots needs an admin key"}
 )
 
@@ -108,6 +110,8 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case errors.Is(err, errdefs.ErrConflict):
 			err = errSnapshotTaken
+		case errors.Is(err, sandbox.ErrHasMounts):
+			err = errSnapshotMounts
 		case errors.Is(err, errdefs.ErrFailedPrecondition):
 			err = errCannotSnapshot
 		}
@@ -211,7 +215,9 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	forks, err := s.cfg.Snapshots.Fork(ctx, callerOf(r), sb.ID, req.Count, req.Force)
 	if err != nil {
-		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+		if errors.Is(err, sandbox.ErrHasMounts) {
+			err = errSnapshotMounts
+		} else if errors.Is(err, errdefs.ErrFailedPrecondition) {
 			err = errCannotSnapshot
 		}
 		s.fail(w, r, err)

@@ -20,6 +20,10 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
+// ErrHasMounts refuses a snapshot or fork of a sandbox with volumes or host
+// mounts. It is an ErrFailedPrecondition.
+var ErrHasMounts = fmt.Errorf("%w: snapshots and forks of sandboxes with volumes or host mounts are refused (their data is not part of a snapshot)", errdefs.ErrFailedPrecondition)
+
 // MaxForks bounds one Fork call.
 const MaxForks = 16
 
@@ -74,8 +78,8 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (st
 		// A snapshot holds memory and the root disk. Its sandboxes would
 		// need the same devices, and a volume's data would be shared by
 		// reference with a guest whose page cache disagrees with it.
-		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has %s mounted at %s: snapshots and forks of sandboxes with volumes or host mounts are refused (their data is not part of a snapshot); copy the data into the root disk or snapshot a sandbox without mounts",
-			errdefs.ErrFailedPrecondition, id, mountWhat(sb.Mounts[0]), sb.Mounts[0].Path)
+		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has %s mounted at %s; copy the data into the root disk or snapshot a sandbox without mounts",
+			ErrHasMounts, id, mountWhat(sb.Mounts[0]), sb.Mounts[0].Path)
 	}
 	wasRunning := sb.State != store.StatePaused
 	if wasRunning {

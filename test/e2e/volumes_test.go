@@ -1,0 +1,222 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/statedir"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
+)
+
+// volume creates a volume of size for the test and removes it afterwards
+// (cleanups run last-in first-out: after the sandboxes made later).
+func (e env) volume(t *testing.T, size string) string {
+	t.Helper()
+	name := "t-" + statedir.RandomID(8)
+	e.must(t, "volume", "create", name, "--size", size)
+	t.Cleanup(func() { e.run(t, nil, "volume", "rm", name) })
+	return name
+}
+
+// volumeImage is the host path of volume name's image.
+func (e env) volumeImage(t *testing.T, name string) string {
+	t.Helper()
+	var v struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(e.must(t, "volume", "inspect", name, "--json")), &v); err != nil || v.ID == "" {
+		t.Fatalf("volume inspect %s: %v", name, err)
+	}
+	return filepath.Join(e.state, "volumes", v.ID+".img")
+}
+
+// TestVolumes: a file written to a volume in one sandbox is read in a
+// second after the first is removed; two read-only mounts see the same
+// bytes at once and cannot write, root or not, and leave the image
+// unchanged; a mount that would make two writers, or a writer and
+// readers, is refused with a clear error, as is removing a mounted
+// volume; on qemu a pause and resume keeps the volume.
+func TestVolumes(t *testing.T) {
+	e := setup(t)
+	vol := e.volume(t, "64M")
+	w := e.create(t, "-v", vol+":/data")
+	e.must(t, "exec", w, "--", "sh", "-c", "mkdir -p /data/d && head -c 100000 /dev/urandom > /data/d/blob && echo one > /data/f && sync")
+	want := strings.Fields(e.must(t, "exec", w, "--", "sha256sum", "/data/d/blob"))[0]
+
+	for _, spec := range []string{vol + ":/x", vol + ":/x:ro"} {
+		r := e.run(t, nil, "create", "-v", spec)
+		if r.code == 0 {
+			e.run(t, nil, "rm", strings.TrimSpace(r.stdout))
+			t.Fatalf("create -v %s while %s writes it succeeded", spec, w)
+		}
+		if !strings.Contains(r.stderr, "mounted read-write by sandbox "+w) {
+			t.Errorf("create -v %s: the refusal does not say who holds it: %s", spec, r.stderr)
+		}
+	}
+	if r := e.run(t, nil, "volume", "rm", vol); r.code == 0 || !strings.Contains(r.stderr, w) {
+		t.Errorf("volume rm of a mounted volume: exit %d, %s", r.code, r.stderr)
+	}
+	if r := e.run(t, nil, "snapshot", w, "--name", "s-"+statedir.RandomID(6)); r.code == 0 || !strings.Contains(r.stderr, "volume") {
+		t.Errorf("snapshot of a sandbox with a volume: exit %d, %s", r.code, r.stderr)
+	}
+	if !onGVisor() {
+		e.must(t, "pause", w)
+		e.must(t, "resume", w)
+		if got := e.must(t, "exec", w, "--", "cat", "/data/f"); got != "one\n" {
+			t.Errorf("after pause and resume: %q", got)
+		}
+	}
+	e.must(t, "rm", w)
+
+	img := e.volumeImage(t, vol)
+	before := sha256File(t, img)
+	var readers []string
+	for range 2 {
+		readers = append(readers, e.create(t, "-v", vol+":/ro:ro"))
+	}
+	for _, r := range readers {
+		got := strings.Fields(e.must(t, "exec", r, "--", "sha256sum", "/ro/d/blob"))[0]
+		if got != want {
+			t.Errorf("reader %s sees %s, the writer wrote %s", r, got, want)
+		}
+		if res := e.run(t, nil, "exec", r, "--", "sh", "-c", "echo x > /ro/new || exit 1; echo written"); res.code == 0 {
+			t.Errorf("reader %s wrote its read-only volume: %+v", r, res)
+		}
+		e.run(t, nil, "exec", r, "--", "sh", "-c", "mount -o remount,rw /ro; echo x > /ro/new2")
+	}
+	if r := e.run(t, nil, "create", "-v", vol+":/w"); r.code == 0 || !strings.Contains(r.stderr, "mounted read-only by sandbox") {
+		t.Errorf("a writer beside readers: exit %d, %s", r.code, r.stderr)
+	}
+	var info struct {
+		Attachments []struct {
+			SandboxID string `json:"sandbox_id"`
+			ReadOnly  bool   `json:"read_only"`
+		} `json:"attachments"`
+	}
+	if err := json.Unmarshal([]byte(e.must(t, "volume", "inspect", vol, "--json")), &info); err != nil || len(info.Attachments) != 2 || !info.Attachments[0].ReadOnly {
+		t.Errorf("inspect: %+v %v", info, err)
+	}
+	for _, r := range readers {
+		e.must(t, "rm", r)
+	}
+	if after := sha256File(t, img); after != before {
+		t.Errorf("read-only mounts changed the volume's image")
+	}
+	e.must(t, "volume", "rm", vol)
+	if _, err := os.Stat(img); !os.IsNotExist(err) {
+		t.Errorf("volume rm left the image: %v", err)
+	}
+}
+
+// TestVolumeDurability kills the VMM (qemu, or gVisor's sentry) while
+// the guest appends to a volume and fsyncs after each line: every line
+// the guest acknowledged after its fsync is on the volume afterwards.
+func TestVolumeDurability(t *testing.T) {
+	e := setup(t)
+	vol := e.volume(t, "64M")
+	id := e.create(t, "-v", vol+":/data")
+	const script = `
+import os, sys
+f = open("/data/log", "a")
+for i in range(1, 1000000):
+    f.write("line %d\n" % i)
+    f.flush()
+    os.fsync(f.fileno())
+    print(i, flush=True)
+`
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := e.cmd(ctx, nil, "exec", id, "--", "python3", "-c", script)
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	acked := 0
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		n, err := strconv.Atoi(strings.TrimSpace(sc.Text()))
+		if err != nil {
+			t.Fatalf("unexpected output %q", sc.Text())
+		}
+		acked = n
+		if acked == 50 {
+			if err := syscall.Kill(vmmPID(t, id), syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	_ = c.Wait()
+	if acked < 50 {
+		t.Fatalf("the guest acknowledged only %d writes before its exec ended", acked)
+	}
+	testutil.WaitFor(t, time.Minute, func() bool { // the sandbox fails
+		return strings.Contains(e.must(t, "inspect", id), "failed")
+	})
+	e.must(t, "rm", id)
+	// Read-write, so that the journal of the killed guest is replayed.
+	check := e.create(t, "-v", vol+":/data")
+	got := e.must(t, "exec", check, "--", "cat", "/data/log")
+	have := map[string]bool{}
+	for _, l := range strings.Split(got, "\n") {
+		have[l] = true
+	}
+	for i := 1; i <= acked; i++ {
+		if !have[fmt.Sprintf("line %d", i)] {
+			t.Fatalf("line %d of %d acknowledged is missing after the kill (%d lines present)", i, acked, len(have)-1)
+		}
+	}
+	t.Logf("%d acknowledged writes, all present", acked)
+}
+
+// TestHostMounts: on gvisor a host directory is shared read-only by
+// default and a read-write one needs a nosuid, nodev host mount; on qemu
+// host mounts are refused with a clear error.
+func TestHostMounts(t *testing.T) {
+	e := setup(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "in.txt"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !onGVisor() {
+		r := e.run(t, nil, "run", "--mount", dir+":/h", "--", "true")
+		if r.code == 0 || !strings.Contains(r.stderr, "gvisor") {
+			t.Fatalf("a host mount on qemu: exit %d, %s", r.code, r.stderr)
+		}
+		return
+	}
+	r := e.run(t, nil, "run", "--mount", dir+":/h", "--", "sh", "-c", "cat /h/in.txt; echo x > /h/new && echo wrote")
+	if !strings.Contains(r.stdout, "from the host") || strings.Contains(r.stdout, "wrote") {
+		t.Fatalf("read-only host mount: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "new")); err == nil {
+		t.Fatal("the guest wrote into a read-only host mount")
+	}
+	if r := e.run(t, nil, "run", "--mount", dir+":/h:rw", "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "nosuid") {
+		t.Fatalf("read-write host mount on a suid host mount: exit %d, %s", r.code, r.stderr)
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.must(t, "run", "--mount", dir+":/h:rw", "--", "sh", "-c", "echo back > /h/out.txt")
+	if b, err := os.ReadFile(filepath.Join(dir, "out.txt")); err != nil || string(b) != "back\n" {
+		t.Fatalf("host side of a read-write mount: %q %v", b, err)
+	}
+}
