@@ -247,7 +247,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	// Owned execs end (forced), then the agent channel closes: the guest
 	// must see its EOF before it is frozen.
 	if s.execs != nil {
-		s.execs.Close()
+		s.execs.CloseFor("the sandbox was paused (force)")
 	}
 	_ = s.agent.Close()
 	if err := saver.SaveState(ctx, stateDir, runtime.SaveOptions{}); err != nil {

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -75,4 +76,51 @@ func TestShimPauseUnsupportedBeforeBusy(t *testing.T) {
 		t.Fatalf("shutdown: %v", err)
 	}
 	h.wait(t)
+}
+
+// TestShimForcedPauseSaysSo: a forced pause ends running execs, and each
+// stream's output ends by saying the sandbox was paused, not stopped.
+func TestShimForcedPauseSaysSo(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, time.Hour)
+	sc := shimclient.New(h.l.Socket(h.id))
+	defer sc.Close()
+	st, err := sc.Exec(t.Context(), guest.ExecSpec{Argv: []string{"sleep", "60"}}, shimclient.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !testutil.WaitFor(t, 10*time.Second, func() bool { return h.s.busy() > 0 }) {
+		t.Fatal("the exec never ran")
+	}
+	if _, err := sc.Pause(t.Context(), false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("pause while a command runs: %v; want failed precondition", err)
+	}
+	if _, err := sc.Pause(t.Context(), true); err != nil {
+		t.Fatalf("forced pause: %v", err)
+	}
+	var stderr bytes.Buffer
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			t.Fatalf("exec stream: %v (stderr %q)", err, stderr.String())
+		}
+		if ev.Kind == guest.ExecStderr {
+			stderr.Write(ev.Data)
+		}
+		if ev.Kind == guest.ExecExited {
+			if ev.Exit.Signal != 9 {
+				t.Errorf("exit %+v; want killed", ev.Exit)
+			}
+			break
+		}
+	}
+	if want := "[airlock: the sandbox was paused (force); the process was killed]\n"; stderr.String() != want {
+		t.Errorf("stderr %q; want %q", stderr.String(), want)
+	}
+	h.wait(t)
+	sb, err := h.st.GetSandbox(t.Context(), h.id)
+	if err != nil || sb.State != store.StatePaused {
+		t.Fatalf("after the pause: %+v %v", sb, err)
+	}
 }
