@@ -69,14 +69,15 @@ import (
 
 // readmeBlock is one fenced block of README.md.
 type readmeBlock struct {
-	line   int // of the opening fence, 1-based
-	lang   string
-	body   string
-	run    bool // an example; false: not-run
-	qemu   bool
-	drop   string // gvisor-drop
-	goMod  bool   // go-module
-	reason string
+	line    int    // of the opening fence, 1-based
+	section string // the heading above it
+	lang    string
+	body    string
+	run     bool // an example; false: not-run
+	qemu    bool
+	drop    string // gvisor-drop
+	goMod   bool   // go-module
+	reason  string
 }
 
 var (
@@ -91,12 +92,16 @@ func readmeBlocks(text string) ([]readmeBlock, error) {
 	lines := strings.Split(text, "\n")
 	var blocks []readmeBlock
 	var errs []error
+	section := ""
 	for i := 0; i < len(lines); i++ {
+		if h, ok := strings.CutPrefix(lines[i], "#"); ok && strings.HasPrefix(strings.TrimLeft(h, "#"), " ") {
+			section = strings.TrimSpace(strings.TrimLeft(h, "#"))
+		}
 		m := readmeFence.FindStringSubmatch(lines[i])
 		if m == nil {
 			continue
 		}
-		b := readmeBlock{line: i + 1, lang: m[1]}
+		b := readmeBlock{line: i + 1, section: section, lang: m[1]}
 		end := i + 1
 		for end < len(lines) && strings.TrimSpace(lines[end]) != "```" {
 			end++
@@ -217,8 +222,8 @@ func TestReadmeMarkers(t *testing.T) {
 			t.Errorf("readmeBlocks(%q) = %v; want an error with %q", c.text, err, c.want)
 		}
 	}
-	bs, err := readmeBlocks("```text\na diagram\n```\n<!-- example qemu gvisor-drop=\"x y\": why -->\n```sh\ntrue\n```\n")
-	if err != nil || len(bs) != 1 || !bs[0].qemu || bs[0].drop != "x y" || bs[0].reason != "why" || bs[0].line != 5 {
+	bs, err := readmeBlocks("## A heading\n```text\na diagram\n```\n<!-- example qemu gvisor-drop=\"x y\": why -->\n```sh\ntrue\n```\n")
+	if err != nil || len(bs) != 1 || !bs[0].qemu || bs[0].drop != "x y" || bs[0].reason != "why" || bs[0].line != 6 || bs[0].section != "A heading" {
 		t.Errorf("readmeBlocks: %+v, %v", bs, err)
 	}
 	lines, want := readmeExpectations("a  # exits 3\nb \\\n  c   # interrupted (exit 124)\nd 'exit 5'\n")
@@ -303,7 +308,7 @@ func TestReadmeExamples(t *testing.T) {
 		if !b.run || b.goMod {
 			continue
 		}
-		t.Run(fmt.Sprintf("line%d_%s", b.line, b.lang), func(t *testing.T) {
+		t.Run(b.section, func(t *testing.T) { // "Install and quick start", then #01, ... for more blocks under one heading
 			if b.qemu && onGVisor() {
 				t.Skipf("README.md:%d runs on qemu only: %s", b.line, b.reason)
 			}
