@@ -212,12 +212,14 @@ func (s *shim) busy() int64 {
 // the sandbox cannot go on running (its agent channel is closed or its VMM
 // gone): the caller must fail it.
 func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.PauseResponse, fatal bool, err error) {
-	if err := s.pauseCheck(force, own); err != nil {
-		return nil, false, err
-	}
+	// What the runtime cannot do comes first: asking to wait for commands,
+	// or to force, would not help.
 	saver, ok := s.inst.(runtime.StateSaver)
 	if !ok {
 		return nil, false, connect.NewError(connect.CodeUnimplemented, errors.New("this sandbox's runtime cannot pause it (gvisor sandboxes cannot pause yet; qemu ones can)"))
+	}
+	if err := s.pauseCheck(force, own); err != nil {
+		return nil, false, err
 	}
 	sb, err := s.st.GetSandbox(ctx, s.cfg.ID)
 	if err != nil {
@@ -245,7 +247,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	// Owned execs end (forced), then the agent channel closes: the guest
 	// must see its EOF before it is frozen.
 	if s.execs != nil {
-		s.execs.Close()
+		s.execs.CloseFor("the sandbox was paused (force)")
 	}
 	_ = s.agent.Close()
 	if err := saver.SaveState(ctx, stateDir, runtime.SaveOptions{}); err != nil {

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -59,6 +60,7 @@ type sessions struct {
 	hostOOM func() (uint64, error)
 
 	mu       sync.Mutex
+	endNote  string // why Close ended the running execs (CloseFor)
 	byID     map[string]*session
 	finished []string // ids of finished sessions, oldest first
 	running  int      // running or starting
@@ -255,7 +257,9 @@ func (t *sessions) pump(s *session) {
 		if err != nil {
 			note := "[airlock: the exec's stream to the guest broke; the process was killed]\n"
 			if t.ctx.Err() != nil {
-				note = "[airlock: the sandbox stopped; the process was killed]\n"
+				t.mu.Lock()
+				note = "[airlock: " + cmp.Or(t.endNote, "the sandbox stopped") + "; the process was killed]\n"
+				t.mu.Unlock()
 			} else {
 				t.log.Warn("exec session stream", "exec_id", s.id, "err", err)
 			}
@@ -447,9 +451,15 @@ func (t *sessions) Running() int {
 
 // Close ends every running exec (the guest kills them), records their
 // exits and waits for the table's goroutines. Start fails afterwards.
-func (t *sessions) Close() {
+// Each exec's output ends with a note that the sandbox stopped.
+func (t *sessions) Close() { t.CloseFor("") }
+
+// CloseFor is Close with why in the note that ends each running exec's
+// output ("the sandbox was paused (force)"); "" is "the sandbox stopped".
+func (t *sessions) CloseFor(why string) {
 	t.mu.Lock()
 	t.closed = true
+	t.endNote = why
 	t.mu.Unlock()
 	t.cancel()
 	t.wg.Wait()

@@ -1,12 +1,18 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 type inspected struct {
@@ -284,5 +290,64 @@ func TestSnapshotCreateFrom(t *testing.T) {
 	}
 	if !strings.Contains(r.stderr, "corrupt") {
 		t.Errorf("corrupt snapshot: %q", r.stderr)
+	}
+}
+
+// TestPauseResumeBackgroundServerAndForce checks the README's pause rules
+// for commands: a dev server an exec started in the background does not
+// block a pause, serves again after the resume and in a fork; a command
+// still running blocks a pause, and --force ends it with a note saying the
+// sandbox was paused.
+func TestPauseResumeBackgroundServerAndForce(t *testing.T) {
+	e := setup(t)
+	id := e.create(t, "--lifetime", "10m")
+	pid := strings.TrimSpace(e.must(t, "exec", id, "--", "sh", "-c", "python3 -m http.server 8000 >/tmp/http.log 2>&1 & echo $!"))
+	serves := func(id string) bool {
+		return e.run(t, nil, "exec", id, "--", "curl", "-sf", "-o", "/dev/null", "http://127.0.0.1:8000/").code == 0
+	}
+	if !testutil.WaitFor(t, 2*time.Minute, func() bool { return serves(id) }) {
+		t.Fatal("the background server never answered")
+	}
+	e.must(t, "pause", id)
+	if st := inspect(t, e, id); st.State != "paused" {
+		t.Fatalf("after pause: state %q (%s)", st.State, st.Reason)
+	}
+	if !serves(id) {
+		t.Fatal("after the resume the background server does not answer")
+	}
+	if r := e.run(t, nil, "exec", id, "--", "kill", "-0", pid); r.code != 0 {
+		t.Fatalf("the server (pid %s) is gone after the resume: %s", pid, r.stderr)
+	}
+	fork := strings.TrimSpace(e.must(t, "fork", id))
+	t.Cleanup(func() { e.run(t, nil, "rm", fork) })
+	if !serves(fork) {
+		t.Fatal("the fork's copy of the background server does not answer")
+	}
+
+	// A command in the foreground blocks a pause; --force ends it.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := e.cmd(ctx, nil, "exec", id, "--", "sleep", "1000")
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !testutil.WaitFor(t, time.Minute, func() bool {
+		return e.run(t, nil, "exec", id, "--", "pgrep", "-f", "^sleep 1000").code == 0
+	}) {
+		t.Fatal("sleep 1000 never ran")
+	}
+	if r := e.run(t, nil, "pause", id); r.code == 0 || !strings.Contains(r.stderr, "use force") {
+		t.Fatalf("pause while a command runs: exit %d, stderr %q; want a refusal", r.code, r.stderr)
+	}
+	e.must(t, "pause", "--force", id)
+	err := c.Wait()
+	ee, ok := errors.AsType[*exec.ExitError](err)
+	if !ok || ee.ExitCode() != 137 || !strings.Contains(stderr.String(), "[airlock: the sandbox was paused (force); the process was killed]") {
+		t.Fatalf("the forced-out exec: %v, stderr %q; want exit 137 and the pause note", err, stderr.String())
+	}
+	if !serves(id) {
+		t.Fatal("after the forced pause the background server does not answer")
 	}
 }
