@@ -8,10 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
 // dirsDir holds the extracted trees (the gvisor runtime's image form):
@@ -166,49 +169,9 @@ func reprepare(dir string, prepare func(root string) error) error {
 	return nil
 }
 
-// isMountPoint reports whether dir is the root of a mount (its device
-// differs from its parent's, or it appears in mountinfo as a bind).
-func isMountPoint(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && unescapeMount(f[4]) == dir {
-			return true
-		}
-	}
-	return false
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var out []byte
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			ok := true
-			for _, c := range []byte(s[i+1 : i+4]) {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + c - '0'
-			}
-			if ok {
-				out = append(out, v)
-				i += 3
-				continue
-			}
-		}
-		out = append(out, s[i])
-	}
-	return string(out)
-}
+// isMountPoint reports whether dir is the root of a mount (it appears in
+// mountinfo, binds included).
+func isMountPoint(dir string) bool { return slices.Contains(statedir.MountsUnder(dir), dir) }
 
 // lockPath takes an exclusive flock on path (created if missing).
 func lockPath(path string) (func(), error) {

@@ -640,13 +640,12 @@ func (m *Manager) remove(ctx context.Context, id string) error {
 	}
 	// A supervisor that died (killed, host crash) cannot have cleaned up
 	// what its runtime mounted: runsc's state and network namespaces.
-	detachMounts(m.L.Dir(id))
 	detachNetns(id)
 	// Its host cgroup, which a shim removes on its way out unless it died.
 	if err := hostcg.Remove(hostcg.DefaultParent, id); err != nil {
 		m.log().Warn("host cgroup left behind", "sandbox_id", id, "err", err)
 	}
-	if err := os.RemoveAll(m.L.Dir(id)); err != nil {
+	if err := statedir.RemoveAllNoMounts(m.L.Dir(id)); err != nil {
 		return fmt.Errorf("remove sandbox files: %w", err)
 	}
 	// The row goes with the disk references it holds; the collector then
@@ -705,28 +704,6 @@ func (m *Manager) shimPID(id string) int {
 	var pid int
 	_, _ = fmt.Sscanf(string(b), "%d", &pid)
 	return pid
-}
-
-// detachMounts lazily unmounts every mount at or below dir (deepest first).
-func detachMounts(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		if p := f[4]; p == dir || strings.HasPrefix(p, dir+"/") {
-			points = append(points, p)
-		}
-	}
-	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
-	for _, p := range points {
-		_ = unix.Unmount(p, unix.MNT_DETACH)
-	}
 }
 
 // detachNetns removes network namespaces the gvisor runtime created for

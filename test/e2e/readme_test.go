@@ -31,6 +31,7 @@ import (
 // OPTS, space-separated:
 //
 //	qemu               run on the qemu runtime only (skipped on gvisor, with REASON)
+//	gvisor             run on the gvisor runtime only (skipped on qemu, with REASON)
 //	gvisor-drop="TEXT" on gvisor, lines containing TEXT are left out
 //	go-module          a sh block run in the Go example's module, before go run
 //
@@ -75,6 +76,7 @@ type readmeBlock struct {
 	body    string
 	run     bool // an example; false: not-run
 	qemu    bool
+	gvisor  bool
 	drop    string // gvisor-drop
 	goMod   bool   // go-module
 	reason  string
@@ -83,7 +85,7 @@ type readmeBlock struct {
 var (
 	readmeFence  = regexp.MustCompile("^```([a-z]*)\\s*$")
 	readmeMarker = regexp.MustCompile(`^<!-- (example|not-run)(.*) -->$`)
-	readmeOpt    = regexp.MustCompile(`^(?:qemu|go-module|gvisor-drop="([^"]+)")`)
+	readmeOpt    = regexp.MustCompile(`^(?:qemu|gvisor(?:-drop="([^"]+)")?|go-module)`)
 )
 
 // readmeBlocks parses README text into its fenced blocks, checking every
@@ -169,6 +171,8 @@ func (b *readmeBlock) parseMarker(marker string) error {
 		switch o[0] {
 		case "qemu":
 			b.qemu = true
+		case "gvisor":
+			b.gvisor = true
 		case "go-module":
 			b.goMod = true
 		default:
@@ -176,7 +180,10 @@ func (b *readmeBlock) parseMarker(marker string) error {
 		}
 		opts = strings.TrimSpace(opts[len(o[0]):])
 	}
-	if (b.qemu || b.drop != "" || b.goMod) != (hasReason && b.reason != "") {
+	if b.qemu && b.gvisor {
+		return fmt.Errorf("marker %q: qemu and gvisor exclude each other", marker)
+	}
+	if (b.qemu || b.gvisor || b.drop != "" || b.goMod) != (hasReason && b.reason != "") {
 		return fmt.Errorf("marker %q: options need a reason after a colon, and a plain example has neither", marker)
 	}
 	return nil
@@ -311,6 +318,9 @@ func TestReadmeExamples(t *testing.T) {
 		t.Run(b.section, func(t *testing.T) { // "Install and quick start", then #01, ... for more blocks under one heading
 			if b.qemu && onGVisor() {
 				t.Skipf("README.md:%d runs on qemu only: %s", b.line, b.reason)
+			}
+			if b.gvisor && !onGVisor() {
+				t.Skipf("README.md:%d runs on gvisor only: %s", b.line, b.reason)
 			}
 			switch b.lang {
 			case "sh":
