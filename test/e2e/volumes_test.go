@@ -54,6 +54,17 @@ func TestVolumes(t *testing.T) {
 	e.must(t, "exec", w, "--", "sh", "-c", "mkdir -p /data/d && head -c 100000 /dev/urandom > /data/d/blob && echo one > /data/f") // no sync: rm flushes
 	want := strings.Fields(e.must(t, "exec", w, "--", "sha256sum", "/data/d/blob"))[0]
 
+	// Filling the volume fills only it: the write stops at its size, the
+	// guest's root disk still takes writes, the image keeps its size.
+	img := e.volumeImage(t, vol)
+	r := e.run(t, nil, "exec", w, "--", "sh", "-c", "dd if=/dev/zero of=/data/fill bs=1M 2>&1; echo root > /root/after && cat /root/after; rm /data/fill")
+	if !strings.Contains(r.stdout, "No space left") || !strings.Contains(r.stdout, "root\n") {
+		t.Errorf("filling the volume: %+v", r)
+	}
+	if fi, err := os.Stat(img); err != nil || fi.Size() != 64<<20 {
+		t.Errorf("the image grew past the volume's size: %v %v", fi.Size(), err)
+	}
+
 	for _, spec := range []string{vol + ":/x", vol + ":/x:ro"} {
 		r := e.run(t, nil, "create", "-v", spec)
 		if r.code == 0 {
@@ -79,7 +90,6 @@ func TestVolumes(t *testing.T) {
 	}
 	e.must(t, "rm", w)
 
-	img := e.volumeImage(t, vol)
 	before := sha256File(t, img)
 	var readers []string
 	for range 2 {
