@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,6 +115,19 @@ func TestMountsHostDir(t *testing.T) {
 	f := newFixture(t)
 	ro, rw := newHostTree(t), newHostTree(t)
 	nosuid(t, rw.dir)
+	// A host Unix socket in the shared directory stays inert (threat 7).
+	ln, err := net.Listen("unix", filepath.Join(rw.dir, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
 	spec := f.spec(t)
 	spec.Mounts = []runtime.Mount{{Dir: ro.dir, Target: "/ro", ReadOnly: true}, {Dir: rw.dir, Target: "/rw"}}
 	_, cl := bootMounts(t, f, spec)
@@ -172,6 +186,15 @@ func TestMountsHostDir(t *testing.T) {
 		if err := unix.Statfs(filepath.Join(rw.dir, "new"), &st); err != nil || st.Flags&unix.ST_NOSUID == 0 {
 			t.Errorf("a set-id file the guest made is live on the host: %v %v", fi.Mode(), err)
 		}
+	}
+	c.run("sh", "-c", "cat /rw/sock; echo x > /rw/sock; nc -U /rw/sock </dev/null")
+	if r := c.run("ls", "-l", "/rw/sock"); r.code != 0 {
+		t.Errorf("the guest does not see the socket file, so the check proves nothing: %+v", r)
+	}
+	select {
+	case <-accepted:
+		t.Error("the guest connected to a host Unix socket in a host mount")
+	default:
 	}
 	// Swap the shared directory for a symlink to the canary's directory:
 	// the guest keeps the directory it was given.
