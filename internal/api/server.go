@@ -156,6 +156,7 @@ var routes = []route{
 	{"GET /v1/sandboxes/{id}/files/list", true, (*Server).listFiles},
 	{"GET /v1/sandboxes/{id}/files/stat", true, (*Server).statFile},
 	{"POST /v1/sandboxes/{id}/files/mkdir", true, (*Server).mkdir},
+	{"POST /v1/sandboxes/{id}/files/rename", true, (*Server).renameFile},
 	{"/v1/sandboxes/{id}/ports/{port}/{path...}", true, (*Server).preview},
 	{"GET /v1/sandboxes/{id}/preview", true, (*Server).previewLink},
 	{"GET /v1/events", true, (*Server).listEvents},

@@ -81,6 +81,7 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", f.withSandbox(f.listFiles))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", f.withSandbox(f.stat))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", f.withSandbox(f.mkdir))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/files/rename", f.withSandbox(f.rename))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/code", f.withSandbox(f.code))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/contexts", f.withSandbox(f.listContexts))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts", f.withSandbox(f.createContext))
@@ -673,6 +674,27 @@ func (f *fakeServer) mkdir(w http.ResponseWriter, r *http.Request, id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.files[id][in.Path] = nil // nil marks a directory
+	w.WriteHeader(204)
+}
+
+func (f *fakeServer) rename(w http.ResponseWriter, r *http.Request, id string) {
+	var in struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || !validPath(in.From) || !validPath(in.To) {
+		f.fail(w, 400, "invalid", "bad path")
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.files[id][in.From]
+	if !ok {
+		f.fail(w, 404, "not_found", "no such file")
+		return
+	}
+	delete(f.files[id], in.From)
+	f.files[id][in.To] = b
 	w.WriteHeader(204)
 }
 

@@ -868,6 +868,12 @@ class Sandbox:
     def interrupt_context(self, context_id: str) -> None:
         self._client._json("POST", _sb(self.id, "contexts", context_id, "interrupt"), ok=(204,))
 
+    def rename(self, src: str, dst: str) -> None:
+        """Rename or move ``src`` to ``dst`` within the guest's filesystem
+        (rename(2): an existing file at ``dst`` is replaced; across
+        filesystems the guest refuses it)."""
+        self._client._json("POST", _sb(self.id, "files", "rename"), {"from": src, "to": dst}, ok=(204, 200))
+
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path``; a non-empty directory needs recursive=True."""
         q = {"path": path, "recursive": "true" if recursive else None}

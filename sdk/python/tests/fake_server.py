@@ -234,6 +234,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("GET", r"/v1/sandboxes/(\w+)/files/list", self.list_files),
             ("GET", r"/v1/sandboxes/(\w+)/files/stat", self.stat),
             ("POST", r"/v1/sandboxes/(\w+)/files/mkdir", self.mkdir),
+            ("POST", r"/v1/sandboxes/(\w+)/files/rename", self.rename),
             ("PUT", r"/v1/sandboxes/(\w+)/files/archive", self.put_archive),
             ("GET", r"/v1/sandboxes/(\w+)/files/archive", self.get_archive),
             ("POST", r"/v1/sandboxes/(\w+)/code", self.run_code),
@@ -659,6 +660,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def mkdir(self, q, sid):
         body = self._json_body()
         self.state.files[sid][body["path"]] = None
+        self._send(204)
+
+    def rename(self, q, sid):
+        body = self._json_body()
+        files = self.state.files[sid]
+        if body.get("from") not in files or not str(body.get("to", "")).startswith("/"):
+            return self._fail(404, "not_found", "no such file")
+        files[body["to"]] = files.pop(body["from"])
         self._send(204)
 
     def put_archive(self, q, sid):

@@ -411,6 +411,12 @@ class FileTests(FakeTestCase):
         self.assertEqual((st["size"], st["type"], st["name"]), (5, "file", "x"))
         fl = sb.list_files("/srv")
         self.assertEqual((sorted(e["name"] for e in fl), fl.truncated), (["s", "x"], False))
+        sb.rename("/srv/x", "/srv/y")
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/files/rename")
+        with self.assertRaises(airlock.NotFound):
+            sb.stat("/srv/x")
+        self.assertEqual(sb.read_file("/srv/y"), b"hello")
+        sb.rename("/srv/y", "/srv/x")
         sb.remove("/srv/x")
         with self.assertRaises(airlock.NotFound):
             sb.stat("/srv/x")

@@ -391,6 +391,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.list_files", sb.list_files, "/", depth=2)
         call("Sandbox.stat", sb.stat, "/f")
         call("Sandbox.mkdir", sb.mkdir, "/d", parents=True)
+        call("Sandbox.rename", sb.rename, "/f", "/g")
         call("Sandbox.remove", sb.remove, "/d", recursive=True)
         call("Sandbox.write_archive", sb.write_archive, "/d", self.srv.RequestHandlerClass._tar())
         call("Sandbox.read_archive_to", sb.read_archive_to, "/d", io.BytesIO())
