@@ -160,6 +160,7 @@ var routes = []route{
 	{"/v1/sandboxes/{id}/ports/{port}/{path...}", true, (*Server).preview},
 	{"GET /v1/sandboxes/{id}/preview", true, (*Server).previewLink},
 	{"GET /v1/events", true, (*Server).listEvents},
+	{"GET /v1/server", true, (*Server).serverOverview},
 }
 
 // New returns a Server for cfg.

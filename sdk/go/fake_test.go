@@ -69,6 +69,7 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.withSandbox(f.resume))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", f.withSandbox(f.keepalive))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/usage", f.withSandbox(f.usage))
+	mux.HandleFunc("GET /v1/server", f.server)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", f.withSandbox(f.exec))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs", f.withSandbox(f.listExecs))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs/{eid}", f.withExec(f.getExec))
@@ -379,6 +380,24 @@ func (f *fakeServer) resume(w http.ResponseWriter, _ *http.Request, id string) {
 func (f *fakeServer) keepalive(w http.ResponseWriter, _ *http.Request, id string) {
 	f.resume(httptest.NewRecorder(), nil, id) // like any call, it resumes
 	w.WriteHeader(204)
+}
+
+// server answers a tenant's overview: its sandboxes by state, fixed
+// activity, one tenant row with a quota, no host.
+func (f *fakeServer) server(w http.ResponseWriter, _ *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	states := map[string]int{"creating": 0, "running": 0, "pausing": 0, "paused": 0, "resuming": 0, "stopping": 0, "failed": 0}
+	for _, sb := range f.sandboxes {
+		states[sb["state"].(string)]++
+	}
+	writeJSON(w, 200, map[string]any{
+		"admin": false, "sandboxes": states,
+		"activity": map[string]any{"since": "2026-11-25T13:00:00Z", "bucket_s": 3600, "creates": []int{1, 0, 2}, "failures": []int{0, 0, 1}},
+		"tenants": []map[string]any{{"tenant": "t1", "sandboxes": len(f.sandboxes), "vcpus": 1, "memory_mb": 512, "disk_mb": 2048, "snapshots": 0,
+			"snapshots_disk_mb": 0, "quota": map[string]any{"max_sandboxes": 20, "max_vcpus": 32, "max_memory_mb": 32768, "max_disk_mb": 65536, "max_snapshots": 100}}},
+		"runtime": map[string]any{"name": "qemu"},
+	})
 }
 
 // usage answers fixed figures for a running sandbox, with a network block

@@ -351,6 +351,16 @@ class Client:
         netloc = host if self._port is None else f"{host}:{self._port}"
         return f"{scheme}://{netloc}{self._prefix}{_sb(sandbox_id, 'ports', str(int(port)))}/"
 
+    def server(self) -> dict:
+        """The server as this key may see it (what the dashboard's Server page
+        shows): ``{"admin", "sandboxes": {state: count}, "activity": {"since",
+        "bucket_s", "creates", "failures"}, "tenants": [{"tenant", "sandboxes",
+        "vcpus", "memory_mb", "disk_mb", "snapshots", "snapshots_disk_mb",
+        "quota"}], "runtime": {"name"}}``. A tenant key gets its own tenant
+        only; an admin key every tenant, ``"host"`` (disk and memory) and the
+        runtime's ``"why"``."""
+        return self._json("GET", "/v1/server")
+
     def healthz(self) -> bool:
         """True if the server answers /healthz with ok."""
         out = self._json("GET", "/healthz")

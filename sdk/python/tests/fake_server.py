@@ -209,6 +209,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("POST", r"/v1/sandboxes", self.create),
             ("GET", r"/v1/sandboxes", self.list),
             ("GET", r"/v1/events", self.events),
+            ("GET", r"/v1/server", self.server_overview),
             ("GET", r"/v1/sandboxes/(\w+)", self.get),
             ("DELETE", r"/v1/sandboxes/(\w+)", self.kill),
             ("POST", r"/v1/sandboxes/(\w+)/timeout", self.set_timeout),
@@ -454,6 +455,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
             sb.pop("lifetime_left_s", None)
         self.state.keepalives = getattr(self.state, "keepalives", 0) + 1
         self._send(204)
+
+    def server_overview(self, q):
+        states = dict.fromkeys(["creating", "running", "pausing", "paused", "resuming", "stopping", "failed"], 0)
+        for sb in self.state.sandboxes.values():
+            states[sb["state"]] += 1
+        quota = {"max_sandboxes": 20, "max_vcpus": 32, "max_memory_mb": 32768, "max_disk_mb": 65536, "max_snapshots": 100}
+        self._send(200, {
+            "admin": False, "sandboxes": states,
+            "activity": {"since": "2026-11-25T13:00:00Z", "bucket_s": 3600, "creates": [1, 0, 2], "failures": [0, 0, 1]},
+            "tenants": [{"tenant": "t1", "sandboxes": len(self.state.sandboxes), "vcpus": 1, "memory_mb": 512, "disk_mb": 2048,
+                         "snapshots": 0, "snapshots_disk_mb": 0, "quota": quota}],
+            "runtime": {"name": "qemu"},
+        })
 
     def usage(self, q, sid):
         self._body()

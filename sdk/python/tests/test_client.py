@@ -55,6 +55,15 @@ class SandboxTests(FakeTestCase):
             c.usage(sb.id)
         self.assertEqual(c.get(sb.id).state, "paused")  # asking did not resume it
 
+    def test_server(self):
+        c = self.client
+        c.create()
+        o = c.server()
+        self.assertEqual((self.fake.last()["method"], self.fake.last()["path"]), ("GET", "/v1/server"))
+        self.assertEqual((o["admin"], o["sandboxes"]["running"], o["activity"]["failures"], o["runtime"]["name"]), (False, 1, [0, 0, 1], "qemu"))
+        self.assertEqual(o["tenants"][0]["quota"]["max_vcpus"], 32)
+        self.assertNotIn("host", o)
+
     def test_pause_resume_keepalive(self):
         c = self.client
         sb = c.create(idle_pause_s=300)

@@ -361,6 +361,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Client.fork", c.fork, sid, count=2, force=True)
         call("Client.events", c.events, sandbox=sid, type="net", since=1, limit=10)
         call("Client.healthz", c.healthz)
+        call("Client.server", c.server)
         call("Client.kill", c.kill, sid)
 
         call("Sandbox.id", lambda: sb.id)
