@@ -120,3 +120,51 @@ func TestServerOverview(t *testing.T) {
 		t.Errorf("no key: %d %s", r.code, r.body)
 	}
 }
+
+// Logs gives the console to whoever sees the sandbox and the supervisor's
+// log to admins, as the manager does.
+func (f *fake) Logs(_ context.Context, c sandbox.Caller, id string, tail int64) ([]sandbox.LogTail, error) {
+	if _, err := f.lookup(c, id); err != nil {
+		return nil, err
+	}
+	console := []byte("boot\n<b>guest</b>\xff\n")
+	out := []sandbox.LogTail{{Source: sandbox.LogConsole, Exists: true, Size: int64(len(console)), Text: console[max(int64(len(console))-tail, 0):]}}
+	if c.Admin {
+		out = append(out, sandbox.LogTail{Source: sandbox.LogSupervisor})
+	}
+	return out, nil
+}
+
+// TestSandboxLogs: the logs route answers the console as text (invalid
+// UTF-8 replaced), its end when tail_bytes is smaller, the supervisor's
+// log only to an admin, and bob's sandbox as a missing one.
+func TestSandboxLogs(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	var out struct{ Logs []SandboxLog }
+	r := h.do(h.alice, "GET", "/v1/sandboxes/aliceaaaaaaa/logs", nil)
+	if err := json.Unmarshal(r.body, &out); r.code != 200 || err != nil {
+		t.Fatalf("logs: %d %s", r.code, r.body)
+	}
+	if len(out.Logs) != 1 || out.Logs[0] != (SandboxLog{Source: "console", Exists: true, Size: 19, Text: "boot\n<b>guest</b>\uFFFD\n"}) {
+		t.Errorf("alice's logs: %s", r.body)
+	}
+	r = h.do(h.alice, "GET", "/v1/sandboxes/aliceaaaaaaa/logs?tail_bytes=2", nil)
+	out.Logs = nil
+	if err := json.Unmarshal(r.body, &out); r.code != 200 || err != nil || len(out.Logs) != 1 || !out.Logs[0].Truncated || out.Logs[0].Text != "\uFFFD\n" {
+		t.Errorf("the last 2 bytes: %d %s", r.code, r.body)
+	}
+	for _, q := range []string{"0", "x", "1048577"} {
+		if r := h.do(h.alice, "GET", "/v1/sandboxes/aliceaaaaaaa/logs?tail_bytes="+q, nil); r.code != 400 {
+			t.Errorf("tail_bytes=%s: %d", q, r.code)
+		}
+	}
+	r = h.do(h.admin, "GET", "/v1/sandboxes/aliceaaaaaaa/logs", nil)
+	out.Logs = nil
+	if err := json.Unmarshal(r.body, &out); r.code != 200 || err != nil || len(out.Logs) != 2 || out.Logs[1].Source != "supervisor" || out.Logs[1].Exists {
+		t.Errorf("the admin's logs: %d %s", r.code, r.body)
+	}
+	if r := h.do(h.bob, "GET", "/v1/sandboxes/aliceaaaaaaa/logs", nil); r.code != 404 {
+		t.Errorf("bob reads alice's logs: %d %s", r.code, r.body)
+	}
+}

@@ -129,6 +129,7 @@ var routes = []route{
 	{"POST /v1/sandboxes/{id}/resume", true, (*Server).resumeSandbox},
 	{"POST /v1/sandboxes/{id}/keepalive", true, (*Server).keepalive},
 	{"GET /v1/sandboxes/{id}/usage", true, (*Server).sandboxUsage},
+	{"GET /v1/sandboxes/{id}/logs", true, (*Server).sandboxLogs},
 	{"POST /v1/sandboxes/{id}/snapshot", true, (*Server).snapshotSandbox},
 	{"POST /v1/sandboxes/{id}/fork", true, (*Server).forkSandbox},
 	{"GET /v1/snapshots", true, (*Server).listSnapshots},

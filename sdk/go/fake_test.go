@@ -70,6 +70,7 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", f.withSandbox(f.keepalive))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/usage", f.withSandbox(f.usage))
 	mux.HandleFunc("GET /v1/server", f.server)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", f.withSandbox(f.logs))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", f.withSandbox(f.exec))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs", f.withSandbox(f.listExecs))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs/{eid}", f.withExec(f.getExec))
@@ -398,6 +399,17 @@ func (f *fakeServer) server(w http.ResponseWriter, _ *http.Request) {
 			"snapshots_disk_mb": 0, "quota": map[string]any{"max_sandboxes": 20, "max_vcpus": 32, "max_memory_mb": 32768, "max_disk_mb": 65536, "max_snapshots": 100}}},
 		"runtime": map[string]any{"name": "qemu"},
 	})
+}
+
+// logs answers a console log, its end if tail_bytes asks for less.
+func (f *fakeServer) logs(w http.ResponseWriter, r *http.Request, _ string) {
+	text := "boot\nready\n"
+	n, _ := strconv.Atoi(r.URL.Query().Get("tail_bytes"))
+	trunc := n > 0 && n < len(text)
+	if trunc {
+		text = text[len(text)-n:]
+	}
+	writeJSON(w, 200, map[string]any{"logs": []map[string]any{{"source": "console", "exists": true, "size": 11, "truncated": trunc, "text": text}}})
 }
 
 // usage answers fixed figures for a running sandbox, with a network block

@@ -33,3 +33,30 @@ func TestServer(t *testing.T) {
 		t.Errorf("tenants %+v", o.Tenants)
 	}
 }
+
+func TestLogs(t *testing.T) {
+	t.Parallel()
+	c, f := newTestClient(t)
+	ctx := t.Context()
+	sb, err := c.Create(ctx, airlock.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, err := c.Logs(ctx, sb.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := f.lastRequest(); r.URL.Path != "/v1/sandboxes/"+sb.ID+"/logs" || r.URL.RawQuery != "" {
+		t.Errorf("Logs sent %s?%s", r.URL.Path, r.URL.RawQuery)
+	}
+	if len(logs) != 1 || logs[0] != (airlock.SandboxLog{Source: "console", Exists: true, Size: 11, Text: "boot\nready\n"}) {
+		t.Errorf("logs %+v", logs)
+	}
+	logs, err = c.Logs(ctx, sb.ID, 6)
+	if err != nil || len(logs) != 1 || logs[0].Text != "ready\n" || !logs[0].Truncated {
+		t.Errorf("the last 6 bytes: %+v %v", logs, err)
+	}
+	if q := f.lastRequest().URL.Query().Get("tail_bytes"); q != "6" {
+		t.Errorf("tail_bytes %q", q)
+	}
+}

@@ -217,6 +217,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("POST", r"/v1/sandboxes/(\w+)/resume", self.resume),
             ("POST", r"/v1/sandboxes/(\w+)/keepalive", self.keepalive),
             ("GET", r"/v1/sandboxes/(\w+)/usage", self.usage),
+            ("GET", r"/v1/sandboxes/(\w+)/logs", self.logs),
             ("POST", r"/v1/sandboxes/(\w+)/snapshot", self.snapshot),
             ("POST", r"/v1/sandboxes/(\w+)/fork", self.fork),
             ("GET", r"/v1/snapshots", self.list_snapshots),
@@ -455,6 +456,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             sb.pop("lifetime_left_s", None)
         self.state.keepalives = getattr(self.state, "keepalives", 0) + 1
         self._send(204)
+
+    def logs(self, q, sid):
+        text = "boot\nready\n"
+        n = int(q.get("tail_bytes") or 0)
+        trunc = 0 < n < len(text)
+        if trunc:
+            text = text[-n:]
+        self._send(200, {"logs": [{"source": "console", "exists": True, "size": 11, "truncated": trunc, "text": text}]})
 
     def server_overview(self, q):
         states = dict.fromkeys(["creating", "running", "pausing", "paused", "resuming", "stopping", "failed"], 0)

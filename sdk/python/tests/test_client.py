@@ -55,6 +55,15 @@ class SandboxTests(FakeTestCase):
             c.usage(sb.id)
         self.assertEqual(c.get(sb.id).state, "paused")  # asking did not resume it
 
+    def test_logs(self):
+        sb = self.client.create()
+        logs = sb.logs()
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/logs")
+        self.assertEqual([(l["source"], l["text"], l["truncated"]) for l in logs], [("console", "boot\nready\n", False)])
+        logs = sb.logs(tail_bytes=6)
+        self.assertEqual(self.fake.last()["query"]["tail_bytes"], "6")
+        self.assertEqual((logs[0]["text"], logs[0]["truncated"]), ("ready\n", True))
+
     def test_server(self):
         c = self.client
         c.create()

@@ -373,6 +373,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.resume", sb.resume)
         call("Sandbox.keepalive", sb.keepalive)
         call("Sandbox.usage", sb.usage)
+        call("Sandbox.logs", sb.logs, tail_bytes=100)
         call("Sandbox.snapshot", sb.snapshot, "snap2", force=True)
         call("Sandbox.fork", sb.fork, count=1)
         call("Sandbox.exec", sb.exec, ["sh", "-c", "true"], env={"A": "1"}, cwd="/", user="root", stdin=b"in",
