@@ -585,3 +585,25 @@ func TestDashboardSessionCrossTenant(t *testing.T) {
 		t.Error("alice's session removed bob's sandbox")
 	}
 }
+
+// TestDashboardServerPage: the server page needs a session (else the
+// sign-in page), is served under the dashboard's CSP, and its data comes
+// from the /v1/server route its script calls.
+func TestDashboardServerPage(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	anon := &dashClient{t: t, h: h}
+	if res := anon.req(http.MethodGet, "/ui/server", nil, nil); res.StatusCode != http.StatusSeeOther || res.Header.Get("Location") != "/ui/sign-in" {
+		t.Fatalf("signed out: %d %q", res.StatusCode, res.Header.Get("Location"))
+	}
+	a := signIn(t, h, h.alice)
+	res := a.req(http.MethodGet, "/ui/server", nil, nil)
+	body := readAll(t, res)
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Security-Policy") != dashboardCSP ||
+		!strings.Contains(body, `src="/ui/static/server.js"`) || !strings.Contains(body, `aria-current="page">Server`) {
+		t.Fatalf("server page: %d %s", res.StatusCode, body)
+	}
+	if res := a.req(http.MethodGet, "/ui/static/server.js", nil, nil); res.StatusCode != http.StatusOK || !strings.Contains(readAll(t, res), `api("GET", "/server")`) {
+		t.Fatalf("server.js: %d", res.StatusCode)
+	}
+}
