@@ -10,8 +10,9 @@ import (
 )
 
 // A sandbox's logs (`airlock logs`, the dashboard's Logs card): its guest's
-// serial console (qemu: the kernel's and the agent's output, capped by the
-// runtime) and its supervisor's log (the shim's: the host's account of the
+// console (qemu: the serial console, the kernel's and the agent's output,
+// capped by the runtime; gvisor: the container's output) and its
+// supervisor's log (the shim's: the host's account of the
 // sandbox, with host paths and errors, so for admins only). Reading them
 // never resumes a paused sandbox and is not activity.
 
@@ -29,8 +30,7 @@ const MaxLogTail = 1 << 20
 // LogTail is the end of one log of a sandbox.
 type LogTail struct {
 	Source LogSource
-	// Exists is false when the sandbox has no such log (a gVisor sandbox
-	// has no serial console).
+	// Exists is false when the sandbox has no such log (yet).
 	Exists bool
 	// Size is the log's size; Text its last bytes (all of it unless
 	// Size is larger than the tail asked for).

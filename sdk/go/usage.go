@@ -57,7 +57,7 @@ func (c *Client) Usage(ctx context.Context, id string) (*Usage, error) {
 }
 
 // SandboxLog is the end of one of a sandbox's logs: "console" (its guest's
-// serial console) or, for admin keys, "supervisor" (its shim's log on the
+// console) or, for admin keys, "supervisor" (its shim's log on the
 // host). Text is the sandbox's own output: hostile, show it as text.
 type SandboxLog struct {
 	Source    string `json:"source"`

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -118,6 +120,21 @@ func TestDashboard(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// The watcher catches what it must: a console error on a page makes a
+	// problem (the dashboard's own pages must then make none).
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`(console.error("probe of the console watcher"), true)`)); err != nil {
+		t.Fatal(err)
+	}
+	if !testutil.WaitFor(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, "probe of the console watcher") })
+	}) {
+		t.Fatal("a console.error on the page was not caught: TestDashboard would miss the pages' console errors")
+	}
+	mu.Lock()
+	problems = nil
+	mu.Unlock()
 	shot := func(name string) chromedp.Action[chromedp.Void] {
 		return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
 			png, err := chromedp.FullScreenshot(100)(ctx, tg)
@@ -190,6 +207,7 @@ func TestDashboard(t *testing.T) {
 		state("running"),
 		chromedp.WaitVisible(chromedp.Search(`//td[contains(@class,"md")][contains(., "purpose=dashboard-e2e")]`)),
 		shot("2-list"))
+	paint(t, bctx, "the sandbox list")
 
 	// The filter hides rows that do not match, and shows them again.
 	run("filter",
@@ -262,7 +280,9 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("the terminal's shell still runs a minute after the terminal closed: %s", execs)
 	}
 
+	paint(t, bctx, "the sandbox page")
 	dashboardSandboxPage(t, s, key, sb.ID, bctx, run, poll, art)
+	dashboardServerPage(t, bctx, run, poll, shot, "e2e-dashboard", false)
 
 	run("back to the list",
 		chromedp.Navigate(s.base+"/"),
@@ -341,7 +361,9 @@ func TestDashboard(t *testing.T) {
 		chromedp.WaitVisible(css(row)),
 		chromedp.WaitVisible(chromedp.Search(`//tr[@class="group"]/th[normalize-space(.)="tenant e2e-dashboard"]`)),
 		chromedp.WaitVisible(chromedp.Search(`//td[contains(@class,"tenant")][normalize-space(.)="e2e-dashboard"]`)),
-		shot("8-admin"),
+		shot("8-admin"))
+	dashboardServerPage(t, bctx, run, poll, shot, "e2e-dashboard", true)
+	run("admin sign out",
 		chromedp.Click(id("sign-out")),
 		chromedp.WaitVisible(id("key")))
 	report()
@@ -438,6 +460,48 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 		ents, _ := os.ReadDir(dl)
 		t.Fatalf("the download saved %d bytes (%v in the folder); want the %d uploaded", len(got), ents, len(want))
 	}
+	// Rename it in its row (Enter saves), then delete the file with the
+	// hostile name (asked first, in the row; Cancel leaves it).
+	renameRow := `#files tr[data-name="upload.bin"]`
+	run("rename",
+		chromedp.Click(chromedp.CSS(renameRow+` button[data-action="rename"]`)),
+		poll(`document.activeElement && document.activeElement.dataset.action === 'new-name' && document.activeElement.value === 'upload.bin'`),
+		chromedp.SetValue(chromedp.CSS(renameRow+` input[data-action="new-name"]`), "renamed.bin"),
+		chromedp.Click(chromedp.CSS(renameRow+` button[data-action="save-rename"]`)),
+		poll(`document.getElementById('files-status').textContent === 'renamed /root/dash/upload.bin to /root/dash/renamed.bin'`),
+		poll(`!!`+rowOf("renamed.bin")+` && !`+rowOf("upload.bin")))
+	if code, b := s.do(key, "GET", "/v1/sandboxes/"+id+"/files?path=/root/dash/renamed.bin", nil); code != 200 || !bytes.Equal(b, want) {
+		t.Fatalf("the renamed file in the guest: %d, %d bytes", code, len(b))
+	}
+	if code, _ := s.do(key, "GET", "/v1/sandboxes/"+id+"/files/stat?path=/root/dash/upload.bin", nil); code != 404 {
+		t.Fatalf("the old name after the rename: %d, want 404", code)
+	}
+	hostileDel := `(() => { const r = ` + rowOf(hostile) + `; return r && r.querySelector('button[data-action="%s"]'); })()`
+	clickJS := func(expr string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			ok, err := chromedp.Evaluate[bool](`(() => { const b = `+expr+`; if (!b) return false; b.click(); return true; })()`)(ctx, tg)
+			if err == nil && !ok {
+				err = fmt.Errorf("nothing to click: %s", expr)
+			}
+			return err
+		})
+	}
+	run("delete, then cancel",
+		clickJS(fmt.Sprintf(hostileDel, "delete")),
+		poll(`!!`+fmt.Sprintf(hostileDel, "confirm-delete")),
+		shot("3f-delete-confirm", "files-h"),
+		clickJS(fmt.Sprintf(hostileDel, "cancel")),
+		poll(`!!`+fmt.Sprintf(hostileDel, "delete")+` && document.activeElement === `+fmt.Sprintf(hostileDel, "delete")))
+	run("delete",
+		clickJS(fmt.Sprintf(hostileDel, "delete")),
+		clickJS(fmt.Sprintf(hostileDel, "confirm-delete")),
+		poll(`document.getElementById('files-status').textContent === 'deleted /root/dash/' + `+js(hostile)),
+		poll(`!`+rowOf(hostile)+` && !!`+rowOf("renamed.bin")),
+		shot("3g-files-after", "files-h"))
+	body, _ = json.Marshal(map[string]any{"cmd": []string{"sh", "-c", `ls -A /root/dash`}})
+	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(body)); code != 200 || strings.Contains(string(b), "onerror") || !strings.Contains(string(b), "renamed.bin") {
+		t.Fatalf("the guest's /root/dash after the delete: %d %s", code, b)
+	}
 	run("up to /root",
 		chromedp.Click(chromedp.ID("dir-up")),
 		poll(`document.getElementById('dir').value === '/root' && !!`+rowOf("dash")))
@@ -483,4 +547,144 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 		t.Fatal(err)
 	}
 	t.Logf("usage card: %s", cpu)
+
+	// The logs card: the guest console (QEMU; a gVisor sandbox has none),
+	// no supervisor log for a tenant, and the commands run with their
+	// output, as text.
+	marker, _ := json.Marshal(map[string]any{"cmd": []string{"sh", "-c", `echo "logs-marker <i>as text</i>"`}})
+	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(marker)); code != 200 || !strings.Contains(string(b), `"code":0`) {
+		t.Fatalf("the marker command: %d %s", code, b)
+	}
+	// Both runtimes keep a console log: QEMU's serial console (the guest
+	// kernel's and agent's lines), gVisor's container output (the agent's).
+	consoleCheck := `/component=agent|Linux version/.test((document.querySelector('#logs .log[data-source="console"] pre.log-text') || {}).textContent)`
+	markerRow := `Array.from(document.querySelectorAll('#execs tbody tr[data-exec]')).find(r => r.querySelector('td.cmd').textContent.includes('logs-marker'))`
+	run("logs",
+		chromedp.Click(chromedp.ID("logs-refresh")),
+		poll(`/^loaded /.test(document.getElementById('logs-status').textContent)`),
+		poll(consoleCheck),
+		poll(`!document.querySelector('#logs .log[data-source="supervisor"]')`),
+		poll(`!!`+markerRow),
+		clickJS(markerRow+`.querySelector('button[data-action="output"]')`),
+		poll(`(() => { const r = `+markerRow+`; const o = r && r.nextElementSibling; return !!o && o.classList.contains('exec-output') && o.querySelector('pre').textContent === 'logs-marker <i>as text</i>\n' && !o.querySelector('i'); })()`),
+		shot("3h-logs", "logs-h"))
+
+	// The lifecycle from the page: the lifetime is set (on both runtimes);
+	// a snapshot and a fork (QEMU: gVisor sandboxes cannot pause, which
+	// both start with).
+	run("set the lifetime",
+		chromedp.SetValue(chromedp.ID("extend"), "14400"),
+		chromedp.Click(chromedp.ID("extend-go")),
+		poll(`document.getElementById('act-status').textContent === 'lifetime set: 4h 0m from now'`))
+	var info struct {
+		LifetimeLeftS float64   `json:"lifetime_left_s"`
+		ExpiresAt     time.Time `json:"expires_at"`
+	}
+	_, b := s.do(key, "GET", "/v1/sandboxes/"+id, nil)
+	_ = json.Unmarshal(b, &info)
+	if left := time.Until(info.ExpiresAt); left < 3*time.Hour+50*time.Minute || left > 4*time.Hour+time.Minute {
+		t.Errorf("after setting the lifetime to 4 hours, the sandbox expires in %s (%s)", left, b)
+	}
+	if onGVisor() {
+		run("no snapshot or fork on gVisor", poll(`['sb-pause', 'sb-fork', 'snapshot'].every(i => { const b = document.getElementById(i); return b.disabled && /gVisor sandboxes cannot pause/.test(b.title); })`))
+		t.Log("snapshot and fork from the page not driven: gVisor sandboxes cannot pause")
+		return
+	}
+	snap := "dash-e2e-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	run("snapshot",
+		chromedp.SendKeys(chromedp.ID("snap-name"), snap),
+		chromedp.Click(chromedp.ID("snapshot")),
+		poll(`document.getElementById('act-status').textContent === 'saved snapshot `+snap+`'`))
+	run("fork",
+		chromedp.Click(chromedp.ID("sb-fork")),
+		poll(`!!document.querySelector('#act-status a[data-fork]')`),
+		shot("3i-forked", "sb-h"))
+	fork, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#act-status a[data-fork]').dataset.fork`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, b := s.do(key, "GET", "/v1/sandboxes/"+fork, nil); code != 200 || !strings.Contains(string(b), `"state":"running"`) {
+		t.Errorf("the fork made from the page: %d %s", code, b)
+	}
+	if code, b := s.do(key, "DELETE", "/v1/sandboxes/"+fork, nil); code != 204 {
+		t.Errorf("remove the fork: %d %s", code, b)
+	}
+	if code, b := s.do(key, "DELETE", "/v1/snapshots/"+snap, nil); code != 204 {
+		t.Errorf("remove the snapshot: %d %s", code, b)
+	}
+}
+
+// paint logs how fast the page now shown painted (Paint Timing's first
+// contentful paint, from the navigation's start) and its Navigation
+// Timing. The issue's target is under a second on loopback; speed targets
+// belong in benchmarks, so this asserts only a generous bound.
+func paint(t *testing.T, bctx context.Context, what string) {
+	t.Helper()
+	js := `JSON.stringify((() => { const p = performance.getEntriesByName('first-contentful-paint')[0]; const n = performance.getEntriesByType('navigation')[0];
+		return { fcp: p ? p.startTime : -1, ttfb: n ? n.responseStart : -1, dcl: n ? n.domContentLoadedEventEnd : -1, load: n ? n.loadEventEnd : -1 }; })())`
+	out, err := chromedp.Run(bctx, chromedp.Evaluate[string](js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct{ FCP, TTFB, DCL, Load float64 }
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: first contentful paint %.0f ms (first byte %.0f ms, DOMContentLoaded %.0f ms, load %.0f ms)", what, m.FCP, m.TTFB, m.DCL, m.Load)
+	if m.FCP < 0 || m.FCP > 5000 {
+		t.Errorf("%s: first contentful paint %.0f ms; the target is under 1000 ms on loopback (bound here: 5000)", what, m.FCP)
+	}
+}
+
+// dashboardServerPage opens the server page from the header's link and
+// checks it: the tenant's own figures only (its row, with quotas; its
+// creates counted; no host figures) or, for an admin, every tenant, the
+// host's disk and memory and why the runtime was picked.
+func dashboardServerPage(t *testing.T, bctx context.Context, run func(string, ...chromedp.Action[chromedp.Void]),
+	poll func(string) chromedp.Action[chromedp.Void], shot func(string) chromedp.Action[chromedp.Void], tenant string, admin bool) {
+	t.Helper()
+	who := map[bool]string{true: "admin", false: "tenant"}[admin]
+	run("the server page ("+who+")",
+		chromedp.Click(chromedp.ID("nav-server")),
+		chromedp.WaitVisible(chromedp.ID("srv-h")),
+		poll(`!!document.getElementById('server').dataset.loaded`),
+		poll(`+(document.querySelector('#states li[data-state="running"] .n') || {}).textContent >= 1`),
+		poll(`+document.querySelector('#activity svg').dataset.created >= 1`),
+		poll(`!!document.querySelector('#tenants tr[data-tenant="`+tenant+`"] meter')`),
+		shot("9-server-"+who))
+	paint(t, bctx, "the server page ("+who+")")
+	out, err := chromedp.Run(bctx, chromedp.Evaluate[string](`JSON.stringify({
+		tenants: Array.from(document.querySelectorAll('#tenants tbody tr')).map(r => r.dataset.tenant),
+		host: !!document.getElementById('host-disk') && !!document.getElementById('host-mem'),
+		why: (document.getElementById('runtime-why') || {}).textContent || '',
+		runtime: document.getElementById('runtime').textContent,
+		text: document.getElementById('main').innerText })`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pg struct {
+		Tenants            []string
+		Host               bool
+		Why, Runtime, Text string
+	}
+	if err := json.Unmarshal([]byte(out), &pg); err != nil {
+		t.Fatal(err)
+	}
+	want := map[bool]string{true: "gvisor", false: "qemu"}[onGVisor()]
+	if pg.Runtime != want {
+		t.Errorf("the server page's runtime: %q, want %q", pg.Runtime, want)
+	}
+	if !admin {
+		if !slices.Equal(pg.Tenants, []string{tenant}) || pg.Host || pg.Why != "" {
+			t.Errorf("a tenant's server page: tenants %v, host figures %v, runtime why %q; want only %s and no host figures", pg.Tenants, pg.Host, pg.Why, tenant)
+		}
+		if strings.Contains(pg.Text, tenant+"-ops") {
+			t.Errorf("a tenant's server page names another tenant:\n%s", pg.Text)
+		}
+		return
+	}
+	if !slices.Contains(pg.Tenants, tenant) || !slices.Contains(pg.Tenants, tenant+"-ops") || !pg.Host || pg.Why == "" {
+		t.Errorf("the admin's server page: tenants %v, host figures %v, runtime why %q", pg.Tenants, pg.Host, pg.Why)
+	}
+	t.Logf("server page (admin): runtime %s (%s)", pg.Runtime, pg.Why)
 }

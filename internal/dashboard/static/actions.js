@@ -22,12 +22,17 @@
   const extendForm = document.getElementById("extend-form");
   let busy = false;
 
+  // A gVisor sandbox cannot pause, and snapshots and forks start with a
+  // pause: those buttons stay off for it, saying why.
   function sync() {
     const st = box.dataset.state || "";
-    pause.disabled = busy || st !== "running";
+    const saves = box.dataset.runtime !== "gvisor";
+    const why = saves ? "" : "gVisor sandboxes cannot pause yet (snapshots and forks start with a pause)";
+    for (const b of [pause, fork, document.getElementById("snapshot")]) b.title = why;
+    pause.disabled = busy || !saves || st !== "running";
     resume.disabled = busy || st !== "paused";
-    fork.disabled = busy || !(st === "running" || st === "paused");
-    document.getElementById("snapshot").disabled = busy || !(st === "running" || st === "paused");
+    fork.disabled = busy || !saves || !(st === "running" || st === "paused");
+    document.getElementById("snapshot").disabled = busy || !saves || !(st === "running" || st === "paused");
     document.getElementById("extend-go").disabled = busy || !(st === "running" || st === "paused");
   }
 
@@ -86,6 +91,6 @@
   killYes.addEventListener("click", () => run("killing", () => api("DELETE", base), () => window.location.assign("/")));
 
   // sandbox.js updates data-state every few seconds.
-  new MutationObserver(sync).observe(box, { attributes: true, attributeFilter: ["data-state"] });
+  new MutationObserver(sync).observe(box, { attributes: true, attributeFilter: ["data-state", "data-runtime"] });
   sync();
 })();

@@ -89,7 +89,7 @@
     ren.addEventListener("click", () => renaming(cell, e, p));
     del.addEventListener("click", () => deleting(cell, e, p));
     cell.replaceChildren(ren, del);
-    return ren;
+    return { ren, del };
   }
 
   // renaming asks for the new name (or an absolute path: a move) in the
@@ -101,7 +101,7 @@
     input.value = e.name;
     const save = el("button", "Save", { type: "submit", "data-action": "save-rename" });
     const cancel = el("button", "Cancel", { type: "button", "data-action": "cancel" });
-    const back = () => idleActions(cell, e, p).focus();
+    const back = () => idleActions(cell, e, p).ren.focus();
     cancel.addEventListener("click", back);
     input.addEventListener("keydown", (ev) => { if (ev.key === "Escape") { ev.preventDefault(); back(); } });
     form.addEventListener("submit", async (ev) => {
@@ -138,7 +138,7 @@
     const ask = el("span", what, { class: "confirm" });
     const yes = el("button", "Delete", { type: "button", class: "danger primary", "data-action": "confirm-delete" });
     const no = el("button", "Cancel", { type: "button", "data-action": "cancel" });
-    no.addEventListener("click", () => idleActions(cell, e, p).focus());
+    no.addEventListener("click", () => idleActions(cell, e, p).del.focus());
     yes.addEventListener("click", async () => {
       yes.disabled = true;
       setStatus(status, "deleting " + e.name + "…");

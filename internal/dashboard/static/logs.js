@@ -28,7 +28,7 @@
     const h = el("h3", titles[l.source] || String(l.source));
     div.append(h);
     if (!l.exists) {
-      div.append(el("p", l.source === "console" ? "None: this sandbox has no serial console (a gVisor sandbox has none)." : "None yet.", { class: "muted" }));
+      div.append(el("p", "None yet.", { class: "muted" }));
       return div;
     }
     div.append(el("p", bytes(l.size) + (l.truncated ? ", the last " + bytes(l.text.length) + " shown" : ""), { class: "muted" }));
@@ -84,6 +84,10 @@
     return "exit " + x.code + (x.timeout ? " (timed out)" : "");
   }
 
+  function took(ms) {
+    return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(1) + " s";
+  }
+
   function execRow(x) {
     const tr = el("tr", null, { "data-exec": String(x.exec_id) });
     const cmd = Array.isArray(x.cmd) ? x.cmd.join(" ") : "";
@@ -121,7 +125,7 @@
     }
     tr.append(el("td", cmd, { class: "mono cmd" }), el("td", x.state === "exited" ? exitText(x.exit) : String(x.state)),
       el("td", started ? started.toLocaleTimeString() : "", started ? { title: started.toLocaleString() } : {}),
-      el("td", x.exit && typeof x.exit.duration_ms === "number" ? (x.exit.duration_ms / 1000).toFixed(1) + " s" : "", { class: "num" }), act);
+      el("td", x.exit && typeof x.exit.duration_ms === "number" ? took(x.exit.duration_ms) : "", { class: "num" }), act);
     return tr;
   }
 

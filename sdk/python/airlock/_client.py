@@ -488,7 +488,7 @@ class Sandbox:
     def logs(self, tail_bytes: int | None = None) -> list[dict]:
         """The end of each of the sandbox's logs this key may read, as dicts
         ``{"source", "exists", "size", "truncated", "text"}``: ``"console"``
-        (the guest's serial console) and, for an admin key, ``"supervisor"``
+        (the guest's console) and, for an admin key, ``"supervisor"``
         (its shim's log on the host). ``tail_bytes`` (1..1 MiB, default 64
         KiB on the server) bounds each. Never resumes the sandbox."""
         out = self._client._json("GET", _sb(self.id, "logs"), query={"tail_bytes": tail_bytes})
