@@ -29,11 +29,14 @@ import (
 // TestDashboard drives the web dashboard of a real `airlock serve` in
 // headless Chromium (Debian's chromium, over CDP with chromedp): sign in
 // with a key, see a sandbox made through the API, open its terminal and
-// run `echo hi`, use its file browser, code cell and live audit events
-// (dashboardSandboxPage), pause and resume it from the list (QEMU only: gVisor
-// sandboxes cannot pause), cancel a kill, sign out. The pages must log no
-// console error (CSP violations included). A screenshot of each page goes
-// to $AIRLOCK_TEST_ARTEFACTS (or the test's temp dir), named in the log.
+// run `echo hi`, use its file browser, code cell, logs, lifecycle and live
+// audit events (dashboardSandboxPage), see the server page
+// (dashboardServerPage), pause and resume it from the list (QEMU only:
+// gVisor sandboxes cannot pause), cancel a kill, sign out; then as an
+// admin, the list by tenant and the server page. The pages must log no
+// console error (CSP violations included; the watcher is checked first).
+// Each page's first contentful paint is logged. A screenshot of each page
+// goes to $AIRLOCK_TEST_ARTEFACTS (or the test's temp dir), named in the log.
 func TestDashboard(t *testing.T) {
 	e := setup(t)
 	browser, err := exec.LookPath("chromium")
@@ -379,14 +382,17 @@ func TestDashboard(t *testing.T) {
 	}
 }
 
-// dashboardSandboxPage drives the sandbox page's file browser, code cell
-// and live audit events (the browser is on the sandbox's page, signed in
-// with key): a file whose guest name is markup shows as text; an upload
-// lands in the guest and in the listing; its download link saves the same
-// bytes; a code cell prints (markup as text), plots (a PNG the browser
-// decodes) and raises; exec.start, code.run and file.write events appear;
-// the usage card charts the guest's CPU through a CPU load, its memory and
-// its disk.
+// dashboardSandboxPage drives the sandbox page's file browser, code cell,
+// live audit events, usage, logs and lifecycle (the browser is on the
+// sandbox's page, signed in with key): a file whose guest name is markup
+// shows as text; an upload lands in the guest and in the listing; its
+// download link saves the same bytes; a rename in its row moves it in the
+// guest; a delete asks first, and deletes the hostile name; a code cell
+// prints (markup as text), plots (a PNG the browser decodes) and raises;
+// exec.start, code.run, file.write and net.deny events appear; the usage
+// card charts the guest's CPU through a CPU load, its memory and its disk;
+// the logs card shows the console and a command's output as text; the
+// lifetime is set, and (QEMU) a snapshot and a fork are made.
 func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx context.Context,
 	run func(string, ...chromedp.Action[chromedp.Void]), poll func(string) chromedp.Action[chromedp.Void],
 	art string) {
@@ -522,9 +528,17 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 	cell("run an error", `1/0`,
 		`Array.from(document.querySelectorAll('#code-out pre.error')).some(p => p.textContent.startsWith('ZeroDivisionError: division by zero') && !p.textContent.includes('\x1b'))`)
 
-	// The live events show what was done, newest first.
+	// A network decision: the sandbox's network is public, which denies
+	// private ranges (the shim refuses before dialling: nothing leaves).
+	deny, _ := json.Marshal(map[string]any{"cmd": []string{"python3", "-c",
+		"import socket\ntry:\n    socket.create_connection(('10.255.255.1', 80), timeout=5)\nexcept OSError as e:\n    print('refused', e)"}})
+	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(deny)); code != 200 || !strings.Contains(string(b), "refused") {
+		t.Fatalf("a connection to a private address: %d %s", code, b)
+	}
+	// The live events show what was done, newest first, network decisions
+	// included.
 	run("events",
-		poll(`['exec.start', 'code.run', 'file.write'].every(a => document.querySelector('#events li[data-action="' + a + '"]'))`),
+		poll(`['exec.start', 'code.run', 'file.write', 'net.deny'].every(a => document.querySelector('#events li[data-action="' + a + '"]'))`),
 		poll(`(() => { const s = Array.from(document.querySelectorAll('#events li')).map(l => +l.dataset.seq); return s.length > 3 && s.every((v, i) => i === 0 || s[i-1] > v); })()`),
 		shot("3d-events", "events-h"))
 
@@ -555,9 +569,13 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(marker)); code != 200 || !strings.Contains(string(b), `"code":0`) {
 		t.Fatalf("the marker command: %d %s", code, b)
 	}
-	// Both runtimes keep a console log: QEMU's serial console (the guest
-	// kernel's and agent's lines), gVisor's container output (the agent's).
-	consoleCheck := `/component=agent|Linux version/.test((document.querySelector('#logs .log[data-source="console"] pre.log-text') || {}).textContent)`
+	// Both runtimes keep a console log: gVisor's container output (the
+	// agent's lines), QEMU's serial console (empty in a clone of the boot
+	// template: it booted in the template).
+	consoleCheck := `/component=agent/.test((document.querySelector('#logs .log[data-source="console"] pre.log-text') || {}).textContent)`
+	if !onGVisor() {
+		consoleCheck = `!!document.querySelector('#logs .log[data-source="console"] p')`
+	}
 	markerRow := `Array.from(document.querySelectorAll('#execs tbody tr[data-exec]')).find(r => r.querySelector('td.cmd').textContent.includes('logs-marker'))`
 	run("logs",
 		chromedp.Click(chromedp.ID("logs-refresh")),
@@ -616,21 +634,30 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 
 // paint logs how fast the page now shown painted (Paint Timing's first
 // contentful paint, from the navigation's start) and its Navigation
-// Timing. The issue's target is under a second on loopback; speed targets
+// Timing, and checks that it fits the window's width. The issue's target is under a second on loopback; speed targets
 // belong in benchmarks, so this asserts only a generous bound.
 func paint(t *testing.T, bctx context.Context, what string) {
 	t.Helper()
 	js := `JSON.stringify((() => { const p = performance.getEntriesByName('first-contentful-paint')[0]; const n = performance.getEntriesByType('navigation')[0];
-		return { fcp: p ? p.startTime : -1, ttfb: n ? n.responseStart : -1, dcl: n ? n.domContentLoadedEventEnd : -1, load: n ? n.loadEventEnd : -1 }; })())`
+		return { fcp: p ? p.startTime : -1, ttfb: n ? n.responseStart : -1, dcl: n ? n.domContentLoadedEventEnd : -1, load: n ? n.loadEventEnd : -1,
+			width: document.documentElement.scrollWidth, view: window.innerWidth }; })())`
 	out, err := chromedp.Run(bctx, chromedp.Evaluate[string](js))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m struct{ FCP, TTFB, DCL, Load float64 }
+	var m struct {
+		FCP, TTFB, DCL, Load float64
+		Width, View          int
+	}
 	if err := json.Unmarshal([]byte(out), &m); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s: first contentful paint %.0f ms (first byte %.0f ms, DOMContentLoaded %.0f ms, load %.0f ms)", what, m.FCP, m.TTFB, m.DCL, m.Load)
+	// Usable at 1280x800: nothing wider than the window (no sideways
+	// scrolling); the pages scroll down.
+	if m.Width > m.View {
+		t.Errorf("%s is %d pixels wide in a %d-pixel window", what, m.Width, m.View)
+	}
 	if m.FCP < 0 || m.FCP > 5000 {
 		t.Errorf("%s: first contentful paint %.0f ms; the target is under 1000 ms on loopback (bound here: 5000)", what, m.FCP)
 	}

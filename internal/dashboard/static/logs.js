@@ -31,6 +31,10 @@
       div.append(el("p", "None yet.", { class: "muted" }));
       return div;
     }
+    if (!l.size) {
+      div.append(el("p", "Empty so far (a sandbox started from a saved template or snapshot has no boot messages).", { class: "muted" }));
+      return div;
+    }
     div.append(el("p", bytes(l.size) + (l.truncated ? ", the last " + bytes(l.text.length) + " shown" : ""), { class: "muted" }));
     const pre = el("pre", l.text, { class: "out log-text", tabindex: "0", "aria-label": titles[l.source] || String(l.source) });
     div.append(pre);
