@@ -609,11 +609,30 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 		return
 	}
 	snap := "dash-e2e-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	// Removed last (cleanups run in reverse): after the fork, and after
+	// the sandbox, whose disk now sits on the snapshot's.
+	t.Cleanup(func() {
+		s.do(key, "DELETE", "/v1/sandboxes/"+id, nil)
+		if code, b := s.do(key, "DELETE", "/v1/snapshots/"+snap, nil); code != 204 && code != 404 {
+			t.Errorf("remove the snapshot: %d %s", code, b)
+		}
+	})
+	// Each button waits for the sandbox to be running again: a snapshot
+	// pauses and resumes it, and the buttons follow its state. The usage
+	// card stops first: a sample asked while the sandbox pauses, or of a
+	// TCG guest too busy to answer in 5 s, is an error answer the browser
+	// logs (the card says so in its status line).
+	enabled := func(id string) chromedp.Action[chromedp.Void] {
+		return poll(`document.getElementById('sandbox').dataset.state === 'running' && !document.getElementById('` + id + `').disabled`)
+	}
 	run("snapshot",
+		chromedp.Click(chromedp.ID("usage-toggle")),
 		chromedp.SendKeys(chromedp.ID("snap-name"), snap),
+		enabled("snapshot"),
 		chromedp.Click(chromedp.ID("snapshot")),
 		poll(`document.getElementById('act-status').textContent === 'saved snapshot `+snap+`'`))
 	run("fork",
+		enabled("sb-fork"),
 		chromedp.Click(chromedp.ID("sb-fork")),
 		poll(`!!document.querySelector('#act-status a[data-fork]')`),
 		shot("3i-forked", "sb-h"))
@@ -621,14 +640,9 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.do(key, "DELETE", "/v1/sandboxes/"+fork, nil) })
 	if code, b := s.do(key, "GET", "/v1/sandboxes/"+fork, nil); code != 200 || !strings.Contains(string(b), `"state":"running"`) {
 		t.Errorf("the fork made from the page: %d %s", code, b)
-	}
-	if code, b := s.do(key, "DELETE", "/v1/sandboxes/"+fork, nil); code != 204 {
-		t.Errorf("remove the fork: %d %s", code, b)
-	}
-	if code, b := s.do(key, "DELETE", "/v1/snapshots/"+snap, nil); code != 204 {
-		t.Errorf("remove the snapshot: %d %s", code, b)
 	}
 }
 

@@ -25,15 +25,16 @@
 
   function mib(n) { return n >= 1024 ? (n / 1024).toFixed(n < 10240 ? 1 : 0) + " GiB" : n + " MiB"; }
 
-  // used makes a cell of use against a quota: text and a meter.
-  function used(u, max, fmt) {
+  // used makes a cell of use against a quota: text and a meter; note
+  // follows the text.
+  function used(u, max, fmt, note) {
     const td = el("td", null, { class: "quota" });
     const f = fmt || String;
     if (!max) {
-      td.append(f(u) + " (no quota)");
+      td.append(f(u) + " (no quota)" + (note || ""));
       return td;
     }
-    const text = f(u) + " of " + f(max);
+    const text = f(u) + " of " + f(max) + (note || "");
     const m = el("meter", null, { min: "0", max: String(max), value: String(Math.min(u, max)), low: String(max * 0.7), high: String(max * 0.9), optimum: "0", "aria-label": text });
     td.append(el("span", text), m);
     if (u >= max) td.classList.add("full");
@@ -107,7 +108,7 @@
       const tr = el("tr", null, { "data-tenant": t.tenant });
       tr.append(el("th", t.tenant === "" ? "(local user)" : t.tenant, { scope: "row", class: "mono" }),
         used(t.sandboxes, q.max_sandboxes), used(t.vcpus, q.max_vcpus), used(t.memory_mb, q.max_memory_mb, mib),
-        used(t.disk_mb, q.max_disk_mb, mib), used(t.snapshots, q.max_snapshots, (n) => n + (n === t.snapshots && t.snapshots_disk_mb ? " (" + mib(t.snapshots_disk_mb) + ")" : "")));
+        used(t.disk_mb, q.max_disk_mb, mib), used(t.snapshots, q.max_snapshots, String, t.snapshots_disk_mb ? " (" + mib(t.snapshots_disk_mb) + ")" : ""));
       return tr;
     });
     tenants.replaceChildren(...rows);
