@@ -213,7 +213,8 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 		Runtime: func(ctx context.Context) (string, error) {
 			c := g.pickRuntime(ctx)
 			return c.name, c.err
-		}}
+		},
+		RuntimeWhy: func(ctx context.Context) string { return g.pickRuntime(ctx).why }}
 	return m, func() { st.Close() }, nil
 }
 

@@ -390,6 +390,40 @@ func TestFiles(t *testing.T) {
 	}
 }
 
+// TestRenameFile: the rename route moves a file; both paths are checked
+// like any file route's, and another tenant's sandbox is not found.
+func TestRenameFile(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	if r := h.do(h.alice, "PUT", "/v1/sandboxes/aliceaaaaaaa/files?path=/tmp/a", strings.NewReader("x")); r.code != 200 {
+		t.Fatalf("put: %d %s", r.code, r.body)
+	}
+	if r := h.do(h.bob, "POST", "/v1/sandboxes/aliceaaaaaaa/files/rename", strings.NewReader(`{"from":"/tmp/a","to":"/tmp/b"}`)); r.code != 404 {
+		t.Fatalf("bob renames in alice's sandbox: %d %s", r.code, r.body)
+	}
+	for _, tc := range []struct{ body, msg string }{
+		{`{"from":"/tmp/a"}`, "to is required"},
+		{`{"from":"tmp/a","to":"/tmp/b"}`, "from must be absolute"},
+		{`{"from":"/tmp/a","to":"/tmp/../b"}`, "to must be clean"},
+		{`{"from":"/","to":"/tmp/b"}`, "root directory"},
+		{`{"from":"/tmp/a","to":"/tmp/b","x":1}`, ""},
+	} {
+		r := h.do(h.alice, "POST", "/v1/sandboxes/aliceaaaaaaa/files/rename", strings.NewReader(tc.body))
+		if r.code != 400 || !strings.Contains(r.err(t).Error.Message, tc.msg) {
+			t.Errorf("%s: %d %s; want 400 saying %q", tc.body, r.code, r.body, tc.msg)
+		}
+	}
+	if r := h.do(h.alice, "POST", "/v1/sandboxes/aliceaaaaaaa/files/rename", strings.NewReader(`{"from":"/tmp/a","to":"/tmp/b"}`)); r.code != 204 {
+		t.Fatalf("rename: %d %s", r.code, r.body)
+	}
+	if r := h.do(h.alice, "GET", "/v1/sandboxes/aliceaaaaaaa/files?path=/tmp/b", nil); r.code != 200 || string(r.body) != "x" {
+		t.Fatalf("the renamed file: %d %s", r.code, r.body)
+	}
+	if r := h.do(h.alice, "GET", "/v1/sandboxes/aliceaaaaaaa/files/stat?path=/tmp/a", nil); r.code != 404 {
+		t.Fatalf("the old name: %d %s", r.code, r.body)
+	}
+}
+
 func TestErrorsAndHealth(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, store.APIKey{})

@@ -44,6 +44,7 @@ func (s *Server) mountDashboard() {
 		"POST /ui/sign-in":         s.dashSignIn,
 		"POST /ui/sign-out":        s.dashSignOut,
 		"GET /ui/sandboxes/{id}":   s.dashSandbox,
+		"GET /ui/server":           s.dashServer,
 		"GET /ui/static/{path...}": s.dashStatic,
 	} {
 		s.mux.Handle(pattern, s.instrument("dashboard", dashHeaders(h)))
@@ -123,6 +124,17 @@ func (s *Server) dashList(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "list.html", p)
 }
 
+// dashServer is the server page: its figures come from GET /v1/server,
+// which decides what the session's key may see.
+func (s *Server) dashServer(w http.ResponseWriter, r *http.Request) {
+	p, _, ok := s.signedPage(w, r, "Server")
+	if !ok {
+		return
+	}
+	p.Scripts = []string{"common.js", "server.js"}
+	s.render(w, r, http.StatusOK, "server.html", p)
+}
+
 func (s *Server) dashSandbox(w http.ResponseWriter, r *http.Request) {
 	p, k, ok := s.signedPage(w, r, "Sandbox")
 	if !ok {
@@ -141,7 +153,7 @@ func (s *Server) dashSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	p.SandboxID = r.PathValue("id")
 	p.Styles = []string{"vendor/xterm/xterm.css"}
-	p.Scripts = []string{"vendor/xterm/xterm.js", "common.js", "sandbox.js", "usage.js", "files.js", "code.js", "events.js"}
+	p.Scripts = []string{"vendor/xterm/xterm.js", "common.js", "sandbox.js", "actions.js", "usage.js", "files.js", "code.js", "logs.js", "events.js"}
 	s.render(w, r, http.StatusOK, "sandbox.html", p)
 }
 

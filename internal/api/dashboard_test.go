@@ -523,3 +523,87 @@ func TestDashboardCSPImages(t *testing.T) {
 		}
 	}
 }
+
+// TestDashboardSessionCrossTenant: through alice's signed-in session, with
+// a valid CSRF token and the server's own origin (all a page of the
+// dashboard can send), every sandbox route, the sandbox page and the
+// terminal's WebSocket answer bob's sandbox as a missing one, byte for
+// byte; the server route gives alice nothing of bob's; nothing reaches
+// bob's sandbox.
+func TestDashboardSessionCrossTenant(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	a := signIn(t, h, h.alice)
+	hdr := http.Header{CSRFHeader: {a.csrf}, "Origin": {h.url}}
+	n := 0
+	for _, rt := range routes {
+		if !strings.Contains(rt.pattern, "{id}") || !cookieRoute(rt.pattern) {
+			continue
+		}
+		n++
+		var bodies []string
+		for _, id := range []string{"bobbbbbbbbbb", "missingaaaaa"} {
+			m, p := concrete(rt.pattern, id)
+			res := a.req(m, p, strings.NewReader(`{"cmd":["true"],"path":"/x","from":"/x","to":"/y","signal":9,"timeout_s":5}`), hdr)
+			body := readAll(t, res)
+			if res.StatusCode != http.StatusNotFound {
+				t.Errorf("%s on %s by alice's session: %d %s", rt.pattern, id, res.StatusCode, body)
+			}
+			bodies = append(bodies, strings.Replace(body, res.Header.Get("X-Request-Id"), "", 1))
+		}
+		if bodies[0] != bodies[1] {
+			t.Errorf("%s: bob's sandbox and a missing one differ:\n%s\n%s", rt.pattern, bodies[0], bodies[1])
+		}
+	}
+	if n < 30 {
+		t.Fatalf("only %d sandbox routes by cookie", n)
+	}
+	if res := a.req(http.MethodGet, "/ui/sandboxes/bobbbbbbbbbb", nil, nil); res.StatusCode != http.StatusNotFound {
+		t.Errorf("bob's sandbox page: %d", res.StatusCode)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	wsURL := "ws" + strings.TrimPrefix(h.url, "http") + "/v1/sandboxes/bobbbbbbbbbb/pty"
+	c, res, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Cookie": {a.cookie.Name + "=" + a.cookie.Value}, "Origin": {h.url}}})
+	if err == nil {
+		_ = c.CloseNow()
+		t.Fatal("a terminal on bob's sandbox opened through alice's session")
+	}
+	if res == nil || res.StatusCode != http.StatusNotFound {
+		t.Errorf("a terminal on bob's sandbox through alice's session: %v, %v; want 404", res, err)
+	}
+	res = a.req(http.MethodGet, "/v1/server", nil, nil)
+	if body := readAll(t, res); res.StatusCode != http.StatusOK || strings.Contains(body, "bob") || strings.Contains(body, `"host"`) {
+		t.Errorf("the server route by alice's session: %d %s", res.StatusCode, body)
+	}
+	h.fake.mu.Lock()
+	defer h.fake.mu.Unlock()
+	if len(h.fake.starts) != 0 || len(h.fake.pauses) != 0 {
+		t.Errorf("alice's session reached bob's sandbox: %d execs, %d pauses", len(h.fake.starts), len(h.fake.pauses))
+	}
+	if _, ok := h.fake.sbs["bobbbbbbbbbb"]; !ok {
+		t.Error("alice's session removed bob's sandbox")
+	}
+}
+
+// TestDashboardServerPage: the server page needs a session (else the
+// sign-in page), is served under the dashboard's CSP, and its data comes
+// from the /v1/server route its script calls.
+func TestDashboardServerPage(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	anon := &dashClient{t: t, h: h}
+	if res := anon.req(http.MethodGet, "/ui/server", nil, nil); res.StatusCode != http.StatusSeeOther || res.Header.Get("Location") != "/ui/sign-in" {
+		t.Fatalf("signed out: %d %q", res.StatusCode, res.Header.Get("Location"))
+	}
+	a := signIn(t, h, h.alice)
+	res := a.req(http.MethodGet, "/ui/server", nil, nil)
+	body := readAll(t, res)
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Security-Policy") != dashboardCSP ||
+		!strings.Contains(body, `src="/ui/static/server.js"`) || !strings.Contains(body, `aria-current="page">Server`) {
+		t.Fatalf("server page: %d %s", res.StatusCode, body)
+	}
+	if res := a.req(http.MethodGet, "/ui/static/server.js", nil, nil); res.StatusCode != http.StatusOK || !strings.Contains(readAll(t, res), `api("GET", "/server")`) {
+		t.Fatalf("server.js: %d", res.StatusCode)
+	}
+}

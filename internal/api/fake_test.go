@@ -321,8 +321,19 @@ func (f *fake) Mkdir(_ context.Context, c sandbox.Caller, id, _ string, _ bool) 
 	return err
 }
 
-func (f *fake) Rename(context.Context, sandbox.Caller, string, string, string) error {
-	return errors.New("not used by the API's routes")
+func (f *fake) Rename(_ context.Context, c sandbox.Caller, id, from, to string) error {
+	if _, err := f.lookup(c, id); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.files[id+from]
+	if !ok {
+		return fmt.Errorf("%w: rename %s: no such file", errdefs.ErrNotFound, from)
+	}
+	delete(f.files, id+from)
+	f.files[id+to] = b
+	return nil
 }
 
 func (f *fake) WatchDir(context.Context, sandbox.Caller, string, string, bool, func(), func(guest.FileEvent) error) error {

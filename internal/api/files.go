@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"path"
@@ -252,4 +253,51 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// renameFile renames or moves a guest file or directory (rename(2) in the
+// guest: one filesystem).
+func (s *Server) renameFile(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var req struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}
+	if err := decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	from, err := namedPath("from", req.From)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	to, err := namedPath("to", req.To)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if from == "/" || to == "/" {
+		s.fail(w, r, invalidf("the root directory cannot be renamed"))
+		return
+	}
+	if err := s.cfg.Files.Rename(r.Context(), callerOf(r), sb.ID, from, to); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// namedPath is filePath for a JSON field other than path: its errors name
+// the field ("to must be absolute").
+func namedPath(field, p string) (string, error) {
+	p, err := filePath(p)
+	if e, ok := errors.AsType[*Error](err); ok {
+		return "", invalidf("%s%s", field, strings.TrimPrefix(e.Message, "path"))
+	}
+	return p, err
 }

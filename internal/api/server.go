@@ -131,6 +131,7 @@ var routes = []route{
 	{"POST /v1/sandboxes/{id}/resume", true, (*Server).resumeSandbox},
 	{"POST /v1/sandboxes/{id}/keepalive", true, (*Server).keepalive},
 	{"GET /v1/sandboxes/{id}/usage", true, (*Server).sandboxUsage},
+	{"GET /v1/sandboxes/{id}/logs", true, (*Server).sandboxLogs},
 	{"POST /v1/sandboxes/{id}/snapshot", true, (*Server).snapshotSandbox},
 	{"POST /v1/sandboxes/{id}/fork", true, (*Server).forkSandbox},
 	{"GET /v1/snapshots", true, (*Server).listSnapshots},
@@ -163,9 +164,11 @@ var routes = []route{
 	{"GET /v1/sandboxes/{id}/files/list", true, (*Server).listFiles},
 	{"GET /v1/sandboxes/{id}/files/stat", true, (*Server).statFile},
 	{"POST /v1/sandboxes/{id}/files/mkdir", true, (*Server).mkdir},
+	{"POST /v1/sandboxes/{id}/files/rename", true, (*Server).renameFile},
 	{"/v1/sandboxes/{id}/ports/{port}/{path...}", true, (*Server).preview},
 	{"GET /v1/sandboxes/{id}/preview", true, (*Server).previewLink},
 	{"GET /v1/events", true, (*Server).listEvents},
+	{"GET /v1/server", true, (*Server).serverOverview},
 }
 
 // New returns a Server for cfg.

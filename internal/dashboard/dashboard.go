@@ -13,7 +13,7 @@ var templateFiles embed.FS
 var staticFiles embed.FS
 
 // Pages are the page templates: "sign-in.html", "list.html",
-// "sandbox.html" and "error.html", each a complete page built on "head"
+// "sandbox.html", "server.html" and "error.html", each a complete page built on "head"
 // and "foot" (layout.html).
 var Pages = template.Must(template.ParseFS(templateFiles, "templates/*.html"))
 

@@ -84,6 +84,9 @@ type Manager struct {
 	// Runtime picks the runtime of a new sandbox ("qemu" or "gvisor");
 	// nil means qemu. A sandbox keeps its runtime for its lifetime.
 	Runtime func(context.Context) (string, error)
+	// RuntimeWhy says in one line why Runtime picks what it does (the
+	// server page shows it to admins); nil: not known.
+	RuntimeWhy func(context.Context) string
 	// DiskReserve is the free space, in bytes, kept on the state dir's
 	// filesystem: creates, forks, pauses and snapshots that could use it
 	// are refused (disk.go). 0: DefaultDiskReserve; negative: none.
@@ -107,6 +110,8 @@ type Manager struct {
 	StartShim func(doc shimconf.Doc, ready io.WriteCloser, lock *os.File) error
 
 	statfs   func(path string) (total, free int64, err error) // nil: statfs (tests replace it)
+	meminfo  func() ([]byte, error)                           // nil: read /proc/meminfo (tests replace it)
+	clock    func() time.Time                                 // nil: time.Now (the overview's; tests replace it)
 	poolOnce sync.Once
 	pool     *shimclient.Pool // see shims
 	quota    Quotas           // creates in flight (see reserve)

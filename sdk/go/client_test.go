@@ -442,6 +442,15 @@ func TestFiles(t *testing.T) {
 	if err != nil || len(list.Entries) != 2 || list.Truncated {
 		t.Fatalf("ListFiles = %+v, %v", list, err)
 	}
+	if err := c.Rename(ctx, sb.ID, "/srv/x", "/srv/y"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Stat(ctx, sb.ID, "/srv/x"); !errors.Is(err, airlock.ErrNotFound) {
+		t.Fatalf("Stat of the old name after Rename: %v", err)
+	}
+	if err := c.Rename(ctx, sb.ID, "/srv/y", "/srv/x"); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Remove(ctx, sb.ID, "/srv/x", false); err != nil {
 		t.Fatal(err)
 	}

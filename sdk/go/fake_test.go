@@ -69,6 +69,8 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.withSandbox(f.resume))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", f.withSandbox(f.keepalive))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/usage", f.withSandbox(f.usage))
+	mux.HandleFunc("GET /v1/server", f.server)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", f.withSandbox(f.logs))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", f.withSandbox(f.exec))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs", f.withSandbox(f.listExecs))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/execs/{eid}", f.withExec(f.getExec))
@@ -81,6 +83,7 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", f.withSandbox(f.listFiles))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", f.withSandbox(f.stat))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", f.withSandbox(f.mkdir))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/files/rename", f.withSandbox(f.rename))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/code", f.withSandbox(f.code))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/contexts", f.withSandbox(f.listContexts))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/contexts", f.withSandbox(f.createContext))
@@ -380,6 +383,35 @@ func (f *fakeServer) keepalive(w http.ResponseWriter, _ *http.Request, id string
 	w.WriteHeader(204)
 }
 
+// server answers a tenant's overview: its sandboxes by state, fixed
+// activity, one tenant row with a quota, no host.
+func (f *fakeServer) server(w http.ResponseWriter, _ *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	states := map[string]int{"creating": 0, "running": 0, "pausing": 0, "paused": 0, "resuming": 0, "stopping": 0, "failed": 0}
+	for _, sb := range f.sandboxes {
+		states[sb["state"].(string)]++
+	}
+	writeJSON(w, 200, map[string]any{
+		"admin": false, "sandboxes": states,
+		"activity": map[string]any{"since": "2026-11-25T13:00:00Z", "bucket_s": 3600, "creates": []int{1, 0, 2}, "failures": []int{0, 0, 1}},
+		"tenants": []map[string]any{{"tenant": "t1", "sandboxes": len(f.sandboxes), "vcpus": 1, "memory_mb": 512, "disk_mb": 2048, "snapshots": 0,
+			"snapshots_disk_mb": 0, "quota": map[string]any{"max_sandboxes": 20, "max_vcpus": 32, "max_memory_mb": 32768, "max_disk_mb": 65536, "max_snapshots": 100}}},
+		"runtime": map[string]any{"name": "qemu"},
+	})
+}
+
+// logs answers a console log, its end if tail_bytes asks for less.
+func (f *fakeServer) logs(w http.ResponseWriter, r *http.Request, _ string) {
+	text := "boot\nready\n"
+	n, _ := strconv.Atoi(r.URL.Query().Get("tail_bytes"))
+	trunc := n > 0 && n < len(text)
+	if trunc {
+		text = text[len(text)-n:]
+	}
+	writeJSON(w, 200, map[string]any{"logs": []map[string]any{{"source": "console", "exists": true, "size": 11, "truncated": trunc, "text": text}}})
+}
+
 // usage answers fixed figures for a running sandbox, with a network block
 // unless its network mode is none; any other state is 412 (it never
 // resumes).
@@ -673,6 +705,27 @@ func (f *fakeServer) mkdir(w http.ResponseWriter, r *http.Request, id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.files[id][in.Path] = nil // nil marks a directory
+	w.WriteHeader(204)
+}
+
+func (f *fakeServer) rename(w http.ResponseWriter, r *http.Request, id string) {
+	var in struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || !validPath(in.From) || !validPath(in.To) {
+		f.fail(w, 400, "invalid", "bad path")
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.files[id][in.From]
+	if !ok {
+		f.fail(w, 404, "not_found", "no such file")
+		return
+	}
+	delete(f.files[id], in.From)
+	f.files[id][in.To] = b
 	w.WriteHeader(204)
 }
 

@@ -171,6 +171,17 @@ func (c *Client) Mkdir(ctx context.Context, id, path string, parents bool) error
 	return c.doJSON(ctx, http.MethodPost, sandboxPath(id, "files", "mkdir"), nil, in, nil, http.StatusNoContent, http.StatusOK)
 }
 
+// Rename renames or moves from to to within sandbox id's filesystem
+// (rename(2) in the guest: an existing file at to is replaced; across
+// filesystems it is refused).
+func (c *Client) Rename(ctx context.Context, id, from, to string) error {
+	in := struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}{from, to}
+	return c.doJSON(ctx, http.MethodPost, sandboxPath(id, "files", "rename"), nil, in, nil, http.StatusNoContent, http.StatusOK)
+}
+
 // Remove deletes path in sandbox id; a directory that is not empty needs
 // recursive.
 func (c *Client) Remove(ctx context.Context, id, path string, recursive bool) error {

@@ -3,6 +3,8 @@ package airlock
 import (
 	"context"
 	"net/http"
+	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -52,4 +54,32 @@ func (c *Client) Usage(ctx context.Context, id string) (*Usage, error) {
 		return nil, err
 	}
 	return &u, nil
+}
+
+// SandboxLog is the end of one of a sandbox's logs: "console" (its guest's
+// console) or, for admin keys, "supervisor" (its shim's log on the
+// host). Text is the sandbox's own output: hostile, show it as text.
+type SandboxLog struct {
+	Source    string `json:"source"`
+	Exists    bool   `json:"exists"` // false: the sandbox has no such log
+	Size      int64  `json:"size"`
+	Truncated bool   `json:"truncated"` // Text is the end of a longer log
+	Text      string `json:"text"`
+}
+
+// Logs returns the last tailBytes (0: the server's default, 64 KiB) of
+// each log of sandbox id the key may read. It never resumes a paused
+// sandbox.
+func (c *Client) Logs(ctx context.Context, id string, tailBytes int) ([]SandboxLog, error) {
+	var q url.Values
+	if tailBytes > 0 {
+		q = url.Values{"tail_bytes": {strconv.Itoa(tailBytes)}}
+	}
+	var out struct {
+		Logs []SandboxLog `json:"logs"`
+	}
+	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id, "logs"), q, nil, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return out.Logs, nil
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,11 +29,14 @@ import (
 // TestDashboard drives the web dashboard of a real `airlock serve` in
 // headless Chromium (Debian's chromium, over CDP with chromedp): sign in
 // with a key, see a sandbox made through the API, open its terminal and
-// run `echo hi`, use its file browser, code cell and live audit events
-// (dashboardSandboxPage), pause and resume it from the list (QEMU only: gVisor
-// sandboxes cannot pause), cancel a kill, sign out. The pages must log no
-// console error (CSP violations included). A screenshot of each page goes
-// to $AIRLOCK_TEST_ARTEFACTS (or the test's temp dir), named in the log.
+// run `echo hi`, use its file browser, code cell, logs, lifecycle and live
+// audit events (dashboardSandboxPage), see the server page
+// (dashboardServerPage), pause and resume it from the list (QEMU only:
+// gVisor sandboxes cannot pause), cancel a kill, sign out; then as an
+// admin, the list by tenant and the server page. The pages must log no
+// console error (CSP violations included; the watcher is checked first).
+// Each page's first contentful paint is logged. A screenshot of each page
+// goes to $AIRLOCK_TEST_ARTEFACTS (or the test's temp dir), named in the log.
 func TestDashboard(t *testing.T) {
 	e := setup(t)
 	browser, err := exec.LookPath("chromium")
@@ -118,6 +123,21 @@ func TestDashboard(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// The watcher catches what it must: a console error on a page makes a
+	// problem (the dashboard's own pages must then make none).
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`(console.error("probe of the console watcher"), true)`)); err != nil {
+		t.Fatal(err)
+	}
+	if !testutil.WaitFor(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, "probe of the console watcher") })
+	}) {
+		t.Fatal("a console.error on the page was not caught: TestDashboard would miss the pages' console errors")
+	}
+	mu.Lock()
+	problems = nil
+	mu.Unlock()
 	shot := func(name string) chromedp.Action[chromedp.Void] {
 		return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
 			png, err := chromedp.FullScreenshot(100)(ctx, tg)
@@ -190,6 +210,7 @@ func TestDashboard(t *testing.T) {
 		state("running"),
 		chromedp.WaitVisible(chromedp.Search(`//td[contains(@class,"md")][contains(., "purpose=dashboard-e2e")]`)),
 		shot("2-list"))
+	paint(t, bctx, "the sandbox list")
 
 	// The filter hides rows that do not match, and shows them again.
 	run("filter",
@@ -262,7 +283,9 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("the terminal's shell still runs a minute after the terminal closed: %s", execs)
 	}
 
+	paint(t, bctx, "the sandbox page")
 	dashboardSandboxPage(t, s, key, sb.ID, bctx, run, poll, art)
+	dashboardServerPage(t, bctx, run, poll, shot, "e2e-dashboard", false)
 
 	run("back to the list",
 		chromedp.Navigate(s.base+"/"),
@@ -341,7 +364,9 @@ func TestDashboard(t *testing.T) {
 		chromedp.WaitVisible(css(row)),
 		chromedp.WaitVisible(chromedp.Search(`//tr[@class="group"]/th[normalize-space(.)="tenant e2e-dashboard"]`)),
 		chromedp.WaitVisible(chromedp.Search(`//td[contains(@class,"tenant")][normalize-space(.)="e2e-dashboard"]`)),
-		shot("8-admin"),
+		shot("8-admin"))
+	dashboardServerPage(t, bctx, run, poll, shot, "e2e-dashboard", true)
+	run("admin sign out",
 		chromedp.Click(id("sign-out")),
 		chromedp.WaitVisible(id("key")))
 	report()
@@ -357,14 +382,17 @@ func TestDashboard(t *testing.T) {
 	}
 }
 
-// dashboardSandboxPage drives the sandbox page's file browser, code cell
-// and live audit events (the browser is on the sandbox's page, signed in
-// with key): a file whose guest name is markup shows as text; an upload
-// lands in the guest and in the listing; its download link saves the same
-// bytes; a code cell prints (markup as text), plots (a PNG the browser
-// decodes) and raises; exec.start, code.run and file.write events appear;
-// the usage card charts the guest's CPU through a CPU load, its memory and
-// its disk.
+// dashboardSandboxPage drives the sandbox page's file browser, code cell,
+// live audit events, usage, logs and lifecycle (the browser is on the
+// sandbox's page, signed in with key): a file whose guest name is markup
+// shows as text; an upload lands in the guest and in the listing; its
+// download link saves the same bytes; a rename in its row moves it in the
+// guest; a delete asks first, and deletes the hostile name; a code cell
+// prints (markup as text), plots (a PNG the browser decodes) and raises;
+// exec.start, code.run, file.write and net.deny events appear; the usage
+// card charts the guest's CPU through a CPU load, its memory and its disk;
+// the logs card shows the console and a command's output as text; the
+// lifetime is set, and (QEMU) a snapshot and a fork are made.
 func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx context.Context,
 	run func(string, ...chromedp.Action[chromedp.Void]), poll func(string) chromedp.Action[chromedp.Void],
 	art string) {
@@ -438,6 +466,48 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 		ents, _ := os.ReadDir(dl)
 		t.Fatalf("the download saved %d bytes (%v in the folder); want the %d uploaded", len(got), ents, len(want))
 	}
+	// Rename it in its row (Enter saves), then delete the file with the
+	// hostile name (asked first, in the row; Cancel leaves it).
+	renameRow := `#files tr[data-name="upload.bin"]`
+	run("rename",
+		chromedp.Click(chromedp.CSS(renameRow+` button[data-action="rename"]`)),
+		poll(`document.activeElement && document.activeElement.dataset.action === 'new-name' && document.activeElement.value === 'upload.bin'`),
+		chromedp.SetValue(chromedp.CSS(renameRow+` input[data-action="new-name"]`), "renamed.bin"),
+		chromedp.Click(chromedp.CSS(renameRow+` button[data-action="save-rename"]`)),
+		poll(`document.getElementById('files-status').textContent === 'renamed /root/dash/upload.bin to /root/dash/renamed.bin'`),
+		poll(`!!`+rowOf("renamed.bin")+` && !`+rowOf("upload.bin")))
+	if code, b := s.do(key, "GET", "/v1/sandboxes/"+id+"/files?path=/root/dash/renamed.bin", nil); code != 200 || !bytes.Equal(b, want) {
+		t.Fatalf("the renamed file in the guest: %d, %d bytes", code, len(b))
+	}
+	if code, _ := s.do(key, "GET", "/v1/sandboxes/"+id+"/files/stat?path=/root/dash/upload.bin", nil); code != 404 {
+		t.Fatalf("the old name after the rename: %d, want 404", code)
+	}
+	hostileDel := `(() => { const r = ` + rowOf(hostile) + `; return r && r.querySelector('button[data-action="%s"]'); })()`
+	clickJS := func(expr string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			ok, err := chromedp.Evaluate[bool](`(() => { const b = `+expr+`; if (!b) return false; b.click(); return true; })()`)(ctx, tg)
+			if err == nil && !ok {
+				err = fmt.Errorf("nothing to click: %s", expr)
+			}
+			return err
+		})
+	}
+	run("delete, then cancel",
+		clickJS(fmt.Sprintf(hostileDel, "delete")),
+		poll(`!!`+fmt.Sprintf(hostileDel, "confirm-delete")),
+		shot("3f-delete-confirm", "files-h"),
+		clickJS(fmt.Sprintf(hostileDel, "cancel")),
+		poll(`!!`+fmt.Sprintf(hostileDel, "delete")+` && document.activeElement === `+fmt.Sprintf(hostileDel, "delete")))
+	run("delete",
+		clickJS(fmt.Sprintf(hostileDel, "delete")),
+		clickJS(fmt.Sprintf(hostileDel, "confirm-delete")),
+		poll(`document.getElementById('files-status').textContent === 'deleted /root/dash/' + `+js(hostile)),
+		poll(`!`+rowOf(hostile)+` && !!`+rowOf("renamed.bin")),
+		shot("3g-files-after", "files-h"))
+	body, _ = json.Marshal(map[string]any{"cmd": []string{"sh", "-c", `ls -A /root/dash`}})
+	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(body)); code != 200 || strings.Contains(string(b), "onerror") || !strings.Contains(string(b), "renamed.bin") {
+		t.Fatalf("the guest's /root/dash after the delete: %d %s", code, b)
+	}
 	run("up to /root",
 		chromedp.Click(chromedp.ID("dir-up")),
 		poll(`document.getElementById('dir').value === '/root' && !!`+rowOf("dash")))
@@ -458,9 +528,17 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 	cell("run an error", `1/0`,
 		`Array.from(document.querySelectorAll('#code-out pre.error')).some(p => p.textContent.startsWith('ZeroDivisionError: division by zero') && !p.textContent.includes('\x1b'))`)
 
-	// The live events show what was done, newest first.
+	// A network decision: the sandbox's network is public, which denies
+	// private ranges (the shim refuses before dialling: nothing leaves).
+	deny, _ := json.Marshal(map[string]any{"cmd": []string{"python3", "-c",
+		"import socket\ntry:\n    socket.create_connection(('10.255.255.1', 80), timeout=5)\nexcept OSError as e:\n    print('refused', e)"}})
+	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(deny)); code != 200 || !strings.Contains(string(b), "refused") {
+		t.Fatalf("a connection to a private address: %d %s", code, b)
+	}
+	// The live events show what was done, newest first, network decisions
+	// included.
 	run("events",
-		poll(`['exec.start', 'code.run', 'file.write'].every(a => document.querySelector('#events li[data-action="' + a + '"]'))`),
+		poll(`['exec.start', 'code.run', 'file.write', 'net.deny'].every(a => document.querySelector('#events li[data-action="' + a + '"]'))`),
 		poll(`(() => { const s = Array.from(document.querySelectorAll('#events li')).map(l => +l.dataset.seq); return s.length > 3 && s.every((v, i) => i === 0 || s[i-1] > v); })()`),
 		shot("3d-events", "events-h"))
 
@@ -483,4 +561,171 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 		t.Fatal(err)
 	}
 	t.Logf("usage card: %s", cpu)
+
+	// The logs card: the guest console (QEMU; a gVisor sandbox has none),
+	// no supervisor log for a tenant, and the commands run with their
+	// output, as text.
+	marker, _ := json.Marshal(map[string]any{"cmd": []string{"sh", "-c", `echo "logs-marker <i>as text</i>"`}})
+	if code, b := s.do(key, "POST", "/v1/sandboxes/"+id+"/exec", bytes.NewReader(marker)); code != 200 || !strings.Contains(string(b), `"code":0`) {
+		t.Fatalf("the marker command: %d %s", code, b)
+	}
+	// Both runtimes keep a console log: gVisor's container output (the
+	// agent's lines), QEMU's serial console (empty in a clone of the boot
+	// template: it booted in the template).
+	consoleCheck := `/component=agent/.test((document.querySelector('#logs .log[data-source="console"] pre.log-text') || {}).textContent)`
+	if !onGVisor() {
+		consoleCheck = `!!document.querySelector('#logs .log[data-source="console"] p')`
+	}
+	markerRow := `Array.from(document.querySelectorAll('#execs tbody tr[data-exec]')).find(r => r.querySelector('td.cmd').textContent.includes('logs-marker'))`
+	run("logs",
+		chromedp.Click(chromedp.ID("logs-refresh")),
+		poll(`/^loaded /.test(document.getElementById('logs-status').textContent)`),
+		poll(consoleCheck),
+		poll(`!document.querySelector('#logs .log[data-source="supervisor"]')`),
+		poll(`!!`+markerRow),
+		clickJS(markerRow+`.querySelector('button[data-action="output"]')`),
+		poll(`(() => { const r = `+markerRow+`; const o = r && r.nextElementSibling; return !!o && o.classList.contains('exec-output') && o.querySelector('pre').textContent === 'logs-marker <i>as text</i>\n' && !o.querySelector('i'); })()`),
+		shot("3h-logs", "logs-h"))
+
+	// The lifecycle from the page: the lifetime is set (on both runtimes);
+	// a snapshot and a fork (QEMU: gVisor sandboxes cannot pause, which
+	// both start with).
+	run("set the lifetime",
+		chromedp.SetValue(chromedp.ID("extend"), "14400"),
+		chromedp.Click(chromedp.ID("extend-go")),
+		poll(`document.getElementById('act-status').textContent === 'lifetime set: 4h 0m from now'`))
+	var info struct {
+		LifetimeLeftS float64   `json:"lifetime_left_s"`
+		ExpiresAt     time.Time `json:"expires_at"`
+	}
+	_, b := s.do(key, "GET", "/v1/sandboxes/"+id, nil)
+	_ = json.Unmarshal(b, &info)
+	if left := time.Until(info.ExpiresAt); left < 3*time.Hour+50*time.Minute || left > 4*time.Hour+time.Minute {
+		t.Errorf("after setting the lifetime to 4 hours, the sandbox expires in %s (%s)", left, b)
+	}
+	if onGVisor() {
+		run("no snapshot or fork on gVisor", poll(`['sb-pause', 'sb-fork', 'snapshot'].every(i => { const b = document.getElementById(i); return b.disabled && /gVisor sandboxes cannot pause/.test(b.title); })`))
+		t.Log("snapshot and fork from the page not driven: gVisor sandboxes cannot pause")
+		return
+	}
+	snap := "dash-e2e-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	// Removed last (cleanups run in reverse): after the fork, and after
+	// the sandbox, whose disk now sits on the snapshot's.
+	t.Cleanup(func() {
+		s.do(key, "DELETE", "/v1/sandboxes/"+id, nil)
+		if code, b := s.do(key, "DELETE", "/v1/snapshots/"+snap, nil); code != 204 && code != 404 {
+			t.Errorf("remove the snapshot: %d %s", code, b)
+		}
+	})
+	// Each button waits for the sandbox to be running again: a snapshot
+	// pauses and resumes it, and the buttons follow its state. The usage
+	// card stops first: a sample asked while the sandbox pauses, or of a
+	// TCG guest too busy to answer in 5 s, is an error answer the browser
+	// logs (the card says so in its status line).
+	enabled := func(id string) chromedp.Action[chromedp.Void] {
+		return poll(`document.getElementById('sandbox').dataset.state === 'running' && !document.getElementById('` + id + `').disabled`)
+	}
+	run("snapshot",
+		chromedp.Click(chromedp.ID("usage-toggle")),
+		chromedp.SendKeys(chromedp.ID("snap-name"), snap),
+		enabled("snapshot"),
+		chromedp.Click(chromedp.ID("snapshot")),
+		poll(`document.getElementById('act-status').textContent === 'saved snapshot `+snap+`'`))
+	run("fork",
+		enabled("sb-fork"),
+		chromedp.Click(chromedp.ID("sb-fork")),
+		poll(`!!document.querySelector('#act-status a[data-fork]')`),
+		shot("3i-forked", "sb-h"))
+	fork, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#act-status a[data-fork]').dataset.fork`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.do(key, "DELETE", "/v1/sandboxes/"+fork, nil) })
+	if code, b := s.do(key, "GET", "/v1/sandboxes/"+fork, nil); code != 200 || !strings.Contains(string(b), `"state":"running"`) {
+		t.Errorf("the fork made from the page: %d %s", code, b)
+	}
+}
+
+// paint logs how fast the page now shown painted (Paint Timing's first
+// contentful paint, from the navigation's start) and its Navigation
+// Timing, and checks that it fits the window's width. The issue's target is under a second on loopback; speed targets
+// belong in benchmarks, so this asserts only a generous bound.
+func paint(t *testing.T, bctx context.Context, what string) {
+	t.Helper()
+	js := `JSON.stringify((() => { const p = performance.getEntriesByName('first-contentful-paint')[0]; const n = performance.getEntriesByType('navigation')[0];
+		return { fcp: p ? p.startTime : -1, ttfb: n ? n.responseStart : -1, dcl: n ? n.domContentLoadedEventEnd : -1, load: n ? n.loadEventEnd : -1,
+			width: document.documentElement.scrollWidth, view: window.innerWidth }; })())`
+	out, err := chromedp.Run(bctx, chromedp.Evaluate[string](js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		FCP, TTFB, DCL, Load float64
+		Width, View          int
+	}
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: first contentful paint %.0f ms (first byte %.0f ms, DOMContentLoaded %.0f ms, load %.0f ms)", what, m.FCP, m.TTFB, m.DCL, m.Load)
+	// Usable at 1280x800: nothing wider than the window (no sideways
+	// scrolling); the pages scroll down.
+	if m.Width > m.View {
+		t.Errorf("%s is %d pixels wide in a %d-pixel window", what, m.Width, m.View)
+	}
+	if m.FCP < 0 || m.FCP > 5000 {
+		t.Errorf("%s: first contentful paint %.0f ms; the target is under 1000 ms on loopback (bound here: 5000)", what, m.FCP)
+	}
+}
+
+// dashboardServerPage opens the server page from the header's link and
+// checks it: the tenant's own figures only (its row, with quotas; its
+// creates counted; no host figures) or, for an admin, every tenant, the
+// host's disk and memory and why the runtime was picked.
+func dashboardServerPage(t *testing.T, bctx context.Context, run func(string, ...chromedp.Action[chromedp.Void]),
+	poll func(string) chromedp.Action[chromedp.Void], shot func(string) chromedp.Action[chromedp.Void], tenant string, admin bool) {
+	t.Helper()
+	who := map[bool]string{true: "admin", false: "tenant"}[admin]
+	run("the server page ("+who+")",
+		chromedp.Click(chromedp.ID("nav-server")),
+		chromedp.WaitVisible(chromedp.ID("srv-h")),
+		poll(`!!document.getElementById('server').dataset.loaded`),
+		poll(`+(document.querySelector('#states li[data-state="running"] .n') || {}).textContent >= 1`),
+		poll(`+document.querySelector('#activity svg').dataset.created >= 1`),
+		poll(`!!document.querySelector('#tenants tr[data-tenant="`+tenant+`"] meter')`),
+		shot("9-server-"+who))
+	paint(t, bctx, "the server page ("+who+")")
+	out, err := chromedp.Run(bctx, chromedp.Evaluate[string](`JSON.stringify({
+		tenants: Array.from(document.querySelectorAll('#tenants tbody tr')).map(r => r.dataset.tenant),
+		host: !!document.getElementById('host-disk') && !!document.getElementById('host-mem'),
+		why: (document.getElementById('runtime-why') || {}).textContent || '',
+		runtime: document.getElementById('runtime').textContent,
+		text: document.getElementById('main').innerText })`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pg struct {
+		Tenants            []string
+		Host               bool
+		Why, Runtime, Text string
+	}
+	if err := json.Unmarshal([]byte(out), &pg); err != nil {
+		t.Fatal(err)
+	}
+	want := map[bool]string{true: "gvisor", false: "qemu"}[onGVisor()]
+	if pg.Runtime != want {
+		t.Errorf("the server page's runtime: %q, want %q", pg.Runtime, want)
+	}
+	if !admin {
+		if !slices.Equal(pg.Tenants, []string{tenant}) || pg.Host || pg.Why != "" {
+			t.Errorf("a tenant's server page: tenants %v, host figures %v, runtime why %q; want only %s and no host figures", pg.Tenants, pg.Host, pg.Why, tenant)
+		}
+		if strings.Contains(pg.Text, tenant+"-ops") {
+			t.Errorf("a tenant's server page names another tenant:\n%s", pg.Text)
+		}
+		return
+	}
+	if !slices.Contains(pg.Tenants, tenant) || !slices.Contains(pg.Tenants, tenant+"-ops") || !pg.Host || pg.Why == "" {
+		t.Errorf("the admin's server page: tenants %v, host figures %v, runtime why %q", pg.Tenants, pg.Host, pg.Why)
+	}
+	t.Logf("server page (admin): runtime %s (%s)", pg.Runtime, pg.Why)
 }

@@ -1,7 +1,9 @@
 // A sandbox's file browser: list a directory (GET .../files/list), go into
 // directories and up, download a file (a link to GET .../files, which the
 // server answers as an attachment: the browser saves it, never shows it on
-// this origin) and upload one into the current directory (PUT .../files).
+// this origin), upload one into the current directory (PUT .../files),
+// rename or move an entry (POST .../files/rename) and delete one (DELETE
+// .../files, asked first, in the row: no dialogs).
 // Names come from the guest and are hostile: they go into the page as
 // text, and paths are built here from checked parts and URL-encoded.
 "use strict";
@@ -73,16 +75,92 @@
       nameCell.append(el("span", e.name, { class: "mono" }));
     }
     if (e.type === "symlink" && e.symlink_target) nameCell.append(el("span", " → " + e.symlink_target, { class: "muted mono" }));
+    const actions = el("td", null, { class: "actions" });
     tr.append(nameCell, el("td", e.type), el("td", e.type === "dir" ? "" : size(e.size), { class: "num" }),
-      el("td", e.mtime ? new Date(e.mtime).toLocaleString() : ""), el("td", mode(e.mode), { class: "mono" }));
+      el("td", e.mtime ? new Date(e.mtime).toLocaleString() : ""), el("td", mode(e.mode), { class: "mono" }), actions);
+    idleActions(actions, e, p);
     return tr;
   }
 
+  // idleActions puts an entry's Rename and Delete buttons in its cell.
+  function idleActions(cell, e, p) {
+    const ren = el("button", "Rename", { type: "button", "data-action": "rename", "aria-label": "Rename or move " + e.name });
+    const del = el("button", "Delete", { type: "button", class: "danger", "data-action": "delete", "aria-label": "Delete " + e.name });
+    ren.addEventListener("click", () => renaming(cell, e, p));
+    del.addEventListener("click", () => deleting(cell, e, p));
+    cell.replaceChildren(ren, del);
+    return { ren, del };
+  }
+
+  // renaming asks for the new name (or an absolute path: a move) in the
+  // row; Enter or Save renames, Escape or Cancel puts the buttons back.
+  function renaming(cell, e, p) {
+    const form = el("form", null, { class: "inline rename" });
+    const input = el("input", null, { class: "mono", "data-action": "new-name", "aria-label": "New name or absolute path for " + e.name,
+      spellcheck: "false", autocomplete: "off", maxlength: "4096", required: "" });
+    input.value = e.name;
+    const save = el("button", "Save", { type: "submit", "data-action": "save-rename" });
+    const cancel = el("button", "Cancel", { type: "button", "data-action": "cancel" });
+    const back = () => idleActions(cell, e, p).ren.focus();
+    cancel.addEventListener("click", back);
+    input.addEventListener("keydown", (ev) => { if (ev.key === "Escape") { ev.preventDefault(); back(); } });
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const v = input.value.trim();
+      const to = v.startsWith("/") ? clean(v) : join(dir, v);
+      if (to === null || to === "/") {
+        setStatus(status, "a new name is one name, or an absolute path", true);
+        input.focus();
+        return;
+      }
+      if (to === p) { back(); return; }
+      save.disabled = true;
+      setStatus(status, "renaming " + e.name + "…");
+      try {
+        await api("POST", "/sandboxes/" + encodeURIComponent(id) + "/files/rename", { from: p, to });
+        setStatus(status, "renamed " + p + " to " + to);
+        await list(dir, false, true);
+      } catch (err) {
+        setStatus(status, "rename " + e.name + ": " + err.message, true);
+        save.disabled = false;
+        input.focus();
+      }
+    });
+    form.append(input, save, cancel);
+    cell.replaceChildren(form);
+    input.focus();
+    input.select();
+  }
+
+  // deleting asks in the row first; a directory goes with its contents.
+  function deleting(cell, e, p) {
+    const what = e.type === "dir" ? "Delete " + e.name + "/ and everything in it?" : "Delete " + e.name + "?";
+    const ask = el("span", what, { class: "confirm" });
+    const yes = el("button", "Delete", { type: "button", class: "danger primary", "data-action": "confirm-delete" });
+    const no = el("button", "Cancel", { type: "button", "data-action": "cancel" });
+    no.addEventListener("click", () => idleActions(cell, e, p).del.focus());
+    yes.addEventListener("click", async () => {
+      yes.disabled = true;
+      setStatus(status, "deleting " + e.name + "…");
+      try {
+        await api("DELETE", "/sandboxes/" + encodeURIComponent(id) + "/files?path=" + encodeURIComponent(p) + (e.type === "dir" ? "&recursive=true" : ""));
+        setStatus(status, "deleted " + p);
+        await list(dir, false, true);
+      } catch (err) {
+        setStatus(status, "delete " + e.name + ": " + err.message, true);
+        yes.disabled = false;
+      }
+    });
+    cell.replaceChildren(ask, yes, no);
+    no.focus();
+  }
+
   // list shows directory d; focus moves to the first entry when the user
-  // went somewhere (keyboard users keep their place).
-  async function list(d, focus) {
+  // went somewhere (keyboard users keep their place); quiet keeps the
+  // status line (it says what was just done).
+  async function list(d, focus, quiet) {
     d = clean(d);
-    setStatus(status, "listing " + d + "…");
+    if (!quiet) setStatus(status, "listing " + d + "…");
     try {
       const data = await api("GET", "/sandboxes/" + encodeURIComponent(id) + "/files/list?path=" + encodeURIComponent(d));
       dir = d;
@@ -97,7 +175,11 @@
       }
       tbody.replaceChildren(...rows);
       empty.hidden = rows.length !== 0;
-      setStatus(status, rows.length + (rows.length === 1 ? " entry" : " entries") + (data && data.truncated ? " (truncated)" : ""));
+      if (!quiet) setStatus(status, rows.length + (rows.length === 1 ? " entry" : " entries") + (data && data.truncated ? " (truncated)" : ""));
+      if (quiet) {
+        const a = document.activeElement;
+        if (!a || a === document.body) dirInput.focus(); // the row that had it is gone
+      }
       if (focus) {
         const first = tbody.querySelector("button, a");
         (first || dirInput).focus();

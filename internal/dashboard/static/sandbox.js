@@ -34,6 +34,7 @@
       const box = document.getElementById("sandbox");
       box.dataset.state = sb.state;
       box.dataset.cpus = String(sb.cpus);
+      box.dataset.runtime = sb.runtime;
       const now = Date.now();
       details.replaceChildren();
       row("State", sb.state + (sb.reason ? " (" + sb.reason + ")" : ""));

@@ -404,6 +404,16 @@ class Client:
         netloc = host if self._port is None else f"{host}:{self._port}"
         return f"{scheme}://{netloc}{self._prefix}{_sb(sandbox_id, 'ports', str(int(port)))}/"
 
+    def server(self) -> dict:
+        """The server as this key may see it (what the dashboard's Server page
+        shows): ``{"admin", "sandboxes": {state: count}, "activity": {"since",
+        "bucket_s", "creates", "failures"}, "tenants": [{"tenant", "sandboxes",
+        "vcpus", "memory_mb", "disk_mb", "snapshots", "snapshots_disk_mb",
+        "quota"}], "runtime": {"name"}}``. A tenant key gets its own tenant
+        only; an admin key every tenant, ``"host"`` (disk and memory) and the
+        runtime's ``"why"``."""
+        return self._json("GET", "/v1/server")
+
     def healthz(self) -> bool:
         """True if the server answers /healthz with ok."""
         out = self._json("GET", "/healthz")
@@ -537,6 +547,15 @@ class Sandbox:
         """One sample of the sandbox's resource use (see Client.usage); never
         resumes it."""
         return self._client.usage(self.id)
+
+    def logs(self, tail_bytes: int | None = None) -> list[dict]:
+        """The end of each of the sandbox's logs this key may read, as dicts
+        ``{"source", "exists", "size", "truncated", "text"}``: ``"console"``
+        (the guest's console) and, for an admin key, ``"supervisor"``
+        (its shim's log on the host). ``tail_bytes`` (1..1 MiB, default 64
+        KiB on the server) bounds each. Never resumes the sandbox."""
+        out = self._client._json("GET", _sb(self.id, "logs"), query={"tail_bytes": tail_bytes})
+        return list(out.get("logs") or [])
 
     # -- exec ----------------------------------------------------------------
 
@@ -930,6 +949,12 @@ class Sandbox:
 
     def interrupt_context(self, context_id: str) -> None:
         self._client._json("POST", _sb(self.id, "contexts", context_id, "interrupt"), ok=(204,))
+
+    def rename(self, src: str, dst: str) -> None:
+        """Rename or move ``src`` to ``dst`` within the guest's filesystem
+        (rename(2): an existing file at ``dst`` is replaced; across
+        filesystems the guest refuses it)."""
+        self._client._json("POST", _sb(self.id, "files", "rename"), {"from": src, "to": dst}, ok=(204, 200))
 
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path``; a non-empty directory needs recursive=True."""

@@ -210,6 +210,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("POST", r"/v1/sandboxes", self.create),
             ("GET", r"/v1/sandboxes", self.list),
             ("GET", r"/v1/events", self.events),
+            ("GET", r"/v1/server", self.server_overview),
             ("GET", r"/v1/sandboxes/(\w+)", self.get),
             ("DELETE", r"/v1/sandboxes/(\w+)", self.kill),
             ("POST", r"/v1/sandboxes/(\w+)/timeout", self.set_timeout),
@@ -217,6 +218,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("POST", r"/v1/sandboxes/(\w+)/resume", self.resume),
             ("POST", r"/v1/sandboxes/(\w+)/keepalive", self.keepalive),
             ("GET", r"/v1/sandboxes/(\w+)/usage", self.usage),
+            ("GET", r"/v1/sandboxes/(\w+)/logs", self.logs),
             ("POST", r"/v1/sandboxes/(\w+)/snapshot", self.snapshot),
             ("POST", r"/v1/sandboxes/(\w+)/fork", self.fork),
             ("GET", r"/v1/snapshots", self.list_snapshots),
@@ -240,6 +242,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("GET", r"/v1/sandboxes/(\w+)/files/list", self.list_files),
             ("GET", r"/v1/sandboxes/(\w+)/files/stat", self.stat),
             ("POST", r"/v1/sandboxes/(\w+)/files/mkdir", self.mkdir),
+            ("POST", r"/v1/sandboxes/(\w+)/files/rename", self.rename),
             ("PUT", r"/v1/sandboxes/(\w+)/files/archive", self.put_archive),
             ("GET", r"/v1/sandboxes/(\w+)/files/archive", self.get_archive),
             ("POST", r"/v1/sandboxes/(\w+)/code", self.run_code),
@@ -471,6 +474,27 @@ class Handler(http.server.BaseHTTPRequestHandler):
             sb.pop("lifetime_left_s", None)
         self.state.keepalives = getattr(self.state, "keepalives", 0) + 1
         self._send(204)
+
+    def logs(self, q, sid):
+        text = "boot\nready\n"
+        n = int(q.get("tail_bytes") or 0)
+        trunc = 0 < n < len(text)
+        if trunc:
+            text = text[-n:]
+        self._send(200, {"logs": [{"source": "console", "exists": True, "size": 11, "truncated": trunc, "text": text}]})
+
+    def server_overview(self, q):
+        states = dict.fromkeys(["creating", "running", "pausing", "paused", "resuming", "stopping", "failed"], 0)
+        for sb in self.state.sandboxes.values():
+            states[sb["state"]] += 1
+        quota = {"max_sandboxes": 20, "max_vcpus": 32, "max_memory_mb": 32768, "max_disk_mb": 65536, "max_snapshots": 100}
+        self._send(200, {
+            "admin": False, "sandboxes": states,
+            "activity": {"since": "2026-11-25T13:00:00Z", "bucket_s": 3600, "creates": [1, 0, 2], "failures": [0, 0, 1]},
+            "tenants": [{"tenant": "t1", "sandboxes": len(self.state.sandboxes), "vcpus": 1, "memory_mb": 512, "disk_mb": 2048,
+                         "snapshots": 0, "snapshots_disk_mb": 0, "quota": quota}],
+            "runtime": {"name": "qemu"},
+        })
 
     def usage(self, q, sid):
         self._body()
@@ -727,6 +751,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def mkdir(self, q, sid):
         body = self._json_body()
         self.state.files[sid][body["path"]] = None
+        self._send(204)
+
+    def rename(self, q, sid):
+        body = self._json_body()
+        files = self.state.files[sid]
+        if body.get("from") not in files or not str(body.get("to", "")).startswith("/"):
+            return self._fail(404, "not_found", "no such file")
+        files[body["to"]] = files.pop(body["from"])
         self._send(204)
 
     def put_archive(self, q, sid):

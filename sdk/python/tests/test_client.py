@@ -55,6 +55,24 @@ class SandboxTests(FakeTestCase):
             c.usage(sb.id)
         self.assertEqual(c.get(sb.id).state, "paused")  # asking did not resume it
 
+    def test_logs(self):
+        sb = self.client.create()
+        logs = sb.logs()
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/logs")
+        self.assertEqual([(l["source"], l["text"], l["truncated"]) for l in logs], [("console", "boot\nready\n", False)])
+        logs = sb.logs(tail_bytes=6)
+        self.assertEqual(self.fake.last()["query"]["tail_bytes"], "6")
+        self.assertEqual((logs[0]["text"], logs[0]["truncated"]), ("ready\n", True))
+
+    def test_server(self):
+        c = self.client
+        c.create()
+        o = c.server()
+        self.assertEqual((self.fake.last()["method"], self.fake.last()["path"]), ("GET", "/v1/server"))
+        self.assertEqual((o["admin"], o["sandboxes"]["running"], o["activity"]["failures"], o["runtime"]["name"]), (False, 1, [0, 0, 1], "qemu"))
+        self.assertEqual(o["tenants"][0]["quota"]["max_vcpus"], 32)
+        self.assertNotIn("host", o)
+
     def test_pause_resume_keepalive(self):
         c = self.client
         sb = c.create(idle_pause_s=300)
@@ -442,6 +460,12 @@ class FileTests(FakeTestCase):
         self.assertEqual((st["size"], st["type"], st["name"]), (5, "file", "x"))
         fl = sb.list_files("/srv")
         self.assertEqual((sorted(e["name"] for e in fl), fl.truncated), (["s", "x"], False))
+        sb.rename("/srv/x", "/srv/y")
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/files/rename")
+        with self.assertRaises(airlock.NotFound):
+            sb.stat("/srv/x")
+        self.assertEqual(sb.read_file("/srv/y"), b"hello")
+        sb.rename("/srv/y", "/srv/x")
         sb.remove("/srv/x")
         with self.assertRaises(airlock.NotFound):
             sb.stat("/srv/x")

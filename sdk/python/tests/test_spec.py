@@ -368,6 +368,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Client.fork", c.fork, sid, count=2, force=True)
         call("Client.events", c.events, sandbox=sid, type="net", since=1, limit=10)
         call("Client.healthz", c.healthz)
+        call("Client.server", c.server)
         call("Client.kill", c.kill, sid)
 
         call("Sandbox.id", lambda: sb.id)
@@ -380,6 +381,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.resume", sb.resume)
         call("Sandbox.keepalive", sb.keepalive)
         call("Sandbox.usage", sb.usage)
+        call("Sandbox.logs", sb.logs, tail_bytes=100)
         call("Sandbox.snapshot", sb.snapshot, "snap2", force=True)
         call("Sandbox.fork", sb.fork, count=1)
         call("Sandbox.exec", sb.exec, ["sh", "-c", "true"], env={"A": "1"}, cwd="/", user="root", stdin=b"in",
@@ -399,6 +401,7 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.list_files", sb.list_files, "/", depth=2)
         call("Sandbox.stat", sb.stat, "/f")
         call("Sandbox.mkdir", sb.mkdir, "/d", parents=True)
+        call("Sandbox.rename", sb.rename, "/f", "/g")
         call("Sandbox.remove", sb.remove, "/d", recursive=True)
         call("Sandbox.write_archive", sb.write_archive, "/d", self.srv.RequestHandlerClass._tar())
         call("Sandbox.read_archive_to", sb.read_archive_to, "/d", io.BytesIO())
