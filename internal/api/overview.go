@@ -63,6 +63,8 @@ type TenantUsage struct {
 	DiskMB        int          `json:"disk_mb"`
 	Snapshots     int          `json:"snapshots"`
 	SnapshotsDisk int          `json:"snapshots_disk_mb"`
+	Volumes       int          `json:"volumes"`
+	VolumesDisk   int          `json:"volumes_disk_mb"`
 	Quota         *TenantQuota `json:"quota"` // null: none (the local user) or not known
 }
 
@@ -73,6 +75,7 @@ type TenantQuota struct {
 	MaxMemoryMB  int `json:"max_memory_mb"`
 	MaxDiskMB    int `json:"max_disk_mb"`
 	MaxSnapshots int `json:"max_snapshots"`
+	MaxVolumes   int `json:"max_volumes"`
 }
 
 // HostUsage is the host's free disk (the state dir's filesystem) and
@@ -128,7 +131,8 @@ func (s *Server) serverOverview(w http.ResponseWriter, r *http.Request) {
 	for _, u := range o.Tenants {
 		seen[u.Tenant] = true
 		out.Tenants = append(out.Tenants, TenantUsage{Tenant: u.Tenant, Sandboxes: u.Sandboxes, VCPUs: u.VCPUs, MemoryMB: u.MemoryMiB,
-			DiskMB: u.DiskMiB, Snapshots: u.Snapshots, SnapshotsDisk: u.SnapshotMiB, Quota: quotas[u.Tenant]})
+			DiskMB: u.DiskMiB, Snapshots: u.Snapshots, SnapshotsDisk: u.SnapshotMiB,
+			Volumes: u.Volumes, VolumesDisk: u.VolumeMiB, Quota: quotas[u.Tenant]})
 	}
 	if c.Admin {
 		// Tenants with keys and nothing yet.
@@ -162,6 +166,7 @@ func (s *Server) quotas(ctx context.Context, c sandbox.Caller) (map[string]*Tena
 		q.MaxMemoryMB = max(q.MaxMemoryMB, l.MaxMemoryMiB)
 		q.MaxDiskMB = max(q.MaxDiskMB, l.MaxDiskMiB)
 		q.MaxSnapshots = max(q.MaxSnapshots, l.MaxSnapshots)
+		q.MaxVolumes = max(q.MaxVolumes, l.MaxVolumes)
 	}
 	if c.Tenant != "" {
 		add(c.Tenant, c.Limits.Or(sandbox.DefaultLimits))

@@ -80,7 +80,7 @@ func TestServerOverview(t *testing.T) {
 		t.Errorf("alice's sandboxes by state: %v", o.Sandboxes)
 	}
 	def := sandbox.DefaultLimits
-	want := TenantQuota{MaxSandboxes: 3, MaxVCPUs: 5, MaxMemoryMB: def.MaxMemoryMiB, MaxDiskMB: def.MaxDiskMiB, MaxSnapshots: def.MaxSnapshots}
+	want := TenantQuota{MaxSandboxes: 3, MaxVCPUs: 5, MaxMemoryMB: def.MaxMemoryMiB, MaxDiskMB: def.MaxDiskMiB, MaxSnapshots: def.MaxSnapshots, MaxVolumes: def.MaxVolumes}
 	if len(o.Tenants) != 1 || o.Tenants[0].Tenant != "alice" || o.Tenants[0].Sandboxes != 1 || o.Tenants[0].Quota == nil || *o.Tenants[0].Quota != want {
 		t.Errorf("alice's tenants: %s", body)
 	}

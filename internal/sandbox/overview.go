@@ -47,9 +47,11 @@ type TenantUsage struct {
 	Sandboxes   int
 	VCPUs       int
 	MemoryMiB   int
-	DiskMiB     int // sandboxes' disk sizes plus snapshots' bytes
+	DiskMiB     int // sandboxes' disk sizes plus snapshots' bytes and volumes' sizes
 	Snapshots   int // named ones (fork bases are not counted)
 	SnapshotMiB int
+	Volumes     int
+	VolumeMiB   int
 }
 
 // Activity is counts per bucket of Step from Since, oldest first.
@@ -123,6 +125,19 @@ func (m *Manager) Overview(ctx context.Context, c Caller) (Overview, error) {
 		u := use[name]
 		u.SnapshotMiB = int((b + 1<<20 - 1) >> 20)
 		u.DiskMiB += u.SnapshotMiB
+	}
+	vols, err := m.Store.ListVolumes(ctx)
+	if err != nil {
+		return Overview{}, err
+	}
+	for _, v := range vols {
+		if !c.Admin && v.Tenant != c.Tenant {
+			continue
+		}
+		u := tenant(v.Tenant)
+		u.Volumes++
+		u.VolumeMiB += v.SizeMiB
+		u.DiskMiB += v.SizeMiB
 	}
 	for _, u := range use {
 		o.Tenants = append(o.Tenants, *u)

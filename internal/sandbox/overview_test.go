@@ -28,6 +28,9 @@ func TestOverview(t *testing.T) {
 		Image: "base", CPUs: 1, MemoryMiB: 512, DiskMiB: 2048, Size: 3 << 20, Created: now}); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.Store.CreateVolume(ctx, store.Volume{ID: "vol-bbbbbbbbbbbbbbbb", Tenant: "bob", Name: "v1", SizeMiB: 100, Created: now}); err != nil {
+		t.Fatal(err)
+	}
 	for _, e := range []store.Event{
 		{Time: now.Add(-2 * time.Hour), Tenant: "alice", Action: "sandbox.create"},
 		{Time: now.Add(-time.Minute), Tenant: "alice", Action: "sandbox.create"},
@@ -84,7 +87,7 @@ func TestOverview(t *testing.T) {
 	for _, u := range o.Tenants {
 		names = append(names, u.Tenant)
 	}
-	if !slices.Equal(names, []string{"alice", "bob"}) || o.Tenants[1] != (TenantUsage{Tenant: "bob", Sandboxes: 1, VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048 + 3, Snapshots: 1, SnapshotMiB: 3}) {
+	if !slices.Equal(names, []string{"alice", "bob"}) || o.Tenants[1] != (TenantUsage{Tenant: "bob", Sandboxes: 1, VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048 + 3 + 100, Snapshots: 1, SnapshotMiB: 3, Volumes: 1, VolumeMiB: 100}) {
 		t.Errorf("the admin's tenants: %+v", o.Tenants)
 	}
 	if o.States[store.StatePaused] != 3 || sum(o.Activity.Creates) != 3 || sum(o.Activity.Failures) != 1 {

@@ -33,7 +33,7 @@ type ServerActivity struct {
 }
 
 // TenantUsage is a tenant's use as its quotas count it (sandboxes that are
-// not failed; DiskMB includes its snapshots).
+// not failed; DiskMB includes its snapshots and volumes).
 type TenantUsage struct {
 	Tenant          string `json:"tenant"`
 	Sandboxes       int    `json:"sandboxes"`
@@ -42,6 +42,8 @@ type TenantUsage struct {
 	DiskMB          int    `json:"disk_mb"`
 	Snapshots       int    `json:"snapshots"`
 	SnapshotsDiskMB int    `json:"snapshots_disk_mb"`
+	Volumes         int    `json:"volumes"`
+	VolumesDiskMB   int    `json:"volumes_disk_mb"`
 	// Quota is nil for the local user (no quota) or when not known.
 	Quota *TenantQuota `json:"quota"`
 }
@@ -53,6 +55,7 @@ type TenantQuota struct {
 	MaxMemoryMB  int `json:"max_memory_mb"`
 	MaxDiskMB    int `json:"max_disk_mb"`
 	MaxSnapshots int `json:"max_snapshots"`
+	MaxVolumes   int `json:"max_volumes"`
 }
 
 // HostUsage is the host's disk (the server's state dir) and memory.

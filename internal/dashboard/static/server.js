@@ -108,7 +108,8 @@
       const tr = el("tr", null, { "data-tenant": t.tenant });
       tr.append(el("th", t.tenant === "" ? "(local user)" : t.tenant, { scope: "row", class: "mono" }),
         used(t.sandboxes, q.max_sandboxes), used(t.vcpus, q.max_vcpus), used(t.memory_mb, q.max_memory_mb, mib),
-        used(t.disk_mb, q.max_disk_mb, mib), used(t.snapshots, q.max_snapshots, String, t.snapshots_disk_mb ? " (" + mib(t.snapshots_disk_mb) + ")" : ""));
+        used(t.disk_mb, q.max_disk_mb, mib), used(t.snapshots, q.max_snapshots, String, t.snapshots_disk_mb ? " (" + mib(t.snapshots_disk_mb) + ")" : ""),
+        used(t.volumes, q.max_volumes, String, t.volumes_disk_mb ? " (" + mib(t.volumes_disk_mb) + ")" : ""));
       return tr;
     });
     tenants.replaceChildren(...rows);

@@ -408,7 +408,7 @@ class Client:
         """The server as this key may see it (what the dashboard's Server page
         shows): ``{"admin", "sandboxes": {state: count}, "activity": {"since",
         "bucket_s", "creates", "failures"}, "tenants": [{"tenant", "sandboxes",
-        "vcpus", "memory_mb", "disk_mb", "snapshots", "snapshots_disk_mb",
+        "vcpus", "memory_mb", "disk_mb", "snapshots", "snapshots_disk_mb", "volumes", "volumes_disk_mb",
         "quota"}], "runtime": {"name"}}``. A tenant key gets its own tenant
         only; an admin key every tenant, ``"host"`` (disk and memory) and the
         runtime's ``"why"``."""
