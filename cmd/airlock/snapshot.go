@@ -122,10 +122,7 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 		Short: "List snapshots: name, source sandbox, image, size, age",
 		Args:  cobra.NoArgs,
 		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, _ []string) error {
-			if all {
-				return fmt.Errorf("%w: --all works on the server's host only (or GET /v1/snapshots?all=1 with an admin key)", errdefs.ErrInvalid)
-			}
-			sns, err := c.ListSnapshots(cmd.Context())
+			sns, err := c.ListSnapshotsIn(cmd.Context(), airlock.Scope{All: all})
 			if err != nil {
 				return err
 			}
@@ -150,11 +147,8 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 		Short: "Remove snapshots and free their disk (refused while sandboxes made from them exist)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
-			if tenant != "" {
-				return fmt.Errorf("%w: --tenant works on the server's host only", errdefs.ErrInvalid)
-			}
 			return forEachID(cmd, "snapshot rm", args, func(name string) error {
-				if err := c.DeleteSnapshot(cmd.Context(), name); err != nil {
+				if err := c.DeleteSnapshotIn(cmd.Context(), airlock.Scope{Tenant: tenant}, name); err != nil {
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), name)

@@ -46,10 +46,34 @@ func (c *Client) Snapshot(ctx context.Context, id, name string, force bool) (*Sn
 
 // ListSnapshots returns the snapshots of the key's tenant.
 func (c *Client) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
+	return c.ListSnapshotsIn(ctx, Scope{})
+}
+
+// Scope picks whose objects an admin key acts on: another tenant's
+// (Tenant), or with All every tenant's (for snapshots, the unlisted bases
+// of forks too). Other keys' scopes are their own tenant whatever is set.
+type Scope struct {
+	Tenant string
+	All    bool
+}
+
+func (s Scope) query() url.Values {
+	q := url.Values{}
+	if s.Tenant != "" {
+		q.Set("tenant", s.Tenant)
+	}
+	if s.All {
+		q.Set("all", "1")
+	}
+	return q
+}
+
+// ListSnapshotsIn is ListSnapshots in scope s.
+func (c *Client) ListSnapshotsIn(ctx context.Context, s Scope) ([]Snapshot, error) {
 	var out struct {
 		Snapshots []Snapshot `json:"snapshots"`
 	}
-	if err := c.doJSON(ctx, http.MethodGet, "/v1/snapshots", nil, nil, &out, http.StatusOK); err != nil {
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/snapshots", s.query(), nil, &out, http.StatusOK); err != nil {
 		return nil, err
 	}
 	return out.Snapshots, nil
@@ -69,7 +93,13 @@ func (c *Client) GetSnapshot(ctx context.Context, name string) (*Snapshot, error
 // sandboxes made from it (or snapshots of them) exist, its disk backs
 // theirs: ErrFailedPrecondition.
 func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
-	return c.doJSON(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(name), nil, nil, nil, http.StatusNoContent, http.StatusOK)
+	return c.DeleteSnapshotIn(ctx, Scope{}, name)
+}
+
+// DeleteSnapshotIn is DeleteSnapshot of scope s's tenant (s.All is ignored).
+func (c *Client) DeleteSnapshotIn(ctx context.Context, s Scope, name string) error {
+	s.All = false
+	return c.doJSON(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(name), s.query(), nil, nil, http.StatusNoContent, http.StatusOK)
 }
 
 // PruneSnapshots removes the snapshots forks started from once no sandbox
