@@ -110,8 +110,14 @@ func (g guestSystem) GrowRoot(want uint64) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return growTo(size, "/")
+}
+
+// growTo grows the ext4 filesystem mounted at dir to size bytes (its
+// device's size).
+func growTo(size uint64, dir string) error {
 	var st unix.Statfs_t
-	if err := unix.Statfs("/", &st); err != nil {
+	if err := unix.Statfs(dir, &st); err != nil {
 		return fmt.Errorf("statfs: %w", err)
 	}
 	if st.Bsize <= 0 {
@@ -123,12 +129,12 @@ func (g guestSystem) GrowRoot(want uint64) error {
 	if blocks <= st.Blocks {
 		return nil
 	}
-	root, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	d, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("open /: %w", err)
+		return fmt.Errorf("open %s: %w", dir, err)
 	}
-	defer unix.Close(root)
-	if err := ioctlPtr(root, ext4IOCResizeFS, unsafe.Pointer(&blocks)); err != nil {
+	defer unix.Close(d)
+	if err := ioctlPtr(d, ext4IOCResizeFS, unsafe.Pointer(&blocks)); err != nil {
 		return fmt.Errorf("EXT4_IOC_RESIZE_FS: %w", err)
 	}
 	return nil

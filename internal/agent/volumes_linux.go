@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -169,26 +168,7 @@ func growMounted(dev, dir string) error {
 	if err != nil {
 		return fmt.Errorf("BLKGETSIZE64: %w", err)
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("statfs: %w", err)
-	}
-	if st.Bsize <= 0 {
-		return errors.New("statfs: bad block size")
-	}
-	blocks := size / uint64(st.Bsize)
-	if blocks <= st.Blocks {
-		return nil
-	}
-	d, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(d)
-	if err := ioctlPtr(d, ext4IOCResizeFS, unsafe.Pointer(&blocks)); err != nil {
-		return fmt.Errorf("EXT4_IOC_RESIZE_FS: %w", err)
-	}
-	return nil
+	return growTo(size, dir)
 }
 
 // unmountVolumes unmounts the filesystems on virtio disks other than the

@@ -123,6 +123,17 @@ func TestVolumes(t *testing.T) {
 	if after := sha256File(t, img); after != before {
 		t.Errorf("read-only mounts changed the volume's image")
 	}
+	// Grown while unmounted, the filesystem fills the new size at the
+	// next read-write mount, with its files.
+	e.must(t, "volume", "resize", vol, "--size", "128M")
+	g := e.create(t, "-v", vol+":/data")
+	out := e.must(t, "exec", g, "--", "sh", "-c", "cat /data/f; df -k /data | tail -1")
+	if f := strings.Fields(out); len(f) < 3 || f[0] != "one" {
+		t.Errorf("after the resize: %q", out)
+	} else if kb, _ := strconv.Atoi(f[2]); kb < 100<<10 {
+		t.Errorf("the filesystem did not grow to the volume's new size: %q", out)
+	}
+	e.must(t, "rm", g)
 	e.must(t, "volume", "rm", vol)
 	if _, err := os.Stat(img); !os.IsNotExist(err) {
 		t.Errorf("volume rm left the image: %v", err)
