@@ -53,7 +53,7 @@ func TestSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.mu.Lock()
-	if want := []volumeMount{{"airlock-vol0", "/data", false, ""}, {"", "/ro", true, "/.airlock-mounts/1"}}; !slices.Equal(s.volumes, want) {
+	if want := []volumeMount{{"airlock-vol0", "/data", false, "", ""}, {"", "/ro", true, "/.airlock-mounts/1", ""}}; !slices.Equal(s.volumes, want) {
 		t.Errorf("volumes = %+v, want %+v", s.volumes, want)
 	}
 	s.volumes = nil

@@ -20,6 +20,7 @@ const maxVolumes = 8
 var (
 	volumeSerial = regexp.MustCompile(`^airlock-vol[0-9]$`)
 	volumeStaged = regexp.MustCompile(`^/\.airlock-mounts/[0-9]$`)
+	volumeTag    = regexp.MustCompile(`^airlock-fs[0-9]$`)
 )
 
 // volumeMount is a checked agentv1.VolumeMount: serial or staged is set.
@@ -28,6 +29,7 @@ type volumeMount struct {
 	path     string
 	readOnly bool
 	staged   string
+	tag      string // virtio-fs
 }
 
 // parseVolumes checks the host's volume list: known serials, each once;
@@ -39,12 +41,20 @@ func parseVolumes(in []*agentv1.VolumeMount) ([]volumeMount, error) {
 	seen := map[string]bool{}
 	out := make([]volumeMount, 0, len(in))
 	for _, v := range in {
+		set := 0
+		for _, f := range []string{v.GetSerial(), v.GetStaged(), v.GetTag()} {
+			if f != "" {
+				set++
+			}
+		}
 		switch {
-		case v.GetStaged() != "" && v.GetSerial() != "":
-			return nil, invalidf("a volume has a serial or a staging path, not both")
+		case set != 1:
+			return nil, invalidf("a volume has exactly one of a serial, a staging path and a tag")
 		case v.GetStaged() != "" && !volumeStaged.MatchString(v.GetStaged()):
 			return nil, invalidf("volume staging path %q is not /.airlock-mounts/ and a digit", v.GetStaged())
-		case v.GetStaged() == "" && !volumeSerial.MatchString(v.GetSerial()):
+		case v.GetTag() != "" && !volumeTag.MatchString(v.GetTag()):
+			return nil, invalidf("volume tag %q is not airlock-fs and a digit", v.GetTag())
+		case v.GetSerial() != "" && !volumeSerial.MatchString(v.GetSerial()):
 			return nil, invalidf("volume serial %q is not airlock-vol and a digit", v.GetSerial())
 		}
 		p := v.GetPath()
@@ -54,12 +64,12 @@ func parseVolumes(in []*agentv1.VolumeMount) ([]volumeMount, error) {
 		if p == "/" || p == "/proc" || p == "/sys" || p == "/dev" || strings.HasPrefix(p, "/proc/") || strings.HasPrefix(p, "/sys/") || strings.HasPrefix(p, "/dev/") {
 			return nil, invalidf("volume path %q is a system filesystem", p)
 		}
-		src := v.GetSerial() + v.GetStaged()
+		src := v.GetSerial() + v.GetStaged() + v.GetTag()
 		if seen[src] || seen[p] {
 			return nil, invalidf("volume %q or path %q given twice", src, p)
 		}
 		seen[src], seen[p] = true, true
-		out = append(out, volumeMount{serial: v.GetSerial(), path: p, readOnly: v.GetReadOnly(), staged: v.GetStaged()})
+		out = append(out, volumeMount{serial: v.GetSerial(), path: p, readOnly: v.GetReadOnly(), staged: v.GetStaged(), tag: v.GetTag()})
 	}
 	return out, nil
 }
@@ -93,6 +103,12 @@ func (g guestSystem) MountVolumes(vols []volumeMount) error {
 				return err
 			}
 			staged = true
+			continue
+		}
+		if v.tag != "" {
+			if err := mountVirtiofs(v); err != nil {
+				return err
+			}
 			continue
 		}
 		dev, err := findBlockBySerial(v.serial)
@@ -132,6 +148,22 @@ func (g guestSystem) MountVolumes(vols []volumeMount) error {
 
 // stageDir holds the staging paths of VolumeMount.staged.
 const stageDir = "/.airlock-mounts"
+
+// mountVirtiofs mounts the host directory shared as virtio-fs tag v.tag
+// (nosuid, nodev; read-only if asked: the host side is read-only too).
+func mountVirtiofs(v volumeMount) error {
+	if err := os.MkdirAll(v.path, 0o755); err != nil {
+		return fmt.Errorf("host directory %s: %w", v.path, err)
+	}
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if v.readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount(v.tag, v.path, "virtiofs", flags, ""); err != nil {
+		return fmt.Errorf("mount host directory at %s: %w", v.path, err)
+	}
+	return nil
+}
 
 // moveStaged binds the mount the runtime made at v.staged to v.path
 // (read-only if asked: the host side is read-only too) and takes it off

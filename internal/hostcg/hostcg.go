@@ -37,11 +37,13 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultParent is the cgroup under which each sandbox gets its envelope.
@@ -443,8 +445,19 @@ func Remove(parent, name string) error {
 	if err := validName(name); err != nil {
 		return err
 	}
-	return removeTree(path.Join(parent, name))
+	// rmdir fails with EBUSY until the last task has left: the VMM or
+	// sentry of a sandbox just removed may still be exiting.
+	var err error
+	for deadline := time.Now().Add(removeWait); ; time.Sleep(20 * time.Millisecond) {
+		err = removeTree(path.Join(parent, name))
+		if err == nil || !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return err
+		}
+	}
 }
+
+// removeWait bounds how long Remove waits for tasks to leave.
+const removeWait = 3 * time.Second
 
 // removeTree removes the cgroup directories of p, deepest first, in the v2
 // tree and in each v1 hierarchy. rmdir of a cgroup fails with EBUSY while
@@ -454,9 +467,15 @@ func removeTree(p string) error {
 	if cgroups.Mode() == cgroups.Unified {
 		roots = []string{"/sys/fs/cgroup"}
 	} else {
-		// cpu too: nothing is put there now, but an older build did.
-		for _, c := range append([]string{"cpu", "cpuacct"}, controllers...) {
-			roots = append(roots, path.Join("/sys/fs/cgroup", c))
+		// Every hierarchy: the shim's envelope is in memory and pids
+		// (cpu too in older builds), and runsc makes the sandbox's own
+		// cgroups under it in every controller it finds (blkio, cpuset,
+		// devices, freezer, ...).
+		ents, _ := os.ReadDir("/sys/fs/cgroup")
+		for _, e := range ents {
+			if e.IsDir() {
+				roots = append(roots, path.Join("/sys/fs/cgroup", e.Name()))
+			}
 		}
 	}
 	var errs []error

@@ -135,6 +135,10 @@ type MountStager interface {
 	StagedMountPath(i int) string
 }
 
+// MountTag is the virtio-fs tag of Spec.Mounts[i] when it is a host
+// directory on a runtime whose guest mounts it itself (GuestMounter).
+func MountTag(i int) string { return "airlock-fs" + strconv.Itoa(i) }
+
 // GuestMounter is implemented by instances whose guest must mount
 // Spec.Mounts itself (qemu: the images are virtio-blk disks, found by
 // MountSerial) after a cold boot. Other runtimes mount them before the

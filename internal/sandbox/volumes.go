@@ -410,9 +410,6 @@ func underAny(p string, roots []string) bool {
 func (m *Manager) checkMountsFor(ctx context.Context, rt string, o CreateOptions) error {
 	for _, mt := range o.mounts {
 		if mt.VolumeID == "" {
-			if rt == "qemu" {
-				return fmt.Errorf("%w: host mounts need the gvisor runtime for now (--runtime gvisor); on qemu, copy files in with `airlock cp` or use a volume", errdefs.ErrUnsupported)
-			}
 			continue
 		}
 		v, err := m.Store.GetVolume(ctx, o.Tenant, mt.VolumeName)

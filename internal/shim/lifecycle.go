@@ -165,6 +165,9 @@ func (l lifecycleService) Usage(ctx context.Context, _ *connect.Request[shimv2.U
 // preconditions for pause: nothing in flight that a pause would cut off
 // (unless forced), and no secrets (their values would not survive).
 func (s *shim) pauseCheck(force bool, own int64) error {
+	if s.noSave != "" {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New(s.noSave))
+	}
 	if len(s.cfg.Secrets) > 0 {
 		return connect.NewError(connect.CodeFailedPrecondition, errors.New("a sandbox with secrets cannot be paused: their values live only in its supervisor's memory and would be lost"))
 	}

@@ -139,6 +139,8 @@ type shim struct {
 	agent    *agentapi.Client
 	srv      *http.Server
 	tmpl     *template.Template  // the template this sandbox was cloned from, if any
+	// noSave, if set, is why the guest cannot be saved (pause refuses).
+	noSave string
 	execs    *sessions           // execs the shim owns (ExecService)
 	contexts *contextRelay       // ContextService
 	net      *network            // the guest's network
@@ -457,6 +459,9 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	if spec.Mounts, err = s.specMounts(sb); err != nil {
 		return err
 	}
+	if s.cfg.RootDir == nil && slices.ContainsFunc(spec.Mounts, func(m runtime.Mount) bool { return m.Dir != "" }) {
+		s.noSave = "a microVM with a host directory mounted cannot be paused (virtio-fs has no migration); remove it instead, or use a volume"
+	}
 	mode := "cold"
 	fi, err := os.Stat(imgPath)
 	if err != nil {
@@ -594,6 +599,8 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 			v := &agentv1.VolumeMount{Path: m.Target, ReadOnly: m.ReadOnly}
 			if ms, ok := inst.(runtime.MountStager); ok {
 				v.Staged = ms.StagedMountPath(i)
+			} else if gm, ok := inst.(runtime.GuestMounter); ok && gm.GuestMountsVolumes() && m.Dir != "" {
+				v.Tag = runtime.MountTag(i)
 			} else if gm, ok := inst.(runtime.GuestMounter); ok && gm.GuestMountsVolumes() {
 				v.Serial = runtime.MountSerial(i)
 			} else {

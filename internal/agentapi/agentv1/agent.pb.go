@@ -519,8 +519,9 @@ func (x *SyncRequest) GetVolumes() []*VolumeMount {
 }
 
 // VolumeMount is a filesystem the host attached, to mount at path: an
-// ext4 volume on a virtio-blk device (serial), or a mount the runtime made
-// at a staging path (staged: gVisor), which the agent moves to path.
+// ext4 volume on a virtio-blk device (serial), a host directory over
+// virtio-fs (tag), or a mount the runtime made at a staging path (staged:
+// gVisor), which the agent moves to path. Exactly one of the three.
 type VolumeMount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The device's virtio-blk serial: "airlock-vol" and a digit.
@@ -532,7 +533,10 @@ type VolumeMount struct {
 	ReadOnly bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
 	// Instead of serial: "/.airlock-mounts/" and a digit, where the runtime
 	// mounted it.
-	Staged        string `protobuf:"bytes,4,opt,name=staged,proto3" json:"staged,omitempty"`
+	Staged string `protobuf:"bytes,4,opt,name=staged,proto3" json:"staged,omitempty"`
+	// Instead of serial: the virtio-fs tag of a host directory
+	// ("airlock-fs" and a digit).
+	Tag           string `protobuf:"bytes,5,opt,name=tag,proto3" json:"tag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -591,6 +595,13 @@ func (x *VolumeMount) GetReadOnly() bool {
 func (x *VolumeMount) GetStaged() string {
 	if x != nil {
 		return x.Staged
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetTag() string {
+	if x != nil {
+		return x.Tag
 	}
 	return ""
 }
@@ -3725,12 +3736,13 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\tgrow_root\x18\x04 \x01(\bR\bgrowRoot\x12&\n" +
 	"\x0froot_disk_bytes\x18\x05 \x01(\x04R\rrootDiskBytes\x129\n" +
 	"\anetwork\x18\x06 \x01(\v2\x1f.airlock.agent.v1.NetworkConfigR\anetwork\x127\n" +
-	"\avolumes\x18\a \x03(\v2\x1d.airlock.agent.v1.VolumeMountR\avolumes\"n\n" +
+	"\avolumes\x18\a \x03(\v2\x1d.airlock.agent.v1.VolumeMountR\avolumes\"\x80\x01\n" +
 	"\vVolumeMount\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
 	"\tread_only\x18\x03 \x01(\bR\breadOnly\x12\x16\n" +
-	"\x06staged\x18\x04 \x01(\tR\x06staged\"\xb1\x01\n" +
+	"\x06staged\x18\x04 \x01(\tR\x06staged\x12\x10\n" +
+	"\x03tag\x18\x05 \x01(\tR\x03tag\"\xb1\x01\n" +
 	"\rNetworkConfig\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +

@@ -58,7 +58,7 @@ func (in *instance) prepareMounts() ([]ociMount, error) {
 		if m.Image != "" {
 			err = mountImage(m.Image, point, m.ReadOnly)
 		} else {
-			err = bindDir(m.Dir, point, m.ReadOnly)
+			err = runtime.BindHostDir(m.Dir, point, m.ReadOnly)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("mount at %s: %w", m.Target, err)
@@ -72,32 +72,9 @@ func (in *instance) prepareMounts() ([]ociMount, error) {
 	return out, nil
 }
 
-// releaseMounts unmounts the instance's mount points and removes them. It
-// never removes anything recursively: a point still mounted stays.
-func (in *instance) releaseMounts() error {
-	ents, err := os.ReadDir(in.mountsDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	} else if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range ents {
-		p := filepath.Join(in.mountsDir(), e.Name())
-		// Detach: the sandbox's processes are gone, and an image's loop
-		// device is freed (autoclear) once the last reference goes.
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
-		}
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	if err := os.Remove(in.mountsDir()); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
+// releaseMounts unmounts the instance's mount points and removes them
+// (runtime.ReleaseMountPoints).
+func (in *instance) releaseMounts() error { return runtime.ReleaseMountPoints(in.mountsDir()) }
 
 // mountImage attaches ext4 image img to a free loop device and mounts it
 // at point; a read-write one first grows to fill the image.
@@ -216,33 +193,4 @@ func ext4Blocks(img string) (blocks, bsize uint64, err error) {
 		return 0, 0, errors.New("bad ext4 block size")
 	}
 	return blocks, 1024 << logSize, nil
-}
-
-// bindDir bind-mounts host directory dir at point, from a descriptor opened
-// without following symlinks, then makes the bind nosuid, nodev and, for
-// ro, read-only.
-func bindDir(dir, point string, ro bool) error {
-	fd, err := runtime.OpenDirNoSymlinks(dir)
-	if err != nil {
-		return fmt.Errorf("host directory %s: %w", dir, err)
-	}
-	defer unix.Close(fd)
-	if !ro {
-		if err := runtime.CheckWritableHostDir(fd); err != nil {
-			return fmt.Errorf("host directory %s: %w", dir, err)
-		}
-	}
-	src := "/proc/self/fd/" + strconv.Itoa(fd)
-	if err := unix.Mount(src, point, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind %s: %w", dir, err)
-	}
-	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
-	if ro {
-		flags |= unix.MS_RDONLY
-	}
-	if err := unix.Mount("", point, "", flags, ""); err != nil {
-		_ = unix.Unmount(point, unix.MNT_DETACH)
-		return fmt.Errorf("remount %s: %w", dir, err)
-	}
-	return nil
 }

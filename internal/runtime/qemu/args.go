@@ -60,6 +60,10 @@ type fdLayout struct {
 	MemShare bool // share=on (template) or share=off (restored clone)
 	Incoming bool // -incoming defer; the state arrives as fd:fdIncoming
 	Net      bool // a virtio-net NIC on the stream socket fdNet
+	// FS: Spec.Mounts has host directories (virtio-fs), whose
+	// vhost-user daemons need the guest's RAM shared (memfd) and the
+	// modern virtio-mmio layout.
+	FS bool
 }
 
 // buildArgs returns QEMU's argv (without argv[0]). It is pure: the same
@@ -96,6 +100,11 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 		a = append(a, "-object", fmt.Sprintf(
 			"memory-backend-file,id=mem,size=%dM,mem-path=/proc/self/fd/%d,share=%s",
 			spec.MemoryMiB, fdMem, share))
+	} else if fds.FS {
+		// virtiofsd maps the guest's RAM. (Such a VM cannot be saved:
+		// vhost-user-fs has no migration, so no template and no pause.)
+		a = append(a, "-object", fmt.Sprintf("memory-backend-memfd,id=mem,size=%dM,share=on", spec.MemoryMiB),
+			"-global", "virtio-mmio.force-legacy=false")
 	} else if !cfg.Probe {
 		// The same RAM as -m alone, but its block is named "mem" like a
 		// template's, so that SaveState streams restore into any layout.
@@ -127,7 +136,17 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 		)
 	}
 	for i, m := range spec.Mounts {
-		if m.Image == "" || cfg.Probe {
+		if cfg.Probe {
+			break
+		}
+		if m.Dir != "" {
+			// A host directory: virtio-fs, served by a virtiofsd on the
+			// other end of fdVolume0+i, found by the guest by its tag.
+			id := "fs" + strconv.Itoa(i)
+			a = append(a,
+				"-chardev", fmt.Sprintf("socket,id=%s,fd=%d", id, fdVolume0+i),
+				"-device", fmt.Sprintf("vhost-user-fs-device,chardev=%s,tag=%s", id, runtime.MountTag(i)),
+			)
 			continue
 		}
 		// Raw ext4 images, each its own virtio-blk disk named by its

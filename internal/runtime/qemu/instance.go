@@ -140,6 +140,10 @@ type launch struct {
 	stderr     *cappedWriter
 	stderrFile *os.File
 	memFile    *os.File // template RAM file (chowned back at exit)
+	// fsds serve Spec.Mounts' host directories (virtio-fs) from the
+	// mount points in mountsDir.
+	fsds      []*exec.Cmd
+	mountsDir string
 }
 
 // release frees everything in l except the process (used on failures
@@ -163,6 +167,13 @@ func (l *launch) release() error {
 	if l.memFile != nil {
 		// The template's RAM file goes back to root: the uid is reused.
 		errs = append(errs, l.memFile.Chown(0, 0), l.memFile.Close())
+	}
+	for _, c := range l.fsds {
+		_ = c.Process.Kill()
+		_ = c.Wait()
+	}
+	if l.mountsDir != "" {
+		errs = append(errs, runtime.ReleaseMountPoints(l.mountsDir))
 	}
 	errs = append(errs, l.lease.Release())
 	return errors.Join(errs...)
@@ -242,8 +253,15 @@ func (in *instance) start(ctx context.Context) (err error) {
 		fds.Disk = true
 	}
 	for i, m := range in.spec.Mounts {
-		if m.Image == "" {
-			return fmt.Errorf("mount at %s: the qemu runtime cannot share host directories", m.Target)
+		if m.Dir != "" {
+			conn, err := l.startVirtiofsd(in.spec.RunDir, i, m)
+			if err != nil {
+				return fmt.Errorf("mount at %s: %w", m.Target, err)
+			}
+			l.childFiles = append(l.childFiles, conn)
+			set(fdVolume0+i, conn)
+			fds.FS = true
+			continue
 		}
 		flag := os.O_RDWR
 		if m.ReadOnly {
