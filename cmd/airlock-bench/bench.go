@@ -33,6 +33,7 @@ func median(ds []time.Duration) time.Duration {
 // benchOptions are the command's flags.
 type benchOptions struct {
 	runs, execs, apiConcurrent, netMiB, neighbourExecs int
+	volMiB, volFiles                                   int // the volume rows' workload
 	transferMiB                                        int64
 	only                                               []string // row groups to measure; none for all
 	e2bRuns                                            int
@@ -40,7 +41,7 @@ type benchOptions struct {
 }
 
 // benchGroups are the row groups --only selects from.
-var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "net", "api", "e2b"}
+var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "net", "volumes", "api", "e2b"}
 
 // want reports whether row group g is measured.
 func (o benchOptions) want(g string) bool {
@@ -166,6 +167,21 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 			return fmt.Errorf("network bench: %w", err)
 		}
 		for _, r := range nr {
+			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+
+	if o.volMiB > 0 && o.want("volumes") {
+		fmt.Fprintln(os.Stderr, "bench: volume and host mount rows")
+		runtimes := []string{"qemu"}
+		if _, err := gvisor.FindRunsc(); err == nil {
+			runtimes = append(runtimes, "gvisor")
+		}
+		vr, err := volumesBench(ctx, c, runtimes, o.volMiB, o.volFiles)
+		if err != nil {
+			return fmt.Errorf("volume bench: %w", err)
+		}
+		for _, r := range vr {
 			rows = append(rows, row{r[0], r[1], r[2]})
 		}
 	}

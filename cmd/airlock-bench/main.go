@@ -1,8 +1,9 @@
 // Command airlock-bench measures an airlock installation and prints the
 // latency and memory table of the README (`make bench`): cold runs, create
 // until the first exec, the exec round trip and idle memory for each
-// runtime present, pause/resume, fork, the sandbox network, the HTTP API,
-// and the E2B SDK next to airlock's own /v1.
+// runtime present, pause/resume, fork, the sandbox network, volumes and
+// host mounts next to the host's own disk, the HTTP API, and the E2B SDK
+// next to airlock's own /v1.
 //
 // It drives a built airlock binary (--airlock) as a user would, and opens
 // the same state directory for the rows that need the sandbox manager. It
@@ -134,6 +135,9 @@ func rootCmd() *cobra.Command {
 					return fmt.Errorf("%w: --only %q: the groups are %s", errdefs.ErrInvalid, g, strings.Join(benchGroups, ", "))
 				}
 			}
+			if o.volMiB > 0 && o.volFiles < 1 {
+				return fmt.Errorf("%w: --vol-files %d: at least 1", errdefs.ErrInvalid, o.volFiles)
+			}
 			return bench(cmd.Context(), cfg, o)
 		},
 	}
@@ -148,6 +152,8 @@ func rootCmd() *cobra.Command {
 	f.IntVar(&o.neighbourExecs, "neighbour-execs", 30, "samples for the exec round trip beside a CPU-burning neighbour (0 skips those rows)")
 	f.IntVar(&o.apiConcurrent, "api-concurrent", 20, "concurrent creates through the HTTP API (0 skips the API rows)")
 	f.IntVar(&o.netMiB, "net-mib", 64, "size of each network throughput transfer (0 skips the network rows)")
+	f.IntVar(&o.volMiB, "vol-mib", 256, "size of the file the volume rows write and read back (0 skips those rows)")
+	f.IntVar(&o.volFiles, "vol-files", 2000, "4 KiB files the volume rows create")
 	f.Int64Var(&o.transferMiB, "transfer-mib", 200, "size of the API upload/download")
 	f.IntVar(&o.e2bRuns, "e2b-runs", 5, "samples for the E2B SDK rows and their /v1 baseline (0 skips those rows; skipped without node)")
 	f.StringVar(&o.e2bDir, "e2b-dir", defaultE2BDir(), "the folder of bench.mjs and the pinned E2B SDK (npm ci runs there when node_modules lacks it)")
