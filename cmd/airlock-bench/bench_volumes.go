@@ -126,8 +126,8 @@ const volRuns = 2
 const volWhat = "write / read after fadvise(DONTNEED) / warm reread / small-file creates"
 
 // volumesBench measures sequential write and read throughput and the
-// small-file create rate on a volume, on a host mount (gvisor: qemu
-// refuses host mounts) and on the sandbox's root disk, for each runtime
+// small-file create rate on a volume, on a host mount and on the
+// sandbox's root disk, for each runtime
 // present, each divided by the same workload on the host's disk in the
 // same run. Every sandbox, volume and bind mount it makes is removed on
 // return, error or not.
@@ -184,8 +184,8 @@ func hostRun(ctx context.Context, dir string, mib, files int) (fsResult, error) 
 	return parseFSResult(string(out), mib, files)
 }
 
-// volumesRuntime measures one runtime: one sandbox with a fresh volume (and
-// on gvisor a read-write host mount), and the workload run in each mount
+// volumesRuntime measures one runtime: one sandbox with a fresh volume and
+// a read-write host mount, and the workload run in each mount
 // and on its root disk.
 func volumesRuntime(ctx context.Context, c, cc airlockCLI, rt string, host fsResult, mib, files int) (rows [][3]string, err error) {
 	name := "bench-vol-" + rt + "-" + strconv.Itoa(os.Getpid())
@@ -202,18 +202,16 @@ func volumesRuntime(ctx context.Context, c, cc airlockCLI, rt string, host fsRes
 	args := []string{"--runtime", rt, "create", "-v", name + ":/bench-vol"}
 	var hostDir string
 	hostMountNote := ""
-	if rt == "gvisor" {
-		if os.Geteuid() != 0 {
-			hostMountNote = "skipped: a read-write host mount needs a nosuid,nodev bind mount, which needs root"
-		} else {
-			dir, undo, err := nosuidDir(filepath.Dir(c.cfg.stateDir))
-			if err != nil {
-				return nil, err
-			}
-			defer func() { err = errors.Join(err, undo()) }()
-			hostDir = dir
-			args = append(args, "--mount", dir+":/bench-host:rw")
+	if os.Geteuid() != 0 {
+		hostMountNote = "skipped: a read-write host mount needs a nosuid,nodev bind mount, which needs root"
+	} else {
+		dir, undo, err := nosuidDir(filepath.Dir(c.cfg.stateDir))
+		if err != nil {
+			return nil, err
 		}
+		defer func() { err = errors.Join(err, undo()) }()
+		hostDir = dir
+		args = append(args, "--mount", dir+":/bench-host:rw")
 	}
 	id, err := c.run(args...)
 	if err != nil {
@@ -265,7 +263,10 @@ func volumesRuntime(ctx context.Context, c, cc airlockCLI, rt string, host fsRes
 		if err != nil {
 			return nil, err
 		}
-		note := "read-write host mount served by the gofer (host dir on a nosuid,nodev bind mount); whether fadvise reaches the host's page cache is unknown (gVisor's mincore reports every page resident)"
+		note := map[string]string{
+			"qemu":   "read-write host mount over virtio-fs (virtiofsd, cache=auto; host dir on a nosuid,nodev bind mount)",
+			"gvisor": "read-write host mount served by the gofer (host dir on a nosuid,nodev bind mount); whether fadvise reaches the host's page cache is unknown (gVisor's mincore reports every page resident)",
+		}[rt]
 		if !sameFS(hostDir, c.cfg.stateDir) {
 			note += "; NOTE: not on the baseline's filesystem"
 		}

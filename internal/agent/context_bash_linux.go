@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -38,6 +39,7 @@ type bashInterp struct {
 
 type bashMark struct {
 	stderr bool
+	run    int // the run that printed it (bashInterp.n)
 	status int
 }
 
@@ -105,9 +107,12 @@ func (b *bashInterp) pump(f *os.File, stderr bool) {
 				break
 			}
 			b.forward(stderr, pending[:i])
-			status, _ := strconv.Atoi(string(pending[i+len(mk) : i+nl]))
+			// The marker is followed by "RUN:STATUS".
+			runStr, statusStr, _ := strings.Cut(string(pending[i+len(mk):i+nl]), ":")
+			run, _ := strconv.Atoi(runStr)
+			status, _ := strconv.Atoi(statusStr)
 			pending = pending[i+nl+1:]
-			b.outs <- bashMark{stderr: stderr, status: status}
+			b.outs <- bashMark{stderr: stderr, run: run, status: status}
 		}
 		// Keep what could be the start of a marker.
 		keep := 0
@@ -155,8 +160,10 @@ func (b *bashInterp) run(ctx context.Context, code string, out *codeOutput) (int
 		b.sink = nil
 		b.mu.Unlock()
 	}()
-	cmd := fmt.Sprintf("trap 'return 130' INT; . %s </dev/null\n__airlock_rc=$?; trap : INT; printf '%%s%%d\\n' %s \"$__airlock_rc\"; printf '%%s0\\n' %s >&2\n",
-		shellQuote(file), b.marker, b.marker)
+	// The markers carry the run's number: those of an earlier run that
+	// timed out (its snippet went on) are told apart and skipped.
+	cmd := fmt.Sprintf("trap 'return 130' INT; . %s </dev/null\n__airlock_rc=$?; trap : INT; printf '%%s%d:%%d\\n' %s \"$__airlock_rc\"; printf '%%s%d:0\\n' %s >&2\n",
+		shellQuote(file), b.n, b.marker, b.n, b.marker)
 	if _, err := b.stdin.WriteString(cmd); err != nil {
 		return 0, nil // the shell is gone; dead() tells
 	}
@@ -164,6 +171,9 @@ func (b *bashInterp) run(ctx context.Context, code string, out *codeOutput) (int
 	for seen < 2 {
 		select {
 		case m := <-b.outs:
+			if m.run != b.n {
+				continue
+			}
 			seen++
 			if !m.stderr {
 				status = m.status

@@ -46,7 +46,7 @@ var sdkGoBindings = []struct{ typ, method, path, body string }{
 	{"Client.Snapshot.sn", "POST", "/v1/sandboxes/{id}/snapshot", "201"},
 	{"Client.Fork.in", "POST", "/v1/sandboxes/{id}/fork", "request"},
 	{"Client.Fork.out", "POST", "/v1/sandboxes/{id}/fork", "201"},
-	{"Client.ListSnapshots.out", "GET", "/v1/snapshots", "200"},
+	{"Client.ListSnapshotsIn.out", "GET", "/v1/snapshots", "200"},
 	{"Client.GetSnapshot.sn", "GET", "/v1/snapshots/{name}", "200"},
 	{"Client.PruneSnapshots.out", "POST", "/v1/snapshots/prune", "200"},
 	{"Client.CreateVolume.in", "POST", "/v1/volumes", "request"},

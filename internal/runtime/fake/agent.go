@@ -112,7 +112,7 @@ func (a *agent) Sync(_ context.Context, req *connect.Request[agentv1.SyncRequest
 
 func (a *agent) Shutdown(context.Context, *connect.Request[agentv1.ShutdownRequest]) (*connect.Response[agentv1.ShutdownResponse], error) {
 	// Reply first, then power off, like the real agent.
-	time.AfterFunc(10*time.Millisecond, a.powerOff)
+	time.AfterFunc(100*time.Millisecond, a.powerOff) // the real agent waits as long
 	return connect.NewResponse(&agentv1.ShutdownResponse{}), nil
 }
 
