@@ -130,17 +130,17 @@ type ramSharer interface {
 }
 
 type shim struct {
-	cfg      Config
-	clk      clock.Clock // cfg.Clock or the system clock
-	l        statedir.Layout
-	st       *store.Store
-	log      *slog.Logger
-	inst     runtime.Instance
-	agent    *agentapi.Client
-	srv      *http.Server
-	tmpl     *template.Template  // the template this sandbox was cloned from, if any
+	cfg   Config
+	clk   clock.Clock // cfg.Clock or the system clock
+	l     statedir.Layout
+	st    *store.Store
+	log   *slog.Logger
+	inst  runtime.Instance
+	agent *agentapi.Client
+	srv   *http.Server
+	tmpl  *template.Template // the template this sandbox was cloned from, if any
 	// noSave, if set, is why the guest cannot be saved (pause refuses).
-	noSave string
+	noSave   string
 	execs    *sessions           // execs the shim owns (ExecService)
 	contexts *contextRelay       // ContextService
 	net      *network            // the guest's network
