@@ -3,16 +3,18 @@
 # Idempotent; safe to run on every `make demo` / `make test`. gcc is for
 # `go test -race` (cgo); protobuf-compiler is the protoc `make generate` pins;
 # chromium drives the dashboard's browser test (test/e2e, over CDP);
+# firefox-esr drives it again in Firefox (TestDashboardFirefox, over
+# WebDriver BiDi with test/firefox's puppeteer-core);
 # python3-yaml reads api/openapi.yaml in the Python SDK's spec test.
 set -euo pipefail
 
-pkgs=(gcc protobuf-compiler libprotobuf-dev qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs lz4 xz-utils zstd kmod iproute2 ca-certificates python3 curl python3-ipykernel python3-matplotlib python3-pip python3-setuptools python3-wheel python3-websocket python3-yaml chromium)
+pkgs=(gcc protobuf-compiler libprotobuf-dev qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs lz4 xz-utils zstd kmod iproute2 ca-certificates python3 curl python3-ipykernel python3-matplotlib python3-pip python3-setuptools python3-wheel python3-websocket python3-yaml chromium firefox-esr)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# node and npm (MCP client tests): any install will do, e.g. nodesource's
-# nodejs carries npm; Debian splits it into its own package.
+# node and npm (MCP, E2B and Firefox dashboard tests): any install will do,
+# e.g. nodesource's nodejs carries npm; Debian splits it into its own package.
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
