@@ -204,7 +204,7 @@ func (s *execService) run(ctx context.Context, stream *connect.BidiStream[agentv
 	var (
 		ws       syscall.WaitStatus
 		lost     bool
-		timedOut bool
+		timedOut = e.timedOut
 		gone     bool // the host cancelled the stream
 	)
 wait:
@@ -223,6 +223,7 @@ wait:
 			if timeout != nil {
 				e.timeoutLeft = max(time.Until(deadline), time.Millisecond)
 			}
+			e.timedOut = timedOut
 			return s.park(p, out, readers, token, e)
 		}
 	}

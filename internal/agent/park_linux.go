@@ -35,6 +35,7 @@ type execState struct {
 	left        uint64        // output bytes still allowed
 	truncated   bool          // output was dropped at the cap
 	timeoutLeft time.Duration // 0: no timeout
+	timedOut    bool          // the timeout fired (the kill may be under way)
 
 	expiry *time.Timer // while parked
 }
