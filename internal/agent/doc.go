@@ -7,6 +7,13 @@
 // every child of the agent is reaped by one reaper (package reaper); the
 // agent never calls wait itself.
 //
+// An exec's process lives apart from its stream (execState): the host can
+// park it (a park request ends the stream, the process keeps running with
+// its output held in its pipes) and a later stream adopts it by token, so
+// a command survives the host disconnecting for a pause, snapshot or fork
+// (park_linux.go; the contract is ExecService.Exec in the proto). Parked
+// execs are capped and expire if nobody adopts them.
+//
 // A Server also runs outside a guest ("host mode"), which is how the unit
 // tests drive it over net.Pipe: the reaper waits only for its own pids, no
 // cgroups are used (timeouts kill the process group), and Sync and Shutdown

@@ -45,6 +45,8 @@ type execService struct {
 	// wg owns the per-exec request readers, which can outlive their
 	// handler by a moment (until connect closes the request body).
 	wg *sync.WaitGroup
+	// parked holds the execs parked by their streams.
+	parked *parkTable
 }
 
 var _ agentv1connect.ExecServiceHandler = (*execService)(nil)
@@ -62,19 +64,39 @@ func (s *execService) Exec(ctx context.Context, stream *connect.BidiStream[agent
 	if start == nil {
 		return invalidf("the first exec message must be start")
 	}
-	spec, err := s.prepare(start)
-	if err != nil {
-		return err
+	var e *execState
+	if token := start.GetAdopt(); token != "" {
+		if len(start.GetArgv()) > 0 || len(start.GetEnv()) > 0 || start.GetCwd() != "" || start.GetUser() != "" ||
+			start.GetStdin() || start.GetTimeoutMs() != 0 || start.GetMaxOutputBytes() != 0 || start.GetPidsLimit() != 0 || start.GetTty() != nil {
+			return invalidf("an adopting start has only adopt set")
+		}
+		if e = s.parked.take(token); e == nil {
+			return connect.NewError(connect.CodeNotFound, errors.New("no exec is parked with this token"))
+		}
+	} else {
+		spec, err := s.prepare(start)
+		if err != nil {
+			return err
+		}
+		p, err := s.spawn(spec)
+		if err != nil {
+			return err
+		}
+		if s.log.Enabled(ctx, slog.LevelDebug) {
+			s.log.Debug("exec started", "pid", p.pid, "path", spec.path)
+		}
+		e = &execState{spec: spec, p: p, left: spec.maxOut, timeoutLeft: spec.timeout}
 	}
-	p, err := s.spawn(spec)
-	if err != nil {
-		return err
+	parked, err := s.run(ctx, stream, e)
+	if !parked {
+		e.p.release()
 	}
-	defer p.release()
-	if s.log.Enabled(ctx, slog.LevelDebug) {
-		s.log.Debug("exec started", "pid", p.pid, "path", spec.path)
-	}
-	return s.run(ctx, stream, spec, p)
+	return err
+}
+
+// ListParked returns the parked execs. See the proto.
+func (s *execService) ListParked(context.Context, *connect.Request[agentv1.ListParkedRequest]) (*connect.Response[agentv1.ListParkedResponse], error) {
+	return connect.NewResponse(&agentv1.ListParkedResponse{Execs: s.parked.list()}), nil
 }
 
 // prepare validates start and resolves the user, environment, working
@@ -142,15 +164,22 @@ func (s *execService) prepare(start *agentv1.ExecStart) (*execSpec, error) {
 }
 
 // run streams the process's output, handles stdin and signals, enforces the
-// timeout, and ends with exactly one exited message.
-func (s *execService) run(ctx context.Context, stream *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse], spec *execSpec, p *process) error {
-	out := &outSender{stream: stream, left: spec.maxOut}
+// timeout, and ends with exactly one exited message, or with parked when the
+// host parks the exec (parked is then true and the park table owns e).
+func (s *execService) run(ctx context.Context, stream *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse], e *execState) (parked bool, _ error) {
+	p := e.p
+	out := &outSender{stream: stream, left: e.left, truncated: e.truncated}
 	if err := out.sendMsg(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Started{Started: &agentv1.ExecStarted{Pid: int32(p.pid)}}}); err != nil {
 		p.kill()
 		<-p.done
-		return err
+		return false, err
 	}
 
+	// An adopted exec's pipes still have the deadline that parked it.
+	_ = p.stdout.SetReadDeadline(time.Time{})
+	if p.stderr != nil {
+		_ = p.stderr.SetReadDeadline(time.Time{})
+	}
 	readers := make(chan struct{}, 2)
 	go out.pump(p.stdout, false, readers)
 	if p.stderr != nil {
@@ -158,11 +187,16 @@ func (s *execService) run(ctx context.Context, stream *connect.BidiStream[agentv
 	} else {
 		readers <- struct{}{} // a terminal: one output stream
 	}
-	s.wg.Go(func() { receive(stream, p) })
+	parkc := make(chan string, 1)
+	s.wg.Go(func() { receive(stream, p, parkc) })
 
-	var timeout <-chan time.Time
-	if spec.timeout > 0 {
-		t := time.NewTimer(spec.timeout)
+	var (
+		timeout  <-chan time.Time
+		deadline time.Time
+	)
+	if e.timeoutLeft > 0 {
+		deadline = time.Now().Add(e.timeoutLeft)
+		t := time.NewTimer(e.timeoutLeft)
 		defer t.Stop()
 		timeout = t.C
 	}
@@ -170,7 +204,7 @@ func (s *execService) run(ctx context.Context, stream *connect.BidiStream[agentv
 	var (
 		ws       syscall.WaitStatus
 		lost     bool
-		timedOut bool
+		timedOut = e.timedOut
 		gone     bool // the host cancelled the stream
 	)
 wait:
@@ -185,6 +219,12 @@ wait:
 		case <-cancelled:
 			gone, cancelled = true, nil
 			p.kill()
+		case token := <-parkc:
+			if timeout != nil {
+				e.timeoutLeft = max(time.Until(deadline), time.Millisecond)
+			}
+			e.timedOut = timedOut
+			return s.park(p, out, readers, token, e)
 		}
 	}
 	duration := time.Since(p.start)
@@ -218,7 +258,7 @@ wait:
 		}
 	}
 	if gone {
-		return connect.NewError(connect.CodeCanceled, errors.New("exec cancelled by the host"))
+		return false, connect.NewError(connect.CodeCanceled, errors.New("exec cancelled by the host"))
 	}
 
 	exited := &agentv1.ExecExited{
@@ -235,19 +275,50 @@ wait:
 	default:
 		exited.ExitCode = int32(ws.ExitStatus())
 	}
-	return out.sendMsg(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: exited}})
+	return false, out.sendMsg(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: exited}})
 }
 
-// receive handles the requests after start until the host closes its side.
-// Closing the request side counts as closing stdin.
-func receive(stream *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse], p *process) {
-	defer p.closeStdin()
+// park stops the output pumps (what they read is sent first), hands e to
+// the park table under token and answers parked. If the table refuses,
+// the exec is killed and the stream fails.
+func (s *execService) park(p *process, out *outSender, readers <-chan struct{}, token string, e *execState) (bool, error) {
+	now := time.Now()
+	_ = p.stdout.SetReadDeadline(now)
+	if p.stderr != nil {
+		_ = p.stderr.SetReadDeadline(now)
+	}
+	<-readers
+	<-readers
+	out.mu.Lock()
+	e.left, e.truncated = out.left, out.truncated
+	out.mu.Unlock()
+	if err := s.parked.add(token, e); err != nil {
+		p.kill()
+		<-p.done
+		return false, err
+	}
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("exec parked", "pid", p.pid)
+	}
+	// The exec stays parked even if the host is gone by now: it can list
+	// and adopt it.
+	return true, out.sendMsg(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Parked{Parked: &agentv1.ExecParked{}}})
+}
+
+// receive handles the requests after start until the host closes its side
+// or parks the exec. Closing the request side counts as closing stdin; a
+// park leaves stdin open for the adopter and sends the token on parkc.
+func receive(stream *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse], p *process, parkc chan<- string) {
 	for {
 		req, err := stream.Receive()
 		if err != nil {
+			p.closeStdin()
 			return
 		}
 		switch m := req.GetMsg().(type) {
+		case *agentv1.ExecRequest_Park:
+			parkc <- m.Park.GetToken() // buffered; the only send
+			return
 		case *agentv1.ExecRequest_Stdin:
 			p.writeStdin(m.Stdin)
 		case *agentv1.ExecRequest_CloseStdin:

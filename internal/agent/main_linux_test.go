@@ -53,6 +53,9 @@ type testEnv struct {
 	c   *agentapi.Client
 	sys *fakeSystem
 	dir string // a temp dir holding passwd and group
+	// closeServer ends the session and closes the server (idempotent;
+	// also run at cleanup).
+	closeServer func()
 }
 
 // newTestEnv serves a host-mode Server on one end of a net.Pipe and dials it
@@ -90,14 +93,16 @@ func newTestEnv(t *testing.T, tweak ...func(*Options)) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	env := &testEnv{c: c, sys: sys, dir: dir}
+	env.closeServer = sync.OnceFunc(func() {
 		_ = c.Close()
 		_ = guest.Close()
 		<-served
 		srv.Close()
 		rp.Close()
 	})
-	return &testEnv{c: c, sys: sys, dir: dir}
+	t.Cleanup(env.closeServer)
+	return env
 }
 
 func writeFile(t *testing.T, p, s string) {

@@ -45,6 +45,9 @@ type Options struct {
 	system system
 	// interpreters overrides the programs of code contexts (tests).
 	interpreters interpreters
+	// parkExpiry overrides how long a parked exec waits to be adopted
+	// (tests).
+	parkExpiry time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -80,6 +83,7 @@ func (o *Options) Validate() error {
 type Server struct {
 	handler  http.Handler
 	contexts *contextService
+	parked   *parkTable
 	wg       sync.WaitGroup
 }
 
@@ -98,6 +102,7 @@ func NewServer(opts Options) (*Server, error) {
 		}
 	}
 	s := &Server{}
+	s.parked = newParkTable(opts.parkExpiry, &s.wg)
 	users := userDB{passwd: opts.PasswdFile, group: opts.GroupFile}
 	s.contexts = newContextService(opts.Logger, opts.Reaper, opts.Cgroups, users, opts.DefaultPidsLimit, opts.Guest, opts.interpreters)
 	mux := agentapi.NewHandler(
@@ -117,6 +122,7 @@ func NewServer(opts Options) (*Server, error) {
 			guest:  opts.Guest,
 			grace:  opts.DrainGrace,
 			wg:     &s.wg,
+			parked: s.parked,
 		},
 		&fileService{log: opts.Logger, users: users},
 	)
@@ -147,5 +153,6 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // power-off). Call it after every session using the handler has ended.
 func (s *Server) Close() {
 	s.contexts.close()
+	s.parked.close()
 	s.wg.Wait()
 }

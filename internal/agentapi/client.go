@@ -172,6 +172,28 @@ func (c *Client) SyncWith(ctx context.Context, o SyncOptions) (*agentv1.SyncResp
 	return resp.Msg, nil
 }
 
+// MaxParked caps the execs an agent keeps parked (and the host accepts in
+// a ListParked answer).
+const MaxParked = 64
+
+// ListParked returns the execs the agent keeps parked (see ExecService.Exec
+// in the proto). It needs VersionPark; so do the park request and the
+// adopt start, which an older agent ignores: Require(VersionPark) before
+// sending them. The answer is guest data: at most MaxParked entries.
+func (c *Client) ListParked(ctx context.Context) ([]*agentv1.ParkedExec, error) {
+	if err := c.Require(VersionPark, "parked execs"); err != nil {
+		return nil, err
+	}
+	resp, err := c.Exec.ListParked(ctx, connect.NewRequest(&agentv1.ListParkedRequest{}))
+	if err != nil {
+		return nil, fmt.Errorf("list parked execs: %w", err)
+	}
+	if n := len(resp.Msg.GetExecs()); n > MaxParked {
+		return nil, fmt.Errorf("list parked execs: the agent answered %d, more than %d", n, MaxParked)
+	}
+	return resp.Msg.GetExecs(), nil
+}
+
 // Done is closed when the HTTP/2 session is unusable (guest gone).
 func (c *Client) Alive() bool {
 	return c.cc != nil && c.cc.CanTakeNewRequest()

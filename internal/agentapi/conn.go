@@ -30,7 +30,7 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 // ProtocolVersion is the version this build speaks. Bump it when an RPC or
 // a request field that an older agent would ignore is added, and record
 // below which version introduced it.
-const ProtocolVersion = VersionVolumes
+const ProtocolVersion = VersionPark
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -144,4 +144,9 @@ const (
 	// devices). An older agent ignores the field: check before relying
 	// on it.
 	VersionVolumes = 7
+	// VersionPark added ExecRequest.park, ExecStart.adopt,
+	// ExecResponse.parked and ExecService.ListParked (execs kept across a
+	// pause). An older agent ignores park and adopt: check before sending
+	// them.
+	VersionPark = 8
 )

@@ -836,6 +836,239 @@ func (*ShutdownResponse) Descriptor() ([]byte, []int) {
 	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
+type ListParkedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListParkedRequest) Reset() {
+	*x = ListParkedRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListParkedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListParkedRequest) ProtoMessage() {}
+
+func (x *ListParkedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListParkedRequest.ProtoReflect.Descriptor instead.
+func (*ListParkedRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+type ListParkedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Execs         []*ParkedExec          `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListParkedResponse) Reset() {
+	*x = ListParkedResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListParkedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListParkedResponse) ProtoMessage() {}
+
+func (x *ListParkedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListParkedResponse.ProtoReflect.Descriptor instead.
+func (*ListParkedResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListParkedResponse) GetExecs() []*ParkedExec {
+	if x != nil {
+		return x.Execs
+	}
+	return nil
+}
+
+// ParkedExec is one parked process.
+type ParkedExec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The token it was parked with (the host's exec id).
+	Token string   `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Pid   int32    `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Argv  []string `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	// It runs on a terminal.
+	Tty bool `protobuf:"varint,4,opt,name=tty,proto3" json:"tty,omitempty"`
+	// Its stdin comes from the exec stream (an adopter may send more).
+	Stdin bool `protobuf:"varint,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// When it started (guest clock, Unix milliseconds).
+	StartUnixMs int64 `protobuf:"varint,6,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
+	// What is left of its timeout in milliseconds; 0 without a timeout.
+	TimeoutLeftMs uint32 `protobuf:"varint,7,opt,name=timeout_left_ms,json=timeoutLeftMs,proto3" json:"timeout_left_ms,omitempty"`
+	// It has exited already; adopting it delivers its output and `exited`.
+	Exited        bool `protobuf:"varint,8,opt,name=exited,proto3" json:"exited,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ParkedExec) Reset() {
+	*x = ParkedExec{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ParkedExec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ParkedExec) ProtoMessage() {}
+
+func (x *ParkedExec) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ParkedExec.ProtoReflect.Descriptor instead.
+func (*ParkedExec) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ParkedExec) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *ParkedExec) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ParkedExec) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *ParkedExec) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
+}
+
+func (x *ParkedExec) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *ParkedExec) GetStartUnixMs() int64 {
+	if x != nil {
+		return x.StartUnixMs
+	}
+	return 0
+}
+
+func (x *ParkedExec) GetTimeoutLeftMs() uint32 {
+	if x != nil {
+		return x.TimeoutLeftMs
+	}
+	return 0
+}
+
+func (x *ParkedExec) GetExited() bool {
+	if x != nil {
+		return x.Exited
+	}
+	return false
+}
+
+// ExecPark asks the agent to park the stream's process (protocol >= 8).
+type ExecPark struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The name it is adopted by: 1..128 bytes, unique among parked execs.
+	Token         string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecPark) Reset() {
+	*x = ExecPark{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecPark) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecPark) ProtoMessage() {}
+
+func (x *ExecPark) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecPark.ProtoReflect.Descriptor instead.
+func (*ExecPark) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ExecPark) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
 type ExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -845,6 +1078,7 @@ type ExecRequest struct {
 	//	*ExecRequest_CloseStdin
 	//	*ExecRequest_Signal
 	//	*ExecRequest_Resize
+	//	*ExecRequest_Park
 	Msg           isExecRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -852,7 +1086,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +1098,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +1111,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -932,6 +1166,15 @@ func (x *ExecRequest) GetResize() *TerminalSize {
 	return nil
 }
 
+func (x *ExecRequest) GetPark() *ExecPark {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecRequest_Park); ok {
+			return x.Park
+		}
+	}
+	return nil
+}
+
 type isExecRequest_Msg interface {
 	isExecRequest_Msg()
 }
@@ -960,6 +1203,11 @@ type ExecRequest_Resize struct {
 	Resize *TerminalSize `protobuf:"bytes,5,opt,name=resize,proto3,oneof"`
 }
 
+type ExecRequest_Park struct {
+	// Park the process and end the stream (protocol >= 8; see Exec).
+	Park *ExecPark `protobuf:"bytes,6,opt,name=park,proto3,oneof"`
+}
+
 func (*ExecRequest_Start) isExecRequest_Msg() {}
 
 func (*ExecRequest_Stdin) isExecRequest_Msg() {}
@@ -969,6 +1217,8 @@ func (*ExecRequest_CloseStdin) isExecRequest_Msg() {}
 func (*ExecRequest_Signal) isExecRequest_Msg() {}
 
 func (*ExecRequest_Resize) isExecRequest_Msg() {}
+
+func (*ExecRequest_Park) isExecRequest_Msg() {}
 
 // TerminalSize is a terminal's size in characters (1..10000 each).
 type TerminalSize struct {
@@ -981,7 +1231,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1243,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1256,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -1051,14 +1301,18 @@ type ExecStart struct {
 	// is: stdin, stdout and stderr are the terminal, its output (echo
 	// included) comes as `stdout`, `stdin` bytes are typed into it, and
 	// `stdin` above is implied. TERM defaults to xterm-256color.
-	Tty           *TerminalSize `protobuf:"bytes,9,opt,name=tty,proto3" json:"tty,omitempty"`
+	Tty *TerminalSize `protobuf:"bytes,9,opt,name=tty,proto3" json:"tty,omitempty"`
+	// If set (protocol >= 8), the stream adopts the parked process with this
+	// token instead of starting one; every other field must be unset. A token
+	// that is not parked fails with not_found.
+	Adopt         string `protobuf:"bytes,10,opt,name=adopt,proto3" json:"adopt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1324,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1337,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -1149,6 +1403,13 @@ func (x *ExecStart) GetTty() *TerminalSize {
 	return nil
 }
 
+func (x *ExecStart) GetAdopt() string {
+	if x != nil {
+		return x.Adopt
+	}
+	return ""
+}
+
 type ExecResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -1157,6 +1418,7 @@ type ExecResponse struct {
 	//	*ExecResponse_Stdout
 	//	*ExecResponse_Stderr
 	//	*ExecResponse_Exited
+	//	*ExecResponse_Parked
 	Event         isExecResponse_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1164,7 +1426,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1438,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1451,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1235,6 +1497,15 @@ func (x *ExecResponse) GetExited() *ExecExited {
 	return nil
 }
 
+func (x *ExecResponse) GetParked() *ExecParked {
+	if x != nil {
+		if x, ok := x.Event.(*ExecResponse_Parked); ok {
+			return x.Parked
+		}
+	}
+	return nil
+}
+
 type isExecResponse_Event interface {
 	isExecResponse_Event()
 }
@@ -1255,6 +1526,11 @@ type ExecResponse_Exited struct {
 	Exited *ExecExited `protobuf:"bytes,4,opt,name=exited,proto3,oneof"`
 }
 
+type ExecResponse_Parked struct {
+	// The process was parked (the answer to `park`); the stream ends.
+	Parked *ExecParked `protobuf:"bytes,5,opt,name=parked,proto3,oneof"`
+}
+
 func (*ExecResponse_Started) isExecResponse_Event() {}
 
 func (*ExecResponse_Stdout) isExecResponse_Event() {}
@@ -1262,6 +1538,44 @@ func (*ExecResponse_Stdout) isExecResponse_Event() {}
 func (*ExecResponse_Stderr) isExecResponse_Event() {}
 
 func (*ExecResponse_Exited) isExecResponse_Event() {}
+
+func (*ExecResponse_Parked) isExecResponse_Event() {}
+
+type ExecParked struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecParked) Reset() {
+	*x = ExecParked{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecParked) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecParked) ProtoMessage() {}
+
+func (x *ExecParked) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecParked.ProtoReflect.Descriptor instead.
+func (*ExecParked) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
 
 type ExecStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1272,7 +1586,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1598,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1611,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecStarted) GetPid() int32 {
@@ -1329,7 +1643,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1655,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1668,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -1412,7 +1726,7 @@ type WriteTarRequest struct {
 
 func (x *WriteTarRequest) Reset() {
 	*x = WriteTarRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1738,7 @@ func (x *WriteTarRequest) String() string {
 func (*WriteTarRequest) ProtoMessage() {}
 
 func (x *WriteTarRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1751,7 @@ func (x *WriteTarRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarRequest.ProtoReflect.Descriptor instead.
 func (*WriteTarRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteTarRequest) GetMsg() isWriteTarRequest_Msg {
@@ -1495,7 +1809,7 @@ type WriteTarHeader struct {
 
 func (x *WriteTarHeader) Reset() {
 	*x = WriteTarHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +1821,7 @@ func (x *WriteTarHeader) String() string {
 func (*WriteTarHeader) ProtoMessage() {}
 
 func (x *WriteTarHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +1834,7 @@ func (x *WriteTarHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarHeader.ProtoReflect.Descriptor instead.
 func (*WriteTarHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteTarHeader) GetPath() string {
@@ -1549,7 +1863,7 @@ type WriteTarResponse struct {
 
 func (x *WriteTarResponse) Reset() {
 	*x = WriteTarResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1875,7 @@ func (x *WriteTarResponse) String() string {
 func (*WriteTarResponse) ProtoMessage() {}
 
 func (x *WriteTarResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1888,7 @@ func (x *WriteTarResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarResponse.ProtoReflect.Descriptor instead.
 func (*WriteTarResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteTarResponse) GetEntries() uint64 {
@@ -1600,7 +1914,7 @@ type ReadTarRequest struct {
 
 func (x *ReadTarRequest) Reset() {
 	*x = ReadTarRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1926,7 @@ func (x *ReadTarRequest) String() string {
 func (*ReadTarRequest) ProtoMessage() {}
 
 func (x *ReadTarRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1939,7 @@ func (x *ReadTarRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTarRequest.ProtoReflect.Descriptor instead.
 func (*ReadTarRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadTarRequest) GetPath() string {
@@ -1645,7 +1959,7 @@ type ReadTarResponse struct {
 
 func (x *ReadTarResponse) Reset() {
 	*x = ReadTarResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1971,7 @@ func (x *ReadTarResponse) String() string {
 func (*ReadTarResponse) ProtoMessage() {}
 
 func (x *ReadTarResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1984,7 @@ func (x *ReadTarResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTarResponse.ProtoReflect.Descriptor instead.
 func (*ReadTarResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadTarResponse) GetData() []byte {
@@ -1690,7 +2004,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +2016,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +2029,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -1740,7 +2054,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +2066,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +2079,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 type WatchRequest struct {
@@ -1779,7 +2093,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +2105,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +2118,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -1832,7 +2146,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +2158,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +2171,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FileEvent) GetName() string {
@@ -1887,7 +2201,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1899,7 +2213,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1912,7 +2226,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
@@ -1976,7 +2290,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1988,7 +2302,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2001,7 +2315,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -2076,7 +2390,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2402,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2415,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -2120,7 +2434,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2132,7 +2446,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2145,7 +2459,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -2168,7 +2482,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2494,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2507,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -2227,7 +2541,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2239,7 +2553,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2252,7 +2566,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -2282,7 +2596,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2608,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2621,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -2339,7 +2653,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2665,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2678,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 type RemoveRequest struct {
@@ -2377,7 +2691,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2389,7 +2703,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2402,7 +2716,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2427,7 +2741,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2753,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2766,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 type ReadRequest struct {
@@ -2464,7 +2778,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2790,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2803,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReadRequest) GetPath() string {
@@ -2512,7 +2826,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2838,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2851,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReadResponse) GetMsg() isReadResponse_Msg {
@@ -2594,7 +2908,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +2920,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +2933,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WriteRequest) GetMsg() isWriteRequest_Msg {
@@ -2678,7 +2992,7 @@ type WriteHeader struct {
 
 func (x *WriteHeader) Reset() {
 	*x = WriteHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +3004,7 @@ func (x *WriteHeader) String() string {
 func (*WriteHeader) ProtoMessage() {}
 
 func (x *WriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +3017,7 @@ func (x *WriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteHeader.ProtoReflect.Descriptor instead.
 func (*WriteHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WriteHeader) GetPath() string {
@@ -2743,7 +3057,7 @@ type WriteResponse struct {
 
 func (x *WriteResponse) Reset() {
 	*x = WriteResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +3069,7 @@ func (x *WriteResponse) String() string {
 func (*WriteResponse) ProtoMessage() {}
 
 func (x *WriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +3082,7 @@ func (x *WriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteResponse.ProtoReflect.Descriptor instead.
 func (*WriteResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WriteResponse) GetBytesWritten() uint64 {
@@ -2794,7 +3108,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2806,7 +3120,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2819,7 +3133,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateContextRequest) GetLanguage() string {
@@ -2870,7 +3184,7 @@ type ContextInfo struct {
 
 func (x *ContextInfo) Reset() {
 	*x = ContextInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +3196,7 @@ func (x *ContextInfo) String() string {
 func (*ContextInfo) ProtoMessage() {}
 
 func (x *ContextInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +3209,7 @@ func (x *ContextInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextInfo.ProtoReflect.Descriptor instead.
 func (*ContextInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ContextInfo) GetId() string {
@@ -2962,7 +3276,7 @@ type ContextExit struct {
 
 func (x *ContextExit) Reset() {
 	*x = ContextExit{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3288,7 @@ func (x *ContextExit) String() string {
 func (*ContextExit) ProtoMessage() {}
 
 func (x *ContextExit) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3301,7 @@ func (x *ContextExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextExit.ProtoReflect.Descriptor instead.
 func (*ContextExit) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ContextExit) GetExitCode() int32 {
@@ -3019,7 +3333,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3031,7 +3345,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3044,7 +3358,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 type ListContextsResponse struct {
@@ -3056,7 +3370,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3068,7 +3382,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3081,7 +3395,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -3100,7 +3414,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3426,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3439,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -3143,7 +3457,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3155,7 +3469,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3168,7 +3482,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{51}
 }
 
 type RestartContextRequest struct {
@@ -3180,7 +3494,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3506,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3519,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -3224,7 +3538,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3550,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3563,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -3267,7 +3581,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3593,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3606,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{49}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{54}
 }
 
 type RunCodeRequest struct {
@@ -3314,7 +3628,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3326,7 +3640,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3339,7 +3653,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{50}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -3393,7 +3707,7 @@ type RunCodeEvent struct {
 
 func (x *RunCodeEvent) Reset() {
 	*x = RunCodeEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +3719,7 @@ func (x *RunCodeEvent) String() string {
 func (*RunCodeEvent) ProtoMessage() {}
 
 func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +3732,7 @@ func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
 func (*RunCodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{51}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
@@ -3523,7 +3837,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3535,7 +3849,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3548,7 +3862,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{52}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -3576,7 +3890,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3588,7 +3902,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3601,7 +3915,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{53}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CodeError) GetName() string {
@@ -3642,7 +3956,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3654,7 +3968,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3667,7 +3981,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{54}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -3755,18 +4069,34 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x0froot_size_bytes\x18\x02 \x01(\x04R\rrootSizeBytes\"-\n" +
 	"\x0fShutdownRequest\x12\x1a\n" +
 	"\bpoweroff\x18\x01 \x01(\bR\bpoweroff\"\x12\n" +
-	"\x10ShutdownResponse\"\xd8\x01\n" +
+	"\x10ShutdownResponse\"\x13\n" +
+	"\x11ListParkedRequest\"H\n" +
+	"\x12ListParkedResponse\x122\n" +
+	"\x05execs\x18\x01 \x03(\v2\x1c.airlock.agent.v1.ParkedExecR\x05execs\"\xd4\x01\n" +
+	"\n" +
+	"ParkedExec\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12\x10\n" +
+	"\x03tty\x18\x04 \x01(\bR\x03tty\x12\x14\n" +
+	"\x05stdin\x18\x05 \x01(\bR\x05stdin\x12\"\n" +
+	"\rstart_unix_ms\x18\x06 \x01(\x03R\vstartUnixMs\x12&\n" +
+	"\x0ftimeout_left_ms\x18\a \x01(\rR\rtimeoutLeftMs\x12\x16\n" +
+	"\x06exited\x18\b \x01(\bR\x06exited\" \n" +
+	"\bExecPark\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"\x8a\x02\n" +
 	"\vExecRequest\x123\n" +
 	"\x05start\x18\x01 \x01(\v2\x1b.airlock.agent.v1.ExecStartH\x00R\x05start\x12\x16\n" +
 	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
 	"\vclose_stdin\x18\x03 \x01(\bH\x00R\n" +
 	"closeStdin\x12\x18\n" +
 	"\x06signal\x18\x04 \x01(\x05H\x00R\x06signal\x128\n" +
-	"\x06resize\x18\x05 \x01(\v2\x1e.airlock.agent.v1.TerminalSizeH\x00R\x06resizeB\x05\n" +
+	"\x06resize\x18\x05 \x01(\v2\x1e.airlock.agent.v1.TerminalSizeH\x00R\x06resize\x120\n" +
+	"\x04park\x18\x06 \x01(\v2\x1a.airlock.agent.v1.ExecParkH\x00R\x04parkB\x05\n" +
 	"\x03msg\"6\n" +
 	"\fTerminalSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x87\x02\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x9d\x02\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -3778,13 +4108,18 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x10max_output_bytes\x18\a \x01(\x04R\x0emaxOutputBytes\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\b \x01(\rR\tpidsLimit\x120\n" +
-	"\x03tty\x18\t \x01(\v2\x1e.airlock.agent.v1.TerminalSizeR\x03tty\"\xbe\x01\n" +
+	"\x03tty\x18\t \x01(\v2\x1e.airlock.agent.v1.TerminalSizeR\x03tty\x12\x14\n" +
+	"\x05adopt\x18\n" +
+	" \x01(\tR\x05adopt\"\xf6\x01\n" +
 	"\fExecResponse\x129\n" +
 	"\astarted\x18\x01 \x01(\v2\x1d.airlock.agent.v1.ExecStartedH\x00R\astarted\x12\x18\n" +
 	"\x06stdout\x18\x02 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x03 \x01(\fH\x00R\x06stderr\x126\n" +
-	"\x06exited\x18\x04 \x01(\v2\x1c.airlock.agent.v1.ExecExitedH\x00R\x06exitedB\a\n" +
-	"\x05event\"\x1f\n" +
+	"\x06exited\x18\x04 \x01(\v2\x1c.airlock.agent.v1.ExecExitedH\x00R\x06exited\x126\n" +
+	"\x06parked\x18\x05 \x01(\v2\x1c.airlock.agent.v1.ExecParkedH\x00R\x06parkedB\a\n" +
+	"\x05event\"\f\n" +
+	"\n" +
+	"ExecParked\"\x1f\n" +
 	"\vExecStarted\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\"\xc9\x01\n" +
 	"\n" +
@@ -3954,9 +4289,11 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Info\x12\x1d.airlock.agent.v1.InfoRequest\x1a\x1e.airlock.agent.v1.InfoResponse\x12H\n" +
 	"\x05Usage\x12\x1e.airlock.agent.v1.UsageRequest\x1a\x1f.airlock.agent.v1.UsageResponse\x12E\n" +
 	"\x04Sync\x12\x1d.airlock.agent.v1.SyncRequest\x1a\x1e.airlock.agent.v1.SyncResponse\x12Q\n" +
-	"\bShutdown\x12!.airlock.agent.v1.ShutdownRequest\x1a\".airlock.agent.v1.ShutdownResponse2X\n" +
+	"\bShutdown\x12!.airlock.agent.v1.ShutdownRequest\x1a\".airlock.agent.v1.ShutdownResponse2\xb1\x01\n" +
 	"\vExecService\x12I\n" +
-	"\x04Exec\x12\x1d.airlock.agent.v1.ExecRequest\x1a\x1e.airlock.agent.v1.ExecResponse(\x010\x012\x87\x06\n" +
+	"\x04Exec\x12\x1d.airlock.agent.v1.ExecRequest\x1a\x1e.airlock.agent.v1.ExecResponse(\x010\x01\x12W\n" +
+	"\n" +
+	"ListParked\x12#.airlock.agent.v1.ListParkedRequest\x1a$.airlock.agent.v1.ListParkedResponse2\x87\x06\n" +
 	"\vFileService\x12E\n" +
 	"\x04Stat\x12\x1d.airlock.agent.v1.StatRequest\x1a\x1e.airlock.agent.v1.StatResponse\x12E\n" +
 	"\x04List\x12\x1d.airlock.agent.v1.ListRequest\x1a\x1e.airlock.agent.v1.ListResponse\x12H\n" +
@@ -3989,7 +4326,7 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(FileOp)(0),                      // 0: airlock.agent.v1.FileOp
 	(FileType)(0),                    // 1: airlock.agent.v1.FileType
@@ -4003,122 +4340,132 @@ var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(*SyncResponse)(nil),             // 9: airlock.agent.v1.SyncResponse
 	(*ShutdownRequest)(nil),          // 10: airlock.agent.v1.ShutdownRequest
 	(*ShutdownResponse)(nil),         // 11: airlock.agent.v1.ShutdownResponse
-	(*ExecRequest)(nil),              // 12: airlock.agent.v1.ExecRequest
-	(*TerminalSize)(nil),             // 13: airlock.agent.v1.TerminalSize
-	(*ExecStart)(nil),                // 14: airlock.agent.v1.ExecStart
-	(*ExecResponse)(nil),             // 15: airlock.agent.v1.ExecResponse
-	(*ExecStarted)(nil),              // 16: airlock.agent.v1.ExecStarted
-	(*ExecExited)(nil),               // 17: airlock.agent.v1.ExecExited
-	(*WriteTarRequest)(nil),          // 18: airlock.agent.v1.WriteTarRequest
-	(*WriteTarHeader)(nil),           // 19: airlock.agent.v1.WriteTarHeader
-	(*WriteTarResponse)(nil),         // 20: airlock.agent.v1.WriteTarResponse
-	(*ReadTarRequest)(nil),           // 21: airlock.agent.v1.ReadTarRequest
-	(*ReadTarResponse)(nil),          // 22: airlock.agent.v1.ReadTarResponse
-	(*RenameRequest)(nil),            // 23: airlock.agent.v1.RenameRequest
-	(*RenameResponse)(nil),           // 24: airlock.agent.v1.RenameResponse
-	(*WatchRequest)(nil),             // 25: airlock.agent.v1.WatchRequest
-	(*FileEvent)(nil),                // 26: airlock.agent.v1.FileEvent
-	(*WatchResponse)(nil),            // 27: airlock.agent.v1.WatchResponse
-	(*FileInfo)(nil),                 // 28: airlock.agent.v1.FileInfo
-	(*StatRequest)(nil),              // 29: airlock.agent.v1.StatRequest
-	(*StatResponse)(nil),             // 30: airlock.agent.v1.StatResponse
-	(*ListRequest)(nil),              // 31: airlock.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 32: airlock.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 33: airlock.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 34: airlock.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 35: airlock.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 36: airlock.agent.v1.RemoveResponse
-	(*ReadRequest)(nil),              // 37: airlock.agent.v1.ReadRequest
-	(*ReadResponse)(nil),             // 38: airlock.agent.v1.ReadResponse
-	(*WriteRequest)(nil),             // 39: airlock.agent.v1.WriteRequest
-	(*WriteHeader)(nil),              // 40: airlock.agent.v1.WriteHeader
-	(*WriteResponse)(nil),            // 41: airlock.agent.v1.WriteResponse
-	(*CreateContextRequest)(nil),     // 42: airlock.agent.v1.CreateContextRequest
-	(*ContextInfo)(nil),              // 43: airlock.agent.v1.ContextInfo
-	(*ContextExit)(nil),              // 44: airlock.agent.v1.ContextExit
-	(*ListContextsRequest)(nil),      // 45: airlock.agent.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 46: airlock.agent.v1.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 47: airlock.agent.v1.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 48: airlock.agent.v1.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 49: airlock.agent.v1.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 50: airlock.agent.v1.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 51: airlock.agent.v1.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 52: airlock.agent.v1.RunCodeRequest
-	(*RunCodeEvent)(nil),             // 53: airlock.agent.v1.RunCodeEvent
-	(*CodeResult)(nil),               // 54: airlock.agent.v1.CodeResult
-	(*CodeError)(nil),                // 55: airlock.agent.v1.CodeError
-	(*CodeEnd)(nil),                  // 56: airlock.agent.v1.CodeEnd
-	nil,                              // 57: airlock.agent.v1.CodeResult.DataEntry
+	(*ListParkedRequest)(nil),        // 12: airlock.agent.v1.ListParkedRequest
+	(*ListParkedResponse)(nil),       // 13: airlock.agent.v1.ListParkedResponse
+	(*ParkedExec)(nil),               // 14: airlock.agent.v1.ParkedExec
+	(*ExecPark)(nil),                 // 15: airlock.agent.v1.ExecPark
+	(*ExecRequest)(nil),              // 16: airlock.agent.v1.ExecRequest
+	(*TerminalSize)(nil),             // 17: airlock.agent.v1.TerminalSize
+	(*ExecStart)(nil),                // 18: airlock.agent.v1.ExecStart
+	(*ExecResponse)(nil),             // 19: airlock.agent.v1.ExecResponse
+	(*ExecParked)(nil),               // 20: airlock.agent.v1.ExecParked
+	(*ExecStarted)(nil),              // 21: airlock.agent.v1.ExecStarted
+	(*ExecExited)(nil),               // 22: airlock.agent.v1.ExecExited
+	(*WriteTarRequest)(nil),          // 23: airlock.agent.v1.WriteTarRequest
+	(*WriteTarHeader)(nil),           // 24: airlock.agent.v1.WriteTarHeader
+	(*WriteTarResponse)(nil),         // 25: airlock.agent.v1.WriteTarResponse
+	(*ReadTarRequest)(nil),           // 26: airlock.agent.v1.ReadTarRequest
+	(*ReadTarResponse)(nil),          // 27: airlock.agent.v1.ReadTarResponse
+	(*RenameRequest)(nil),            // 28: airlock.agent.v1.RenameRequest
+	(*RenameResponse)(nil),           // 29: airlock.agent.v1.RenameResponse
+	(*WatchRequest)(nil),             // 30: airlock.agent.v1.WatchRequest
+	(*FileEvent)(nil),                // 31: airlock.agent.v1.FileEvent
+	(*WatchResponse)(nil),            // 32: airlock.agent.v1.WatchResponse
+	(*FileInfo)(nil),                 // 33: airlock.agent.v1.FileInfo
+	(*StatRequest)(nil),              // 34: airlock.agent.v1.StatRequest
+	(*StatResponse)(nil),             // 35: airlock.agent.v1.StatResponse
+	(*ListRequest)(nil),              // 36: airlock.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 37: airlock.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 38: airlock.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 39: airlock.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 40: airlock.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 41: airlock.agent.v1.RemoveResponse
+	(*ReadRequest)(nil),              // 42: airlock.agent.v1.ReadRequest
+	(*ReadResponse)(nil),             // 43: airlock.agent.v1.ReadResponse
+	(*WriteRequest)(nil),             // 44: airlock.agent.v1.WriteRequest
+	(*WriteHeader)(nil),              // 45: airlock.agent.v1.WriteHeader
+	(*WriteResponse)(nil),            // 46: airlock.agent.v1.WriteResponse
+	(*CreateContextRequest)(nil),     // 47: airlock.agent.v1.CreateContextRequest
+	(*ContextInfo)(nil),              // 48: airlock.agent.v1.ContextInfo
+	(*ContextExit)(nil),              // 49: airlock.agent.v1.ContextExit
+	(*ListContextsRequest)(nil),      // 50: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 51: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 52: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 53: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 54: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 55: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 56: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 57: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 58: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 59: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 60: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 61: airlock.agent.v1.CodeEnd
+	nil,                              // 62: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
 	8,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
 	7,  // 1: airlock.agent.v1.SyncRequest.volumes:type_name -> airlock.agent.v1.VolumeMount
-	14, // 2: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
-	13, // 3: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
-	13, // 4: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
-	16, // 5: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
-	17, // 6: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
-	19, // 7: airlock.agent.v1.WriteTarRequest.header:type_name -> airlock.agent.v1.WriteTarHeader
-	0,  // 8: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
-	26, // 9: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
-	1,  // 10: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
-	28, // 11: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
-	28, // 12: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
-	28, // 13: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
-	40, // 14: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	44, // 15: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
-	43, // 16: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
-	54, // 17: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
-	55, // 18: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
-	56, // 19: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
-	57, // 20: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
-	2,  // 21: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	4,  // 22: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
-	6,  // 23: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	10, // 24: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	12, // 25: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	29, // 26: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	31, // 27: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	33, // 28: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	35, // 29: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	37, // 30: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	39, // 31: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	23, // 32: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
-	25, // 33: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
-	18, // 34: airlock.agent.v1.FileService.WriteTar:input_type -> airlock.agent.v1.WriteTarRequest
-	21, // 35: airlock.agent.v1.FileService.ReadTar:input_type -> airlock.agent.v1.ReadTarRequest
-	42, // 36: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
-	45, // 37: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
-	47, // 38: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
-	49, // 39: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
-	52, // 40: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
-	50, // 41: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
-	3,  // 42: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	5,  // 43: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
-	9,  // 44: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	11, // 45: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	15, // 46: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	30, // 47: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	32, // 48: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	34, // 49: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	36, // 50: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	38, // 51: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	41, // 52: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	24, // 53: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
-	27, // 54: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
-	20, // 55: airlock.agent.v1.FileService.WriteTar:output_type -> airlock.agent.v1.WriteTarResponse
-	22, // 56: airlock.agent.v1.FileService.ReadTar:output_type -> airlock.agent.v1.ReadTarResponse
-	43, // 57: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
-	46, // 58: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
-	48, // 59: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
-	43, // 60: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
-	53, // 61: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
-	51, // 62: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
-	42, // [42:63] is the sub-list for method output_type
-	21, // [21:42] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	14, // 2: airlock.agent.v1.ListParkedResponse.execs:type_name -> airlock.agent.v1.ParkedExec
+	18, // 3: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
+	17, // 4: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
+	15, // 5: airlock.agent.v1.ExecRequest.park:type_name -> airlock.agent.v1.ExecPark
+	17, // 6: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
+	21, // 7: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
+	22, // 8: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
+	20, // 9: airlock.agent.v1.ExecResponse.parked:type_name -> airlock.agent.v1.ExecParked
+	24, // 10: airlock.agent.v1.WriteTarRequest.header:type_name -> airlock.agent.v1.WriteTarHeader
+	0,  // 11: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
+	31, // 12: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
+	1,  // 13: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
+	33, // 14: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
+	33, // 15: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
+	33, // 16: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
+	45, // 17: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
+	49, // 18: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
+	48, // 19: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	59, // 20: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	60, // 21: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	61, // 22: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	62, // 23: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	2,  // 24: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
+	4,  // 25: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
+	6,  // 26: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	10, // 27: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	16, // 28: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	12, // 29: airlock.agent.v1.ExecService.ListParked:input_type -> airlock.agent.v1.ListParkedRequest
+	34, // 30: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	36, // 31: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	38, // 32: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	40, // 33: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	42, // 34: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	44, // 35: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	28, // 36: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
+	30, // 37: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
+	23, // 38: airlock.agent.v1.FileService.WriteTar:input_type -> airlock.agent.v1.WriteTarRequest
+	26, // 39: airlock.agent.v1.FileService.ReadTar:input_type -> airlock.agent.v1.ReadTarRequest
+	47, // 40: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	50, // 41: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	52, // 42: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	54, // 43: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	57, // 44: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	55, // 45: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	3,  // 46: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	5,  // 47: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
+	9,  // 48: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	11, // 49: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	19, // 50: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	13, // 51: airlock.agent.v1.ExecService.ListParked:output_type -> airlock.agent.v1.ListParkedResponse
+	35, // 52: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	37, // 53: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	39, // 54: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	41, // 55: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	43, // 56: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	46, // 57: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	29, // 58: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
+	32, // 59: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
+	25, // 60: airlock.agent.v1.FileService.WriteTar:output_type -> airlock.agent.v1.WriteTarResponse
+	27, // 61: airlock.agent.v1.FileService.ReadTar:output_type -> airlock.agent.v1.ReadTarResponse
+	48, // 62: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	51, // 63: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	53, // 64: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	48, // 65: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	58, // 66: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	56, // 67: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	46, // [46:68] is the sub-list for method output_type
+	24, // [24:46] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_airlock_agent_v1_agent_proto_init() }
@@ -4126,36 +4473,38 @@ func file_airlock_agent_v1_agent_proto_init() {
 	if File_airlock_agent_v1_agent_proto != nil {
 		return
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
+		(*ExecRequest_Park)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exited)(nil),
+		(*ExecResponse_Parked)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[16].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[21].OneofWrappers = []any{
 		(*WriteTarRequest_Header)(nil),
 		(*WriteTarRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[30].OneofWrappers = []any{
 		(*WatchResponse_Started)(nil),
 		(*WatchResponse_Event)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[36].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[41].OneofWrappers = []any{
 		(*ReadResponse_Info)(nil),
 		(*ReadResponse_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[37].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[42].OneofWrappers = []any{
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[51].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[56].OneofWrappers = []any{
 		(*RunCodeEvent_Stdout)(nil),
 		(*RunCodeEvent_Stderr)(nil),
 		(*RunCodeEvent_Result)(nil),
@@ -4168,7 +4517,7 @@ func file_airlock_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   56,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -76,7 +76,7 @@ type agent struct {
 
 func (a *agent) Info(context.Context, *connect.Request[agentv1.InfoRequest]) (*connect.Response[agentv1.InfoResponse], error) {
 	return connect.NewResponse(&agentv1.InfoResponse{
-		ProtocolVersion: agentapi.ProtocolVersion,
+		ProtocolVersion: protocolVersion,
 		AgentVersion:    "fake",
 		KernelRelease:   "fake",
 		UptimeSeconds:   time.Since(a.booted).Seconds(),
@@ -117,6 +117,15 @@ func (a *agent) Shutdown(context.Context, *connect.Request[agentv1.ShutdownReque
 }
 
 // --- ExecService ---
+
+// protocolVersion is the agent protocol the fake speaks: all but parking
+// (agentapi.VersionPark), which it does not implement.
+const protocolVersion = agentapi.VersionPark - 1
+
+// ListParked is not implemented: the fake reports a protocol without it.
+func (a *agent) ListParked(context.Context, *connect.Request[agentv1.ListParkedRequest]) (*connect.Response[agentv1.ListParkedResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("the fake agent does not park execs"))
+}
 
 // fakeCommands are the programs the fake guest has.
 var fakeCommands = map[string]bool{"true": true, "false": true, "echo": true, "exit": true, "cat": true, "sleep": true, "sh": true, "printf": true}

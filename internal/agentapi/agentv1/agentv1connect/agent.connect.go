@@ -65,6 +65,8 @@ const (
 	AgentServiceShutdownProcedure = "/airlock.agent.v1.AgentService/Shutdown"
 	// ExecServiceExecProcedure is the fully-qualified name of the ExecService's Exec RPC.
 	ExecServiceExecProcedure = "/airlock.agent.v1.ExecService/Exec"
+	// ExecServiceListParkedProcedure is the fully-qualified name of the ExecService's ListParked RPC.
+	ExecServiceListParkedProcedure = "/airlock.agent.v1.ExecService/ListParked"
 	// FileServiceStatProcedure is the fully-qualified name of the FileService's Stat RPC.
 	FileServiceStatProcedure = "/airlock.agent.v1.FileService/Stat"
 	// FileServiceListProcedure is the fully-qualified name of the FileService's List RPC.
@@ -275,7 +277,25 @@ type ExecServiceClient interface {
 	// answers with `started`, then any number of stdout/stderr chunks, then
 	// exactly one `exited`, and ends the stream. If the client ends or cancels
 	// the stream before `exited`, the process group is killed.
+	//
+	// Parking (protocol >= 8): a `park` request instead makes the agent keep
+	// the process: it stops reading the output pipes (the process blocks once
+	// a pipe is full; nothing is lost), sends the output it had read, then
+	// `parked`, and ends the stream. The process keeps its stdin, terminal and
+	// cgroup; its timeout stops counting. A later stream whose start has
+	// `adopt` set to the park token resumes it: `started` (same pid), the
+	// output from where it stopped, stdin, signals, resizes, the rest of the
+	// timeout and the final `exited`. Park of a stream that was itself adopted
+	// is allowed. A process that exits before the agent reads `park` ends the
+	// stream with `exited` as usual. A `park` waits behind stdin the process
+	// has not read yet. The agent keeps at most 64 parked processes (a park beyond
+	// that, or with an empty, overlong or already parked token, fails the
+	// stream and the process is killed as on cancel), and kills one that is
+	// not adopted within 5 minutes of guest running time (a frozen guest's
+	// clock does not run, so the time counts from its restore).
 	Exec(context.Context) *connect.BidiStreamForClient[agentv1.ExecRequest, agentv1.ExecResponse]
+	// ListParked returns the parked processes (protocol >= 8).
+	ListParked(context.Context, *connect.Request[agentv1.ListParkedRequest]) (*connect.Response[agentv1.ListParkedResponse], error)
 }
 
 // NewExecServiceClient constructs a client for the airlock.agent.v1.ExecService service. By
@@ -295,17 +315,29 @@ func NewExecServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(execServiceMethods.ByName("Exec")),
 			connect.WithClientOptions(opts...),
 		),
+		listParked: connect.NewClient[agentv1.ListParkedRequest, agentv1.ListParkedResponse](
+			httpClient,
+			baseURL+ExecServiceListParkedProcedure,
+			connect.WithSchema(execServiceMethods.ByName("ListParked")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // execServiceClient implements ExecServiceClient.
 type execServiceClient struct {
-	exec *connect.Client[agentv1.ExecRequest, agentv1.ExecResponse]
+	exec       *connect.Client[agentv1.ExecRequest, agentv1.ExecResponse]
+	listParked *connect.Client[agentv1.ListParkedRequest, agentv1.ListParkedResponse]
 }
 
 // Exec calls airlock.agent.v1.ExecService.Exec.
 func (c *execServiceClient) Exec(ctx context.Context) *connect.BidiStreamForClient[agentv1.ExecRequest, agentv1.ExecResponse] {
 	return c.exec.CallBidiStream(ctx)
+}
+
+// ListParked calls airlock.agent.v1.ExecService.ListParked.
+func (c *execServiceClient) ListParked(ctx context.Context, req *connect.Request[agentv1.ListParkedRequest]) (*connect.Response[agentv1.ListParkedResponse], error) {
+	return c.listParked.CallUnary(ctx, req)
 }
 
 // ExecServiceHandler is an implementation of the airlock.agent.v1.ExecService service.
@@ -315,7 +347,25 @@ type ExecServiceHandler interface {
 	// answers with `started`, then any number of stdout/stderr chunks, then
 	// exactly one `exited`, and ends the stream. If the client ends or cancels
 	// the stream before `exited`, the process group is killed.
+	//
+	// Parking (protocol >= 8): a `park` request instead makes the agent keep
+	// the process: it stops reading the output pipes (the process blocks once
+	// a pipe is full; nothing is lost), sends the output it had read, then
+	// `parked`, and ends the stream. The process keeps its stdin, terminal and
+	// cgroup; its timeout stops counting. A later stream whose start has
+	// `adopt` set to the park token resumes it: `started` (same pid), the
+	// output from where it stopped, stdin, signals, resizes, the rest of the
+	// timeout and the final `exited`. Park of a stream that was itself adopted
+	// is allowed. A process that exits before the agent reads `park` ends the
+	// stream with `exited` as usual. A `park` waits behind stdin the process
+	// has not read yet. The agent keeps at most 64 parked processes (a park beyond
+	// that, or with an empty, overlong or already parked token, fails the
+	// stream and the process is killed as on cancel), and kills one that is
+	// not adopted within 5 minutes of guest running time (a frozen guest's
+	// clock does not run, so the time counts from its restore).
 	Exec(context.Context, *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse]) error
+	// ListParked returns the parked processes (protocol >= 8).
+	ListParked(context.Context, *connect.Request[agentv1.ListParkedRequest]) (*connect.Response[agentv1.ListParkedResponse], error)
 }
 
 // NewExecServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -331,10 +381,18 @@ func NewExecServiceHandler(svc ExecServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(execServiceMethods.ByName("Exec")),
 		connect.WithHandlerOptions(opts...),
 	)
+	execServiceListParkedHandler := connect.NewUnaryHandler(
+		ExecServiceListParkedProcedure,
+		svc.ListParked,
+		connect.WithSchema(execServiceMethods.ByName("ListParked")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.agent.v1.ExecService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ExecServiceExecProcedure:
 			execServiceExecHandler.ServeHTTP(w, r)
+		case ExecServiceListParkedProcedure:
+			execServiceListParkedHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -346,6 +404,10 @@ type UnimplementedExecServiceHandler struct{}
 
 func (UnimplementedExecServiceHandler) Exec(context.Context, *connect.BidiStream[agentv1.ExecRequest, agentv1.ExecResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.ExecService.Exec is not implemented"))
+}
+
+func (UnimplementedExecServiceHandler) ListParked(context.Context, *connect.Request[agentv1.ListParkedRequest]) (*connect.Response[agentv1.ListParkedResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.ExecService.ListParked is not implemented"))
 }
 
 // FileServiceClient is a client for the airlock.agent.v1.FileService service.
