@@ -243,3 +243,97 @@ func TestHostMounts(t *testing.T) {
 		}
 	}
 }
+
+// TestThreat011HostMountEscapes: through a host mount the guest reaches
+// the directory named and nothing outside it, on either runtime (gvisor's
+// gofer, qemu's virtio-fs): not through absolute or relative symlinks,
+// "..", hard links, device nodes, a symlink swapped in for the directory
+// while the sandbox runs, or set-id bits; a read-only mount refuses root's
+// writes, remount included (threats 7, 8, 9, 11).
+func TestThreat011HostMountEscapes(t *testing.T) {
+	e := setup(t)
+	parent := t.TempDir()
+	ro, rw := filepath.Join(parent, "ro"), filepath.Join(parent, "rw")
+	canary := filepath.Join(parent, "canary")
+	const secret = "host-canary-5e1d"
+	for _, d := range []string{ro, rw} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "in.txt"), []byte("inside\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for name, target := range map[string]string{"abs": canary, "rel": "../canary", "up": ".."} {
+			if err := os.Symlink(target, filepath.Join(d, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := os.WriteFile(canary, []byte(secret+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(rw, rw, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(rw, unix.MNT_DETACH) })
+	if err := unix.Mount("", rw, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		t.Fatal(err)
+	}
+	id := e.create(t, "--mount", ro+":/ro", "--mount", rw+":/rw:rw")
+	if got := e.must(t, "exec", id, "--", "cat", "/ro/in.txt", "/rw/in.txt"); got != "inside\ninside\n" {
+		t.Fatalf("the host files: %q", got)
+	}
+	probe := "for p in /ro/abs /ro/rel /ro/up/canary /ro/../canary /rw/abs /rw/rel /rw/up/canary /rw/../canary; do cat $p 2>/dev/null; done; " +
+		"find / -xdev -name canary 2>/dev/null | xargs cat 2>/dev/null; true"
+	if out := e.must(t, "exec", id, "--", "sh", "-c", probe); strings.Contains(out, secret) {
+		t.Fatalf("the guest read the host canary: %q", out)
+	}
+	if r := e.run(t, nil, "exec", id, "--", "sh", "-c", "echo x > /ro/new; mount -o remount,rw /ro 2>/dev/null; echo x > /ro/new2; touch /ro/in.txt"); r.code == 0 {
+		t.Errorf("writes to a read-only host mount succeeded: %+v", r)
+	}
+	for _, n := range []string{"new", "new2"} {
+		if _, err := os.Lstat(filepath.Join(ro, n)); err == nil {
+			t.Errorf("the guest created %s in a read-only host mount", n)
+		}
+	}
+	e.run(t, nil, "exec", id, "--", "sh", "-c", "echo w > /rw/w; ln /etc/passwd /rw/hard; mknod /rw/null c 1 3; mknod /rw/blk b 8 0; mkfifo /rw/fifo; chmod 6755 /rw/w")
+	if b, err := os.ReadFile(filepath.Join(rw, "w")); err != nil || string(b) != "w\n" {
+		t.Fatalf("the read-write mount did not take the guest's write: %q %v", b, err)
+	}
+	for _, n := range []string{"hard", "null", "blk"} {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(rw, n), &st); err != nil {
+			continue
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR || st.Mode&unix.S_IFMT == unix.S_IFBLK {
+			// A node may exist as a file, but never as a device that a
+			// host process could open: the host mount is nodev.
+			f, err := os.OpenFile(filepath.Join(rw, n), os.O_RDONLY, 0)
+			if err == nil {
+				f.Close()
+				t.Errorf("the guest planted a usable device node %s on the host", n)
+			}
+		}
+		if n == "hard" && st.Nlink > 1 {
+			t.Errorf("the guest hard-linked a file from outside the mount into it")
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(rw, "w")); err == nil && fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(rw, &st); err != nil || st.Flags&unix.ST_NOSUID == 0 {
+			t.Errorf("a set-id file the guest made is live at the host path: %v", fi.Mode())
+		}
+	}
+	// Swap the read-only directory for a symlink to its parent: the guest
+	// keeps the directory it was given.
+	if err := os.Rename(ro, ro+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(parent, ro); err != nil {
+		t.Fatal(err)
+	}
+	out := e.must(t, "exec", id, "--", "sh", "-c", "ls /ro; cat /ro/canary 2>/dev/null; true")
+	if strings.Contains(out, secret) || !strings.Contains(out, "in.txt") {
+		t.Errorf("after the swap the guest sees %q", out)
+	}
+}
