@@ -104,8 +104,9 @@ var (
 	errMountVolumeMissing = &Error{http.StatusNotFound, "not_found", "the image or a volume asked for was not found"}
 	errHostMountDenied    = &Error{http.StatusForbidden, "permission_denied",
 		"host mounts are allowed to API callers only under the directories the server's admin allows (airlock serve --allow-host-mount)"}
-	errHostMountRuntime = &Error{http.StatusBadRequest, "invalid", "host mounts need the gvisor runtime for now; use a volume"}
-	errGuestWritten     = &Error{http.StatusPreconditionFailed, "failed_precondition",
+	errHostMountSetid = &Error{http.StatusPreconditionFailed, "failed_precondition",
+		"a read-write host mount must be on a nosuid,nodev host mount (a guest can set set-id bits on files it writes); mount it read-only, or make it such a mount on the server"}
+	errGuestWritten = &Error{http.StatusPreconditionFailed, "failed_precondition",
 		"a volume asked for has been written by a microVM's guest kernel: gvisor sandboxes cannot mount it (mount it in qemu sandboxes)"}
 )
 
@@ -142,8 +143,8 @@ func mountErr(err error) error {
 		return face(err, errMountBusy)
 	case errors.Is(err, errdefs.ErrPermissionDenied):
 		return face(err, errHostMountDenied)
-	case errors.Is(err, errdefs.ErrUnsupported):
-		return face(err, errHostMountRuntime)
+	case errors.Is(err, sandbox.ErrHostMountSetid):
+		return face(err, errHostMountSetid)
 	case errors.Is(err, errdefs.ErrFailedPrecondition):
 		return face(err, errGuestWritten)
 	}

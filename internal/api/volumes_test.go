@@ -209,6 +209,9 @@ func TestMountErrorFaces(t *testing.T) {
 			t.Errorf("%v: %+v", c.err, e)
 		}
 	}
+	if e := publicError(mountErr(fmt.Errorf("%w: host path /srv/x: not nosuid", sandbox.ErrHostMountSetid))); e.Status != http.StatusPreconditionFailed || !strings.Contains(e.Message, "nosuid") || strings.Contains(e.Message, "/srv") {
+		t.Errorf("setid: %+v", e)
+	}
 	// Invalid keeps the manager's text (the caller's own values).
 	if e := publicError(mountErr(fmt.Errorf("%w: mount path %q must be absolute", errdefs.ErrInvalid, "rel"))); e.Status != http.StatusBadRequest || !strings.Contains(e.Message, "rel") {
 		t.Errorf("invalid: %+v", e)

@@ -52,6 +52,11 @@ func ValidateVolumeName(name string) error {
 	return nil
 }
 
+// ErrHostMountSetid refuses a read-write host mount whose host mount lets
+// set-id bits take effect (runtime.CheckWritableHostDir). It is an
+// ErrFailedPrecondition.
+var ErrHostMountSetid = fmt.Errorf("%w: read-write host mount", errdefs.ErrFailedPrecondition)
+
 // VolumeInfo is a volume with what the catalog and the host know of it.
 type VolumeInfo struct {
 	store.Volume
@@ -385,7 +390,7 @@ func (m *Manager) checkHostMount(c Caller, p string, rw bool) (string, error) {
 	}
 	unix.Close(fd)
 	if err != nil {
-		return "", fmt.Errorf("%w: host path %q: %v", errdefs.ErrFailedPrecondition, p, err)
+		return "", fmt.Errorf("%w: host path %q: %v", ErrHostMountSetid, p, err)
 	}
 	root := filepath.Clean(m.L.Root)
 	if p == root || strings.HasPrefix(p, root+"/") || strings.HasPrefix(root, p+"/") || p == "/" {

@@ -341,7 +341,7 @@ func TestResolveVolumeMounts(t *testing.T) {
 // TestCreateWithVolumes drives the manager's create with mounts on the
 // fake runtime: one writer or many readers across sandboxes, a qemu
 // read-write mount marks the volume guest-written, which gvisor then
-// refuses; host mounts need gvisor; a sandbox with mounts is never
+// refuses; host mounts work on qemu too; a sandbox with mounts is never
 // snapshotted or forked; its volume is free again once it is removed.
 func TestCreateWithVolumes(t *testing.T) {
 	r := newRunning(t)
@@ -400,10 +400,14 @@ func TestCreateWithVolumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Host mounts need gvisor for now.
+	// A host mount on qemu (virtio-fs) is recorded like one on gvisor.
 	rt = "qemu"
-	if _, err := r.m.Create(ctx, Local(), CreateOptions{MemoryMiB: 256, HostMounts: []HostMount{{HostPath: t.TempDir(), Path: "/src"}}}); !errors.Is(err, errdefs.ErrUnsupported) {
-		t.Fatalf("a host mount on qemu: %v", err)
+	hm, err := r.m.Create(ctx, Local(), CreateOptions{MemoryMiB: 256, HostMounts: []HostMount{{HostPath: t.TempDir(), Path: "/src"}}})
+	if err != nil || len(hm.Mounts) != 1 || !hm.Mounts[0].ReadOnly || hm.Mounts[0].HostPath == "" {
+		t.Fatalf("a host mount on qemu: %+v %v", hm.Mounts, err)
+	}
+	if err := r.m.Remove(ctx, Local(), hm.ID); err != nil {
+		t.Fatal(err)
 	}
 	// A qemu writer marks the volume guest-written; gvisor then refuses it.
 	q, err := r.m.Create(ctx, c, CreateOptions{MemoryMiB: 256, Volumes: []VolumeMount{{Name: "data", Path: "/data"}}})

@@ -217,8 +217,8 @@ class Client:
         memory_mb, disk_mb, env and network unset.
 
         ``volumes`` mounts your tenant's volumes (see ``create_volume``) for
-        the sandbox's life, and ``mounts`` host directories (gvisor runtime
-        only, for now), at most 4 in all::
+        the sandbox's life, and ``mounts`` host directories (read-only unless
+        ``"read_only": False``), at most 4 in all::
 
             volumes=[{"name": "data", "path": "/data"},                   # read-write
                      {"name": "models", "path": "/models", "read_only": True}],
