@@ -38,7 +38,9 @@ func (s *Store) DirPath(img Image) string {
 // first time: the blob is loop-mounted read-only, copied with `cp -a` into
 // a staging dir, prepare (if not nil) runs on the copy (the gvisor runtime
 // passes gvisor.PrepareRoot, which adds its mount points), and the copy is
-// renamed into place. The tree is then made a read-only bind mount of
+// renamed into place. prepare also runs on every later Dir of the tree, so
+// that a tree an older airlock made gets what a newer prepare adds: it must
+// be idempotent and write nothing to a tree that has what it adds. The tree is then made a read-only bind mount of
 // itself, so nothing on the host can write it by accident; Dir re-applies
 // that after a reboot. One tree per digest, shared by every sandbox of the
 // image; the gvisor runtime writes each sandbox's changes elsewhere.

@@ -24,11 +24,17 @@ func TestDir(t *testing.T) {
 
 	prepared := 0
 	var mu sync.Mutex
+	// prepare runs on every Dir; like gvisor.PrepareRoot it writes only
+	// what is missing.
 	prepare := func(root string) error {
+		p := filepath.Join(root, "proc")
+		if _, err := os.Lstat(p); err == nil {
+			return nil
+		}
 		mu.Lock()
 		prepared++
 		mu.Unlock()
-		return os.Mkdir(filepath.Join(root, "proc"), 0o755)
+		return os.Mkdir(p, 0o755)
 	}
 	var wg sync.WaitGroup
 	dirs := make([]string, 3)
@@ -43,7 +49,7 @@ func TestDir(t *testing.T) {
 		}
 	}
 	if prepared != 1 {
-		t.Errorf("prepare ran %d times, want 1", prepared)
+		t.Errorf("prepare created its directory %d times, want 1", prepared)
 	}
 	d := dirs[0]
 	if b, err := os.ReadFile(filepath.Join(d, "link")); err != nil || string(b) != "hi\n" {
@@ -63,6 +69,27 @@ func TestDir(t *testing.T) {
 	// Read-only even for root.
 	if err := os.WriteFile(filepath.Join(d, "new"), nil, 0o644); !errors.Is(err, unix.EROFS) {
 		t.Errorf("write into the tree = %v, want EROFS", err)
+	}
+	// A newer prepare adds what an older one did not: the tree's
+	// read-only bind comes off for it and goes back on.
+	newer := func(root string) error {
+		if err := prepare(root); err != nil {
+			return err
+		}
+		p := filepath.Join(root, "newer")
+		if _, err := os.Lstat(p); err == nil {
+			return nil
+		}
+		return os.Mkdir(p, 0o755)
+	}
+	if got, err := s.Dir(t.Context(), img, newer); err != nil || got != d {
+		t.Fatalf("Dir with a newer prepare = %q, %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(d, "newer")); err != nil {
+		t.Errorf("the newer prepare's directory: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "new"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("write into the updated tree = %v, want EROFS", err)
 	}
 	ents, _ := os.ReadDir(filepath.Dir(d))
 	for _, e := range ents {
