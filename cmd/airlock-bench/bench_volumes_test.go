@@ -96,7 +96,7 @@ func TestRatios(t *testing.T) {
 func TestVolbenchScript(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("no python3 on PATH: the volume workload is a Python 3 script")
+		t.Fatal("no python3 on PATH (scripts/deps.sh installs it): the volume workload is a Python 3 script")
 	}
 	dir := t.TempDir()
 	r, err := hostRun(t.Context(), dir, 4, 10)

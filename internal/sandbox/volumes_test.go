@@ -16,6 +16,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/shim"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // newVolumeManager is a manager on an empty state dir and catalog, with no
@@ -281,9 +282,7 @@ func TestHostMountChecks(t *testing.T) {
 	if _, err := m.resolveMounts(ctx, alice, nil, []HostMount{{HostPath: share, Path: "/rw", ReadWrite: true}}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "nosuid") {
 		t.Fatalf("read-write on a suid mount: %v", err)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("the rest needs root (a nosuid bind mount)")
-	}
+	testutil.RequireRoot(t) // the rest needs a nosuid bind mount
 	sub := filepath.Join(share, "sub")
 	if err := unix.Mount(sub, sub, "", unix.MS_BIND, ""); err != nil {
 		t.Fatal(err)

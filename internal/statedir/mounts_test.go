@@ -6,14 +6,14 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // TestRemoveAllNoMounts: removing a directory under which something is
 // mounted takes the mount off first and leaves what it showed intact.
 func TestRemoveAllNoMounts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (bind mounts)")
-	}
+	testutil.RequireRoot(t) // bind mounts
 	keep := t.TempDir()
 	precious := filepath.Join(keep, "precious")
 	if err := os.WriteFile(precious, []byte("data"), 0o600); err != nil {
