@@ -33,6 +33,9 @@ func median(ds []time.Duration) time.Duration {
 // benchOptions are the command's flags.
 type benchOptions struct {
 	runs, execs, apiConcurrent, netMiB, neighbourExecs int
+	procExecs                                          int // the process audit rows' loop
+	procRuntimes                                       []string
+	secretsReqs                                        int // the secret interceptor rows' requests
 	volMiB, volFiles                                   int // the volume rows' workload
 	transferMiB                                        int64
 	only                                               []string // row groups to measure; none for all
@@ -41,7 +44,7 @@ type benchOptions struct {
 }
 
 // benchGroups are the row groups --only selects from.
-var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "net", "volumes", "api", "e2b"}
+var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "api", "e2b"}
 
 // want reports whether row group g is measured.
 func (o benchOptions) want(g string) bool {
@@ -160,6 +163,17 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 		}
 	}
 
+	if o.want("template") {
+		fmt.Fprintln(os.Stderr, "bench: template rows")
+		tr, err := templateBench(ctx, m, runs)
+		if err != nil {
+			return fmt.Errorf("template bench: %w", err)
+		}
+		for _, r := range tr {
+			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+
 	if o.netMiB > 0 && o.want("net") {
 		fmt.Fprintln(os.Stderr, "bench: network rows")
 		nr, err := netBench(ctx, c, o.netMiB, 50)
@@ -167,6 +181,37 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 			return fmt.Errorf("network bench: %w", err)
 		}
 		for _, r := range nr {
+			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+
+	if o.procExecs > 0 && o.want("proc") {
+		runtimes := o.procRuntimes
+		if len(runtimes) == 0 {
+			runtimes = []string{"qemu"}
+			if _, err := gvisor.FindRunsc(); err == nil {
+				runtimes = append(runtimes, "gvisor")
+			}
+		}
+		for _, rtName := range runtimes {
+			fmt.Fprintf(os.Stderr, "bench: %s process audit rows\n", rtName)
+			pr, err := procBench(ctx, c, rtName, o.procExecs, 3)
+			if err != nil {
+				return fmt.Errorf("%s process audit bench: %w", rtName, err)
+			}
+			for _, r := range pr {
+				rows = append(rows, row{r[0], r[1], r[2]})
+			}
+		}
+	}
+
+	if o.secretsReqs > 0 && o.want("secrets") {
+		fmt.Fprintln(os.Stderr, "bench: secret interceptor rows (HTTP/1.1 and HTTP/2, host only)")
+		sr, err := secretsBench(ctx, o.secretsReqs, 5)
+		if err != nil {
+			return fmt.Errorf("secret interceptor bench: %w", err)
+		}
+		for _, r := range sr {
 			rows = append(rows, row{r[0], r[1], r[2]})
 		}
 	}

@@ -70,7 +70,7 @@ func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (str
 		return nil, err
 	}
 	t := time.Now()
-	forks, err := m.Fork(ctx, sandbox.Local(), id, 3, false)
+	forks, err := m.Fork(ctx, sandbox.Local(), id, sandbox.ForkOptions{Count: 3})
 	d := time.Since(t)
 	for _, f := range forks {
 		defer func() { _, _ = cli("rm", f.ID) }()

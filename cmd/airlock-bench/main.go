@@ -152,6 +152,9 @@ func rootCmd() *cobra.Command {
 	f.IntVar(&o.neighbourExecs, "neighbour-execs", 30, "samples for the exec round trip beside a CPU-burning neighbour (0 skips those rows)")
 	f.IntVar(&o.apiConcurrent, "api-concurrent", 20, "concurrent creates through the HTTP API (0 skips the API rows)")
 	f.IntVar(&o.netMiB, "net-mib", 64, "size of each network throughput transfer (0 skips the network rows)")
+	f.IntVar(&o.procExecs, "proc-execs", 2000, "/bin/true runs of the process audit rows' exec loop (0 skips those rows)")
+	f.StringSliceVar(&o.procRuntimes, "proc-runtimes", nil, "runtimes of the process audit rows (default: qemu, and gvisor where runsc is installed)")
+	f.IntVar(&o.secretsReqs, "secrets-requests", 2000, "requests per protocol and run of the secret interceptor rows, HTTP/1.1 against HTTP/2 (0 skips those rows)")
 	f.IntVar(&o.volMiB, "vol-mib", 256, "size of the file the volume rows write and read back (0 skips those rows)")
 	f.IntVar(&o.volFiles, "vol-files", 2000, "4 KiB files the volume rows create")
 	f.Int64Var(&o.transferMiB, "transfer-mib", 200, "size of the API upload/download")
@@ -178,6 +181,7 @@ func openManager(ctx context.Context, cfg config) (*sandbox.Manager, func(), err
 		Shim: shimconf.Options{
 			Accel: cfg.accel, LogLevel: "info", HostCgroups: cmp.Or(os.Getenv("AIRLOCK_HOST_CGROUPS"), "auto"),
 			DNS: envknob.DNS.Get(), UpstreamCAFile: envknob.UpstreamCAFile.Get(), TestDialMap: envknob.TestDialMap.Get(),
+			ProcAudit: envknob.ProcAudit.Get(),
 		},
 		// The rows the manager runs (pause, resume, fork) are qemu's; the
 		// runtime rows create through the CLI with --runtime.

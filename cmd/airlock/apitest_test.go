@@ -55,7 +55,7 @@ func newTestAPI(t *testing.T) *testAPI {
 	a := &testAPI{env: e}
 	// No free-space reserve: the test machine's disk is not under test.
 	a.m = &sandbox.Manager{L: e.L, Store: e.Store, DiskReserve: -1, StartShim: e.Starter(t, inProcessShim(e))}
-	s, err := api.New(api.Config{Sandboxes: a.m, Files: a.m, Execs: a.m, Contexts: a.m, Ports: a.m, Snapshots: a.m, Volumes: a.m, Events: a.m.Store, Keys: a.m.Store})
+	s, err := api.New(api.Config{Sandboxes: a.m, Files: a.m, Execs: a.m, Contexts: a.m, Ports: a.m, Snapshots: a.m, Volumes: a.m, Secrets: a.m, Events: a.m.Store, Keys: a.m.Store})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ package main
 // airlock failure, 126/127 a command the guest could not start.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,7 +62,7 @@ func (g *globals) client(ctx context.Context) (c *airlock.Client, done func(), e
 	if g.log.Enabled(ctx, slog.LevelDebug) {
 		log = g.log.With("component", "api")
 	}
-	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Events: m.Store, Keys: m.Store, Log: log})
+	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Secrets: m, Templates: m, Events: m.Store, Keys: m.Store, Log: log})
 	if err != nil {
 		closeManager()
 		return nil, nil, err
@@ -151,7 +152,7 @@ func runSandbox(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOptions, 
 		runErr = runTerminal(sb.ID, start, interactive, openTerminal(ctx, c, sb.ID))
 	default:
 		warnTCG(sb.Accel)
-		runErr = runExec(cmd, c, sb.ID, start)
+		runErr = runExec(cmd, c, sb.ID, start, "")
 	}
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
@@ -182,7 +183,10 @@ func createSandbox(cmd *cobra.Command, c *airlock.Client, o sandbox.CreateOption
 // SIGINT and SIGTERM are forwarded to it (a second one sends SIGKILL);
 // stdout and stderr stream to the command's own, and stdin with spec.Stdin.
 // A failed write of its output (a closed pipe) kills it, as SIGPIPE would.
-func runExec(cmd *cobra.Command, c *airlock.Client, id string, spec guest.ExecSpec) error {
+//
+// With attach set, it follows that running exec instead of starting one
+// (spec is used only for the words of its exit), from its retained output.
+func runExec(cmd *cobra.Command, c *airlock.Client, id string, spec guest.ExecSpec, attach string) error {
 	req := execRequest(spec)
 	// Signals are forwarded, not obeyed: the stream must outlive the
 	// command's context (which ends on them) until the exec reports its exit.
@@ -221,7 +225,13 @@ func runExec(cmd *cobra.Command, c *airlock.Client, id string, spec guest.ExecSp
 	}
 	done := make(chan result, 1)
 	execID := ""
-	if spec.Stdin {
+	if attach != "" {
+		execID = attach
+		go func() {
+			st, err := c.Attach(ctx, id, attach, h)
+			done <- result{st, err}
+		}()
+	} else if spec.Stdin {
 		req.StdinOpen = true
 		eid, err := c.Start(ctx, id, req)
 		if err != nil {
@@ -252,6 +262,9 @@ func runExec(cmd *cobra.Command, c *airlock.Client, id string, spec guest.ExecSp
 				}
 			}
 		case r := <-done:
+			if se, ok := errors.AsType[*airlock.StreamError](r.err); ok && errors.Is(se, airlock.ErrExecPaused) {
+				return pausedExit(id, cmp.Or(se.ExecID, execID))
+			}
 			if r.err != nil {
 				if werr != nil {
 					if execID != "" {
@@ -277,6 +290,17 @@ func runExec(cmd *cobra.Command, c *airlock.Client, id string, spec guest.ExecSp
 		}
 	}
 }
+
+// pausedExit is the exit of a command whose sandbox was paused while it
+// ran: the command is parked in the guest and goes on when the sandbox
+// resumes.
+func pausedExit(id, execID string) error {
+	return &exitError{code: exitPaused, msg: fmt.Sprintf("sandbox %s was paused while the command ran; the command goes on when the sandbox resumes: `airlock attach %s %s` resumes it and picks the command up again", id, id, execID)}
+}
+
+// exitPaused is airlock's exit code when the sandbox was paused while the
+// command ran (EX_TEMPFAIL).
+const exitPaused = 75
 
 // execFailed is the exit of an exec that did not run to its end: 126 or
 // 127 for a command the guest could not start, else 125 with the reason.

@@ -32,9 +32,17 @@ func eventsCmd(g *globals) *cobra.Command {
 		Long: `Print the audit trail as JSON lines, oldest first: API and CLI actions
 (sandbox.*, exec.*, file.*, code.run, context.*, auth.denied) and the sandbox
 network's decisions (net.allow, net.deny with the rule or reason, net.dns,
-net.secret.inject, net.secret.block, ...).
+net.secret.inject, net.secret.block, ...), the connections into it
+(net.inbound: a published port or the preview route, with the guest port,
+the peer's address, bytes each way and the duration; past a burst,
+folded into counted rows per port) and the programs the guest ran
+(proc.exec with pid, ppid, uid, program, argv and cwd; proc.exit with the
+exit code or signal; past a burst, folded into counted rows per program;
+best effort: the guest reports them).
 
-  airlock events ID --type net     every network decision of sandbox ID`,
+  airlock events ID --type net     every network decision of sandbox ID
+  airlock events ID --type net.inbound   every connection into sandbox ID
+  airlock events ID --type proc    every program sandbox ID's guest ran`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			f, err := filter(args)
@@ -45,7 +53,7 @@ net.secret.inject, net.secret.block, ...).
 		}),
 	}
 	cmd.Flags().StringVar(&f.SandboxID, "sandbox", "", "only events of this sandbox (same as the ID argument)")
-	cmd.Flags().StringVar(&f.Type, "type", "", "only actions TYPE or TYPE.* (e.g. net, exec, net.deny)")
+	cmd.Flags().StringVar(&f.Type, "type", "", "only actions TYPE or TYPE.* (e.g. net, exec, proc, net.deny)")
 	cmd.Flags().Int64Var(&f.Since, "since", 0, "only events after this sequence number")
 	cmd.Flags().IntVar(&f.Limit, "limit", 1000, "at most this many events (max 10000)")
 	cmd.AddCommand(retentionCmd(g))

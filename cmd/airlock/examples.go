@@ -54,6 +54,25 @@ var examples = map[string]string{
   airlock snapshot ls --json`,
 	"snapshot rm":    `  airlock snapshot rm with-deps`,
 	"snapshot prune": `  airlock snapshot prune`,
+	"network": `  airlock network get $id
+  airlock network set $id --allow pypi.org --allow files.pythonhosted.org   # deny all but these
+  airlock network set $id --net public                  # back to the public internet`,
+	"network get": `  airlock network get $id
+  airlock network get --json $id | jq .allow`,
+	"network set": `  airlock network set $id --net deny                    # cut off all egress now
+  airlock network set $id --allow api.example.com:443  # only this (every other rule is removed)
+  airlock network set --json $id --net public`,
+	"network add-secret": `  airlock network add-secret $id vault:GITHUB_TOKEN          # from the vault, to its hosts
+  GITHUB_TOKEN=ghp-... airlock network add-secret $id GITHUB_TOKEN@api.github.com`,
+	"network rm-secret": `  airlock network rm-secret $id GITHUB_TOKEN`,
+	"secret": `  airlock secret set GITHUB_TOKEN --hosts api.github.com     # the value from $GITHUB_TOKEN
+  airlock run --secret vault:GITHUB_TOKEN -- sh -c 'curl -H "Authorization: Bearer $GITHUB_TOKEN" https://api.github.com/user'
+  airlock secret ls`,
+	"secret set": `  airlock secret set GITHUB_TOKEN --hosts api.github.com     # the value from $GITHUB_TOKEN
+  pass show github | airlock secret set GITHUB_TOKEN --stdin`,
+	"secret ls": `  airlock secret ls
+  airlock secret ls --json | jq -r '.[].name'`,
+	"secret rm": `  airlock secret rm GITHUB_TOKEN`,
 	"volume": `  airlock volume create data --size 10G
   airlock run -v data:/data -- sh -c 'echo hi > /data/greeting'
   airlock run -v data:/data:ro -- cat /data/greeting
@@ -89,6 +108,8 @@ var examples = map[string]string{
   airlock keys create --tenant acme --max-memory-mb 8192 --max-vcpus 8 --rate-per-min 600`,
 	"keys ls": `  airlock keys ls
   airlock keys ls --json`,
+	"keys update": `  airlock keys update 3f9a0c1b2d --net-conn-rate 20 --net-dests-per-min 100   # an ID from keys ls
+  airlock keys update 3f9a0c1b2d --net-udp-pps -1                        # no UDP packet rate limit`,
 	"keys revoke": `  airlock keys revoke c5ypv5pl                # an ID from keys ls`,
 	"events": `  airlock events $id
   airlock events --type net.deny --limit 50`,

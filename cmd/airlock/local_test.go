@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 )
 
 // TestLocalCommands runs the sandbox commands without AIRLOCK_HOST: each
@@ -49,6 +51,10 @@ func TestLocalCommands(t *testing.T) {
 	var v sandboxView
 	if r := runLocal(t, a, nil, "inspect", id); json.Unmarshal([]byte(r.stdout), &v) != nil || v.ID != id || v.Metadata["team"] != "a" || v.State != "running" {
 		t.Errorf("inspect: %+v", r)
+	}
+	// The outbound abuse limits it got (the local user's: the defaults).
+	if n := v.Network; n == nil || n.ConnRate != netconf.DefaultConnRate || n.DestsPerMin != netconf.DefaultDestsPerMin || n.UDPRate != netconf.DefaultUDPRate {
+		t.Errorf("inspect network: %+v", n)
 	}
 	// The sandbox is the server's too: the same state dir.
 	if r := runCLI(t, a, nil, "inspect", id); r.code != 0 || !strings.Contains(r.stdout, id) {

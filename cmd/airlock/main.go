@@ -149,8 +149,8 @@ func rootCmd(g *globals) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: qemu (microVMs), gvisor (runsc, no KVM needed), or auto (qemu with KVM, else gvisor; 'airlock doctor' says which) (env AIRLOCK_RUNTIME)")
 
 	root.AddCommand(
-		runCmd(g), createCmd(g), execCmd(g), shellCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
-		pauseCmd(g), resumeCmd(g), touchCmd(g), snapshotCmd(g), forkCmd(g), volumeCmd(g),
+		runCmd(g), createCmd(g), execCmd(g), attachCmd(g), psCmd(g), shellCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
+		pauseCmd(g), resumeCmd(g), touchCmd(g), snapshotCmd(g), forkCmd(g), volumeCmd(g), templateCmd(g), networkCmd(g), secretCmd(g),
 		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
 		mcpCmd(g), codeCmd(g), contextsCmd(g), versionCmd(),
 	)
@@ -208,6 +208,7 @@ func (g *globals) manager(ctx context.Context) (*sandbox.Manager, func(), error)
 	shimOpts := shimconf.Options{
 		Accel: g.accel, LogLevel: "info", HostCgroups: g.hostCgroups,
 		DNS: envknob.DNS.Get(), UpstreamCAFile: envknob.UpstreamCAFile.Get(), TestDialMap: envknob.TestDialMap.Get(),
+		ProcAudit: envknob.ProcAudit.Get(),
 	}
 	m := &sandbox.Manager{L: l, Store: st, Log: g.log, Shim: shimOpts, DiskReserve: reserve, StartShim: g.startShim,
 		Runtime: func(ctx context.Context) (string, error) {

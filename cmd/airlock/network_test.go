@@ -6,6 +6,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 )
 
 func TestNetFlags(t *testing.T) {
@@ -26,6 +28,13 @@ func TestNetFlags(t *testing.T) {
 		len(s.Secrets) != 1 || len(s.Secrets[0].Hosts) != 2 || s.Secrets[0].Placeholder != "" || vals["OPENAI_API_KEY"] != "sk-from-env" {
 		t.Errorf("spec %+v values %v", s, vals)
 	}
+	// A secret scoped to one header.
+	f = netFlags{secrets: []string{"OPENAI_API_KEY@api.openai.com:authorization"}}
+	if s, _, err := f.spec(lookup); err != nil || len(s.Secrets) != 1 || s.Secrets[0].Header != "authorization" {
+		t.Errorf("scoped: spec %+v, %v", s, err)
+	} else if n := apiNetwork(s, netconf.Values{"OPENAI_API_KEY": "v"}); n.Secrets[0].Header != "authorization" {
+		t.Errorf("scoped: API network %+v", n)
+	}
 	for _, tc := range []struct {
 		f    netFlags
 		want string
@@ -39,6 +48,8 @@ func TestNetFlags(t *testing.T) {
 		{netFlags{secrets: []string{"OPENAI_API_KEY=sk-from-env"}}, "never from the command line"},
 		{netFlags{secrets: []string{"OPENAI_API_KEY"}}, "--secret"},
 		{netFlags{secrets: []string{"OPENAI_API_KEY@a.example:443"}}, "--secret"},
+		{netFlags{secrets: []string{"OPENAI_API_KEY@a.example:Host"}}, "--secret"},
+		{netFlags{secrets: []string{"OPENAI_API_KEY@a.example:"}}, "--secret"},
 		{netFlags{mode: "none", secrets: []string{"OPENAI_API_KEY@a.example"}}, "--secret"},
 		{netFlags{publish: []string{"80:0"}}, "-p"},
 		{netFlags{publish: []string{"nope:80:81"}}, "-p/--publish"},

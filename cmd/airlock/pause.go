@@ -53,10 +53,13 @@ func pauseCmd(g *globals) *cobra.Command {
 		Short: "Save sandboxes (memory, devices, disk) to disk and free their RAM",
 		Long: `Save sandboxes (memory, devices, disk) to disk and free their RAM; their state becomes
 paused. Any later call (exec, code, cp, ...) or ` + "`airlock resume`" + ` restores them with every
-process as it was. Open TCP connections of the guest are reset. Commands or code still
-running are refused unless --force, which ends them. Sandboxes with secrets cannot pause.
+process as it was. Open TCP connections of the guest are reset. Commands still running
+are parked and go on after the resume (their ` + "`airlock exec`" + ` exits 75; ` + "`airlock attach ID EXEC`" + `
+follows them again). Code runs or transfers in flight refuse the pause unless --force,
+which ends them and the commands. A sandbox with secrets binds them again at the resume.
 A paused sandbox's lifetime stands still (it counts running time only).`,
-		Args: cobra.MinimumNArgs(1),
+		Example: "  airlock pause $id\n  airlock pause --force $id $other",
+		Args:    cobra.MinimumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			return forEachID(cmd, "pause", args, func(id string) error {
 				ctx, cancel := lifecycleCtx(cmd)

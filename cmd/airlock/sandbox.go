@@ -63,7 +63,7 @@ type createFlags struct {
 }
 
 func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
-	cmd.Flags().StringVar(&f.image, "image", "base", "image to start from (see 'airlock image ls')")
+	cmd.Flags().StringVar(&f.image, "image", "base", "image or template to start from (see 'airlock image ls', 'airlock template ls')")
 	cmd.Flags().IntVar(&f.cpus, "cpus", 1, "virtual CPUs")
 	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
 	cmd.Flags().StringVar(&f.disk, "disk", "", "root disk size (default: image size + 512M, at least 2G)")
@@ -74,6 +74,18 @@ func (f *createFlags) register(cmd *cobra.Command, lifetimeName string) {
 	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "mount host directory `HOST:GUEST[:ro|rw]` (repeatable; read-only unless :rw; a relative HOST is from the current directory, locally only; gvisor runtime)")
 	f.net.register(cmd)
 	cmd.Flags().StringVar(&f.fromSnapshot, "from-snapshot", "", "start from this snapshot (see 'airlock snapshot ls'): processes, memory and disk as saved; its image, size, env and network are the snapshot's")
+}
+
+// serverSized leaves the CPUs and memory not given on the command line to
+// the server (its defaults are the flags'), so that a template, whose
+// sandboxes have its size, needs no size flags.
+func (f *createFlags) serverSized(cmd *cobra.Command, o *sandbox.CreateOptions) {
+	if !cmd.Flags().Changed("cpus") {
+		o.CPUs = 0
+	}
+	if !cmd.Flags().Changed("memory") {
+		o.MemoryMiB = 0
+	}
 }
 
 // snapshotOptions fits o to --from-snapshot: the image and size are the
@@ -294,6 +306,7 @@ func runCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			cf.serverSized(cmd, &o)
 			if cf.fromSnapshot != "" {
 				if o, err = cf.snapshotOptions(cmd, o); err != nil {
 					return err
@@ -330,6 +343,7 @@ func createCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			cf.serverSized(cmd, &o)
 			if cf.fromSnapshot != "" {
 				if o, err = cf.snapshotOptions(cmd, o); err != nil {
 					return err
@@ -380,11 +394,66 @@ func execCmd(g *globals) *cobra.Command {
 			if start.TTY != nil {
 				return runTerminal(args[0], start, ef.interactive, openTerminal(cmd.Context(), c, args[0]))
 			}
-			return runExec(cmd, c, args[0], start)
+			return runExec(cmd, c, args[0], start, "")
 		},
 	}
 	cmd.Flags().SetInterspersed(false)
 	ef.register(cmd, "timeout")
+	return cmd
+}
+
+func attachCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "attach ID EXEC_ID",
+		Short: "Follow a command running in a sandbox (its retained output first); its exit code becomes airlock's",
+		Long: `Follow a command running in a sandbox: its retained output (the last 4 MiB) first, then
+its live output until it exits; airlock exits as ` + "`exec`" + ` would. A paused sandbox is resumed
+(a command that ran when the sandbox was paused goes on under the same id). Ctrl-C is
+forwarded to the command, as with exec. ` + "`airlock ps ID`" + ` lists the ids.`,
+		Example: `  airlock ps $id
+  airlock attach $id 3kq7v2mwx4hz5ab6cdef`,
+		Args: cobra.ExactArgs(2),
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+			if !guest.ValidExecID(args[1]) {
+				return fmt.Errorf("%w: %q is not an exec id (see airlock ps %s)", errdefs.ErrInvalid, args[1], args[0])
+			}
+			return runExec(cmd, c, args[0], guest.ExecSpec{}, args[1])
+		}),
+	}
+	return cmd
+}
+
+func psCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ps ID",
+		Short:   "List a sandbox's commands: running ones and the most recent finished ones",
+		Example: "  airlock ps $id\n  airlock ps --json $id",
+		Args:    cobra.ExactArgs(1),
+		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
+			execs, err := c.ListExecs(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), execs)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "EXEC ID\tPID\tSTATE\tSTARTED\tCOMMAND")
+			for _, e := range execs {
+				state := e.State
+				if e.Exit != nil {
+					state = fmt.Sprintf("exited (%d)", e.Exit.Code)
+					if e.Exit.Signal > 0 {
+						state = fmt.Sprintf("killed (signal %d)", e.Exit.Signal)
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", e.ID, e.PID, state, e.StartedAt.Local().Format(time.DateTime), guest.Text(strings.Join(e.Cmd, " "), 80))
+			}
+			return tw.Flush()
+		}),
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 

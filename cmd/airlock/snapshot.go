@@ -181,21 +181,25 @@ func snapshotPruneCmd(g *globals) *cobra.Command {
 
 func forkCmd(g *globals) *cobra.Command {
 	var count int
-	var force bool
+	var force, secrets bool
 	cmd := &cobra.Command{
-		Use:   "fork ID [--count N] [--force]",
+		Use:   "fork ID [--count N] [--force] [--secrets]",
 		Short: "Make running copies of a live sandbox and print their ids, one per line",
 		Long: `Make N (1-16) running copies of a sandbox: processes, memory and disk as they are now,
 each with a fresh clock, RNG reseed and its own network stack. The source is paused and
 resumed for about half a second (its guest's open TCP connections are reset). The copies
 have the source's size, image, env, network, metadata and lifetime. All or nothing: if one
-copy fails, none is left. Commands or code running in the source are refused unless
---force, which ends them. Sandboxes with secrets cannot be forked.`,
-		Args: cobra.ExactArgs(1),
+copy fails, none is left. Commands running in the source go on in it and in each copy
+(under the same exec ids: airlock attach); code running in the source refuses the fork
+unless --force, which ends it and the commands. A copy of a sandbox with secrets binds the
+source's values only with --secrets; without it the copy's guest holds placeholders that
+reach no one.`,
+		Example: "  airlock fork $id --count 3\n  airlock fork $id --secrets",
+		Args:    cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
 			ctx, cancel := lifecycleCtx(cmd)
 			defer cancel()
-			forks, err := c.Fork(ctx, args[0], count, force)
+			forks, err := c.ForkWith(ctx, args[0], airlock.ForkOptions{Count: count, Force: force, Secrets: secrets})
 			if err != nil {
 				return err
 			}
@@ -206,6 +210,7 @@ copy fails, none is left. Commands or code running in the source are refused unl
 		}),
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "how many copies (1-16)")
-	cmd.Flags().BoolVar(&force, "force", false, "end commands and code still running in the source instead of refusing")
+	cmd.Flags().BoolVar(&force, "force", false, "end code (and commands) still running in the source instead of refusing")
+	cmd.Flags().BoolVar(&secrets, "secrets", false, "bind the source's secret values in each copy")
 	return cmd
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -48,6 +49,9 @@ type agentService struct {
 	// this guest.
 	netMu   sync.Mutex
 	lastNet *netConfig
+
+	// procStreams counts open ProcEvents streams (procevents_linux.go).
+	procStreams atomic.Int32
 }
 
 var _ agentv1connect.AgentServiceHandler = (*agentService)(nil)

@@ -569,22 +569,35 @@ func (s *contextService) Run(ctx context.Context, req *connect.Request[agentv1.R
 	// the interrupt did not stop the code in time.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	// Interrupts go only to this run: once it has ended (finished), the
+	// repeats below must not reach the next run's code.
 	var (
 		timedOut bool
+		finished bool
 		stopMu   sync.Mutex
+		repeats  []*time.Timer
 	)
+	interrupt := func() {
+		stopMu.Lock()
+		defer stopMu.Unlock()
+		if !finished {
+			it.interrupt()
+		}
+	}
 	stop := func(timeout bool) {
 		stopMu.Lock()
 		defer stopMu.Unlock()
+		if finished {
+			return
+		}
 		if timeout {
 			timedOut = true
 		}
 		it.interrupt()
 		// An interrupt that raced the start of the code (an idle kernel
 		// ignores SIGINT) is repeated before the interpreter is killed.
-		time.AfterFunc(time.Second, it.interrupt)
-		time.AfterFunc(2*time.Second, it.interrupt)
-		time.AfterFunc(interruptGrace, cancel)
+		repeats = append(repeats, time.AfterFunc(time.Second, interrupt), time.AfterFunc(2*time.Second, interrupt),
+			time.AfterFunc(interruptGrace, cancel))
 	}
 	var timer *time.Timer
 	if t := m.GetTimeoutMs(); t > 0 {
@@ -604,6 +617,10 @@ func (s *contextService) Run(ctx context.Context, req *connect.Request[agentv1.R
 		timer.Stop()
 	}
 	stopMu.Lock()
+	finished = true
+	for _, r := range repeats {
+		r.Stop()
+	}
 	to := timedOut
 	stopMu.Unlock()
 	if err != nil {

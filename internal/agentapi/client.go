@@ -48,7 +48,20 @@ type Client struct {
 
 	conn net.Conn
 	cc   *http2.ClientConn
+
+	// now is the host's clock for SyncWith (time.Now unless a test sets
+	// it; internal/clock stays out of the agent's dependencies).
+	now func() time.Time
 }
+
+// ClockSlack is how long a Sync may take before SyncWith sets the guest's
+// clock again: the guest sets the time the request carried, so a request
+// that took long to be served (a cold path in a restored TCG guest, a
+// loaded host) leaves the guest that far behind.
+const ClockSlack = 250 * time.Millisecond
+
+// maxClockResyncs bounds the clock-only Syncs after a slow one.
+const maxClockResyncs = 3
 
 // Dial performs the host side of the handshake on conn: it waits for the
 // banner, starts HTTP/2, and calls Info. On success the Client owns conn;
@@ -157,8 +170,13 @@ func (c *Client) SyncWith(ctx context.Context, o SyncOptions) (*agentv1.SyncResp
 	if _, err := rand.Read(seed); err != nil {
 		return nil, fmt.Errorf("host entropy: %w", err)
 	}
+	now := c.now
+	if now == nil {
+		now = time.Now
+	}
+	sent := now()
 	resp, err := c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{
-		UnixNano:      time.Now().UnixNano(),
+		UnixNano:      sent.UnixNano(),
 		Entropy:       seed,
 		Hostname:      o.Hostname,
 		GrowRoot:      diskBytes > 0,
@@ -168,6 +186,21 @@ func (c *Client) SyncWith(ctx context.Context, o SyncOptions) (*agentv1.SyncResp
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("agent sync: %w", err)
+	}
+	// A slow Sync left the guest's clock behind by about its duration:
+	// set it again with a clock-only Sync (the path is warm now), a few
+	// times at most.
+	for range maxClockResyncs {
+		if now().Sub(sent) <= ClockSlack {
+			break
+		}
+		if _, err := rand.Read(seed); err != nil {
+			return nil, fmt.Errorf("host entropy: %w", err)
+		}
+		sent = now()
+		if _, err := c.Agent.Sync(ctx, connect.NewRequest(&agentv1.SyncRequest{UnixNano: sent.UnixNano(), Entropy: seed})); err != nil {
+			return nil, fmt.Errorf("agent sync (clock): %w", err)
+		}
 	}
 	return resp.Msg, nil
 }
@@ -192,6 +225,25 @@ func (c *Client) ListParked(ctx context.Context) ([]*agentv1.ParkedExec, error) 
 		return nil, fmt.Errorf("list parked execs: the agent answered %d, more than %d", n, MaxParked)
 	}
 	return resp.Msg.GetExecs(), nil
+}
+
+// MaxProcEvents caps the events the host takes from one ProcEvents
+// message; the rest are counted as dropped.
+const MaxProcEvents = 512
+
+// ProcEvents opens the guest's stream of execs and exits (see
+// AgentService.ProcEvents in the proto). It needs VersionProcAudit. The
+// messages are guest data: the caller bounds what it keeps of them
+// (MaxProcEvents per message, sizes, rates). Cancel ctx to end it.
+func (c *Client) ProcEvents(ctx context.Context) (*connect.ServerStreamForClient[agentv1.ProcEventsResponse], error) {
+	if err := c.Require(VersionProcAudit, "process audit"); err != nil {
+		return nil, err
+	}
+	st, err := c.Agent.ProcEvents(ctx, connect.NewRequest(&agentv1.ProcEventsRequest{}))
+	if err != nil {
+		return nil, fmt.Errorf("process events: %w", err)
+	}
+	return st, nil
 }
 
 // Done is closed when the HTTP/2 session is unusable (guest gone).

@@ -30,7 +30,7 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 // ProtocolVersion is the version this build speaks. Bump it when an RPC or
 // a request field that an older agent would ignore is added, and record
 // below which version introduced it.
-const ProtocolVersion = VersionPark
+const ProtocolVersion = VersionProcAudit
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -149,4 +149,7 @@ const (
 	// pause). An older agent ignores park and adopt: check before sending
 	// them.
 	VersionPark = 8
+	// VersionProcAudit added AgentService.ProcEvents (the guest's execs
+	// and exits, for the audit trail).
+	VersionProcAudit = 9
 )

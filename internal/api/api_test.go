@@ -31,6 +31,7 @@ type harness struct {
 	st                *store.Store
 	alice, bob, admin string      // keys
 	logs              *syncBuffer // the server's log, at debug level
+	sec               *fakeSecrets
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writers.
@@ -70,10 +71,13 @@ func newHarness(t testing.TB, aliceLimits store.APIKey, tune ...func(*Server)) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Volumes are the real manager's, on the harness's catalog (mkfs.ext4
-	// makes their images in a temporary state dir).
+	// Volumes and templates are the real manager's, on the harness's
+	// catalog (mkfs.ext4 makes volume images in a temporary state dir; a
+	// template build gets as far as its Dockerfile and FROM, as no image
+	// is there).
 	vols := &sandbox.Manager{L: statedir.Layout{Root: t.TempDir()}, Store: st, DiskReserve: -1}
-	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Snapshots: h.fake, Volumes: vols, Events: st, Keys: st,
+	h.sec = &fakeSecrets{Manager: vols, f: h.fake}
+	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Snapshots: h.fake, Volumes: vols, Templates: vols, Secrets: h.sec, Events: st, Keys: st,
 		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

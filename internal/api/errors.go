@@ -85,11 +85,20 @@ func publicError(err error) *Error {
 		return &Error{http.StatusInsufficientStorage, "insufficient_storage",
 			fmt.Sprintf("the server is short of disk space: %s needs up to %d MiB beyond what it keeps free; retry later or ask for less", se.What, se.Need>>20)}
 	}
+	if fe, ok := errors.AsType[*sandbox.FloorError](err); ok {
+		return &Error{http.StatusForbidden, "permission_denied", fe.Error()}
+	}
 	if q, ok := errors.AsType[*sandbox.QuotaError](err); ok {
 		return &Error{http.StatusTooManyRequests, "resource_exhausted", "quota " + q.Detail()}
 	}
+	// A template build's failure says what failed in the tenant's own
+	// Dockerfile, build and output: its text is the message.
+	be, built := errors.AsType[*sandbox.BuildError](err)
 	for _, c := range categories {
 		if errors.Is(err, c.err) {
+			if built {
+				return &Error{c.status, c.code, be.Error()}
+			}
 			msg := c.message
 			// Validation messages of the manager name only the user's own
 			// values; keep them (without CLI flag dashes).

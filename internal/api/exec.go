@@ -261,6 +261,11 @@ func (s *Server) stream(r *http.Request, nw *ndjson, st guest.ExecStream, sandbo
 	for {
 		ev, err := st.Recv()
 		if err != nil {
+			if errors.Is(err, guest.ErrExecPaused) {
+				_ = nw.line(map[string]any{"type": "paused", "exec_id": st.Info().ID,
+					"message": "the sandbox was paused; the exec goes on when it resumes: re-attach at GET /v1/sandboxes/" + sandboxID + "/execs/" + st.Info().ID + "/stream (which resumes it)"})
+				return
+			}
 			if errors.Is(context.Cause(r.Context()), ErrStopping) {
 				// The client may still be reading: say why the stream ends.
 				_ = nw.line(map[string]any{"type": "error", "error": map[string]string{"code": "unavailable",

@@ -40,6 +40,7 @@ type fake struct {
 	// server on the other end of a pipe); dials records every DialPort.
 	guest *memListener
 	dials []string
+	peers []string // the caller's Peer of every DialPort
 	// pauses and touches record Pause (that did pause) and Touch calls.
 	pauses, touches []string
 	// snaps are the snapshots by tenant + "/" + name; forks records Fork
@@ -195,6 +196,30 @@ func (f *fake) SetTimeout(_ context.Context, c sandbox.Caller, id string, d time
 	f.mu.Unlock()
 	f.audit(c, id, "sandbox.timeout", map[string]any{"timeout_s": int(d / time.Second)})
 	return nil
+}
+
+// SetNetwork validates and floor-checks like the manager (with its own
+// functions), stores the policy and audits the change.
+func (f *fake) SetNetwork(_ context.Context, c sandbox.Caller, id string, p sandbox.EgressPolicy) (sandbox.NetworkChange, error) {
+	sb, err := f.lookup(c, id)
+	if err != nil {
+		return sandbox.NetworkChange{}, err
+	}
+	next, err := sb.Network.WithEgress(p.Mode, p.Allow)
+	if err != nil {
+		return sandbox.NetworkChange{}, err
+	}
+	if !c.Admin {
+		if err := sandbox.CheckFloor(next); err != nil {
+			return sandbox.NetworkChange{}, err
+		}
+	}
+	f.mu.Lock()
+	sb.Network = next
+	f.sbs[id] = sb
+	f.mu.Unlock()
+	f.audit(c, id, "sandbox.network", map[string]any{"new": sandbox.PolicyAudit(next)})
+	return sandbox.NetworkChange{Network: next, Applied: "running"}, nil
 }
 
 // Pause refuses a sandbox with a running exec ("busy" metadata) unless
@@ -484,6 +509,7 @@ func (f *fake) DialPort(ctx context.Context, caller sandbox.Caller, id string, p
 	}
 	f.mu.Lock()
 	f.dials = append(f.dials, fmt.Sprintf("%s:%d", id, port))
+	f.peers = append(f.peers, caller.Peer)
 	g := f.guest
 	f.mu.Unlock()
 	if g == nil || port == 9 {
@@ -687,7 +713,8 @@ func (f *fake) materialize(name string, o sandbox.CreateOptions) (store.Sandbox,
 // Fork fails after two copies when the source's metadata says "fail";
 // like the manager, it charges the source's tenant, removes partial
 // copies and audits.
-func (f *fake) Fork(_ context.Context, c sandbox.Caller, id string, count int, force bool) ([]store.Sandbox, error) {
+func (f *fake) Fork(_ context.Context, c sandbox.Caller, id string, o sandbox.ForkOptions) ([]store.Sandbox, error) {
+	count, force := o.Count, o.Force
 	src, err := f.lookup(c, id)
 	if err != nil {
 		return nil, err

@@ -152,6 +152,7 @@ func (s *Server) hostPreview(w http.ResponseWriter, r *http.Request, t previewTa
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxPreviewBody)
 	}
+	c.Peer = remoteIP(r)
 	t.caller = c
 	ctx := context.WithValue(r.Context(), previewKey{}, t)
 	s.previewProxy.ServeHTTP(w, r.WithContext(ctx))

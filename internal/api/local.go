@@ -23,6 +23,7 @@ import (
 // details) and no request id (there is no server log to look it up in).
 type Local struct {
 	srv    *http.Server
+	s      *Server
 	ln     *memListener
 	client *http.Client
 	done   chan struct{}
@@ -41,6 +42,7 @@ func (s *Server) ServeLocal(c sandbox.Caller) *Local {
 	ln := newMemListener()
 	base := context.WithValue(context.Background(), localCallerKey{}, c)
 	l := &Local{
+		s:    s,
 		ln:   ln,
 		done: make(chan struct{}),
 		srv: &http.Server{
@@ -67,13 +69,22 @@ func (s *Server) ServeLocal(c sandbox.Caller) *Local {
 // its URLs does.
 func (l *Local) Client() *http.Client { return l.client }
 
-// Close stops serving: requests still running are cut.
+// Close stops serving: requests still running are cut (their contexts
+// end), and Close waits, up to localDrain, for their handlers to return,
+// so that what they undo on the way out (a template build's builder
+// sandbox) is undone before the caller closes the manager under them.
 func (l *Local) Close() error {
 	l.client.CloseIdleConnections()
 	err := l.srv.Close()
 	<-l.done
+	ctx, cancel := context.WithTimeout(context.Background(), localDrain)
+	defer cancel()
+	_ = l.s.WaitIdle(ctx)
 	return err
 }
+
+// localDrain bounds how long Local.Close waits for cut requests' handlers.
+const localDrain = 30 * time.Second
 
 // memListener is a net.Listener of in-memory connections: it hands the
 // server one end of each connection dial makes.

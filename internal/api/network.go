@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
-	"strconv"
 
 	"github.com/airlock-sandbox/airlock/internal/netconf"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // networkRequest is the create request's "network": an object, or a bare
@@ -19,6 +19,11 @@ type networkRequest struct {
 	Ports     []netconf.Port  `json:"ports"`
 	RateBytes int64           `json:"rate_bytes"`
 	MaxConns  int             `json:"max_conns"`
+	// The outbound abuse limits are the tenant's (the manager sets them):
+	// accepted so that a network read back can be sent again, and ignored.
+	ConnRate    int `json:"conn_rate"`
+	DestsPerMin int `json:"dests_per_min"`
+	UDPRate     int `json:"udp_pps"`
 }
 
 type secretRequest struct {
@@ -28,6 +33,12 @@ type secretRequest struct {
 	// Placeholder is optional (a fresh one is made); it lets a client
 	// send back a sandbox's network as it got it.
 	Placeholder string `json:"placeholder"`
+	// Header, if set, is the one request header the value may go in.
+	Header string `json:"header"`
+	// Vault names a secret of the caller's vault whose value this one
+	// gets (instead of Value); Hosts may then be empty (the vault
+	// secret's).
+	Vault string `json:"vault"`
 }
 
 // UnmarshalJSON accepts the mode shorthand and rejects unknown fields (the
@@ -61,8 +72,19 @@ func networkOptions(req *networkRequest, admin bool) (netconf.Spec, netconf.Valu
 	}
 	spec := netconf.Spec{Mode: req.Mode, Allow: req.Allow, Ports: req.Ports, RateBytes: req.RateBytes, MaxConns: req.MaxConns}
 	var vals netconf.Values
+	// check is spec without the vault's secrets, validated here; the
+	// manager resolves those (their values and default hosts).
+	check := spec
 	for _, sec := range req.Secrets {
-		spec.Secrets = append(spec.Secrets, netconf.Secret{Name: sec.Name, Hosts: sec.Hosts, Placeholder: sec.Placeholder})
+		s := netconf.Secret{Name: sec.Name, Hosts: sec.Hosts, Placeholder: sec.Placeholder, Header: sec.Header, Vault: sec.Vault}
+		spec.Secrets = append(spec.Secrets, s)
+		if sec.Vault != "" {
+			if sec.Value != "" {
+				return netconf.Spec{}, nil, invalidf("network: secret %s has both a value and a vault secret", sec.Name)
+			}
+			continue
+		}
+		check.Secrets = append(check.Secrets, s)
 		if sec.Value == "" {
 			continue // Normalize names the secret that has no value
 		}
@@ -79,15 +101,13 @@ func networkOptions(req *networkRequest, admin bool) (netconf.Spec, netconf.Valu
 	}
 	if !admin {
 		// Threat 62: the platform floor (private, loopback, link-local,
-		// metadata...) is the operator's to open, not a tenant's.
-		if p, err := spec.Policy(); err == nil {
-			if r := p.OpensFloor(); r != nil {
-				return netconf.Spec{}, nil, &Error{http.StatusForbidden, "permission_denied",
-					"network.allow " + strconv.Quote(r.Text) + " opens private, loopback, link-local or metadata addresses, which needs an admin key"}
-			}
+		// metadata...) is the operator's to open, not a tenant's; a live
+		// change (PUT .../network) is refused the same way.
+		if err := sandbox.CheckFloor(spec); err != nil {
+			return netconf.Spec{}, nil, err
 		}
 	}
-	if _, err := spec.Normalize(vals); err != nil {
+	if _, err := check.Normalize(vals); err != nil {
 		return netconf.Spec{}, nil, err
 	}
 	return spec, vals, nil

@@ -231,6 +231,14 @@ func TestPreview(t *testing.T) {
 	if dials != "aliceaaaaaaa:8000 aliceaaaaaaa:3000" {
 		t.Errorf("dials %q", dials)
 	}
+	// The client's address (as the server saw it) goes with each dial, for
+	// the shim's net.inbound event.
+	h.fake.mu.Lock()
+	peers := strings.Join(h.fake.peers, " ")
+	h.fake.mu.Unlock()
+	if peers != "127.0.0.1 127.0.0.1" {
+		t.Errorf("peers %q, want the test client's 127.0.0.1 each time", peers)
+	}
 
 	for _, tc := range []struct {
 		key, path string
@@ -286,5 +294,32 @@ func TestPreviewDropsXAPIKey(t *testing.T) {
 	}
 	if e.Header.Get("X-Keep") != "1" || e.Query != "x=1" {
 		t.Errorf("the guest lost what was not the key: query %q, headers %v", e.Query, e.Header)
+	}
+}
+
+// TestNetworkSecretHeader: a secret scoped to one header keeps its scope,
+// canonicalised, through create and back; a framing header is refused.
+func TestNetworkSecretHeader(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, store.APIKey{})
+	r := h.do(h.alice, "POST", "/v1/sandboxes", strings.NewReader(
+		`{"network":{"secrets":[{"name":"K","hosts":["api.example.com"],"header":"x-api-key","value":"v-123"}]}}`))
+	if r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.body)
+	}
+	var sb Sandbox
+	if err := json.Unmarshal(r.body, &sb); err != nil {
+		t.Fatal(err)
+	}
+	if n := sb.Network; len(n.Secrets) != 1 || n.Secrets[0].Header != "X-Api-Key" {
+		t.Errorf("network in the response: %+v", n)
+	}
+	if o := h.fake.created[0]; o.Network.Secrets[0].Header != "x-api-key" { // the manager normalises
+		t.Errorf("create options: %+v", o.Network)
+	}
+	r = h.do(h.alice, "POST", "/v1/sandboxes", strings.NewReader(
+		`{"network":{"secrets":[{"name":"K","hosts":["api.example.com"],"header":"Host","value":"v-123"}]}}`))
+	if r.code != 400 || strings.Contains(string(r.body), "v-123") {
+		t.Errorf("header Host: %d %s", r.code, r.body)
 	}
 }

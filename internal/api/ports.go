@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -83,7 +84,9 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxPreviewBody)
 	}
-	ctx := context.WithValue(r.Context(), previewKey{}, previewTarget{id: sb.ID, port: uint16(port), caller: callerOf(r)})
+	c := callerOf(r)
+	c.Peer = remoteIP(r)
+	ctx := context.WithValue(r.Context(), previewKey{}, previewTarget{id: sb.ID, port: uint16(port), caller: c})
 	s.previewProxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -194,4 +197,16 @@ func (s *Server) previewError(w http.ResponseWriter, r *http.Request, err error)
 	s.log.Debug("preview failed", "request_id", requestID(r), "err", err)
 	t, _ := r.Context().Value(previewKey{}).(previewTarget)
 	s.fail(w, r, &Error{http.StatusBadGateway, "bad_gateway", "no HTTP answer from guest port " + strconv.Itoa(int(t.port))})
+}
+
+// remoteIP is the IP address of r's client as this server saw it (never a
+// forwarding header, which the client writes), "" when the connection has
+// none (the CLI's in-process pipes, a unix socket). The shim records it as
+// the peer of the preview request's connection (net.inbound).
+func remoteIP(r *http.Request) string {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return ""
+	}
+	return ap.Addr().Unmap().String()
 }

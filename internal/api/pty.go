@@ -39,7 +39,9 @@ type ptyControl struct {
 // control: the client's {"type":"resize","rows","cols"} and
 // {"type":"signal","signal"}, the server's {"type":"started","exec_id",
 // "pid"} first and {"type":"exit","exit":{...}} last. The command is
-// killed when the socket closes unless keep=true.
+// killed when the socket closes unless keep=true; a keep=true command the
+// sandbox's pause parked ends the socket with {"type":"paused","exec_id"}
+// instead of the exit, and goes on when the sandbox resumes.
 func (s *Server) pty(w http.ResponseWriter, r *http.Request) {
 	ex, ok := s.execs(w, r)
 	if !ok {
@@ -130,6 +132,11 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) {
 	}()
 	for {
 		ev, err := st.Recv()
+		if errors.Is(err, guest.ErrExecPaused) {
+			_ = writeControl(ctx, c, ptyControl{Type: "paused", ExecID: st.Info().ID, Error: err.Error()})
+			_ = c.Close(websocket.StatusNormalClosure, "paused")
+			return
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				_ = writeControl(ctx, c, ptyControl{Type: "error", Error: err.Error()})

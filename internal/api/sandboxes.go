@@ -131,10 +131,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if o.IdlePause > 0 && len(o.Secrets) > 0 {
-		s.fail(w, r, invalidf("idle_pause_s: a sandbox with secrets cannot pause; drop idle_pause_s or the secrets"))
-		return
-	}
 	// The manager checks the quota, cleans up on failure and audits.
 	sb, err := s.cfg.Sandboxes.Create(r.Context(), c, o)
 	if err != nil {

@@ -30,7 +30,9 @@ var DefaultLimits = sandbox.DefaultLimits
 // required; a nil Execs answers exec routes with 503, a nil Contexts the
 // code and context routes, a nil Ports the preview route, a nil Snapshots
 // the snapshot and fork routes (and create with from_snapshot), a nil
-// Volumes the volume routes.
+// Volumes the volume routes, a nil Templates the template routes, a nil Secrets the vault and sandbox secret
+// routes (and a create that names a vault secret is refused by the
+// manager it reaches, if it has no vault).
 type Config struct {
 	Sandboxes Sandboxes
 	Files     Files
@@ -39,6 +41,8 @@ type Config struct {
 	Ports     Ports
 	Snapshots Snapshots
 	Volumes   Volumes
+	Secrets   Secrets
+	Templates Templates
 	Events    Events
 	Keys      Keys
 	Log       *slog.Logger // nil: discard
@@ -131,6 +135,10 @@ var routes = []route{
 	{"POST /v1/sandboxes/{id}/resume", true, (*Server).resumeSandbox},
 	{"POST /v1/sandboxes/{id}/keepalive", true, (*Server).keepalive},
 	{"GET /v1/sandboxes/{id}/usage", true, (*Server).sandboxUsage},
+	{"GET /v1/sandboxes/{id}/network", true, (*Server).getNetwork},
+	{"PUT /v1/sandboxes/{id}/network", true, (*Server).setNetwork},
+	{"PUT /v1/sandboxes/{id}/secrets/{name}", true, (*Server).putSandboxSecret},
+	{"DELETE /v1/sandboxes/{id}/secrets/{name}", true, (*Server).deleteSandboxSecret},
 	{"GET /v1/sandboxes/{id}/logs", true, (*Server).sandboxLogs},
 	{"POST /v1/sandboxes/{id}/snapshot", true, (*Server).snapshotSandbox},
 	{"POST /v1/sandboxes/{id}/fork", true, (*Server).forkSandbox},
@@ -143,6 +151,15 @@ var routes = []route{
 	{"GET /v1/volumes/{name}", true, (*Server).getVolume},
 	{"POST /v1/volumes/{name}/resize", true, (*Server).resizeVolume},
 	{"DELETE /v1/volumes/{name}", true, (*Server).deleteVolume},
+	{"POST /v1/templates/{name}/build", true, (*Server).buildTemplate},
+	{"GET /v1/templates", true, (*Server).listTemplates},
+	{"GET /v1/templates/{name}", true, (*Server).getTemplate},
+	{"GET /v1/templates/{name}/log", true, (*Server).templateLog},
+	{"DELETE /v1/templates/{name}", true, (*Server).deleteTemplate},
+	{"POST /v1/templates/prune", true, (*Server).pruneTemplates},
+	{"PUT /v1/secrets/{name}", true, (*Server).putVaultSecret},
+	{"GET /v1/secrets", true, (*Server).listVaultSecrets},
+	{"DELETE /v1/secrets/{name}", true, (*Server).deleteVaultSecret},
 	{"POST /v1/sandboxes/{id}/exec", true, (*Server).exec},
 	{"GET /v1/sandboxes/{id}/pty", true, (*Server).pty},
 	{"GET /v1/sandboxes/{id}/execs", true, (*Server).listExecs},
@@ -169,6 +186,8 @@ var routes = []route{
 	{"GET /v1/sandboxes/{id}/preview", true, (*Server).previewLink},
 	{"GET /v1/events", true, (*Server).listEvents},
 	{"GET /v1/server", true, (*Server).serverOverview},
+	{"GET /v1/keys", true, (*Server).listKeys},
+	{"PATCH /v1/keys/{key_id}", true, (*Server).updateKey},
 }
 
 // New returns a Server for cfg.

@@ -39,6 +39,10 @@ type Sandboxes interface {
 	Touch(ctx context.Context, c sandbox.Caller, id string) error
 	// Usage asks a running sandbox's guest for its resource use.
 	Usage(ctx context.Context, c sandbox.Caller, id string) (guest.Usage, error)
+	// SetNetwork replaces a running or paused sandbox's egress policy,
+	// whole (sandbox.Manager.SetNetwork: validated like a create, the
+	// platform floor refused to tenants with a *sandbox.FloorError).
+	SetNetwork(ctx context.Context, c sandbox.Caller, id string, p sandbox.EgressPolicy) (sandbox.NetworkChange, error)
 }
 
 // Snapshots is the snapshot and fork part of the manager (sandbox.Manager's
@@ -55,7 +59,7 @@ type Snapshots interface {
 	CreateFromSnapshot(ctx context.Context, c sandbox.Caller, name string, o sandbox.CreateOptions) (store.Sandbox, error)
 	// Fork makes count (1..sandbox.MaxForks) running copies of a sandbox,
 	// all or none.
-	Fork(ctx context.Context, c sandbox.Caller, id string, count int, force bool) ([]store.Sandbox, error)
+	Fork(ctx context.Context, c sandbox.Caller, id string, o sandbox.ForkOptions) ([]store.Sandbox, error)
 	// RemoveSnapshot deletes a snapshot of c's tenant (of tenant for an
 	// admin who names one); ErrFailedPrecondition while sandboxes or
 	// snapshots are backed by its disk.

@@ -197,8 +197,9 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := struct {
-		Count int  `json:"count"`
-		Force bool `json:"force"`
+		Count   int  `json:"count"`
+		Force   bool `json:"force"`
+		Secrets bool `json:"secrets"` // bind the source's secret values in each fork
 	}{Count: 1}
 	if err := decodeJSON(w, r, &req); err != nil {
 		s.fail(w, r, err)
@@ -213,7 +214,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	// fork.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lifecycleTimeout)
 	defer cancel()
-	forks, err := s.cfg.Snapshots.Fork(ctx, callerOf(r), sb.ID, req.Count, req.Force)
+	forks, err := s.cfg.Snapshots.Fork(ctx, callerOf(r), sb.ID, sandbox.ForkOptions{Count: req.Count, Force: req.Force, Secrets: req.Secrets})
 	if err != nil {
 		if errors.Is(err, sandbox.ErrHasMounts) {
 			err = errSnapshotMounts

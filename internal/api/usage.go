@@ -27,6 +27,18 @@ type UsageSampler interface {
 
 var _ UsageSampler = (*sandbox.Manager)(nil)
 
+// EgressTotaler is an optional ability of a Sandboxes implementation,
+// found by type assertion (the manager has it): the egress bytes of each
+// tenant's ended shim runs, which /metrics adds to its running sandboxes'
+// counts for the tenant's egress total.
+type EgressTotaler interface {
+	// TenantEgress returns each tenant's recorded egress bytes. Safe for
+	// concurrent use.
+	TenantEgress(ctx context.Context) (map[string]uint64, error)
+}
+
+var _ EgressTotaler = (*sandbox.Manager)(nil)
+
 // What one scrape may cost: the sandbox list and every sample share
 // usageBudget; one guest gets usagePerSandbox; usageWorkers sample at
 // once. A sandbox that does not answer in time is left out of that
@@ -50,6 +62,7 @@ type usageCollector struct {
 	sb      Sandboxes
 	sampler UsageSampler       // nil: no guest figures
 	hostDU  func(string) int64 // nil: no host disk figures
+	totals  EgressTotaler      // nil: no recorded egress of ended runs
 
 	budget, perSandbox time.Duration
 	workers            int
@@ -57,11 +70,16 @@ type usageCollector struct {
 	// mu lets one collection run at a time: concurrent scrapes queue, so at
 	// most workers guests are asked at once.
 	mu sync.Mutex
+	// egress is the last egress total reported per tenant: the total never
+	// goes down (a running sandbox a scrape misses, or a shim that ended
+	// between the catalog read and its sample, would dip it).
+	egress map[string]float64
 
 	cpu, mem, memLimit, disk, diskLimit, hostDisk *prometheus.Desc // per sandbox
 	netRx, netTx, netConns                        *prometheus.Desc // per sandbox with a network
+	netEgress, netLimited                         *prometheus.Desc
 	tCPU, tMem, tDisk, tHostDisk, tSandboxes      *prometheus.Desc // per tenant
-	tNetRx, tNetTx, tNetConns                     *prometheus.Desc
+	tNetRx, tNetTx, tNetConns, tNetEgress         *prometheus.Desc
 	skipped                                       *prometheus.Desc
 }
 
@@ -81,6 +99,10 @@ func newUsageCollector(sb Sandboxes, snaps Snapshots) *usageCollector {
 		netTx: prometheus.NewDesc("airlock_sandbox_network_transmit_bytes_total",
 			"Bytes a running sandbox transmitted on its network: Ethernet frames its guest sent to its shim, headers included, counted on the host since the sandbox last started or resumed. Transmit is the sandbox's point of view (uploads, its requests).", per, nil),
 		netConns: prometheus.NewDesc("airlock_sandbox_network_connections", "TCP connections and UDP flows a running sandbox has open through its network, dialling or established.", per, nil),
+		netEgress: prometheus.NewDesc("airlock_sandbox_network_egress_bytes_total",
+			"Payload bytes the host sent to the internet for a running sandbox (TCP and UDP, no headers; DNS its shim answers is not counted), since the sandbox last started or resumed.", per, nil),
+		netLimited: prometheus.NewDesc("airlock_sandbox_network_limited_total",
+			"What a running sandbox's outbound abuse limits refused since it last started or resumed: kind flows (new connections over the connection rate or the distinct destinations per minute) or datagrams (UDP over the packet rate).", append(per, "kind"), nil),
 		tCPU: prometheus.NewDesc("airlock_tenant_cpu_seconds",
 			"CPU time the tenant's running sandboxes that answered have used since they booted (a gauge: it falls when a sandbox ends; for a rate use sum by (tenant) (rate(airlock_sandbox_cpu_seconds_total[5m]))).", ten, nil),
 		tMem:       prometheus.NewDesc("airlock_tenant_memory_bytes", "Memory the tenant's running sandboxes that answered use.", ten, nil),
@@ -92,10 +114,14 @@ func newUsageCollector(sb Sandboxes, snaps Snapshots) *usageCollector {
 		tNetTx: prometheus.NewDesc("airlock_tenant_network_transmit_bytes",
 			"Bytes the tenant's running sandboxes that answered transmitted on their networks (a gauge: it falls when a sandbox ends; for a rate use sum by (tenant) (rate(airlock_sandbox_network_transmit_bytes_total[5m]))).", ten, nil),
 		tNetConns: prometheus.NewDesc("airlock_tenant_network_connections", "TCP connections and UDP flows the tenant's running sandboxes that answered have open.", ten, nil),
+		tNetEgress: prometheus.NewDesc("airlock_tenant_network_egress_bytes_total",
+			"Payload bytes the host sent to the internet for the tenant's sandboxes, ended runs included: the totals their shims recorded when their networks closed (stop, pause, delete) plus the running sandboxes' counts. Never decreases while the server runs; a shim that crashes loses its run's count.", ten, nil),
 		skipped: prometheus.NewDesc("airlock_metrics_sandboxes_skipped",
 			"Running sandboxes this scrape left out because their guest did not answer in time or failed.", nil, nil),
 	}
 	c.sampler, _ = sb.(UsageSampler)
+	c.totals, _ = sb.(EgressTotaler)
+	c.egress = map[string]float64{}
 	if snaps != nil {
 		c.hostDU = snaps.DiskUsage
 	}
@@ -104,8 +130,8 @@ func newUsageCollector(sb Sandboxes, snaps Snapshots) *usageCollector {
 
 func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.cpu, c.mem, c.memLimit, c.disk, c.diskLimit, c.hostDisk,
-		c.netRx, c.netTx, c.netConns,
-		c.tCPU, c.tMem, c.tDisk, c.tHostDisk, c.tSandboxes, c.tNetRx, c.tNetTx, c.tNetConns, c.skipped} {
+		c.netRx, c.netTx, c.netConns, c.netEgress, c.netLimited,
+		c.tCPU, c.tMem, c.tDisk, c.tHostDisk, c.tSandboxes, c.tNetRx, c.tNetTx, c.tNetConns, c.tNetEgress, c.skipped} {
 		ch <- d
 	}
 }
@@ -123,6 +149,7 @@ type tenantUsage struct {
 	cpu, mem, disk      float64
 	host                float64
 	netRx, netTx, conns float64
+	egress              float64
 	states              map[store.State]int
 }
 
@@ -175,9 +202,28 @@ func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.netRx, prometheus.CounterValue, float64(n.ReceiveBytes), sb.ID, sb.Tenant)
 			ch <- prometheus.MustNewConstMetric(c.netTx, prometheus.CounterValue, float64(n.TransmitBytes), sb.ID, sb.Tenant)
 			gauge(c.netConns, float64(n.Connections), sb.ID, sb.Tenant)
+			ch <- prometheus.MustNewConstMetric(c.netEgress, prometheus.CounterValue, float64(n.EgressBytes), sb.ID, sb.Tenant)
+			ch <- prometheus.MustNewConstMetric(c.netLimited, prometheus.CounterValue, float64(n.FlowsLimited), sb.ID, sb.Tenant, "flows")
+			ch <- prometheus.MustNewConstMetric(c.netLimited, prometheus.CounterValue, float64(n.DatagramsLimited), sb.ID, sb.Tenant, "datagrams")
 			t.netRx += float64(n.ReceiveBytes)
 			t.netTx += float64(n.TransmitBytes)
 			t.conns += float64(n.Connections)
+			t.egress += float64(n.EgressBytes)
+		}
+	}
+	if c.totals != nil {
+		egress := map[string]float64{}
+		for name, t := range tenants {
+			egress[name] = t.egress
+		}
+		if rec, err := c.totals.TenantEgress(ctx); err == nil {
+			for name, n := range rec {
+				egress[name] += float64(n)
+			}
+		}
+		for name, v := range egress {
+			c.egress[name] = max(c.egress[name], v)
+			ch <- prometheus.MustNewConstMetric(c.tNetEgress, prometheus.CounterValue, c.egress[name], name)
 		}
 	}
 	for name, t := range tenants {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,16 +22,17 @@ import (
 )
 
 // sampled counts the fake's SampleUsage calls by sandbox id (ids are
-// unique across the tests that look).
+// unique across the tests that look; other tests' fakes, which do not
+// share a mutex, count the same ids too: the counters are atomic).
 var sampled sync.Map
 
 // SampleUsage makes the fake a UsageSampler: a running sandbox answers
 // figures derived from its row; one whose metadata has usage=hang answers
 // only when ctx ends; usage=nonet has no network (no network counters).
 func (f *fake) SampleUsage(ctx context.Context, id string) (guest.Usage, error) {
-	n, _ := sampled.LoadOrStore(id, new(int64))
+	n, _ := sampled.LoadOrStore(id, new(atomic.Int64))
+	n.(*atomic.Int64).Add(1)
 	f.mu.Lock()
-	*n.(*int64)++
 	sb, ok := f.sbs[id]
 	f.mu.Unlock()
 	switch {
@@ -46,9 +48,20 @@ func (f *fake) SampleUsage(ctx context.Context, id string) (guest.Usage, error) 
 		MemTotal: uint64(sb.MemoryMiB) << 20, MemAvailable: 128 << 20, DiskTotal: 2 << 30, DiskUsed: 256 << 20}
 	if sb.Metadata["usage"] != "nonet" {
 		u.Network = &guest.NetworkUsage{ReceiveBytes: 3 << 20, TransmitBytes: 1 << 20, ReceiveFrames: 2500, TransmitFrames: 1500,
-			Connections: 2, DialsAllowed: 5, DialsDenied: 1}
+			Connections: 2, DialsAllowed: 5, DialsDenied: 1, EgressBytes: 4096, FlowsLimited: 3, DatagramsLimited: 7}
 	}
 	return u, nil
+}
+
+// egressTotals are what the fake answers as TenantEgress (the recorded
+// egress of ended runs), by fake.
+var egressTotals sync.Map // *fake -> map[string]uint64
+
+// TenantEgress makes the fake an EgressTotaler.
+func (f *fake) TenantEgress(context.Context) (map[string]uint64, error) {
+	v, _ := egressTotals.Load(f)
+	m, _ := v.(map[string]uint64)
+	return m, nil
 }
 
 func sampleCalls(id string) int64 {
@@ -56,7 +69,7 @@ func sampleCalls(id string) int64 {
 	if !ok {
 		return 0
 	}
-	return *n.(*int64)
+	return n.(*atomic.Int64).Load()
 }
 
 // obsServer is a Server on the fake with keys for alice and bob, for the
@@ -293,6 +306,50 @@ func TestUsageNetworkMetrics(t *testing.T) {
 	} {
 		if types[name] != typ {
 			t.Errorf("%s is a %q, want %s", name, types[name], typ)
+		}
+	}
+}
+
+// TestUsageEgressMetrics: per-sandbox egress bytes and limit counters; a
+// tenant's egress total adds its ended runs (recorded) to its running
+// sandboxes' counts and never goes down.
+func TestUsageEgressMetrics(t *testing.T) {
+	t.Parallel()
+	o := newObsServer(t, false)
+	o.f.add("egralice0001", "alice")
+	o.f.add("egralice0002", "alice")
+	egressTotals.Store(o.f, map[string]uint64{"alice": 10000, "carol": 500})
+	m := o.scrape(t)
+	for k, v := range map[string]float64{
+		`airlock_sandbox_network_egress_bytes_total{sandbox_id="egralice0001",tenant="alice"}`:             4096,
+		`airlock_sandbox_network_limited_total{kind="flows",sandbox_id="egralice0001",tenant="alice"}`:     3,
+		`airlock_sandbox_network_limited_total{kind="datagrams",sandbox_id="egralice0002",tenant="alice"}`: 7,
+		`airlock_tenant_network_egress_bytes_total{tenant="alice"}`:                                        10000 + 2*4096,
+		`airlock_tenant_network_egress_bytes_total{tenant="carol"}`:                                        500,
+	} {
+		if got, ok := m[k]; !ok || got != v {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, v)
+		}
+	}
+	// A sandbox stops and its shim's count is not recorded yet: the total
+	// holds; once recorded it grows.
+	o.f.setState("egralice0002", store.StatePaused, nil)
+	if got := o.scrape(t)[`airlock_tenant_network_egress_bytes_total{tenant="alice"}`]; got != 10000+2*4096 {
+		t.Fatalf("alice's total after a stop: %v, want it held at %v", got, 10000+2*4096)
+	}
+	egressTotals.Store(o.f, map[string]uint64{"alice": 10000 + 4096 + 100, "carol": 500})
+	if got := o.scrape(t)[`airlock_tenant_network_egress_bytes_total{tenant="alice"}`]; got != 10000+2*4096+100 {
+		t.Fatalf("alice's total once recorded: %v", got)
+	}
+	mfs, err := o.s.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if strings.Contains(mf.GetName(), "egress") || strings.Contains(mf.GetName(), "limited") {
+			if mf.GetType().String() != "COUNTER" {
+				t.Errorf("%s is a %s, want a counter", mf.GetName(), mf.GetType())
+			}
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -96,7 +97,7 @@ func (h *handler) fork(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 	}
 	ctx, cancel := lifecycleContext(r)
 	defer cancel()
-	forks, err := h.cfg.Snapshots.Fork(ctx, c, id, count, false)
+	forks, err := h.cfg.Snapshots.Fork(ctx, c, id, sandbox.ForkOptions{Count: count})
 	if err != nil {
 		if errors.Is(err, errdefs.ErrFailedPrecondition) {
 			err = errCannotSnapshot
@@ -298,15 +299,54 @@ func internetAccess(mode string, allowRules int) bool {
 	return mode != "deny" && mode != "none" && allowRules == 0
 }
 
-// updateNetwork serves PUT /sandboxes/{id}/network: 404 for a sandbox the
-// caller cannot see, else 501, because airlock cannot change a running
-// sandbox's egress policy yet.
+// networkUpdate is E2B's SandboxNetworkUpdateConfig.
+type networkUpdate struct {
+	AllowOut            []string        `json:"allowOut"`
+	DenyOut             []string        `json:"denyOut"`
+	Rules               json.RawMessage `json:"rules"`
+	EgressProxy         json.RawMessage `json:"egressProxy"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+}
+
+// updateNetwork serves PUT /sandboxes/{id}/network (sbx.updateNetwork):
+// the body replaces the sandbox's whole egress policy, mapped as a
+// create's is (denying all traffic, by allow_internet_access false or
+// denyOut 0.0.0.0/0, is mode deny with allowOut as its rules; anything
+// else is mode public), through the manager's SetNetwork: the same
+// validation, platform floor and audit as /v1's PUT .../network. 204;
+// 404 for a sandbox the caller cannot see; what airlock does not do
+// (other denyOut entries, rules, egressProxy) is 400.
 func (h *handler) updateNetwork(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 	if _, ok := h.visible(w, r, c, r.PathValue("id")); !ok {
 		return
 	}
-	writeError(w, http.StatusNotImplemented, "airlock cannot change a running sandbox's network policy yet; "+
-		"set it when creating the sandbox (allow_internet_access here, or egress rules through airlock's /v1 API)")
+	var req networkUpdate
+	if !decode(w, r, &req) {
+		return
+	}
+	switch {
+	case set(req.Rules):
+		writeError(w, http.StatusBadRequest, "rules (request transforms) are not supported by airlock's E2B surface; airlock's /v1 API injects secrets into requests to named hosts")
+		return
+	case set(req.EgressProxy):
+		writeError(w, http.StatusBadRequest, "egressProxy is not supported by airlock")
+		return
+	}
+	for _, d := range req.DenyOut {
+		if d != allTraffic {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("denyOut %q: airlock denies all traffic (%s) with allowOut exceptions, or nothing; it has no deny list", d, allTraffic))
+			return
+		}
+	}
+	p := sandbox.EgressPolicy{Mode: "public"}
+	if (req.AllowInternetAccess != nil && !*req.AllowInternetAccess) || slices.Contains(req.DenyOut, allTraffic) {
+		p = sandbox.EgressPolicy{Mode: "deny", Allow: slices.Clone(req.AllowOut)}
+	}
+	if _, err := h.cfg.Sandboxes.SetNetwork(r.Context(), c, r.PathValue("id"), p); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // metrics serves GET /sandboxes/{id}/metrics: one sample taken now from

@@ -83,7 +83,8 @@ func (f *fakeSnapshots) CreateFromSnapshot(_ context.Context, c sandbox.Caller, 
 		Metadata: o.Metadata, Env: sn.Env, Network: sn.Network, Source: "snapshot:" + name}, o.Timeout), nil
 }
 
-func (f *fakeSnapshots) Fork(_ context.Context, c sandbox.Caller, id string, count int, _ bool) ([]store.Sandbox, error) {
+func (f *fakeSnapshots) Fork(_ context.Context, c sandbox.Caller, id string, o sandbox.ForkOptions) ([]store.Sandbox, error) {
+	count := o.Count
 	f.sbs.mu.Lock()
 	defer f.sbs.mu.Unlock()
 	if count < 1 || count > sandbox.MaxForks {
@@ -382,7 +383,37 @@ func TestCreateFromSnapshot(t *testing.T) {
 func TestNetworkUpdateAndMetrics(t *testing.T) {
 	h := newHarness(t)
 	sb := h.create(h.alice, `{}`)
-	wantError(t, "network update", h.do(h.alice, "PUT", "/sandboxes/"+sb.SandboxID+"/network", `{"allowOut":["1.1.1.1"]}`), http.StatusNotImplemented, "/v1 API")
+	// Network updates replace the egress policy through the manager, mapped
+	// as a create's network is.
+	for body, want := range map[string]string{
+		`{"denyOut":["0.0.0.0/0"],"allowOut":["api.example.com","1.1.1.1"]}`: "deny [api.example.com 1.1.1.1]",
+		`{"allow_internet_access":false}`:                                    "deny []",
+		`{"allowOut":["pypi.org"]}`:                                          "public []",
+		`{}`:                                                                 "public []",
+	} {
+		if r := h.do(h.alice, "PUT", "/sandboxes/"+sb.SandboxID+"/network", body); r.code != http.StatusNoContent {
+			t.Fatalf("network update %s: %d %s", body, r.code, r.body)
+		}
+		h.fake.mu.Lock()
+		n := h.fake.sbs[sb.SandboxID].Network
+		h.fake.mu.Unlock()
+		if got := fmt.Sprintf("%s %v", n.Mode, n.Allow); got != want {
+			t.Errorf("network update %s: %s, want %s", body, got, want)
+		}
+	}
+	for body, want := range map[string]string{
+		`{"denyOut":["1.2.3.4"]}`:                           "has no deny list",
+		`{"rules":{"a.example":[{"transform":{}}]}}`:        "rules",
+		`{"egressProxy":{"address":"p:8080"}}`:              "egressProxy",
+		`{"denyOut":["0.0.0.0/0"],"allowOut":["*.com"]}`:    "*.com",
+		`{"denyOut":["0.0.0.0/0"],"allowOut":["10.0.0.1"]}`: "admin key",
+	} {
+		code := http.StatusBadRequest
+		if want == "admin key" {
+			code = http.StatusForbidden
+		}
+		wantError(t, "network update "+body, h.do(h.alice, "PUT", "/sandboxes/"+sb.SandboxID+"/network", body), code, want)
+	}
 	// Metrics: one sample from the guest's account, CPU over a short window.
 	r := h.do(h.alice, "GET", fmt.Sprintf("/sandboxes/%s/metrics?start=%d&end=%d", sb.SandboxID, time.Now().Add(-time.Minute).Unix(), time.Now().Add(time.Minute).Unix()), "")
 	var ms []sandboxMetric

@@ -15,7 +15,8 @@
 // kill() reads as false). It decides nothing.
 //
 // Mapping:
-//   - templateID is an airlock image name; "code-interpreter-v1" (the
+//   - templateID is a template of the tenant (`airlock template build`)
+//     or an airlock image name; "code-interpreter-v1" (the
 //     default of @e2b/code-interpreter) is the image "base", which has
 //     Python and a Jupyter kernel.
 //   - timeout (seconds; 300 when omitted) is the sandbox's lifetime;
@@ -38,8 +39,12 @@
 //     env and network are the snapshot's: envVars are refused).
 //   - fork makes count (default 1) copies, all or none, each with the
 //     request's timeout (300 s when omitted) rather than the source's.
-//   - Network updates are 501: airlock cannot change a running sandbox's
-//     egress policy. Metrics are one sample of the guest's own account of
+//   - A network update (PUT /sandboxes/{id}/network) replaces the
+//     sandbox's whole egress policy, mapped as a create's network is, through
+//     the manager's SetNetwork (the same validation, platform floor and
+//     audit as /v1's PUT .../network): rules change at once and open
+//     connections the new policy forbids are closed; a paused sandbox gets
+//     it on resume. Metrics are one sample of the guest's own account of
 //     its CPU, memory and root filesystem. A sandbox the caller cannot see
 //     is 404.
 //   - The domain of a create is the API's preview domain (serve
@@ -54,8 +59,8 @@
 // manager acts for the sandbox's tenant. A process is an exec owned by the
 // sandbox's shim, named by its guest pid.
 //
-// Not served yet (see the README): PTY sessions, directory watching,
-// metrics and network updates (501); autoPause, lifecycle and network
+// Not served yet (see the README): PTY sessions and directory watching
+// (501); autoPause, lifecycle and network
 // rules of a create are refused or ignored as the README says. A create's
 // volumeMounts mount the tenant's airlock volumes read-write.
 package e2b

@@ -109,9 +109,9 @@ func Register(srv *api.Server, cfg Config) error {
 		{"/volumes", lacks("volumes", "keep data in a snapshot, or copy it with files.write")},
 		{"/volumes/", lacks("volumes", "keep data in a snapshot, or copy it with files.write")},
 		{"/volumecontent/", lacks("volumes", "keep data in a snapshot, or copy it with files.write")},
-		{"/v3/templates", lacks("template builds (Template.build)", "build an airlock image (airlock image) and use its name as the template")},
-		{"/v2/templates/", lacks("template builds (Template.build)", "build an airlock image (airlock image) and use its name as the template")},
-		{"/templates/", lacks("templates (aliases, tags, builds)", "use an airlock image name as the template; snapshots are deleted with DELETE /templates/{snapshotID}")},
+		{"/v3/templates", lacks("E2B's template builds (Template.build)", "build an airlock template from a Dockerfile (airlock template build, or POST /v1/templates/{name}/build) and use its name as the templateID")},
+		{"/v2/templates/", lacks("E2B's template builds (Template.build)", "build an airlock template from a Dockerfile (airlock template build, or POST /v1/templates/{name}/build) and use its name as the templateID")},
+		{"/templates/", lacks("E2B's template management (aliases, tags, builds)", "use an airlock template or image name as the templateID (airlock template ls); snapshots are deleted with DELETE /templates/{snapshotID}")},
 	} {
 		fn := rt.fn
 		srv.HandleAuthenticated(rt.pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

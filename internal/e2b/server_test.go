@@ -106,6 +106,29 @@ func (f *fakeSandboxes) SetTimeout(_ context.Context, c sandbox.Caller, id strin
 	return nil
 }
 
+// SetNetwork validates and floor-checks like the manager and records the
+// policy in the sandbox's network.
+func (f *fakeSandboxes) SetNetwork(_ context.Context, c sandbox.Caller, id string, p sandbox.EgressPolicy) (sandbox.NetworkChange, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.lookup(c, id)
+	if err != nil {
+		return sandbox.NetworkChange{}, err
+	}
+	next, err := sb.Network.WithEgress(p.Mode, p.Allow)
+	if err != nil {
+		return sandbox.NetworkChange{}, err
+	}
+	if !c.Admin {
+		if err := sandbox.CheckFloor(next); err != nil {
+			return sandbox.NetworkChange{}, err
+		}
+	}
+	sb.Network = next
+	f.sbs[id] = sb
+	return sandbox.NetworkChange{Network: next, Applied: "running"}, nil
+}
+
 func (f *fakeSandboxes) Pause(_ context.Context, c sandbox.Caller, id string, _ bool) (sandbox.PauseResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -16,7 +16,7 @@ type dnsStream struct {
 
 // HandleGuest implements netstack.GuestHandler.
 func (d *dnsStream) HandleGuest(guest net.Conn) {
-	if d.e.scan != nil {
+	if d.e.sec.Load().scan != nil {
 		guest = &scannedStream{Conn: guest, e: d.e}
 	}
 	_ = d.e.res.ServeStream(d.e.ctx, guest)
@@ -39,14 +39,15 @@ func (s *scannedStream) Read(p []byte) (int, error) {
 
 // dnsLeak reports (and audits) a DNS message carrying a placeholder.
 func (e *Engine) dnsLeak(b []byte) bool {
-	if e.scan == nil {
+	set := e.sec.Load()
+	if set.scan == nil {
 		return false
 	}
-	ph, ok := e.scan.Find(b)
+	ph, ok := set.scan.Find(b)
 	if !ok {
 		return false
 	}
-	e.auditSecret(secrets.Event{Action: "net.secret.block", Host: "dns", Secrets: e.secretNames(ph),
+	e.auditSecret(secrets.Event{Action: "net.secret.block", Host: "dns", Secrets: set.names(ph),
 		Reason: "a DNS query carried a secret placeholder; dropped"})
 	return true
 }

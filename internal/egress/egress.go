@@ -3,7 +3,8 @@
 // (internal/dns) on port 53 of every address, the egress policy
 // (internal/policy) decided on the resolved destination at dial time, the
 // secret interceptor (internal/secrets) for hosts that have secrets, byte-rate
-// limits, and an audit event for every decision.
+// limits, the outbound abuse limits (limits.go), and an audit event for every
+// decision.
 //
 // # A guest TCP flow
 //
@@ -11,22 +12,43 @@
 //  2. policy.Decide on the destination the guest addressed, with the names
 //     this sandbox resolved to that address (DNS pins) and the host's own
 //     addresses. A denial is an RST the guest sees at once ("net.deny").
-//  3. The engine dials the destination ("net.allow", or "net.error" with
+//  3. The outbound abuse limits (netconf.Spec's ConnRate and DestsPerMin)
+//     count the flow; over either, the flow gets an RST and is folded into
+//     one "net.limit" event per limit and LimitWindow (count, a few sample
+//     destinations), never one event per attempt.
+//  4. The engine dials the destination ("net.allow", or "net.error" with
 //     the dial error, also an RST). Only then does the guest's handshake
 //     complete.
-//  4. When the flow was allowed by a domain rule, or the sandbox has
+//  5. When the flow was allowed by a domain rule, or the sandbox has
 //     secrets, the engine looks at the guest's first bytes before it
 //     forwards any: a TLS ClientHello's SNI must satisfy the policy (same
 //     rule, pinned name); a ClientHello whose SNI is a secret's host and is
 //     pinned to this destination is intercepted (secrets.Interceptor);
 //     every other flow is relayed with its guest-to-upstream bytes scanned
 //     for placeholders, and a placeholder ends the flow
-//     ("net.secret.block"). If the guest says nothing for firstByteWait,
+//     ("net.secret.block"). If the guest says nothing for firstByteWait
+//     (secretFirstByteWait to an address pinned to a secret's host),
 //     upstream bytes start to flow (server-first protocols) but guest bytes
 //     are still checked before they are forwarded.
 //
-// UDP flows are decided the same way per flow; each datagram is scanned for
-// placeholders when the sandbox has secrets.
+// UDP flows are decided the same way per flow; each datagram the guest sends
+// takes a token of the packet rate limit (UDPRate; excess datagrams are
+// dropped, counted and folded into "net.limit" events) and is scanned for
+// placeholders when the sandbox has secrets. Mail ports (25, 465, 587) are
+// the policy's business: closed in mode public unless a rule names the port
+// (policy "mail:closed").
+//
+// # Live policy
+//
+// [Engine.SetPolicy] replaces the egress policy while the guest runs: the
+// new policy decides every flow, DNS query and SNI check from then on, and
+// each open TCP connection or UDP flow (DNS excepted: its answers are
+// decided per query) is decided again, as a new one to the same
+// destination with the names it was pinned to and the SNI it sent would
+// be; those the new policy denies are closed, each with a "net.deny" event
+// whose reason says the policy changed (live.go). A connection that only a
+// domain rule allows needs its SNI checked: one whose bytes were copied
+// blindly (opened when no check was needed) is closed ("sni:unchecked").
 package egress
 
 import (
@@ -42,6 +64,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -57,6 +81,12 @@ const (
 	// firstByteWait is how long an inspected flow waits for the guest to
 	// speak before upstream bytes may flow to the guest.
 	firstByteWait = 300 * time.Millisecond
+	// secretFirstByteWait replaces it for a flow to an address pinned to a
+	// secret's host: once upstream bytes flow the flow can no longer be
+	// intercepted, and a TLS client speaks first, however slowly (a
+	// loaded or emulated guest can take well over firstByteWait between
+	// its connect and its ClientHello).
+	secretFirstByteWait = helloTimeout
 	// helloTimeout bounds reading a whole ClientHello.
 	helloTimeout = 10 * time.Second
 	// helloBuf holds the largest ClientHello PeekClientHello accepts.
@@ -83,6 +113,9 @@ type Config struct {
 	DNSUpstream []string
 	// Dial reaches real destinations; nil uses a net.Dialer.
 	Dial DialFunc
+	// Ping sends the ICMP echo requests the policy allows (icmp.go); nil
+	// uses SystemPing.
+	Ping PingFunc
 	// UpstreamRoots verifies intercepted upstreams' certificates; nil
 	// means the system pool.
 	UpstreamRoots *x509.CertPool
@@ -91,8 +124,13 @@ type Config struct {
 	Audit func(Event)
 	// Logger receives debug logs; nil discards.
 	Logger *slog.Logger
-	// Clock gives the time for pins and DNS; nil means time.Now.
+	// Clock gives the time for pins, DNS and the outbound abuse limits;
+	// nil means time.Now.
 	Clock func() time.Time
+	// LimitWindow is how long the refusals of one outbound abuse limit are
+	// folded into one net.limit event (0: 10 s). The window's end is timed
+	// on the real clock.
+	LimitWindow time.Duration
 }
 
 // Event is one audit record. Action starts with "net."; Detail never holds
@@ -105,19 +143,21 @@ type Event struct {
 // Engine is one sandbox's network.
 type Engine struct {
 	cfg    Config
-	pol    policy.Policy
+	live   atomic.Pointer[livePolicy] // swapped whole by SetPolicy, under flowMu
 	pins   *policy.PinSet
 	res    *dns.Resolver
 	stack  *netstack.Stack
-	ca     *secrets.CA
-	ic     *secrets.Interceptor
-	scan   *secrets.Scanner
-	hosts  []string        // every secret host pattern
-	domain map[string]bool // IDs of the policy's domain rules
+	sec    atomic.Pointer[secretSet] // swapped whole by SetSecrets, under flowMu
+	secMu  sync.Mutex                // serializes SetSecrets
 	up     *rate.Limiter
 	down   *rate.Limiter
+	lim    *limiter
+	sent   atomic.Uint64 // bytes written upstream
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	flowMu sync.Mutex
+	flows  map[*flowRef]struct{} // open TCP connections and UDP flows (not DNS)
 }
 
 // New builds the engine; ServeLink then runs it on the guest's link.
@@ -135,17 +175,24 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Audit == nil {
 		cfg.Audit = func(Event) {}
 	}
+	if cfg.Ping == nil {
+		cfg.Ping = SystemPing
+	}
 	pol, err := cfg.Spec.Policy()
 	if err != nil {
 		return nil, err
 	}
 	pol = pol.WithHostAddrs(cfg.HostAddrs...)
-	e := &Engine{cfg: cfg, pol: pol, pins: policy.NewPinSet(pinMinTTL, pinMaxTTL, pinEntries), domain: map[string]bool{}}
-	for _, r := range pol.Rules() {
-		if r.Domain != "" {
-			e.domain[r.ID] = true
-		}
+	e := &Engine{cfg: cfg, pins: policy.NewPinSet(pinMinTTL, pinMaxTTL, pinEntries), flows: map[*flowRef]struct{}{}}
+	e.live.Store(newLivePolicy(pol))
+	if cfg.LimitWindow <= 0 {
+		cfg.LimitWindow = defaultLimitWindow
 	}
+	lspec, err := netconf.Spec{ConnRate: cfg.Spec.ConnRate, DestsPerMin: cfg.Spec.DestsPerMin, UDPRate: cfg.Spec.UDPRate}.Normalize(nil)
+	if err != nil {
+		return nil, err
+	}
+	e.lim = newLimiter(lspec, cfg.Clock, cfg.LimitWindow, cfg.Audit)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 
 	if len(cfg.DNSUpstream) > 0 {
@@ -162,31 +209,11 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 
-	if len(cfg.Spec.Secrets) > 0 {
-		var binds []secrets.Binding
-		var phs []string
-		for _, s := range cfg.Spec.Secrets {
-			v, ok := cfg.Secrets[s.Name]
-			if !ok {
-				return nil, fmt.Errorf("secret %s has no value", s.Name)
-			}
-			binds = append(binds, secrets.Binding{Name: s.Name, Hosts: s.Hosts, Placeholder: s.Placeholder, Value: v})
-			phs = append(phs, s.Placeholder)
-			e.hosts = append(e.hosts, s.Hosts...)
-		}
-		e.ca, err = secrets.NewCA(e.hosts)
-		if err != nil {
-			return nil, fmt.Errorf("secrets CA: %w", err)
-		}
-		e.scan = secrets.NewScanner(phs)
-		e.ic = &secrets.Interceptor{
-			CA:      e.ca,
-			Secrets: binds,
-			RootCAs: cfg.UpstreamRoots,
-			Audit:   e.auditSecret,
-			Logger:  cfg.Logger,
-		}
+	set, err := e.newSecretSet(cfg.Spec.Secrets, cfg.Secrets, nil)
+	if err != nil {
+		return nil, err
 	}
+	e.sec.Store(set)
 	if r := cfg.Spec.RateBytes; r > 0 {
 		burst := int(min(max(r, 64<<10), 4<<20))
 		e.up = rate.NewLimiter(rate.Limit(r), burst)
@@ -205,6 +232,7 @@ func New(cfg Config) (*Engine, error) {
 		GuestIP:   netconf.GuestIP,
 		GuestMAC:  guestMAC,
 		Dial:      e.dial,
+		Ping:      e.ping,
 		MaxConns:  maxConns,
 		Busy:      e.auditBusy,
 		Logger:    cfg.Logger,
@@ -227,21 +255,43 @@ func (e *Engine) DialGuest(ctx context.Context, port uint16) (net.Conn, error) {
 }
 
 // CACertPEM is the certificate of the interception CA the guest must trust,
-// or nil when the sandbox has no secrets.
+// or nil when the sandbox has no secrets. SetSecrets may change it.
 func (e *Engine) CACertPEM() []byte {
-	if e.ca == nil {
-		return nil
+	if ca := e.sec.Load().ca; ca != nil {
+		return ca.CertPEM()
 	}
-	return e.ca.CertPEM()
+	return nil
 }
 
 // Stats returns the stack's counters.
 func (e *Engine) Stats() netstack.Stats { return e.stack.Stats() }
 
-// Close stops everything; idempotent.
+// Usage is what the engine counts beyond the stack's counters.
+type Usage struct {
+	// EgressBytes is the payload the host sent upstream for the guest:
+	// TCP bytes (TLS records as they went out, for intercepted flows) and
+	// UDP datagrams, without headers; DNS answered by the engine is not
+	// counted.
+	EgressBytes uint64
+	// FlowsLimited counts new flows the outbound abuse limits refused
+	// (connection rate, distinct destinations); DatagramsLimited the UDP
+	// datagrams the packet rate limit dropped.
+	FlowsLimited, DatagramsLimited uint64
+}
+
+// Usage returns the engine's counters. Safe for concurrent use.
+func (e *Engine) Usage() Usage {
+	f, d := e.lim.counts()
+	return Usage{EgressBytes: e.sent.Load(), FlowsLimited: f, DatagramsLimited: d}
+}
+
+// Close stops everything and emits the net.limit events still folded;
+// idempotent.
 func (e *Engine) Close() error {
 	e.cancel()
-	return e.stack.Close()
+	err := e.stack.Close()
+	e.lim.close()
+	return err
 }
 
 // dial is the netstack's egress hook.
@@ -257,47 +307,48 @@ func (e *Engine) dial(ctx context.Context, network string, dst netip.AddrPort) (
 		return newDNSPacket(e), nil
 	}
 	names := e.pins.Lookup(dst.Addr(), e.cfg.Clock())
-	d := e.decide(network, dst, names, "")
+	lp := e.live.Load()
+	d := lp.decide(network, dst, names, "")
 	if !d.Allow {
 		e.audit("net.deny", network, dst, names, d)
 		return nil, errors.New(d.Reason)
 	}
-	up, err := e.cfg.Dial(ctx, network, dst.String())
+	if rule := e.lim.flow(network, dst); rule != "" {
+		// Folded into one net.limit event per window, not audited here.
+		return nil, errors.New("refused by " + rule)
+	}
+	raw, err := e.cfg.Dial(ctx, network, dst.String())
 	if err != nil {
 		e.audit("net.error", network, dst, names, policy.Decision{RuleID: d.RuleID, Reason: "dial failed: " + oneLine(err.Error())})
 		return nil, err
 	}
+	sniCheck := network == "tcp" && lp.domain[d.RuleID]
+	set := e.sec.Load()
+	ref := &flowRef{proto: network, dst: dst, names: names, up: raw, willInspect: sniCheck || set.scan != nil, sec: set}
+	if d, ok := e.track(ref, lp); !ok {
+		// The policy changed while the upstream was dialled.
+		_ = raw.Close()
+		e.audit("net.deny", network, dst, names, d)
+		return nil, errors.New(d.Reason)
+	}
+	// Counted (egress bytes), and untracked when closed (live policy).
+	up := &trackedConn{Conn: &countConn{Conn: raw, n: &e.sent}, e: e, ref: ref}
 	e.audit("net.allow", network, dst, names, d)
 	if network == "udp" {
-		if e.scan == nil && e.up == nil && e.down == nil {
-			return up, nil
-		}
 		return &udpFlow{Conn: up, e: e, dst: dst}, nil
 	}
-	f := &tcpFlow{Conn: up, e: e, dst: dst, names: names, sniCheck: e.domain[d.RuleID]}
-	if !f.sniCheck && e.scan == nil && e.up == nil && e.down == nil {
+	f := &tcpFlow{Conn: up, e: e, ref: ref, dst: dst, names: names, sniCheck: sniCheck}
+	if !f.sniCheck && set.scan == nil && e.up == nil && e.down == nil {
 		return up, nil // nothing to inspect or shape: the stack's plain copy
 	}
 	return f, nil
-}
-
-func (e *Engine) decide(network string, dst netip.AddrPort, names []string, sni string) policy.Decision {
-	r := policy.Request{Proto: network, Dst: dst, SNI: sni}
-	if len(names) > 0 {
-		r.Name, r.Names = names[0], names[1:]
-	}
-	return policy.Decide(e.pol, r)
-}
-
-// secretHost reports whether name is a host some secret is bound to.
-func (e *Engine) secretHost(name string) bool {
-	return slices.ContainsFunc(e.hosts, func(p string) bool { return secrets.HostMatches(p, name) })
 }
 
 // tcpFlow is an allowed TCP flow the engine handles itself.
 type tcpFlow struct {
 	net.Conn // upstream
 	e        *Engine
+	ref      *flowRef
 	dst      netip.AddrPort
 	names    []string
 	sniCheck bool // allowed by a domain rule: the SNI must agree
@@ -307,9 +358,10 @@ type tcpFlow struct {
 
 // HandleGuest implements netstack.GuestHandler.
 func (f *tcpFlow) HandleGuest(guest net.Conn) {
-	e := f.e
+	f.ref.setGuest(guest)
 	br := bufio.NewReaderSize(guest, helloBuf)
-	inspect := f.sniCheck || e.scan != nil
+	set := f.ref.sec
+	inspect := f.sniCheck || set.scan != nil
 	downStarted := make(chan struct{})
 	started := false
 	down := func() {
@@ -327,7 +379,11 @@ func (f *tcpFlow) HandleGuest(guest net.Conn) {
 		}
 	}()
 	if inspect {
-		_ = guest.SetReadDeadline(time.Now().Add(firstByteWait))
+		wait := firstByteWait
+		if set.ic != nil && slices.ContainsFunc(f.names, set.secretHost) {
+			wait = secretFirstByteWait
+		}
+		_ = guest.SetReadDeadline(time.Now().Add(wait))
 		_, err := br.Peek(1)
 		if isTimeout(err) {
 			down() // a server-first protocol: let its greeting through
@@ -347,6 +403,7 @@ func (f *tcpFlow) HandleGuest(guest net.Conn) {
 				}
 			}
 		}
+		f.ref.markInspected()
 	}
 	down()
 	f.copyUp(guest, br)
@@ -367,18 +424,23 @@ func (f *tcpFlow) checkHello(guest net.Conn, br *bufio.Reader, downStarted bool)
 		return true
 	}
 	sni := hello.ServerName
-	if f.sniCheck {
-		d := e.decide("tcp", f.dst, f.names, sni)
-		if !d.Allow {
+	f.ref.setSNI(sni)
+	// The policy in force now decides (SetPolicy may have replaced the
+	// one that allowed the dial): a flow it allows by a domain rule must
+	// agree with it on the SNI.
+	lp := e.live.Load()
+	if d := lp.decide("tcp", f.dst, f.names, ""); f.sniCheck || lp.domain[d.RuleID] {
+		if d := lp.decide("tcp", f.dst, f.names, sni); !d.Allow {
 			e.audit("net.deny", "tcp", f.dst, f.names, withSNI(d, sni))
 			return false
 		}
 	}
-	if e.ic == nil || downStarted {
+	set := f.ref.sec
+	if set.ic == nil || downStarted {
 		return true
 	}
 	n, err := policy.NormalizeName(sni)
-	if err != nil || !e.secretHost(n) {
+	if err != nil || !set.secretHost(n) {
 		return true
 	}
 	if !slices.Contains(f.names, n) {
@@ -388,9 +450,22 @@ func (f *tcpFlow) checkHello(guest net.Conn, br *bufio.Reader, downStarted bool)
 		e.cfg.Logger.Debug("secret host not pinned to destination", "sni", n, "dst", f.dst)
 		return true
 	}
+	// Marked under flowMu, where SetSecrets swaps the set and sweeps: a
+	// flow is either marked before a swap (and closed by its sweep) or
+	// sees that its set is no longer in force and is refused.
+	e.flowMu.Lock()
+	stale := set != e.sec.Load()
+	if !stale {
+		f.ref.markIntercepted()
+	}
+	e.flowMu.Unlock()
+	if stale {
+		e.audit("net.deny", "tcp", f.dst, f.names, policy.Decision{RuleID: "secrets:changed", Reason: "denied: the sandbox's secrets changed since this connection was opened (reconnect)"})
+		return false
+	}
 	f.intercepted = true
 	g := &bufConn{Conn: guest, r: br}
-	err = e.ic.Serve(e.ctx, secrets.Flow{
+	err = set.ic.Serve(e.ctx, secrets.Flow{
 		Guest:    g,
 		Upstream: f.Conn,
 		CheckSNI: func(got string) error {
@@ -422,8 +497,9 @@ func (f *tcpFlow) copyUp(guest net.Conn, r io.Reader) {
 		w = &limitWriter{w: w, l: e.up, ctx: e.ctx}
 	}
 	var g *secrets.Guard
-	if e.scan != nil {
-		g = e.scan.Guard(w)
+	set := f.ref.sec
+	if set.scan != nil {
+		g = set.scan.Guard(w)
 		w = g
 	}
 	_, err := io.Copy(w, r)
@@ -432,7 +508,7 @@ func (f *tcpFlow) copyUp(guest net.Conn, r io.Reader) {
 	}
 	var pe *secrets.PlaceholderError
 	if errors.As(err, &pe) {
-		e.auditSecret(secrets.Event{Action: "net.secret.block", Host: f.dst.String(), Secrets: e.secretNames(pe.Placeholder),
+		e.auditSecret(secrets.Event{Action: "net.secret.block", Host: f.dst.String(), Secrets: set.names(pe.Placeholder),
 			Reason: "a secret placeholder was sent to " + f.dst.String() + ", which is not a host the secret is bound to; the connection was closed"})
 	}
 	if err != nil {
@@ -464,16 +540,6 @@ func (f *tcpFlow) copyDown(guest net.Conn) {
 	_ = guest.Close()
 }
 
-// secretNames maps a placeholder to the name of its secret.
-func (e *Engine) secretNames(ph string) []string {
-	for _, s := range e.cfg.Spec.Secrets {
-		if s.Placeholder == ph {
-			return []string{s.Name}
-		}
-	}
-	return nil
-}
-
 // udpFlow scans and shapes one UDP flow's datagrams.
 type udpFlow struct {
 	net.Conn
@@ -482,9 +548,12 @@ type udpFlow struct {
 }
 
 func (u *udpFlow) Write(b []byte) (int, error) {
-	if u.e.scan != nil {
-		if ph, ok := u.e.scan.Find(b); ok {
-			u.e.auditSecret(secrets.Event{Action: "net.secret.block", Host: u.dst.String(), Secrets: u.e.secretNames(ph),
+	if !u.e.lim.datagram(u.dst) {
+		return len(b), nil // dropped, counted and folded; the flow goes on
+	}
+	if set := u.e.sec.Load(); set.scan != nil {
+		if ph, ok := set.scan.Find(b); ok {
+			u.e.auditSecret(secrets.Event{Action: "net.secret.block", Host: u.dst.String(), Secrets: set.names(ph),
 				Reason: "a UDP datagram to " + u.dst.String() + " carried a secret placeholder; dropped"})
 			return len(b), nil // dropped, the flow goes on
 		}
@@ -525,6 +594,26 @@ func (l *limitWriter) Write(p []byte) (int, error) {
 		p = p[c:]
 	}
 	return n, nil
+}
+
+// countConn counts the bytes written to Conn.
+type countConn struct {
+	net.Conn
+	n *atomic.Uint64
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.n.Add(uint64(max(n, 0)))
+	return n, err
+}
+
+// CloseWrite passes a half-close on when the underlying conn supports it.
+func (c *countConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }
 
 // bufConn reads through r, which may hold bytes already read from Conn.

@@ -147,3 +147,43 @@ func TestSNIMustMatchTheDomainRule(t *testing.T) {
 		t.Fatalf("accepted %d", accepted())
 	}
 }
+
+// TestSlowClientHelloStillIntercepted: a guest that connects to a secret's
+// host and sends its ClientHello only after firstByteWait (a loaded or
+// emulated guest) still gets the interceptor, not the upstream's own TLS.
+func TestSlowClientHelloStillIntercepted(t *testing.T) {
+	const value = "real-secret-value-slow"
+	port, pool, seen := upstreamTLS(t, "api.test")
+	spec := netconf.Spec{Secrets: []netconf.Secret{{Name: "API_KEY", Hosts: []string{"api.test"}}}}
+	e := newEnv(t, spec, netconf.Values{"API_KEY": value}, func(c *Config) { c.UpstreamRoots = pool })
+	ph := e.eng.cfg.Spec.Secrets[0].Placeholder
+	if _, ips := e.resolve(t, netip.AddrPortFrom(netconf.GatewayIP, 53), "api.test"); len(ips) != 1 || ips[0] != pubC {
+		t.Fatalf("api.test resolved to %v", ips)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(e.eng.CACertPEM())
+	raw, err := e.guest.DialTCP(t.Context(), netip.AddrPortFrom(pubC, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stimulus: a client that says nothing for twice the wait that
+	// lets a server-first protocol's greeting through.
+	time.Sleep(2 * firstByteWait)
+	c := tls.Client(raw, &tls.Config{ServerName: "api.test", RootCAs: roots})
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := c.Handshake(); err != nil {
+		t.Fatalf("handshake with the interceptor after a slow start: %v", err)
+	}
+	req, _ := http.NewRequest("GET", "https://api.test/v1", nil)
+	req.Header.Set("Authorization", "Bearer "+ph)
+	if err := req.Write(c); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := http.ReadResponse(bufio.NewReader(c), req); err != nil || res.StatusCode != 200 {
+		t.Fatalf("response %v, %v", res, err)
+	}
+	if got := seen(); len(got) != 1 || got[0] != "Bearer "+value {
+		t.Fatalf("upstream saw %q", got)
+	}
+}

@@ -48,6 +48,10 @@ var (
 	// intercepted (secret-bearing) connections, e.g. a corporate proxy CA.
 	UpstreamCAFile = register("AIRLOCK_UPSTREAM_CA_FILE",
 		"PEM file of extra CAs trusted for the upstreams of intercepted connections", false)
+	// ProcAudit is "off" to run sandboxes without the guest process audit
+	// (the trail of every program the guest starts); unset or "on": on.
+	ProcAudit = register("AIRLOCK_PROC_AUDIT",
+		"off: sandboxes started by this process do not record the programs their guest runs (default on)", false)
 	// TestDialMap is a TEST HOOK: "a.b.c.d=w.x.y.z,..." makes the shim dial
 	// w.x.y.z whenever the policy allowed a flow to a.b.c.d (same port), so
 	// a listener on this machine can stand in for a public address. The

@@ -19,6 +19,12 @@ import (
 // exited (and been reaped: its pid may belong to another process now).
 var ErrExecExited = errors.New("the exec has exited")
 
+// ErrExecPaused ends an exec's output stream (Recv) when the sandbox was
+// paused while the exec ran: the guest keeps the process, parked, and it
+// goes on, under the same exec id, when the sandbox resumes (attach to it
+// again then).
+var ErrExecPaused = errors.New("the sandbox was paused while the exec ran; it goes on when the sandbox resumes (attach to it again then)")
+
 // MaxExecTimeout is the longest timeout an exec may ask for.
 const MaxExecTimeout = 24 * time.Hour
 

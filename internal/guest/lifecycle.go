@@ -63,4 +63,10 @@ type NetworkUsage struct {
 	// Guest flows the host dialled for, refused (policy, upstream failure),
 	// and dropped at its connection or dial caps.
 	DialsAllowed, DialsDenied, DialsBusy uint64
+	// EgressBytes is the payload the host sent upstream for the guest
+	// (TCP and UDP, no headers; DNS the shim answers is not counted).
+	EgressBytes uint64
+	// Flows the outbound abuse limits refused, and UDP datagrams they
+	// dropped.
+	FlowsLimited, DatagramsLimited uint64
 }

@@ -48,13 +48,14 @@ func (f *fake) blindCreate(_ context.Context, o sandbox.CreateOptions) (store.Sa
 	f.n++
 	sb := store.Sandbox{ID: fmt.Sprintf("sb%014d", f.n), State: store.StateRunning, Image: "base", CPUs: o.CPUs,
 		MemoryMiB: o.MemoryMiB, Tenant: o.Tenant, Env: o.Env, Metadata: o.Metadata, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour),
-		IdlePause: o.IdlePause}
+		IdlePause: o.IdlePause, Network: o.Network}
 	for _, v := range o.Volumes {
 		if v.Name == "busy" {
 			return store.Sandbox{}, fmt.Errorf("%w: volume %q is mounted read-write by sandbox sb0", errdefs.ErrConflict, v.Name)
 		}
 		sb.Mounts = append(sb.Mounts, store.Mount{VolumeID: "vol" + v.Name, VolumeName: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
 	}
+	sb.Network = o.Network
 	f.sbs[sb.ID] = sb
 	return sb, nil
 }
@@ -427,6 +428,31 @@ func (f *fake) SetTimeout(ctx context.Context, c sandbox.Caller, id string, d ti
 	return nil
 }
 
+// SetNetwork validates and floor-checks like the manager, stores the
+// policy and audits the change.
+func (f *fake) SetNetwork(ctx context.Context, c sandbox.Caller, id string, p sandbox.EgressPolicy) (sandbox.NetworkChange, error) {
+	sb, err := f.Get(ctx, c, id)
+	if err != nil {
+		return sandbox.NetworkChange{}, err
+	}
+	next, err := sb.Network.WithEgress(p.Mode, p.Allow)
+	if err != nil {
+		return sandbox.NetworkChange{}, err
+	}
+	if !c.Admin {
+		if err := sandbox.CheckFloor(next); err != nil {
+			return sandbox.NetworkChange{}, err
+		}
+	}
+	f.mu.Lock()
+	sb = f.sbs[id]
+	sb.Network = next
+	f.sbs[id] = sb
+	f.mu.Unlock()
+	f.audit(c, id, "sandbox.network", map[string]any{"new": sandbox.PolicyAudit(next)})
+	return sandbox.NetworkChange{Network: next, Applied: "running"}, nil
+}
+
 func (f *fake) Pause(ctx context.Context, c sandbox.Caller, id string, force bool) (sandbox.PauseResult, error) {
 	was, err := f.Get(ctx, c, id)
 	if err != nil {
@@ -475,7 +501,8 @@ func (f *fake) CreateFromSnapshot(ctx context.Context, c sandbox.Caller, name st
 }
 
 // Fork is all or nothing, like the manager.
-func (f *fake) Fork(ctx context.Context, c sandbox.Caller, id string, count int, force bool) ([]store.Sandbox, error) {
+func (f *fake) Fork(ctx context.Context, c sandbox.Caller, id string, o sandbox.ForkOptions) ([]store.Sandbox, error) {
+	count, force := o.Count, o.Force
 	if _, err := f.Get(ctx, c, id); err != nil {
 		return nil, err
 	}

@@ -80,7 +80,7 @@ func TestToolsList(t *testing.T) {
 		}
 	}
 	want := []string{"context_create", "context_list", "context_reset", "exec", "file_list", "file_read", "file_write",
-		"run_code", "sandbox_create", "sandbox_fork", "sandbox_kill", "sandbox_list", "sandbox_pause", "sandbox_resume", "sandbox_set_timeout", "sandbox_snapshot"}
+		"run_code", "sandbox_create", "sandbox_fork", "sandbox_kill", "sandbox_list", "sandbox_network_set", "sandbox_pause", "sandbox_resume", "sandbox_secret_remove", "sandbox_secret_set", "sandbox_set_timeout", "sandbox_snapshot"}
 	slices.Sort(names)
 	if !slices.Equal(names, want) {
 		t.Errorf("tools = %v, want %v", names, want)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -29,9 +30,19 @@ type Service interface {
 	Remove(ctx context.Context, c sandbox.Caller, id string) error
 	// SetTimeout moves the sandbox's expiry to now + d.
 	SetTimeout(ctx context.Context, c sandbox.Caller, id string, d time.Duration) error
+	// SetNetwork replaces a running or paused sandbox's egress policy,
+	// whole (sandbox.Manager.SetNetwork: validated like a create, the
+	// platform floor refused to callers that are not admins).
+	SetNetwork(ctx context.Context, c sandbox.Caller, id string, p sandbox.EgressPolicy) (sandbox.NetworkChange, error)
+	// SetSecret adds or replaces a running or paused sandbox's secret
+	// (sandbox.Manager.SetSecret); MCP gives only sec.Vault, never a
+	// value.
+	SetSecret(ctx context.Context, c sandbox.Caller, id string, sec netconf.Secret, value string) (sandbox.NetworkChange, error)
+	// RemoveSecret removes a running or paused sandbox's secret.
+	RemoveSecret(ctx context.Context, c sandbox.Caller, id, name string) (sandbox.NetworkChange, error)
 	// Pause saves a running sandbox to disk and ends its VMM (a paused one
 	// is a no-op); without force it is refused (ErrFailedPrecondition)
-	// while commands or code run. Every other call resumes it first.
+	// while code runs (running commands are parked). Every other call resumes it first.
 	Pause(ctx context.Context, c sandbox.Caller, id string, force bool) (sandbox.PauseResult, error)
 	// Resume restores a paused sandbox (a running one is a no-op).
 	Resume(ctx context.Context, c sandbox.Caller, id string) (store.Sandbox, error)
@@ -44,7 +55,7 @@ type Service interface {
 	// (ErrNotFound if none); o may set Timeout, Metadata and IdlePause only.
 	CreateFromSnapshot(ctx context.Context, c sandbox.Caller, name string, o sandbox.CreateOptions) (store.Sandbox, error)
 	// Fork makes count running copies of a sandbox, all or none.
-	Fork(ctx context.Context, c sandbox.Caller, id string, count int, force bool) ([]store.Sandbox, error)
+	Fork(ctx context.Context, c sandbox.Caller, id string, o sandbox.ForkOptions) ([]store.Sandbox, error)
 
 	// Exec starts spec in the sandbox for c and returns its stream once it
 	// runs (sandbox.Manager.Exec: the shim merges the sandbox's env under

@@ -259,6 +259,8 @@ type sandboxView struct {
 	// Mounts: its volumes (and host directories, made through the CLI or
 	// HTTP API).
 	Mounts []mountView `json:"mounts,omitempty"`
+	// Ports: its published ports, with the host port the shim picked.
+	Ports []portView `json:"ports,omitempty"`
 }
 
 type mountView struct {
@@ -275,6 +277,7 @@ func viewSandbox(sb store.Sandbox) sandboxView {
 		Metadata: sb.Metadata, IdlePauseS: int64(sb.IdlePause / time.Second), Source: sb.Source,
 	}
 	v.PausedAt, v.LifetimeLeftS = sb.PauseView()
+	v.Ports = viewPorts(sb.Network.Ports)
 	for _, m := range sb.Mounts {
 		v.Mounts = append(v.Mounts, mountView{Volume: m.VolumeName, HostPath: m.HostPath, Path: m.Path, ReadOnly: m.ReadOnly})
 	}

@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,7 +25,8 @@ Use run_code (python, javascript or bash; state persists in a code context) or e
 first use. Sandboxes this session creates are removed when the session ends. File tools
 act on paths inside a sandbox only; nothing on the host is reachable. Sandboxes reach
 the public internet by default (never private, loopback or cloud metadata addresses);
-sandbox_create takes network "deny" with allow rules, or "none". A paused sandbox
+sandbox_create takes network "deny" with allow rules, or "none"; sandbox_network_set
+changes a sandbox's egress policy while it runs. A paused sandbox
 (sandbox_pause, or idle_pause_s) resumes by itself on the next call. sandbox_snapshot
 saves a sandbox to start others from (sandbox_create from_snapshot); sandbox_fork copies
 a live one.`
@@ -41,13 +43,16 @@ func (h *Handler) newServer(s *session) *sdk.Server {
 		InitializedHandler: func(_ context.Context, req *sdk.InitializedRequest) { s.watch(req.Session) },
 	})
 	t := &tools{h: h, s: s}
-	add(srv, t, "sandbox_create", `Create a new sandbox (a microVM) and return its id and details. Usually unnecessary: run_code and exec create this session's sandbox on first use. Sandboxes created here are removed when this MCP session ends. Network: "public" (default: public internet only; private, loopback, link-local and metadata addresses are always refused), "deny" (only what "allow" names: domains, *.suffix, IPs, CIDRs, each with an optional :port) or "none". Secrets and published ports are not available through MCP (use the CLI or HTTP API).`, t.sandboxCreate)
+	add(srv, t, "sandbox_create", `Create a new sandbox (a microVM) and return its id and details. Usually unnecessary: run_code and exec create this session's sandbox on first use. Sandboxes created here are removed when this MCP session ends. Network: "public" (default: public internet only; private, loopback, link-local and metadata addresses are always refused), "deny" (only what "allow" names: domains, *.suffix, IPs, CIDRs, each with an optional :port) or "none". Published ports ("ports") need an admin key (others reach a port through the preview route). Secrets: by the name of a secret in the user's vault (set with "airlock secret set", never a value here): the guest sees a placeholder in $NAME and the host puts the real value into requests to the secret's hosts only.`, t.sandboxCreate)
 	add(srv, t, "sandbox_list", "List the sandboxes this session may use (its tenant's), with state, size and expiry. Those created by this session are marked.", t.sandboxList)
 	add(srv, t, "sandbox_kill", "Stop and delete a sandbox now, with everything in it.", t.sandboxKill)
-	add(srv, t, "sandbox_pause", "Pause a sandbox: its memory, processes and disk are saved to the server's disk and its RAM is freed; its lifetime stops counting. The next call on it (run_code, exec, files, or sandbox_resume) resumes it with everything as it was (variables, processes), though the guest's open TCP connections are reset. Refused while commands or code are running unless force (which ends them); sandboxes with secrets cannot pause.", t.sandboxPause)
+	add(srv, t, "sandbox_pause", "Pause a sandbox: its memory, processes and disk are saved to the server's disk and its RAM is freed; its lifetime stops counting. The next call on it (run_code, exec, files, or sandbox_resume) resumes it with everything as it was (variables, processes), though the guest's open TCP connections are reset. Commands still running are parked and go on after the resume; refused while code runs unless force (which ends it and the commands).", t.sandboxPause)
 	add(srv, t, "sandbox_resume", "Resume a paused sandbox now (any other call on it resumes it too). A running sandbox is left as it is.", t.sandboxResume)
-	add(srv, t, "sandbox_snapshot", "Save a sandbox (memory, processes, files) as a named snapshot; the sandbox keeps running (it stops for about half a second and its open TCP connections are reset). Start new sandboxes from it with sandbox_create from_snapshot. Refused while commands or code run unless force, and for sandboxes with secrets.", t.sandboxSnapshot)
+	add(srv, t, "sandbox_snapshot", "Save a sandbox (memory, processes, files) as a named snapshot; the sandbox keeps running (it stops for about half a second and its open TCP connections are reset). Start new sandboxes from it with sandbox_create from_snapshot. Running commands go on (in the snapshot too); refused while code runs unless force, and for sandboxes with secrets.", t.sandboxSnapshot)
 	add(srv, t, "sandbox_fork", "Make count (1-16, default 1) running copies of a sandbox, each with its processes, variables and files as they are now (a fresh clock and network stack each). The source stops for about half a second. The copies belong to this session like created sandboxes (removed when it ends). Returns their ids.", t.sandboxFork)
+	add(srv, t, "sandbox_secret_set", `Give a running or paused sandbox a secret from the user's vault, now (or replace its secret of that name): by the vault secret's name, never a value. The guest's new commands see a placeholder in $NAME (name, default the vault name); the host puts the real value into new requests to the secret's hosts only (the vault secret's, or fewer given in hosts). A paused sandbox gets it when it resumes.`, t.sandboxSecretSet)
+	add(srv, t, "sandbox_secret_remove", `Remove a secret from a running or paused sandbox, now: no request gets its value from then on (connections that did are closed) and new commands no longer see $NAME.`, t.sandboxSecretRemove)
+	add(srv, t, "sandbox_network_set", `Replace a sandbox's egress policy now, whole: network "public" (the public internet; private, loopback, link-local and metadata addresses stay refused) or "deny" (only what "allow" names: domains, *.suffix, IPs, CIDRs, each with an optional :port); every rule not given is removed. New connections follow it at once and open connections it forbids are closed. A paused sandbox gets it when it resumes. "none" cannot be set or left on a sandbox that exists. Returns the new policy and how many connections were closed.`, t.sandboxNetworkSet)
 	add(srv, t, "sandbox_set_timeout", "Set a sandbox's remaining lifetime: it is stopped and deleted timeout_s seconds from now.", t.sandboxSetTimeout)
 	add(srv, t, "run_code", "Run code in a stateful code context (like a Jupyter kernel: variables and imports persist between calls of one context). Returns stdout, stderr, the value of the last expression, and images as image content: every matplotlib figure left open (whatever the backend, Agg too; they are closed after), and with return_files the image files the code wrote. An exception is returned as an error result with its traceback. A context whose interpreter died (e.g. out of memory) is restarted by the next call, whose stderr says so first; its state is lost. The first python call of a sandbox starts the interpreter (seconds). Without sandbox_id the session's own sandbox is used (created on first use).", t.runCode)
 	add(srv, t, "exec", "Run a command in a sandbox and wait for it: returns stdout, stderr and the exit code. cmd is an argv array (no shell); use [\"bash\",\"-lc\",\"...\"] for shell syntax. Without sandbox_id the session's own sandbox is used (created on first use).", t.exec)
@@ -111,7 +116,7 @@ func (t *tools) begin(ctx context.Context, sandboxID string, timeoutS int) (cont
 }
 
 type createIn struct {
-	Image        string            `json:"image,omitempty" jsonschema:"image name (default \"base\")"`
+	Image        string            `json:"image,omitempty" jsonschema:"image or template name (a template of your tenant, built with airlock template build, goes first; default \"base\")"`
 	CPUs         int               `json:"cpus,omitempty" jsonschema:"virtual CPUs, 1-32 (default 1)"`
 	MemoryMB     int               `json:"memory_mb,omitempty" jsonschema:"memory in MiB, 128-65536 (default 512)"`
 	TimeoutS     int               `json:"timeout_s,omitempty" jsonschema:"lifetime in seconds before the sandbox is deleted (default 900, at most 86400)"`
@@ -122,6 +127,29 @@ type createIn struct {
 	IdlePauseS   int               `json:"idle_pause_s,omitempty" jsonschema:"pause the sandbox after this many idle seconds (no command or code running, no call, no inbound connection); the next call resumes it. 0 (default): never; at most 604800"`
 	FromSnapshot string            `json:"from_snapshot,omitempty" jsonschema:"start from this snapshot (see sandbox_snapshot): processes, variables and files as saved; its image, size, env and network are the snapshot's (leave image, cpus, memory_mb, env, network and allow out)"`
 	Volumes      []volumeIn        `json:"volumes,omitempty" jsonschema:"named volumes to mount for the sandbox's life (at most 4; created with the CLI or HTTP API): a volume is mounted read-write by one sandbox at a time, or read-only by any number. Not with from_snapshot."`
+	Ports        []portIn          `json:"ports,omitempty" jsonschema:"TCP ports to publish on the server's host (at most 32; admin keys only, others use the preview route); every connection is in the audit trail (net.inbound). Not with from_snapshot."`
+	Secrets      []secretIn        `json:"secrets,omitempty" jsonschema:"secrets from the user's vault (by name, never a value): the guest sees a placeholder in $NAME, the host injects the real value into requests to the secret's hosts only. Not with from_snapshot."`
+}
+
+// secretIn is one secret of sandbox_create: a vault secret's name, never a
+// value (an agent must not handle one).
+type secretIn struct {
+	Vault string   `json:"vault" jsonschema:"the name of a secret in the user's vault (airlock secret ls)"`
+	Name  string   `json:"name,omitempty" jsonschema:"the guest environment variable that holds the placeholder (default: the vault name)"`
+	Hosts []string `json:"hosts,omitempty" jsonschema:"hosts (names or *.suffix) the value may be sent to (default: the vault secret's; must be among them)"`
+}
+
+// vaultSecrets is in as the manager's secrets, each naming its vault
+// secret.
+func vaultSecrets(in []secretIn) ([]netconf.Secret, error) {
+	var out []netconf.Secret
+	for _, s := range in {
+		if s.Vault == "" {
+			return nil, fmt.Errorf("%w: secrets: each needs vault, the name of a secret in the user's vault (MCP never takes a secret's value)", errdefs.ErrInvalid)
+		}
+		out = append(out, netconf.Secret{Name: cmp.Or(s.Name, s.Vault), Hosts: s.Hosts, Vault: s.Vault})
+	}
+	return out, nil
 }
 
 // volumeIn is one volume of sandbox_create. Host directories are not
@@ -147,8 +175,20 @@ const errVolumeBusy = "a volume asked for is mounted by another sandbox: a volum
 
 func (t *tools) sandboxCreate(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
 	network := netconf.Spec{Mode: in.Network, Allow: in.Allow}
+	var err error
+	if network.Ports, err = publishPorts(t.s.p, in.Ports); err != nil {
+		return nil, err
+	}
 	if _, err := network.Normalize(nil); err != nil {
 		return nil, err
+	}
+	secrets, err := vaultSecrets(in.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	network.Secrets = secrets
+	if in.FromSnapshot != "" && len(secrets) > 0 {
+		return nil, fmt.Errorf("%w: from_snapshot: a sandbox from a snapshot cannot have secrets; give it one with sandbox_secret_set once it runs", errdefs.ErrInvalid)
 	}
 	if in.CPUs < 0 || in.MemoryMB < 0 || in.TimeoutS < 0 || in.TimeoutS > int(sandbox.MaxTimeout/time.Second) {
 		return nil, fmt.Errorf("%w: cpus and memory_mb must not be negative; timeout_s must be between 0 and %d", errdefs.ErrInvalid, int(sandbox.MaxTimeout/time.Second))
@@ -257,6 +297,9 @@ func (t *tools) createFromSnapshot(ctx context.Context, in createIn) (*sdk.CallT
 	if in.Env != nil || in.Network != "" || in.Allow != nil {
 		return nil, fmt.Errorf("%w: from_snapshot: env and network come from the snapshot; leave env, network and allow out", errdefs.ErrInvalid)
 	}
+	if in.Ports != nil {
+		return nil, fmt.Errorf("%w: from_snapshot: a snapshot's sandboxes publish no ports; leave ports out", errdefs.ErrInvalid)
+	}
 	o := sandbox.CreateOptions{
 		Image: in.Image, CPUs: in.CPUs, MemoryMiB: in.MemoryMB, Timeout: time.Duration(in.TimeoutS) * time.Second,
 		Metadata: in.Metadata, IdlePause: time.Duration(in.IdlePauseS) * time.Second,
@@ -325,7 +368,8 @@ func (t *tools) sandboxSnapshot(ctx context.Context, in snapshotIn) (*sdk.CallTo
 type forkIn struct {
 	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox to copy"`
 	Count     int    `json:"count,omitempty" jsonschema:"how many copies, 1-16 (default 1)"`
-	Force     bool   `json:"force,omitempty" jsonschema:"end commands and code still running in the source instead of refusing"`
+	Force     bool   `json:"force,omitempty" jsonschema:"end code (and commands) still running in the source instead of refusing"`
+	Secrets   bool   `json:"secrets,omitempty" jsonschema:"bind the source's secret values in each copy"`
 }
 
 func (t *tools) sandboxFork(ctx context.Context, in forkIn) (*sdk.CallToolResult, error) {
@@ -342,7 +386,7 @@ func (t *tools) sandboxFork(ctx context.Context, in forkIn) (*sdk.CallToolResult
 	forks, err := t.s.boot(ctx, in.Count, func(ctx context.Context) ([]store.Sandbox, error) {
 		ctx, cancel := context.WithTimeout(ctx, lifecycleTimeout)
 		defer cancel()
-		return t.h.cfg.Service.Fork(ctx, t.s.p, src.ID, in.Count, in.Force)
+		return t.h.cfg.Service.Fork(ctx, t.s.p, src.ID, sandbox.ForkOptions{Count: in.Count, Force: in.Force, Secrets: in.Secrets})
 	})
 	if err != nil {
 		return nil, err
@@ -352,6 +396,78 @@ func (t *tools) sandboxFork(ctx context.Context, in forkIn) (*sdk.CallToolResult
 		views = append(views, viewSandbox(f))
 	}
 	return jsonResult(map[string]any{"sandboxes": views})
+}
+
+type networkSetIn struct {
+	SandboxID string   `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	Network   string   `json:"network,omitempty" jsonschema:"public or deny (default: deny when allow is given, else public)"`
+	Allow     []string `json:"allow,omitempty" jsonschema:"the new allow rules (replacing all others): example.com, *.example.com, 203.0.113.7, 203.0.113.0/24, each optionally :port or :lo-hi"`
+}
+
+func (t *tools) sandboxNetworkSet(ctx context.Context, in networkSetIn) (*sdk.CallToolResult, error) {
+	sb, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := t.h.cfg.Service.SetNetwork(ctx, t.s.p, sb.ID, sandbox.EgressPolicy{Mode: in.Network, Allow: in.Allow})
+	if err != nil {
+		return nil, err
+	}
+	return jsonResult(map[string]any{"sandbox_id": sb.ID, "network": ch.Network.Mode, "allow": ch.Network.Allow,
+		"closed_connections": ch.Closed, "applied": ch.Applied})
+}
+
+type secretSetIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	secretIn
+}
+
+func (t *tools) sandboxSecretSet(ctx context.Context, in secretSetIn) (*sdk.CallToolResult, error) {
+	secs, err := vaultSecrets([]secretIn{in.secretIn})
+	if err != nil {
+		return nil, err
+	}
+	sb, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := t.h.cfg.Service.SetSecret(ctx, t.s.p, sb.ID, secs[0], "")
+	if err != nil {
+		return nil, err
+	}
+	return secretResult(sb.ID, ch)
+}
+
+type secretRemoveIn struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	Name      string `json:"name" jsonschema:"the secret's guest environment variable"`
+}
+
+func (t *tools) sandboxSecretRemove(ctx context.Context, in secretRemoveIn) (*sdk.CallToolResult, error) {
+	sb, err := t.s.sandbox(ctx, in.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := t.h.cfg.Service.RemoveSecret(ctx, t.s.p, sb.ID, in.Name)
+	if err != nil {
+		return nil, err
+	}
+	return secretResult(sb.ID, ch)
+}
+
+// secretResult is what a live secret change answers: the sandbox's
+// secrets by name and hosts (never values).
+func secretResult(id string, ch sandbox.NetworkChange) (*sdk.CallToolResult, error) {
+	type sec struct {
+		Name  string   `json:"name"`
+		Hosts []string `json:"hosts"`
+		Vault string   `json:"vault,omitempty"`
+	}
+	secs := []sec{}
+	for _, s := range ch.Network.Secrets {
+		secs = append(secs, sec{s.Name, s.Hosts, s.Vault})
+	}
+	return jsonResult(map[string]any{"sandbox_id": id, "secrets": secs, "closed_connections": ch.Closed, "applied": ch.Applied})
 }
 
 type timeoutIn struct {
@@ -431,6 +547,12 @@ func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error
 func publicText(err error) string {
 	if se, ok := guest.AsStartError(err); ok {
 		return se.Error() // the sandbox is fine; the guest's reason
+	}
+	if fe, ok := errors.AsType[*sandbox.FloorError](err); ok {
+		return fe.Error() // names the caller's own rule
+	}
+	if errors.Is(err, sandbox.ErrPortsNeedAdmin) {
+		return err.Error()
 	}
 	for _, c := range []struct {
 		err  error

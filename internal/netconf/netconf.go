@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +32,17 @@ const (
 	// plus UDP flows.
 	DefaultMaxConns = 512
 	MaxMaxConns     = 65536
+	// Outbound abuse limits (Spec.ConnRate, DestsPerMin, UDPRate). The
+	// defaults leave room for package installs and crawlers several times
+	// over (README, "Outbound abuse"): pip download of 80 packages from a
+	// server without keep-alive opened 160 connections in 1.6 s (83 in its
+	// busiest second), npm install of 80 packages 166 (60 in its busiest
+	// second); with keep-alive, 1 and 15.
+	DefaultConnRate    = 100  // new connections per second, sustained
+	ConnBurstFactor    = 5    // the bucket holds this many seconds of ConnRate
+	DefaultDestsPerMin = 600  // distinct destinations (address:port) per minute
+	DefaultUDPRate     = 5000 // UDP datagrams per second the guest sends
+	MaxAbuseLimit      = 1 << 16
 	// PlaceholderPrefix starts every secret placeholder.
 	PlaceholderPrefix = "airlock-secret-"
 )
@@ -63,6 +75,21 @@ type Spec struct {
 	RateBytes int64 `json:"rate_bytes,omitempty"`
 	// MaxConns caps TCP connections plus UDP flows (0: DefaultMaxConns).
 	MaxConns int `json:"max_conns,omitempty"`
+	// Outbound abuse limits, per sandbox: 0 takes the default, a negative
+	// value means no limit (Normalize makes it -1). The control plane sets
+	// them from the tenant's settings (an admin's), never from what the
+	// creator asks.
+	//
+	// ConnRate is new outbound TCP connections plus UDP flows per second,
+	// a token bucket holding ConnBurstFactor seconds of it
+	// (DefaultConnRate).
+	ConnRate int `json:"conn_rate,omitempty"`
+	// DestsPerMin is distinct destinations (address:port) per minute
+	// (DefaultDestsPerMin).
+	DestsPerMin int `json:"dests_per_min,omitempty"`
+	// UDPRate is UDP datagrams per second the guest may send, a token
+	// bucket holding one second of it (DefaultUDPRate).
+	UDPRate int `json:"udp_pps,omitempty"`
 }
 
 // Secret is one secret's public half.
@@ -75,6 +102,15 @@ type Secret struct {
 	Hosts []string `json:"hosts"`
 	// Placeholder is what the guest sees; filled in by Normalize.
 	Placeholder string `json:"placeholder,omitempty"`
+	// Header, if set, is the one request header field the value may be
+	// put in (canonicalised by Normalize; matched case-insensitively); the
+	// placeholder anywhere else in a request to Hosts is refused. Empty:
+	// any header, the URL's query and path.
+	Header string `json:"header,omitempty"`
+	// Vault names the secret of the owner's vault (the host-side store)
+	// whose value this one has; "" when the caller gave the value. The
+	// control plane looks it up; the spec never holds the value.
+	Vault string `json:"vault,omitempty"`
 }
 
 // Port is one published port.
@@ -159,7 +195,17 @@ func (s Spec) Normalize(vals Values) (Spec, error) {
 		} else if !ValidPlaceholder(ph) {
 			return bad("secret %s: placeholder %q is not %s followed by 32 hex digits", sec.Name, ph, PlaceholderPrefix)
 		}
-		secrets = append(secrets, Secret{Name: sec.Name, Hosts: hosts, Placeholder: ph})
+		header := sec.Header
+		if header != "" {
+			if !ValidSecretHeader(header) {
+				return bad("secret %s: header %q must be a header field name starting with a letter (hosts take no port), other than Host, Content-Length, Transfer-Encoding, TE, Trailer, Connection, Keep-Alive, Proxy-Connection, Upgrade and HTTP2-Settings", sec.Name, header)
+			}
+			header = textproto.CanonicalMIMEHeaderKey(header)
+		}
+		if sec.Vault != "" && !ValidEnvName(sec.Vault) {
+			return bad("secret %s: vault name %q must be letters, digits and _, not starting with a digit", sec.Name, sec.Vault)
+		}
+		secrets = append(secrets, Secret{Name: sec.Name, Hosts: hosts, Placeholder: ph, Header: header, Vault: sec.Vault})
 	}
 	for name := range vals {
 		if !seen[name] {
@@ -203,6 +249,20 @@ func (s Spec) Normalize(vals Values) (Spec, error) {
 		return bad("max connections must be 0 to %d", MaxMaxConns)
 	case s.MaxConns == 0:
 		s.MaxConns = DefaultMaxConns
+	}
+	for _, l := range []struct {
+		v    *int
+		def  int
+		what string
+	}{{&s.ConnRate, DefaultConnRate, "connection rate"}, {&s.DestsPerMin, DefaultDestsPerMin, "destinations per minute"}, {&s.UDPRate, DefaultUDPRate, "UDP packet rate"}} {
+		switch {
+		case *l.v > MaxAbuseLimit:
+			return bad("%s must be at most %d (or negative: no limit)", l.what, MaxAbuseLimit)
+		case *l.v < 0:
+			*l.v = -1
+		case *l.v == 0:
+			*l.v = l.def
+		}
 	}
 	return s, nil
 }
@@ -253,13 +313,55 @@ func ValidEnvName(s string) bool {
 	return true
 }
 
-// ParseSecretFlag parses "NAME@host[,host...]" (the CLI's --secret).
+// VaultFlagPrefix starts the CLI's --secret that takes its value from the
+// vault ("vault:NAME[@host,...]").
+const VaultFlagPrefix = "vault:"
+
+// ParseSecretFlag parses "NAME@host[,host...][:Header-Name]" (the CLI's
+// --secret; its value comes from $NAME) or
+// "vault:NAME[@host[,host...]][:Header-Name]" (the value of the vault
+// secret NAME, bound to $NAME; without hosts, the vault secret's).
 func ParseSecretFlag(s string) (Secret, error) {
-	name, hosts, ok := strings.Cut(s, "@")
-	if !ok || name == "" || hosts == "" {
-		return Secret{}, fmt.Errorf("%w: --secret %q: want NAME@host[,host...]", errdefs.ErrInvalid, s)
+	if rest, ok := strings.CutPrefix(s, VaultFlagPrefix); ok {
+		rest, header, scoped := strings.Cut(rest, ":")
+		name, hosts, _ := strings.Cut(rest, "@")
+		if name == "" || strings.HasSuffix(rest, "@") || scoped && header == "" {
+			return Secret{}, fmt.Errorf("%w: --secret %q: want vault:NAME[@host[,host...]][:Header-Name]", errdefs.ErrInvalid, s)
+		}
+		sec := Secret{Name: name, Vault: name, Header: header}
+		if hosts != "" {
+			sec.Hosts = strings.Split(hosts, ",")
+		}
+		return sec, nil
 	}
-	return Secret{Name: name, Hosts: strings.Split(hosts, ",")}, nil
+	name, hosts, ok := strings.Cut(s, "@")
+	hosts, header, scoped := strings.Cut(hosts, ":")
+	if !ok || name == "" || hosts == "" || scoped && header == "" {
+		return Secret{}, fmt.Errorf("%w: --secret %q: want NAME@host[,host...][:Header-Name]", errdefs.ErrInvalid, s)
+	}
+	return Secret{Name: name, Hosts: strings.Split(hosts, ","), Header: header}, nil
+}
+
+// ValidSecretHeader reports whether name can scope a secret
+// (Secret.Header): an HTTP header field name (an RFC 9110 token) that
+// starts with a letter, other than the fields that frame or route a
+// request. internal/secrets checks the same (secrets.ValidScopeHeader).
+func ValidSecretHeader(name string) bool {
+	if name == "" || !('a' <= name[0]|0x20 && name[0]|0x20 <= 'z') {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	switch strings.ToLower(name) {
+	case "host", "content-length", "transfer-encoding", "te", "trailer", "connection",
+		"keep-alive", "proxy-connection", "upgrade", "http2-settings":
+		return false
+	}
+	return true
 }
 
 // ParsePortFlag parses "[hostip:]hostport:guestport" or "guestport" (the
@@ -320,4 +422,29 @@ func ParseRate(s string) (int64, error) {
 		return 0, fmt.Errorf("%w: rate %q: want bytes per second like 10M or 512K", errdefs.ErrInvalid, s)
 	}
 	return n * mult, nil
+}
+
+// WithEgress returns s, a normalised spec, with its egress policy replaced
+// by mode and allow (the rest of a live policy change keeps: secrets,
+// published ports and limits). A change into or out of mode none is
+// refused: the guest's network device is set up, or left down, when the
+// sandbox starts. Errors wrap errdefs.ErrInvalid.
+func (s Spec) WithEgress(mode string, allow []string) (Spec, error) {
+	if len(allow) > MaxAllowRules {
+		return Spec{}, fmt.Errorf("%w: network: %d allow rules (at most %d)", errdefs.ErrInvalid, len(allow), MaxAllowRules)
+	}
+	p, err := policy.ParsePolicy(mode, allow)
+	if err != nil {
+		return Spec{}, err
+	}
+	was := policy.ModePublic
+	if s.Mode != "" {
+		was = policy.Mode(s.Mode)
+	}
+	if (p.Mode() == policy.ModeNone) != (was == policy.ModeNone) {
+		return Spec{}, fmt.Errorf("%w: network: a running sandbox cannot change to or from mode none (its network device is set up when it starts); use mode deny without rules to block all egress", errdefs.ErrInvalid)
+	}
+	s.Mode = string(p.Mode())
+	s.Allow = slices.Clone(allow)
+	return s, nil
 }

@@ -48,6 +48,11 @@ type Config struct {
 	// UDPIdle closes a UDP flow with no datagram either way for this long.
 	// Default 60 s.
 	UDPIdle time.Duration
+	// Ping, if set, answers the guest's ICMP echo requests (see PingFunc);
+	// without it they are dropped like other ICMP.
+	Ping PingFunc
+	// PingTimeout bounds each call to Ping. Default 5 s.
+	PingTimeout time.Duration
 	// Busy, if set, is told of every guest flow refused or dropped before
 	// Dial because a cap was full (the flows Stats.DialsBusy counts): limit
 	// is "max_conns" or "dials_in_flight". It runs on the packet path and
@@ -90,6 +95,9 @@ func (c Config) withDefaults() Config {
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 15 * time.Second
 	}
+	if c.PingTimeout == 0 {
+		c.PingTimeout = defaultPingTimeout
+	}
 	if c.MaxInflightDials == 0 {
 		c.MaxInflightDials = 64
 	}
@@ -130,7 +138,7 @@ func (c Config) Validate() error {
 	if len(c.GatewayMAC) != 6 || len(c.GuestMAC) != 6 {
 		errs = append(errs, errors.New("macs must be 6 bytes"))
 	}
-	if c.DialTimeout < 0 || c.UDPIdle < 0 || c.MaxInflightDials < 0 || c.MaxConns < 0 {
+	if c.DialTimeout < 0 || c.PingTimeout < 0 || c.UDPIdle < 0 || c.MaxInflightDials < 0 || c.MaxConns < 0 {
 		errs = append(errs, errors.New("timeouts and limits must not be negative"))
 	}
 	return errors.Join(errs...)

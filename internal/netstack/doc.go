@@ -23,9 +23,17 @@
 //     endpoint and dials per flow with network "udp". Datagrams are relayed
 //     until the flow has been idle for [Config.UDPIdle]. A refused flow is
 //     dropped silently (no ICMP); its next datagram tries the hook again.
+//   - ICMP echo requests (IPv4, unfragmented, no options, valid checksum,
+//     at most 1472 bytes of data) go to [Config.Ping], when set, off the
+//     frame loop and never into gVisor: the hook decides and pings from the
+//     host; only when it reports a reply does the stack write an echo reply
+//     from the destination to the guest (same id, sequence and data).
+//     Requests beyond [Config.MaxInflightDials] in flight are dropped and
+//     reported to [Config.Busy]. The stack itself answers no ICMP, not even
+//     for the gateway.
 //   - Everything else is dropped before it reaches gVisor and counted in
-//     [Stats.FramesFiltered]: ICMP (so ping does not work, not even to the
-//     gateway), IPv6, IPv4 options/protocols other than TCP and UDP, any
+//     [Stats.FramesFiltered]: other ICMP (and echo requests without a
+//     hook), IPv6, IPv4 options/protocols other than TCP and UDP, any
 //     Ethernet type other than IPv4 and ARP, and IPv4 packets whose source is
 //     not [Config.GuestIP] (anti-spoofing). ARP is answered for the gateway.
 //
@@ -57,6 +65,7 @@
 // words): what the guest sent and received, headers included. They are
 // counted in the frame loop with one atomic add per frame.
 //
-// Not yet: ICMP, IPv6, DHCP (the guest is configured statically), TCP
+// Not yet: ICMP other than echo (no unreachable messages: a refused flow is
+// an RST or silence), IPv6, DHCP (the guest is configured statically), TCP
 // keepalive or idle timeouts on proxied TCP, and an injected clock.
 package netstack

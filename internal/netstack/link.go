@@ -59,7 +59,8 @@ func (s *Stack) ServeLink(ctx context.Context, rw io.ReadWriter) error {
 }
 
 // guestFilter reports whether a frame from the guest may enter the stack:
-// ARP, or IPv4 TCP/UDP from the guest's own address.
+// ARP, or IPv4 TCP/UDP from the guest's own address. An ICMP echo request
+// from that address goes to the Ping hook instead, when there is one.
 func (s *Stack) guestFilter(frame []byte) bool {
 	switch header.Ethernet(frame).Type() {
 	case header.ARPProtocolNumber:
@@ -78,6 +79,10 @@ func (s *Stack) guestFilter(frame []byte) bool {
 	switch ip.Protocol() {
 	case uint8(header.TCPProtocolNumber), uint8(header.UDPProtocolNumber):
 		return true
+	case uint8(header.ICMPv4ProtocolNumber):
+		if s.cfg.Ping != nil {
+			s.handleEcho(ip) // answered (or not) outside gVisor
+		}
 	}
 	return false
 }

@@ -37,6 +37,7 @@ type Stack struct {
 	cancel context.CancelFunc
 
 	udpSem  chan struct{} // UDP dials in flight
+	pingSem chan struct{} // Ping calls in flight
 	serving atomic.Bool   // a ServeLink is running
 	active  atomic.Int64  // TCP conns + UDP flows, dialling or established
 	stats   counters
@@ -96,13 +97,14 @@ func New(cfg Config) (*Stack, error) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Stack{
-		cfg:    cfg,
-		ns:     ns,
-		link:   link,
-		ctx:    ctx,
-		cancel: cancel,
-		udpSem: make(chan struct{}, cfg.MaxInflightDials),
-		conns:  make(map[io.Closer]struct{}),
+		cfg:     cfg,
+		ns:      ns,
+		link:    link,
+		ctx:     ctx,
+		cancel:  cancel,
+		udpSem:  make(chan struct{}, cfg.MaxInflightDials),
+		pingSem: make(chan struct{}, cfg.MaxInflightDials),
+		conns:   make(map[io.Closer]struct{}),
 	}
 	tcpFwd := tcp.NewForwarder(ns, 0, cfg.MaxInflightDials, s.handleTCP)
 	ns.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)

@@ -36,9 +36,12 @@ type Stats struct {
 	// FramesDropped counts malformed frames from the link: zero, short or
 	// over-MTU lengths, and a desynchronising length.
 	FramesDropped uint64
-	// FramesFiltered counts well-formed frames that are not forwarded:
-	// non-IPv4/ARP, ICMP and other IP protocols, spoofed sources.
+	// FramesFiltered counts well-formed frames that do not enter the
+	// stack: non-IPv4/ARP, ICMP and other IP protocols, spoofed sources
+	// (echo requests handed to Config.Ping among them).
 	FramesFiltered uint64
+	// PingReplies counts echo replies sent to the guest (Config.Ping).
+	PingReplies uint64
 	// ActiveConns is TCP connections plus UDP flows, dialling or established.
 	ActiveConns int64
 }
@@ -48,6 +51,7 @@ type counters struct {
 	framesIn, framesOut                  atomic.Uint64
 	bytesIn, bytesOut                    atomic.Uint64
 	framesDropped, framesFiltered        atomic.Uint64
+	pingReplies                          atomic.Uint64
 }
 
 // Stats returns a snapshot of the counters. Safe for concurrent use.
@@ -63,6 +67,7 @@ func (s *Stack) Stats() Stats {
 		BytesOut:       s.stats.bytesOut.Load(),
 		FramesDropped:  s.stats.framesDropped.Load(),
 		FramesFiltered: s.stats.framesFiltered.Load(),
+		PingReplies:    s.stats.pingReplies.Load(),
 		ActiveConns:    s.active.Load(),
 	}
 }

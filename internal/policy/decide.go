@@ -142,11 +142,14 @@ func Decide(p Policy, r Request) Decision {
 		}
 	}
 	floor := f.floor()
+	// Mail ports to public addresses in mode public need a rule that names
+	// the port: a rule for every port does not open them.
+	mail := p.Mode() == ModePublic && !floor && r.Proto == "tcp" && IsMailPort(r.Dst.Port())
 	var tooBroad *Rule
 	var sniMiss *Rule
 	for i := range p.rules {
 		rule := &p.rules[i]
-		if !rule.matchPort(r.Proto, r.Dst.Port()) {
+		if !rule.matchPort(r.Proto, r.Dst.Port()) || mail && rule.PortLo == 0 {
 			continue
 		}
 		if rule.Prefix.IsValid() {
@@ -183,6 +186,9 @@ func Decide(p Policy, r Request) Decision {
 		}
 		return deny(f.id(), reason, f.class, f.addr)
 	}
+	if mail {
+		return deny("mail:closed", "port "+strconv.Itoa(int(r.Dst.Port()))+" (mail submission or relay) is closed in network mode public, so that a sandbox cannot send spam; an allow rule naming the port opens it (\"smtp.example.com:587\")", f.class, f.addr)
+	}
 	if p.Mode() == ModePublic {
 		return allow("mode:public", dst+" is public (network mode public)", f.class, f.addr)
 	}
@@ -195,6 +201,13 @@ func Decide(p Policy, r Request) Decision {
 	}
 	return deny("mode:deny", "no allow rule matches "+what, f.class, f.addr)
 }
+
+// MailPorts are the SMTP ports (relay 25, submission over TLS 465,
+// submission 587) that mode public keeps closed unless a rule names them.
+var MailPorts = [...]uint16{25, 465, 587}
+
+// IsMailPort reports whether port is one of MailPorts.
+func IsMailPort(port uint16) bool { return slices.Contains(MailPorts[:], port) }
 
 // metadataNames are cloud metadata host names, denied as names in every
 // mode (their addresses are on the floor as well).

@@ -350,3 +350,42 @@ func TestThreat062FloorCannotBeWidened(t *testing.T) {
 		}
 	}
 }
+
+// Outbound abuse: mode public keeps the mail ports closed unless a rule
+// names the port.
+func TestDecideMailPorts(t *testing.T) {
+	t.Parallel()
+	public := mustPolicy(t, "public")
+	named := mustPolicy(t, "public", "smtp.example.com:587", "203.0.113.9:25", "0.0.0.0/0:465", "example.net", "10.0.0.5")
+	deny := mustPolicy(t, "deny", "example.com")
+	tests := []struct {
+		name string
+		p    Policy
+		r    Request
+		ok   bool
+		id   string
+	}{
+		{"25 closed", public, Request{Proto: "tcp", Dst: ap("8.8.8.8:25")}, false, "mail:closed"},
+		{"465 closed", public, Request{Proto: "tcp", Dst: ap("8.8.8.8:465")}, false, "mail:closed"},
+		{"587 closed", public, Request{Proto: "tcp", Dst: ap("[2606:4700::1111]:587")}, false, "mail:closed"},
+		{"2525 open", public, Request{Proto: "tcp", Dst: ap("8.8.8.8:2525")}, true, "mode:public"},
+		{"udp 25 open", public, Request{Proto: "udp", Dst: ap("8.8.8.8:25")}, true, "mode:public"},
+		{"name and port", named, Request{Proto: "tcp", Dst: ap("93.184.216.34:587"), Name: "smtp.example.com"}, true, "allow[0]"},
+		{"name, other mail port", named, Request{Proto: "tcp", Dst: ap("93.184.216.34:25"), Name: "smtp.example.com"}, false, "mail:closed"},
+		{"address and port", named, Request{Proto: "tcp", Dst: ap("203.0.113.9:25")}, true, "allow[1]"},
+		{"cidr and port", named, Request{Proto: "tcp", Dst: ap("8.8.4.4:465")}, true, "allow[2]"},
+		{"rule for every port", named, Request{Proto: "tcp", Dst: ap("93.184.216.35:25"), Name: "example.net"}, false, "mail:closed"},
+		{"floor opened, every port", named, Request{Proto: "tcp", Dst: ap("10.0.0.5:25")}, true, "allow[4]"},
+		{"floor still closed", public, Request{Proto: "tcp", Dst: ap("10.0.0.5:25")}, false, "floor:private"},
+		{"deny mode rule", deny, Request{Proto: "tcp", Dst: ap("93.184.216.34:25"), Name: "example.com"}, true, "allow[0]"},
+	}
+	for _, tc := range tests {
+		d := Decide(tc.p, tc.r)
+		if d.Allow != tc.ok || d.RuleID != tc.id {
+			t.Errorf("%s: got allow=%v %s (%s), want allow=%v %s", tc.name, d.Allow, d.RuleID, d.Reason, tc.ok, tc.id)
+		}
+		if d.RuleID == "mail:closed" && !strings.Contains(d.Reason, "an allow rule naming the port opens it") {
+			t.Errorf("%s: reason %q does not say how to open it", tc.name, d.Reason)
+		}
+	}
+}

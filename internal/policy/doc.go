@@ -44,6 +44,15 @@
 // that operator serves, which is what the user asked for. Rule IDs
 // are "allow[i]", i being the index in the slice given to ParsePolicy.
 //
+// # Mail ports
+//
+// In mode public, TCP to the mail ports ([MailPorts]: 25, 465, 587) of a
+// public address is denied ("mail:closed"): a sandbox must not relay spam
+// from the host's address. Only a rule whose port scope includes the port
+// opens it ("smtp.example.com:587", "203.0.113.9:25", "0.0.0.0/0:25"); a rule
+// for every port does not. Floor addresses a rule opens and mode deny (where
+// every destination is already a rule's) are not affected.
+//
 // # The platform floor
 //
 // Every class but public, and the host's own addresses ([Policy.WithHostAddrs]

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -139,6 +140,13 @@ func FuzzParsePolicy(f *testing.F) {
 		check("Decide", d)
 		if p.Mode() == ModeNone && d.Allow {
 			t.Fatalf("mode none allowed: %+v", d)
+		}
+		// Mode public opens a mail port only by a rule that names a port.
+		if d.Allow && p.Mode() == ModePublic && req.Proto == "tcp" && IsMailPort(port) {
+			i := slices.IndexFunc(p.rules, func(r Rule) bool { return r.ID == d.RuleID })
+			if i < 0 || p.rules[i].PortLo == 0 && !d.Class.Floor() {
+				t.Fatalf("mail port %d to %s allowed by %s without a rule naming the port", port, a, d.RuleID)
+			}
 		}
 		check("DNSAnswerAllowed", DNSAnswerAllowed(p, name, a))
 		// A host address is only ever allowed by a single-address rule.

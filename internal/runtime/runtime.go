@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Runtime is an isolation backend (qemu, later gvisor).
@@ -104,6 +105,9 @@ type Spec struct {
 	// Mounts are filesystems the guest has for its whole life, at most
 	// MaxMounts. A restore must have the same ones, in the same order.
 	Mounts []Mount
+	// ProcAudit asks a runtime that can see the guest's execs from
+	// outside the guest (ProcWatcher) to report them; others ignore it.
+	ProcAudit bool
 }
 
 // MaxMounts bounds Spec.Mounts: a microVM has 8 virtio device slots and
@@ -333,4 +337,54 @@ func (s ExitStatus) String() string {
 	default:
 		return "VMM exited with code " + strconv.Itoa(s.Code)
 	}
+}
+
+// ProcWatcher is implemented by instances whose runtime sees the programs
+// the guest runs from outside the guest (gvisor: the Sentry's execve and
+// exit trace points), when Spec.ProcAudit asked for it. The shim audits
+// with it instead of the guest agent's process events.
+type ProcWatcher interface {
+	// ProcEvents returns the guest's execs and exits from the start of
+	// the guest on. Callable once after Start; the caller closes the
+	// stream. It fails when the runtime's monitoring did not start (the
+	// error says why); the guest runs on regardless.
+	ProcEvents(ctx context.Context) (ProcStream, error)
+}
+
+// ProcStream is a runtime's stream of process events. Not safe for
+// concurrent use, except Close, which ends a Next in progress.
+type ProcStream interface {
+	// Next blocks until the next event. lost counts the events the
+	// runtime failed to report since the previous call (it dropped them,
+	// or they were malformed). The error is io.EOF once the instance has
+	// exited, or another error after Close.
+	Next() (e ProcEvent, lost uint64, err error)
+	// Close ends the stream. Idempotent.
+	Close() error
+}
+
+// ProcEvent is one exec or exit in the guest, as its runtime saw it. The
+// strings are the guest's, unchecked: the caller bounds and escapes them.
+type ProcEvent struct {
+	// Exit is true for a process's exit, false for an exec. Exits are
+	// reported only for processes whose exec was.
+	Exit bool
+	// Time is the event's time (zero if unknown).
+	Time time.Time
+	// PID and PPID are in the guest's initial pid namespace.
+	PID, PPID uint32
+	// UID and EUID are the real and effective uids of the process that
+	// called execve (before a set-id program changed them).
+	UID, EUID uint32
+	// Path is the program the exec opened: for a script, the script (its
+	// interpreter is in Argv); for an exit, repeated from the exec. Cwd
+	// is the working directory at the exec.
+	Path, Cwd string
+	Argv      []string
+	// Agent is true when the parent is the guest agent: it started the
+	// process or adopted it as an orphan. A hint, not a proof.
+	Agent bool
+	// ExitCode, or Signal when a signal ended the process (then ExitCode
+	// is 0).
+	ExitCode, Signal int32
 }

@@ -1,11 +1,13 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -19,6 +21,12 @@ type Limits struct {
 	MaxSnapshots int // named snapshots
 	MaxVolumes   int // named volumes
 	RatePerMin   int // requests per minute (the HTTP API's rate limiter)
+	// Outbound abuse limits of the tenant's sandboxes (netconf.Spec's
+	// ConnRate, DestsPerMin, UDPRate), set in each sandbox's network spec
+	// at create: 0 means netconf's default, negative no limit.
+	NetConnRate    int
+	NetDestsPerMin int
+	NetUDPRate     int
 }
 
 // DefaultLimits apply where neither a key nor the server sets a limit
@@ -41,14 +49,26 @@ func (l Limits) Or(d Limits) Limits {
 		MaxSnapshots: pick(l.MaxSnapshots, d.MaxSnapshots),
 		MaxVolumes:   pick(l.MaxVolumes, d.MaxVolumes),
 		RatePerMin:   pick(l.RatePerMin, d.RatePerMin),
+		// Negative (no limit) is a setting too.
+		NetConnRate:    cmp.Or(l.NetConnRate, d.NetConnRate),
+		NetDestsPerMin: cmp.Or(l.NetDestsPerMin, d.NetDestsPerMin),
+		NetUDPRate:     cmp.Or(l.NetUDPRate, d.NetUDPRate),
 	}
+}
+
+// withNetLimits returns s with l's outbound abuse limits: the tenant's
+// (an admin's choice), whatever the creator asked.
+func (l Limits) withNetLimits(s netconf.Spec) netconf.Spec {
+	s.ConnRate, s.DestsPerMin, s.UDPRate = l.NetConnRate, l.NetDestsPerMin, l.NetUDPRate
+	return s
 }
 
 // KeyCaller is the caller acting with API key k through surface via: the
 // key's tenant, id and admin flag, and its limits with defaults (then
 // DefaultLimits) filling the ones it does not set.
 func KeyCaller(k store.APIKey, defaults Limits, via string) Caller {
-	own := Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, MaxDiskMiB: k.MaxDiskMiB, MaxSnapshots: k.MaxSnapshots, MaxVolumes: k.MaxVolumes, RatePerMin: k.RatePerMin}
+	own := Limits{MaxSandboxes: k.MaxSandboxes, MaxVCPUs: k.MaxVCPUs, MaxMemoryMiB: k.MaxMemoryMiB, MaxDiskMiB: k.MaxDiskMiB, MaxSnapshots: k.MaxSnapshots, MaxVolumes: k.MaxVolumes, RatePerMin: k.RatePerMin,
+		NetConnRate: k.NetConnRate, NetDestsPerMin: k.NetDestsPerMin, NetUDPRate: k.NetUDPRate}
 	return Caller{Tenant: k.Tenant, KeyID: k.ID, Admin: k.Admin, Limits: own.Or(defaults).Or(DefaultLimits), Via: via}
 }
 
@@ -69,6 +89,10 @@ type Caller struct {
 	Limits Limits
 	// Via names the surface for the audit trail: "cli", "api", "mcp", ...
 	Via string
+	// Peer is the client's IP address where the surface knows it (the
+	// preview route), for the audit trail of inbound connections
+	// (net.inbound); "" otherwise.
+	Peer string
 }
 
 // Local is the caller of the CLI working on its own state dir.
@@ -152,4 +176,11 @@ func (m *Manager) running(ctx context.Context, c Caller, id string) (store.Sandb
 func (m *Manager) shims() *shimclient.Pool {
 	m.poolOnce.Do(func() { m.pool = shimclient.NewPool() })
 	return m.pool
+}
+
+// TenantEgress returns the egress bytes each tenant's ended shim runs
+// recorded (api.EgressTotaler). It acts for no caller: the server's
+// metrics only.
+func (m *Manager) TenantEgress(ctx context.Context) (map[string]uint64, error) {
+	return m.Store.TenantEgress(ctx)
 }

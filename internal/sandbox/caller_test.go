@@ -78,7 +78,10 @@ func TestOtherTenantIsAbsent(t *testing.T) {
 		{"Resume", func(id string) error { _, err := m.Resume(ctx, alice, id); return err }},
 		{"Touch", func(id string) error { return m.Touch(ctx, alice, id) }},
 		{"Snapshot", func(id string) error { _, err := m.Snapshot(ctx, alice, id, "s", true); return err }},
-		{"Fork", func(id string) error { _, err := m.Fork(ctx, alice, id, 1, true); return err }},
+		{"Fork", func(id string) error {
+			_, err := m.Fork(ctx, alice, id, ForkOptions{Count: 1, Force: true})
+			return err
+		}},
 		{"DialPort", func(id string) error { _, err := m.DialPort(ctx, alice, id, 80); return err }},
 	} {
 		other := tc.call("bbbbbbbbbbbb")
@@ -307,7 +310,7 @@ func TestCreateChecksQuotaFirst(t *testing.T) {
 	// An admin's fork of alice's sandbox counts against alice's sandboxes.
 	tight := admin
 	tight.Limits = Limits{MaxSandboxes: 1}
-	if _, err := m.Fork(ctx, tight, "aaaaaaaaaaaa", 1, false); !errors.As(err, new(*QuotaError)) {
+	if _, err := m.Fork(ctx, tight, "aaaaaaaaaaaa", ForkOptions{Count: 1}); !errors.As(err, new(*QuotaError)) {
 		t.Fatalf("fork: %v", err)
 	}
 	sbs, _ := m.List(ctx, admin)
@@ -374,5 +377,12 @@ func TestKeyCaller(t *testing.T) {
 		Limits: Limits{MaxSandboxes: 5, MaxVCPUs: 8, MaxMemoryMiB: DefaultLimits.MaxMemoryMiB, MaxDiskMiB: DefaultLimits.MaxDiskMiB, MaxSnapshots: DefaultLimits.MaxSnapshots, MaxVolumes: DefaultLimits.MaxVolumes, RatePerMin: DefaultLimits.RatePerMin}}
 	if c != want {
 		t.Fatalf("got %+v, want %+v", c, want)
+	}
+	// Network limits: the key's, else the server's; negative (no limit)
+	// counts as set.
+	k.NetConnRate, k.NetDestsPerMin = 9, -1
+	c = KeyCaller(k, Limits{NetDestsPerMin: 300, NetUDPRate: 40}, "api")
+	if l := c.Limits; l.NetConnRate != 9 || l.NetDestsPerMin != -1 || l.NetUDPRate != 40 {
+		t.Fatalf("network limits %+v", l)
 	}
 }

@@ -40,7 +40,7 @@ func TestThreat117HostReserve(t *testing.T) {
 	if _, err := m.Create(ctx, alice, CreateOptions{Image: "base", DiskMiB: 4 << 10}); errors.Is(err, errdefs.ErrInsufficientStorage) {
 		t.Fatalf("a 4 GiB disk with 10 GiB free and 5 GiB reserved: %v", err)
 	}
-	if _, err := m.Fork(ctx, alice, "aaaaaaaaaaaa", 3, false); !errors.Is(err, errdefs.ErrInsufficientStorage) {
+	if _, err := m.Fork(ctx, alice, "aaaaaaaaaaaa", ForkOptions{Count: 3}); !errors.Is(err, errdefs.ErrInsufficientStorage) {
 		t.Fatalf("3 forks of a 2 GiB disk with 5 GiB to spare: %v", err)
 	}
 	free = 5<<30 + 256<<20 // a 512 MiB memory state does not fit
@@ -77,7 +77,7 @@ func TestThreat089DiskQuota(t *testing.T) {
 	} else {
 		rel()
 	}
-	if _, err := m.Fork(ctx, alice, "aaaaaaaaaaaa", 1, false); !errors.As(err, &q) || q.Quota != "max_disk_mb" {
+	if _, err := m.Fork(ctx, alice, "aaaaaaaaaaaa", ForkOptions{Count: 1}); !errors.As(err, &q) || q.Quota != "max_disk_mb" {
 		t.Fatalf("a fork over the disk quota: %v", err)
 	}
 	if _, err := m.Snapshot(ctx, Caller{Tenant: "alice", Limits: Limits{MaxDiskMiB: 3300}}, "aaaaaaaaaaaa", "s1", false); !errors.As(err, &q) || q.Quota != "max_disk_mb" {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/guest"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -21,8 +22,10 @@ const resumeWait = 2 * time.Minute
 type PauseResult = guest.PauseResult
 
 // Pause saves c's running sandbox's memory, devices and disk and ends its
-// VMM and shim: a paused sandbox costs disk only. With force, commands
-// still running are ended; without it such a pause is refused. Pausing a
+// VMM and shim: a paused sandbox costs disk only. Commands still running
+// are parked in the guest and go on after the resume (their streams end
+// with guest.ErrExecPaused); with force they are ended, and so is running
+// code, which otherwise refuses the pause. Pausing a
 // paused sandbox does nothing. Audited as sandbox.pause (no-ops too).
 func (m *Manager) Pause(ctx context.Context, c Caller, id string, force bool) (PauseResult, error) {
 	sb, err := m.lookup(ctx, c, id)
@@ -117,7 +120,18 @@ func (m *Manager) resume(ctx context.Context, id string) (store.Sandbox, error) 
 				lock.Close()
 				return sb, err
 			}
-			if err := m.startShim(ctx, claimed, nil, lock); err != nil {
+			var secrets netconf.Values
+			if len(claimed.Network.Secrets) > 0 {
+				// Bound again from their sealed copy (sealed.go).
+				if secrets, err = m.openSecrets(id); err != nil {
+					// Back to paused, saying why; the lifetime left stays.
+					_, _ = m.Store.Transition(context.WithoutCancel(ctx), id, store.Change{To: store.StatePaused, Gen: claimed.Gen,
+						Reason: "last resume failed: " + err.Error(), LifetimeLeft: claimed.LifetimeLeft})
+					lock.Close()
+					return sb, fmt.Errorf("%w: %v", errdefs.ErrFailedPrecondition, err)
+				}
+			}
+			if err := m.startShim(ctx, claimed, secrets, lock); err != nil {
 				// The shim put the sandbox back to paused (saying why), or
 				// it is gone and the next Reconcile does.
 				return sb, err

@@ -66,6 +66,9 @@ type CreateOptions struct {
 
 	// mounts are Volumes and HostMounts as checked by Create.
 	mounts []store.Mount
+	// limits are the caller's, for the network's abuse limits of a
+	// sandbox made from a snapshot (materialize).
+	limits Limits
 }
 
 // Manager creates and finds sandboxes in one state dir.
@@ -115,6 +118,7 @@ type Manager struct {
 	poolOnce sync.Once
 	pool     *shimclient.Pool // see shims
 	quota    Quotas           // creates in flight (see reserve)
+	netMu    sync.Mutex       // serializes live network changes (SetNetwork)
 }
 
 func (o *CreateOptions) validate(imageSize int64) error {
@@ -162,9 +166,6 @@ func (o *CreateOptions) validate(imageSize int64) error {
 	if o.IdlePause < 0 || o.IdlePause > MaxIdlePause {
 		return fmt.Errorf("%w: --idle-pause must be between 0 (never) and %s", errdefs.ErrInvalid, MaxIdlePause)
 	}
-	if o.IdlePause > 0 && len(o.Secrets) > 0 {
-		return fmt.Errorf("%w: a sandbox with secrets cannot pause (their values live only in its supervisor's memory); drop --idle-pause or the secrets", errdefs.ErrInvalid)
-	}
 	n, err := o.Network.Normalize(o.Secrets)
 	if err != nil {
 		return err
@@ -201,12 +202,42 @@ var caEnv = map[string]string{
 	"SSL_CERT_FILE":       "/etc/ssl/certs/ca-certificates.crt",
 }
 
+// ErrPortsNeedAdmin refuses published ports to a caller that is not an
+// admin.
+var ErrPortsNeedAdmin = fmt.Errorf("%w: published ports open ports on the server's host and need an admin key; use the preview route /v1/sandboxes/{id}/ports/{port}/ instead", errdefs.ErrPermissionDenied)
+
 // Create makes a sandbox owned by c's tenant within c's quota: it records
 // it, starts its shim and waits until the guest answers, then audits
 // sandbox.create. On failure nothing is left behind. A create over quota
-// is a *QuotaError.
+// is a *QuotaError; an allow rule that opens the platform floor, from a
+// caller that is not an admin, a *FloorError.
 func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.Sandbox, error) {
+	if !c.Admin {
+		// Threat 62 on every surface (the API checked it before; MCP
+		// and E2B did not): only an operator opens the platform floor.
+		if err := CheckFloor(o.Network); err != nil {
+			return store.Sandbox{}, err
+		}
+		// Likewise a port on the server's host (the API refused it
+		// before; MCP takes ports now): tenants use the preview route.
+		if len(o.Network.Ports) > 0 {
+			return store.Sandbox{}, ErrPortsNeedAdmin
+		}
+	}
 	o.Tenant = c.Tenant
+	if o.Image != "" {
+		// A template of the caller's tenant goes before an image of that
+		// name.
+		if t, err := m.Store.GetTemplate(ctx, c.Tenant, o.Image); err == nil {
+			return m.createFromTemplate(ctx, c, t, o)
+		}
+	}
+	o.Network.Secrets = slices.Clone(o.Network.Secrets)
+	secrets, err := m.resolveVault(ctx, c.Tenant, o.Network.Secrets, o.Secrets)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	o.Secrets = secrets
 	if o.CPUs == 0 {
 		o.CPUs = 1
 	}
@@ -233,6 +264,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 		return store.Sandbox{}, err
 	}
 	o.mounts = mounts
+	o.Network = c.Limits.withNetLimits(o.Network)
 	sb, err := m.create(ctx, o)
 	if err != nil {
 		return sb, err
@@ -287,11 +319,29 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		_ = os.RemoveAll(m.L.Dir(sb.ID))
 		return sb, err
 	}
-	if err := m.startShim(ctx, sb, o.Secrets, lock); err != nil {
-		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
+	if err := m.launch(ctx, sb, o.Secrets, lock); err != nil {
 		return sb, err
 	}
 	return m.Store.GetSandbox(ctx, sb.ID)
+}
+
+// launch starts new sandbox sb's shim (its catalog row and directory
+// exist; lock is its shim lock), with its secret values sealed first so
+// that the shim of a resume binds them again. On failure the sandbox is
+// removed.
+func (m *Manager) launch(ctx context.Context, sb store.Sandbox, secrets netconf.Values, lock *os.File) error {
+	if len(secrets) > 0 {
+		if err := m.sealSecrets(sb.ID, secrets); err != nil {
+			lock.Close()
+			_ = m.remove(context.WithoutCancel(ctx), sb.ID)
+			return err
+		}
+	}
+	if err := m.startShim(ctx, sb, secrets, lock); err != nil {
+		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
+		return err
+	}
+	return nil
 }
 
 // errShim marks a failure reported by a shim; its text is the shim's reason.

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -269,35 +271,62 @@ func TestManagerAuditsOnceWithVia(t *testing.T) {
 	}
 }
 
-// TestManagerPauseRefusedWithSecrets: a sandbox with secrets is never
-// paused (their values live only in its shim's memory): the manager
-// reports the shim's refusal, the sandbox keeps running and nothing is
-// audited.
-func TestManagerPauseRefusedWithSecrets(t *testing.T) {
+// TestManagerSecretsAcrossPause: a sandbox with secrets pauses, and its
+// resume binds the values again from their sealed copy; without that copy
+// the resume is refused with a reason (never the value), and the sandbox
+// stays paused.
+func TestManagerSecretsAcrossPause(t *testing.T) {
 	r := newRunning(t)
+	vals := netconf.Values{"API_TOKEN": "s3cret-value"}
 	id := r.start(t, "alice", func(sb *store.Sandbox, c *shim.Config) {
-		c.Secrets = netconf.Values{"API_TOKEN": "s3cret-value"}
+		c.Secrets = vals
 		n, err := netconf.Spec{Secrets: []netconf.Secret{{Name: "API_TOKEN", Hosts: []string{"api.test"}}}}.Normalize(c.Secrets)
 		if err != nil {
 			t.Fatal(err)
 		}
 		sb.Network = n
 	})
-	for _, force := range []bool{false, true} {
-		_, err := r.m.Pause(t.Context(), alice, id, force)
-		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "secrets") || strings.Contains(err.Error(), "s3cret-value") {
-			t.Fatalf("pause (force %v) of a sandbox with secrets: %v", force, err)
-		}
+	if err := r.m.sealSecrets(id, vals); err != nil { // as create does
+		t.Fatal(err)
 	}
-	if sb, err := r.m.Get(t.Context(), alice, id); err != nil || sb.State != store.StateRunning {
-		t.Fatalf("after the refused pauses: %+v %v", sb, err)
+	// Shims the manager starts (the resume's) run here; the values they
+	// were given are recorded.
+	var mu sync.Mutex
+	var given netconf.Values
+	r.m.StartShim = r.Starter(t, func(doc shimconf.Doc, ready io.WriteCloser, lock *os.File) error {
+		mu.Lock()
+		given = doc.Secrets
+		mu.Unlock()
+		return shim.Run(context.Background(), shim.Config{StateDir: doc.StateDir, ID: doc.ID, Ready: ready, Lock: lock, Runtime: r.Runtime, Secrets: doc.Secrets})
+	})
+	if _, err := r.m.Pause(t.Context(), alice, id, false); err != nil {
+		t.Fatalf("pause of a sandbox with secrets: %v", err)
+	}
+	if sb, err := r.m.Resume(t.Context(), alice, id); err != nil || sb.State != store.StateRunning {
+		t.Fatalf("resume of a sandbox with secrets: %+v %v", sb, err)
 	}
 	if _, code, err := run(t, r.m, alice, id, "true"); err != nil || code != 0 {
-		t.Fatalf("exec after the refused pauses: exit %d, %v", code, err)
+		t.Fatalf("exec after the resume: exit %d, %v", code, err)
 	}
-	evs, err := r.Store.ListEvents(t.Context(), store.EventFilter{SandboxID: id, Type: "sandbox"})
-	if err != nil || len(evs) != 0 {
-		t.Fatalf("refused pauses were audited: %+v %v", evs, err)
+	mu.Lock()
+	got := given
+	mu.Unlock()
+	if len(got) != 1 || got["API_TOKEN"] != "s3cret-value" {
+		t.Fatalf("the resumed shim was given %v; want the sealed values", got)
+	}
+
+	if _, err := r.m.Pause(t.Context(), alice, id, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(r.m.L.Dir(id), sealedSecretsFile)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.m.Resume(t.Context(), alice, id)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "sealed secret values") || strings.Contains(err.Error(), "s3cret-value") {
+		t.Fatalf("resume without the sealed values: %v", err)
+	}
+	if sb, err := r.m.Get(t.Context(), alice, id); err != nil || sb.State != store.StatePaused || !strings.Contains(sb.Reason, "sealed secret values") {
+		t.Fatalf("after the refused resume: %+v %v", sb, err)
 	}
 }
 
@@ -405,5 +434,30 @@ func TestManagerCreateExecRemove(t *testing.T) {
 	}
 	if want := []string{"sandbox.create alice", "sandbox.delete alice"}; !slices.Equal(got, want) {
 		t.Errorf("audit trail %q, want %q", got, want)
+	}
+}
+
+// TestManagerCreateNetworkLimits: a sandbox gets its tenant's outbound
+// abuse limits (an admin's setting), whatever its creator asks for; zero
+// limits are netconf's defaults.
+func TestManagerCreateNetworkLimits(t *testing.T) {
+	r := newRunning(t)
+	r.startInProcess(t)
+	ctx := t.Context()
+	c := alice
+	c.Limits.NetConnRate, c.Limits.NetDestsPerMin = 7, -1
+	sb, err := r.m.Create(ctx, c, CreateOptions{MemoryMiB: 256, Network: netconf.Spec{ConnRate: 50000, UDPRate: 60000}})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	stored, err := r.Store.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := stored.Network; n.ConnRate != 7 || n.DestsPerMin != -1 || n.UDPRate != netconf.DefaultUDPRate {
+		t.Fatalf("network limits %d %d %d, want 7, -1 (none) and the default %d", n.ConnRate, n.DestsPerMin, n.UDPRate, netconf.DefaultUDPRate)
+	}
+	if err := r.m.Remove(ctx, c, sb.ID); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -14,13 +15,22 @@ import (
 )
 
 // The guest-port protocol of a shim's ports.sock (Layout.PortsSock): the
-// client writes the guest TCP port as 2 bytes big-endian; the shim dials
-// the guest from the gateway and answers one line, "ok\n" or
-// "error: <reason>\n"; after "ok" the socket carries the TCP stream.
+// client writes the guest TCP port as 2 bytes big-endian or, to name the
+// peer the connection is for (the audit trail's net.inbound), 2 zero
+// bytes, the port, one length byte and that many bytes of the peer's IP
+// address; the shim dials the guest from the gateway and answers one line,
+// "ok\n" or "error: <reason>\n"; after "ok" the socket carries the TCP
+// stream. A shim older than the peer form reads its zero bytes as port 0
+// and answers that nothing accepts connections on guest port 0:
+// DialGuestPort then dials again without the peer.
 const portsDialTimeout = 10 * time.Second
 
+// oldShimPort0 is how a shim without the peer form answers it.
+const oldShimPort0 = "nothing accepts connections on guest port 0 "
+
 // DialPort opens a TCP stream to port of c's running sandbox's guest,
-// through its shim (the API's preview route uses it).
+// through its shim (the API's preview route uses it). c.Peer, if set, is
+// recorded as the connection's peer.
 func (m *Manager) DialPort(ctx context.Context, c Caller, id string, port uint16) (net.Conn, error) {
 	if port == 0 {
 		return nil, fmt.Errorf("%w: port must be 1-65535", errdefs.ErrInvalid)
@@ -28,13 +38,36 @@ func (m *Manager) DialPort(ctx context.Context, c Caller, id string, port uint16
 	if _, _, err := m.running(ctx, c, id); err != nil {
 		return nil, err
 	}
-	return DialGuestPort(ctx, m.L.PortsSock(id), port)
+	return DialGuestPortFrom(ctx, m.L.PortsSock(id), port, c.Peer)
 }
 
 // DialGuestPort speaks the ports.sock protocol on sock.
 func DialGuestPort(ctx context.Context, sock string, port uint16) (net.Conn, error) {
+	return DialGuestPortFrom(ctx, sock, port, "")
+}
+
+// DialGuestPortFrom speaks the ports.sock protocol on sock, naming peer
+// (an IP address; anything else is left out) as the client.
+func DialGuestPortFrom(ctx context.Context, sock string, port uint16, peer string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, portsDialTimeout)
 	defer cancel()
+	var hdr []byte
+	if a, err := netip.ParseAddr(peer); err == nil && port != 0 {
+		p := a.Unmap().String()
+		hdr = binary.BigEndian.AppendUint16([]byte{0, 0}, port)
+		hdr = append(append(hdr, byte(len(p))), p...)
+	}
+	if hdr != nil {
+		c, err := dialPorts(ctx, sock, port, hdr)
+		if err == nil || !strings.Contains(err.Error(), oldShimPort0) {
+			return c, err
+		}
+	}
+	return dialPorts(ctx, sock, port, binary.BigEndian.AppendUint16(nil, port))
+}
+
+// dialPorts sends hdr on a new connection to sock and reads the answer.
+func dialPorts(ctx context.Context, sock string, port uint16, hdr []byte) (net.Conn, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", sock)
 	if err != nil {
@@ -43,9 +76,7 @@ func DialGuestPort(ctx context.Context, sock string, port uint16) (net.Conn, err
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
-	var b [2]byte
-	binary.BigEndian.PutUint16(b[:], port)
-	if _, err := c.Write(b[:]); err != nil {
+	if _, err := c.Write(hdr); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("%w: sandbox network: %v", errdefs.ErrUnavailable, err)
 	}

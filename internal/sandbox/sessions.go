@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 
 	"github.com/airlock-sandbox/airlock/internal/guest"
@@ -28,10 +29,13 @@ func (m *Manager) Exec(ctx context.Context, c Caller, sandboxID string, spec gue
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	_, sc, err := m.running(ctx, c, sandboxID)
+	sb, sc, err := m.running(ctx, c, sandboxID)
 	if err != nil {
 		return nil, err
 	}
+	// A template's WORKDIR and USER, for an exec that names neither.
+	spec.Cwd = cmp.Or(spec.Cwd, sb.ExecDefaults.Cwd)
+	spec.User = cmp.Or(spec.User, sb.ExecDefaults.User)
 	a := c.Actor()
 	return sc.Exec(ctx, spec, shimclient.StartOptions{Tenant: a.Tenant, KeyID: a.KeyID, KillOnDetach: killOnDetach})
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
@@ -151,6 +152,11 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 			return store.Snapshot{}, fmt.Errorf("snapshot state: %w", err)
 		}
 	}
+	// The execs the pause parked (they are in the snapshot's memory): its
+	// sandboxes adopt them with their output.
+	if err := os.Link(filepath.Join(pdir, statedir.PausedExecsFile), filepath.Join(dir, statedir.PausedExecsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return store.Snapshot{}, fmt.Errorf("snapshot execs: %w", err)
+	}
 	// The overlay becomes the snapshot's frozen disk; the sandbox continues
 	// on a new overlay backed by it.
 	if err := os.Rename(root, filepath.Join(dir, statedir.SnapshotDisk)); err != nil {
@@ -182,7 +188,7 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	sn := store.Snapshot{
 		Tenant: sb.Tenant, Name: name, ID: sid, SandboxID: sb.ID, Image: sb.Image, ImageDigest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: sb.Network, Env: sb.Env,
-		Size: statedir.DirUsage(dir), Created: time.Now(),
+		Size: statedir.DirUsage(dir), Created: time.Now(), ExecDefaults: sb.ExecDefaults,
 	}
 	// Disk chains: the snapshot is backed by whatever the sandbox's disk
 	// was; the sandbox now by the snapshot too. On failure (a name taken
@@ -202,19 +208,14 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 // snapshot. Fork bases are not found here.
 func (m *Manager) CreateFromSnapshot(ctx context.Context, c Caller, name string, o CreateOptions) (store.Sandbox, error) {
 	o.Tenant = c.Tenant
-	if strings.HasPrefix(name, template.ForkPrefix) {
+	if strings.HasPrefix(name, unlisted) {
 		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, name)
 	}
 	sn, err := m.Store.GetSnapshot(ctx, o.Tenant, name)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	release, err := m.reserve(ctx, c, c.Tenant, 1, sn.CPUs, sn.MemoryMiB, sn.DiskMiB)
-	if err != nil {
-		return store.Sandbox{}, err
-	}
-	defer release()
-	if (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != sn.MemoryMiB) || (o.DiskMiB != 0 && o.DiskMiB != sn.DiskMiB) {
+	if sizeDiffers(o, sn) {
 		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from snapshot %q has its size (%d cpus, %d MiB memory, %d MiB disk)", errdefs.ErrInvalid, name, sn.CPUs, sn.MemoryMiB, sn.DiskMiB)
 	}
 	if o.Image != "" && o.Image != sn.Image {
@@ -226,7 +227,27 @@ func (m *Manager) CreateFromSnapshot(ctx context.Context, c Caller, name string,
 	if len(o.Volumes) > 0 || len(o.HostMounts) > 0 {
 		return store.Sandbox{}, fmt.Errorf("%w: a sandbox from a snapshot cannot have volumes or host mounts (the snapshot's devices are fixed)", errdefs.ErrInvalid)
 	}
-	sb, err := m.materialize(ctx, sn, "snapshot:"+name, o)
+	return m.createFromSnapshot(ctx, c, sn, "snapshot:"+name, o)
+}
+
+// sizeDiffers reports whether o asks for a size other than sn's (0 in o:
+// whatever sn has).
+func sizeDiffers(o CreateOptions, sn store.Snapshot) bool {
+	return (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != sn.MemoryMiB) || (o.DiskMiB != 0 && o.DiskMiB != sn.DiskMiB)
+}
+
+// createFromSnapshot starts a sandbox of c's tenant from sn, already found
+// (unlisted ones included) and checked, within c's quota, audited as
+// sandbox.create; source is the new sandbox's Source.
+func (m *Manager) createFromSnapshot(ctx context.Context, c Caller, sn store.Snapshot, source string, o CreateOptions) (store.Sandbox, error) {
+	o.Tenant = c.Tenant
+	release, err := m.reserve(ctx, c, c.Tenant, 1, sn.CPUs, sn.MemoryMiB, sn.DiskMiB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer release()
+	o.limits = c.Limits
+	sb, err := m.materialize(ctx, sn, source, o)
 	if err != nil {
 		return sb, err
 	}
@@ -240,7 +261,19 @@ func (m *Manager) CreateFromSnapshot(ctx context.Context, c Caller, name string,
 // against its quota with c's limits (a *QuotaError). All or nothing: on
 // an error the copies made so far are removed. Each copy is audited as
 // sandbox.create, the source as sandbox.fork.
-func (m *Manager) Fork(ctx context.Context, c Caller, id string, count int, force bool) ([]store.Sandbox, error) {
+// ForkOptions say how to fork a sandbox.
+type ForkOptions struct {
+	Count int  // 1 to MaxForks
+	Force bool // end running code (and commands) rather than refuse
+	// Secrets binds the source's secret values in each fork (the caller
+	// may see the source, so the values are its tenant's already).
+	// Without it a fork has none: its guest still holds the placeholders,
+	// which then reach no one.
+	Secrets bool
+}
+
+func (m *Manager) Fork(ctx context.Context, c Caller, id string, o ForkOptions) ([]store.Sandbox, error) {
+	count, force := o.Count, o.Force
 	if count < 1 || count > MaxForks {
 		return nil, fmt.Errorf("%w: fork count must be 1 to %d", errdefs.ErrInvalid, MaxForks)
 	}
@@ -259,13 +292,19 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, count int, forc
 		int64(count*sb.DiskMiB+sb.MemoryMiB)<<20); err != nil {
 		return nil, err
 	}
+	var secrets netconf.Values
+	if o.Secrets && len(sb.Network.Secrets) > 0 {
+		if secrets, err = m.openSecrets(id); err != nil {
+			return nil, fmt.Errorf("%w: %v", errdefs.ErrFailedPrecondition, err)
+		}
+	}
 	sn, err := m.snapshot(ctx, id, template.ForkPrefix+statedir.RandomID(12), force)
 	if err != nil {
 		return nil, err
 	}
 	var out []store.Sandbox
 	for range count {
-		f, err := m.materialize(ctx, sn, "fork:"+id, CreateOptions{Tenant: sb.Tenant, Timeout: time.Duration(sb.TimeoutSec) * time.Second, IdlePause: sb.IdlePause, Metadata: sb.Metadata})
+		f, err := m.materialize(ctx, sn, "fork:"+id, CreateOptions{Tenant: sb.Tenant, Timeout: time.Duration(sb.TimeoutSec) * time.Second, IdlePause: sb.IdlePause, Metadata: sb.Metadata, Secrets: secrets, limits: c.Limits})
 		if err != nil {
 			for _, f := range out {
 				if rerr := m.remove(context.WithoutCancel(ctx), f.ID); rerr != nil && m.Log != nil {
@@ -281,7 +320,7 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, count int, forc
 		m.auditCreate(ctx, c, f)
 		ids = append(ids, f.ID)
 	}
-	m.audit(ctx, c, id, "sandbox.fork", map[string]any{"count": count, "force": force, "forks": ids})
+	m.audit(ctx, c, id, "sandbox.fork", map[string]any{"count": count, "force": force, "forks": ids, "secrets": len(secrets) > 0})
 	return out, nil
 }
 
@@ -312,14 +351,19 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 	}
 	// Published host ports belong to the source (they would collide);
 	// a sandbox from a snapshot publishes none.
-	network := sn.Network
+	network := o.limits.withNetLimits(sn.Network)
 	network.Ports = nil
+	if len(o.Secrets) == 0 {
+		// The snapshot holds no values: without the source's (a fork that
+		// asked for them), the guest's placeholders reach no one.
+		network.Secrets = nil
+	}
 	now := time.Now()
 	sb := store.Sandbox{
 		ID: statedir.NewID(), State: store.StateCreating, Image: sn.Image, ImageDigest: sn.ImageDigest,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskMiB: sn.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: sn.Env,
-		Network: network, IdlePause: o.IdlePause, Source: source,
+		Network: network, IdlePause: o.IdlePause, Source: source, ExecDefaults: sn.ExecDefaults,
 	}
 	lock, err := m.newSandboxDir(sb.ID)
 	if err != nil {
@@ -339,12 +383,17 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
-	if err := m.startShim(ctx, sb, nil, lock); err != nil {
-		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
+	if err := m.launch(ctx, sb, o.Secrets, lock); err != nil {
 		return sb, err
 	}
 	return m.get(ctx, sb.ID)
 }
+
+// unlisted starts the names of the snapshots airlock keeps for itself:
+// fork bases (template.ForkPrefix), saved build steps and templates
+// (templates.go). ListSnapshots shows them only with all; callers cannot
+// start from or remove them by name.
+const unlisted = "_"
 
 // ErrNeedsAdmin refuses a caller that is not an admin an action across
 // tenants (PruneSnapshots). It is an ErrFailedPrecondition.
@@ -370,7 +419,7 @@ func (m *Manager) ListSnapshots(ctx context.Context, c Caller, tenant string, al
 	}
 	out := sns[:0]
 	for _, sn := range sns {
-		if all || !strings.HasPrefix(sn.Name, template.ForkPrefix) {
+		if all || !strings.HasPrefix(sn.Name, unlisted) {
 			out = append(out, sn)
 		}
 	}
@@ -388,6 +437,11 @@ func (m *Manager) GetSnapshot(ctx context.Context, c Caller, tenant, name string
 // (ErrFailedPrecondition), and audits snapshot.delete.
 func (m *Manager) RemoveSnapshot(ctx context.Context, c Caller, tenant, name string) error {
 	tenant = c.snapshotTenant(tenant)
+	if strings.HasPrefix(name, unlisted) {
+		// Fork bases, build steps and templates' snapshots go with what
+		// holds them (airlock template rm|prune).
+		return fmt.Errorf("%w: snapshot %q is airlock's own (a fork's base, a template's or a build step's): remove the template, or prune", errdefs.ErrFailedPrecondition, name)
+	}
 	sn, err := m.Store.GetSnapshot(ctx, tenant, name)
 	if err != nil {
 		return err

@@ -369,7 +369,7 @@ func TestCreateWithVolumes(t *testing.T) {
 	if _, err := r.m.Snapshot(ctx, c, w.ID, "snap", false); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "snapshots and forks") {
 		t.Fatalf("snapshot: %v", err)
 	}
-	if _, err := r.m.Fork(ctx, c, w.ID, 1, false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := r.m.Fork(ctx, c, w.ID, ForkOptions{Count: 1}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("fork: %v", err)
 	}
 	if sb, err := r.m.Get(ctx, c, w.ID); err != nil || sb.State != store.StateRunning {

@@ -19,8 +19,14 @@
 // refuses an empty or malformed server name and one no secret is bound to,
 // calls the flow's CheckSNI (policy and DNS-pin checks), and completes a
 // verified TLS handshake with the real upstream, so a guest never gets a
-// certificate for a host that cannot be reached and verified. Only
-// "http/1.1" is offered in ALPN on both sides.
+// certificate for a host that cannot be reached and verified.
+//
+// ALPN: "h2" is offered to the upstream only when the guest's ClientHello
+// offers it, and to the guest only when the upstream chose it; otherwise
+// both sides get "http/1.1" alone. The two sides therefore always speak the
+// same version, and a guest's HTTP/2 streams map one to one onto streams
+// of the one upstream connection (which the egress engine dialed, after its
+// policy checks, before the guest's handshake completed).
 //
 // Each request head is checked byte by byte before Go's parser sees it, so
 // that nothing two HTTP parsers could read differently is forwarded: bare CR
@@ -33,6 +39,56 @@
 // authority) must name the TLS server name (with any port: the guest's
 // destination port was already decided by the egress policy), so the SNI,
 // the Host and the secret's host always agree before anything is injected.
+//
+// # HTTP/2
+//
+// An HTTP/2 connection is served by golang.org/x/net/http2's server (which
+// refuses what HTTP/2 forbids: connection-specific fields, TE other than
+// "trailers", malformed pseudo-headers, a body that disagrees with its
+// Content-Length) and each stream is relayed as one stream of the upstream
+// connection by net/http's HTTP/2 client. Every stream gets the HTTP/1.1
+// rules: :authority (and any Host field) must name the TLS server name;
+// CONNECT (extended CONNECT too) and declared request trailers are
+// refused; placeholders are checked and injected exactly as above (header
+// values, query, path, Basic credentials; bodies checked, never rewritten,
+// up to 1 MiB whole, beyond that or of unknown length streamed through a
+// Guard); responses are scrubbed the same way. The bodies a connection's
+// streams hold whole at once are bounded (4 MiB): a body that finds the
+// budget spent is streamed instead (a request body then through a Guard, a
+// response without an exact Content-Length). Interim 1xx responses are
+// not relayed (the server answers 100-continue itself). Limits: 100
+// concurrent streams per connection, the header list bounded by
+// MaxHeaderBytes, flow-control windows of 256 KiB per stream and 1 MiB per
+// connection on both sides (what a peer may send before the interceptor
+// reads), an upstream response header list of at most 1 MiB; an idle
+// connection is closed after IdleTimeout and a silent one is pinged. A
+// refusal or an upstream failure answers that stream (a 4xx/502, or a
+// stream reset when its response had started) and ends the connection
+// gracefully (GOAWAY: streams in flight finish); so does the upstream
+// connection ending.
+//
+// # WebSocket
+//
+// An HTTP/1.1 WebSocket opening handshake (a GET without a body, one
+// "Upgrade: websocket", "upgrade" in Connection, one Sec-WebSocket-Key and
+// "Sec-WebSocket-Version: 13") is checked and injected like any request,
+// and the upstream's 101 is scrubbed like any response head. After the 101
+// the bytes are relayed both ways as they are: nothing in WebSocket frames
+// is injected, checked for placeholders (a client's frames are masked) or
+// scrubbed, so a host that echoes the handshake's headers in a message
+// hands the guest the value. Each direction ends after UpstreamTimeout
+// without bytes. Other upgrades (h2c included), and WebSocket over HTTP/2
+// (extended CONNECT), are refused.
+//
+// # Header scope
+//
+// A secret with [Binding.Header] set (`--secret NAME@host:Header-Name`) is
+// injected into that request header field only (its name matched
+// case-insensitively, a Basic credential in it included). A request to
+// one of the secret's hosts that carries its placeholder anywhere else (in
+// another field's name or value, the request target, or the body, plain or
+// encoded as the Scanner knows) is refused like a placeholder toward
+// another host. Toward other hosts it is refused as before.
 //
 // Placeholders of secrets bound to the host are replaced by their values in
 // every header value (inside the base64 of an Authorization or
@@ -92,9 +148,11 @@
 //
 // # Not supported
 //
-//   - HTTP/2 to the guest (only http/1.1 is offered; the preface is refused)
-//     and HTTP/1.0 requests.
-//   - Protocol upgrades: WebSocket and h2c.
+//   - HTTP/2 toward an upstream that does not negotiate it (the guest then
+//     gets http/1.1), HTTP/2 without TLS (h2c, and the preface on an
+//     HTTP/1.1 connection), and HTTP/1.0 requests.
+//   - Protocol upgrades other than WebSocket over HTTP/1.1; anything inside
+//     WebSocket frames (see WebSocket above).
 //   - A host that transforms a value beyond the forms above before
 //     returning it: other encodings (hex, base32, base64 wrapped across
 //     lines or of a percent-encoded form, double escaping, encryption,

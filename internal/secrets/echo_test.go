@@ -52,7 +52,7 @@ func echoHandler(h *harness) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		h.mu.Lock()
-		h.reqs = append(h.reqs, seen{r.Method, r.RequestURI, r.Host, r.Header.Clone(), string(body), false})
+		h.reqs = append(h.reqs, seen{r.Method, r.RequestURI, r.Host, r.Header.Clone(), string(body), false, r.Proto})
 		h.mu.Unlock()
 		m := map[string]any{
 			"line":     r.Method + " " + r.RequestURI,

@@ -19,8 +19,9 @@ func refuse(status int, reason string) *refusal { return &refusal{status: status
 
 // head is what checkHead learned from a raw request head.
 type head struct {
-	host   string // the one Host header's value, as sent
-	expect string // the Expect header's value, lower-case ("" if none)
+	host      string // the one Host header's value, as sent
+	expect    string // the Expect header's value, lower-case ("" if none)
+	websocket bool   // a WebSocket opening handshake (RFC 6455 4.1)
 }
 
 // checkHead validates a raw HTTP/1.1 request head (the request line and
@@ -33,7 +34,10 @@ type head struct {
 // "chunked", Content-Length together with Transfer-Encoding, a Host header
 // missing or repeated, CONNECT, protocol upgrades (Upgrade, HTTP2-Settings,
 // "Connection: upgrade"), the HTTP/2 preface, request trailers, and any
-// protocol version but HTTP/1.1.
+// protocol version but HTTP/1.1. The one upgrade it lets through is a
+// WebSocket opening handshake: a GET without a body carrying exactly one
+// "Upgrade: websocket", "upgrade" in Connection, one Sec-WebSocket-Key and
+// "Sec-WebSocket-Version: 13".
 func checkHead(raw []byte) (*head, *refusal) {
 	end := bytes.Index(raw, []byte("\r\n\r\n"))
 	if end < 0 {
@@ -55,7 +59,8 @@ func checkHead(raw []byte) (*head, *refusal) {
 		return nil, r
 	}
 	h := &head{}
-	var hosts, lengths, encodings int
+	var hosts, lengths, encodings, upgrades, keys, versions int
+	var connUpgrade, wsVersion13 bool
 	for _, line := range lines[1:] {
 		if line == "" || line[0] == ' ' || line[0] == '\t' {
 			return nil, refuse(http.StatusBadRequest, "obsolete line folding in request head")
@@ -84,14 +89,24 @@ func checkHead(raw []byte) (*head, *refusal) {
 			if !strings.EqualFold(value, "chunked") {
 				return nil, refuse(http.StatusNotImplemented, "unsupported Transfer-Encoding")
 			}
-		case "upgrade", "http2-settings":
+		case "upgrade":
+			upgrades++
+			if !strings.EqualFold(value, "websocket") {
+				return nil, refuse(http.StatusNotImplemented, "protocol upgrades are not supported")
+			}
+		case "http2-settings":
 			return nil, refuse(http.StatusNotImplemented, "protocol upgrades are not supported")
 		case "connection":
 			for tok := range strings.SplitSeq(value, ",") {
 				if strings.EqualFold(strings.Trim(tok, " \t"), "upgrade") {
-					return nil, refuse(http.StatusNotImplemented, "protocol upgrades are not supported")
+					connUpgrade = true
 				}
 			}
+		case "sec-websocket-key":
+			keys++
+		case "sec-websocket-version":
+			versions++
+			wsVersion13 = value == "13"
 		case "trailer":
 			return nil, refuse(http.StatusNotImplemented, "request trailers are not supported")
 		case "expect":
@@ -112,6 +127,16 @@ func checkHead(raw []byte) (*head, *refusal) {
 		return nil, refuse(http.StatusBadRequest, "both Content-Length and Transfer-Encoding")
 	case h.expect != "" && h.expect != "100-continue":
 		return nil, refuse(http.StatusExpectationFailed, "unsupported Expect")
+	}
+	if upgrades > 0 || connUpgrade {
+		method, _, _ := strings.Cut(lines[0], " ")
+		if upgrades != 1 || !connUpgrade || keys != 1 || versions != 1 || !wsVersion13 || method != http.MethodGet {
+			return nil, refuse(http.StatusNotImplemented, "protocol upgrades are not supported")
+		}
+		if lengths > 0 || encodings > 0 || h.expect != "" {
+			return nil, refuse(http.StatusBadRequest, "a WebSocket handshake must not have a body")
+		}
+		h.websocket = true
 	}
 	return h, nil
 }

@@ -23,6 +23,7 @@ func FuzzRequestHead(f *testing.F) {
 		"GET / HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n",
 		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
 		"OPTIONS * HTTP/1.1\r\nHost: a\r\nAuthorization: Basic dTphaXJsb2Nr\r\n\r\n",
+		"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: eA==\r\nSec-WebSocket-Version: 13\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -48,6 +49,13 @@ func FuzzRequestHead(f *testing.F) {
 			t.Fatalf("accepted %q: Go reads Host %q, checkHead %q", raw, req.Host, h.host)
 		}
 		lines := strings.ToLower(string(raw[:bytes.Index(raw, []byte("\r\n\r\n"))]))
+		if h.websocket && (req.Method != http.MethodGet || req.ContentLength != 0 || req.Body != http.NoBody ||
+			!strings.EqualFold(req.Header.Get("Upgrade"), "websocket")) {
+			t.Fatalf("accepted %q as a WebSocket handshake: %s, body %d, Upgrade %q", raw, req.Method, req.ContentLength, req.Header.Get("Upgrade"))
+		}
+		if !h.websocket && (req.Header.Get("Upgrade") != "" || strings.Contains(lines, "\r\nupgrade:")) {
+			t.Fatalf("accepted %q: an upgrade that is not a WebSocket handshake", raw)
+		}
 		switch {
 		case strings.Contains(lines, "\r\ntransfer-encoding:"):
 			if len(req.TransferEncoding) != 1 || req.TransferEncoding[0] != "chunked" {

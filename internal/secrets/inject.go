@@ -8,7 +8,10 @@ import (
 )
 
 // injector swaps the placeholders of the secrets bound to one host for
-// their values in a request's headers and URL.
+// their values in a request's headers and URL. A secret scoped to a header
+// ([Binding.Header]) is swapped in that header only; the session refuses a
+// request that carries its placeholder anywhere else before the injector
+// sees it.
 type injector struct {
 	bound []Binding
 }
@@ -27,10 +30,10 @@ func (in injector) request(req *http.Request) (names []string, creds []credentia
 		}
 	}
 	if q := req.URL.RawQuery; q != "" {
-		req.URL.RawQuery = in.replace(q, url.QueryEscape, used)
+		req.URL.RawQuery = in.replace(q, url.QueryEscape, used, "")
 	}
 	if p := req.URL.EscapedPath(); strings.Contains(p, placeholderPrefix) {
-		if np := in.replace(p, url.PathEscape, used); np != p {
+		if np := in.replace(p, url.PathEscape, used, ""); np != p {
 			if unescaped, err := url.PathUnescape(np); err == nil {
 				req.URL.Path, req.URL.RawPath = unescaped, np
 			}
@@ -53,27 +56,32 @@ func (in injector) headerValue(name, v string, used []bool) (string, *credential
 		if ok && strings.EqualFold(scheme, "Basic") {
 			cred = strings.TrimLeft(cred, " ")
 			if dec, err := base64.StdEncoding.DecodeString(cred); err == nil {
-				if s := in.replace(string(dec), nil, used); s != string(dec) {
+				if s := in.replace(string(dec), nil, used, name); s != string(dec) {
 					// A value with a colon in the user-id would move the
 					// split between user-id and password (RFC 7617), and a
 					// host echoing the two would hand back pieces of it.
 					user, _, _ := strings.Cut(string(dec), ":")
-					colon := strings.Contains(in.replace(user, nil, make([]bool, len(in.bound))), ":")
+					colon := strings.Contains(in.replace(user, nil, make([]bool, len(in.bound)), name), ":")
 					return scheme + " " + base64.StdEncoding.EncodeToString([]byte(s)), &credential{guest: string(dec), sent: s, colonInUser: colon}
 				}
 			}
 		}
 	}
-	return in.replace(v, nil, used), nil
+	return in.replace(v, nil, used, name), nil
 }
 
 // replace swaps every bound placeholder in s for its value, passed through
-// escape if not nil, and marks the secrets it used.
-func (in injector) replace(s string, escape func(string) string, used []bool) string {
+// escape if not nil, and marks the secrets it used. header names the header
+// field s belongs to ("" for the URL): a secret scoped to another header is
+// left alone.
+func (in injector) replace(s string, escape func(string) string, used []bool, header string) string {
 	if !strings.Contains(s, placeholderPrefix) {
 		return s
 	}
 	for i, b := range in.bound {
+		if b.Header != "" && !strings.EqualFold(b.Header, header) {
+			continue
+		}
 		if strings.Contains(s, b.Placeholder) {
 			v := b.Value
 			if escape != nil {

@@ -12,7 +12,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -52,6 +55,10 @@ type Binding struct {
 	Hosts       []string // "api.example.com" or "*.example.com" (normalised lower-case ASCII, no trailing dot)
 	Placeholder string   // "airlock-secret-" + 32 lowercase hex
 	Value       string   // the real value; never logged
+	// Header, if not "", is the one request header field (matched
+	// case-insensitively) the value may be put in; the placeholder
+	// anywhere else in a request to Hosts is refused.
+	Header string
 }
 
 // Event is one audit record. It never carries a secret's value.
@@ -77,10 +84,19 @@ type Interceptor struct {
 	Audit   func(Event)    // synchronous, must not block; may be nil
 	Logger  *slog.Logger   // nil: discard
 
-	MaxHeaderBytes   int           // request head limit; zero means DefaultMaxHeaderBytes
-	IdleTimeout      time.Duration // longest wait for any guest read or write; zero means DefaultIdleTimeout
+	// MaxHeaderBytes bounds a request head (HTTP/2: its header list);
+	// zero means DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+	// IdleTimeout is the longest wait for any guest read or write over
+	// HTTP/1.1; over HTTP/2, for any guest write, for a frame before the
+	// guest is pinged, and with no stream open before the connection is
+	// closed. Zero means DefaultIdleTimeout.
+	IdleTimeout      time.Duration
 	HandshakeTimeout time.Duration // both TLS handshakes together; zero means DefaultHandshakeTimeout
-	UpstreamTimeout  time.Duration // longest wait for any upstream read or write; zero means DefaultUpstreamTimeout
+	// UpstreamTimeout is the longest wait for any upstream read or write,
+	// and for bytes in either direction of a WebSocket after its 101.
+	// Zero means DefaultUpstreamTimeout.
+	UpstreamTimeout time.Duration
 }
 
 // Flow is one guest TCP connection handed to [Interceptor.Serve].
@@ -115,8 +131,8 @@ func (ic *Interceptor) Serve(ctx context.Context, f Flow) error {
 	s := &session{ic: ic, log: ic.logger()}
 	err := s.run(ctx, f)
 	if err != nil {
-		if msg := err.Error(); s.scrub.contains(msg) {
-			err = errors.New(s.scrub.String(msg)) // upstream bytes echoed a value
+		if msg := err.Error(); s.scrubber().contains(msg) {
+			err = errors.New(s.scrubber().String(msg)) // upstream bytes echoed a value
 		}
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
@@ -143,8 +159,28 @@ func (ic *Interceptor) validate() error {
 				return fmt.Errorf("secrets interceptor: secret %s: invalid host pattern %q", b.Name, h)
 			}
 		}
+		if b.Header != "" && !ValidScopeHeader(b.Header) {
+			return fmt.Errorf("secrets interceptor: secret %s: header %q cannot carry a secret", b.Name, b.Header)
+		}
 	}
 	return nil
+}
+
+// ValidScopeHeader reports whether name can scope a secret
+// ([Binding.Header]): a header field name (an RFC 9110 token) starting
+// with a letter, other than the fields that frame or route a request (Host, Content-Length,
+// Transfer-Encoding, TE, Trailer, Connection, Keep-Alive,
+// Proxy-Connection, Upgrade, HTTP2-Settings).
+func ValidScopeHeader(name string) bool {
+	if !isToken(name) || !('a' <= name[0]|0x20 && name[0]|0x20 <= 'z') {
+		return false
+	}
+	switch strings.ToLower(name) {
+	case "host", "content-length", "transfer-encoding", "te", "trailer", "connection",
+		"keep-alive", "proxy-connection", "upgrade", "http2-settings":
+		return false
+	}
+	return true
 }
 
 // validPlaceholder reports whether p is "airlock-secret-" + 32 lower-case hex.
@@ -171,18 +207,27 @@ func orDefault[T int | time.Duration](v, def T) T {
 type session struct {
 	ic       *Interceptor
 	log      *slog.Logger
-	host     string   // normalised SNI
-	inject   injector // secrets bound to host
-	foreign  map[string]string
-	scanner  *Scanner  // placeholders of secrets not bound to host
-	scrub    *replacer // value rules, and the credentials built so far (at most maxCredentials)
-	ncreds   int
-	guest    *tls.Conn
-	gr       *bufio.Reader
-	gw       *bufio.Writer
-	upstream *tls.Conn
-	ur       *bufio.Reader
-	uw       *bufio.Writer
+	host     string            // normalised SNI
+	inject   injector          // secrets bound to host
+	names    map[string]string // placeholder -> secret name, for every secret
+	foreign  map[string]bool   // placeholders of secrets not bound to host
+	scanner  *Scanner          // placeholders of secrets not bound to host
+	bodyScan *Scanner          // those, and the placeholders of bound header-scoped secrets
+	scoped   []scopedSecret    // bound header-scoped secrets
+	h2       bool              // both sides negotiated HTTP/2
+
+	mu     sync.Mutex
+	scrub  *replacer // value rules, and the credentials built so far (at most maxCredentials)
+	ncreds int
+	failed error // HTTP/2: the first refusal or upstream failure, returned by Serve
+
+	guestConn *deadlineConn
+	guest     *tls.Conn
+	gr        *bufio.Reader
+	gw        *bufio.Writer
+	upstream  *tls.Conn
+	ur        *bufio.Reader
+	uw        *bufio.Writer
 }
 
 func (s *session) emit(ev Event) {
@@ -199,8 +244,11 @@ func (s *session) run(ctx context.Context, f Flow) error {
 	ic := s.ic
 	s.scrub = newReplacerRules(valueRules(ic.Secrets))
 
-	guestConn := &deadlineConn{Conn: f.Guest, timeout: orDefault(ic.IdleTimeout, DefaultIdleTimeout)}
-	upConn := &deadlineConn{Conn: f.Upstream, timeout: orDefault(ic.UpstreamTimeout, DefaultUpstreamTimeout)}
+	idle := orDefault(ic.IdleTimeout, DefaultIdleTimeout)
+	guestConn := &deadlineConn{Conn: f.Guest, read: idle, write: idle}
+	s.guestConn = guestConn
+	upTimeout := orDefault(ic.UpstreamTimeout, DefaultUpstreamTimeout)
+	upConn := &deadlineConn{Conn: f.Upstream, read: upTimeout, write: upTimeout}
 	hctx, cancel := context.WithTimeout(ctx, orDefault(ic.HandshakeTimeout, DefaultHandshakeTimeout))
 	defer cancel()
 
@@ -233,23 +281,36 @@ func (s *session) run(ctx context.Context, f Flow) error {
 		}
 		// Reach the real upstream before completing the guest's handshake:
 		// a guest never gets our certificate for a host we cannot verify.
+		// HTTP/2 is offered upstream only when the guest offers it, and
+		// the guest gets it only when the upstream chose it: each side
+		// speaks the same version, so a guest's streams map one to one
+		// onto upstream streams of the one upstream connection.
+		protos := []string{"http/1.1"}
+		if slices.Contains(hello.SupportedProtos, "h2") {
+			protos = []string{"h2", "http/1.1"}
+		}
 		s.upstream = tls.Client(upConn, &tls.Config{
 			ServerName: name,
 			RootCAs:    ic.RootCAs,
 			MinVersion: tls.VersionTLS12,
-			NextProtos: []string{"http/1.1"},
+			NextProtos: protos,
 		})
 		if err := s.upstream.HandshakeContext(hctx); err != nil {
 			return nil, fmt.Errorf("upstream tls handshake: %w", err)
 		}
-		if p := s.upstream.ConnectionState().NegotiatedProtocol; p != "" && p != "http/1.1" {
-			return nil, fmt.Errorf("upstream negotiated %q, not http/1.1", p)
+		guestProtos := []string{"http/1.1"}
+		switch p := s.upstream.ConnectionState().NegotiatedProtocol; p {
+		case "", "http/1.1":
+		case "h2":
+			s.h2, guestProtos = true, []string{"h2"}
+		default:
+			return nil, fmt.Errorf("upstream negotiated %q, not h2 or http/1.1", p)
 		}
 		return &tls.Config{
 			Certificates:           []tls.Certificate{*leaf},
 			SessionTicketsDisabled: true, // every connection gets a full handshake and its own checks
 			MinVersion:             tls.VersionTLS12,
-			NextProtos:             []string{"http/1.1"},
+			NextProtos:             guestProtos,
 		}, nil
 	}
 	s.guest = tls.Server(guestConn, &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: leafConfig})
@@ -258,10 +319,16 @@ func (s *session) run(ctx context.Context, f Flow) error {
 			s.emit(*blocked)
 			return fmt.Errorf("guest tls handshake: %w: %s", ErrRefused, blocked.Reason)
 		}
-		s.emit(Event{Action: ActionError, Reason: s.scrub.String("tls handshake: " + err.Error())})
+		s.emit(Event{Action: ActionError, Reason: s.scrubber().String("tls handshake: " + err.Error())})
 		return fmt.Errorf("tls handshake: %w", err)
 	}
 	cancel()
+	if s.h2 {
+		if p := s.guest.ConnectionState().NegotiatedProtocol; p != "h2" {
+			return fmt.Errorf("guest negotiated %q, but the upstream speaks h2", p)
+		}
+		return s.serveH2(ctx)
+	}
 
 	maxHead := orDefault(ic.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	s.gr = bufio.NewReaderSize(s.guest, maxHead)
@@ -277,11 +344,14 @@ func (s *session) run(ctx context.Context, f Flow) error {
 }
 
 // bind splits the interceptor's secrets by s.host: those bound to it are
-// injected, placeholders of all others are blocked.
+// injected, placeholders of all others are blocked; the placeholder of a
+// bound header-scoped secret is blocked outside its header.
 func (s *session) bind() {
-	s.foreign = map[string]string{}
-	var foreign []string
+	s.names = map[string]string{}
+	s.foreign = map[string]bool{}
+	var foreign, body []string
 	for _, b := range s.ic.Secrets {
+		s.names[b.Placeholder] = b.Name
 		bound := false
 		for _, h := range b.Hosts {
 			if HostMatches(h, s.host) {
@@ -289,14 +359,87 @@ func (s *session) bind() {
 				break
 			}
 		}
+		switch {
+		case !bound:
+			foreign = append(foreign, b.Placeholder)
+			s.foreign[b.Placeholder] = true
+		case b.Header != "":
+			s.scoped = append(s.scoped, scopedSecret{name: b.Name, header: b.Header, scan: NewScanner([]string{b.Placeholder})})
+			body = append(body, b.Placeholder)
+		}
 		if bound {
 			s.inject.bound = append(s.inject.bound, b)
-		} else {
-			foreign = append(foreign, b.Placeholder)
-			s.foreign[b.Placeholder] = b.Name
 		}
 	}
 	s.scanner = NewScanner(foreign)
+	s.bodyScan = NewScanner(append(foreign, body...))
+}
+
+// scopedSecret is a secret bound to the session's host and scoped to one
+// header.
+type scopedSecret struct {
+	name, header string
+	scan         *Scanner // its placeholder
+}
+
+// misplaced returns the name of a header-scoped secret whose placeholder
+// the request carries outside the secret's header: in target (the request
+// target, or :path), or in the name or a value of any other header field.
+func (s *session) misplaced(target string, h http.Header) (string, bool) {
+	for _, sc := range s.scoped {
+		if _, ok := sc.scan.Find([]byte(target)); ok {
+			return sc.name, true
+		}
+		for k, vs := range h {
+			if strings.EqualFold(k, sc.header) {
+				continue
+			}
+			if _, ok := sc.scan.Find([]byte(k)); ok {
+				return sc.name, true
+			}
+			for _, v := range vs {
+				if _, ok := sc.scan.Find([]byte(v)); ok {
+					return sc.name, true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+// placeholderRefusal is the refusal for a placeholder found in a request
+// (in its body when inBody): one of a secret bound elsewhere, or of a
+// header-scoped secret outside its header.
+func (s *session) placeholderRefusal(ph string, inBody bool) *refusal {
+	switch {
+	case !s.foreign[ph]:
+		return refuse(http.StatusForbidden, "request carries the placeholder of a header-scoped secret outside its header")
+	case inBody:
+		return refuse(http.StatusForbidden, "request body carries the placeholder of a secret not bound to this host")
+	}
+	return refuse(http.StatusForbidden, "request carries the placeholder of a secret not bound to this host")
+}
+
+// scrubber returns the response scrubber as it stands now.
+func (s *session) scrubber() *replacer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.scrub
+}
+
+// addCredentials adds the scrub rules for Basic credentials the injector
+// built (the first maxCredentials of the connection) and returns the
+// scrubber to use for the response.
+func (s *session) addCredentials(creds []credential) *replacer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range creds {
+		if s.ncreds < maxCredentials {
+			s.ncreds++
+			s.scrub = s.scrub.with(credentialRules(c))
+		}
+	}
+	return s.scrub
 }
 
 // serveRequest relays one request and its response. It reports whether the
@@ -318,8 +461,7 @@ func (s *session) serveRequest() (again bool, err error) {
 		return false, s.refuse(r, Event{})
 	}
 	if ph, ok := s.scanner.Find(raw); ok {
-		return false, s.refuse(refuse(http.StatusForbidden, "request carries the placeholder of a secret not bound to this host"),
-			Event{Secrets: []string{s.foreign[ph]}})
+		return false, s.refuse(s.placeholderRefusal(ph, false), Event{Secrets: []string{s.names[ph]}})
 	}
 	req, err := http.ReadRequest(s.gr)
 	if err != nil {
@@ -327,6 +469,9 @@ func (s *session) serveRequest() (again bool, err error) {
 	}
 	defer req.Body.Close()
 	ev := Event{Method: req.Method, Path: auditPath(req.URL.Path)}
+	if name, ok := s.misplaced(req.RequestURI, req.Header); ok {
+		return false, s.refuse(s.placeholderRefusal("", false), withSecret(ev, name))
+	}
 	if !sameAuthority(h.host, s.host) {
 		return false, s.refuse(refuse(http.StatusMisdirectedRequest, "Host header does not match the TLS server name"), ev)
 	}
@@ -349,12 +494,7 @@ func (s *session) serveRequest() (again bool, err error) {
 			return false, s.refuse(refuse(http.StatusBadRequest, "a secret whose value has a colon cannot be the user-id of a Basic credential"), ev)
 		}
 	}
-	for _, c := range creds {
-		if s.ncreds < maxCredentials {
-			s.ncreds++
-			s.scrub = s.scrub.with(credentialRules(c))
-		}
-	}
+	s.addCredentials(creds)
 	// Responses come back identity-encoded, so that they can be scrubbed
 	// (relayResponse decodes gzip and deflate if the upstream encodes
 	// anyway). A request carrying a value asks for the whole response: a
@@ -370,16 +510,15 @@ func (s *session) serveRequest() (again bool, err error) {
 	if _, ok := req.Header["User-Agent"]; !ok {
 		req.Header["User-Agent"] = []string{""} // keep Request.Write from adding Go's
 	}
-	body := &guardedBody{src: req.Body, scan: s.scanner}
+	body := &guardedBody{src: req.Body, scan: s.bodyScan}
 	if req.Body != http.NoBody {
 		if req.ContentLength >= 0 && req.ContentLength <= maxBufferedBody {
 			b, err := io.ReadAll(req.Body)
 			if err != nil {
 				return false, fmt.Errorf("read request body: %w", err)
 			}
-			if ph, ok := s.scanner.Find(b); ok {
-				return false, s.refuse(refuse(http.StatusForbidden, "request body carries the placeholder of a secret not bound to this host"),
-					withSecret(ev, s.foreign[ph]))
+			if ph, ok := s.bodyScan.Find(b); ok {
+				return false, s.refuse(s.placeholderRefusal(ph, true), withSecret(ev, s.names[ph]))
 			}
 			req.Body = io.NopCloser(bytes.NewReader(b))
 		} else {
@@ -390,10 +529,8 @@ func (s *session) serveRequest() (again bool, err error) {
 	if werr == nil {
 		werr = s.uw.Flush()
 	}
-	var pe *PlaceholderError
-	if errors.As(body.err, &pe) {
-		return false, s.refuse(refuse(http.StatusForbidden, "request body carries the placeholder of a secret not bound to this host"),
-			withSecret(ev, s.foreign[pe.Placeholder]))
+	if pe := body.blocked(); pe != nil {
+		return false, s.refuse(s.placeholderRefusal(pe.Placeholder, true), withSecret(ev, s.names[pe.Placeholder]))
 	}
 	if werr != nil {
 		return false, s.upstreamFailed(ev, fmt.Errorf("send request upstream: %w", werr))
@@ -401,12 +538,13 @@ func (s *session) serveRequest() (again bool, err error) {
 	if len(injected) > 0 {
 		s.emit(Event{Action: ActionInject, Secrets: injected, Method: ev.Method, Path: ev.Path})
 	}
-	return s.relayResponse(req, ev, len(injected) > 0)
+	return s.relayResponse(req, ev, len(injected) > 0, h.websocket)
 }
 
 // relayResponse reads the upstream's response to req, scrubs it and writes
-// it to the guest. injected says whether req carried a value.
-func (s *session) relayResponse(req *http.Request, ev Event, injected bool) (again bool, err error) {
+// it to the guest. injected says whether req carried a value, websocket
+// whether it was a WebSocket handshake (which a 101 answer completes).
+func (s *session) relayResponse(req *http.Request, ev Event, injected, websocket bool) (again bool, err error) {
 	var resp *http.Response
 	for {
 		resp, err = http.ReadResponse(s.ur, req)
@@ -417,6 +555,9 @@ func (s *session) relayResponse(req *http.Request, ev Event, injected bool) (aga
 			break
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
+			if websocket && strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") {
+				return false, s.relayWebSocket(resp)
+			}
 			return false, s.upstreamFailed(ev, errors.New("upstream switched protocols"))
 		}
 		if err := s.writeInterim(resp); err != nil {
@@ -441,7 +582,7 @@ func (s *session) relayResponse(req *http.Request, ev Event, injected bool) (aga
 		if !ok {
 			return false, s.refuse(refuse(http.StatusBadGateway, "upstream response has a Content-Encoding that cannot be scrubbed"), ev)
 		}
-		body, length, err := s.scrubBody(resp, coding)
+		body, length, err := s.scrubBody(resp, coding, true)
 		if err != nil {
 			return false, s.upstreamFailed(ev, err)
 		}
@@ -457,25 +598,27 @@ func (s *session) relayResponse(req *http.Request, ev Event, injected bool) (aga
 	if err := s.gw.Flush(); err != nil {
 		return false, fmt.Errorf("relay response: %w", err)
 	}
-	return !resp.Close, nil
+	return !resp.Close && !websocket, nil
 }
 
 // scrubBody returns resp's body decoded (if coding is not "") and scrubbed,
-// and its length (-1: unknown, sent chunked). A body of at most
+// and its length (-1: unknown, sent chunked). With buffer, a body of at most
 // maxBufferedBody bytes (after decoding) is read whole and keeps an exact
-// length; a larger one, or one of unknown length, is streamed. A decoded
-// body is never held whole: decompression goes at the pace the guest reads.
-func (s *session) scrubBody(resp *http.Response, coding string) (io.ReadCloser, int64, error) {
+// length; a larger one, one of unknown length, or any without buffer, is
+// streamed. A decoded body is never held whole: decompression goes at the
+// pace the guest reads.
+func (s *session) scrubBody(resp *http.Response, coding string, buffer bool) (io.ReadCloser, int64, error) {
+	scrub := s.scrubber()
 	if coding == "" {
-		if resp.ContentLength >= 0 && resp.ContentLength <= maxBufferedBody {
+		if buffer && resp.ContentLength >= 0 && resp.ContentLength <= maxBufferedBody {
 			b, err := io.ReadAll(resp.Body)
 			if err != nil {
 				return nil, 0, fmt.Errorf("read upstream response body: %w", err)
 			}
-			b, _ = s.scrub.transform(nil, b, true)
+			b, _ = scrub.transform(nil, b, true)
 			return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 		}
-		return replaceReader(resp.Body, s.scrub), -1, nil
+		return replaceReader(resp.Body, scrub), -1, nil
 	}
 	dec, err := newDecoder(coding, resp.Body)
 	if err != nil {
@@ -486,19 +629,25 @@ func (s *session) scrubBody(resp *http.Response, coding string) (io.ReadCloser, 
 	for _, h := range []string{"Content-Encoding", "Content-Length", "Content-MD5", "Content-Digest", "Repr-Digest", "Digest"} {
 		resp.Header.Del(h)
 	}
+	if !buffer {
+		return replaceReader(struct {
+			io.Reader
+			io.Closer
+		}{dec, resp.Body}, scrub), -1, nil
+	}
 	b, err := io.ReadAll(io.LimitReader(dec, maxBufferedBody+1))
 	if err != nil {
 		return nil, 0, fmt.Errorf("decode upstream response body (%s): %w", coding, err)
 	}
 	if len(b) <= maxBufferedBody {
-		b, _ = s.scrub.transform(nil, b, true)
+		b, _ = scrub.transform(nil, b, true)
 		return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 	}
 	rest := struct {
 		io.Reader
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(b), dec), resp.Body}
-	return replaceReader(rest, s.scrub), -1, nil
+	return replaceReader(rest, scrub), -1, nil
 }
 
 // writeInterim relays a 1xx response (headers only).
@@ -517,20 +666,21 @@ func (s *session) writeInterim(resp *http.Response) error {
 // scrubHeader replaces every real value in h by its placeholder and drops
 // fields whose names carry one.
 func (s *session) scrubHeader(h http.Header) {
+	scrub := s.scrubber()
 	for name, values := range h {
-		if s.scrub.contains(name) {
+		if scrub.contains(name) {
 			delete(h, name)
 			continue
 		}
 		for i, v := range values {
-			values[i] = s.scrub.String(v)
+			values[i] = scrub.String(v)
 		}
 	}
 }
 
 // upstreamFailed tells the guest the upstream failed, audits it and returns err.
 func (s *session) upstreamFailed(ev Event, err error) error {
-	ev.Action, ev.Reason = ActionError, s.scrub.String(err.Error())
+	ev.Action, ev.Reason = ActionError, s.scrubber().String(err.Error())
 	s.emit(ev)
 	s.writeStatus(http.StatusBadGateway, "upstream request failed")
 	return err
@@ -607,6 +757,21 @@ type guardedBody struct {
 	buf  []byte
 	done bool
 	err  error
+	// found is the guard's verdict, for a reader on another goroutine (an
+	// HTTP/2 transport reads the body on its own).
+	found atomic.Pointer[PlaceholderError]
+}
+
+// blocked returns the placeholder the guard stopped, or nil.
+func (b *guardedBody) blocked() *PlaceholderError { return b.found.Load() }
+
+func (b *guardedBody) fail(err error) error {
+	b.err = err
+	var pe *PlaceholderError
+	if errors.As(err, &pe) {
+		b.found.Store(pe)
+	}
+	return err
 }
 
 func (b *guardedBody) Read(p []byte) (int, error) {
@@ -621,14 +786,12 @@ func (b *guardedBody) Read(p []byte) (int, error) {
 		n, err := b.src.Read(b.buf)
 		if n > 0 {
 			if _, werr := b.g.Write(b.buf[:n]); werr != nil {
-				b.err = werr
-				return 0, werr
+				return 0, b.fail(werr)
 			}
 		}
 		if errors.Is(err, io.EOF) {
 			if ferr := b.g.Flush(); ferr != nil {
-				b.err = ferr
-				return 0, ferr
+				return 0, b.fail(ferr)
 			}
 			b.done = true
 		} else if err != nil {
@@ -644,22 +807,32 @@ func (b *guardedBody) Read(p []byte) (int, error) {
 func (b *guardedBody) Close() error { return b.src.Close() }
 
 // deadlineConn sets a fresh deadline before every Read and Write, so each
-// waits at most timeout.
+// waits at most read or write. A zero read timeout leaves reads without a
+// deadline. The timeouts change only while no Read or Write is running.
 type deadlineConn struct {
 	net.Conn
-	timeout time.Duration
+	read, write time.Duration
 }
 
 func (c *deadlineConn) Read(p []byte) (int, error) {
-	if err := c.SetReadDeadline(time.Now().Add(c.timeout)); err != nil {
-		return 0, err
+	if c.read > 0 {
+		if err := c.SetReadDeadline(time.Now().Add(c.read)); err != nil {
+			return 0, err
+		}
 	}
 	return c.Conn.Read(p)
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
-	if err := c.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+	if err := c.SetWriteDeadline(time.Now().Add(c.write)); err != nil {
 		return 0, err
 	}
 	return c.Conn.Write(p)
+}
+
+// setRead changes the read timeout (0: none) and clears the deadline the
+// last Read set.
+func (c *deadlineConn) setRead(d time.Duration) {
+	c.read = d
+	_ = c.SetReadDeadline(time.Time{})
 }

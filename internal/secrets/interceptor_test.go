@@ -34,11 +34,15 @@ type seen struct {
 	header            http.Header
 	body              string
 	chunked           bool
+	proto             string
 }
 
 type harness struct {
 	ic  *Interceptor
 	srv *httptest.Server
+	// upstreamH2: the upstream offers h2 as well as http/1.1 (set before
+	// start).
+	upstreamH2 bool
 
 	mu     sync.Mutex
 	reqs   []seen
@@ -64,6 +68,10 @@ func (h *harness) start(t *testing.T, secrets []Binding, handler http.HandlerFun
 	h.srv = httptest.NewUnstartedServer(handler)
 	h.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes we abort are expected
 	h.srv.TLS = &tls.Config{GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) { return upCA.Leaf(hi.ServerName) }}
+	if h.upstreamH2 {
+		h.srv.EnableHTTP2 = true
+		h.srv.TLS.NextProtos = []string{"h2", "http/1.1"}
+	}
 	h.srv.StartTLS()
 	t.Cleanup(h.srv.Close)
 	roots := x509.NewCertPool()
@@ -90,7 +98,7 @@ func (h *harness) handle(w http.ResponseWriter, r *http.Request) {
 		return // a truncated request is not recorded
 	}
 	h.mu.Lock()
-	h.reqs = append(h.reqs, seen{r.Method, r.RequestURI, r.Host, r.Header.Clone(), string(body), slices.Contains(r.TransferEncoding, "chunked")})
+	h.reqs = append(h.reqs, seen{r.Method, r.RequestURI, r.Host, r.Header.Clone(), string(body), slices.Contains(r.TransferEncoding, "chunked"), r.Proto})
 	h.mu.Unlock()
 	auth := r.Header.Get("Authorization")
 	switch r.URL.Path {

@@ -2,6 +2,7 @@ package shim
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,10 +17,14 @@ import (
 // the host's catalog without bound (threat 17), and must not go unseen
 // either. The first events, and a steady trickle after them, are recorded
 // one by one; past that, events are folded into one row per kind (action,
-// rule, destination class, protocol, secret names) per interval, with the
-// count, the number of distinct destinations and a few samples (a folded
+// rule, destination class, protocol, secret names; for net.inbound the
+// guest port, the way in and the result) per interval, with the count, the
+// number of distinct destinations (peers, for net.inbound) and a few
+// samples, and the bytes each way summed where events carry them (a folded
 // row counts the events that were not recorded singly). More kinds
 // in one interval than a row each are counted in a net.audit.dropped row.
+// net.limit events (the outbound abuse limits) come folded from the engine,
+// at most one per limit and window, and are recorded as they are.
 const (
 	auditBurst     = 200              // events recorded one by one before limiting
 	auditRate      = 5                // then this many per second
@@ -31,8 +36,9 @@ const (
 
 // auditKey is the kind of event rows are folded by: low-cardinality fields
 // only (rule ids and classes come from a fixed set, secret names from the
-// sandbox's spec).
-type auditKey struct{ action, rule, class, proto, secrets string }
+// sandbox's spec; an inbound port is a published one or one the API's
+// caller chose, and the groups are capped by auditMaxGroups anyway).
+type auditKey struct{ action, rule, class, proto, secrets, port, via, result string }
 
 type auditGroup struct {
 	count       uint64
@@ -41,6 +47,9 @@ type auditGroup struct {
 	samples     []string
 	distinct    map[string]struct{}
 	moreThan    bool // distinct passed auditDistinct
+	bytesIn     int64
+	bytesOut    int64
+	hasBytes    bool
 }
 
 // auditLimit decides which events are recorded singly and folds the rest.
@@ -60,12 +69,20 @@ func newAuditLimit() *auditLimit {
 // admit reports whether e, seen at now, is recorded as it is; if not it
 // has been folded into its kind's row for the current interval.
 func (l *auditLimit) admit(e store.Event, now time.Time) bool {
+	if e.Action == "net.limit" {
+		// Already one row per limit and window (internal/egress): folding
+		// it again would lose its counts.
+		return true
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lim.AllowN(now, 1) {
 		return true
 	}
-	k := auditKey{action: e.Action, rule: str(e.Detail["rule"]), class: str(e.Detail["class"]), proto: str(e.Detail["proto"]), secrets: str(e.Detail["secrets"])}
+	k := auditKey{
+		action: e.Action, rule: str(e.Detail["rule"]), class: str(e.Detail["class"]), proto: str(e.Detail["proto"]), secrets: str(e.Detail["secrets"]),
+		port: str(e.Detail["port"]), via: str(e.Detail["via"]), result: str(e.Detail["result"]),
+	}
 	g := l.groups[k]
 	if g == nil {
 		if len(l.groups) >= auditMaxGroups {
@@ -78,6 +95,14 @@ func (l *auditLimit) admit(e store.Event, now time.Time) bool {
 	}
 	g.count++
 	g.last = now
+	if in, ok := e.Detail["bytes_in"].(int64); ok {
+		g.bytesIn += in
+		g.hasBytes = true
+	}
+	if out, ok := e.Detail["bytes_out"].(int64); ok {
+		g.bytesOut += out
+		g.hasBytes = true
+	}
 	if dst := destination(e.Detail); dst != "" {
 		if _, seen := g.distinct[dst]; !seen {
 			if len(g.distinct) < auditDistinct {
@@ -115,7 +140,13 @@ func (l *auditLimit) flush(sb store.Sandbox, now time.Time) []store.Event {
 		if len(g.samples) > 0 {
 			d["samples"] = g.samples
 		}
-		for name, v := range map[string]string{"rule": k.rule, "class": k.class, "proto": k.proto, "secrets": k.secrets} {
+		if g.hasBytes {
+			d["bytes_in"], d["bytes_out"] = g.bytesIn, g.bytesOut
+		}
+		if p, err := strconv.Atoi(k.port); err == nil {
+			d["port"] = p // a number, as in the rows recorded singly
+		}
+		for name, v := range map[string]string{"rule": k.rule, "class": k.class, "proto": k.proto, "secrets": k.secrets, "via": k.via, "result": k.result} {
 			if v != "" {
 				d[name] = v
 			}
@@ -132,9 +163,10 @@ func (l *auditLimit) flush(sb store.Sandbox, now time.Time) []store.Event {
 	return out
 }
 
-// destination names where an event went: its address, DNS name or host.
+// destination names where an event went (its address, DNS name or host)
+// or, for an inbound connection, where it came from.
 func destination(d map[string]any) string {
-	for _, k := range []string{"dst", "name", "host"} {
+	for _, k := range []string{"dst", "name", "host", "peer"} {
 		if s := str(d[k]); s != "" {
 			return s
 		}

@@ -81,6 +81,20 @@ func TestAuditLimitFoldsAFlood(t *testing.T) {
 // TestAuditorFloodBoundsCatalog: a flood of 200,000 denied destinations
 // through the shim's auditor, as the egress engine delivers them, leaves
 // a few hundred rows in a real catalog, and the counts add up to the flood.
+// TestAuditLimitKeepsLimitEvents: the engine's net.limit rows are already
+// folded; a flood that exhausted the bucket does not fold them again.
+func TestAuditLimitKeepsLimitEvents(t *testing.T) {
+	t.Parallel()
+	l := newAuditLimit()
+	now := time.Unix(1000, 0)
+	for i := range auditBurst + 10 {
+		l.admit(store.Event{Action: "net.allow", Detail: map[string]any{"dst": fmt.Sprint(i)}}, now)
+	}
+	if !l.admit(store.Event{Action: "net.limit", Detail: map[string]any{"rule": "limit:dests", "count": uint64(900), "aggregated": true}}, now) {
+		t.Fatal("a net.limit row was folded")
+	}
+}
+
 func TestAuditorFloodBoundsCatalog(t *testing.T) {
 	t.Parallel()
 	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))

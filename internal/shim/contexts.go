@@ -44,7 +44,7 @@ const (
 // `end`.
 type contextRelay struct {
 	agent *agentapi.Client
-	env   []string      // the sandbox's default environment
+	env   *defaultEnv   // the sandbox's default environment
 	clk   clock.Clock   // host-side deadlines and durations (nil: the system clock)
 	grace time.Duration // past a run's timeout, the host's deadline (timeoutGrace)
 }
@@ -123,7 +123,7 @@ func (r *contextRelay) Create(ctx context.Context, req *connect.Request[shimv2.C
 		}
 	}
 	resp, err := r.agent.Contexts.Create(ctx, connect.NewRequest(&agentv1.CreateContextRequest{
-		Language: m.GetLanguage(), Id: m.GetId(), Cwd: m.GetCwd(), Env: withDefaults(r.env, m.GetEnv()),
+		Language: m.GetLanguage(), Id: m.GetId(), Cwd: m.GetCwd(), Env: withDefaults(r.env.get(), m.GetEnv()),
 	}))
 	if err != nil {
 		return nil, relayErr("create context", err)

@@ -53,6 +53,8 @@ type guardedExec struct {
 
 	cancel       context.CancelFunc
 	timer        clock.Timer
+	deadline     time.Time // of timer (zero without one)
+	clk          clock.Clock
 	hostTimedOut atomic.Bool
 	limit        uint64
 	sent         uint64
@@ -68,10 +70,33 @@ func openExec(ctx context.Context, agent *agentapi.Client, start *agentv1.ExecSt
 		return nil, err
 	}
 	start.Env = withDefaults(defaults, start.GetEnv())
-	ctx, cancel := context.WithCancel(ctx)
-	g := &guardedExec{cancel: cancel, limit: start.GetMaxOutputBytes()}
+	var d time.Duration
 	if t := start.GetTimeoutMs(); t > 0 {
-		d := time.Duration(t)*time.Millisecond + grace
+		d = time.Duration(t)*time.Millisecond + grace
+	}
+	return openStream(ctx, agent, start, clk, start.GetMaxOutputBytes(), d)
+}
+
+// openAdopt opens an exec stream that adopts the process the agent parked
+// under token (a pause parked it). The host-side limits go on where they
+// stopped: sent of limit output bytes forwarded, and left of the deadline
+// (0: none). The caller must Close the result.
+func openAdopt(ctx context.Context, agent *agentapi.Client, token string, clk clock.Clock, limit, sent uint64, truncated bool, left time.Duration) (*guardedExec, error) {
+	g, err := openStream(ctx, agent, &agentv1.ExecStart{Adopt: token}, clk, limit, left)
+	if err != nil {
+		return nil, err
+	}
+	g.sent, g.truncated = sent, truncated
+	return g, nil
+}
+
+// openStream opens the agent stream, arms the host-side deadline (after d,
+// 0: none) and sends start.
+func openStream(ctx context.Context, agent *agentapi.Client, start *agentv1.ExecStart, clk clock.Clock, limit uint64, d time.Duration) (*guardedExec, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	g := &guardedExec{cancel: cancel, limit: limit, clk: clk}
+	if d > 0 {
+		g.deadline = clk.Now().Add(d)
 		g.timer = clk.AfterFunc(d, func() { g.hostTimedOut.Store(true); cancel() })
 	}
 	g.as = agent.Exec.Exec(ctx)
@@ -155,11 +180,27 @@ func (g *guardedExec) Next() (*agentv1.ExecResponse, error) {
 			if e.Started == nil {
 				e.Started = &agentv1.ExecStarted{}
 			}
+		case *agentv1.ExecResponse_Parked:
+			// The agent keeps the process (the answer to a park): the host
+			// deadline stops with it and goes on from where it was (left).
+			if g.timer != nil {
+				g.timer.Stop()
+			}
+			g.done = true
 		default:
 			continue // unknown event from a newer or hostile agent: drop
 		}
 		return ev, nil
 	}
+}
+
+// left is what remains of the host-side deadline (0: none; at least 1 ns
+// once armed).
+func (g *guardedExec) left() time.Duration {
+	if g.deadline.IsZero() {
+		return 0
+	}
+	return max(g.deadline.Sub(g.clk.Now()), time.Nanosecond)
 }
 
 // Close cancels the stream (the agent kills the process if it still runs)
@@ -215,4 +256,31 @@ func envList(env map[string]string) []string {
 		out = append(out, k+"="+env[k])
 	}
 	return out
+}
+
+// defaultEnv is the sandbox's default environment of execs and code
+// contexts as "K=V" lines, replaced whole by a live change of its secrets
+// (their placeholders). A nil *defaultEnv is empty. Safe for concurrent
+// use.
+type defaultEnv struct{ p atomic.Pointer[[]string] }
+
+func newDefaultEnv(env map[string]string) *defaultEnv {
+	d := &defaultEnv{}
+	d.set(env)
+	return d
+}
+
+func (d *defaultEnv) get() []string {
+	if d == nil {
+		return nil
+	}
+	if p := d.p.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (d *defaultEnv) set(env map[string]string) {
+	l := envList(env)
+	d.p.Store(&l)
 }

@@ -163,30 +163,42 @@ func (l lifecycleService) Usage(ctx context.Context, _ *connect.Request[shimv2.U
 }
 
 // preconditions for pause: nothing in flight that a pause would cut off
-// (unless forced), and no secrets (their values would not survive).
-func (s *shim) pauseCheck(force bool, own int64) error {
+// (unless forced). (Secret values survive: the control plane keeps them
+// sealed and binds them again at the resume.) Running
+// execs do not count when park is set (the pause parks them), nor do the
+// client streams that follow them.
+func (s *shim) pauseCheck(force, park bool, own int64) error {
 	if s.noSave != "" {
 		return connect.NewError(connect.CodeFailedPrecondition, errors.New(s.noSave))
-	}
-	if len(s.cfg.Secrets) > 0 {
-		return connect.NewError(connect.CodeFailedPrecondition, errors.New("a sandbox with secrets cannot be paused: their values live only in its supervisor's memory and would be lost"))
 	}
 	if force {
 		return nil
 	}
+	pending := func() (requests, busy int64) {
+		requests, busy = s.act.inflight.Load()-own, s.busy()
+		if park && s.execs != nil {
+			execs, streams := s.execs.Parkable()
+			requests, busy = requests-streams, busy-execs
+		}
+		return requests, busy
+	}
 	// A request whose client just got its answer may still be finishing
 	// on this side: give in-flight work a moment to end.
 	for deadline := time.Now().Add(pauseDrain); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if s.act.inflight.Load()-own <= 0 && s.busy() == 0 {
+		if r, b := pending(); r <= 0 && b <= 0 {
 			break
 		}
 	}
-	// own: the Pause request itself, when there is one.
-	if n := s.act.inflight.Load() - own; n > 0 {
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d requests (execs, code runs, file transfers) are in flight; wait for them, or use force", n))
+	requests, busy := pending()
+	if requests > 0 {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d requests (code runs, file transfers) are in flight; wait for them, or use force", requests))
 	}
-	if n := s.busy(); n > 0 {
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d commands or connections are running; wait for them, or use force (they are ended)", n))
+	if busy > 0 {
+		what := "commands or connections are running"
+		if park {
+			what = "connections to published ports are open"
+		}
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%d %s; wait for them, or use force (they are ended)", busy, what))
 	}
 	return nil
 }
@@ -221,7 +233,11 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	if !ok {
 		return nil, false, connect.NewError(connect.CodeUnimplemented, errors.New("this sandbox's runtime cannot pause it (gvisor sandboxes cannot pause yet; qemu ones can)"))
 	}
-	if err := s.pauseCheck(force, own); err != nil {
+	// Without force, running execs are parked in the guest and go on after
+	// the resume (an agent older than protocol 8 cannot: they refuse the
+	// pause as before).
+	park := !force && s.execs != nil && s.execs.CanPark()
+	if err := s.pauseCheck(force, park, own); err != nil {
 		return nil, false, err
 	}
 	sb, err := s.st.GetSandbox(ctx, s.cfg.ID)
@@ -247,8 +263,15 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 		}
 	}()
 	t0 := time.Now()
-	// Owned execs end (forced), then the agent channel closes: the guest
-	// must see its EOF before it is frozen.
+	// Owned execs are parked (or, forced, end), then the agent channel
+	// closes: the guest must see its EOF before it is frozen.
+	if park {
+		saved := s.execs.Park()
+		if err := writeSavedExecs(dir, saved); err != nil {
+			return nil, true, fmt.Errorf("save the execs: %w", err)
+		}
+		s.log.Info("execs parked", "execs", len(saved))
+	}
 	if s.execs != nil {
 		s.execs.CloseFor("the sandbox was paused (force)")
 	}
@@ -295,6 +318,11 @@ func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("the guest kernel or initramfs this sandbox was paused with is gone (%s)", p)
 		}
+	}
+	if s.savedExecs, err = readSavedExecs(dir); err != nil {
+		// The guest resumes; its parked execs are not adopted (the agent
+		// kills them after a while).
+		s.log.Warn("the execs the pause saved are unreadable", "err", err)
 	}
 	spec.Kernel, spec.Initrd = m.Kernel, m.Initrd
 	spec.RestoreFrom = filepath.Join(dir, statedir.PauseStateDir)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/x509"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +42,8 @@ type network struct {
 	// inbound counts open connections from the host into the guest
 	// (published ports, ports.sock): they keep the sandbox from idling.
 	inbound atomic.Int64
+	// egressOnce adds the run's egress to its tenant's total once.
+	egressOnce sync.Once
 }
 
 // startNetwork builds the engine for sb's spec and serves it on the
@@ -70,6 +71,10 @@ func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.
 	if err != nil {
 		return nil, err
 	}
+	ping, err := testPinger(s.cfg.TestDialMap)
+	if err != nil {
+		return nil, err
+	}
 	roots, err := upstreamRoots(s.cfg.UpstreamCAFile)
 	if err != nil {
 		return nil, err
@@ -80,6 +85,7 @@ func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.
 		HostAddrs:     hostAddrs(),
 		DNSUpstream:   up,
 		Dial:          dial,
+		Ping:          ping,
 		UpstreamRoots: roots,
 		Audit:         n.audit.add,
 		Logger:        s.log.With("component", "net"),
@@ -125,8 +131,9 @@ func (n *network) usage() *shimv2.NetworkUsage {
 	if n == nil || n.eng == nil || n.spec.Mode == "none" {
 		return nil
 	}
-	st := n.eng.Stats()
+	st, u := n.eng.Stats(), n.eng.Usage()
 	return &shimv2.NetworkUsage{
+		EgressBytes: u.EgressBytes, FlowsLimited: u.FlowsLimited, DatagramsLimited: u.DatagramsLimited,
 		ReceiveBytes: st.BytesOut, TransmitBytes: st.BytesIn, // the stack's out is the guest's receive
 		ReceiveFrames: st.FramesOut, TransmitFrames: st.FramesIn,
 		Connections:  uint32(max(st.ActiveConns, 0)),
@@ -156,22 +163,23 @@ func (n *network) listenPorts(ctx context.Context, id string) error {
 	_ = os.Chmod(sock, 0o600)
 	n.serve(ctx, ln, func(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		var b [2]byte
-		if _, err := io.ReadFull(c, b[:]); err != nil {
-			return
-		}
-		port := binary.BigEndian.Uint16(b[:])
-		g, err := n.eng.DialGuest(ctx, port)
+		port, peer, err := readPortsHeader(c)
 		if err != nil {
-			fmt.Fprintf(c, "error: nothing accepts connections on guest port %d (%s)\n", port, oneLine(err.Error()))
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				fmt.Fprintf(c, "error: %s\n", oneLine(err.Error()))
+			}
 			return
 		}
-		_ = c.SetDeadline(time.Time{})
-		if _, err := io.WriteString(c, "ok\n"); err != nil {
-			g.Close()
-			return
-		}
-		splice(c, g)
+		in := inbound{via: viaPorts, port: port, peer: peer}
+		serveInbound(ctx, c, in, n.eng.DialGuest, n.s.clk.Now, func(err error) bool {
+			if err != nil {
+				fmt.Fprintf(c, "error: nothing accepts connections on guest port %d (%s)\n", port, oneLine(err.Error()))
+				return false
+			}
+			_ = c.SetDeadline(time.Time{})
+			_, werr := io.WriteString(c, "ok\n")
+			return werr == nil
+		}, n.audit.add)
 	})
 	changed := false
 	for i, p := range n.spec.Ports {
@@ -187,11 +195,9 @@ func (n *network) listenPorts(ctx context.Context, id string) error {
 		guestPort := p.GuestPort
 		n.s.log.Info("published port", "host", ln.Addr().String(), "guest_port", guestPort)
 		n.serve(ctx, ln, func(c net.Conn) {
-			g, err := n.eng.DialGuest(ctx, guestPort)
-			if err != nil {
-				return // closing c resets the client
-			}
-			splice(c, g)
+			// A refused dial returns; closing c resets the client.
+			in := inbound{via: viaPublish, port: guestPort, peer: peerIP(c.RemoteAddr())}
+			serveInbound(ctx, c, in, n.eng.DialGuest, n.s.clk.Now, nil, n.audit.add)
 		})
 	}
 	if changed {
@@ -253,13 +259,24 @@ func (n *network) close() {
 	n.wg.Wait()
 	n.conns.Wait()
 	n.audit.close()
+	if n.eng != nil {
+		// The run's egress joins its tenant's total (/metrics), once.
+		n.egressOnce.Do(func() {
+			if err := n.s.st.AddTenantEgress(context.Background(), n.audit.sb.Tenant, n.eng.Usage().EgressBytes); err != nil {
+				n.s.log.Error("tenant egress total", "err", err)
+			}
+		})
+	}
 }
 
-// splice copies both ways with half-closes and closes both at the end.
-func splice(a, b net.Conn) {
+// splice copies both ways with half-closes and closes both at the end. It
+// returns the bytes written to a and to b.
+func splice(a, b net.Conn) (toA, toB int64) {
 	var wg sync.WaitGroup
-	cp := func(dst, src net.Conn) {
-		if _, err := io.Copy(dst, src); err != nil {
+	cp := func(dst, src net.Conn, n *int64) {
+		var err error
+		*n, err = io.Copy(dst, src)
+		if err != nil {
 			_ = dst.Close()
 			_ = src.Close()
 			return
@@ -269,11 +286,12 @@ func splice(a, b net.Conn) {
 		}
 		_ = dst.Close()
 	}
-	wg.Go(func() { cp(a, b) })
-	wg.Go(func() { cp(b, a) })
+	wg.Go(func() { cp(a, b, &toA) })
+	wg.Go(func() { cp(b, a, &toB) })
 	wg.Wait()
 	_ = a.Close()
 	_ = b.Close()
+	return toA, toB
 }
 
 // hostAddrs are the host's own interface addresses (denied to guests).
@@ -330,6 +348,22 @@ func testDialer(spec string) (egress.DialFunc, error) {
 	if spec == "" {
 		return d.DialContext, nil
 	}
+	m, err := parseDialMap(spec)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		if ap, err := netip.ParseAddrPort(address); err == nil {
+			if to, ok := m[ap.Addr()]; ok {
+				address = netip.AddrPortFrom(to, ap.Port()).String()
+			}
+		}
+		return d.DialContext(ctx, network, address)
+	}, nil
+}
+
+// parseDialMap parses the dial-map test hook: "ip=ip,...".
+func parseDialMap(spec string) (map[netip.Addr]netip.Addr, error) {
 	m := map[netip.Addr]netip.Addr{}
 	for _, kv := range strings.Split(spec, ",") {
 		k, v, ok := strings.Cut(kv, "=")
@@ -340,13 +374,25 @@ func testDialer(spec string) (egress.DialFunc, error) {
 		}
 		m[from] = to
 	}
-	return func(ctx context.Context, network, address string) (net.Conn, error) {
-		if ap, err := netip.ParseAddrPort(address); err == nil {
-			if to, ok := m[ap.Addr()]; ok {
-				address = netip.AddrPortFrom(to, ap.Port()).String()
-			}
+	return m, nil
+}
+
+// testPinger is the host's ping (egress.SystemPing) with the dial-map
+// test hook applied: the policy decides on the address the guest pinged,
+// the echo goes to the mapped one.
+func testPinger(spec string) (egress.PingFunc, error) {
+	if spec == "" {
+		return egress.SystemPing, nil
+	}
+	m, err := parseDialMap(spec)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, dst netip.Addr, data []byte) error {
+		if to, ok := m[dst]; ok {
+			dst = to
 		}
-		return d.DialContext(ctx, network, address)
+		return egress.SystemPing(ctx, dst, data)
 	}, nil
 }
 

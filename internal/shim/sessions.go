@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -47,7 +48,7 @@ type sessions struct {
 	agent     *agentapi.Client
 	st        *store.Store
 	sandboxID string
-	env       []string // the sandbox's default environment
+	env       *defaultEnv // the sandbox's default environment
 	log       *slog.Logger
 	clk       clock.Clock     // start and end times, host-side exec deadlines
 	retainCap int             // see retainCap
@@ -65,12 +66,19 @@ type sessions struct {
 	finished []string // ids of finished sessions, oldest first
 	running  int      // running or starting
 	closed   bool
+	parking  bool // Park runs: Start refuses
+	// parkCh is closed when Park starts: a flow-controlling attacher no
+	// longer holds an exec's output back (its pump must get to the park).
+	parkCh chan struct{}
+	// streams counts client streams following or controlling an exec
+	// (ExecService): a pause that parks the execs ends them.
+	streams atomic.Int64
 }
 
-func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, env []string, log *slog.Logger, clk clock.Clock) *sessions {
+func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, env *defaultEnv, log *slog.Logger, clk clock.Clock) *sessions {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &sessions{agent: agent, st: st, sandboxID: sandboxID, env: env, log: log, clk: clk, retainCap: retainCap, grace: timeoutGrace,
-		ctx: ctx, cancel: cancel, byID: map[string]*session{}}
+		ctx: ctx, cancel: cancel, byID: map[string]*session{}, parkCh: make(chan struct{})}
 }
 
 // session is one exec owned by the shim.
@@ -95,6 +103,9 @@ type session struct {
 	attachers map[*attacher]struct{}
 	endedAt   time.Time
 	exit      *agentv1.ExecExited // nil while running
+	parked    bool                // a pause parked it in the guest (Park)
+	killNote  string              // why the host ended its stream (Park), for the output's last note
+	pumpDone  chan struct{}       // closed when its pump returns
 }
 
 // attacher is one live reader of a session. Its queue is guarded by the
@@ -151,6 +162,9 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 	case t.closed:
 		t.mu.Unlock()
 		return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is stopping"))
+	case t.parking:
+		t.mu.Unlock()
+		return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox is pausing; retry"))
 	case t.running >= maxRunningSessions:
 		t.mu.Unlock()
 		return nil, nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("at most %d execs can run at once in a sandbox", maxRunningSessions))
@@ -171,7 +185,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 			return nil, nil, connect.NewError(connect.CodeFailedPrecondition, err)
 		}
 	}
-	g, err := openExec(t.ctx, t.agent, start, t.env, t.clk, t.grace)
+	g, err := openExec(t.ctx, t.agent, start, t.env.get(), t.clk, t.grace)
 	if err != nil {
 		return nil, nil, notStarted(err)
 	}
@@ -192,7 +206,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 	s := &session{
 		id: guest.NewExecID(), argv: slices.Clone(start.GetArgv()), stdin: start.GetStdin() || start.GetTty() != nil, tty: start.GetTty() != nil,
 		tenant: tenant, keyID: keyID, killOnDetach: killOnDetach,
-		startedAt: t.clk.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{},
+		startedAt: t.clk.Now(), pid: ev.GetStarted().GetPid(), g: g, attachers: map[*attacher]struct{}{}, pumpDone: make(chan struct{}),
 	}
 	starter := newAttacher(true)
 	s.attachers[starter] = struct{}{} // before the pump reads any output
@@ -249,14 +263,21 @@ func (t *sessions) audit(s *session, action string, detail map[string]any) error
 	return err
 }
 
-// pump moves the agent's events into the session until the exec ends.
+// pump moves the agent's events into the session until the exec ends (or
+// is parked).
 func (t *sessions) pump(s *session) {
+	defer close(s.pumpDone)
 	defer s.g.Close()
 	for {
 		ev, err := s.g.Next()
 		if err != nil {
 			note := "[airlock: the exec's stream to the guest broke; the process was killed]\n"
-			if t.ctx.Err() != nil {
+			s.mu.Lock()
+			killNote := s.killNote
+			s.mu.Unlock()
+			if killNote != "" {
+				note = "[airlock: " + killNote + "; the process was killed]\n"
+			} else if t.ctx.Err() != nil {
 				t.mu.Lock()
 				note = "[airlock: " + cmp.Or(t.endNote, "the sandbox stopped") + "; the process was killed]\n"
 				t.mu.Unlock()
@@ -270,6 +291,9 @@ func (t *sessions) pump(s *session) {
 		switch ev.GetEvent().(type) {
 		case *agentv1.ExecResponse_Exited:
 			t.finish(s, ev.GetExited())
+			return
+		case *agentv1.ExecResponse_Parked:
+			t.parked(s, ev)
 			return
 		case *agentv1.ExecResponse_Stdout, *agentv1.ExecResponse_Stderr:
 			s.publish(t, ev)
@@ -300,9 +324,10 @@ func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
 		case <-behind.space:
 		case <-behind.gone:
 		case <-t.ctx.Done():
+		case <-t.parkCh:
 		}
 		s.mu.Lock()
-		if t.ctx.Err() != nil {
+		if t.ctx.Err() != nil || t.parkStarted() {
 			break
 		}
 	}
@@ -341,6 +366,26 @@ func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
 	}
 }
 
+// endAttachersLocked queues ev, the last event of s's streams (exited or
+// parked), for every attacher and lets them go. The caller holds s.mu.
+func (s *session) endAttachersLocked(ev *agentv1.ExecResponse) {
+	for a := range s.attachers {
+		a.q = append(a.q, ev)
+		a.notify()
+	}
+	s.attachers = nil
+}
+
+// parkStarted reports whether Park has begun.
+func (t *sessions) parkStarted() bool {
+	select {
+	case <-t.parkCh:
+		return true
+	default:
+		return false
+	}
+}
+
 // killIfDetachedLocked kills a kill_on_detach exec whose last attacher
 // went away. The caller holds s.mu.
 func (s *session) killIfDetachedLocked(t *sessions) {
@@ -369,11 +414,7 @@ func (t *sessions) finish(s *session, ex *agentv1.ExecExited) {
 	ev := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: ex}}
 	s.mu.Lock()
 	s.exit, s.endedAt = ex, now
-	for a := range s.attachers {
-		a.q = append(a.q, ev)
-		a.notify()
-	}
-	s.attachers = nil
+	s.endAttachersLocked(ev)
 	s.mu.Unlock()
 
 	t.mu.Lock()
@@ -553,9 +594,12 @@ func (s *session) Attach(ctx context.Context, t *sessions, fromStart bool, send 
 		backlog = append(backlog, s.out...)
 	}
 	var a *attacher
-	if s.exit != nil {
+	switch {
+	case s.exit != nil:
 		backlog = append(backlog, &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: s.exit}})
-	} else {
+	case s.parked:
+		backlog = append(backlog, parkedEvent)
+	default:
 		a = newAttacher(false)
 		s.attachers[a] = struct{}{}
 	}
@@ -601,7 +645,7 @@ func (s *session) follow(ctx context.Context, a *attacher, send func(*agentv1.Ex
 			if err := send(ev); err != nil {
 				return err
 			}
-			if ev.GetExited() != nil {
+			if ev.GetExited() != nil || ev.GetParked() != nil {
 				return nil
 			}
 		}

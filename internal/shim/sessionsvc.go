@@ -83,6 +83,9 @@ func (v execService) Exec(ctx context.Context, cs *connect.BidiStream[shimv2.Exe
 	default:
 		return invalid(errors.New("the first exec message must be start or attach"))
 	}
+	// A pause that parks the execs ends this stream (see Parkable).
+	v.t.streams.Add(1)
+	defer v.t.streams.Add(-1)
 	if err := cs.Send(&shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Started{Started: s.info()}}); err != nil {
 		if starter != nil {
 			s.detach(v.t, starter)
@@ -159,6 +162,8 @@ func wireEvent(ev *agentv1.ExecResponse) *shimv2.ExecServerMessage {
 		return &shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Stderr{Stderr: e.Stderr}}
 	case *agentv1.ExecResponse_Exited:
 		return &shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Exited{Exited: wireExit(e.Exited)}}
+	case *agentv1.ExecResponse_Parked:
+		return &shimv2.ExecServerMessage{Event: &shimv2.ExecServerMessage_Paused{Paused: &shimv2.ExecPaused{}}}
 	}
 	return nil
 }

@@ -108,6 +108,9 @@ type Config struct {
 	// sandbox.Manager.DiskReserve: an idle pause that could take the
 	// filesystem below it is skipped (the sandbox keeps running).
 	DiskReserve int64
+	// NoProcAudit turns the guest process audit off (procaudit.go):
+	// the shim does not ask the agent for the programs the guest runs.
+	NoProcAudit bool
 	Log         *slog.Logger
 	// Clock is the time of the shim's timers and timestamps: the
 	// lifetime (expires_at and its re-reads), the idle pause and the
@@ -140,17 +143,21 @@ type shim struct {
 	srv   *http.Server
 	tmpl  *template.Template // the template this sandbox was cloned from, if any
 	// noSave, if set, is why the guest cannot be saved (pause refuses).
-	noSave   string
-	execs    *sessions           // execs the shim owns (ExecService)
-	contexts *contextRelay       // ContextService
-	net      *network            // the guest's network
-	env      map[string]string   // default environment of execs and contexts
-	boot     statedir.BootConfig // kernel and initramfs the guest runs
-	accel    string              // "kvm" or "tcg"
-	act      activity            // what keeps the sandbox from idling
-	pauseReq chan pauseReq       // LifecycleService.Pause asks the main loop
-	gen      int64               // the generation this shim owns (store.Transition)
-	envelope *hostcg.Envelope    // the host cgroup this shim and its VMM run in; nil if none
+	noSave string
+	execs  *sessions // execs the shim owns (ExecService)
+	// savedExecs are the execs the pause being resumed saved (park.go).
+	savedExecs []savedExec
+	contexts   *contextRelay       // ContextService
+	net        *network            // the guest's network
+	env        map[string]string   // default environment of execs and contexts, at start
+	defEnv     *defaultEnv         // the same, as execs get it (a live secrets change replaces it)
+	boot       statedir.BootConfig // kernel and initramfs the guest runs
+	accel      string              // "kvm" or "tcg"
+	act        activity            // what keeps the sandbox from idling
+	pauseReq   chan pauseReq       // LifecycleService.Pause asks the main loop
+	gen        int64               // the generation this shim owns (store.Transition)
+	envelope   *hostcg.Envelope    // the host cgroup this shim and its VMM run in; nil if none
+	proc       *procAudit          // the guest's process audit; nil if off
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -257,6 +264,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	defer signal.Stop(sigs)
 
 	s.env = sb.Env
+	s.defEnv = newDefaultEnv(sb.Env)
 	defer s.leaveEnvelope()
 	err = s.enterEnvelope(sb)
 	if err == nil {
@@ -452,6 +460,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		RootDiskFormat: "qcow2",
 		RunDir:         s.l.RunDir(sb.ID),
 		Network:        true,
+		ProcAudit:      !s.cfg.NoProcAudit,
 	}
 	if s.envelope != nil {
 		spec.HostCgroup = s.envelope.Path()
@@ -613,6 +622,10 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	mark("sync")
+	if !s.cfg.NoProcAudit {
+		s.proc = startProcAudit(s.agent, s.inst, s.st, sb, s.log, s.clk)
+		mark("audit")
+	}
 	if verify != nil {
 		if err := verify(); err != nil {
 			return err
@@ -629,6 +642,19 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	if err := s.serve(); err != nil {
 		return err
+	}
+	if fromSnap != "" {
+		// The execs parked in the snapshot's memory, as its pause saved
+		// them (none for a snapshot older than parking).
+		if s.savedExecs, err = readSavedExecs(s.l.SnapshotDir(fromSnap)); err != nil {
+			s.log.Warn("the snapshot's saved execs are unreadable", "err", err)
+		}
+	}
+	if s.savedExecs != nil || fromSnap != "" {
+		// Execs a pause parked go on (a fork's too: parked in its
+		// snapshot's memory).
+		s.execs.restore(bootCtx, s.savedExecs, fromSnap != "", sb.Tenant)
+		mark("adopt")
 	}
 	if _, err := s.st.Transition(ctx, sb.ID, store.Change{To: store.StateRunning, Gen: s.gen}); err != nil {
 		return fmt.Errorf("mark running: %w", err)
@@ -651,7 +677,7 @@ func (s *shim) serve() error {
 		return fmt.Errorf("listen %s: %w", filepath.Base(sock), err)
 	}
 	_ = os.Chmod(sock, 0o600)
-	env := envList(s.env)
+	env := s.defEnv
 	mux := http.NewServeMux()
 	// The shim's own contract (proto/airlock/shim/v2), mapped to the guest
 	// protocol inside.
@@ -659,6 +685,7 @@ func (s *shim) serve() error {
 	s.contexts = &contextRelay{agent: s.agent, env: env, clk: s.clk, grace: timeoutGrace}
 	mux.Handle(shimv2connect.NewContextServiceHandler(s.contexts))
 	mux.Handle(shimv2connect.NewLifecycleServiceHandler(lifecycleService{s: s, since: s.clk.Now()}))
+	mux.Handle(shimv2connect.NewNetworkServiceHandler(networkService{s: s}))
 	s.execs = newSessions(s.agent, s.st, s.cfg.ID, env, s.log, s.clk)
 	if c, ok := s.inst.(runtime.HostOOMCounter); ok {
 		s.execs.hostOOM = c.HostOOMKills
@@ -681,6 +708,7 @@ func (s *shim) serve() error {
 // teardownPaused ends a sandbox that was just paused: its VMM has exited;
 // the root disk and the saved state stay for the resume.
 func (s *shim) teardownPaused(ctx context.Context) {
+	s.proc.close()
 	s.stopServing(ctx)
 	if s.net != nil {
 		s.net.close()
@@ -730,6 +758,7 @@ func (s *shim) teardown(ctx context.Context, removing bool) {
 		s.execs.Close()
 	}
 	s.stopServing(ctx)
+	s.proc.close()
 	s.flushGuest(ctx)
 	if s.agent != nil {
 		_ = s.agent.Close()

@@ -269,6 +269,9 @@ func (s *execStream) Recv() (guest.ExecEvent, error) {
 		case *shimv2.ExecServerMessage_Exited:
 			s.done = true
 			return guest.ExecEvent{Kind: guest.ExecExited, Exit: exitStatus(e.Exited)}, nil
+		case *shimv2.ExecServerMessage_Paused:
+			s.done = true
+			return guest.ExecEvent{}, guest.ErrExecPaused
 		}
 	}
 }

@@ -88,5 +88,6 @@ func networkUsage(n *shimv2.NetworkUsage) *guest.NetworkUsage {
 		ReceiveFrames: n.GetReceiveFrames(), TransmitFrames: n.GetTransmitFrames(),
 		Connections:  int(n.GetConnections()),
 		DialsAllowed: n.GetDialsAllowed(), DialsDenied: n.GetDialsDenied(), DialsBusy: n.GetDialsBusy(),
+		EgressBytes: n.GetEgressBytes(), FlowsLimited: n.GetFlowsLimited(), DatagramsLimited: n.GetDatagramsLimited(),
 	}
 }

@@ -68,6 +68,9 @@ type Options struct {
 	// allowed a flow to a.b.c.d the shim dials w.x.y.z instead
 	// (envknob.TestDialMap). Set only by tests and the benchmarks.
 	TestDialMap string `json:"test_dial_map,omitempty"`
+	// ProcAudit is on or off ("" is on): whether the shim records the
+	// programs the guest runs in the audit trail (envknob.ProcAudit).
+	ProcAudit string `json:"proc_audit,omitempty"`
 }
 
 // WithDefaults returns o with its empty fields set to their defaults.
@@ -125,6 +128,8 @@ func (d Doc) Validate() error {
 		return bad("log_level %q: want debug, info, warn or error", d.LogLevel)
 	case d.HostCgroups != "auto" && d.HostCgroups != "on" && d.HostCgroups != "off":
 		return bad("host_cgroups %q: want auto, on or off", d.HostCgroups)
+	case d.ProcAudit != "" && d.ProcAudit != "on" && d.ProcAudit != "off":
+		return bad("proc_audit %q: want on or off", d.ProcAudit)
 	case len(d.Secrets) > netconf.MaxSecrets:
 		return bad("%d secrets (at most %d)", len(d.Secrets), netconf.MaxSecrets)
 	}

@@ -15,7 +15,7 @@ func valid() Doc {
 	return Doc{
 		Version: Version, StateDir: "/var/lib/airlock", ID: "abcdefghijklmnopqrst", Runtime: "qemu", DiskReserve: -1,
 		Options: Options{Accel: "tcg", LogLevel: "debug", HostCgroups: "on", DNS: "127.0.0.1:5353",
-			UpstreamCAFile: "/etc/ca.pem", TestDialMap: "192.0.2.1=127.0.0.1"},
+			UpstreamCAFile: "/etc/ca.pem", TestDialMap: "192.0.2.1=127.0.0.1", ProcAudit: "off"},
 		Secrets: netconf.Values{"API_KEY": "s3cr3t-value"},
 	}
 }
@@ -63,6 +63,7 @@ func TestReadRefuses(t *testing.T) {
 		{"bad accel", strings.Replace(doc, `"accel":"tcg"`, `"accel":"hvf"`, 1), `accel "hvf"`},
 		{"bad log level", strings.Replace(doc, `"log_level":"debug"`, `"log_level":"loud"`, 1), "log_level"},
 		{"bad host cgroups", strings.Replace(doc, `"host_cgroups":"on"`, `"host_cgroups":"yes"`, 1), "host_cgroups"},
+		{"bad proc audit", strings.Replace(doc, `"proc_audit":"off"`, `"proc_audit":"no"`, 1), "proc_audit"},
 		{"two documents", doc + doc, "data after the document"},
 		{"not JSON", "{" + doc, "not JSON"},
 		{"truncated", doc[:len(doc)-5], "truncated"},

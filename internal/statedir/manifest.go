@@ -40,6 +40,9 @@ type PauseManifest struct {
 const (
 	PauseStateDir     = "state"         // the runtime's saved state
 	PauseManifestFile = "manifest.json" // PauseManifest
+	// PausedExecsFile holds the execs a pause parked in the guest (the
+	// shim's; a snapshot keeps a copy for its sandboxes).
+	PausedExecsFile = "execs.json"
 )
 
 // HashDir is the sha256 over the regular files of dir (name, size,

@@ -31,7 +31,30 @@ type APIKey struct {
 	MaxSnapshots int // named snapshots
 	MaxVolumes   int // named volumes
 	RatePerMin   int
+	// Outbound abuse limits of the tenant's sandboxes (netconf.Spec's
+	// ConnRate, DestsPerMin, UDPRate): 0 means the server's default, -1
+	// no limit.
+	NetConnRate    int
+	NetDestsPerMin int
+	NetUDPRate     int
 }
+
+// validate checks k's limits; it makes negative network limits -1.
+func (k *APIKey) validate() error {
+	if k.MaxSandboxes < 0 || k.MaxVCPUs < 0 || k.MaxMemoryMiB < 0 || k.MaxDiskMiB < 0 || k.MaxSnapshots < 0 || k.MaxVolumes < 0 || k.RatePerMin < 0 {
+		return fmt.Errorf("%w: key limits must not be negative", errdefs.ErrInvalid)
+	}
+	for _, v := range []*int{&k.NetConnRate, &k.NetDestsPerMin, &k.NetUDPRate} {
+		if *v > maxNetLimit {
+			return fmt.Errorf("%w: network limits must be at most %d (or negative: no limit)", errdefs.ErrInvalid, maxNetLimit)
+		}
+		*v = max(*v, -1)
+	}
+	return nil
+}
+
+// maxNetLimit is netconf.MaxAbuseLimit (the store does not import netconf).
+const maxNetLimit = 1 << 16
 
 // ErrBadKey is returned by LookupKey for any key that does not authenticate
 // (malformed, unknown, wrong secret or revoked); callers cannot tell which.
@@ -73,8 +96,8 @@ func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, string, error)
 	if err := ValidateTenant(k.Tenant); err != nil {
 		return k, "", err
 	}
-	if k.MaxSandboxes < 0 || k.MaxVCPUs < 0 || k.MaxMemoryMiB < 0 || k.MaxDiskMiB < 0 || k.MaxSnapshots < 0 || k.MaxVolumes < 0 || k.RatePerMin < 0 {
-		return k, "", fmt.Errorf("%w: key limits must not be negative", errdefs.ErrInvalid)
+	if err := k.validate(); err != nil {
+		return k, "", err
 	}
 	idb, secb := make([]byte, 5), make([]byte, 20)
 	_, _ = rand.Read(idb) // crypto/rand.Read never fails (go1.24)
@@ -84,22 +107,23 @@ func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, string, error)
 	if k.Created.IsZero() {
 		k.Created = time.Now()
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min,max_volumes)
-		VALUES(?,?,?,?,?,0,?,?,?,?,?,?,?)`, k.ID, k.Tenant, hashSecret(secret), k.Admin, k.Created.UnixNano(),
-		k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.MaxSnapshots, k.RatePerMin, k.MaxVolumes)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min,max_volumes,net_conn_rate,net_dests_per_min,net_udp_pps)
+		VALUES(?,?,?,?,?,0,?,?,?,?,?,?,?,?,?,?)`, k.ID, k.Tenant, hashSecret(secret), k.Admin, k.Created.UnixNano(),
+		k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.MaxSnapshots, k.RatePerMin, k.MaxVolumes, k.NetConnRate, k.NetDestsPerMin, k.NetUDPRate)
 	if err != nil {
 		return k, "", fmt.Errorf("create key: %w", err)
 	}
 	return k, "e2b_" + k.ID + secret, nil
 }
 
-const keyCols = `id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min,max_volumes`
+const keyCols = `id,tenant,hash,admin,created,revoked,max_sandboxes,max_vcpus,max_memory_mb,max_disk_mb,max_snapshots,rate_per_min,max_volumes,net_conn_rate,net_dests_per_min,net_udp_pps`
 
 func scanKey(r scanner) (APIKey, string, error) {
 	var k APIKey
 	var hash string
 	var created int64
-	err := r.Scan(&k.ID, &k.Tenant, &hash, &k.Admin, &created, &k.Revoked, &k.MaxSandboxes, &k.MaxVCPUs, &k.MaxMemoryMiB, &k.MaxDiskMiB, &k.MaxSnapshots, &k.RatePerMin, &k.MaxVolumes)
+	err := r.Scan(&k.ID, &k.Tenant, &hash, &k.Admin, &created, &k.Revoked, &k.MaxSandboxes, &k.MaxVCPUs, &k.MaxMemoryMiB, &k.MaxDiskMiB, &k.MaxSnapshots, &k.RatePerMin, &k.MaxVolumes,
+		&k.NetConnRate, &k.NetDestsPerMin, &k.NetUDPRate)
 	k.Created = time.Unix(0, created)
 	return k, hash, err
 }
@@ -130,6 +154,25 @@ func (s *Store) RevokeKey(ctx context.Context, id string) error {
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("%w: no key %q (see `airlock keys ls`)", errdefs.ErrNotFound, id)
+	}
+	return nil
+}
+
+// UpdateKeyLimits sets the limits of key k.ID to k's (its tenant, admin
+// flag and secret stay); they apply to what the key's tenant does from
+// then on (sandboxes created since, for the network limits).
+func (s *Store) UpdateKeyLimits(ctx context.Context, k APIKey) error {
+	if err := k.validate(); err != nil {
+		return err
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET max_sandboxes=?,max_vcpus=?,max_memory_mb=?,max_disk_mb=?,max_snapshots=?,rate_per_min=?,max_volumes=?,
+		net_conn_rate=?,net_dests_per_min=?,net_udp_pps=? WHERE id=?`,
+		k.MaxSandboxes, k.MaxVCPUs, k.MaxMemoryMiB, k.MaxDiskMiB, k.MaxSnapshots, k.RatePerMin, k.MaxVolumes, k.NetConnRate, k.NetDestsPerMin, k.NetUDPRate, k.ID)
+	if err != nil {
+		return fmt.Errorf("update key: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: no key %q (see `airlock keys ls`)", errdefs.ErrNotFound, k.ID)
 	}
 	return nil
 }

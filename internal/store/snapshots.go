@@ -29,9 +29,11 @@ type Snapshot struct {
 	Env         map[string]string
 	Size        int64 // bytes on disk
 	Created     time.Time
+	// ExecDefaults are its sandbox's (a template's WORKDIR and USER).
+	ExecDefaults ExecDefaults
 }
 
-const snapshotCols = `tenant,name,id,sandbox_id,image,image_digest,cpus,memory_mib,disk_mib,network,env,size,created`
+const snapshotCols = `tenant,name,id,sandbox_id,image,image_digest,cpus,memory_mib,disk_mib,network,env,size,created,exec_defaults`
 
 // PutSnapshot records a new snapshot; a name the tenant already uses is
 // ErrAlreadyExists.
@@ -57,9 +59,9 @@ func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) error {
 	}
 	network, _ := json.Marshal(sn.Network)
 	env, _ := json.Marshal(sn.Env)
-	_, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sn.Tenant, sn.Name, sn.ID, sn.SandboxID, sn.Image, sn.ImageDigest, sn.CPUs, sn.MemoryMiB, sn.DiskMiB,
-		string(network), string(env), sn.Size, sn.Created.UnixNano())
+		string(network), string(env), sn.Size, sn.Created.UnixNano(), sn.ExecDefaults.json())
 	if err != nil {
 		return fmt.Errorf("record snapshot: %w", err)
 	}
@@ -68,12 +70,13 @@ func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) error {
 
 func scanSnapshot(r scanner) (Snapshot, error) {
 	var sn Snapshot
-	var network, env string
+	var network, env, defaults string
 	var created int64
 	if err := r.Scan(&sn.Tenant, &sn.Name, &sn.ID, &sn.SandboxID, &sn.Image, &sn.ImageDigest, &sn.CPUs, &sn.MemoryMiB, &sn.DiskMiB,
-		&network, &env, &sn.Size, &created); err != nil {
+		&network, &env, &sn.Size, &created, &defaults); err != nil {
 		return sn, err
 	}
+	_ = json.Unmarshal([]byte(defaults), &sn.ExecDefaults)
 	_ = json.Unmarshal([]byte(network), &sn.Network)
 	_ = json.Unmarshal([]byte(env), &sn.Env)
 	sn.Created = time.Unix(0, created).UTC()

@@ -83,6 +83,20 @@ type Sandbox struct {
 	Gen int64
 	// Mounts are its volumes and host directories, fixed at create.
 	Mounts []Mount
+	// ExecDefaults are the working directory and user of an exec that
+	// names none (a template's WORKDIR and USER).
+	ExecDefaults ExecDefaults
+}
+
+// ExecDefaults are what an exec that does not say runs in and as.
+type ExecDefaults struct {
+	Cwd  string `json:"cwd,omitempty"`
+	User string `json:"user,omitempty"`
+}
+
+func (d ExecDefaults) json() string {
+	b, _ := json.Marshal(d)
+	return string(b)
 }
 
 // PauseView is how views show sb's pause state: when it was last paused
@@ -256,10 +270,49 @@ var migrations = []string{
 	ALTER TABLE sandboxes ADD COLUMN mounts TEXT NOT NULL DEFAULT '[]';
 	ALTER TABLE api_keys ADD COLUMN max_volumes INTEGER NOT NULL DEFAULT 0;
 	PRAGMA user_version = 10;`,
+	// v11: a tenant's outbound abuse limits (0: the server's default, -1:
+	// none) and the egress bytes of its sandboxes' ended shim runs.
+	`ALTER TABLE api_keys ADD COLUMN net_conn_rate INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE api_keys ADD COLUMN net_dests_per_min INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE api_keys ADD COLUMN net_udp_pps INTEGER NOT NULL DEFAULT 0;
+	CREATE TABLE tenant_usage (
+		tenant TEXT PRIMARY KEY,
+		egress_bytes INTEGER NOT NULL DEFAULT 0
+	);
+	PRAGMA user_version = 11;`,
+	// v12: the tenants' vaults of host-side secrets (vault.go): values
+	// sealed by the control plane, never in clear.
+	`CREATE TABLE vault_secrets (
+		tenant TEXT NOT NULL,
+		name TEXT NOT NULL,
+		hosts TEXT NOT NULL DEFAULT '[]',
+		sealed BLOB NOT NULL,
+		created INTEGER NOT NULL,
+		updated INTEGER NOT NULL,
+		PRIMARY KEY (tenant, name)
+	);
+	PRAGMA user_version = 12;`,
+	// v13: templates built from Dockerfiles (templates.go), and the exec
+	// defaults (working directory, user) a sandbox and a snapshot carry
+	// from a template.
+	`CREATE TABLE templates (
+		tenant TEXT NOT NULL,
+		name TEXT NOT NULL,
+		snapshot TEXT NOT NULL,
+		base TEXT NOT NULL,
+		config TEXT NOT NULL DEFAULT '{}',
+		steps INTEGER NOT NULL,
+		build_ms INTEGER NOT NULL,
+		created INTEGER NOT NULL,
+		PRIMARY KEY (tenant, name)
+	);
+	ALTER TABLE sandboxes ADD COLUMN exec_defaults TEXT NOT NULL DEFAULT '{}';
+	ALTER TABLE snapshots ADD COLUMN exec_defaults TEXT NOT NULL DEFAULT '{}';
+	PRAGMA user_version = 13;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 10
+const schemaVersion = 13
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -416,7 +469,7 @@ func (s *Store) DeleteImage(ctx context.Context, name string) error {
 	return nil
 }
 
-const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source,runtime,gen,mounts`
+const sandboxCols = `id,state,reason,image,image_digest,cpus,memory_mib,disk_mib,timeout_s,created_at,expires_at,accel,kernel,start_mode,metadata,tenant,env,network,idle_pause_ms,lifetime_left_ms,paused_at,source,runtime,gen,mounts,exec_defaults`
 
 // CreateSandbox inserts a new sandbox row, owned by generation 1. Its
 // state is sb.State: StateCreating for a new sandbox (other states are for
@@ -446,10 +499,10 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,1,?)`,
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,1,?,?)`,
 		sb.ID, string(sb.State), sb.Reason, sb.Image, sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB, sb.TimeoutSec,
 		sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.Accel, sb.Kernel, sb.StartMode, string(md), sb.Tenant, string(env), string(network),
-		sb.IdlePause.Milliseconds(), sb.LifetimeLeft.Milliseconds(), unixNano(sb.PausedAt), sb.Source, cmp.Or(sb.Runtime, "qemu"), string(mounts))
+		sb.IdlePause.Milliseconds(), sb.LifetimeLeft.Milliseconds(), unixNano(sb.PausedAt), sb.Source, cmp.Or(sb.Runtime, "qemu"), string(mounts), sb.ExecDefaults.json())
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
@@ -463,14 +516,15 @@ type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
-	var state, md, env, network, mounts string
+	var state, md, env, network, mounts, defaults string
 	var created, expires, idle, left, paused int64
 	err := r.Scan(&sb.ID, &state, &sb.Reason, &sb.Image, &sb.ImageDigest, &sb.CPUs, &sb.MemoryMiB, &sb.DiskMiB,
 		&sb.TimeoutSec, &created, &expires, &sb.Accel, &sb.Kernel, &sb.StartMode, &md, &sb.Tenant, &env, &network,
-		&idle, &left, &paused, &sb.Source, &sb.Runtime, &sb.Gen, &mounts)
+		&idle, &left, &paused, &sb.Source, &sb.Runtime, &sb.Gen, &mounts, &defaults)
 	if err != nil {
 		return sb, err
 	}
+	_ = json.Unmarshal([]byte(defaults), &sb.ExecDefaults)
 	sb.State = State(state)
 	sb.CreatedAt, sb.ExpiresAt = time.Unix(0, created), time.Unix(0, expires)
 	sb.IdlePause, sb.LifetimeLeft = time.Duration(idle)*time.Millisecond, time.Duration(left)*time.Millisecond
@@ -586,4 +640,26 @@ func unixNano(t time.Time) int64 {
 		return 0
 	}
 	return t.UnixNano()
+}
+
+// SetNetworkEnv replaces a sandbox's network spec and default environment
+// together (a live change of its secrets: their placeholders are in the
+// environment).
+func (s *Store) SetNetworkEnv(ctx context.Context, id string, n netconf.Spec, env map[string]string) error {
+	nb, err := json.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("set network: %w", err)
+	}
+	eb, err := json.Marshal(env)
+	if err != nil {
+		return fmt.Errorf("set network: %w", err)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET network = ?, env = ? WHERE id = ?`, string(nb), string(eb), id)
+	if err != nil {
+		return fmt.Errorf("set network %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: no sandbox %q", errdefs.ErrNotFound, id)
+	}
+	return nil
 }

@@ -28,15 +28,26 @@ type DNSServer struct {
 func StartDNS(t testing.TB, zone map[string][]string) *DNSServer {
 	t.Helper()
 	s := &DNSServer{zone: zone, queries: map[string]int{}}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	// UDP and TCP on one port number: the kernel picks a free UDP port,
+	// whose TCP twin another process may hold; try other ports then.
+	var (
+		pc  net.PacketConn
+		ln  net.Listener
+		err error
+	)
+	for range 50 {
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err == nil {
+			break
+		}
+		pc.Close()
+	}
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("no port free for both UDP and TCP: %v", err)
 	}
 	s.Addr = pc.LocalAddr().String()
-	ln, err := net.Listen("tcp", s.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, srv := range []*mdns.Server{{PacketConn: pc, Handler: s}, {Listener: ln, Handler: s}} {
 		ready := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(ready) }

@@ -272,6 +272,17 @@ func TestNDJSONParsing(t *testing.T) {
 			t.Fatalf("got %v", err)
 		}
 	})
+	t.Run("sandbox paused", func(t *testing.T) {
+		t.Parallel()
+		c := streamServer(t, `{"type":"start","exec_id":"e6","pid":1}`+"\n", `{"type":"stdout","data":"aGk="}`+"\n",
+			`{"type":"paused","exec_id":"e6","message":"the sandbox was paused; the exec goes on when it resumes"}`+"\n",
+			`{"type":"exit","code":0}`+"\n")
+		_, err := c.Exec(t.Context(), "sb", airlock.ExecRequest{Cmd: []string{"x"}}, airlock.ExecHandlers{})
+		var se *airlock.StreamError
+		if !errors.As(err, &se) || se.ExecID != "e6" || !errors.Is(err, airlock.ErrExecPaused) || !errors.Is(err, airlock.ErrStreamBroken) {
+			t.Fatalf("got %v; want a StreamError for e6 caused by ErrExecPaused", err)
+		}
+	})
 	t.Run("bad base64", func(t *testing.T) {
 		t.Parallel()
 		c := streamServer(t, `{"type":"stdout","data":"not base64!"}`+"\n"+`{"type":"exit","code":0}`+"\n")

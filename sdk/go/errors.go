@@ -20,7 +20,7 @@ var (
 	// for example publishing host ports without an admin key).
 	ErrPermissionDenied = errors.New("airlock: permission denied")
 	// ErrFailedPrecondition: the sandbox is not in a state for this (412,
-	// failed_precondition; for example Pause while commands run, without
+	// failed_precondition; for example Pause while code runs, without
 	// force).
 	ErrFailedPrecondition = errors.New("airlock: failed precondition")
 	// ErrExecNotStarted: the sandbox is fine but the guest could not start
@@ -145,6 +145,12 @@ func decodeError(resp *http.Response) error {
 	}
 	return e
 }
+
+// ErrExecPaused is the cause (StreamError.Err) when an exec's stream ended
+// because its sandbox was paused: the exec is parked in the guest and goes
+// on, under the same id, when the sandbox resumes. Attach resumes the
+// sandbox and picks the exec up again.
+var ErrExecPaused = errors.New("the sandbox was paused; the exec goes on when it resumes")
 
 // ErrStreamBroken is matched (errors.Is) by a *StreamError.
 var ErrStreamBroken = errors.New("airlock: exec stream ended before its exit record")

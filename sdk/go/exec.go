@@ -173,11 +173,12 @@ func (c *Client) Attach(ctx context.Context, id, execID string, h ExecHandlers) 
 
 // streamRecord is one NDJSON line of an exec stream.
 type streamRecord struct {
-	Type   string `json:"type"`
-	ExecID string `json:"exec_id"`
-	PID    int    `json:"pid"`
-	Data   string `json:"data"`
-	Error  *struct {
+	Type    string `json:"type"`
+	ExecID  string `json:"exec_id"`
+	PID     int    `json:"pid"`
+	Data    string `json:"data"`
+	Message string `json:"message"` // paused: what happened
+	Error   *struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
@@ -222,6 +223,11 @@ func readStream(r io.Reader, execID string, h ExecHandlers) (*ExitStatus, error)
 		case "exit":
 			st := m.status()
 			return &st, nil
+		case "paused": // the sandbox was paused; the exec goes on when it resumes
+			if m.ExecID != "" {
+				execID = m.ExecID
+			}
+			return nil, &StreamError{ExecID: execID, Err: ErrExecPaused}
 		case "error": // the server ended the stream (it is stopping); the exec goes on
 			msg := "the server ended the stream"
 			if m.Error != nil {

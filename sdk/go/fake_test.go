@@ -69,6 +69,8 @@ func newFakeServer(t testing.TB) *fakeServer {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.withSandbox(f.resume))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", f.withSandbox(f.keepalive))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/usage", f.withSandbox(f.usage))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/network", f.withSandbox(f.getNetwork))
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", f.withSandbox(f.setNetwork))
 	mux.HandleFunc("GET /v1/server", f.server)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", f.withSandbox(f.logs))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", f.withSandbox(f.exec))
@@ -334,6 +336,52 @@ func (f *fakeServer) timeout(w http.ResponseWriter, r *http.Request, id string) 
 	sb := f.sandboxes[id]
 	sb["expires_at"] = time.Now().UTC().Add(time.Duration(in.TimeoutS) * time.Second).Format(time.RFC3339)
 	writeJSON(w, 200, sb)
+}
+
+func (f *fakeServer) getNetwork(w http.ResponseWriter, _ *http.Request, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	writeJSON(w, 200, map[string]any{"network": f.sandboxes[id]["network"]})
+}
+
+// setNetwork replaces the mode and rules of the sandbox's network; a rule
+// naming 10.0.0.0/8 is refused as the server refuses a tenant's rule
+// that opens the platform floor.
+func (f *fakeServer) setNetwork(w http.ResponseWriter, r *http.Request, id string) {
+	var in struct {
+		Mode  string   `json:"mode"`
+		Allow []string `json:"allow"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+		f.fail(w, 400, "invalid", "bad json")
+		return
+	}
+	for _, a := range in.Allow {
+		if strings.HasPrefix(a, "10.") {
+			f.fail(w, 403, "permission_denied", "network.allow "+strconv.Quote(a)+" opens private, loopback, link-local or metadata addresses, which needs an admin key")
+			return
+		}
+	}
+	if in.Mode == "" {
+		in.Mode = "public"
+		if len(in.Allow) > 0 {
+			in.Mode = "deny"
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sandboxes[id]
+	n, _ := sb["network"].(map[string]any)
+	if n == nil {
+		n = map[string]any{}
+	}
+	n["mode"], n["allow"] = in.Mode, in.Allow
+	sb["network"] = n
+	applied := "running"
+	if sb["state"] == "paused" {
+		applied = "resume"
+	}
+	writeJSON(w, 200, map[string]any{"network": n, "closed": 1, "applied": applied})
 }
 
 // pause: a sandbox with metadata busy=1 has a running command, refused

@@ -114,3 +114,30 @@ func TestPortURL(t *testing.T) {
 		t.Errorf("preview request %v", got)
 	}
 }
+
+func TestSetNetwork(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestClient(t)
+	ctx := t.Context()
+	sb, err := c.Create(ctx, airlock.CreateOptions{Network: &airlock.Network{Mode: airlock.NetworkDeny}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.SetNetwork(ctx, sb.ID, airlock.NetworkPolicy{Mode: airlock.NetworkDeny, Allow: []string{"pypi.org", "*.pythonhosted.org:443"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Applied != airlock.AppliedRunning || st.Closed != 1 || st.Network.Mode != "deny" || len(st.Network.Allow) != 2 {
+		t.Fatalf("set: %+v", st)
+	}
+	got, err := c.GetNetwork(ctx, sb.ID)
+	if err != nil || got.Network.Mode != "deny" || len(got.Network.Allow) != 2 || got.Network.Allow[0] != "pypi.org" {
+		t.Fatalf("get: %+v %v", got, err)
+	}
+	if _, err := c.SetNetwork(ctx, sb.ID, airlock.NetworkPolicy{Allow: []string{"10.0.0.1"}}); !errors.Is(err, airlock.ErrPermissionDenied) {
+		t.Fatalf("floor rule: %v", err)
+	}
+	if _, err := c.SetNetwork(ctx, "nosuchsandboxaaaaaaa", airlock.NetworkPolicy{}); !errors.Is(err, airlock.ErrNotFound) {
+		t.Fatalf("missing sandbox: %v", err)
+	}
+}

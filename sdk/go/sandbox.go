@@ -86,6 +86,13 @@ type Network struct {
 	RateBytes int64 `json:"rate_bytes,omitempty"`
 	// MaxConns caps TCP connections plus UDP flows (0: the server's 512).
 	MaxConns int `json:"max_conns,omitempty"`
+	// The outbound abuse limits the server gave the sandbox, from its
+	// tenant's settings (-1: none): new connections per second, distinct
+	// destinations per minute, UDP datagrams per second. Ignored on
+	// Create.
+	ConnRate    int `json:"conn_rate,omitempty"`
+	DestsPerMin int `json:"dests_per_min,omitempty"`
+	UDPRate     int `json:"udp_pps,omitempty"`
 }
 
 // Secret is one secret bound to hosts.
@@ -95,12 +102,20 @@ type Secret struct {
 	// Hosts are the names ("api.openai.com" or "*.example.com") the real
 	// value may be sent to.
 	Hosts []string `json:"hosts"`
+	// Header, if set, is the one request header field ("X-Api-Key") the
+	// value may be put in; the placeholder anywhere else in a request to
+	// Hosts is refused. Empty: any header, the URL's query and path.
+	Header string `json:"header,omitempty"`
 	// Value is the real value, sent on Create only; the server never
 	// returns it.
 	Value string `json:"value,omitempty"`
 	// Placeholder is what the guest sees ("airlock-secret-<32 hex>"), as
 	// the server reports it; leave it empty on Create.
 	Placeholder string `json:"placeholder,omitempty"`
+	// Vault names a secret of the key's vault (SetVaultSecret) whose value
+	// this one gets, instead of Value; Hosts may then be empty (the vault
+	// secret's). The server reports it back for a secret made so.
+	Vault string `json:"vault,omitempty"`
 }
 
 // Port is one published port.
@@ -251,9 +266,12 @@ type PauseResult struct {
 }
 
 // Pause saves sandbox id (memory, devices and disk) on the server's disk
-// and frees its RAM; its state becomes StatePaused. While commands, code
-// runs or file transfers are in flight it fails with ErrFailedPrecondition
-// unless force, which ends them. Sandboxes with secrets cannot pause.
+// and frees its RAM; its state becomes StatePaused. Running commands are
+// parked and go on after the resume (their streams end with a
+// *StreamError wrapping ErrExecPaused; Attach follows them again). While
+// code runs or file transfers are in flight it fails with
+// ErrFailedPrecondition unless force, which ends them and the commands.
+// A sandbox with secrets binds them again at the resume.
 // Pausing a paused sandbox does nothing. Any later call on the sandbox
 // resumes it; the guest's open TCP connections do not survive.
 func (c *Client) Pause(ctx context.Context, id string, force bool) (*PauseResult, error) {

@@ -125,10 +125,25 @@ const MaxForks = 16
 // creates; the caller owns them (Kill each when done). All or nothing: on
 // an error no fork is left.
 func (c *Client) Fork(ctx context.Context, id string, count int, force bool) ([]Sandbox, error) {
+	return c.ForkWith(ctx, id, ForkOptions{Count: count, Force: force})
+}
+
+// ForkOptions say how ForkWith copies a sandbox.
+type ForkOptions struct {
+	Count int  // 1-16
+	Force bool // end code (and commands) running in the source rather than fail
+	// Secrets binds the source's secret values in each fork; without it a
+	// fork's guest holds placeholders that reach no one.
+	Secrets bool
+}
+
+// ForkWith is Fork with every option.
+func (c *Client) ForkWith(ctx context.Context, id string, o ForkOptions) ([]Sandbox, error) {
 	in := struct {
-		Count int  `json:"count"`
-		Force bool `json:"force"`
-	}{count, force}
+		Count   int  `json:"count"`
+		Force   bool `json:"force"`
+		Secrets bool `json:"secrets,omitempty"`
+	}{o.Count, o.Force, o.Secrets}
 	var out struct {
 		Sandboxes []Sandbox `json:"sandboxes"`
 	}

@@ -74,9 +74,20 @@ test("e2b 2.51.0: snapshots, create from a snapshot, fork, network update, metri
     // A snapshot that sandboxes use cannot go.
     await assert.rejects(Sandbox.deleteSnapshot(name), (e) => e instanceof SandboxError && /412/.test(e.message), "a snapshot in use");
 
-    // Not yet in airlock: clear errors, not silence.
-    await assert.rejects(sbx.updateNetwork({ allowInternetAccess: false }),
-      (e) => e instanceof SandboxError && /501/.test(e.message) && /running sandbox's network/.test(e.message) && /\/v1/.test(e.message));
+    // The network changes while the sandbox runs: all traffic denied but
+    // what allowOut names, as airlock's own `network get` shows; then back
+    // to the internet. What airlock has no equivalent for is a 400.
+    const net = () => JSON.parse(airlock("network", "get", "--json", sbx.sandboxId));
+    await sbx.updateNetwork({ allowOut: ["example.com"], denyOut: ["0.0.0.0/0"] });
+    let n = net();
+    assert.equal(n.mode, "deny", JSON.stringify(n));
+    assert.deepEqual(n.allow, ["example.com"]);
+    await sbx.updateNetwork({ allowInternetAccess: true });
+    n = net();
+    assert.equal(n.mode ?? "public", "public", JSON.stringify(n));
+    assert.ok(!n.allow?.length, JSON.stringify(n));
+    await assert.rejects(sbx.updateNetwork({ denyOut: ["10.0.0.0/8"] }),
+      (e) => e instanceof SandboxError && /400/.test(e.message) && /no deny list/.test(e.message));
     // Metrics: one sample of the guest's own account.
     const [m] = await sbx.getMetrics();
     assert.ok(m, "a sample");

@@ -113,7 +113,7 @@ func TestDashboardFirefox(t *testing.T) {
 	if !strings.HasPrefix(res.Browser, "firefox/") {
 		t.Errorf("the browser the script drove: %q, want firefox/...", res.Browser)
 	}
-	want := []string{"prove the watcher", "sign in", "open the sandbox page", "open the terminal", "type echo hi", "stty size", "close the terminal", "the server page", "sign out"}
+	want := []string{"prove the watcher", "sign in", "open the sandbox page", "open the terminal", "type echo hi", "stty size", "the audit shows the programs", "close the terminal", "the server page", "sign out"}
 	var got []string
 	for _, st := range res.Steps {
 		got = append(got, st.Name)

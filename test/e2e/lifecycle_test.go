@@ -1,12 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -296,8 +296,10 @@ func TestSnapshotCreateFrom(t *testing.T) {
 // TestPauseResumeBackgroundServerAndForce checks the README's pause rules
 // for commands: a dev server an exec started in the background does not
 // block a pause, serves again after the resume and in a fork; a command
-// still running blocks a pause, and --force ends it with a note saying the
-// sandbox was paused.
+// still running is parked by a pause (its CLI exits 75 saying so) and goes
+// on after the resume, in the sandbox and in a fork of it, with its output
+// from before the pause; --force ends a running command with a note saying
+// the sandbox was paused.
 func TestPauseResumeBackgroundServerAndForce(t *testing.T) {
 	e := setup(t)
 	id := e.create(t, "--lifetime", "10m")
@@ -324,12 +326,63 @@ func TestPauseResumeBackgroundServerAndForce(t *testing.T) {
 		t.Fatal("the fork's copy of the background server does not answer")
 	}
 
-	// A command in the foreground blocks a pause; --force ends it.
+	// A command in the foreground is parked by the pause: its CLI exits
+	// 75 and names the exec, which goes on after the resume.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c := e.cmd(ctx, nil, "exec", id, "--", "sleep", "1000")
-	var stderr bytes.Buffer
-	c.Stderr = &stderr
+	waiter := []string{"sh", "-c", "echo before; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo after; exit 7"}
+	c := e.cmd(ctx, nil, append([]string{"exec", id, "--"}, waiter...)...)
+	var stdout, stderr testutil.Buffer
+	c.Stdout, c.Stderr = &stdout, &stderr
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !testutil.WaitFor(t, time.Minute, func() bool { return strings.Contains(stdout.String(), "before") }) {
+		t.Fatalf("the command never printed; stderr %q", stderr.String())
+	}
+	e.must(t, "pause", id)
+	if st := inspect(t, e, id); st.State != "paused" {
+		t.Fatalf("after pausing with a command running: state %q (%s)", st.State, st.Reason)
+	}
+	err := c.Wait()
+	ee, ok := errors.AsType[*exec.ExitError](err)
+	m := regexp.MustCompile("airlock attach " + id + " ([a-z2-7]{20})").FindStringSubmatch(stderr.String())
+	if !ok || ee.ExitCode() != 75 || m == nil || !strings.Contains(stderr.String(), "was paused while the command ran") {
+		t.Fatalf("the exec of a paused sandbox: %v, stderr %q; want exit 75 and how to attach", err, stderr.String())
+	}
+	execID := m[1]
+	running := func(id string) bool { // ps resumes a paused sandbox
+		out := e.must(t, "ps", id)
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, execID) {
+				return strings.Contains(l, "running")
+			}
+		}
+		t.Fatalf("airlock ps %s does not list exec %s:\n%s", id, execID, out)
+		return false
+	}
+	if !running(id) {
+		t.Fatal("the parked command is not running after the resume")
+	}
+	// A fork snapshots the sandbox (a pause and a resume): the command goes
+	// on in the source and, parked in the snapshot, in the fork.
+	fork2 := strings.TrimSpace(e.must(t, "fork", id))
+	t.Cleanup(func() { e.run(t, nil, "rm", fork2) })
+	for _, sb := range []string{fork2, id} {
+		if !running(sb) {
+			t.Fatalf("the command is not running in %s after the fork", sb)
+		}
+		e.must(t, "exec", sb, "--", "touch", "/tmp/go")
+		r := e.run(t, nil, "attach", sb, execID)
+		if r.code != 7 || r.stdout != "before\nafter\n" {
+			t.Fatalf("attach in %s: exit %d, stdout %q, stderr %q; want 7 and the output from before and after the pause", sb, r.code, r.stdout, r.stderr)
+		}
+	}
+
+	// --force ends a running command.
+	c = e.cmd(ctx, nil, "exec", id, "--", "sleep", "1000")
+	var stderr2 testutil.Buffer
+	c.Stderr = &stderr2
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -338,14 +391,11 @@ func TestPauseResumeBackgroundServerAndForce(t *testing.T) {
 	}) {
 		t.Fatal("sleep 1000 never ran")
 	}
-	if r := e.run(t, nil, "pause", id); r.code == 0 || !strings.Contains(r.stderr, "use force") {
-		t.Fatalf("pause while a command runs: exit %d, stderr %q; want a refusal", r.code, r.stderr)
-	}
 	e.must(t, "pause", "--force", id)
-	err := c.Wait()
-	ee, ok := errors.AsType[*exec.ExitError](err)
-	if !ok || ee.ExitCode() != 137 || !strings.Contains(stderr.String(), "[airlock: the sandbox was paused (force); the process was killed]") {
-		t.Fatalf("the forced-out exec: %v, stderr %q; want exit 137 and the pause note", err, stderr.String())
+	err = c.Wait()
+	ee, ok = errors.AsType[*exec.ExitError](err)
+	if !ok || ee.ExitCode() != 137 || !strings.Contains(stderr2.String(), "[airlock: the sandbox was paused (force); the process was killed]") {
+		t.Fatalf("the forced-out exec: %v, stderr %q; want exit 137 and the pause note", err, stderr2.String())
 	}
 	if !serves(id) {
 		t.Fatal("after the forced pause the background server does not answer")

@@ -99,4 +99,24 @@ print(len(body))`, pubA, port, up)
 	if _, ok := after[`airlock_tenant_network_connections{tenant=""}`]; !ok {
 		t.Error("/metrics has no airlock_tenant_network_connections for the local tenant")
 	}
+	// Egress: the payload sent upstream (the upload and its request
+	// headers), per sandbox and in the tenant's total, which keeps the
+	// sandbox's bytes once it is gone.
+	eg := series("airlock_sandbox_network_egress_bytes_total")
+	const tenantEgress = `airlock_tenant_network_egress_bytes_total{tenant=""}`
+	if d := after[eg] - before[eg]; d < up || d > up+4096 {
+		t.Errorf("egress grew by %.0f bytes (%.0f -> %.0f), want the %d uploaded plus the request's headers", d, before[eg], after[eg], up)
+	}
+	if after[tenantEgress] < after[eg] {
+		t.Errorf("the tenant's egress total %.0f < the sandbox's %.0f", after[tenantEgress], after[eg])
+	}
+	e.must(t, "rm", id)
+	if gone := scrapeMetrics(t, s); gone[tenantEgress] < after[tenantEgress] {
+		t.Errorf("the tenant's egress total fell from %.0f to %.0f when the sandbox was removed", after[tenantEgress], gone[tenantEgress])
+	}
+	// A server that never saw the sandbox counts it too: its shim recorded
+	// the run's egress in the catalog when it ended.
+	if fresh := scrapeMetrics(t, startServe(t, e)); fresh[tenantEgress] < after[eg] {
+		t.Errorf("a new server's egress total for the tenant %.0f < the removed sandbox's %.0f", fresh[tenantEgress], after[eg])
+	}
 }

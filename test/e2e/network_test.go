@@ -330,7 +330,9 @@ func testCA(t *testing.T, names ...string) (caPEM []byte, cert tls.Certificate) 
 
 func TestThreat069GuestOnlyHoldsPlaceholder(t *testing.T) {
 	e := setup(t)
-	const value = "sk-e2e-REAL-9f8e7d6c5b4a39281706"
+	// A value of this run's own: rows an earlier run left in the state
+	// dir's catalog cannot be mistaken for a leak of this one.
+	value := "sk-e2e-REAL-" + rand.Text()
 	caPEM, cert := testCA(t, "api.test")
 	caFile := filepath.Join(t.TempDir(), "upstream-ca.pem")
 	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
@@ -423,11 +425,66 @@ func TestThreat069GuestOnlyHoldsPlaceholder(t *testing.T) {
 		t.Error("control: the placeholder (in the guest's env) was not found in the VMM's memory, so the scan proves nothing")
 	}
 
+	// Across a pause, a resume and forks (before the scan below hands the
+	// value to this guest): qemu only, gVisor sandboxes cannot pause.
+	if onGVisor() {
+		t.Log("pause, resume and fork with secrets not driven: gVisor sandboxes cannot pause")
+	} else {
+		// Across a pause: the saved state holds no value, and the resumed
+		// sandbox injects again (the values were kept sealed on the host).
+		call := func(sb string) result {
+			t.Helper()
+			return e.runWith(t, extra, nil, "exec", sb, "--", "sh", "-c", `curl -sS -m 20 https://api.test:`+port+`/v1/models -H "Authorization: Bearer $API_KEY"`)
+		}
+		seenNow := func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			return append([]string(nil), seen...)
+		}
+		if r := e.runWith(t, extra, nil, "pause", id); r.code != 0 {
+			t.Fatalf("pause of a sandbox with a secret: %s", r.stderr)
+		}
+		if p := fileContaining(t, e.state, []byte(value)); p != "" {
+			t.Errorf("after the pause, state dir file %s contains the secret value", p)
+		}
+		if out := call(id); out.code != 0 || len(seenNow()) != 2 || seenNow()[1] != "Bearer "+value {
+			t.Fatalf("after the resume: curl exit %d %s; upstream saw %q", out.code, out.stderr, seenNow())
+		}
+		// A fork binds the source's values only when asked.
+		r = e.runWith(t, extra, nil, "fork", "--secrets", id)
+		if r.code != 0 {
+			t.Fatalf("fork --secrets: %s", r.stderr)
+		}
+		withSecrets := strings.TrimSpace(r.stdout)
+		t.Cleanup(func() { e.run(t, nil, "rm", withSecrets) })
+		if out := call(withSecrets); out.code != 0 || len(seenNow()) != 3 || seenNow()[2] != "Bearer "+value {
+			t.Fatalf("in a fork with --secrets: curl exit %d %s; upstream saw %q", out.code, out.stderr, seenNow())
+		}
+		r = e.runWith(t, extra, nil, "fork", id)
+		if r.code != 0 {
+			t.Fatalf("fork: %s", r.stderr)
+		}
+		without := strings.TrimSpace(r.stdout)
+		t.Cleanup(func() { e.run(t, nil, "rm", without) })
+		_ = call(without) // refused, or sent with the placeholder: never the value
+		for _, h := range seenNow()[3:] {
+			if strings.Contains(h, value) {
+				t.Fatalf("a fork without --secrets sent the value: upstream saw %q", h)
+			}
+		}
+		// Snapshots (the forks' bases) and every sandbox's files hold no value.
+		if p := fileContaining(t, e.state, []byte(value)); p != "" {
+			t.Errorf("after the forks, state dir file %s contains the secret value", p)
+		}
+	}
+
 	// Nor in the guest's files or process environments.
-	// The value goes in on stdin, not argv: execs are audited with their
-	// argv, and the audit trail is checked below.
+	// The value goes in on stdin and to grep in a pattern file, never on
+	// a command line: execs, and every program the guest runs (process
+	// audit), are audited with their argv, and the audit trail is checked
+	// below. printf is the shell's own (no exec); /dev/shm is not scanned.
 	scan := e.run(t, strings.NewReader(value), "exec", "-i", id, "--", "sh", "-c",
-		`v=$(cat); cat /proc/[0-9]*/environ 2>/dev/null | grep -c -F "$v"; grep -r -l -F "$v" /etc /root /home /tmp /var /usr/local /run /opt 2>/dev/null | head -5; echo done`)
+		`v=$(cat); printf %s "$v" > /dev/shm/.needle; cat /proc/[0-9]*/environ 2>/dev/null | grep -c -F -f /dev/shm/.needle; grep -r -l -F -f /dev/shm/.needle /etc /root /home /tmp /var /usr/local /run /opt 2>/dev/null | head -5; rm -f /dev/shm/.needle; echo done`)
 	if lines := strings.Fields(scan.stdout); len(lines) != 2 || lines[0] != "0" || lines[1] != "done" {
 		t.Errorf("guest scan for the value: %q %q", scan.stdout, scan.stderr)
 	}

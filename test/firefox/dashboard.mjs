@@ -186,6 +186,11 @@ try {
     const [rows, cols] = size.split(' ').map(Number);
     out.terminal = { rows, cols };
   });
+  // Process audit: the programs the terminal ran are on the sandbox page's
+  // live audit list (stty is a program; echo a shell builtin).
+  await step('the audit shows the programs', async () => {
+    await until(() => Array.from(document.querySelectorAll('#events li[data-action="proc.exec"]')).some((li) => li.textContent.includes('"stty"')));
+  });
   await step('close the terminal', async () => {
     await page.click('#close-terminal');
     await page.waitForSelector('#open-terminal', { visible: true });

@@ -39,8 +39,8 @@ async function newClient(transport) {
 async function exercise(client) {
   const tools = (await client.listTools()).tools.map((t) => t.name).sort();
   assert.deepEqual(tools, ["context_create", "context_list", "context_reset", "exec", "file_list", "file_read",
-    "file_write", "run_code", "sandbox_create", "sandbox_fork", "sandbox_kill", "sandbox_list", "sandbox_pause",
-    "sandbox_resume", "sandbox_set_timeout", "sandbox_snapshot"]);
+    "file_write", "run_code", "sandbox_create", "sandbox_fork", "sandbox_kill", "sandbox_list", "sandbox_network_set",
+    "sandbox_pause", "sandbox_resume", "sandbox_secret_remove", "sandbox_secret_set", "sandbox_set_timeout", "sandbox_snapshot"]);
 
   // exit 3 is reported as an error result with the streams.
   let res = await call(client, "exec", { cmd: ["sh", "-c", "echo out; echo err >&2; exit 3"] });
@@ -60,6 +60,17 @@ async function exercise(client) {
   res = await ok(client, "exec", { sandbox_id: sb.id, cmd: ["sh", "-c", "echo $FOO $X; pwd"], env: { X: "y" }, cwd: "/tmp" });
   assert.match(text(res), /bar y/);
   assert.match(text(res), /\/tmp/);
+
+  // The session's sandbox gets a new egress policy while it runs; "none"
+  // cannot be set on a sandbox that exists.
+  res = await ok(client, "sandbox_network_set", { sandbox_id: def, network: "deny", allow: ["example.com:443"] });
+  const pol = JSON.parse(text(res));
+  assert.equal(pol.network, "deny", text(res));
+  assert.deepEqual(pol.allow, ["example.com:443"]);
+  assert.equal(pol.applied, "running");
+  res = await call(client, "sandbox_network_set", { sandbox_id: def, network: "none" });
+  assert.ok(res.isError);
+  assert.match(text(res), /none/);
 
   res = await ok(client, "sandbox_list");
   assert.ok(text(res).includes(sb.id) && text(res).includes(def));

@@ -150,6 +150,306 @@ func (FileType) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{1}
 }
 
+type ProcEvent_Kind int32
+
+const (
+	ProcEvent_KIND_UNSPECIFIED ProcEvent_Kind = 0
+	ProcEvent_KIND_EXEC        ProcEvent_Kind = 1
+	ProcEvent_KIND_EXIT        ProcEvent_Kind = 2
+)
+
+// Enum value maps for ProcEvent_Kind.
+var (
+	ProcEvent_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_EXEC",
+		2: "KIND_EXIT",
+	}
+	ProcEvent_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"KIND_EXEC":        1,
+		"KIND_EXIT":        2,
+	}
+)
+
+func (x ProcEvent_Kind) Enum() *ProcEvent_Kind {
+	p := new(ProcEvent_Kind)
+	*p = x
+	return p
+}
+
+func (x ProcEvent_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProcEvent_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_agent_v1_agent_proto_enumTypes[2].Descriptor()
+}
+
+func (ProcEvent_Kind) Type() protoreflect.EnumType {
+	return &file_airlock_agent_v1_agent_proto_enumTypes[2]
+}
+
+func (x ProcEvent_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProcEvent_Kind.Descriptor instead.
+func (ProcEvent_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{2, 0}
+}
+
+type ProcEventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcEventsRequest) Reset() {
+	*x = ProcEventsRequest{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcEventsRequest) ProtoMessage() {}
+
+func (x *ProcEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcEventsRequest.ProtoReflect.Descriptor instead.
+func (*ProcEventsRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+type ProcEventsResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Events []*ProcEvent           `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Events the agent dropped since its previous message.
+	Lost          uint64 `protobuf:"varint,2,opt,name=lost,proto3" json:"lost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcEventsResponse) Reset() {
+	*x = ProcEventsResponse{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcEventsResponse) ProtoMessage() {}
+
+func (x *ProcEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcEventsResponse.ProtoReflect.Descriptor instead.
+func (*ProcEventsResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ProcEventsResponse) GetEvents() []*ProcEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ProcEventsResponse) GetLost() uint64 {
+	if x != nil {
+		return x.Lost
+	}
+	return 0
+}
+
+// ProcEvent is one execve or the exit of a process seen exec'ing.
+type ProcEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  ProcEvent_Kind         `protobuf:"varint,1,opt,name=kind,proto3,enum=airlock.agent.v1.ProcEvent_Kind" json:"kind,omitempty"`
+	// Guest wall clock, nanoseconds since the Unix epoch (the kernel's
+	// event time).
+	UnixNano int64  `protobuf:"varint,2,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	Pid      uint32 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	Ppid     uint32 `protobuf:"varint,4,opt,name=ppid,proto3" json:"ppid,omitempty"`
+	// Real and effective uid (/proc/PID/status) at the exec.
+	Uid  uint32 `protobuf:"varint,5,opt,name=uid,proto3" json:"uid,omitempty"`
+	Euid uint32 `protobuf:"varint,6,opt,name=euid,proto3" json:"euid,omitempty"`
+	// The program (/proc/PID/exe), its argv (/proc/PID/cmdline, at most 32
+	// arguments and 1 KiB in all) and working directory (/proc/PID/cwd).
+	Path          string   `protobuf:"bytes,7,opt,name=path,proto3" json:"path,omitempty"`
+	Argv          []string `protobuf:"bytes,8,rep,name=argv,proto3" json:"argv,omitempty"`
+	ArgvTruncated bool     `protobuf:"varint,9,opt,name=argv_truncated,json=argvTruncated,proto3" json:"argv_truncated,omitempty"`
+	Cwd           string   `protobuf:"bytes,10,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// The process was gone before the agent could read /proc: path, argv,
+	// cwd and uids are unknown.
+	Gone bool `protobuf:"varint,11,opt,name=gone,proto3" json:"gone,omitempty"`
+	// The process's parent is the agent: it started it (an exec of the API,
+	// a code context's interpreter), or adopted it as an orphan before the
+	// exec. A hint, not a proof.
+	Agent bool `protobuf:"varint,12,opt,name=agent,proto3" json:"agent,omitempty"`
+	// KIND_EXIT: the exit code, or the signal that ended the process
+	// (then exit_code is 0). Exits are reported only for processes whose
+	// exec was reported; path is repeated from it.
+	ExitCode      int32 `protobuf:"varint,13,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal        int32 `protobuf:"varint,14,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcEvent) Reset() {
+	*x = ProcEvent{}
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcEvent) ProtoMessage() {}
+
+func (x *ProcEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcEvent.ProtoReflect.Descriptor instead.
+func (*ProcEvent) Descriptor() ([]byte, []int) {
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ProcEvent) GetKind() ProcEvent_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return ProcEvent_KIND_UNSPECIFIED
+}
+
+func (x *ProcEvent) GetUnixNano() int64 {
+	if x != nil {
+		return x.UnixNano
+	}
+	return 0
+}
+
+func (x *ProcEvent) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProcEvent) GetPpid() uint32 {
+	if x != nil {
+		return x.Ppid
+	}
+	return 0
+}
+
+func (x *ProcEvent) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ProcEvent) GetEuid() uint32 {
+	if x != nil {
+		return x.Euid
+	}
+	return 0
+}
+
+func (x *ProcEvent) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ProcEvent) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *ProcEvent) GetArgvTruncated() bool {
+	if x != nil {
+		return x.ArgvTruncated
+	}
+	return false
+}
+
+func (x *ProcEvent) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *ProcEvent) GetGone() bool {
+	if x != nil {
+		return x.Gone
+	}
+	return false
+}
+
+func (x *ProcEvent) GetAgent() bool {
+	if x != nil {
+		return x.Agent
+	}
+	return false
+}
+
+func (x *ProcEvent) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ProcEvent) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -158,7 +458,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -170,7 +470,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -183,7 +483,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 type InfoResponse struct {
@@ -206,7 +506,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +518,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +531,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *InfoResponse) GetProtocolVersion() uint32 {
@@ -284,7 +584,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +596,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +609,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 type UsageResponse struct {
@@ -332,7 +632,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +644,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +657,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UsageResponse) GetCpuBusyNs() uint64 {
@@ -441,7 +741,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +753,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +766,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SyncRequest) GetUnixNano() int64 {
@@ -543,7 +843,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +855,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +868,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *VolumeMount) GetSerial() string {
@@ -631,7 +931,7 @@ type NetworkConfig struct {
 
 func (x *NetworkConfig) Reset() {
 	*x = NetworkConfig{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +943,7 @@ func (x *NetworkConfig) String() string {
 func (*NetworkConfig) ProtoMessage() {}
 
 func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +956,7 @@ func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkConfig.ProtoReflect.Descriptor instead.
 func (*NetworkConfig) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NetworkConfig) GetEnabled() bool {
@@ -713,7 +1013,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +1025,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +1038,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SyncResponse) GetGuestUnixNanoBefore() int64 {
@@ -765,7 +1065,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +1077,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +1090,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ShutdownRequest) GetPoweroff() bool {
@@ -808,7 +1108,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +1120,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +1133,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type ListParkedRequest struct {
@@ -844,7 +1144,7 @@ type ListParkedRequest struct {
 
 func (x *ListParkedRequest) Reset() {
 	*x = ListParkedRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +1156,7 @@ func (x *ListParkedRequest) String() string {
 func (*ListParkedRequest) ProtoMessage() {}
 
 func (x *ListParkedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1169,7 @@ func (x *ListParkedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListParkedRequest.ProtoReflect.Descriptor instead.
 func (*ListParkedRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 type ListParkedResponse struct {
@@ -881,7 +1181,7 @@ type ListParkedResponse struct {
 
 func (x *ListParkedResponse) Reset() {
 	*x = ListParkedResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1193,7 @@ func (x *ListParkedResponse) String() string {
 func (*ListParkedResponse) ProtoMessage() {}
 
 func (x *ListParkedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1206,7 @@ func (x *ListParkedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListParkedResponse.ProtoReflect.Descriptor instead.
 func (*ListParkedResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListParkedResponse) GetExecs() []*ParkedExec {
@@ -939,7 +1239,7 @@ type ParkedExec struct {
 
 func (x *ParkedExec) Reset() {
 	*x = ParkedExec{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1251,7 @@ func (x *ParkedExec) String() string {
 func (*ParkedExec) ProtoMessage() {}
 
 func (x *ParkedExec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1264,7 @@ func (x *ParkedExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkedExec.ProtoReflect.Descriptor instead.
 func (*ParkedExec) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ParkedExec) GetToken() string {
@@ -1034,7 +1334,7 @@ type ExecPark struct {
 
 func (x *ExecPark) Reset() {
 	*x = ExecPark{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1346,7 @@ func (x *ExecPark) String() string {
 func (*ExecPark) ProtoMessage() {}
 
 func (x *ExecPark) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1359,7 @@ func (x *ExecPark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecPark.ProtoReflect.Descriptor instead.
 func (*ExecPark) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecPark) GetToken() string {
@@ -1086,7 +1386,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1098,7 +1398,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1111,7 +1411,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -1231,7 +1531,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1543,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1556,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -1312,7 +1612,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1624,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1637,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -1426,7 +1726,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1738,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1751,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1549,7 +1849,7 @@ type ExecParked struct {
 
 func (x *ExecParked) Reset() {
 	*x = ExecParked{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1861,7 @@ func (x *ExecParked) String() string {
 func (*ExecParked) ProtoMessage() {}
 
 func (x *ExecParked) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1874,7 @@ func (x *ExecParked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecParked.ProtoReflect.Descriptor instead.
 func (*ExecParked) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type ExecStarted struct {
@@ -1586,7 +1886,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1898,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1911,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecStarted) GetPid() int32 {
@@ -1643,7 +1943,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1955,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1968,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -1726,7 +2026,7 @@ type WriteTarRequest struct {
 
 func (x *WriteTarRequest) Reset() {
 	*x = WriteTarRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +2038,7 @@ func (x *WriteTarRequest) String() string {
 func (*WriteTarRequest) ProtoMessage() {}
 
 func (x *WriteTarRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +2051,7 @@ func (x *WriteTarRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarRequest.ProtoReflect.Descriptor instead.
 func (*WriteTarRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteTarRequest) GetMsg() isWriteTarRequest_Msg {
@@ -1809,7 +2109,7 @@ type WriteTarHeader struct {
 
 func (x *WriteTarHeader) Reset() {
 	*x = WriteTarHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +2121,7 @@ func (x *WriteTarHeader) String() string {
 func (*WriteTarHeader) ProtoMessage() {}
 
 func (x *WriteTarHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +2134,7 @@ func (x *WriteTarHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarHeader.ProtoReflect.Descriptor instead.
 func (*WriteTarHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WriteTarHeader) GetPath() string {
@@ -1863,7 +2163,7 @@ type WriteTarResponse struct {
 
 func (x *WriteTarResponse) Reset() {
 	*x = WriteTarResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1875,7 +2175,7 @@ func (x *WriteTarResponse) String() string {
 func (*WriteTarResponse) ProtoMessage() {}
 
 func (x *WriteTarResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1888,7 +2188,7 @@ func (x *WriteTarResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteTarResponse.ProtoReflect.Descriptor instead.
 func (*WriteTarResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WriteTarResponse) GetEntries() uint64 {
@@ -1914,7 +2214,7 @@ type ReadTarRequest struct {
 
 func (x *ReadTarRequest) Reset() {
 	*x = ReadTarRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2226,7 @@ func (x *ReadTarRequest) String() string {
 func (*ReadTarRequest) ProtoMessage() {}
 
 func (x *ReadTarRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2239,7 @@ func (x *ReadTarRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTarRequest.ProtoReflect.Descriptor instead.
 func (*ReadTarRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadTarRequest) GetPath() string {
@@ -1959,7 +2259,7 @@ type ReadTarResponse struct {
 
 func (x *ReadTarResponse) Reset() {
 	*x = ReadTarResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2271,7 @@ func (x *ReadTarResponse) String() string {
 func (*ReadTarResponse) ProtoMessage() {}
 
 func (x *ReadTarResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2284,7 @@ func (x *ReadTarResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTarResponse.ProtoReflect.Descriptor instead.
 func (*ReadTarResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadTarResponse) GetData() []byte {
@@ -2004,7 +2304,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2316,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2329,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -2054,7 +2354,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2366,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2379,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 type WatchRequest struct {
@@ -2093,7 +2393,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2405,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2418,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -2146,7 +2446,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2158,7 +2458,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2171,7 +2471,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FileEvent) GetName() string {
@@ -2201,7 +2501,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2513,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2526,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchResponse) GetMsg() isWatchResponse_Msg {
@@ -2290,7 +2590,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2602,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2615,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -2390,7 +2690,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2702,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2715,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -2434,7 +2734,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2446,7 +2746,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2459,7 +2759,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -2482,7 +2782,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2494,7 +2794,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2507,7 +2807,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -2541,7 +2841,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +2853,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +2866,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -2596,7 +2896,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2608,7 +2908,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2621,7 +2921,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -2653,7 +2953,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2665,7 +2965,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2678,7 +2978,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type RemoveRequest struct {
@@ -2691,7 +2991,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +3003,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +3016,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2741,7 +3041,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +3053,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +3066,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 type ReadRequest struct {
@@ -2778,7 +3078,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +3090,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +3103,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReadRequest) GetPath() string {
@@ -2826,7 +3126,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2838,7 +3138,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2851,7 +3151,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReadResponse) GetMsg() isReadResponse_Msg {
@@ -2908,7 +3208,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2920,7 +3220,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2933,7 +3233,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WriteRequest) GetMsg() isWriteRequest_Msg {
@@ -2992,7 +3292,7 @@ type WriteHeader struct {
 
 func (x *WriteHeader) Reset() {
 	*x = WriteHeader{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3004,7 +3304,7 @@ func (x *WriteHeader) String() string {
 func (*WriteHeader) ProtoMessage() {}
 
 func (x *WriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3017,7 +3317,7 @@ func (x *WriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteHeader.ProtoReflect.Descriptor instead.
 func (*WriteHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WriteHeader) GetPath() string {
@@ -3057,7 +3357,7 @@ type WriteResponse struct {
 
 func (x *WriteResponse) Reset() {
 	*x = WriteResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3369,7 @@ func (x *WriteResponse) String() string {
 func (*WriteResponse) ProtoMessage() {}
 
 func (x *WriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3382,7 @@ func (x *WriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteResponse.ProtoReflect.Descriptor instead.
 func (*WriteResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WriteResponse) GetBytesWritten() uint64 {
@@ -3108,7 +3408,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3120,7 +3420,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3133,7 +3433,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CreateContextRequest) GetLanguage() string {
@@ -3184,7 +3484,7 @@ type ContextInfo struct {
 
 func (x *ContextInfo) Reset() {
 	*x = ContextInfo{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3196,7 +3496,7 @@ func (x *ContextInfo) String() string {
 func (*ContextInfo) ProtoMessage() {}
 
 func (x *ContextInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3209,7 +3509,7 @@ func (x *ContextInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextInfo.ProtoReflect.Descriptor instead.
 func (*ContextInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ContextInfo) GetId() string {
@@ -3276,7 +3576,7 @@ type ContextExit struct {
 
 func (x *ContextExit) Reset() {
 	*x = ContextExit{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3288,7 +3588,7 @@ func (x *ContextExit) String() string {
 func (*ContextExit) ProtoMessage() {}
 
 func (x *ContextExit) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3301,7 +3601,7 @@ func (x *ContextExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextExit.ProtoReflect.Descriptor instead.
 func (*ContextExit) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ContextExit) GetExitCode() int32 {
@@ -3333,7 +3633,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3345,7 +3645,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3358,7 +3658,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{51}
 }
 
 type ListContextsResponse struct {
@@ -3370,7 +3670,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3382,7 +3682,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3395,7 +3695,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{49}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListContextsResponse) GetContexts() []*ContextInfo {
@@ -3414,7 +3714,7 @@ type DeleteContextRequest struct {
 
 func (x *DeleteContextRequest) Reset() {
 	*x = DeleteContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3426,7 +3726,7 @@ func (x *DeleteContextRequest) String() string {
 func (*DeleteContextRequest) ProtoMessage() {}
 
 func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3439,7 +3739,7 @@ func (x *DeleteContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextRequest.ProtoReflect.Descriptor instead.
 func (*DeleteContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{50}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteContextRequest) GetId() string {
@@ -3457,7 +3757,7 @@ type DeleteContextResponse struct {
 
 func (x *DeleteContextResponse) Reset() {
 	*x = DeleteContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3469,7 +3769,7 @@ func (x *DeleteContextResponse) String() string {
 func (*DeleteContextResponse) ProtoMessage() {}
 
 func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3482,7 +3782,7 @@ func (x *DeleteContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContextResponse.ProtoReflect.Descriptor instead.
 func (*DeleteContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{51}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{54}
 }
 
 type RestartContextRequest struct {
@@ -3494,7 +3794,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3506,7 +3806,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[52]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3519,7 +3819,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{52}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RestartContextRequest) GetId() string {
@@ -3538,7 +3838,7 @@ type InterruptContextRequest struct {
 
 func (x *InterruptContextRequest) Reset() {
 	*x = InterruptContextRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3550,7 +3850,7 @@ func (x *InterruptContextRequest) String() string {
 func (*InterruptContextRequest) ProtoMessage() {}
 
 func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[53]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3563,7 +3863,7 @@ func (x *InterruptContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextRequest.ProtoReflect.Descriptor instead.
 func (*InterruptContextRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{53}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *InterruptContextRequest) GetId() string {
@@ -3581,7 +3881,7 @@ type InterruptContextResponse struct {
 
 func (x *InterruptContextResponse) Reset() {
 	*x = InterruptContextResponse{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3593,7 +3893,7 @@ func (x *InterruptContextResponse) String() string {
 func (*InterruptContextResponse) ProtoMessage() {}
 
 func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[54]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3606,7 +3906,7 @@ func (x *InterruptContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptContextResponse.ProtoReflect.Descriptor instead.
 func (*InterruptContextResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{54}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{57}
 }
 
 type RunCodeRequest struct {
@@ -3628,7 +3928,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[55]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3640,7 +3940,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[55]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3653,7 +3953,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{55}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RunCodeRequest) GetContextId() string {
@@ -3707,7 +4007,7 @@ type RunCodeEvent struct {
 
 func (x *RunCodeEvent) Reset() {
 	*x = RunCodeEvent{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[56]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3719,7 +4019,7 @@ func (x *RunCodeEvent) String() string {
 func (*RunCodeEvent) ProtoMessage() {}
 
 func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[56]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3732,7 +4032,7 @@ func (x *RunCodeEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeEvent.ProtoReflect.Descriptor instead.
 func (*RunCodeEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{56}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RunCodeEvent) GetEvent() isRunCodeEvent_Event {
@@ -3837,7 +4137,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[57]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3849,7 +4149,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[57]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3862,7 +4162,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{57}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CodeResult) GetData() map[string][]byte {
@@ -3890,7 +4190,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[58]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3902,7 +4202,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[58]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3915,7 +4215,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{58}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CodeError) GetName() string {
@@ -3956,7 +4256,7 @@ type CodeEnd struct {
 
 func (x *CodeEnd) Reset() {
 	*x = CodeEnd{}
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[59]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3968,7 +4268,7 @@ func (x *CodeEnd) String() string {
 func (*CodeEnd) ProtoMessage() {}
 
 func (x *CodeEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_agent_v1_agent_proto_msgTypes[59]
+	mi := &file_airlock_agent_v1_agent_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3981,7 +4281,7 @@ func (x *CodeEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeEnd.ProtoReflect.Descriptor instead.
 func (*CodeEnd) Descriptor() ([]byte, []int) {
-	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{59}
+	return file_airlock_agent_v1_agent_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CodeEnd) GetTimedOut() bool {
@@ -4023,7 +4323,31 @@ var File_airlock_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1cairlock/agent/v1/agent.proto\x12\x10airlock.agent.v1\"\r\n" +
+	"\x1cairlock/agent/v1/agent.proto\x12\x10airlock.agent.v1\"\x13\n" +
+	"\x11ProcEventsRequest\"]\n" +
+	"\x12ProcEventsResponse\x123\n" +
+	"\x06events\x18\x01 \x03(\v2\x1b.airlock.agent.v1.ProcEventR\x06events\x12\x12\n" +
+	"\x04lost\x18\x02 \x01(\x04R\x04lost\"\xa6\x03\n" +
+	"\tProcEvent\x124\n" +
+	"\x04kind\x18\x01 \x01(\x0e2 .airlock.agent.v1.ProcEvent.KindR\x04kind\x12\x1b\n" +
+	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\rR\x03pid\x12\x12\n" +
+	"\x04ppid\x18\x04 \x01(\rR\x04ppid\x12\x10\n" +
+	"\x03uid\x18\x05 \x01(\rR\x03uid\x12\x12\n" +
+	"\x04euid\x18\x06 \x01(\rR\x04euid\x12\x12\n" +
+	"\x04path\x18\a \x01(\tR\x04path\x12\x12\n" +
+	"\x04argv\x18\b \x03(\tR\x04argv\x12%\n" +
+	"\x0eargv_truncated\x18\t \x01(\bR\rargvTruncated\x12\x10\n" +
+	"\x03cwd\x18\n" +
+	" \x01(\tR\x03cwd\x12\x12\n" +
+	"\x04gone\x18\v \x01(\bR\x04gone\x12\x14\n" +
+	"\x05agent\x18\f \x01(\bR\x05agent\x12\x1b\n" +
+	"\texit_code\x18\r \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x0e \x01(\x05R\x06signal\":\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tKIND_EXEC\x10\x01\x12\r\n" +
+	"\tKIND_EXIT\x10\x02\"\r\n" +
 	"\vInfoRequest\"\xe8\x01\n" +
 	"\fInfoResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12#\n" +
@@ -4284,12 +4608,14 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\xb9\x02\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x042\x94\x03\n" +
 	"\fAgentService\x12E\n" +
 	"\x04Info\x12\x1d.airlock.agent.v1.InfoRequest\x1a\x1e.airlock.agent.v1.InfoResponse\x12H\n" +
 	"\x05Usage\x12\x1e.airlock.agent.v1.UsageRequest\x1a\x1f.airlock.agent.v1.UsageResponse\x12E\n" +
 	"\x04Sync\x12\x1d.airlock.agent.v1.SyncRequest\x1a\x1e.airlock.agent.v1.SyncResponse\x12Q\n" +
-	"\bShutdown\x12!.airlock.agent.v1.ShutdownRequest\x1a\".airlock.agent.v1.ShutdownResponse2\xb1\x01\n" +
+	"\bShutdown\x12!.airlock.agent.v1.ShutdownRequest\x1a\".airlock.agent.v1.ShutdownResponse\x12Y\n" +
+	"\n" +
+	"ProcEvents\x12#.airlock.agent.v1.ProcEventsRequest\x1a$.airlock.agent.v1.ProcEventsResponse0\x012\xb1\x01\n" +
 	"\vExecService\x12I\n" +
 	"\x04Exec\x12\x1d.airlock.agent.v1.ExecRequest\x1a\x1e.airlock.agent.v1.ExecResponse(\x010\x01\x12W\n" +
 	"\n" +
@@ -4325,147 +4651,155 @@ func file_airlock_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_airlock_agent_v1_agent_proto_rawDescData
 }
 
-var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_airlock_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_airlock_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_airlock_agent_v1_agent_proto_goTypes = []any{
 	(FileOp)(0),                      // 0: airlock.agent.v1.FileOp
 	(FileType)(0),                    // 1: airlock.agent.v1.FileType
-	(*InfoRequest)(nil),              // 2: airlock.agent.v1.InfoRequest
-	(*InfoResponse)(nil),             // 3: airlock.agent.v1.InfoResponse
-	(*UsageRequest)(nil),             // 4: airlock.agent.v1.UsageRequest
-	(*UsageResponse)(nil),            // 5: airlock.agent.v1.UsageResponse
-	(*SyncRequest)(nil),              // 6: airlock.agent.v1.SyncRequest
-	(*VolumeMount)(nil),              // 7: airlock.agent.v1.VolumeMount
-	(*NetworkConfig)(nil),            // 8: airlock.agent.v1.NetworkConfig
-	(*SyncResponse)(nil),             // 9: airlock.agent.v1.SyncResponse
-	(*ShutdownRequest)(nil),          // 10: airlock.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 11: airlock.agent.v1.ShutdownResponse
-	(*ListParkedRequest)(nil),        // 12: airlock.agent.v1.ListParkedRequest
-	(*ListParkedResponse)(nil),       // 13: airlock.agent.v1.ListParkedResponse
-	(*ParkedExec)(nil),               // 14: airlock.agent.v1.ParkedExec
-	(*ExecPark)(nil),                 // 15: airlock.agent.v1.ExecPark
-	(*ExecRequest)(nil),              // 16: airlock.agent.v1.ExecRequest
-	(*TerminalSize)(nil),             // 17: airlock.agent.v1.TerminalSize
-	(*ExecStart)(nil),                // 18: airlock.agent.v1.ExecStart
-	(*ExecResponse)(nil),             // 19: airlock.agent.v1.ExecResponse
-	(*ExecParked)(nil),               // 20: airlock.agent.v1.ExecParked
-	(*ExecStarted)(nil),              // 21: airlock.agent.v1.ExecStarted
-	(*ExecExited)(nil),               // 22: airlock.agent.v1.ExecExited
-	(*WriteTarRequest)(nil),          // 23: airlock.agent.v1.WriteTarRequest
-	(*WriteTarHeader)(nil),           // 24: airlock.agent.v1.WriteTarHeader
-	(*WriteTarResponse)(nil),         // 25: airlock.agent.v1.WriteTarResponse
-	(*ReadTarRequest)(nil),           // 26: airlock.agent.v1.ReadTarRequest
-	(*ReadTarResponse)(nil),          // 27: airlock.agent.v1.ReadTarResponse
-	(*RenameRequest)(nil),            // 28: airlock.agent.v1.RenameRequest
-	(*RenameResponse)(nil),           // 29: airlock.agent.v1.RenameResponse
-	(*WatchRequest)(nil),             // 30: airlock.agent.v1.WatchRequest
-	(*FileEvent)(nil),                // 31: airlock.agent.v1.FileEvent
-	(*WatchResponse)(nil),            // 32: airlock.agent.v1.WatchResponse
-	(*FileInfo)(nil),                 // 33: airlock.agent.v1.FileInfo
-	(*StatRequest)(nil),              // 34: airlock.agent.v1.StatRequest
-	(*StatResponse)(nil),             // 35: airlock.agent.v1.StatResponse
-	(*ListRequest)(nil),              // 36: airlock.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 37: airlock.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 38: airlock.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 39: airlock.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 40: airlock.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 41: airlock.agent.v1.RemoveResponse
-	(*ReadRequest)(nil),              // 42: airlock.agent.v1.ReadRequest
-	(*ReadResponse)(nil),             // 43: airlock.agent.v1.ReadResponse
-	(*WriteRequest)(nil),             // 44: airlock.agent.v1.WriteRequest
-	(*WriteHeader)(nil),              // 45: airlock.agent.v1.WriteHeader
-	(*WriteResponse)(nil),            // 46: airlock.agent.v1.WriteResponse
-	(*CreateContextRequest)(nil),     // 47: airlock.agent.v1.CreateContextRequest
-	(*ContextInfo)(nil),              // 48: airlock.agent.v1.ContextInfo
-	(*ContextExit)(nil),              // 49: airlock.agent.v1.ContextExit
-	(*ListContextsRequest)(nil),      // 50: airlock.agent.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 51: airlock.agent.v1.ListContextsResponse
-	(*DeleteContextRequest)(nil),     // 52: airlock.agent.v1.DeleteContextRequest
-	(*DeleteContextResponse)(nil),    // 53: airlock.agent.v1.DeleteContextResponse
-	(*RestartContextRequest)(nil),    // 54: airlock.agent.v1.RestartContextRequest
-	(*InterruptContextRequest)(nil),  // 55: airlock.agent.v1.InterruptContextRequest
-	(*InterruptContextResponse)(nil), // 56: airlock.agent.v1.InterruptContextResponse
-	(*RunCodeRequest)(nil),           // 57: airlock.agent.v1.RunCodeRequest
-	(*RunCodeEvent)(nil),             // 58: airlock.agent.v1.RunCodeEvent
-	(*CodeResult)(nil),               // 59: airlock.agent.v1.CodeResult
-	(*CodeError)(nil),                // 60: airlock.agent.v1.CodeError
-	(*CodeEnd)(nil),                  // 61: airlock.agent.v1.CodeEnd
-	nil,                              // 62: airlock.agent.v1.CodeResult.DataEntry
+	(ProcEvent_Kind)(0),              // 2: airlock.agent.v1.ProcEvent.Kind
+	(*ProcEventsRequest)(nil),        // 3: airlock.agent.v1.ProcEventsRequest
+	(*ProcEventsResponse)(nil),       // 4: airlock.agent.v1.ProcEventsResponse
+	(*ProcEvent)(nil),                // 5: airlock.agent.v1.ProcEvent
+	(*InfoRequest)(nil),              // 6: airlock.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 7: airlock.agent.v1.InfoResponse
+	(*UsageRequest)(nil),             // 8: airlock.agent.v1.UsageRequest
+	(*UsageResponse)(nil),            // 9: airlock.agent.v1.UsageResponse
+	(*SyncRequest)(nil),              // 10: airlock.agent.v1.SyncRequest
+	(*VolumeMount)(nil),              // 11: airlock.agent.v1.VolumeMount
+	(*NetworkConfig)(nil),            // 12: airlock.agent.v1.NetworkConfig
+	(*SyncResponse)(nil),             // 13: airlock.agent.v1.SyncResponse
+	(*ShutdownRequest)(nil),          // 14: airlock.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 15: airlock.agent.v1.ShutdownResponse
+	(*ListParkedRequest)(nil),        // 16: airlock.agent.v1.ListParkedRequest
+	(*ListParkedResponse)(nil),       // 17: airlock.agent.v1.ListParkedResponse
+	(*ParkedExec)(nil),               // 18: airlock.agent.v1.ParkedExec
+	(*ExecPark)(nil),                 // 19: airlock.agent.v1.ExecPark
+	(*ExecRequest)(nil),              // 20: airlock.agent.v1.ExecRequest
+	(*TerminalSize)(nil),             // 21: airlock.agent.v1.TerminalSize
+	(*ExecStart)(nil),                // 22: airlock.agent.v1.ExecStart
+	(*ExecResponse)(nil),             // 23: airlock.agent.v1.ExecResponse
+	(*ExecParked)(nil),               // 24: airlock.agent.v1.ExecParked
+	(*ExecStarted)(nil),              // 25: airlock.agent.v1.ExecStarted
+	(*ExecExited)(nil),               // 26: airlock.agent.v1.ExecExited
+	(*WriteTarRequest)(nil),          // 27: airlock.agent.v1.WriteTarRequest
+	(*WriteTarHeader)(nil),           // 28: airlock.agent.v1.WriteTarHeader
+	(*WriteTarResponse)(nil),         // 29: airlock.agent.v1.WriteTarResponse
+	(*ReadTarRequest)(nil),           // 30: airlock.agent.v1.ReadTarRequest
+	(*ReadTarResponse)(nil),          // 31: airlock.agent.v1.ReadTarResponse
+	(*RenameRequest)(nil),            // 32: airlock.agent.v1.RenameRequest
+	(*RenameResponse)(nil),           // 33: airlock.agent.v1.RenameResponse
+	(*WatchRequest)(nil),             // 34: airlock.agent.v1.WatchRequest
+	(*FileEvent)(nil),                // 35: airlock.agent.v1.FileEvent
+	(*WatchResponse)(nil),            // 36: airlock.agent.v1.WatchResponse
+	(*FileInfo)(nil),                 // 37: airlock.agent.v1.FileInfo
+	(*StatRequest)(nil),              // 38: airlock.agent.v1.StatRequest
+	(*StatResponse)(nil),             // 39: airlock.agent.v1.StatResponse
+	(*ListRequest)(nil),              // 40: airlock.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 41: airlock.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 42: airlock.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 43: airlock.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 44: airlock.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 45: airlock.agent.v1.RemoveResponse
+	(*ReadRequest)(nil),              // 46: airlock.agent.v1.ReadRequest
+	(*ReadResponse)(nil),             // 47: airlock.agent.v1.ReadResponse
+	(*WriteRequest)(nil),             // 48: airlock.agent.v1.WriteRequest
+	(*WriteHeader)(nil),              // 49: airlock.agent.v1.WriteHeader
+	(*WriteResponse)(nil),            // 50: airlock.agent.v1.WriteResponse
+	(*CreateContextRequest)(nil),     // 51: airlock.agent.v1.CreateContextRequest
+	(*ContextInfo)(nil),              // 52: airlock.agent.v1.ContextInfo
+	(*ContextExit)(nil),              // 53: airlock.agent.v1.ContextExit
+	(*ListContextsRequest)(nil),      // 54: airlock.agent.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 55: airlock.agent.v1.ListContextsResponse
+	(*DeleteContextRequest)(nil),     // 56: airlock.agent.v1.DeleteContextRequest
+	(*DeleteContextResponse)(nil),    // 57: airlock.agent.v1.DeleteContextResponse
+	(*RestartContextRequest)(nil),    // 58: airlock.agent.v1.RestartContextRequest
+	(*InterruptContextRequest)(nil),  // 59: airlock.agent.v1.InterruptContextRequest
+	(*InterruptContextResponse)(nil), // 60: airlock.agent.v1.InterruptContextResponse
+	(*RunCodeRequest)(nil),           // 61: airlock.agent.v1.RunCodeRequest
+	(*RunCodeEvent)(nil),             // 62: airlock.agent.v1.RunCodeEvent
+	(*CodeResult)(nil),               // 63: airlock.agent.v1.CodeResult
+	(*CodeError)(nil),                // 64: airlock.agent.v1.CodeError
+	(*CodeEnd)(nil),                  // 65: airlock.agent.v1.CodeEnd
+	nil,                              // 66: airlock.agent.v1.CodeResult.DataEntry
 }
 var file_airlock_agent_v1_agent_proto_depIdxs = []int32{
-	8,  // 0: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
-	7,  // 1: airlock.agent.v1.SyncRequest.volumes:type_name -> airlock.agent.v1.VolumeMount
-	14, // 2: airlock.agent.v1.ListParkedResponse.execs:type_name -> airlock.agent.v1.ParkedExec
-	18, // 3: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
-	17, // 4: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
-	15, // 5: airlock.agent.v1.ExecRequest.park:type_name -> airlock.agent.v1.ExecPark
-	17, // 6: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
-	21, // 7: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
-	22, // 8: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
-	20, // 9: airlock.agent.v1.ExecResponse.parked:type_name -> airlock.agent.v1.ExecParked
-	24, // 10: airlock.agent.v1.WriteTarRequest.header:type_name -> airlock.agent.v1.WriteTarHeader
-	0,  // 11: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
-	31, // 12: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
-	1,  // 13: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
-	33, // 14: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
-	33, // 15: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
-	33, // 16: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
-	45, // 17: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
-	49, // 18: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
-	48, // 19: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
-	59, // 20: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
-	60, // 21: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
-	61, // 22: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
-	62, // 23: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
-	2,  // 24: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
-	4,  // 25: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
-	6,  // 26: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
-	10, // 27: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
-	16, // 28: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
-	12, // 29: airlock.agent.v1.ExecService.ListParked:input_type -> airlock.agent.v1.ListParkedRequest
-	34, // 30: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
-	36, // 31: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
-	38, // 32: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
-	40, // 33: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
-	42, // 34: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
-	44, // 35: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
-	28, // 36: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
-	30, // 37: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
-	23, // 38: airlock.agent.v1.FileService.WriteTar:input_type -> airlock.agent.v1.WriteTarRequest
-	26, // 39: airlock.agent.v1.FileService.ReadTar:input_type -> airlock.agent.v1.ReadTarRequest
-	47, // 40: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
-	50, // 41: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
-	52, // 42: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
-	54, // 43: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
-	57, // 44: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
-	55, // 45: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
-	3,  // 46: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
-	5,  // 47: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
-	9,  // 48: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
-	11, // 49: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
-	19, // 50: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
-	13, // 51: airlock.agent.v1.ExecService.ListParked:output_type -> airlock.agent.v1.ListParkedResponse
-	35, // 52: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
-	37, // 53: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
-	39, // 54: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
-	41, // 55: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
-	43, // 56: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
-	46, // 57: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
-	29, // 58: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
-	32, // 59: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
-	25, // 60: airlock.agent.v1.FileService.WriteTar:output_type -> airlock.agent.v1.WriteTarResponse
-	27, // 61: airlock.agent.v1.FileService.ReadTar:output_type -> airlock.agent.v1.ReadTarResponse
-	48, // 62: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
-	51, // 63: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
-	53, // 64: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
-	48, // 65: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
-	58, // 66: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
-	56, // 67: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
-	46, // [46:68] is the sub-list for method output_type
-	24, // [24:46] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	5,  // 0: airlock.agent.v1.ProcEventsResponse.events:type_name -> airlock.agent.v1.ProcEvent
+	2,  // 1: airlock.agent.v1.ProcEvent.kind:type_name -> airlock.agent.v1.ProcEvent.Kind
+	12, // 2: airlock.agent.v1.SyncRequest.network:type_name -> airlock.agent.v1.NetworkConfig
+	11, // 3: airlock.agent.v1.SyncRequest.volumes:type_name -> airlock.agent.v1.VolumeMount
+	18, // 4: airlock.agent.v1.ListParkedResponse.execs:type_name -> airlock.agent.v1.ParkedExec
+	22, // 5: airlock.agent.v1.ExecRequest.start:type_name -> airlock.agent.v1.ExecStart
+	21, // 6: airlock.agent.v1.ExecRequest.resize:type_name -> airlock.agent.v1.TerminalSize
+	19, // 7: airlock.agent.v1.ExecRequest.park:type_name -> airlock.agent.v1.ExecPark
+	21, // 8: airlock.agent.v1.ExecStart.tty:type_name -> airlock.agent.v1.TerminalSize
+	25, // 9: airlock.agent.v1.ExecResponse.started:type_name -> airlock.agent.v1.ExecStarted
+	26, // 10: airlock.agent.v1.ExecResponse.exited:type_name -> airlock.agent.v1.ExecExited
+	24, // 11: airlock.agent.v1.ExecResponse.parked:type_name -> airlock.agent.v1.ExecParked
+	28, // 12: airlock.agent.v1.WriteTarRequest.header:type_name -> airlock.agent.v1.WriteTarHeader
+	0,  // 13: airlock.agent.v1.FileEvent.op:type_name -> airlock.agent.v1.FileOp
+	35, // 14: airlock.agent.v1.WatchResponse.event:type_name -> airlock.agent.v1.FileEvent
+	1,  // 15: airlock.agent.v1.FileInfo.type:type_name -> airlock.agent.v1.FileType
+	37, // 16: airlock.agent.v1.StatResponse.info:type_name -> airlock.agent.v1.FileInfo
+	37, // 17: airlock.agent.v1.ListResponse.entries:type_name -> airlock.agent.v1.FileInfo
+	37, // 18: airlock.agent.v1.ReadResponse.info:type_name -> airlock.agent.v1.FileInfo
+	49, // 19: airlock.agent.v1.WriteRequest.header:type_name -> airlock.agent.v1.WriteHeader
+	53, // 20: airlock.agent.v1.ContextInfo.exit:type_name -> airlock.agent.v1.ContextExit
+	52, // 21: airlock.agent.v1.ListContextsResponse.contexts:type_name -> airlock.agent.v1.ContextInfo
+	63, // 22: airlock.agent.v1.RunCodeEvent.result:type_name -> airlock.agent.v1.CodeResult
+	64, // 23: airlock.agent.v1.RunCodeEvent.error:type_name -> airlock.agent.v1.CodeError
+	65, // 24: airlock.agent.v1.RunCodeEvent.end:type_name -> airlock.agent.v1.CodeEnd
+	66, // 25: airlock.agent.v1.CodeResult.data:type_name -> airlock.agent.v1.CodeResult.DataEntry
+	6,  // 26: airlock.agent.v1.AgentService.Info:input_type -> airlock.agent.v1.InfoRequest
+	8,  // 27: airlock.agent.v1.AgentService.Usage:input_type -> airlock.agent.v1.UsageRequest
+	10, // 28: airlock.agent.v1.AgentService.Sync:input_type -> airlock.agent.v1.SyncRequest
+	14, // 29: airlock.agent.v1.AgentService.Shutdown:input_type -> airlock.agent.v1.ShutdownRequest
+	3,  // 30: airlock.agent.v1.AgentService.ProcEvents:input_type -> airlock.agent.v1.ProcEventsRequest
+	20, // 31: airlock.agent.v1.ExecService.Exec:input_type -> airlock.agent.v1.ExecRequest
+	16, // 32: airlock.agent.v1.ExecService.ListParked:input_type -> airlock.agent.v1.ListParkedRequest
+	38, // 33: airlock.agent.v1.FileService.Stat:input_type -> airlock.agent.v1.StatRequest
+	40, // 34: airlock.agent.v1.FileService.List:input_type -> airlock.agent.v1.ListRequest
+	42, // 35: airlock.agent.v1.FileService.Mkdir:input_type -> airlock.agent.v1.MkdirRequest
+	44, // 36: airlock.agent.v1.FileService.Remove:input_type -> airlock.agent.v1.RemoveRequest
+	46, // 37: airlock.agent.v1.FileService.Read:input_type -> airlock.agent.v1.ReadRequest
+	48, // 38: airlock.agent.v1.FileService.Write:input_type -> airlock.agent.v1.WriteRequest
+	32, // 39: airlock.agent.v1.FileService.Rename:input_type -> airlock.agent.v1.RenameRequest
+	34, // 40: airlock.agent.v1.FileService.Watch:input_type -> airlock.agent.v1.WatchRequest
+	27, // 41: airlock.agent.v1.FileService.WriteTar:input_type -> airlock.agent.v1.WriteTarRequest
+	30, // 42: airlock.agent.v1.FileService.ReadTar:input_type -> airlock.agent.v1.ReadTarRequest
+	51, // 43: airlock.agent.v1.ContextService.Create:input_type -> airlock.agent.v1.CreateContextRequest
+	54, // 44: airlock.agent.v1.ContextService.List:input_type -> airlock.agent.v1.ListContextsRequest
+	56, // 45: airlock.agent.v1.ContextService.Delete:input_type -> airlock.agent.v1.DeleteContextRequest
+	58, // 46: airlock.agent.v1.ContextService.Restart:input_type -> airlock.agent.v1.RestartContextRequest
+	61, // 47: airlock.agent.v1.ContextService.Run:input_type -> airlock.agent.v1.RunCodeRequest
+	59, // 48: airlock.agent.v1.ContextService.Interrupt:input_type -> airlock.agent.v1.InterruptContextRequest
+	7,  // 49: airlock.agent.v1.AgentService.Info:output_type -> airlock.agent.v1.InfoResponse
+	9,  // 50: airlock.agent.v1.AgentService.Usage:output_type -> airlock.agent.v1.UsageResponse
+	13, // 51: airlock.agent.v1.AgentService.Sync:output_type -> airlock.agent.v1.SyncResponse
+	15, // 52: airlock.agent.v1.AgentService.Shutdown:output_type -> airlock.agent.v1.ShutdownResponse
+	4,  // 53: airlock.agent.v1.AgentService.ProcEvents:output_type -> airlock.agent.v1.ProcEventsResponse
+	23, // 54: airlock.agent.v1.ExecService.Exec:output_type -> airlock.agent.v1.ExecResponse
+	17, // 55: airlock.agent.v1.ExecService.ListParked:output_type -> airlock.agent.v1.ListParkedResponse
+	39, // 56: airlock.agent.v1.FileService.Stat:output_type -> airlock.agent.v1.StatResponse
+	41, // 57: airlock.agent.v1.FileService.List:output_type -> airlock.agent.v1.ListResponse
+	43, // 58: airlock.agent.v1.FileService.Mkdir:output_type -> airlock.agent.v1.MkdirResponse
+	45, // 59: airlock.agent.v1.FileService.Remove:output_type -> airlock.agent.v1.RemoveResponse
+	47, // 60: airlock.agent.v1.FileService.Read:output_type -> airlock.agent.v1.ReadResponse
+	50, // 61: airlock.agent.v1.FileService.Write:output_type -> airlock.agent.v1.WriteResponse
+	33, // 62: airlock.agent.v1.FileService.Rename:output_type -> airlock.agent.v1.RenameResponse
+	36, // 63: airlock.agent.v1.FileService.Watch:output_type -> airlock.agent.v1.WatchResponse
+	29, // 64: airlock.agent.v1.FileService.WriteTar:output_type -> airlock.agent.v1.WriteTarResponse
+	31, // 65: airlock.agent.v1.FileService.ReadTar:output_type -> airlock.agent.v1.ReadTarResponse
+	52, // 66: airlock.agent.v1.ContextService.Create:output_type -> airlock.agent.v1.ContextInfo
+	55, // 67: airlock.agent.v1.ContextService.List:output_type -> airlock.agent.v1.ListContextsResponse
+	57, // 68: airlock.agent.v1.ContextService.Delete:output_type -> airlock.agent.v1.DeleteContextResponse
+	52, // 69: airlock.agent.v1.ContextService.Restart:output_type -> airlock.agent.v1.ContextInfo
+	62, // 70: airlock.agent.v1.ContextService.Run:output_type -> airlock.agent.v1.RunCodeEvent
+	60, // 71: airlock.agent.v1.ContextService.Interrupt:output_type -> airlock.agent.v1.InterruptContextResponse
+	49, // [49:72] is the sub-list for method output_type
+	26, // [26:49] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_airlock_agent_v1_agent_proto_init() }
@@ -4473,7 +4807,7 @@ func file_airlock_agent_v1_agent_proto_init() {
 	if File_airlock_agent_v1_agent_proto != nil {
 		return
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
@@ -4481,30 +4815,30 @@ func file_airlock_agent_v1_agent_proto_init() {
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_Park)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[20].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exited)(nil),
 		(*ExecResponse_Parked)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[21].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[24].OneofWrappers = []any{
 		(*WriteTarRequest_Header)(nil),
 		(*WriteTarRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[30].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[33].OneofWrappers = []any{
 		(*WatchResponse_Started)(nil),
 		(*WatchResponse_Event)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[41].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[44].OneofWrappers = []any{
 		(*ReadResponse_Info)(nil),
 		(*ReadResponse_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[42].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[45].OneofWrappers = []any{
 		(*WriteRequest_Header)(nil),
 		(*WriteRequest_Data)(nil),
 	}
-	file_airlock_agent_v1_agent_proto_msgTypes[56].OneofWrappers = []any{
+	file_airlock_agent_v1_agent_proto_msgTypes[59].OneofWrappers = []any{
 		(*RunCodeEvent_Stdout)(nil),
 		(*RunCodeEvent_Stderr)(nil),
 		(*RunCodeEvent_Result)(nil),
@@ -4516,8 +4850,8 @@ func file_airlock_agent_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_agent_v1_agent_proto_rawDesc), len(file_airlock_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   61,
+			NumEnums:      3,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

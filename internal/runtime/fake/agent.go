@@ -116,6 +116,12 @@ func (a *agent) Shutdown(context.Context, *connect.Request[agentv1.ShutdownReque
 	return connect.NewResponse(&agentv1.ShutdownResponse{}), nil
 }
 
+// ProcEvents is not implemented: the fake reports a protocol without it
+// (agentapi.VersionProcAudit).
+func (a *agent) ProcEvents(context.Context, *connect.Request[agentv1.ProcEventsRequest], *connect.ServerStream[agentv1.ProcEventsResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("the fake agent has no process audit"))
+}
+
 // --- ExecService ---
 
 // protocolVersion is the agent protocol the fake speaks: all but parking
@@ -290,6 +296,13 @@ func (a *agent) runCommand(ctx context.Context, argv []string, stdinOpen bool, s
 					return 0, 0, err
 				}
 			case s := <-signals:
+				// Input the stream carried before the signal is queued
+				// already (the receiver queues in stream order): write
+				// it first, so that a signal sent after some input is
+				// handled after it, whatever select picked.
+				if err := drain(stdin, stdout); err != nil {
+					return 0, 0, err
+				}
 				return -1, s, nil
 			case <-ctx.Done():
 				return -1, 9, nil
@@ -317,6 +330,23 @@ func (a *agent) runCommand(ctx context.Context, argv []string, stdinOpen bool, s
 		return 0, 0, stdout([]byte(printf(argv[1], argv[2:])))
 	default:
 		return 127, 0, stderr([]byte("fake: " + argv[0] + ": command not found\n"))
+	}
+}
+
+// drain writes the input already queued on stdin, without waiting for more.
+func drain(stdin <-chan []byte, stdout func([]byte) error) error {
+	for {
+		select {
+		case b, ok := <-stdin:
+			if !ok {
+				return nil
+			}
+			if err := stdout(b); err != nil {
+				return err
+			}
+		default:
+			return nil
+		}
 	}
 }
 

@@ -201,7 +201,7 @@ func TestConformance(t *testing.T) {
 func checkNoLeftovers(t *testing.T, f *fixture) {
 	t.Helper()
 	_ = filepath.WalkDir(f.base, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() && (d.Name() == "runsc" || d.Name() == "bundle" || d.Name() == "upper") {
+		if err == nil && d.IsDir() && (d.Name() == "runsc" || d.Name() == "bundle" || d.Name() == "upper" || d.Name() == monitorDir) {
 			t.Errorf("left behind: %s", p)
 		}
 		return nil

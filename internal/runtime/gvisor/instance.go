@@ -65,6 +65,9 @@ type instance struct {
 	// link is the NIC's host side (Spec.Network) until NetConn takes it.
 	link      *tapLink
 	linkTaken bool
+	// mon is the process audit's trace session (Spec.ProcAudit): set in
+	// spawn before runsc starts; its fields are guarded by mu.
+	mon *procMonitor
 }
 
 var (
@@ -176,6 +179,9 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 		}
 		b.netnsPath = l.netnsPath()
 	}
+	if in.spec.ProcAudit {
+		in.prepareMonitor()
+	}
 	mounts, err := in.prepareMounts()
 	if err != nil {
 		return nil, err
@@ -225,6 +231,7 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 			started <- err
 			return
 		}
+		in.acceptMonitor(cmd.Process.Pid)
 		started <- nil
 		_ = cmd.Wait()
 		in.exited(cmd.ProcessState)
@@ -369,6 +376,7 @@ func (in *instance) cleanup() error {
 	if link != nil {
 		errs = append(errs, link.destroy())
 	}
+	in.closeMonitor()
 	errs = append(errs, in.removeCgroups(), in.releaseMounts())
 	// runsc bind-mounts a "null" network namespace into its root dir
 	// (--network=none) and leaves it there.
@@ -377,7 +385,10 @@ func (in *instance) cleanup() error {
 			_ = unix.Unmount(filepath.Join(in.paths.root, e.Name()), unix.MNT_DETACH)
 		}
 	}
-	for _, d := range []string{in.paths.root, in.paths.bundle, in.paths.upper} {
+	for _, d := range []string{in.paths.root, in.paths.bundle, in.paths.upper, in.paths.monitor} {
+		if d == "" {
+			continue
+		}
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, err)
 		}

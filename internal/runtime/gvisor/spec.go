@@ -211,6 +211,10 @@ type instancePaths struct {
 	bundle string // holds config.json; removed after exit
 	upper  string // runsc's overlay filestore dir; removed after exit
 	logDir string // runsc debug logs (Config.Debug); kept
+	// monitor, when the instance reports its execs (Spec.ProcAudit),
+	// holds the trace session's config and the sink's socket (procaudit.go);
+	// removed after exit.
+	monitor string
 }
 
 // runscArgs returns runsc's argv (after the binary) to run container cid.
@@ -238,6 +242,9 @@ func runscArgs(c Config, p instancePaths, cid string, network bool) []string {
 	}
 	if c.Debug {
 		args = append(args, "--debug", "--debug-log="+p.logDir+"/")
+	}
+	if p.monitor != "" {
+		args = append(args, "--pod-init-config="+filepath.Join(p.monitor, monitorConfig))
 	}
 	return append(args, "run", "--bundle", p.bundle, cid)
 }

@@ -62,6 +62,12 @@ func TestRunscArgs(t *testing.T) {
 	if !strings.Contains(got, "--network=none") || !strings.Contains(got, "--overlay2=root:dir=/r/upper ") || !strings.Contains(got, "--ignore-cgroups") {
 		t.Errorf("args: %s", got)
 	}
+	// Process audit: the trace session's config, before the command.
+	p.monitor = "/r/monitor"
+	got = strings.Join(runscArgs(Config{Platform: "systrap"}, p, "cid", false), " ")
+	if !strings.HasSuffix(got, " --pod-init-config=/r/monitor/init.json run --bundle /r/bundle cid") {
+		t.Errorf("args with process audit: %s", got)
+	}
 }
 
 func TestNewValidates(t *testing.T) {

@@ -604,6 +604,7 @@ type ExecServerMessage struct {
 	//	*ExecServerMessage_Stdout
 	//	*ExecServerMessage_Stderr
 	//	*ExecServerMessage_Exited
+	//	*ExecServerMessage_Paused
 	Event         isExecServerMessage_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -682,6 +683,15 @@ func (x *ExecServerMessage) GetExited() *ExecExit {
 	return nil
 }
 
+func (x *ExecServerMessage) GetPaused() *ExecPaused {
+	if x != nil {
+		if x, ok := x.Event.(*ExecServerMessage_Paused); ok {
+			return x.Paused
+		}
+	}
+	return nil
+}
+
 type isExecServerMessage_Event interface {
 	isExecServerMessage_Event()
 }
@@ -702,6 +712,13 @@ type ExecServerMessage_Exited struct {
 	Exited *ExecExit `protobuf:"bytes,4,opt,name=exited,proto3,oneof"`
 }
 
+type ExecServerMessage_Paused struct {
+	// The sandbox was paused while the exec ran: the guest keeps the
+	// process, parked, and the stream ends. The exec goes on, with the same
+	// id, when the sandbox resumes (attach to it again then).
+	Paused *ExecPaused `protobuf:"bytes,5,opt,name=paused,proto3,oneof"`
+}
+
 func (*ExecServerMessage_Started) isExecServerMessage_Event() {}
 
 func (*ExecServerMessage_Stdout) isExecServerMessage_Event() {}
@@ -709,6 +726,44 @@ func (*ExecServerMessage_Stdout) isExecServerMessage_Event() {}
 func (*ExecServerMessage_Stderr) isExecServerMessage_Event() {}
 
 func (*ExecServerMessage_Exited) isExecServerMessage_Event() {}
+
+func (*ExecServerMessage_Paused) isExecServerMessage_Event() {}
+
+type ExecPaused struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecPaused) Reset() {
+	*x = ExecPaused{}
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecPaused) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecPaused) ProtoMessage() {}
+
+func (x *ExecPaused) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecPaused.ProtoReflect.Descriptor instead.
+func (*ExecPaused) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{7}
+}
 
 // ExecExit is how an exec ended.
 type ExecExit struct {
@@ -731,7 +786,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +798,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +811,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{7}
+	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -821,7 +876,7 @@ type ExecInfo struct {
 
 func (x *ExecInfo) Reset() {
 	*x = ExecInfo{}
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +888,7 @@ func (x *ExecInfo) String() string {
 func (*ExecInfo) ProtoMessage() {}
 
 func (x *ExecInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +901,7 @@ func (x *ExecInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInfo.ProtoReflect.Descriptor instead.
 func (*ExecInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{8}
+	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecInfo) GetExecId() string {
@@ -913,7 +968,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +980,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +993,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{9}
+	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{10}
 }
 
 type ListExecsResponse struct {
@@ -951,7 +1006,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1018,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1031,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{10}
+	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListExecsResponse) GetExecs() []*ExecInfo {
@@ -995,7 +1050,7 @@ type GetExecRequest struct {
 
 func (x *GetExecRequest) Reset() {
 	*x = GetExecRequest{}
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1062,7 @@ func (x *GetExecRequest) String() string {
 func (*GetExecRequest) ProtoMessage() {}
 
 func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_exec_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_exec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1075,7 @@ func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecRequest.ProtoReflect.Descriptor instead.
 func (*GetExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{11}
+	return file_airlock_shim_v2_exec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetExecRequest) GetExecId() string {
@@ -1075,13 +1130,16 @@ const file_airlock_shim_v2_exec_proto_rawDesc = "" +
 	"closeStdin\x12\x18\n" +
 	"\x06signal\x18\x05 \x01(\x05H\x00R\x06signal\x125\n" +
 	"\x06resize\x18\x06 \x01(\v2\x1b.airlock.shim.v2.ExecResizeH\x00R\x06resizeB\x05\n" +
-	"\x03msg\"\xbc\x01\n" +
+	"\x03msg\"\xf3\x01\n" +
 	"\x11ExecServerMessage\x125\n" +
 	"\astarted\x18\x01 \x01(\v2\x19.airlock.shim.v2.ExecInfoH\x00R\astarted\x12\x18\n" +
 	"\x06stdout\x18\x02 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x03 \x01(\fH\x00R\x06stderr\x123\n" +
-	"\x06exited\x18\x04 \x01(\v2\x19.airlock.shim.v2.ExecExitH\x00R\x06exitedB\a\n" +
-	"\x05event\"\xc7\x01\n" +
+	"\x06exited\x18\x04 \x01(\v2\x19.airlock.shim.v2.ExecExitH\x00R\x06exited\x125\n" +
+	"\x06paused\x18\x05 \x01(\v2\x1b.airlock.shim.v2.ExecPausedH\x00R\x06pausedB\a\n" +
+	"\x05event\"\f\n" +
+	"\n" +
+	"ExecPaused\"\xc7\x01\n" +
 	"\bExecExit\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\x05R\x06signal\x12\x1b\n" +
@@ -1128,7 +1186,7 @@ func file_airlock_shim_v2_exec_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_shim_v2_exec_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_shim_v2_exec_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_airlock_shim_v2_exec_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_airlock_shim_v2_exec_proto_goTypes = []any{
 	(ExecState)(0),            // 0: airlock.shim.v2.ExecState
 	(*ExecSpec)(nil),          // 1: airlock.shim.v2.ExecSpec
@@ -1138,11 +1196,12 @@ var file_airlock_shim_v2_exec_proto_goTypes = []any{
 	(*ExecResize)(nil),        // 5: airlock.shim.v2.ExecResize
 	(*ExecClientMessage)(nil), // 6: airlock.shim.v2.ExecClientMessage
 	(*ExecServerMessage)(nil), // 7: airlock.shim.v2.ExecServerMessage
-	(*ExecExit)(nil),          // 8: airlock.shim.v2.ExecExit
-	(*ExecInfo)(nil),          // 9: airlock.shim.v2.ExecInfo
-	(*ListExecsRequest)(nil),  // 10: airlock.shim.v2.ListExecsRequest
-	(*ListExecsResponse)(nil), // 11: airlock.shim.v2.ListExecsResponse
-	(*GetExecRequest)(nil),    // 12: airlock.shim.v2.GetExecRequest
+	(*ExecPaused)(nil),        // 8: airlock.shim.v2.ExecPaused
+	(*ExecExit)(nil),          // 9: airlock.shim.v2.ExecExit
+	(*ExecInfo)(nil),          // 10: airlock.shim.v2.ExecInfo
+	(*ListExecsRequest)(nil),  // 11: airlock.shim.v2.ListExecsRequest
+	(*ListExecsResponse)(nil), // 12: airlock.shim.v2.ListExecsResponse
+	(*GetExecRequest)(nil),    // 13: airlock.shim.v2.GetExecRequest
 }
 var file_airlock_shim_v2_exec_proto_depIdxs = []int32{
 	1,  // 0: airlock.shim.v2.ExecStart.spec:type_name -> airlock.shim.v2.ExecSpec
@@ -1150,22 +1209,23 @@ var file_airlock_shim_v2_exec_proto_depIdxs = []int32{
 	3,  // 2: airlock.shim.v2.ExecClientMessage.start:type_name -> airlock.shim.v2.ExecStart
 	4,  // 3: airlock.shim.v2.ExecClientMessage.attach:type_name -> airlock.shim.v2.ExecAttach
 	5,  // 4: airlock.shim.v2.ExecClientMessage.resize:type_name -> airlock.shim.v2.ExecResize
-	9,  // 5: airlock.shim.v2.ExecServerMessage.started:type_name -> airlock.shim.v2.ExecInfo
-	8,  // 6: airlock.shim.v2.ExecServerMessage.exited:type_name -> airlock.shim.v2.ExecExit
-	0,  // 7: airlock.shim.v2.ExecInfo.state:type_name -> airlock.shim.v2.ExecState
-	8,  // 8: airlock.shim.v2.ExecInfo.exit:type_name -> airlock.shim.v2.ExecExit
-	9,  // 9: airlock.shim.v2.ListExecsResponse.execs:type_name -> airlock.shim.v2.ExecInfo
-	6,  // 10: airlock.shim.v2.ExecService.Exec:input_type -> airlock.shim.v2.ExecClientMessage
-	10, // 11: airlock.shim.v2.ExecService.List:input_type -> airlock.shim.v2.ListExecsRequest
-	12, // 12: airlock.shim.v2.ExecService.Get:input_type -> airlock.shim.v2.GetExecRequest
-	7,  // 13: airlock.shim.v2.ExecService.Exec:output_type -> airlock.shim.v2.ExecServerMessage
-	11, // 14: airlock.shim.v2.ExecService.List:output_type -> airlock.shim.v2.ListExecsResponse
-	9,  // 15: airlock.shim.v2.ExecService.Get:output_type -> airlock.shim.v2.ExecInfo
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	10, // 5: airlock.shim.v2.ExecServerMessage.started:type_name -> airlock.shim.v2.ExecInfo
+	9,  // 6: airlock.shim.v2.ExecServerMessage.exited:type_name -> airlock.shim.v2.ExecExit
+	8,  // 7: airlock.shim.v2.ExecServerMessage.paused:type_name -> airlock.shim.v2.ExecPaused
+	0,  // 8: airlock.shim.v2.ExecInfo.state:type_name -> airlock.shim.v2.ExecState
+	9,  // 9: airlock.shim.v2.ExecInfo.exit:type_name -> airlock.shim.v2.ExecExit
+	10, // 10: airlock.shim.v2.ListExecsResponse.execs:type_name -> airlock.shim.v2.ExecInfo
+	6,  // 11: airlock.shim.v2.ExecService.Exec:input_type -> airlock.shim.v2.ExecClientMessage
+	11, // 12: airlock.shim.v2.ExecService.List:input_type -> airlock.shim.v2.ListExecsRequest
+	13, // 13: airlock.shim.v2.ExecService.Get:input_type -> airlock.shim.v2.GetExecRequest
+	7,  // 14: airlock.shim.v2.ExecService.Exec:output_type -> airlock.shim.v2.ExecServerMessage
+	12, // 15: airlock.shim.v2.ExecService.List:output_type -> airlock.shim.v2.ListExecsResponse
+	10, // 16: airlock.shim.v2.ExecService.Get:output_type -> airlock.shim.v2.ExecInfo
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_airlock_shim_v2_exec_proto_init() }
@@ -1186,6 +1246,7 @@ func file_airlock_shim_v2_exec_proto_init() {
 		(*ExecServerMessage_Stdout)(nil),
 		(*ExecServerMessage_Stderr)(nil),
 		(*ExecServerMessage_Exited)(nil),
+		(*ExecServerMessage_Paused)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1193,7 +1254,7 @@ func file_airlock_shim_v2_exec_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v2_exec_proto_rawDesc), len(file_airlock_shim_v2_exec_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

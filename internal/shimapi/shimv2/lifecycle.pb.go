@@ -571,11 +571,18 @@ type NetworkUsage struct {
 	Connections uint32 `protobuf:"varint,5,opt,name=connections,proto3" json:"connections,omitempty"`
 	// Guest flows the host dialled for, refused (policy, upstream failure),
 	// and dropped at its connection or dial caps.
-	DialsAllowed  uint64 `protobuf:"varint,6,opt,name=dials_allowed,json=dialsAllowed,proto3" json:"dials_allowed,omitempty"`
-	DialsDenied   uint64 `protobuf:"varint,7,opt,name=dials_denied,json=dialsDenied,proto3" json:"dials_denied,omitempty"`
-	DialsBusy     uint64 `protobuf:"varint,8,opt,name=dials_busy,json=dialsBusy,proto3" json:"dials_busy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DialsAllowed uint64 `protobuf:"varint,6,opt,name=dials_allowed,json=dialsAllowed,proto3" json:"dials_allowed,omitempty"`
+	DialsDenied  uint64 `protobuf:"varint,7,opt,name=dials_denied,json=dialsDenied,proto3" json:"dials_denied,omitempty"`
+	DialsBusy    uint64 `protobuf:"varint,8,opt,name=dials_busy,json=dialsBusy,proto3" json:"dials_busy,omitempty"`
+	// Payload the host sent upstream for the guest (TCP and UDP, no headers,
+	// DNS answered by the shim not included).
+	EgressBytes uint64 `protobuf:"varint,9,opt,name=egress_bytes,json=egressBytes,proto3" json:"egress_bytes,omitempty"`
+	// Guest flows the outbound abuse limits refused (connection rate,
+	// distinct destinations) and UDP datagrams their packet rate dropped.
+	FlowsLimited     uint64 `protobuf:"varint,10,opt,name=flows_limited,json=flowsLimited,proto3" json:"flows_limited,omitempty"`
+	DatagramsLimited uint64 `protobuf:"varint,11,opt,name=datagrams_limited,json=datagramsLimited,proto3" json:"datagrams_limited,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NetworkUsage) Reset() {
@@ -664,6 +671,27 @@ func (x *NetworkUsage) GetDialsBusy() uint64 {
 	return 0
 }
 
+func (x *NetworkUsage) GetEgressBytes() uint64 {
+	if x != nil {
+		return x.EgressBytes
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetFlowsLimited() uint64 {
+	if x != nil {
+		return x.FlowsLimited
+	}
+	return 0
+}
+
+func (x *NetworkUsage) GetDatagramsLimited() uint64 {
+	if x != nil {
+		return x.DatagramsLimited
+	}
+	return 0
+}
+
 var File_airlock_shim_v2_lifecycle_proto protoreflect.FileDescriptor
 
 const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
@@ -699,7 +727,7 @@ const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\x10mem_cached_bytes\x18\x06 \x01(\x04R\x0ememCachedBytes\x12(\n" +
 	"\x10disk_total_bytes\x18\a \x01(\x04R\x0ediskTotalBytes\x12&\n" +
 	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes\x127\n" +
-	"\anetwork\x18\t \x01(\v2\x1d.airlock.shim.v2.NetworkUsageR\anetwork\"\xb3\x02\n" +
+	"\anetwork\x18\t \x01(\v2\x1d.airlock.shim.v2.NetworkUsageR\anetwork\"\xa8\x03\n" +
 	"\fNetworkUsage\x12#\n" +
 	"\rreceive_bytes\x18\x01 \x01(\x04R\freceiveBytes\x12%\n" +
 	"\x0etransmit_bytes\x18\x02 \x01(\x04R\rtransmitBytes\x12%\n" +
@@ -709,7 +737,11 @@ const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\rdials_allowed\x18\x06 \x01(\x04R\fdialsAllowed\x12!\n" +
 	"\fdials_denied\x18\a \x01(\x04R\vdialsDenied\x12\x1d\n" +
 	"\n" +
-	"dials_busy\x18\b \x01(\x04R\tdialsBusy2\x83\x03\n" +
+	"dials_busy\x18\b \x01(\x04R\tdialsBusy\x12!\n" +
+	"\fegress_bytes\x18\t \x01(\x04R\vegressBytes\x12#\n" +
+	"\rflows_limited\x18\n" +
+	" \x01(\x04R\fflowsLimited\x12+\n" +
+	"\x11datagrams_limited\x18\v \x01(\x04R\x10datagramsLimited2\x83\x03\n" +
 	"\x10LifecycleService\x12F\n" +
 	"\x05Pause\x12\x1d.airlock.shim.v2.PauseRequest\x1a\x1e.airlock.shim.v2.PauseResponse\x12O\n" +
 	"\bShutdown\x12 .airlock.shim.v2.ShutdownRequest\x1a!.airlock.shim.v2.ShutdownResponse\x12F\n" +

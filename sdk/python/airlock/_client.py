@@ -11,10 +11,10 @@ import posixpath
 import tarfile
 import tempfile
 import urllib.parse
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from ._code import Execution, Result, ndjson_records, read_code_stream
-from ._errors import AirlockError, StreamBroken, error_from_response
+from ._errors import AirlockError, ExecPaused, StreamBroken, error_from_response
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._terminal import Terminal
@@ -105,7 +105,7 @@ class Client:
         if query:
             q = {k: v for k, v in query.items() if v is not None}
             if q:
-                url += "?" + urllib.parse.urlencode(q)
+                url += "?" + urllib.parse.urlencode(q, doseq=True)
         return url
 
     def _open(
@@ -195,15 +195,18 @@ class Client:
                 "mode": "deny",                       # default: public, or deny with allow
                 "allow": ["api.github.com", "140.82.112.0/20:443"],
                 "secrets": [{"name": "OPENAI_API_KEY", "hosts": ["api.openai.com"],
-                             "value": os.environ["OPENAI_API_KEY"]}],
+                             "value": os.environ["OPENAI_API_KEY"],
+                             "header": "Authorization"}],   # optional: this header only
                 "ports": [{"host_ip": "127.0.0.1", "host_port": 8080, "guest_port": 8000}],  # admin keys only
                 "rate_bytes": 1 << 20,                # bytes/s each way; 0: unlimited
                 "max_conns": 256,
             }
 
         The guest sees a placeholder in $OPENAI_API_KEY; the server puts the
-        real value into requests to the secret's hosts only, and never
-        returns it (``sb.network`` shows names, hosts and placeholders).
+        real value into requests to the secret's hosts only (HTTP/1.1,
+        HTTP/2, WebSocket handshakes), with ``header`` into that request
+        header only, and never returns it (``sb.network`` shows names,
+        hosts, headers and placeholders).
 
         ``idle_pause_s`` pauses the sandbox after that many idle seconds (no
         exec or code running, no API call on it, no inbound connection); the
@@ -273,8 +276,10 @@ class Client:
         on the server's disk and its RAM is freed (state "paused"); its
         lifetime stands still. Any later call on it resumes it with every
         process as it was; the guest's open TCP connections are reset.
-        Raises FailedPrecondition while commands, code or transfers run,
-        unless ``force`` (which ends them), and for sandboxes with secrets.
+        Running commands are parked and go on after the resume (their
+        streams raise ExecPaused). Raises FailedPrecondition while code or transfers run,
+        unless ``force`` (which ends them). A sandbox with secrets binds
+        them again at the resume.
         Pausing a paused sandbox does nothing. The returned sandbox's
         ``info["pause"]`` says what was saved: ``{"state_bytes", "save_ms"}``."""
         return Sandbox(self, self._json("POST", _sb(sandbox_id, "pause"), {"force": bool(force)}))
@@ -288,6 +293,31 @@ class Client:
         """Count as activity on ``sandbox_id`` for its idle pause (see
         ``create(idle_pause_s=...)``); like any call, resumes it if paused."""
         self._json("POST", _sb(sandbox_id, "keepalive"), ok=(204, 200))
+
+    def get_network(self, sandbox_id: str) -> dict:
+        """Sandbox ``sandbox_id``'s network, as ``Sandbox.network`` has it:
+        ``{"mode", "allow", "secrets", "ports", "rate_bytes", "max_conns"}``
+        (secrets by name and placeholder, never values). Never resumes a
+        paused sandbox."""
+        return self._json("GET", _sb(sandbox_id, "network"))["network"]
+
+    def set_network(self, sandbox_id: str, mode: str | None = None, allow: Sequence[str] | None = None) -> dict:
+        """Replace sandbox ``sandbox_id``'s egress policy, whole: ``mode``
+        ``"public"`` or ``"deny"`` (default: deny when ``allow`` is given,
+        else public) and ``allow`` rules (the syntax of ``create``'s); every
+        rule not given is removed, secrets, ports and limits stay. A running
+        sandbox enforces it at once and closes the open connections it
+        forbids; a paused one gets it when it resumes. Returns ``{"network",
+        "closed", "applied"}`` (``applied``: ``"running"`` or ``"resume"``).
+        Raises InvalidRequest for a bad rule or a change into or out of mode
+        ``"none"``, PermissionDenied for a rule that opens private,
+        loopback, link-local or metadata addresses without an admin key."""
+        body: dict[str, Any] = {}
+        if mode:
+            body["mode"] = mode
+        if allow:
+            body["allow"] = list(allow)
+        return self._json("PUT", _sb(sandbox_id, "network"), body)
 
     def usage(self, sandbox_id: str) -> dict:
         """One sample of running sandbox ``sandbox_id``'s resource use:
@@ -333,13 +363,18 @@ class Client:
         (PermissionDenied otherwise)."""
         return int(self._json("POST", "/v1/snapshots/prune").get("freed_bytes", 0))
 
-    def fork(self, sandbox_id: str, count: int = 1, force: bool = False) -> list["Sandbox"]:
+    def fork(self, sandbox_id: str, count: int = 1, force: bool = False, secrets: bool = False) -> list["Sandbox"]:
         """Make ``count`` (1-16) running copies of sandbox ``sandbox_id``: its
         processes, memory and disk, each with a fresh clock, RNG reseed and
         its own network stack. The source is paused and resumed for about
         half a second. Forks count against your quotas like creates; kill
-        them when done. All or nothing: on an error no fork is left."""
-        out = self._json("POST", _sb(sandbox_id, "fork"), {"count": int(count), "force": bool(force)}, ok=(201, 200))
+        them when done. All or nothing: on an error no fork is left. With
+        ``secrets`` each fork binds the source's secret values (without, its
+        guest holds placeholders that reach no one)."""
+        body = {"count": int(count), "force": bool(force)}
+        if secrets:
+            body["secrets"] = True
+        out = self._json("POST", _sb(sandbox_id, "fork"), body, ok=(201, 200))
         return [Sandbox(self, s) for s in out.get("sandboxes") or []]
 
     # -- volumes -------------------------------------------------------------
@@ -374,6 +409,181 @@ class Client:
         """Delete volume ``name`` and its data. Raises Conflict while a
         sandbox (in any state) has it mounted."""
         self._json("DELETE", _vol(name), ok=(204, 200))
+
+    # -- templates --------------------------------------------------------------
+
+    def build_template(
+        self,
+        name: str,
+        context_dir: str | os.PathLike,
+        *,
+        dockerfile: str | os.PathLike | None = None,
+        start: str | None = None,
+        ready: str | None = None,
+        ready_timeout: float | None = None,
+        build_args: Mapping[str, str] | None = None,
+        cpus: int | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+        no_cache: bool = False,
+        on_event: Callable[[dict], None] | None = None,
+    ) -> dict:
+        """Build (or rebuild) template ``name`` from the Dockerfile in
+        ``context_dir`` (or ``dockerfile``, which may be outside it) on the
+        server: the steps run in a sandbox of your tenant, each saved for
+        later builds; then ``start`` (default: the Dockerfile's ENTRYPOINT and
+        CMD) runs in the background and ``ready`` is retried until it exits
+        0, and the running sandbox is saved. ``create(image=name)`` starts a
+        clone of it. ``on_event`` gets each progress record (kind "step",
+        "cached", "config", "output", "done", "status"). Returns the template;
+        raises InvalidRequest for a bad Dockerfile (naming its line) and
+        FailedPrecondition when a step or the ready check fails (the message
+        has the line, exit code and output)."""
+        q: dict[str, Any] = {}
+        for k, v in (("start", start), ("ready", ready)):
+            if v:
+                q[k] = v
+        if ready_timeout:
+            q["ready_timeout_s"] = int(-(-ready_timeout // 1))
+        for k, v in (("cpus", cpus), ("memory_mb", memory_mb), ("disk_mb", disk_mb)):
+            if v:
+                q[k] = int(v)
+        if no_cache:
+            q["no_cache"] = "true"
+        if build_args:
+            q["build_arg"] = [f"{k}={v}" for k, v in build_args.items()]
+        ctx = os.path.abspath(context_dir)
+        df = os.path.abspath(dockerfile) if dockerfile else os.path.join(ctx, "Dockerfile")
+        outside = os.path.commonpath([ctx, df]) != ctx
+        if not outside:
+            q["dockerfile"] = os.path.relpath(df, ctx).replace(os.sep, "/")
+
+        def regular(ti: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            return ti if ti.isreg() or ti.isdir() or ti.issym() or ti.islnk() else None
+
+        with tempfile.TemporaryFile() as tmp:
+            with tarfile.open(fileobj=tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                if outside:
+                    tar.add(df, arcname=".airlock-dockerfile", filter=regular)
+                for entry in sorted(os.listdir(ctx)):
+                    tar.add(os.path.join(ctx, entry), arcname=entry, filter=regular)
+            size = tmp.tell()
+            tmp.seek(0)
+            conn, resp = self._open(
+                "POST",
+                "/v1/templates/" + urllib.parse.quote(name, safe="") + "/build",
+                query=q,
+                body=tmp,
+                headers={"Content-Type": "application/x-tar", "Content-Length": str(size), "Accept": "application/x-ndjson"},
+                timeout=None,
+            )
+            try:
+                for rec in ndjson_records(resp, lambda: None, "built"):
+                    kind = rec.get("kind")
+                    if kind == "built":
+                        return rec.get("template") or {}
+                    if kind == "error":
+                        status = {"invalid": 400, "not_found": 404, "resource_exhausted": 429}.get(rec.get("code", ""), 412)
+                        raise error_from_response(status, json.dumps({"error": {"code": rec.get("code") or "failed_precondition", "message": rec.get("message", "")}}).encode(), None)
+                    if on_event:
+                        on_event(rec)
+            finally:
+                conn.close()
+        raise AirlockError(0, "internal", "the build stream ended without a result")  # pragma: no cover
+
+    def list_templates(self) -> list[dict]:
+        """Your tenant's templates."""
+        return self._json("GET", "/v1/templates").get("templates") or []
+
+    def get_template(self, name: str) -> dict:
+        """Template ``name`` (env, workdir, user, cmd, entrypoint,
+        exposed_ports, labels, start, ready); NotFound if your tenant has
+        none of that name."""
+        return self._json("GET", "/v1/templates/" + urllib.parse.quote(name, safe=""))
+
+    def template_log(self, name: str) -> str:
+        """The log of your tenant's last build of ``name`` (failed builds
+        too); NotFound if there is none."""
+        conn, resp = self._open(
+            "GET", "/v1/templates/" + urllib.parse.quote(name, safe="") + "/log",
+            headers={"Accept": "text/plain"}, timeout=self.timeout,
+        )
+        try:
+            return resp.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+
+    def delete_template(self, name: str) -> None:
+        """Remove template ``name``; sandboxes running from it go on."""
+        self._json("DELETE", "/v1/templates/" + urllib.parse.quote(name, safe=""), ok=(204, 200))
+
+    def prune_templates(self) -> int:
+        """Free your tenant's build cache (saved steps) and unused saved
+        states of replaced templates; returns how many were removed."""
+        return int(self._json("POST", "/v1/templates/prune").get("removed", 0))
+
+    # -- the vault and live secrets -------------------------------------------
+
+    def set_vault_secret(self, name: str, value: str, hosts: Sequence[str] | None = None) -> dict:
+        """Store ``value`` as your tenant's vault secret ``name`` (replacing
+        one of that name), for ``hosts`` (names or ``*.suffix``; none: each
+        sandbox names them). The server seals it at rest and never returns
+        it. Sandboxes reference it by name: ``{"name": ..., "vault": name}``
+        in ``create(network={"secrets": [...]})`` or
+        ``set_sandbox_secret(..., vault=name)``. Returns ``{"name",
+        "hosts", "created_at", "updated_at"}``. Raises InvalidRequest for a
+        bad name, host or value (at most 16 KiB, no CR, LF or NUL) and
+        QuotaExceeded when the vault is full."""
+        body: dict[str, Any] = {"value": value}
+        if hosts:
+            body["hosts"] = list(hosts)
+        return self._json("PUT", _secret(name), body)
+
+    def list_vault_secrets(self) -> list[dict]:
+        """Your tenant's vault secrets: names, hosts and times, never values."""
+        return self._json("GET", "/v1/secrets").get("secrets") or []
+
+    def delete_vault_secret(self, name: str) -> None:
+        """Remove vault secret ``name`` (NotFound if none). Sandboxes that
+        were given its value keep it."""
+        self._json("DELETE", _secret(name), ok=(204, 200))
+
+    def set_sandbox_secret(
+        self,
+        sandbox_id: str,
+        name: str,
+        *,
+        value: str | None = None,
+        vault: str | None = None,
+        hosts: Sequence[str] | None = None,
+        header: str | None = None,
+    ) -> dict:
+        """Give running or paused sandbox ``sandbox_id`` the secret ``name``
+        (or replace its secret of that name) now: ``value`` with ``hosts``,
+        or ``vault`` naming a vault secret (``hosts`` then default to its);
+        with ``header``, the value goes into that request header only.
+        New commands see the placeholder in ``$name``; the host injects the
+        value into new requests to the hosts at once; a paused sandbox gets
+        it when it resumes. Returns ``{"network", "closed", "applied"}``."""
+        if (value is None) == (vault is None):
+            raise ValueError("give value or vault, not both")
+        body: dict[str, Any] = {}
+        if hosts:
+            body["hosts"] = list(hosts)
+        if header:
+            body["header"] = header
+        if value is not None:
+            body["value"] = value
+        if vault is not None:
+            body["vault"] = vault
+        return self._json("PUT", _sb(sandbox_id, "secrets", name), body)
+
+    def remove_sandbox_secret(self, sandbox_id: str, name: str) -> dict:
+        """Remove secret ``name`` from running or paused sandbox
+        ``sandbox_id`` now: no request gets its value from then on (open
+        connections that did are closed). Returns ``{"network", "closed",
+        "applied"}``; NotFound for a secret it does not have."""
+        return self._json("DELETE", _sb(sandbox_id, "secrets", name))
 
     def sandbox(self, sandbox_id: str) -> "Sandbox":
         """A handle on ``sandbox_id`` without fetching it (``info`` holds only the id)."""
@@ -447,6 +657,10 @@ def _sb(sandbox_id: str, *rest: str) -> str:
 
 def _vol(name: str) -> str:
     return "/v1/volumes/" + urllib.parse.quote(name, safe="")
+
+
+def _secret(name: str) -> str:
+    return "/v1/secrets/" + urllib.parse.quote(name, safe="")
 
 
 def _cmd(cmd: str | list[str]) -> list[str]:
@@ -530,9 +744,9 @@ class Sandbox:
         """Save this sandbox as snapshot ``name`` (see Client.snapshot); it keeps running."""
         return self._client.snapshot(self.id, name, force)
 
-    def fork(self, count: int = 1, force: bool = False) -> list["Sandbox"]:
+    def fork(self, count: int = 1, force: bool = False, secrets: bool = False) -> list["Sandbox"]:
         """``count`` running copies of this sandbox (see Client.fork)."""
-        return self._client.fork(self.id, count, force)
+        return self._client.fork(self.id, count, force, secrets)
 
     def resume(self) -> "Sandbox":
         """Resume the sandbox if paused (any other call does it too)."""
@@ -547,6 +761,35 @@ class Sandbox:
         """One sample of the sandbox's resource use (see Client.usage); never
         resumes it."""
         return self._client.usage(self.id)
+
+    def set_network(self, mode: str | None = None, allow: Sequence[str] | None = None) -> dict:
+        """Replace the sandbox's egress policy, whole (see
+        Client.set_network); ``info["network"]`` is updated."""
+        out = self._client.set_network(self.id, mode, allow)
+        self.info["network"] = out["network"]
+        return out
+
+    def set_secret(
+        self,
+        name: str,
+        *,
+        value: str | None = None,
+        vault: str | None = None,
+        hosts: Sequence[str] | None = None,
+        header: str | None = None,
+    ) -> dict:
+        """Add or replace a secret now (see Client.set_sandbox_secret);
+        ``info["network"]`` is updated."""
+        out = self._client.set_sandbox_secret(self.id, name, value=value, vault=vault, hosts=hosts, header=header)
+        self.info["network"] = out["network"]
+        return out
+
+    def remove_secret(self, name: str) -> dict:
+        """Remove a secret now (see Client.remove_sandbox_secret);
+        ``info["network"]`` is updated."""
+        out = self._client.remove_sandbox_secret(self.id, name)
+        self.info["network"] = out["network"]
+        return out
 
     def logs(self, tail_bytes: int | None = None) -> list[dict]:
         """The end of each of the sandbox's logs this key may read, as dicts
@@ -1001,6 +1244,9 @@ def _read_stream(
                 duration_ms=int(rec.get("duration_ms") or 0),
                 oom_killed=bool(rec.get("oom_killed")),
             )
+        elif kind == "paused":
+            # The sandbox was paused; the exec goes on when it resumes.
+            raise ExecPaused(rec.get("exec_id") or exec_id, str(rec.get("message") or "the sandbox was paused"))
         elif kind == "error":
             # The server ended the stream (it is stopping); the exec goes on.
             err = rec.get("error") or {}

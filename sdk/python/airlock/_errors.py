@@ -48,7 +48,7 @@ class Conflict(AirlockError):
 
 class FailedPrecondition(AirlockError):
     """412 failed_precondition: the sandbox is not in a state for this (e.g.
-    pause while commands run, without force)."""
+    pause while code runs, without force)."""
 
 
 class ExecNotStarted(AirlockError):
@@ -78,6 +78,19 @@ class StreamBroken(AirlockError):
     def __init__(self, exec_id: str | None, reason: str):
         self.exec_id = exec_id
         super().__init__(0, "stream_broken", reason)
+
+
+class ExecPaused(StreamBroken):
+    """An exec output stream ended because the sandbox was paused.
+
+    The command is parked in the guest and goes on, under the same
+    ``exec_id``, when the sandbox resumes; ``Sandbox.attach`` resumes the
+    sandbox and picks it up again.
+    """
+
+    def __init__(self, exec_id: str | None, reason: str):
+        super().__init__(exec_id, reason)
+        self.code = "exec_paused"
 
 
 _BY_CODE = {

@@ -13,7 +13,7 @@ import ssl
 import urllib.parse
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ._errors import AirlockError, StreamBroken, error_from_response
+from ._errors import AirlockError, ExecPaused, StreamBroken, error_from_response
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._client import Client, ExecResult
@@ -144,6 +144,9 @@ class Terminal:
         if kind == "exit":
             ex = msg.get("exit")
             self._exit = ex if isinstance(ex, dict) else {}
+        elif kind == "paused":
+            # The sandbox was paused; the command goes on when it resumes.
+            raise ExecPaused(str(msg.get("exec_id") or self.exec_id), str(msg.get("error") or "the sandbox was paused"))
         elif kind == "error":
             raise AirlockError(400, "terminal_control", str(msg.get("error", "")))
         # Unknown control types from a newer server are ignored.

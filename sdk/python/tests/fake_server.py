@@ -75,6 +75,7 @@ class FakeState:
         self.contexts: dict[str, dict[str, dict]] = {}  # sandbox -> context id -> vars
         self.snapshots: dict[str, dict] = {}  # name -> wire object
         self.volumes: dict[str, dict] = {}  # name -> wire object (attachments from the sandboxes)
+        self.vault: dict[str, dict] = {}  # name -> {"value", "hosts"}
         # archives: sandbox -> directory -> the last tar PUT there; GET sends
         # archive_out if set (a hostile guest), else that tar (get_archive).
         self.archives: dict[str, dict[str, bytes]] = {}
@@ -107,6 +108,10 @@ def _network(n):
         out["mode"] = "deny"
     secrets = []
     for i, sec in enumerate(n.get("secrets") or []):
+        if sec.get("vault"):
+            secrets.append({"name": sec["name"], "hosts": sec.get("hosts") or ["vault.example"],
+                            "placeholder": "airlock-secret-%032d" % i, "vault": sec["vault"]})
+            continue
         if not sec.get("value"):
             return None, 400, f"secret {sec.get('name')} has no value"
         secrets.append({"name": sec["name"], "hosts": sec["hosts"], "placeholder": "airlock-secret-%032d" % i})
@@ -218,7 +223,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("POST", r"/v1/sandboxes/(\w+)/resume", self.resume),
             ("POST", r"/v1/sandboxes/(\w+)/keepalive", self.keepalive),
             ("GET", r"/v1/sandboxes/(\w+)/usage", self.usage),
+            ("GET", r"/v1/sandboxes/(\w+)/network", self.get_network),
+            ("PUT", r"/v1/sandboxes/(\w+)/network", self.set_network),
             ("GET", r"/v1/sandboxes/(\w+)/logs", self.logs),
+            ("PUT", r"/v1/sandboxes/(\w+)/secrets/(\w+)", self.set_sandbox_secret),
+            ("DELETE", r"/v1/sandboxes/(\w+)/secrets/(\w+)", self.remove_sandbox_secret),
+            ("GET", r"/v1/secrets", self.list_vault),
+            ("PUT", r"/v1/secrets/(\w+)", self.put_vault),
+            ("DELETE", r"/v1/secrets/(\w+)", self.delete_vault),
             ("POST", r"/v1/sandboxes/(\w+)/snapshot", self.snapshot),
             ("POST", r"/v1/sandboxes/(\w+)/fork", self.fork),
             ("GET", r"/v1/snapshots", self.list_snapshots),
@@ -260,7 +272,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     if args[0] not in st.sandboxes:
                         self._body()
                         return self._fail(404, "not_found", "sandbox not found")
-                    if len(args) > 1 and "/contexts/" in pat:
+                    if len(args) > 1 and "/secrets/" in pat:
+                        pass
+                    elif len(args) > 1 and "/contexts/" in pat:
                         if args[1] not in st.contexts.setdefault(args[0], {}):
                             self._body()
                             return self._fail(404, "not_found", "context not found")
@@ -441,6 +455,71 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sb = self.state.sandboxes[sid]
         sb["expires_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + body["timeout_s"]))
         self._send(200, {k: v for k, v in sb.items() if not k.startswith("_")})
+
+    def get_network(self, q, sid):
+        self._send(200, {"network": self.state.sandboxes[sid]["network"]})
+
+    def set_network(self, q, sid):
+        """Replaces mode and rules; a 10.x rule is the floor a tenant may
+        not open; mode none is refused as the server refuses it."""
+        body = self._json_body()
+        allow = body.get("allow") or []
+        if any(a.startswith("10.") for a in allow):
+            return self._fail(403, "permission_denied", "network.allow opens private addresses, which needs an admin key")
+        mode = body.get("mode") or ("deny" if allow else "public")
+        sb = self.state.sandboxes[sid]
+        if (mode == "none") != (sb["network"].get("mode") == "none"):
+            return self._fail(400, "invalid", "network: a running sandbox cannot change to or from mode none")
+        sb["network"] = dict(sb["network"], mode=mode, allow=allow)
+        self.state.event(sid, "sandbox.network", {"new": {"mode": mode, "rules": len(allow)}})
+        self._send(200, {"network": sb["network"], "closed": 0,
+                         "applied": "resume" if sb["state"] == "paused" else "running"})
+
+    # -- the vault and live secrets (values kept to check what was sent) -------
+
+    def put_vault(self, q, name):
+        body = self._json_body() or {}
+        if not body.get("value"):
+            return self._fail(400, "invalid", "value is required")
+        self.state.vault[name] = {"value": body["value"], "hosts": body.get("hosts") or []}
+        self._send(200, {"name": name, "hosts": self.state.vault[name]["hosts"],
+                         "created_at": "2025-01-02T03:04:05Z", "updated_at": "2025-01-02T03:04:05Z"})
+
+    def list_vault(self, q):
+        self._send(200, {"secrets": [{"name": n, "hosts": v["hosts"], "created_at": "2025-01-02T03:04:05Z",
+                                      "updated_at": "2025-01-02T03:04:05Z"} for n, v in sorted(self.state.vault.items())]})
+
+    def delete_vault(self, q, name):
+        if self.state.vault.pop(name, None) is None:
+            return self._fail(404, "not_found", "secret not found")
+        self._send(204)
+
+    def set_sandbox_secret(self, q, sid, name):
+        body = self._json_body() or {}
+        sb = self.state.sandboxes[sid]
+        if bool(body.get("value")) == bool(body.get("vault")):
+            return self._fail(400, "invalid", "give the value or a vault name, not both")
+        hosts = body.get("hosts")
+        if body.get("vault"):
+            v = self.state.vault.get(body["vault"])
+            if v is None:
+                return self._fail(400, "invalid", f"no secret {body['vault']!r} in the vault")
+            hosts = hosts or v["hosts"]
+        sec = {"name": name, "hosts": hosts, "placeholder": "airlock-secret-%032d" % 7}
+        if body.get("vault"):
+            sec["vault"] = body["vault"]
+        secs = [s for s in sb["network"].get("secrets", []) if s["name"] != name] + [sec]
+        sb["network"] = dict(sb["network"], secrets=secs)
+        self.state.event(sid, "sandbox.secret.set", {"name": name})
+        self._send(200, {"network": sb["network"], "closed": 0, "applied": "running"})
+
+    def remove_sandbox_secret(self, q, sid, name):
+        sb = self.state.sandboxes[sid]
+        secs = sb["network"].get("secrets", [])
+        if not any(s["name"] == name for s in secs):
+            return self._fail(404, "not_found", "secret not found")
+        sb["network"] = dict(sb["network"], secrets=[s for s in secs if s["name"] != name])
+        self._send(200, {"network": sb["network"], "closed": 1, "applied": "running"})
 
     def pause(self, q, sid):
         """A sandbox with metadata busy=1 runs a command: refused without force."""

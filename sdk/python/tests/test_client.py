@@ -397,6 +397,18 @@ class StreamParsingTests(unittest.TestCase):
         self.assertEqual(cm.exception.exec_id, "e5")
         self.assertIn("the server is stopping", str(cm.exception))
 
+    def test_sandbox_paused(self):
+        sb = self.serve(
+            b'{"type":"start","exec_id":"e6","pid":1}\n',
+            b'{"type":"paused","exec_id":"e6","message":"the sandbox was paused; the exec goes on when it resumes"}\n',
+            b'{"type":"exit","code":0}\n',
+        )
+        with self.assertRaises(airlock.ExecPaused) as cm:
+            sb.exec(["x"])
+        self.assertEqual((cm.exception.exec_id, cm.exception.code), ("e6", "exec_paused"))
+        self.assertIsInstance(cm.exception, airlock.StreamBroken)
+        self.assertIn("goes on when it resumes", str(cm.exception))
+
     def test_exit_cut_at_eof(self):
         with self.assertRaises(airlock.StreamBroken) as cm:
             self.serve(b'{"type":"exit","code":2}').attach("e1")

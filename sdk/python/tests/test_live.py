@@ -8,6 +8,7 @@ tier cannot vanish silently from `make test`.
 import hashlib
 import io
 import os
+import tempfile
 import time
 import unittest
 
@@ -152,6 +153,34 @@ class LiveTests(unittest.TestCase):
         # here fails the test rather than skipping it.
         with self.client().create(timeout_s=300, metadata={"test": "sdk-python-terminal"}) as sb:
             run_terminal(self, sb)
+
+    def test_live_template(self):
+        # A template from a Dockerfile, through the server: built, then a
+        # sandbox of it starts with its server already answering.
+        c = self.client()
+        name = "py-sdk-" + os.urandom(4).hex()
+        with tempfile.TemporaryDirectory() as ctx:
+            with open(os.path.join(ctx, "Dockerfile"), "w", encoding="utf-8") as f:
+                f.write('FROM base\nWORKDIR /srv\nRUN echo from-python > f.txt\nCMD ["python3", "-m", "http.server", "8001"]\n')
+            kinds = []
+            t = c.build_template(name, ctx, ready="curl -sf localhost:8001", on_event=lambda ev: kinds.append(ev["kind"]))
+        try:
+            self.assertEqual(t["name"], name)
+            self.assertEqual(t["workdir"], "/srv")
+            self.assertIn("step", kinds)
+            self.assertIn(name, [x["name"] for x in c.list_templates()])
+            with c.create(image=name, timeout_s=300) as sb:
+                r = sb.exec(["sh", "-c", "pwd; cat f.txt; curl -s -o /dev/null -w '%{http_code}' localhost:8001"])
+                self.assertEqual(r.stdout, b"/srv\nfrom-python\n200", r.stderr)
+            with self.assertRaises(airlock.InvalidRequest) as cm:
+                with tempfile.TemporaryDirectory() as bad:
+                    with open(os.path.join(bad, "Dockerfile"), "w", encoding="utf-8") as f:
+                        f.write("FROM base\nSTOPSIGNAL SIGTERM\n")
+                    c.build_template(name + "-bad", bad)
+            self.assertIn("Dockerfile:2", cm.exception.message)
+        finally:
+            c.delete_template(name)
+            c.prune_templates()
 
 
 if __name__ == "__main__":

@@ -40,6 +40,22 @@ class NetworkTests(unittest.TestCase):
             self.client.create(network={"ports": [{"host_port": 8080, "guest_port": 8000}]})
         self.assertEqual(cm.exception.status, 403)
 
+    def test_set_network(self):
+        sb = self.client.create(network="deny")
+        out = sb.set_network(allow=["pypi.org", "files.pythonhosted.org:443"])
+        self.assertEqual((out["applied"], out["network"]["mode"], out["network"]["allow"]),
+                         ("running", "deny", ["pypi.org", "files.pythonhosted.org:443"]))
+        self.assertEqual(sb.network["allow"], ["pypi.org", "files.pythonhosted.org:443"])
+        self.assertEqual(self.fake.last()["method"], "PUT")
+        self.assertEqual(self.client.get_network(sb.id)["mode"], "deny")
+        self.assertEqual(self.client.set_network(sb.id, "public")["network"]["mode"], "public")
+        with self.assertRaises(airlock.PermissionDenied):
+            sb.set_network(allow=["10.0.0.1"])
+        with self.assertRaises(airlock.InvalidRequest):
+            sb.set_network("none")
+        with self.assertRaises(airlock.NotFound):
+            self.client.set_network("nosuchsandboxaaaaaaa", "public")
+
     def test_events_type(self):
         sb = self.client.create()
         with self.fake.state.lock:

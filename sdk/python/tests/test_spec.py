@@ -252,6 +252,8 @@ class SpecHandler(http.server.BaseHTTPRequestHandler):
                     return self._send(int(status), mt, json.dumps(spec.sample(c["schema"])).encode())
                 if mt == "application/x-ndjson" and "ndjson" in accept:
                     return self._send(int(status), mt, self._ndjson(c["schema"], fail == "stream-error"))
+                if mt == "text/plain" and "json" not in accept:
+                    return self._send(int(status), mt, b"step 1/1: RUN true\n")
                 if mt in ("application/octet-stream", "application/x-tar") and "json" not in accept:
                     return self._send(int(status), mt, self._tar() if mt == "application/x-tar" else b"bytes")
         srv.errors.append(f"{name}: no answer in the spec for Accept {accept!r}")
@@ -260,16 +262,18 @@ class SpecHandler(http.server.BaseHTTPRequestHandler):
     def _ndjson(self, schema, broken: bool) -> bytes:
         spec: Spec = self.server.spec
         s = spec.resolve(schema)
-        types = list(spec.props(s)["type"]["enum"])
-        last = [t for t in types if t in ("exit", "end")]
+        props = spec.props(s)
+        key = "type" if "type" in props else "kind"  # a build's events say their kind
+        types = list(props[key]["enum"])
+        last = [t for t in types if t in ("exit", "end", "built")]
         lines = []
         for t in [t for t in types if t not in last] + last:
-            if broken and t in ("exit", "end"):
+            if broken and t in ("exit", "end", "built"):
                 continue
-            if not broken and t == "error" and "exit" in types:
-                continue  # an exec stream's error line ends it: the broken run sends it
+            if not broken and t in ("error", "paused") and ("exit" in types or "built" in types):
+                continue  # an exec stream's (or build's) error or paused line ends it: the broken run sends them
             line = spec.sample(s, line_type=t)
-            line["type"] = t
+            line[key] = t
             if t == "result":
                 line["data"] = {"text/plain": "42"}
             lines.append(json.dumps(line))
@@ -338,7 +342,7 @@ class SDKMatchesSpec(unittest.TestCase):
         net = {
             "mode": "deny",
             "allow": ["example.com"],
-            "secrets": [{"name": "TOKEN", "hosts": ["api.example.com"], "value": "v"}],
+            "secrets": [{"name": "TOKEN", "hosts": ["api.example.com"], "value": "v"}, {"name": "GH", "vault": "GH"}],
             "ports": [{"host_ip": "127.0.0.1", "host_port": 0, "guest_port": 8000}],
             "rate_bytes": 1,
             "max_conns": 1,
@@ -348,6 +352,23 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Client.create", c.create, from_snapshot="snap", idle_pause_s=60, network="none")
         call("Client.create", c.create, volumes=[{"name": "data", "path": "/data", "read_only": True}],
              mounts=[{"host_path": "/srv", "path": "/srv", "read_only": False}])
+        with tempfile.TemporaryDirectory() as ctx:
+            with open(os.path.join(ctx, "Dockerfile"), "w", encoding="utf-8") as f:
+                f.write("FROM base\nRUN true\n")
+            events = []
+            call("Client.build_template", c.build_template, "web", ctx, start="python3 -m http.server", ready="true",
+                 ready_timeout=30, build_args={"V": "1"}, cpus=1, memory_mb=512, disk_mb=2048, no_cache=True,
+                 on_event=events.append)
+            self.assertTrue(events, "build_template reported no progress")
+            with tempfile.NamedTemporaryFile("w", suffix=".Dockerfile") as df:
+                df.write("FROM base\n")
+                df.flush()
+                call("Client.build_template", c.build_template, "web", ctx, dockerfile=df.name)
+        call("Client.list_templates", c.list_templates)
+        call("Client.get_template", c.get_template, "web")
+        call("Client.template_log", c.template_log, "web")
+        call("Client.delete_template", c.delete_template, "web")
+        call("Client.prune_templates", c.prune_templates)
         call("Client.create_volume", c.create_volume, "data", 64)
         call("Client.list_volumes", c.list_volumes)
         call("Client.get_volume", c.get_volume, "data")
@@ -360,6 +381,14 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Client.resume", c.resume, sid)
         call("Client.keepalive", c.keepalive, sid)
         call("Client.usage", c.usage, sid)
+        call("Client.get_network", c.get_network, sid)
+        call("Client.set_network", c.set_network, sid, mode="deny", allow=["pypi.org"])
+        call("Client.set_vault_secret", c.set_vault_secret, "GH", "v", hosts=["api.github.com"])
+        call("Client.list_vault_secrets", c.list_vault_secrets)
+        call("Client.delete_vault_secret", c.delete_vault_secret, "GH")
+        call("Client.set_sandbox_secret", c.set_sandbox_secret, sid, "TOKEN", vault="GH", hosts=["api.github.com"])
+        call("Client.set_sandbox_secret", c.set_sandbox_secret, sid, "TOKEN", value="v", hosts=["api.github.com"])
+        call("Client.remove_sandbox_secret", c.remove_sandbox_secret, sid, "TOKEN")
         call("Client.snapshot", c.snapshot, sid, "snap", force=True)
         call("Client.list_snapshots", c.list_snapshots)
         call("Client.get_snapshot", c.get_snapshot, "snap")
@@ -381,6 +410,9 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.resume", sb.resume)
         call("Sandbox.keepalive", sb.keepalive)
         call("Sandbox.usage", sb.usage)
+        call("Sandbox.set_network", sb.set_network, "public")
+        call("Sandbox.set_secret", sb.set_secret, "TOKEN", vault="GH")
+        call("Sandbox.remove_secret", sb.remove_secret, "TOKEN")
         call("Sandbox.logs", sb.logs, tail_bytes=100)
         call("Sandbox.snapshot", sb.snapshot, "snap2", force=True)
         call("Sandbox.fork", sb.fork, count=1)

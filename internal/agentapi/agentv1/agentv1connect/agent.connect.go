@@ -63,6 +63,8 @@ const (
 	AgentServiceSyncProcedure = "/airlock.agent.v1.AgentService/Sync"
 	// AgentServiceShutdownProcedure is the fully-qualified name of the AgentService's Shutdown RPC.
 	AgentServiceShutdownProcedure = "/airlock.agent.v1.AgentService/Shutdown"
+	// AgentServiceProcEventsProcedure is the fully-qualified name of the AgentService's ProcEvents RPC.
+	AgentServiceProcEventsProcedure = "/airlock.agent.v1.AgentService/ProcEvents"
 	// ExecServiceExecProcedure is the fully-qualified name of the ExecService's Exec RPC.
 	ExecServiceExecProcedure = "/airlock.agent.v1.ExecService/Exec"
 	// ExecServiceListParkedProcedure is the fully-qualified name of the ExecService's ListParked RPC.
@@ -118,6 +120,14 @@ type AgentServiceClient interface {
 	// Shutdown syncs filesystems and powers the guest off. The reply is sent
 	// before the power-off.
 	Shutdown(context.Context, *connect.Request[agentv1.ShutdownRequest]) (*connect.Response[agentv1.ShutdownResponse], error)
+	// ProcEvents streams the programs the guest runs (every execve) and how
+	// they end, from the guest kernel's process-events connector (protocol
+	// >= 9). The agent listens only while a stream is open; events are sent
+	// in batches, and what it could not keep (its buffer full, the kernel's
+	// socket overrun) is counted in lost. Best effort: a guest kernel that
+	// lacks the connector (gVisor) fails the stream with Unimplemented, and
+	// a compromised guest can lie or stay silent.
+	ProcEvents(context.Context, *connect.Request[agentv1.ProcEventsRequest]) (*connect.ServerStreamForClient[agentv1.ProcEventsResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the airlock.agent.v1.AgentService service. By
@@ -155,15 +165,22 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Shutdown")),
 			connect.WithClientOptions(opts...),
 		),
+		procEvents: connect.NewClient[agentv1.ProcEventsRequest, agentv1.ProcEventsResponse](
+			httpClient,
+			baseURL+AgentServiceProcEventsProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ProcEvents")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // agentServiceClient implements AgentServiceClient.
 type agentServiceClient struct {
-	info     *connect.Client[agentv1.InfoRequest, agentv1.InfoResponse]
-	usage    *connect.Client[agentv1.UsageRequest, agentv1.UsageResponse]
-	sync     *connect.Client[agentv1.SyncRequest, agentv1.SyncResponse]
-	shutdown *connect.Client[agentv1.ShutdownRequest, agentv1.ShutdownResponse]
+	info       *connect.Client[agentv1.InfoRequest, agentv1.InfoResponse]
+	usage      *connect.Client[agentv1.UsageRequest, agentv1.UsageResponse]
+	sync       *connect.Client[agentv1.SyncRequest, agentv1.SyncResponse]
+	shutdown   *connect.Client[agentv1.ShutdownRequest, agentv1.ShutdownResponse]
+	procEvents *connect.Client[agentv1.ProcEventsRequest, agentv1.ProcEventsResponse]
 }
 
 // Info calls airlock.agent.v1.AgentService.Info.
@@ -186,6 +203,11 @@ func (c *agentServiceClient) Shutdown(ctx context.Context, req *connect.Request[
 	return c.shutdown.CallUnary(ctx, req)
 }
 
+// ProcEvents calls airlock.agent.v1.AgentService.ProcEvents.
+func (c *agentServiceClient) ProcEvents(ctx context.Context, req *connect.Request[agentv1.ProcEventsRequest]) (*connect.ServerStreamForClient[agentv1.ProcEventsResponse], error) {
+	return c.procEvents.CallServerStream(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the airlock.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Info says who the agent is and what it can do. Cheap; used as the
@@ -202,6 +224,14 @@ type AgentServiceHandler interface {
 	// Shutdown syncs filesystems and powers the guest off. The reply is sent
 	// before the power-off.
 	Shutdown(context.Context, *connect.Request[agentv1.ShutdownRequest]) (*connect.Response[agentv1.ShutdownResponse], error)
+	// ProcEvents streams the programs the guest runs (every execve) and how
+	// they end, from the guest kernel's process-events connector (protocol
+	// >= 9). The agent listens only while a stream is open; events are sent
+	// in batches, and what it could not keep (its buffer full, the kernel's
+	// socket overrun) is counted in lost. Best effort: a guest kernel that
+	// lacks the connector (gVisor) fails the stream with Unimplemented, and
+	// a compromised guest can lie or stay silent.
+	ProcEvents(context.Context, *connect.Request[agentv1.ProcEventsRequest], *connect.ServerStream[agentv1.ProcEventsResponse]) error
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -235,6 +265,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("Shutdown")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceProcEventsHandler := connect.NewServerStreamHandler(
+		AgentServiceProcEventsProcedure,
+		svc.ProcEvents,
+		connect.WithSchema(agentServiceMethods.ByName("ProcEvents")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceInfoProcedure:
@@ -245,6 +281,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceSyncHandler.ServeHTTP(w, r)
 		case AgentServiceShutdownProcedure:
 			agentServiceShutdownHandler.ServeHTTP(w, r)
+		case AgentServiceProcEventsProcedure:
+			agentServiceProcEventsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -268,6 +306,10 @@ func (UnimplementedAgentServiceHandler) Sync(context.Context, *connect.Request[a
 
 func (UnimplementedAgentServiceHandler) Shutdown(context.Context, *connect.Request[agentv1.ShutdownRequest]) (*connect.Response[agentv1.ShutdownResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.AgentService.Shutdown is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ProcEvents(context.Context, *connect.Request[agentv1.ProcEventsRequest], *connect.ServerStream[agentv1.ProcEventsResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("airlock.agent.v1.AgentService.ProcEvents is not implemented"))
 }
 
 // ExecServiceClient is a client for the airlock.agent.v1.ExecService service.

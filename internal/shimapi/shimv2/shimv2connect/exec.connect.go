@@ -65,7 +65,9 @@ type ExecServiceClient interface {
 	// failure ends the stream with its error and a clean end of the client's
 	// side ends the stream with OK once everything sent was handed on.
 	// Ending the stream detaches: the exec keeps running unless it was
-	// started with kill_on_detach and this was its last attacher.
+	// started with kill_on_detach and this was its last attacher. A pause
+	// parks running execs: their streams end with `paused` instead of
+	// `exited`.
 	Exec(context.Context) *connect.BidiStreamForClient[shimv2.ExecClientMessage, shimv2.ExecServerMessage]
 	// List returns the running execs and the most recent finished ones,
 	// oldest first.
@@ -143,7 +145,9 @@ type ExecServiceHandler interface {
 	// failure ends the stream with its error and a clean end of the client's
 	// side ends the stream with OK once everything sent was handed on.
 	// Ending the stream detaches: the exec keeps running unless it was
-	// started with kill_on_detach and this was its last attacher.
+	// started with kill_on_detach and this was its last attacher. A pause
+	// parks running execs: their streams end with `paused` instead of
+	// `exited`.
 	Exec(context.Context, *connect.BidiStream[shimv2.ExecClientMessage, shimv2.ExecServerMessage]) error
 	// List returns the running execs and the most recent finished ones,
 	// oldest first.
