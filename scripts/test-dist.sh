@@ -205,7 +205,7 @@ func main() { fmt.Println(airlock.New("http://127.0.0.1:7070", "e2b_x") != nil) 
 EOF
 (
 	cd "$mod"
-	export GOFLAGS=-mod=mod GOPROXY=off GOWORK=off
+	export GOFLAGS=-mod=mod GOPROXY=off GOSUMDB=off GOWORK=off
 	go mod init example.com/usesdk >/dev/null 2>&1
 	go mod edit -replace "github.com/airlock-sandbox/airlock/sdk/go=$tmp/src/sdk/go"
 	go mod tidy >/dev/null 2>&1

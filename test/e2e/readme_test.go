@@ -573,7 +573,7 @@ func (r *readmeEnv) python(t *testing.T, b readmeBlock) {
 func (r *readmeEnv) goProgram(t *testing.T, b readmeBlock, setupBlocks []readmeBlock) {
 	t.Helper()
 	dir := t.TempDir()
-	goEnv := []string{"GOPROXY=off", "GOFLAGS=-mod=mod"} // never the network: the module cache has the SDK's one dependency
+	goEnv := []string{"GOPROXY=off", "GOSUMDB=off", "GOFLAGS=-mod=mod"} // never the network: the module cache has the SDK's one dependency, checked when it was fetched; the checksum database is not reachable offline either
 	run := func(args ...string) []byte {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
