@@ -163,11 +163,20 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 		}
 	}
 
-	if o.want("template") {
-		fmt.Fprintln(os.Stderr, "bench: template rows")
-		tr, err := templateBench(ctx, m, runs)
+	for _, rtName := range []string{"qemu", "gvisor"} {
+		if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
+			continue
+		}
+		if !o.want("template") {
+			break
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s template rows\n", rtName)
+		// The manager builds on rtName for these rows only.
+		m.Runtime = func(context.Context) (string, error) { return rtName, nil }
+		tr, err := templateBench(ctx, m, runs, rtName)
+		m.Runtime = func(context.Context) (string, error) { return "qemu", nil }
 		if err != nil {
-			return fmt.Errorf("template bench: %w", err)
+			return fmt.Errorf("%s template bench: %w", rtName, err)
 		}
 		for _, r := range tr {
 			rows = append(rows, row{r[0], r[1], r[2]})

@@ -135,9 +135,12 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, users, err := sandboxesByImage(ctx, g)
+			l, users, tpls, err := sandboxesByImage(ctx, g)
 			if err != nil {
 				return err
+			}
+			if t := tpls[im.Digest]; t != "" {
+				return fmt.Errorf("%w: image %q is the image of template %s, built on gvisor without file changes (remove the template first)", errdefs.ErrConflict, im.Name, t)
 			}
 			for _, sb := range users[im.Digest] {
 				if sb.State != store.StateFailed {
@@ -158,11 +161,11 @@ func imageCmd(g *globals) *cobra.Command {
 		})}
 	prune := &cobra.Command{Use: "prune", Short: "Remove image blobs and extracted trees that no name and no sandbox uses", Args: cobra.NoArgs,
 		RunE: withStore(func(ctx context.Context, s *image.Store, _ []string) error {
-			l, users, err := sandboxesByImage(ctx, g)
+			l, users, tpls, err := sandboxesByImage(ctx, g)
 			if err != nil {
 				return err
 			}
-			removed, err := s.Prune(ctx, func(d string) bool { return len(users[d]) > 0 })
+			removed, err := s.Prune(ctx, func(d string) bool { return len(users[d]) > 0 || tpls[d] != "" })
 			for _, d := range removed {
 				if rerr := template.RemoveForImage(l, d); rerr != nil {
 					err = errors.Join(err, rerr)
@@ -177,21 +180,33 @@ func imageCmd(g *globals) *cobra.Command {
 
 // sandboxesByImage returns the catalog's sandboxes by image digest, and
 // the state dir's layout (for the templates of an image).
-func sandboxesByImage(ctx context.Context, g *globals) (statedir.Layout, map[string][]store.Sandbox, error) {
+// It also returns the image digests of gvisor templates (the blobs they
+// start from), each with a template's name.
+func sandboxesByImage(ctx context.Context, g *globals) (statedir.Layout, map[string][]store.Sandbox, map[string]string, error) {
 	m, done, err := g.manager(ctx)
 	if err != nil {
-		return statedir.Layout{}, nil, err
+		return statedir.Layout{}, nil, nil, err
 	}
 	defer done()
 	sbs, err := m.List(ctx, sandbox.Local())
 	if err != nil {
-		return statedir.Layout{}, nil, err
+		return statedir.Layout{}, nil, nil, err
 	}
 	by := map[string][]store.Sandbox{}
 	for _, sb := range sbs {
 		by[sb.ImageDigest] = append(by[sb.ImageDigest], sb)
 	}
-	return m.L, by, nil
+	ts, err := m.Store.ListTemplates(ctx, "", true)
+	if err != nil {
+		return statedir.Layout{}, nil, nil, err
+	}
+	tpls := map[string]string{}
+	for _, t := range ts {
+		if t.ImageDigest != "" {
+			tpls[t.ImageDigest] = t.Name
+		}
+	}
+	return m.L, by, tpls, nil
 }
 
 // imageJSON is one image in `image ls --json`.

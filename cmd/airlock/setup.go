@@ -365,7 +365,7 @@ func shimCmd(g *globals) *cobra.Command {
 			return shim.Run(context.WithoutCancel(cmd.Context()), shim.Config{
 				StateDir: g.stateDir, ID: doc.ID, Ready: ready, Runtime: rt, RootDir: rootDir, Exe: exe, Secrets: doc.Secrets, Lock: lock, Log: g.log.With("component", "shim"),
 				DNS: doc.DNS, UpstreamCAFile: doc.UpstreamCAFile, TestDialMap: doc.TestDialMap, NoProcAudit: doc.ProcAudit == "off",
-				HostCgroupParent: hostCgroupParent(g), HostCgroupRequired: g.hostCgroups == "on", DiskReserve: doc.DiskReserve,
+				HostCgroupParent: hostCgroupParent(g), HostCgroupRequired: g.hostCgroups == "on", DiskReserve: doc.DiskReserve, BuildRoot: doc.BuildRoot,
 			})
 		},
 	}

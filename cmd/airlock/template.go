@@ -28,8 +28,13 @@ result (a rebuild starts after the last unchanged step), then starts the start c
 (--start, or the Dockerfile's ENTRYPOINT and CMD) in the background, waits until the ready
 check (--ready) passes, and saves the running sandbox. ` + "`airlock create --image NAME`" + ` starts
 a clone of that state: the app is already serving. A template belongs to the tenant that
-built it; its sandboxes have its size (--cpus, --memory, --disk at build). Builds need the
-qemu runtime (gVisor sandboxes cannot be saved yet). Secrets are never part of a template.
+built it; its sandboxes have its size (--cpus, --memory, --disk at build). Secrets are never
+part of a template.
+
+On the gvisor runtime (whose sandboxes cannot be saved with their memory) a template is an
+image: each step runs in a sandbox of its own over the earlier steps' layers, the result is
+one image, and the start command and ready check run when each sandbox is created (the
+create returns once the check passes). A template serves the runtime it was built on.
 
 Supported: FROM (an image or another template of the tenant; pull OCI images first with
 ` + "`airlock image pull`" + `), RUN, COPY, ADD (local files and tar archives), ENV, ARG, WORKDIR, USER,
@@ -269,7 +274,7 @@ func templateLsCmd(g *globals) *cobra.Command {
 				return writeJSON(cmd.OutOrStdout(), ts)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tFROM\tSTEPS\tSTART\tBUILT IN\tCREATED")
+			fmt.Fprintln(tw, "NAME\tRUNTIME\tFROM\tSTEPS\tSTART\tBUILT IN\tCREATED")
 			for _, t := range ts {
 				start := t.Start
 				if start == "" {
@@ -278,7 +283,7 @@ func templateLsCmd(g *globals) *cobra.Command {
 				if len(start) > 40 {
 					start = start[:37] + "..."
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s ago\n", t.Name, t.From, t.Steps, start,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s ago\n", t.Name, t.Runtime, t.From, t.Steps, start,
 					(time.Duration(t.BuildMS) * time.Millisecond).Round(100*time.Millisecond), time.Since(t.CreatedAt).Round(time.Second))
 			}
 			return tw.Flush()

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -32,6 +33,7 @@ var _ Templates = (*sandbox.Manager)(nil)
 type Template struct {
 	Name         string            `json:"name"`
 	Tenant       string            `json:"tenant"`
+	Runtime      string            `json:"runtime"`
 	From         string            `json:"from"`
 	Steps        int               `json:"steps"`
 	BuildMS      int64             `json:"build_ms"`
@@ -59,7 +61,7 @@ func viewTemplate(t sandbox.Template) Template {
 		labels = map[string]string{}
 	}
 	return Template{
-		Name: t.Name, Tenant: t.Tenant, From: t.Base, Steps: t.Steps, BuildMS: t.BuildMS, CreatedAt: t.Created.UTC(),
+		Name: t.Name, Tenant: t.Tenant, Runtime: cmp.Or(t.Runtime, "qemu"), From: t.Base, Steps: t.Steps, BuildMS: t.BuildMS, CreatedAt: t.Created.UTC(),
 		Env: nz(t.Env), WorkDir: t.WorkDir, User: t.User, Cmd: nz(t.Cmd), Entrypoint: nz(t.Entrypoint),
 		ExposedPorts: nz(t.ExposedPorts), Labels: labels, Start: t.Start, Ready: t.Ready,
 	}

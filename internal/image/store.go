@@ -356,6 +356,13 @@ func (s *Store) requirePrivilege(op string) error {
 // commit hashes the finished ext4 file at tmpPath, moves it into the blob
 // store (read-only) and records it under name.
 func (s *Store) commit(ctx context.Context, name, source, tmpPath string) (Image, error) {
+	return s.storeBlob(ctx, name, source, tmpPath, true)
+}
+
+// storeBlob moves the ext4 file at tmpPath into the blob store (keeping an
+// existing blob of the same digest) and, with record, names it in the
+// index.
+func (s *Store) storeBlob(ctx context.Context, name, source, tmpPath string, record bool) (Image, error) {
 	f, err := os.Open(tmpPath)
 	if err != nil {
 		return Image{}, err
@@ -396,10 +403,33 @@ func (s *Store) commit(ctx context.Context, name, source, tmpPath string) (Image
 			return Image{}, err
 		}
 	}
+	if !record {
+		return img, nil
+	}
 	if err := s.idx.PutImage(ctx, img); err != nil {
 		return Image{}, fmt.Errorf("record image: %w", err)
 	}
 	return img, nil
+}
+
+// CommitTree makes an ext4 image of the directory tree dir (which it only
+// reads; symlinks are copied, never followed) and stores it as a blob that
+// no name refers to: the caller keeps its digest (a gvisor template's
+// image) and keeps it from Prune (inUse). Needs root.
+func (s *Store) CommitTree(ctx context.Context, dir, source string) (Image, error) {
+	if err := s.requirePrivilege("make an image"); err != nil {
+		return Image{}, err
+	}
+	stage, err := s.stagingDir("tree-")
+	if err != nil {
+		return Image{}, err
+	}
+	defer s.removeStaging(stage)
+	ext4 := filepath.Join(stage, "image.ext4")
+	if _, err := mkfsExt4(ctx, dir, ext4); err != nil {
+		return Image{}, err
+	}
+	return s.storeBlob(ctx, "", source, ext4, false)
 }
 
 func syncDir(dir string) error {

@@ -89,6 +89,13 @@ type Spec struct {
 	// restored instance can then become a template, e.g. for fork), not
 	// with one written by SaveSnapshot (qemu: ErrInvalid).
 	Snapshottable bool
+	// RootInPlace, for runtimes whose root is a directory (gvisor), writes
+	// the sandbox's changes into RootDisk itself instead of a private
+	// layer: template builds give a host overlay mount made for the one
+	// sandbox (its upper layer is the build step's result), never a
+	// shared image tree. WritableBytes does not apply; the caller caps
+	// the directory's filesystem.
+	RootInPlace bool
 	// WritableBytes caps the writable layer of runtimes whose root is a
 	// directory rather than a disk (gvisor); 0 keeps the runtime's default.
 	WritableBytes int64

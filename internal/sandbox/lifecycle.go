@@ -131,7 +131,7 @@ func (m *Manager) resume(ctx context.Context, id string) (store.Sandbox, error) 
 					return sb, fmt.Errorf("%w: %v", errdefs.ErrFailedPrecondition, err)
 				}
 			}
-			if err := m.startShim(ctx, claimed, secrets, lock); err != nil {
+			if err := m.startShim(ctx, claimed, secrets, "", lock); err != nil {
 				// The shim put the sandbox back to paused (saying why), or
 				// it is gone and the next Reconcile does.
 				return sb, err

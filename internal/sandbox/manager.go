@@ -69,6 +69,14 @@ type CreateOptions struct {
 	// limits are the caller's, for the network's abuse limits of a
 	// sandbox made from a snapshot (materialize).
 	limits Limits
+	// imageDigest and imageSize, for a gvisor template's sandbox, are its
+	// image blob (Image is then the template's name, not a catalog image).
+	imageDigest string
+	imageSize   int64
+	// buildRoot is a gvisor template build step's root (shimconf.Doc).
+	buildRoot string
+	// execDefaults are a gvisor template's WORKDIR and USER.
+	execDefaults store.ExecDefaults
 }
 
 // Manager creates and finds sandboxes in one state dir.
@@ -225,7 +233,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 		}
 	}
 	o.Tenant = c.Tenant
-	if o.Image != "" {
+	if o.Image != "" && o.imageDigest == "" {
 		// A template of the caller's tenant goes before an image of that
 		// name.
 		if t, err := m.Store.GetTemplate(ctx, c.Tenant, o.Image); err == nil {
@@ -279,6 +287,11 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		o.Image = "base"
 	}
 	img, err := m.Store.GetImage(ctx, o.Image)
+	if o.imageDigest != "" {
+		// A gvisor template's image: its own blob, under the template's
+		// name (no catalog entry).
+		img, err = store.ImageRecord{Name: o.Image, Digest: o.imageDigest, Size: o.imageSize}, nil
+	}
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return store.Sandbox{}, fmt.Errorf("%w: unknown image %q (see `airlock image ls`; build the default with `airlock image build base`)", errdefs.ErrNotFound, o.Image)
@@ -308,7 +321,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		ID: statedir.NewID(), State: store.StateCreating, Image: o.Image, ImageDigest: img.Digest,
 		CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskMiB: o.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: o.Env,
-		Network: o.Network, IdlePause: o.IdlePause, Runtime: rt, Mounts: o.mounts,
+		Network: o.Network, IdlePause: o.IdlePause, Runtime: rt, Mounts: o.mounts, ExecDefaults: o.execDefaults,
 	}
 	lock, err := m.newSandboxDir(sb.ID)
 	if err != nil {
@@ -319,7 +332,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		_ = os.RemoveAll(m.L.Dir(sb.ID))
 		return sb, err
 	}
-	if err := m.launch(ctx, sb, o.Secrets, lock); err != nil {
+	if err := m.launch(ctx, sb, o.Secrets, o.buildRoot, lock); err != nil {
 		return sb, err
 	}
 	return m.Store.GetSandbox(ctx, sb.ID)
@@ -329,7 +342,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 // exist; lock is its shim lock), with its secret values sealed first so
 // that the shim of a resume binds them again. On failure the sandbox is
 // removed.
-func (m *Manager) launch(ctx context.Context, sb store.Sandbox, secrets netconf.Values, lock *os.File) error {
+func (m *Manager) launch(ctx context.Context, sb store.Sandbox, secrets netconf.Values, buildRoot string, lock *os.File) error {
 	if len(secrets) > 0 {
 		if err := m.sealSecrets(sb.ID, secrets); err != nil {
 			lock.Close()
@@ -337,7 +350,7 @@ func (m *Manager) launch(ctx context.Context, sb store.Sandbox, secrets netconf.
 			return err
 		}
 	}
-	if err := m.startShim(ctx, sb, secrets, lock); err != nil {
+	if err := m.startShim(ctx, sb, secrets, buildRoot, lock); err != nil {
 		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
 		return err
 	}
@@ -387,7 +400,7 @@ func (m *Manager) takeShimLock(id string) (*os.File, error) {
 // lock, held by the caller since it claimed sb's generation: the shim
 // inherits it (fd ShimLockFD), so the lock stays held for as long as the
 // owner of that generation lives. startShim closes the caller's copy.
-func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netconf.Values, lock *os.File) error {
+func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netconf.Values, buildRoot string, lock *os.File) error {
 	defer lock.Close()
 	id := sb.ID
 	root, err := filepath.Abs(m.L.Root)
@@ -396,7 +409,7 @@ func (m *Manager) startShim(ctx context.Context, sb store.Sandbox, secrets netco
 	}
 	doc := shimconf.Doc{
 		Version: shimconf.Version, StateDir: root, ID: id, Runtime: cmp.Or(sb.Runtime, "qemu"),
-		DiskReserve: m.DiskReserve, Options: m.Shim.WithDefaults(), Secrets: secrets,
+		DiskReserve: m.DiskReserve, Options: m.Shim.WithDefaults(), Secrets: secrets, BuildRoot: buildRoot,
 	}
 	if err := doc.Validate(); err != nil {
 		return err

@@ -383,7 +383,7 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err
 	}
-	if err := m.launch(ctx, sb, o.Secrets, lock); err != nil {
+	if err := m.launch(ctx, sb, o.Secrets, "", lock); err != nil {
 		return sb, err
 	}
 	return m.get(ctx, sb.ID)

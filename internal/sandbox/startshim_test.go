@@ -69,7 +69,7 @@ func TestStartShimHandsOverOneDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.startShim(t.Context(), store.Sandbox{ID: id, Runtime: "gvisor"}, netconf.Values{"API_KEY": value}, lock); err != nil {
+	if err := m.startShim(t.Context(), store.Sandbox{ID: id, Runtime: "gvisor"}, netconf.Values{"API_KEY": value}, "", lock); err != nil {
 		t.Fatalf("start: %v", err)
 	}
 	b, err := os.ReadFile(filepath.Join(l.Root, "report.json"))
@@ -112,7 +112,7 @@ func TestStartShimRefusesABadDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.startShim(t.Context(), store.Sandbox{ID: id}, nil, lock); err == nil || !strings.Contains(err.Error(), `accel "hvf"`) {
+	if err := m.startShim(t.Context(), store.Sandbox{ID: id}, nil, "", lock); err == nil || !strings.Contains(err.Error(), `accel "hvf"`) {
 		t.Fatalf("start with a bad accel: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(l.Root, "report.json")); err == nil {

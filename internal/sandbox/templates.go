@@ -148,21 +148,21 @@ func (m *Manager) buildTemplate(ctx context.Context, c Caller, o BuildOptions, p
 	if err != nil {
 		return Template{}, err
 	}
+	rt := "qemu"
 	if m.Runtime != nil {
-		rt, err := m.Runtime(ctx)
-		if err != nil {
+		if rt, err = m.Runtime(ctx); err != nil {
 			return Template{}, err
 		}
-		if rt != "qemu" {
-			return Template{}, &BuildError{err: fmt.Errorf("%w: templates are saved with their memory, and %s sandboxes cannot be saved yet: build on a server whose runtime is qemu", errdefs.ErrFailedPrecondition, rt)}
-		}
+	}
+	if rt != "qemu" && rt != "gvisor" {
+		return Template{}, &BuildError{err: fmt.Errorf("%w: templates are built on the qemu and gvisor runtimes, not %s", errdefs.ErrFailedPrecondition, rt)}
 	}
 	bctx, err := dockerfile.OpenContext(o.Context)
 	if err != nil {
 		return Template{}, err
 	}
 	defer bctx.Close()
-	base, baseKey, parent, err := m.templateBase(ctx, c, plan.From)
+	base, baseKey, parent, err := m.templateBase(ctx, c, plan.From, rt)
 	if err != nil {
 		return Template{}, &BuildError{Line: plan.FromLine, err: atLine(plan.FromLine, err)}
 	}
@@ -179,6 +179,13 @@ func (m *Manager) buildTemplate(ctx context.Context, c Caller, o BuildOptions, p
 	lastKey := baseKey
 	if n := len(plan.Steps); n > 0 {
 		lastKey = plan.Steps[n-1].Key
+	}
+	if rt == "gvisor" {
+		digest, cached, err := m.buildGVisor(ctx, c, o, plan, bctx, base, cfg, lastKey, progress)
+		if err != nil {
+			return Template{}, err
+		}
+		return m.recordTemplate(ctx, c, o, plan, cfg, store.Template{Runtime: rt, ImageDigest: digest}, cached, start, progress)
 	}
 	tplSnap := tplPrefix + keyName(lastKey, "start", cfg.Start, "ready", cfg.Ready, "env", strings.Join(plan.Config.Env, "\x00"),
 		"size", fmt.Sprint(o.CPUs, o.MemoryMiB, o.DiskMiB))
@@ -233,21 +240,28 @@ func (m *Manager) buildTemplate(ctx context.Context, c Caller, o BuildOptions, p
 			return Template{}, fmt.Errorf("save the template: %w", err)
 		}
 	}
+	return m.recordTemplate(ctx, c, o, plan, cfg, store.Template{Runtime: rt, Snapshot: tplSnap}, from+1, start, progress)
+}
+
+// recordTemplate records the template built from plan (t has its runtime
+// and its snapshot or image), drops the snapshot of the one it replaces,
+// and audits template.build.
+func (m *Manager) recordTemplate(ctx context.Context, c Caller, o BuildOptions, plan *dockerfile.Plan, cfg TemplateConfig, t store.Template, cached int, start time.Time, progress func(BuildEvent)) (Template, error) {
 	cj, err := json.Marshal(cfg)
 	if err != nil {
 		return Template{}, err
 	}
-	t := store.Template{Tenant: c.Tenant, Name: o.Name, Snapshot: tplSnap, Base: plan.From, Config: cj,
-		Steps: len(plan.Steps), BuildMS: time.Since(start).Milliseconds(), Created: time.Now().UTC()}
+	t.Tenant, t.Name, t.Base, t.Config = c.Tenant, o.Name, plan.From, cj
+	t.Steps, t.BuildMS, t.Created = len(plan.Steps), time.Since(start).Milliseconds(), time.Now().UTC()
 	old, err := m.Store.PutTemplate(ctx, t)
 	if err != nil {
 		return Template{}, err
 	}
-	if old != "" && old != tplSnap {
+	if old != "" && old != t.Snapshot {
 		m.dropTemplateSnapshot(ctx, c.Tenant, old)
 	}
 	m.audit(ctx, c, "", "template.build", map[string]any{"name": o.Name, "from": plan.From, "steps": len(plan.Steps),
-		"cached_steps": from + 1, "duration_ms": t.BuildMS})
+		"cached_steps": cached, "duration_ms": t.BuildMS, "runtime": t.Runtime})
 	out := Template{Template: t, TemplateConfig: cfg}
 	progress(BuildEvent{Kind: "built", ElapsedMS: t.BuildMS})
 	return out, nil
@@ -259,13 +273,19 @@ func (m *Manager) buildTemplate(ctx context.Context, c Caller, o BuildOptions, p
 //
 // A template's configuration is inherited (parent): its steps run under
 // it, and the key covers it.
-func (m *Manager) templateBase(ctx context.Context, c Caller, from string) (base, key string, parent *TemplateConfig, err error) {
+func (m *Manager) templateBase(ctx context.Context, c Caller, from, rt string) (base, key string, parent *TemplateConfig, err error) {
 	if t, err := m.Store.GetTemplate(ctx, c.Tenant, from); err == nil {
+		if tr := cmp.Or(t.Runtime, "qemu"); tr != rt {
+			return "", "", nil, fmt.Errorf("FROM %s: that template was built on %s and this build runs on %s: rebuild it here first: %w", from, tr, rt, errdefs.ErrFailedPrecondition)
+		}
+		cfg := viewTemplate(t).TemplateConfig
+		if rt == "gvisor" {
+			return "digest:" + t.ImageDigest, "digest:" + t.ImageDigest + ":" + keyName(string(t.Config)), &cfg, nil
+		}
 		sn, err := m.Store.GetSnapshot(ctx, c.Tenant, t.Snapshot)
 		if err != nil {
 			return "", "", nil, err
 		}
-		cfg := viewTemplate(t).TemplateConfig
 		return "snapshot:" + t.Snapshot, "snapshot:" + sn.ID + ":" + keyName(string(t.Config)), &cfg, nil
 	}
 	img, err := m.Store.GetImage(ctx, from)
@@ -392,6 +412,28 @@ func (m *Manager) buildStep(ctx context.Context, c Caller, id string, bctx *dock
 	t0 := time.Now()
 	ev.Kind = "step"
 	progress(ev)
+	if err := m.runStep(ctx, c, id, bctx, plan, i, ev, progress); err != nil {
+		return err
+	}
+	name := buildPrefix + keyName(s.Key)
+	if noCache {
+		_ = m.removeSnapshot(ctx, c.Tenant, name)
+	}
+	// Saved steps count as the tenant's snapshots: past its quota the
+	// build goes on without saving more.
+	if err := m.snapshotCount(ctx, c, c.Tenant); err != nil {
+		progress(BuildEvent{Kind: "status", Message: fmt.Sprintf("step %d not saved for later builds: %v (airlock template prune frees saved steps)", i+1, err)})
+	} else if _, err := m.snapshot(ctx, id, name, false); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+		return fmt.Errorf("save step %d: %w", i+1, err)
+	}
+	ev.Kind, ev.ElapsedMS = "done", time.Since(t0).Milliseconds()
+	progress(ev)
+	return nil
+}
+
+// runStep runs step i of plan in builder id; a failure is a *BuildError.
+func (m *Manager) runStep(ctx context.Context, c Caller, id string, bctx *dockerfile.Context, plan *dockerfile.Plan, i int, ev BuildEvent, progress func(BuildEvent)) error {
+	s := plan.Steps[i]
 	var err error
 	switch s.Kind {
 	case "RUN":
@@ -408,19 +450,6 @@ func (m *Manager) buildStep(ctx context.Context, c Caller, id string, bctx *dock
 		}
 		return be
 	}
-	name := buildPrefix + keyName(s.Key)
-	if noCache {
-		_ = m.removeSnapshot(ctx, c.Tenant, name)
-	}
-	// Saved steps count as the tenant's snapshots: past its quota the
-	// build goes on without saving more.
-	if err := m.snapshotCount(ctx, c, c.Tenant); err != nil {
-		progress(BuildEvent{Kind: "status", Message: fmt.Sprintf("step %d not saved for later builds: %v (airlock template prune frees saved steps)", i+1, err)})
-	} else if _, err := m.snapshot(ctx, id, name, false); err != nil && !errors.Is(err, errdefs.ErrConflict) {
-		return fmt.Errorf("save step %d: %w", i+1, err)
-	}
-	ev.Kind, ev.ElapsedMS = "done", time.Since(t0).Milliseconds()
-	progress(ev)
 	return nil
 }
 
@@ -698,7 +727,9 @@ func (m *Manager) RemoveTemplate(ctx context.Context, c Caller, name string) err
 	if err != nil {
 		return err
 	}
-	m.dropTemplateSnapshot(ctx, c.Tenant, t.Snapshot)
+	if t.Snapshot != "" {
+		m.dropTemplateSnapshot(ctx, c.Tenant, t.Snapshot)
+	}
 	_ = os.Remove(m.buildLogPath(c.Tenant, name))
 	m.audit(ctx, c, "", "template.delete", map[string]any{"name": name})
 	return nil
@@ -733,6 +764,11 @@ func (m *Manager) PruneTemplateCache(ctx context.Context, c Caller) (int, error)
 			}
 		}
 	}
+	layers, err := m.pruneLayers(c.Tenant)
+	n += layers
+	if err != nil {
+		return n, err
+	}
 	m.audit(ctx, c, "", "template.prune", map[string]any{"removed": n})
 	return n, nil
 }
@@ -742,6 +778,9 @@ func (m *Manager) PruneTemplateCache(ctx context.Context, c Caller) (int, error)
 // WORKDIR and USER as exec defaults, and o's network policy if o names
 // one (set live once it runs).
 func (m *Manager) createFromTemplate(ctx context.Context, c Caller, t store.Template, o CreateOptions) (store.Sandbox, error) {
+	if t.Runtime == "gvisor" {
+		return m.createFromImageTemplate(ctx, c, t, o)
+	}
 	sn, err := m.Store.GetSnapshot(ctx, c.Tenant, t.Snapshot)
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("template %q: %w", t.Name, err)

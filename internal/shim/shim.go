@@ -78,6 +78,9 @@ type Config struct {
 	// (runtimes like gvisor that run on a directory, not a disk image):
 	// then there is no disk overlay and no template.
 	RootDir func(context.Context, store.Sandbox) (string, error)
+	// BuildRoot, with RootDir set, is instead the sandbox's root written in
+	// place (shimconf.Doc.BuildRoot: a gvisor template build's step).
+	BuildRoot string
 	// Secrets are the values of the sandbox's secrets (shimconf.Doc).
 	Secrets netconf.Values
 	// Lock, if set, is the sandbox's shim lock, already taken by the
@@ -486,7 +489,9 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		if sb.State == store.StateResuming || fromSnap != "" {
 			return fmt.Errorf("the %s runtime cannot resume or clone saved sandboxes", s.cfg.Runtime.Name())
 		}
-		if spec.RootDisk, err = s.cfg.RootDir(ctx, sb); err != nil {
+		if s.cfg.BuildRoot != "" {
+			spec.RootDisk, spec.RootInPlace = s.cfg.BuildRoot, true
+		} else if spec.RootDisk, err = s.cfg.RootDir(ctx, sb); err != nil {
 			return fmt.Errorf("image root: %w", err)
 		}
 		spec.WritableBytes = int64(sb.DiskMiB) << 20

@@ -103,6 +103,10 @@ type Doc struct {
 	Options
 	// Secrets are the values of the sandbox's secrets, by name.
 	Secrets netconf.Values `json:"secrets,omitempty"`
+	// BuildRoot, for a gvisor template build's step sandbox, is the
+	// absolute path of the host overlay mount the control plane made for
+	// it: the sandbox's root, written in place (runtime.Spec.RootInPlace).
+	BuildRoot string `json:"build_root,omitempty"`
 }
 
 // Validate checks d and returns an errdefs.ErrInvalid error that names the
@@ -132,6 +136,8 @@ func (d Doc) Validate() error {
 		return bad("proc_audit %q: want on or off", d.ProcAudit)
 	case len(d.Secrets) > netconf.MaxSecrets:
 		return bad("%d secrets (at most %d)", len(d.Secrets), netconf.MaxSecrets)
+	case d.BuildRoot != "" && (d.Runtime != "gvisor" || !filepath.IsAbs(d.BuildRoot)):
+		return bad("build_root %q: an absolute path, for the gvisor runtime only", d.BuildRoot)
 	}
 	for name, v := range d.Secrets {
 		if name == "" {

@@ -309,10 +309,15 @@ var migrations = []string{
 	ALTER TABLE sandboxes ADD COLUMN exec_defaults TEXT NOT NULL DEFAULT '{}';
 	ALTER TABLE snapshots ADD COLUMN exec_defaults TEXT NOT NULL DEFAULT '{}';
 	PRAGMA user_version = 13;`,
+	// v14: templates built on gVisor are images, not snapshots: the
+	// runtime a template was built for, and its image blob's digest.
+	`ALTER TABLE templates ADD COLUMN runtime TEXT NOT NULL DEFAULT 'qemu';
+	ALTER TABLE templates ADD COLUMN image_digest TEXT NOT NULL DEFAULT '';
+	PRAGMA user_version = 14;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 13
+const schemaVersion = 14
 
 // Open opens (creating if needed) the catalog at path.
 func Open(ctx context.Context, path string) (*Store, error) {

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -18,15 +19,20 @@ import (
 type Template struct {
 	Tenant   string
 	Name     string
-	Snapshot string // the snapshot's name (unlisted: it starts with '_')
-	Base     string // the FROM line's image, as resolved
-	Config   json.RawMessage
-	Steps    int
-	BuildMS  int64
-	Created  time.Time
+	Snapshot string // the snapshot's name (unlisted: it starts with '_'); "" for an image template
+	// Runtime is the runtime the template was built on and serves: qemu
+	// (a snapshot, memory and disk) or gvisor (an image).
+	Runtime string
+	// ImageDigest is a gvisor template's image blob ("" for qemu).
+	ImageDigest string
+	Base        string // the FROM line's image, as resolved
+	Config      json.RawMessage
+	Steps       int
+	BuildMS     int64
+	Created     time.Time
 }
 
-const templateCols = `tenant,name,snapshot,base,config,steps,build_ms,created`
+const templateCols = `tenant,name,snapshot,base,config,steps,build_ms,created,runtime,image_digest`
 
 // PutTemplate records t, replacing the tenant's template of that name. It
 // returns the snapshot the replaced one used ("" if the name was new).
@@ -44,10 +50,11 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) (old string, err er
 	if cfg == "" {
 		cfg = "{}"
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(tenant,name) DO UPDATE SET snapshot=excluded.snapshot, base=excluded.base, config=excluded.config,
-		steps=excluded.steps, build_ms=excluded.build_ms, created=excluded.created`,
-		t.Tenant, t.Name, t.Snapshot, t.Base, cfg, t.Steps, t.BuildMS, t.Created.UnixNano()); err != nil {
+		steps=excluded.steps, build_ms=excluded.build_ms, created=excluded.created, runtime=excluded.runtime,
+		image_digest=excluded.image_digest`,
+		t.Tenant, t.Name, t.Snapshot, t.Base, cfg, t.Steps, t.BuildMS, t.Created.UnixNano(), cmp.Or(t.Runtime, "qemu"), t.ImageDigest); err != nil {
 		return "", fmt.Errorf("record template: %w", err)
 	}
 	return old, tx.Commit()
@@ -114,7 +121,7 @@ func scanTemplate(r scanner) (Template, error) {
 	var t Template
 	var cfg string
 	var created int64
-	if err := r.Scan(&t.Tenant, &t.Name, &t.Snapshot, &t.Base, &cfg, &t.Steps, &t.BuildMS, &created); err != nil {
+	if err := r.Scan(&t.Tenant, &t.Name, &t.Snapshot, &t.Base, &cfg, &t.Steps, &t.BuildMS, &created, &t.Runtime, &t.ImageDigest); err != nil {
 		return t, err
 	}
 	t.Config = json.RawMessage(cfg)

@@ -18,6 +18,7 @@ import (
 type Template struct {
 	Name         string            `json:"name"`
 	Tenant       string            `json:"tenant"`
+	Runtime      string            `json:"runtime"`
 	From         string            `json:"from"`
 	Steps        int               `json:"steps"`
 	BuildMS      int64             `json:"build_ms"`

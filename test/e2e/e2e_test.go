@@ -50,6 +50,14 @@ func setup(t *testing.T) env {
 // (AIRLOCK_RUNTIME=gvisor, as `make test`'s second pass sets it).
 func onGVisor() bool { return os.Getenv("AIRLOCK_RUNTIME") == "gvisor" }
 
+// runtimeName is the runtime the suite's sandboxes run on.
+func runtimeName() string {
+	if onGVisor() {
+		return "gvisor"
+	}
+	return "qemu"
+}
+
 func (e env) cmd(ctx context.Context, stdin io.Reader, args ...string) *exec.Cmd {
 	c := exec.CommandContext(ctx, e.bin, append([]string{"--state-dir", e.state}, args...)...)
 	c.Stdin = stdin

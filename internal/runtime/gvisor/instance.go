@@ -217,7 +217,7 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 	if in.spec.WritableBytes > 0 {
 		cfg.DiskBytes = in.spec.WritableBytes
 	}
-	cmd := exec.Command(cfg.RunscPath, runscArgs(cfg, in.paths, in.cid, in.spec.Network)...)
+	cmd := exec.Command(cfg.RunscPath, runscArgs(cfg, in.paths, in.cid, in.spec.Network, in.spec.RootInPlace)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = guest, console, console
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}

@@ -218,10 +218,15 @@ type instancePaths struct {
 }
 
 // runscArgs returns runsc's argv (after the binary) to run container cid.
-func runscArgs(c Config, p instancePaths, cid string, network bool) []string {
+// inPlace (Spec.RootInPlace) writes to the root directory itself: no
+// overlay.
+func runscArgs(c Config, p instancePaths, cid string, network, inPlace bool) []string {
 	overlay := "root:dir=" + p.upper
 	if c.DiskBytes > 0 {
 		overlay += ",size=" + strconv.FormatInt(c.DiskBytes, 10)
+	}
+	if inPlace {
+		overlay = "none"
 	}
 	netMode := "none"
 	if network {

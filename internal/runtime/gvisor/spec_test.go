@@ -53,18 +53,24 @@ func TestBuildSpec(t *testing.T) {
 func TestRunscArgs(t *testing.T) {
 	t.Parallel()
 	p := instancePaths{root: "/r/runsc", bundle: "/r/bundle", upper: "/r/upper", logDir: "/r/logs"}
-	got := strings.Join(runscArgs(Config{Platform: "systrap", DiskBytes: 1 << 30}, p, "cid", true), " ")
+	got := strings.Join(runscArgs(Config{Platform: "systrap", DiskBytes: 1 << 30}, p, "cid", true, false), " ")
 	want := "--root=/r/runsc --platform=systrap --network=sandbox --overlay2=root:dir=/r/upper,size=1073741824 --cpu-num-from-quota --in-sandbox-cgroup=v2 run --bundle /r/bundle cid"
 	if got != want {
 		t.Errorf("args:\n got %s\nwant %s", got, want)
 	}
-	got = strings.Join(runscArgs(Config{Platform: "systrap", IgnoreCgroups: true}, p, "cid", false), " ")
+	got = strings.Join(runscArgs(Config{Platform: "systrap", IgnoreCgroups: true}, p, "cid", false, false), " ")
 	if !strings.Contains(got, "--network=none") || !strings.Contains(got, "--overlay2=root:dir=/r/upper ") || !strings.Contains(got, "--ignore-cgroups") {
 		t.Errorf("args: %s", got)
 	}
+	// A template build's root is written in place: no overlay, and no
+	// size (the build's own filesystem caps it).
+	got = strings.Join(runscArgs(Config{Platform: "systrap", DiskBytes: 1 << 30}, p, "cid", false, true), " ")
+	if !strings.Contains(got, "--overlay2=none ") || strings.Contains(got, "size=") {
+		t.Errorf("args in place: %s", got)
+	}
 	// Process audit: the trace session's config, before the command.
 	p.monitor = "/r/monitor"
-	got = strings.Join(runscArgs(Config{Platform: "systrap"}, p, "cid", false), " ")
+	got = strings.Join(runscArgs(Config{Platform: "systrap"}, p, "cid", false, false), " ")
 	if !strings.HasSuffix(got, " --pod-init-config=/r/monitor/init.json run --bundle /r/bundle cid") {
 		t.Errorf("args with process audit: %s", got)
 	}
