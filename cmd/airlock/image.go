@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -139,8 +140,8 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if t := tpls[im.Digest]; t != "" {
-				return fmt.Errorf("%w: image %q is the image of template %s, built on gvisor without file changes (remove the template first)", errdefs.ErrConflict, im.Name, t)
+			if t := tpls[im.Digest]; t != "" && !strings.HasPrefix(t, "snapshot ") {
+				return fmt.Errorf("%w: image %q is used by %s (remove it first)", errdefs.ErrConflict, im.Name, t)
 			}
 			for _, sb := range users[im.Digest] {
 				if sb.State != store.StateFailed {
@@ -180,8 +181,9 @@ func imageCmd(g *globals) *cobra.Command {
 
 // sandboxesByImage returns the catalog's sandboxes by image digest, and
 // the state dir's layout (for the templates of an image).
-// It also returns the image digests of gvisor templates (the blobs they
-// start from), each with a template's name.
+// It also returns the image digests that templates and snapshots start
+// from (a gvisor template's image, a snapshot's image), each with a name
+// for errors.
 func sandboxesByImage(ctx context.Context, g *globals) (statedir.Layout, map[string][]store.Sandbox, map[string]string, error) {
 	m, done, err := g.manager(ctx)
 	if err != nil {
@@ -203,7 +205,19 @@ func sandboxesByImage(ctx context.Context, g *globals) (statedir.Layout, map[str
 	tpls := map[string]string{}
 	for _, t := range ts {
 		if t.ImageDigest != "" {
-			tpls[t.ImageDigest] = t.Name
+			tpls[t.ImageDigest] = "template " + t.Name
+		}
+	}
+	// Snapshots (a qemu template's saved states and build steps among
+	// them) sit on their image's blob, which may have no name (a template
+	// FROM a pulled reference).
+	sns, err := m.Store.ListSnapshots(ctx, "", true)
+	if err != nil {
+		return statedir.Layout{}, nil, nil, err
+	}
+	for _, sn := range sns {
+		if _, ok := tpls[sn.ImageDigest]; !ok && sn.ImageDigest != "" {
+			tpls[sn.ImageDigest] = "snapshot " + sn.Name
 		}
 	}
 	return m.L, by, tpls, nil

@@ -37,6 +37,9 @@ type serveOptions struct {
 	// hostMountRoots are the directories under which API callers may
 	// mount host paths (--allow-host-mount, repeatable).
 	hostMountRoots []string
+	// templateRegistries are the registries template builds may pull
+	// FROM images from (--template-registry, repeatable).
+	templateRegistries []string
 }
 
 // maxDrain caps --drain.
@@ -111,6 +114,9 @@ func serveCmd(g *globals) *cobra.Command {
 				return err
 			}
 			m.HostMountRoots = roots
+			for _, h := range o.templateRegistries {
+				m.TemplateRegistries = append(m.TemplateRegistries, sandbox.NormalizeRegistry(h))
+			}
 			setOOMScoreAdj(g.log, oomAdjServe)
 			var tlsConf *tls.Config
 			if o.tlsCert != "" {
@@ -146,6 +152,7 @@ func serveCmd(g *globals) *cobra.Command {
 	f.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGTERM/SIGINT, how long requests in flight (exec streams too) may run before they are cut")
 	f.BoolVar(&o.accessLog, "access-log", true, "log one line per request to stderr")
 	f.StringArrayVar(&o.hostMountRoots, "allow-host-mount", nil, "let API keys mount host directories under `DIR` into sandboxes (repeatable; absolute, an existing directory with no symlink in its path; the local CLI user may mount any directory)")
+	f.StringArrayVar(&o.templateRegistries, "template-registry", nil, "let template builds pull their FROM image from the OCI registry `HOST` (repeatable; e.g. docker.io, ghcr.io, registry.internal:5000; none by default: the server connects there itself)")
 	return cmd
 }
 

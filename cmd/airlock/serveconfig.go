@@ -92,6 +92,7 @@ var configKeys = []configKey{
 	{key: "host_cgroups", flag: "host-cgroups", env: "AIRLOCK_HOST_CGROUPS", check: oneOf("auto", "on", "off")},
 	{key: "disk_reserve", flag: "disk-reserve", check: checkReserve},
 	{key: "allow_host_mount", flag: "allow-host-mount", path: true, list: true},
+	{key: "template_registry", flag: "template-registry", list: true},
 }
 
 // configSections are the keys that hold other keys.

@@ -37,6 +37,7 @@ accel: tcg
 host_cgroups: "off"
 disk_reserve: 4G
 allow_host_mount: [/srv/shared]
+template_registry: [ghcr.io]
 `
 	vals, err := parseServeConfig("a.yaml", []byte(good))
 	if err != nil {
@@ -52,7 +53,7 @@ allow_host_mount: [/srv/shared]
 	want := map[string]string{"listen": "127.0.0.1:7443", "tls.cert": "tls/cert.pem", "tls.key": "/etc/airlock/key.pem",
 		"preview_domain": "sbx.example.com", "drain": "45s", "log.level": "debug", "log.access": "false",
 		"state_dir": "/var/lib/airlock", "runtime": "gvisor", "accel": "tcg", "host_cgroups": "off", "disk_reserve": "4G",
-		"allow_host_mount": "/srv/shared"}
+		"allow_host_mount": "/srv/shared", "template_registry": "ghcr.io"}
 	if len(got) != len(want) {
 		t.Errorf("got %d keys, want %d: %v", len(got), len(want), got)
 	}

@@ -36,8 +36,8 @@ image: each step runs in a sandbox of its own over the earlier steps' layers, th
 one image, and the start command and ready check run when each sandbox is created (the
 create returns once the check passes). A template serves the runtime it was built on.
 
-Supported: FROM (an image or another template of the tenant; pull OCI images first with
-` + "`airlock image pull`" + `), RUN, COPY, ADD (local files and tar archives), ENV, ARG, WORKDIR, USER,
+Supported: FROM (an image, another template of the tenant, or an OCI reference such as
+python:3.12-slim, pulled from registries the server allows: serve --template-registry), RUN, COPY, ADD (local files and tar archives), ENV, ARG, WORKDIR, USER,
 EXPOSE, CMD, ENTRYPOINT, LABEL. Other instructions, multi-stage builds and ADD of URLs are
 refused with their line number.`
 

@@ -114,7 +114,7 @@ func (s *Store) importImage(ctx context.Context, name, tarPath string, progress 
 		}
 	}
 	progressf(progress, start, "import: %s archive %s as %q", kind, filepath.Base(tarPath), name)
-	return s.build(ctx, name, "import:"+filepath.Base(tarPath), img, stage, checkBlobs, progress, start)
+	return s.build(ctx, name, "import:"+filepath.Base(tarPath), img, stage, checkBlobs, true, progress, start)
 }
 
 // Pull builds image name from ref in a registry. An empty name means
@@ -129,6 +129,58 @@ func (s *Store) Pull(ctx context.Context, ref, name string, progress io.Writer, 
 		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
 	}
 	return img, nil
+}
+
+// PullBlob pulls ref like Pull but names no image: it returns the blob
+// (Image.Name empty) and the digest of the manifest it was made from. The
+// caller keeps the blob's digest (a template build's base) and keeps it
+// from Prune.
+func (s *Store) PullBlob(ctx context.Context, ref string, progress io.Writer, opts ...remote.Option) (Image, string, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return Image{}, "", fmt.Errorf("%w: bad reference: %v", ErrInvalid, err)
+	}
+	if err := s.requirePrivilege("pull"); err != nil {
+		return Image{}, "", err
+	}
+	start := time.Now()
+	ropts := append([]remote.Option{remote.WithContext(ctx), remote.WithPlatform(guestPlatform)}, opts...)
+	rimg, err := remote.Image(r, ropts...)
+	if err != nil {
+		return Image{}, "", fmt.Errorf("pull %s: fetch manifest: %w", ref, err)
+	}
+	digest, err := rimg.Digest()
+	if err != nil {
+		return Image{}, "", fmt.Errorf("pull %s: fetch manifest: %w", ref, err)
+	}
+	stage, err := s.stagingDir("pull-")
+	if err != nil {
+		return Image{}, "", err
+	}
+	defer s.removeStaging(stage)
+	limg, err := s.download(ctx, rimg, filepath.Join(stage, "layout"), progress, start)
+	if err != nil {
+		return Image{}, "", fmt.Errorf("pull %s: %w", ref, err)
+	}
+	img, err := s.build(ctx, "", "pull:"+r.String()+"@"+digest.String(), limg, stage, true, false, progress, start)
+	if err != nil {
+		return Image{}, "", fmt.Errorf("pull %s: %w", ref, err)
+	}
+	return img, digest.String(), nil
+}
+
+// RemoteDigest returns the digest of the manifest (or index) ref names now
+// in its registry, without pulling it.
+func RemoteDigest(ctx context.Context, ref string, opts ...remote.Option) (string, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return "", fmt.Errorf("%w: bad reference: %v", ErrInvalid, err)
+	}
+	desc, err := remote.Head(r, append([]remote.Option{remote.WithContext(ctx)}, opts...)...)
+	if err != nil {
+		return "", err
+	}
+	return desc.Digest.String(), nil
 }
 
 func (s *Store) pull(ctx context.Context, ref, imgName string, progress io.Writer, start time.Time, opts []remote.Option) (Image, error) {
@@ -167,7 +219,7 @@ func (s *Store) pull(ctx context.Context, ref, imgName string, progress io.Write
 	if err != nil {
 		return Image{}, err
 	}
-	return s.build(ctx, imgName, "pull:"+r.String()+"@"+digest.String(), limg, stage, true, progress, start)
+	return s.build(ctx, imgName, "pull:"+r.String()+"@"+digest.String(), limg, stage, true, true, progress, start)
 }
 
 // download copies img's blobs into a new OCI layout at dir and returns the
@@ -281,8 +333,8 @@ func importName(ref, tarPath string) (string, error) {
 }
 
 // build verifies img, unpacks its flattened filesystem under stage, makes
-// the ext4 file and commits it as name.
-func (s *Store) build(ctx context.Context, name, source string, img v1.Image, stage string, checkBlobs bool, progress io.Writer, start time.Time) (Image, error) {
+// the ext4 file and commits it as name (record), or as a blob only.
+func (s *Store) build(ctx context.Context, name, source string, img v1.Image, stage string, checkBlobs, record bool, progress io.Writer, start time.Time) (Image, error) {
 	rootfs := filepath.Join(stage, "rootfs")
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return Image{}, err
@@ -297,11 +349,11 @@ func (s *Store) build(ctx context.Context, name, source string, img v1.Image, st
 		return Image{}, err
 	}
 	progressf(progress, start, "mkfs: %s ext4", humanBytes(size))
-	out, err := s.commit(ctx, name, source, ext4)
+	out, err := s.storeBlob(ctx, name, source, ext4, record)
 	if err != nil {
 		return Image{}, err
 	}
-	progressf(progress, start, "image %s: %s", name, out.Digest)
+	progressf(progress, start, "image %s: %s", cmp.Or(name, "(unnamed)"), out.Digest)
 	s.log.Info("image created", "image", name, "digest", out.Digest, "size", out.Size, "source", source,
 		"entries", st.entries, "duration", time.Since(start).Round(time.Millisecond))
 	return out, nil

@@ -106,6 +106,11 @@ type Manager struct {
 	// may mount host paths (`serve --allow-host-mount`); absolute and
 	// clean. The local user may mount any directory.
 	HostMountRoots []string
+	// TemplateRegistries are the OCI registry hosts (NormalizeRegistry)
+	// a template build may pull its FROM image from (serve
+	// --template-registry); none by default: the server's own network
+	// access is an admin's choice.
+	TemplateRegistries []string
 	// ContextProgress times the status events of a code run that waits
 	// for its context's interpreter to start (zero: the defaults).
 	ContextProgress ContextProgress

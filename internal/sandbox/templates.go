@@ -162,7 +162,7 @@ func (m *Manager) buildTemplate(ctx context.Context, c Caller, o BuildOptions, p
 		return Template{}, err
 	}
 	defer bctx.Close()
-	base, baseKey, parent, err := m.templateBase(ctx, c, plan.From, rt)
+	base, baseKey, parent, err := m.templateBase(ctx, c, plan.From, rt, progress)
 	if err != nil {
 		return Template{}, &BuildError{Line: plan.FromLine, err: atLine(plan.FromLine, err)}
 	}
@@ -273,7 +273,7 @@ func (m *Manager) recordTemplate(ctx context.Context, c Caller, o BuildOptions, 
 //
 // A template's configuration is inherited (parent): its steps run under
 // it, and the key covers it.
-func (m *Manager) templateBase(ctx context.Context, c Caller, from, rt string) (base, key string, parent *TemplateConfig, err error) {
+func (m *Manager) templateBase(ctx context.Context, c Caller, from, rt string, progress func(BuildEvent)) (base, key string, parent *TemplateConfig, err error) {
 	if t, err := m.Store.GetTemplate(ctx, c.Tenant, from); err == nil {
 		if tr := cmp.Or(t.Runtime, "qemu"); tr != rt {
 			return "", "", nil, fmt.Errorf("FROM %s: that template was built on %s and this build runs on %s: rebuild it here first: %w", from, tr, rt, errdefs.ErrFailedPrecondition)
@@ -290,10 +290,18 @@ func (m *Manager) templateBase(ctx context.Context, c Caller, from, rt string) (
 	}
 	img, err := m.Store.GetImage(ctx, from)
 	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return "", "", nil, fmt.Errorf("FROM %s: no template or image of that name here (pull an OCI image first: `airlock image pull REF --name NAME`, then FROM NAME): %w", from, errdefs.ErrNotFound)
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			return "", "", nil, err
 		}
-		return "", "", nil, err
+		ref, registry, allowed := m.registryRef(c, from)
+		if allowed {
+			base, key, err := m.pullBase(ctx, c, ref, progress)
+			return base, key, nil, err
+		}
+		if registry != "" {
+			return "", "", nil, fmt.Errorf("FROM %s: no template or image of that name here, and this server does not pull from %s during builds (an admin allows a registry with `airlock serve --template-registry %s`; or pull it first: `airlock image pull %s --name NAME`, then FROM NAME): %w", from, registry, registry, from, errdefs.ErrNotFound)
+		}
+		return "", "", nil, fmt.Errorf("FROM %s: no template or image of that name here (pull an OCI image first: `airlock image pull REF --name NAME`, then FROM NAME): %w", from, errdefs.ErrNotFound)
 	}
 	return "image:" + img.Name, "image:" + img.Digest, nil, nil
 }
@@ -383,6 +391,15 @@ func (m *Manager) startBuilder(ctx context.Context, c Caller, o BuildOptions, pl
 		snap = buildPrefix + keyName(plan.Steps[from].Key)
 	} else if s, ok := strings.CutPrefix(base, "snapshot:"); ok {
 		snap = s
+	}
+	if snap == "" && strings.HasPrefix(base, "digest:") {
+		// A pulled image: a blob that no image name refers to.
+		img, err := m.gvisorBase(ctx, base)
+		if err != nil {
+			return store.Sandbox{}, err
+		}
+		opts.Image, opts.imageDigest, opts.imageSize = img.Name, img.Digest, img.Size
+		return m.Create(ctx, c, opts)
 	}
 	if snap == "" {
 		opts.Image = strings.TrimPrefix(base, "image:")

@@ -67,16 +67,17 @@ func (m *Manager) imageRefPath(tenant, tplKey string) string {
 
 func (m *Manager) images() *image.Store { return image.NewStore(m.L.Root, nil, m.log()) }
 
-// gvisorBase resolves a gVisor build's base ("image:NAME" or
-// "digest:DIGEST", a gVisor template's image) to its image.
+// gvisorBase resolves a build's base ("image:NAME", or "digest:DIGEST":
+// a gVisor template's image or a pulled one, blobs without a name) to its
+// image.
 func (m *Manager) gvisorBase(ctx context.Context, base string) (store.ImageRecord, error) {
 	if d, ok := strings.CutPrefix(base, "digest:"); ok {
 		img := image.Image{Digest: d}
 		fi, err := os.Stat(m.images().Path(img))
 		if err != nil {
-			return store.ImageRecord{}, fmt.Errorf("the FROM template's image: %w", err)
+			return store.ImageRecord{}, fmt.Errorf("the FROM image: %w", err)
 		}
-		return store.ImageRecord{Name: "template", Digest: d, Size: fi.Size()}, nil
+		return store.ImageRecord{Name: "from-" + strings.TrimPrefix(d, "sha256:")[:12], Digest: d, Size: fi.Size()}, nil
 	}
 	return m.Store.GetImage(ctx, strings.TrimPrefix(base, "image:"))
 }

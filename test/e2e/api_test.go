@@ -30,7 +30,8 @@ type apiServer struct {
 	hc   *http.Client
 }
 
-func startServe(t *testing.T, e env) *apiServer {
+// startServe starts `airlock serve` with args added to its flags.
+func startServe(t *testing.T, e env, args ...string) *apiServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -39,7 +40,7 @@ func startServe(t *testing.T, e env) *apiServer {
 	addr := ln.Addr().String()
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := e.cmd(ctx, nil, "serve", "--listen", addr)
+	c := e.cmd(ctx, nil, append([]string{"serve", "--listen", addr}, args...)...)
 	var logs bytes.Buffer
 	c.Stdout, c.Stderr = &logs, &logs
 	c.Cancel = func() error { return c.Process.Signal(syscall.SIGTERM) }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -19,6 +20,19 @@ import (
 // writeBusyboxImage writes a docker-save tarball of a one-layer image whose
 // root holds only the host's static busybox.
 func writeBusyboxImage(t *testing.T, path string) {
+	t.Helper()
+	tag, err := name.NewTag("example.test/tiny:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tarball.WriteToFile(path, tag, busyboxImage(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// busyboxImage is a one-layer image whose root holds only the host's
+// static busybox (and /bin/sh).
+func busyboxImage(t *testing.T) v1.Image {
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
@@ -51,13 +65,7 @@ func writeBusyboxImage(t *testing.T, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tag, err := name.NewTag("example.test/tiny:1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tarball.WriteToFile(path, tag, img); err != nil {
-		t.Fatal(err)
-	}
+	return img
 }
 
 func TestImportedImageBootsAndIsRemovable(t *testing.T) {

@@ -6,12 +6,19 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // templateContext writes a build context whose Dockerfile uses every
@@ -290,4 +297,61 @@ func remoteMust(t *testing.T, e env, s *apiServer, key string, args ...string) s
 		t.Fatalf("airlock %v: exit %d\n%s", args, r.code, r.stderr)
 	}
 	return r.stdout
+}
+
+// TestTemplateFromRegistry: FROM an OCI reference pulls the image from a
+// registry an admin allowed (serve --template-registry; here a registry of
+// the test's own on loopback) and builds on it; a registry not allowed is
+// refused, saying how to allow it, before anything connects there; a
+// rebuild asks the registry for the tag's digest and pulls nothing.
+func TestTemplateFromRegistry(t *testing.T) {
+	e := setup(t)
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	ref, err := name.ParseReference(host + "/tiny:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, busyboxImage(t)); err != nil {
+		t.Fatalf("push the test image: %v", err)
+	}
+	run := strings.ToLower(rand.Text()[:8])
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "e2e-pull-"+run))
+	s := startServe(t, e, "--template-registry", host)
+	t.Cleanup(func() {
+		remoteRun(t, e, s, key, nil, "template", "rm", "tiny")
+		remoteRun(t, e, s, key, nil, "template", "prune")
+		e.must(t, "image", "prune") // the pulled blob, unnamed
+	})
+	dir := t.TempDir()
+	write := func(df string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(df), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Not allowed: refused with the flag to use, and nothing pulled.
+	write("FROM registry.invalid/team/app:1\nRUN true\n")
+	r := remoteRun(t, e, s, key, nil, "template", "build", "-t", "tiny", dir)
+	if r.code == 0 || !strings.Contains(r.stderr, "--template-registry registry.invalid") || !strings.Contains(r.stderr, "Dockerfile:1") {
+		t.Fatalf("FROM a registry not allowed: code %d\n%s", r.code, r.stderr)
+	}
+
+	write("FROM " + ref.String() + "\nRUN /bin/busybox --install -s /bin && echo pulled > /hello\n")
+	r = remoteRun(t, e, s, key, nil, "template", "build", "-t", "tiny", dir)
+	if r.code != 0 || !strings.Contains(r.stderr, "pulling "+ref.String()) {
+		t.Fatalf("build FROM %s: code %d\n%s", ref, r.code, r.stderr)
+	}
+	id := strings.TrimSpace(remoteMust(t, e, s, key, "create", "--image", "tiny"))
+	defer remoteRun(t, e, s, key, nil, "rm", id)
+	if got := remoteMust(t, e, s, key, "exec", id, "--", "cat", "/hello"); got != "pulled\n" {
+		t.Errorf("a sandbox of the template: %q", got)
+	}
+	// Unchanged: the tag's digest is asked for, the image not pulled again.
+	r = remoteRun(t, e, s, key, nil, "template", "build", "-t", "tiny", dir)
+	if ran, cached := builtSteps(r.stderr); r.code != 0 || len(ran) != 0 || len(cached) != 1 || !strings.Contains(r.stderr, "(pulled before)") || strings.Contains(r.stderr, "pulling ") {
+		t.Fatalf("rebuild: code %d\n%s", r.code, r.stderr)
+	}
 }
