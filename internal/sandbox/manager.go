@@ -309,11 +309,9 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 	if _, err := m.L.LoadBootConfig(); err != nil {
 		return store.Sandbox{}, err
 	}
-	rt := "qemu"
-	if m.Runtime != nil {
-		if rt, err = m.Runtime(ctx); err != nil {
-			return store.Sandbox{}, err
-		}
+	rt, err := m.runtimeName(ctx)
+	if err != nil {
+		return store.Sandbox{}, err
 	}
 	if rt == "gvisor" && o.IdlePause > 0 {
 		return store.Sandbox{}, fmt.Errorf("%w: gvisor sandboxes cannot pause yet: --idle-pause needs the qemu runtime", errdefs.ErrInvalid)
@@ -341,6 +339,14 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 		return sb, err
 	}
 	return m.Store.GetSandbox(ctx, sb.ID)
+}
+
+// runtimeName is the runtime a new sandbox gets (Runtime; nil: qemu).
+func (m *Manager) runtimeName(ctx context.Context) (string, error) {
+	if m.Runtime == nil {
+		return "qemu", nil
+	}
+	return m.Runtime(ctx)
 }
 
 // launch starts new sandbox sb's shim (its catalog row and directory

@@ -148,11 +148,9 @@ func (m *Manager) buildTemplate(ctx context.Context, c Caller, o BuildOptions, p
 	if err != nil {
 		return Template{}, err
 	}
-	rt := "qemu"
-	if m.Runtime != nil {
-		if rt, err = m.Runtime(ctx); err != nil {
-			return Template{}, err
-		}
+	rt, err := m.runtimeName(ctx)
+	if err != nil {
+		return Template{}, err
 	}
 	if rt != "qemu" && rt != "gvisor" {
 		return Template{}, &BuildError{err: fmt.Errorf("%w: templates are built on the qemu and gvisor runtimes, not %s", errdefs.ErrFailedPrecondition, rt)}
@@ -914,8 +912,7 @@ type buildLog struct {
 // not path-safe by contract), the file by the template name (valid names
 // are).
 func (m *Manager) buildLogPath(tenant, name string) string {
-	sum := sha256.Sum256([]byte("tenant:" + tenant))
-	return filepath.Join(m.L.Root, "template-logs", hex.EncodeToString(sum[:8]), name+".log")
+	return filepath.Join(m.L.Root, "template-logs", tenantKey(tenant), name+".log")
 }
 
 func (m *Manager) openBuildLog(tenant, name string) *buildLog {

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -366,17 +365,11 @@ func (r *buildRoot) close(m *Manager) {
 	}
 }
 
-// unmount unmounts p, lazily if it is still busy after a few tries.
+// unmount unmounts p, lazily if it is still busy.
 func unmount(p string) error {
-	var err error
-	for range 20 {
-		if err = unix.Unmount(p, 0); err == nil || errors.Is(err, unix.EINVAL) {
-			return nil
-		}
-		if !errors.Is(err, unix.EBUSY) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	err := unix.Unmount(p, 0)
+	if err == nil || errors.Is(err, unix.EINVAL) {
+		return nil
 	}
 	if derr := unix.Unmount(p, unix.MNT_DETACH); derr == nil {
 		return nil
@@ -416,7 +409,7 @@ func (m *Manager) saveLayer(ctx context.Context, upper, final string) error {
 		return err
 	}
 	_ = os.Chmod(filepath.Join(m.L.Root, layersDir), 0o700)
-	tmp := final + ".tmp-" + randHex()
+	tmp := final + ".tmp-" + rand.Text()
 	// cp -a keeps owners, modes, times, hard links, xattrs (overlayfs's
 	// opaque directories) and the whiteouts (0/0 character devices).
 	cmd := exec.CommandContext(ctx, "cp", "-a", "--", upper, tmp)
@@ -481,23 +474,14 @@ func (m *Manager) commitLayers(ctx context.Context, lower []string) (string, err
 	return img.Digest, nil
 }
 
-func randHex() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // createFromImageTemplate starts a sandbox of gvisor template t: a fresh
 // sandbox of its image with its ENV as the default environment (under
 // o.Env) and its WORKDIR and USER as exec defaults; its start command
 // runs and its ready check passes before the sandbox is returned.
 func (m *Manager) createFromImageTemplate(ctx context.Context, c Caller, t store.Template, o CreateOptions) (store.Sandbox, error) {
-	rt := "qemu"
-	if m.Runtime != nil {
-		var err error
-		if rt, err = m.Runtime(ctx); err != nil {
-			return store.Sandbox{}, err
-		}
+	rt, err := m.runtimeName(ctx)
+	if err != nil {
+		return store.Sandbox{}, err
 	}
 	if rt != "gvisor" {
 		return store.Sandbox{}, fmt.Errorf("%w: template %q was built on gvisor and this server's runtime is %s: rebuild it here", errdefs.ErrFailedPrecondition, t.Name, rt)
