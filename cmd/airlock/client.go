@@ -62,7 +62,7 @@ func (g *globals) client(ctx context.Context) (c *airlock.Client, done func(), e
 	if g.log.Enabled(ctx, slog.LevelDebug) {
 		log = g.log.With("component", "api")
 	}
-	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Secrets: m, Templates: m, Events: m.Store, Keys: m.Store, Log: log})
+	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Secrets: m, Templates: m, Browsers: m, Events: m.Store, Keys: m.Store, Log: log})
 	if err != nil {
 		closeManager()
 		return nil, nil, err

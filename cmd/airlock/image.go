@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -101,15 +102,28 @@ func imageCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		})}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	build := &cobra.Command{Use: "build NAME", Short: "Build the default Debian image (NAME is usually base)", Args: cobra.ExactArgs(1),
+	var recipe string
+	build := &cobra.Command{Use: "build NAME", Short: "Build an image from Debian packages: base (the default image) or browser (Chromium)", Args: cobra.ExactArgs(1),
+		Long: "Build an image from Debian packages with mmdebstrap, from the mirrors the host's apt uses.\n" +
+			"Recipes: base (Debian with Python's scientific stack and Node.js; the default image),\n" +
+			"browser (Debian's Chromium, a virtual screen, a live view over noVNC, fonts; see 'airlock browser').\n" +
+			"The recipe is --recipe, or NAME when NAME is a recipe's name, or base.",
 		RunE: withStore(func(ctx context.Context, s *image.Store, args []string) error {
-			im, err := s.BuildBase(ctx, args[0], os.Stderr)
+			r, ok := image.RecipeNamed(cmp.Or(recipe, args[0]))
+			switch {
+			case !ok && recipe != "":
+				return fmt.Errorf("unknown recipe %q (known: %s)", recipe, recipeNames())
+			case !ok:
+				r = image.BaseRecipe
+			}
+			im, err := s.Build(ctx, args[0], r, os.Stderr)
 			if err != nil {
 				return err
 			}
 			fmt.Println(im.Name, im.Digest)
 			return nil
 		})}
+	build.Flags().StringVar(&recipe, "recipe", "", "what to build: "+recipeNames())
 	imp := &cobra.Command{Use: "import FILE.tar", Short: "Import a docker-save or OCI-layout tarball", Args: cobra.ExactArgs(1),
 		RunE: withStore(func(ctx context.Context, s *image.Store, args []string) error {
 			im, err := s.Import(ctx, name, args[0], os.Stderr)
@@ -230,4 +244,13 @@ type imageJSON struct {
 	SizeBytes int64     `json:"size_bytes"`
 	Created   time.Time `json:"created"`
 	Source    string    `json:"source"`
+}
+
+// recipeNames lists the recipes of `image build`.
+func recipeNames() string {
+	var names []string
+	for _, r := range image.Recipes() {
+		names = append(names, r.Name)
+	}
+	return strings.Join(names, ", ")
 }

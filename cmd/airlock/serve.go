@@ -201,7 +201,7 @@ func newAPIServer(ctx context.Context, g *globals, m *sandbox.Manager, previewDo
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Secrets: m, Templates: m, Events: m.Store, Keys: m.Store, Log: g.log,
+	cfg := api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Secrets: m, Templates: m, Browsers: m, Events: m.Store, Keys: m.Store, Log: g.log,
 		PreviewDomain: previewDomain, Secret: secret, AccessLog: access}
 	s, err := api.New(cfg)
 	if err != nil {

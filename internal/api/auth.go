@@ -57,6 +57,24 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if bt := r.URL.Query().Get(BrowserTokenParam); bt != "" && r.Header.Get("Authorization") == "" && browserTokenRoute(r.Pattern) {
+			// A signed browser URL (browser.go): its token names the
+			// sandbox and tenant, and expires.
+			c, ok := s.browserTokenCaller(bt, r.PathValue("id"))
+			if !ok {
+				s.denied(r, "invalid or expired browser token")
+				s.fail(w, r, errUnauth)
+				return
+			}
+			if !s.limiter(c.Tenant, s.cfg.Defaults.RatePerMin).Allow() {
+				w.Header().Set("Retry-After", "1")
+				s.fail(w, r, &Error{http.StatusTooManyRequests, "resource_exhausted", "rate limit for this tenant"})
+				return
+			}
+			r = r.WithContext(context.WithValue(r.Context(), keyCtx{}, authed{store.APIKey{Tenant: c.Tenant}, c}))
+			next.ServeHTTP(w, r)
+			return
+		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok {
 			// The header E2B's SDKs send the key in.

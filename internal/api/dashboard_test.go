@@ -532,7 +532,7 @@ func TestDashboardCSPImages(t *testing.T) {
 // bob's sandbox.
 func TestDashboardSessionCrossTenant(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, store.APIKey{})
+	h := newHarness(t, store.APIKey{RatePerMin: 60000}) // three requests per route, in one burst
 	a := signIn(t, h, h.alice)
 	hdr := http.Header{CSRFHeader: {a.csrf}, "Origin": {h.url}}
 	n := 0

@@ -77,6 +77,9 @@ func publicError(err error) *Error {
 	if errors.Is(err, sandbox.ErrNoSandbox) {
 		return errNoSandbox // the manager's answer for a sandbox the caller cannot use
 	}
+	if errors.Is(err, sandbox.ErrNoBrowser) {
+		return &Error{http.StatusPreconditionFailed, "failed_precondition", strings.TrimPrefix(sandbox.ErrNoBrowser.Error(), errdefs.ErrFailedPrecondition.Error()+": ")}
+	}
 	if errors.Is(err, guest.ErrExecExited) {
 		return &Error{http.StatusConflict, "conflict", guest.ErrExecExited.Error()}
 	}

@@ -30,7 +30,8 @@ var DefaultLimits = sandbox.DefaultLimits
 // required; a nil Execs answers exec routes with 503, a nil Contexts the
 // code and context routes, a nil Ports the preview route, a nil Snapshots
 // the snapshot and fork routes (and create with from_snapshot), a nil
-// Volumes the volume routes, a nil Templates the template routes, a nil Secrets the vault and sandbox secret
+// Volumes the volume routes, a nil Templates the template routes, a nil
+// Browsers the browser routes, a nil Secrets the vault and sandbox secret
 // routes (and a create that names a vault secret is refused by the
 // manager it reaches, if it has no vault).
 type Config struct {
@@ -43,6 +44,7 @@ type Config struct {
 	Volumes   Volumes
 	Secrets   Secrets
 	Templates Templates
+	Browsers  Browsers
 	Events    Events
 	Keys      Keys
 	Log       *slog.Logger // nil: discard
@@ -184,6 +186,11 @@ var routes = []route{
 	{"POST /v1/sandboxes/{id}/files/rename", true, (*Server).renameFile},
 	{"/v1/sandboxes/{id}/ports/{port}/{path...}", true, (*Server).preview},
 	{"GET /v1/sandboxes/{id}/preview", true, (*Server).previewLink},
+	{"POST /v1/sandboxes/{id}/browser", true, (*Server).startBrowser},
+	{"GET /v1/sandboxes/{id}/browser", true, (*Server).getBrowser},
+	{"GET /v1/sandboxes/{id}/browser/cdp", true, (*Server).browserCDP},
+	{"GET /v1/sandboxes/{id}/browser/cdp/{path...}", true, (*Server).browserCDP},
+	{"GET /v1/sandboxes/{id}/browser/vnc", true, (*Server).browserVNC},
 	{"GET /v1/events", true, (*Server).listEvents},
 	{"GET /v1/server", true, (*Server).serverOverview},
 	{"GET /v1/keys", true, (*Server).listKeys},

@@ -170,6 +170,22 @@ type Ports interface {
 	DialPort(ctx context.Context, c sandbox.Caller, id string, port uint16) (net.Conn, error)
 }
 
+// Browsers reaches the browsers of sandboxes made from the browser image
+// (sandbox.Manager: the launcher runs through an exec of the caller, the
+// streams go through DialPort).
+type Browsers interface {
+	// StartBrowser starts the sandbox's browser where it is not running
+	// (sandbox.ErrNoBrowser if its image has none).
+	StartBrowser(ctx context.Context, c sandbox.Caller, id string, interactive bool) (sandbox.BrowserStatus, error)
+	// BrowserStatus reports on it, starting nothing.
+	BrowserStatus(ctx context.Context, c sandbox.Caller, id string) (sandbox.BrowserStatus, error)
+	// DialBrowser reaches its DevTools port, starting it if needed.
+	DialBrowser(ctx context.Context, c sandbox.Caller, id string) (net.Conn, error)
+	// DialBrowserView reaches its live view (websockify), starting it if
+	// needed.
+	DialBrowserView(ctx context.Context, c sandbox.Caller, id string, interactive bool) (net.Conn, error)
+}
+
 // Events is the audit trail.
 type Events interface {
 	AppendEvent(ctx context.Context, e store.Event) (int64, error)
@@ -189,6 +205,7 @@ var (
 	_ Execs     = (*sandbox.Manager)(nil)
 	_ Contexts  = (*sandbox.Manager)(nil)
 	_ Ports     = (*sandbox.Manager)(nil)
+	_ Browsers  = (*sandbox.Manager)(nil)
 	_ Snapshots = (*sandbox.Manager)(nil)
 	_ Volumes   = (*sandbox.Manager)(nil)
 	_ Events    = (*store.Store)(nil)

@@ -62,22 +62,61 @@ var baseDpkgOpts = []string{
 // becomes an ext4 blob. Takes a minute or two; needs root. The staging
 // directory is always removed.
 func (s *Store) BuildBase(ctx context.Context, name string, progress io.Writer) (Image, error) {
+	return s.Build(ctx, name, BaseRecipe, progress)
+}
+
+// Recipe is an image airlock builds from Debian packages with mmdebstrap.
+type Recipe struct {
+	// Name is what `airlock image build --recipe` calls it.
+	Name string
+	// Source is recorded as the image's source; its revision changes with
+	// the recipe, so a caller can tell an image built by an older one.
+	Source string
+	// Packages are installed on top of mmdebstrap's apt variant.
+	Packages []string
+	// Finish, if set, runs after the shared configuration (finishBaseTree).
+	Finish func(rootfs string) error
+	// Smoke runs in the finished tree (chrooted) and fails the build if
+	// the tree does not work.
+	Smoke func(ctx context.Context, rootfs string) error
+}
+
+// BaseRecipe is the default image: Debian bookworm with what code-running
+// agents expect.
+var BaseRecipe = Recipe{Name: "base", Source: BaseSource, Packages: BasePackages, Smoke: smokeTest}
+
+// Recipes are the images `airlock image build` knows, by name.
+func Recipes() []Recipe { return []Recipe{BaseRecipe, BrowserRecipe} }
+
+// RecipeNamed returns the recipe called name.
+func RecipeNamed(name string) (Recipe, bool) {
+	for _, r := range Recipes() {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return Recipe{}, false
+}
+
+// Build builds an image from r, records it as name and returns it (see
+// BuildBase). Progress lines go to progress.
+func (s *Store) Build(ctx context.Context, name string, r Recipe, progress io.Writer) (Image, error) {
 	start := time.Now()
-	img, err := s.buildBase(ctx, name, progress, start)
+	img, err := s.buildRecipe(ctx, name, r, progress, start)
 	if err != nil {
-		return Image{}, fmt.Errorf("build base image %q: %w", name, err)
+		return Image{}, fmt.Errorf("build %s image %q: %w", r.Name, name, err)
 	}
 	return img, nil
 }
 
-func (s *Store) buildBase(ctx context.Context, name string, progress io.Writer, start time.Time) (Image, error) {
+func (s *Store) buildRecipe(ctx context.Context, name string, r Recipe, progress io.Writer, start time.Time) (Image, error) {
 	if err := ValidName(name); err != nil {
 		return Image{}, err
 	}
 	if os.Geteuid() != 0 {
 		return Image{}, errors.New("mmdebstrap needs root")
 	}
-	stage, err := s.stagingDir("base-")
+	stage, err := s.stagingDir(r.Name + "-")
 	if err != nil {
 		return Image{}, err
 	}
@@ -86,13 +125,18 @@ func (s *Store) buildBase(ctx context.Context, name string, progress io.Writer, 
 
 	mirrors := hostMirrors(s.log)
 	progressf(progress, start, "mmdebstrap: %s (%s) from %s", baseSuite, baseVariant, strings.Join(mirrors, "; "))
-	if err := s.mmdebstrap(ctx, rootfs, mirrors, progress, start); err != nil {
+	if err := s.mmdebstrap(ctx, rootfs, r.Packages, mirrors, progress, start); err != nil {
 		return Image{}, err
 	}
 	if err := finishBaseTree(rootfs); err != nil {
 		return Image{}, fmt.Errorf("configure tree: %w", err)
 	}
-	if err := smokeTest(ctx, rootfs); err != nil {
+	if r.Finish != nil {
+		if err := r.Finish(rootfs); err != nil {
+			return Image{}, fmt.Errorf("configure tree: %w", err)
+		}
+	}
+	if err := r.Smoke(ctx, rootfs); err != nil {
 		return Image{}, err
 	}
 	u, err := measureTree(rootfs)
@@ -107,23 +151,23 @@ func (s *Store) buildBase(ctx context.Context, name string, progress io.Writer, 
 		return Image{}, err
 	}
 	progressf(progress, start, "mkfs: %s ext4", humanBytes(size))
-	img, err := s.commit(ctx, name, BaseSource, ext4)
+	img, err := s.commit(ctx, name, r.Source, ext4)
 	if err != nil {
 		return Image{}, err
 	}
 	progressf(progress, start, "image %s: %s", name, img.Digest)
-	s.log.Info("image created", "image", name, "digest", img.Digest, "size", img.Size, "source", BaseSource,
+	s.log.Info("image created", "image", name, "digest", img.Digest, "size", img.Size, "source", r.Source,
 		"duration", time.Since(start).Round(time.Millisecond))
 	return img, nil
 }
 
 // mmdebstrap runs mmdebstrap into rootfs, forwarding its "I:" lines to
 // progress and keeping the tail of its output for errors.
-func (s *Store) mmdebstrap(ctx context.Context, rootfs string, mirrors []string, progress io.Writer, start time.Time) error {
+func (s *Store) mmdebstrap(ctx context.Context, rootfs string, packages, mirrors []string, progress io.Writer, start time.Time) error {
 	args := []string{
 		"--mode=root",
 		"--variant=" + baseVariant,
-		"--include=" + strings.Join(BasePackages, ","),
+		"--include=" + strings.Join(packages, ","),
 		// Recommends would add compilers, Boost headers and SciPy (about
 		// 800 MB). The setting also stays in the image for later installs.
 		`--aptopt=APT::Install-Recommends "false"`,
@@ -226,17 +270,25 @@ const smokeTestScript = "import numpy, pandas, matplotlib, pip, venv; print('ok'
 // smokeTest runs python3 in the tree to check that the scientific stack
 // imports. Matplotlib's cache goes to a directory removed afterwards.
 func smokeTest(ctx context.Context, rootfs string) error {
+	return chrootSmoke(ctx, rootfs, "ok", "/usr/bin/python3", "-c", smokeTestScript)
+}
+
+// chrootSmoke runs argv chrooted in rootfs, with HOME (and matplotlib's
+// cache) in a directory removed afterwards, and wants want as the first
+// line of its output.
+func chrootSmoke(ctx context.Context, rootfs, want string, argv ...string) error {
 	tmp := filepath.Join(rootfs, "tmp", "airlock-smoke")
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return fmt.Errorf("smoke test: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	cmd := exec.CommandContext(ctx, "chroot", rootfs, "/usr/bin/python3", "-c", smokeTestScript)
+	cmd := exec.CommandContext(ctx, "chroot", append([]string{rootfs}, argv...)...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/tmp/airlock-smoke", "MPLCONFIGDIR=/tmp/airlock-smoke", "PYTHONDONTWRITEBYTECODE=1", "LC_ALL=C.UTF-8"}
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "ok" {
-		return fmt.Errorf("smoke test: python3 -c %q: %v: %s", smokeTestScript, err, tail(string(out), 1024))
+	first, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	if err != nil || !strings.HasPrefix(first, want) {
+		return fmt.Errorf("smoke test: %s: %v: %s", strings.Join(argv, " "), err, tail(string(out), 1024))
 	}
 	return nil
 }

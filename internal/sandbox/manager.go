@@ -23,6 +23,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
+	"github.com/airlock-sandbox/airlock/internal/image"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
 	"github.com/airlock-sandbox/airlock/internal/shimconf"
@@ -254,15 +255,17 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 	if o.CPUs == 0 {
 		o.CPUs = 1
 	}
+	img, imgErr := m.Store.GetImage(ctx, cmp.Or(o.Image, "base"))
 	if o.MemoryMiB == 0 {
 		o.MemoryMiB = 512
+		if imgErr == nil && image.IsBrowser(img.Source) {
+			o.MemoryMiB = BrowserMemoryMiB
+		}
 	}
 	// The disk size the create will get (0: the image's default), for the
 	// quota and the host's reserve; m.create validates the rest.
-	if o.DiskMiB == 0 {
-		if img, err := m.Store.GetImage(ctx, cmp.Or(o.Image, "base")); err == nil {
-			o.DiskMiB = template.DiskMiB(img.Size)
-		}
+	if o.DiskMiB == 0 && imgErr == nil {
+		o.DiskMiB = template.DiskMiB(img.Size)
 	}
 	mounts, err := m.resolveMounts(ctx, c, o.Volumes, o.HostMounts)
 	if err != nil {
