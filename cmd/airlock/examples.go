@@ -90,7 +90,21 @@ var examples = map[string]string{
 	"image": `  airlock image ls
   airlock image pull docker.io/library/python:3.12-slim --name py312
   airlock run --image py312 -- python3 --version`,
-	"image build":  `  airlock image build base`,
+	"image build": `  airlock image build base
+  airlock image build browser                # Chromium for 'airlock browser'`,
+	"browser": `  airlock image build browser
+  id=$(airlock create --image browser)
+  airlock browser cdp $id
+  airlock browser screenshot $id https://example.com -o page.png`,
+	"browser start": `  airlock browser start $id
+  airlock browser start $id --interactive --signed-ttl 30m --json`,
+	"browser status": `  airlock browser status $id`,
+	"browser cdp": `  airlock browser cdp $id                     # prints ws:// and http:// URLs
+  airlock browser cdp $id --listen 127.0.0.1:9222`,
+	"browser view": `  airlock browser view $id                    # open the printed URL
+  airlock browser view $id --interactive`,
+	"browser screenshot": `  airlock browser screenshot $id https://example.com -o page.png
+  airlock browser screenshot $id http://localhost:8000/ -o app.png --full-page`,
 	"image import": `  docker save myimage:latest -o myimage.tar && airlock image import myimage.tar --name myimage`,
 	"image pull":   `  airlock image pull docker.io/library/alpine:3.20 --name alpine`,
 	"image rm":     `  airlock image rm alpine`,
