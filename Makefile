@@ -35,7 +35,7 @@ PROTOC_VERSION := 3.21.12
 # .pb.go / .connect.go a new proto's go_package puts elsewhere.
 GENERATED := internal/agentapi internal/shimapi ':(glob)**/*.pb.go' ':(glob)**/*.connect.go'
 
-.PHONY: help deps build install uninstall dist test-dist setup demo test test-unit test-race test-sdk-unit test-host test-vm bench generate check-generate lint fuzz test-fuzz-short test-security clean
+.PHONY: help deps build install uninstall dist test-dist setup demo test test-unit test-race test-sdk-unit test-host test-vm bench generate check-generate lint fuzz test-fuzz-short test-security test-browser clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -108,7 +108,11 @@ test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-sdk.sh
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-mcp.sh
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-e2b.sh
+	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-browser.sh
 	$(MAKE) test-dist
+
+test-browser: setup ## the browser sandboxes' DevTools endpoint with unmodified Playwright and Puppeteer (builds the browser image if missing)
+	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-browser.sh
 
 test-security: setup ## the adversarial suite: one TestThreatNNN test per threat of THREATS.md that runs here (docs/THREATS-COVERAGE.md), all tiers
 	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \

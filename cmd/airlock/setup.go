@@ -99,7 +99,7 @@ func sandboxRuntime(g *globals, bc statedir.BootConfig) (runtime.Runtime, func(c
 
 func setupCmd(g *globals) *cobra.Command {
 	var agent string
-	var noImage bool
+	var noImage, withBrowser bool
 	cmd := &cobra.Command{
 		Use:   "setup",
 		Short: "Prepare this host: guest kernel, initramfs with the agent, default image",
@@ -140,19 +140,12 @@ func setupCmd(g *globals) *cobra.Command {
 					return err
 				}
 				defer done()
-				switch base, err := images.Get(ctx, "base"); {
-				case err == nil && base.Source == image.BaseSource:
-				case err == nil && strings.HasPrefix(base.Source, "mmdebstrap:"):
-					fmt.Fprintf(os.Stderr, "setup: rebuilding the default image \"base\": its recipe changed (%s -> %s; about 2 minutes; sandboxes on the old one keep it)\n", base.Source, image.BaseSource)
-					if _, err := images.BuildBase(ctx, "base", os.Stderr); err != nil {
-						return fmt.Errorf("build image base: %w", err)
-					}
-				case err == nil:
-					// "base" is the user's own image (imported or pulled): keep it.
-				default:
-					fmt.Fprintln(os.Stderr, "setup: building the default image \"base\" (Debian bookworm + python3 + pip + nodejs; about 2 minutes)")
-					if _, err := images.BuildBase(ctx, "base", os.Stderr); err != nil {
-						return fmt.Errorf("build image base: %w", err)
+				if err := ensureImage(ctx, images, image.BaseRecipe, "Debian bookworm + python3 + pip + nodejs"); err != nil {
+					return err
+				}
+				if withBrowser {
+					if err := ensureImage(ctx, images, image.BrowserRecipe, "Debian's Chromium, Xvfb, noVNC, fonts; 1.4 GiB"); err != nil {
+						return err
 					}
 				}
 			}
@@ -171,7 +164,29 @@ func setupCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&agent, "agent", "", "guest agent binary (default: airlock-agent next to airlock)")
 	cmd.Flags().BoolVar(&noImage, "no-image", false, "do not build the default image")
+	cmd.Flags().BoolVar(&withBrowser, "browser", false, "also build the browser image (for 'airlock browser'; about 2 minutes)")
 	return cmd
+}
+
+// ensureImage builds r's image (named after it) if it is missing, or
+// rebuilds it if an older revision of the recipe built it; an image of
+// that name from elsewhere (imported or pulled) is the user's and is kept.
+func ensureImage(ctx context.Context, images *image.Store, r image.Recipe, what string) error {
+	name := r.Name
+	switch im, err := images.Get(ctx, name); {
+	case err == nil && im.Source == r.Source:
+		return nil
+	case err == nil && strings.HasPrefix(im.Source, "mmdebstrap:"):
+		fmt.Fprintf(os.Stderr, "setup: rebuilding the image %q: its recipe changed (%s -> %s; about 2 minutes; sandboxes on the old one keep it)\n", name, im.Source, r.Source)
+	case err == nil:
+		return nil // the user's own image (imported or pulled)
+	default:
+		fmt.Fprintf(os.Stderr, "setup: building the image %q (%s; about 2 minutes)\n", name, what)
+	}
+	if _, err := images.Build(ctx, name, r, os.Stderr); err != nil {
+		return fmt.Errorf("build image %s: %w", name, err)
+	}
+	return nil
 }
 
 func warnAccel(c runtime.Capabilities) {
