@@ -92,7 +92,8 @@ setup: deps build ## guest kernel, initramfs and the default image into the stat
 demo: setup ## install, build and run a real sandbox
 	$(AIRLOCK) run -- python3 -c 'import platform; print("hello from", platform.node(), "kernel", platform.release(), "-> 6*7 =", 6*7)'
 
-test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -race, host and vm (TCG here), SDKs, MCP and E2B clients
+test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -race, host and vm (TCG here), SDKs, MCP, E2B and browser clients
+	$(AIRLOCK) setup --browser
 	$(MAKE) lint
 	$(MAKE) check-generate
 	$(MAKE) test-race

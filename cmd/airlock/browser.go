@@ -183,7 +183,7 @@ func browserViewCmd(g *globals) *cobra.Command {
 path, until interrupted. Open the printed URL in a web browser.`,
 		Args: cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, c *airlock.Client, args []string) error {
-			b, err := c.StartBrowser(cmd.Context(), args[0], airlock.BrowserOptions{Interactive: interactive})
+			b, err := c.StartBrowser(cmd.Context(), args[0], airlock.BrowserOptions{View: true, Interactive: interactive})
 			if err != nil {
 				return err
 			}

@@ -58,6 +58,8 @@ type BrowserInfo struct {
 }
 
 type browserStartRequest struct {
+	// View waits for the live view too (a plain start leaves it starting).
+	View        bool `json:"view"`
 	Interactive bool `json:"interactive"`
 	// TTLSec is the lifetime of the signed URL (0: DefaultBrowserURLTTL).
 	TTLSec int `json:"ttl_s"`
@@ -88,7 +90,11 @@ func (s *Server) startBrowser(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidf("ttl_s must be between 1 and %d", int(MaxBrowserURLTTL/time.Second)))
 		return
 	}
-	st, err := s.cfg.Browsers.StartBrowser(r.Context(), callerOf(r), sb.ID, req.Interactive)
+	start := s.cfg.Browsers.StartBrowser
+	if req.View || req.Interactive {
+		start = s.cfg.Browsers.StartBrowserView
+	}
+	st, err := start(r.Context(), callerOf(r), sb.ID, req.Interactive)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -12,16 +12,18 @@ import (
 )
 
 // BrowserSource is the browser image's source; its revision changes with
-// the recipe (BrowserPackages, the launcher).
-const BrowserSource = "mmdebstrap:" + baseSuite + "+browser-r1"
+// the recipe (BrowserPackages, the launcher). r2: socat relays DevTools
+// (Python's asyncio took over 30 s to start under TCG).
+const BrowserSource = "mmdebstrap:" + baseSuite + "+browser-r2"
 
 // BrowserPackages make the browser image: Debian's Chromium, a virtual
 // screen (Xvfb) shown over VNC (x11vnc) to noVNC in a web page
-// (websockify), fonts for Latin, CJK and emoji text, and certutil to trust
-// the egress proxy's CA in Chromium's own certificate database.
+// (websockify), fonts for Latin, CJK and emoji text, certutil to trust the
+// egress proxy's CA in Chromium's own certificate database, and socat to
+// relay Chromium's DevTools port (which listens on loopback only).
 var BrowserPackages = []string{
 	"bash", "coreutils", "procps", "ca-certificates", "curl", "python3",
-	"chromium", "xvfb", "x11vnc", "novnc", "python3-websockify", "libnss3-tools",
+	"chromium", "xvfb", "x11vnc", "novnc", "python3-websockify", "libnss3-tools", "socat",
 	"fonts-dejavu-core", "fonts-noto-cjk", "fonts-noto-color-emoji",
 }
 

@@ -2,10 +2,12 @@ package mcp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -31,6 +33,9 @@ type fake struct {
 	resumes []string
 	// snaps are the snapshots by tenant + "/" + name.
 	snaps map[string]store.Snapshot
+	// browserAddr is the DevTools address (host:port) of the browser of
+	// every sandbox of the image "browser": a Chromium the test started.
+	browserAddr string
 }
 
 func newFake() *fake {
@@ -42,11 +47,11 @@ var _ Service = (*fake)(nil)
 func (f *fake) blindCreate(_ context.Context, o sandbox.CreateOptions) (store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if o.Image != "" && o.Image != "base" {
+	if o.Image != "" && o.Image != "base" && o.Image != "browser" {
 		return store.Sandbox{}, fmt.Errorf("%w: unknown image %q", errdefs.ErrNotFound, o.Image)
 	}
 	f.n++
-	sb := store.Sandbox{ID: fmt.Sprintf("sb%014d", f.n), State: store.StateRunning, Image: "base", CPUs: o.CPUs,
+	sb := store.Sandbox{ID: fmt.Sprintf("sb%014d", f.n), State: store.StateRunning, Image: cmp.Or(o.Image, "base"), CPUs: o.CPUs,
 		MemoryMiB: o.MemoryMiB, Tenant: o.Tenant, Env: o.Env, Metadata: o.Metadata, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour),
 		IdlePause: o.IdlePause, Network: o.Network}
 	for _, v := range o.Volumes {
@@ -207,6 +212,39 @@ func (s *fakeStream) Resize(guest.TermSize) error { return nil }
 func (s *fakeStream) Signal(int) error            { return nil }
 func (s *fakeStream) Finish() error               { return nil }
 func (s *fakeStream) Close()                      {}
+
+// browser checks that c's sandbox id has a browser (the image "browser")
+// and returns its address.
+func (f *fake) browser(c sandbox.Caller, id string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	switch {
+	case !ok || !c.Sees(sb):
+		return "", fmt.Errorf("%w: sandbox not found", errdefs.ErrNotFound)
+	case sb.Image != "browser":
+		return "", sandbox.ErrNoBrowser // the manager's answer: the launcher's exec did not start
+	case f.browserAddr == "":
+		return "", fmt.Errorf("%w: the browser did not start", errdefs.ErrUnavailable)
+	}
+	return f.browserAddr, f.resumeLocked(id)
+}
+
+func (f *fake) StartBrowser(_ context.Context, c sandbox.Caller, id string, _ bool) (sandbox.BrowserStatus, error) {
+	if _, err := f.browser(c, id); err != nil {
+		return sandbox.BrowserStatus{}, err
+	}
+	return sandbox.BrowserStatus{Running: true, CDPPort: sandbox.BrowserCDPPort}, nil
+}
+
+func (f *fake) DialBrowser(ctx context.Context, c sandbox.Caller, id string) (net.Conn, error) {
+	addr, err := f.browser(c, id)
+	if err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
+}
 
 func (f *fake) WriteFile(_ context.Context, _ sandbox.Caller, id, p string, _ uint32, r io.Reader) (int64, error) {
 	b, err := io.ReadAll(r)

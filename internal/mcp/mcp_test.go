@@ -79,7 +79,9 @@ func TestToolsList(t *testing.T) {
 			t.Errorf("%s: no description or schema", tl.Name)
 		}
 	}
-	want := []string{"context_create", "context_list", "context_reset", "exec", "file_list", "file_read", "file_write",
+	want := []string{"browser_click", "browser_download", "browser_eval", "browser_navigate", "browser_press", "browser_screenshot",
+		"browser_scroll", "browser_snapshot", "browser_tab_close", "browser_tab_new", "browser_tab_switch", "browser_tabs", "browser_text", "browser_type",
+		"context_create", "context_list", "context_reset", "exec", "file_list", "file_read", "file_write",
 		"run_code", "sandbox_create", "sandbox_fork", "sandbox_kill", "sandbox_list", "sandbox_network_set", "sandbox_pause", "sandbox_resume", "sandbox_secret_remove", "sandbox_secret_set", "sandbox_set_timeout", "sandbox_snapshot"}
 	slices.Sort(names)
 	if !slices.Equal(names, want) {

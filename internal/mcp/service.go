@@ -3,6 +3,7 @@ package mcp
 import (
 	"context"
 	"io"
+	"net"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/guest"
@@ -68,6 +69,16 @@ type Service interface {
 	ReadFile(ctx context.Context, c sandbox.Caller, id, p string, w io.Writer, info func(guest.FileInfo)) (int64, error)
 	// ListFiles lists directory p to depth levels.
 	ListFiles(ctx context.Context, c sandbox.Caller, id, p string, depth uint32) (guest.FileList, error)
+
+	// StartBrowser starts the browser of a sandbox made from the browser
+	// image where it is not running and returns its status
+	// (sandbox.ErrNoBrowser, a failed precondition, for other images).
+	// Idempotent.
+	StartBrowser(ctx context.Context, c sandbox.Caller, id string, interactive bool) (sandbox.BrowserStatus, error)
+	// DialBrowser opens a TCP stream to the DevTools port of the
+	// sandbox's browser, starting the browser first if nothing answers.
+	// The caller closes the stream.
+	DialBrowser(ctx context.Context, c sandbox.Caller, id string) (net.Conn, error)
 
 	Contexts
 }

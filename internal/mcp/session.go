@@ -32,6 +32,12 @@ type session struct {
 	created []string           // sandboxes this session created and has not removed
 	def     string             // the default sandbox of run_code/exec ("" until first use)
 	ended   bool               // the session ended: create nothing more
+	// browserDef is the default sandbox of the browser tools ("" until
+	// first use).
+	browserDef string
+
+	// br is the state of the browser tools (connections, tabs, refs).
+	br browsers
 }
 
 // caller is s's principal for the manager (KeyID and Via set by the handler).
@@ -74,9 +80,10 @@ func (s *session) end() {
 	}
 	s.ended = true
 	ids := slices.Clone(s.created)
-	s.created, s.def = nil, ""
+	s.created, s.def, s.browserDef = nil, "", ""
 	s.mu.Unlock()
 	defer s.h.forget(s)
+	s.br.close()
 	if s.h.cfg.KeepSandboxes {
 		return
 	}
@@ -175,7 +182,11 @@ func (s *session) removed(id string) {
 	if s.def == id {
 		s.def = ""
 	}
+	if s.browserDef == id {
+		s.browserDef = ""
+	}
 	s.mu.Unlock()
+	s.br.drop(id)
 	if i >= 0 {
 		s.srv.RemoveResources(resourceURI(id))
 	}

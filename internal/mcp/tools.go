@@ -29,7 +29,11 @@ sandbox_create takes network "deny" with allow rules, or "none"; sandbox_network
 changes a sandbox's egress policy while it runs. A paused sandbox
 (sandbox_pause, or idle_pause_s) resumes by itself on the next call. sandbox_snapshot
 saves a sandbox to start others from (sandbox_create from_snapshot); sandbox_fork copies
-a live one.`
+a live one. The browser_* tools drive Chromium in a sandbox made from the browser image:
+browser_navigate, then browser_snapshot (the page's accessibility tree, each element with
+a ref such as e12) and browser_click / browser_type by ref, browser_screenshot,
+browser_text, browser_eval, tabs and downloads. Without sandbox_id they use this
+session's browser sandbox, created on first use and separate from run_code's.`
 
 // newServer returns the sdk.Server of session s with every tool.
 func (h *Handler) newServer(s *session) *sdk.Server {
@@ -62,6 +66,7 @@ func (h *Handler) newServer(s *session) *sdk.Server {
 	add(srv, t, "context_create", "Create a code context (a fresh interpreter) in a sandbox for run_code: language python (default), javascript or bash, with an optional id, working directory and environment.", t.contextCreate)
 	add(srv, t, "context_list", "List the code contexts of a sandbox with their language and state (idle, busy, or dead: reset it).", t.contextList)
 	add(srv, t, "context_reset", "Restart a code context: its interpreter is replaced with a fresh one (all its variables are lost); the id stays.", t.contextReset)
+	addBrowserTools(srv, t)
 	return srv
 }
 

@@ -60,17 +60,37 @@ type BrowserStatus struct {
 }
 
 // ErrNoBrowser is the answer for a sandbox whose image has no launcher.
-var ErrNoBrowser = fmt.Errorf("%w: this sandbox has no browser: create it from the browser image "+
-	"(airlock image build browser, then airlock create --image browser)", errdefs.ErrFailedPrecondition)
+var ErrNoBrowser = fmt.Errorf("%w: this sandbox has no browser: create one from the image \"browser\" "+
+	"(which 'airlock setup --browser' builds)", errdefs.ErrFailedPrecondition)
 
 // StartBrowser starts the browser of c's sandbox id where it is not
 // running (the view with keyboard and mouse too if interactive) and
 // returns its status. Idempotent: the launcher serializes starts.
 func (m *Manager) StartBrowser(ctx context.Context, c Caller, id string, interactive bool) (BrowserStatus, error) {
-	argv := []string{image.BrowserLauncher, "start"}
 	if interactive {
-		argv = append(argv, "--interactive")
+		return m.startBrowser(ctx, c, id, "--interactive")
 	}
+	return m.startBrowser(ctx, c, id, "")
+}
+
+// StartBrowserView is StartBrowser that also waits for the live view
+// (view-only, or with keyboard and mouse if interactive), which a plain
+// start leaves starting in the background.
+func (m *Manager) StartBrowserView(ctx context.Context, c Caller, id string, interactive bool) (BrowserStatus, error) {
+	if interactive {
+		return m.startBrowser(ctx, c, id, "--interactive")
+	}
+	return m.startBrowser(ctx, c, id, "--view")
+}
+
+// startBrowser runs the launcher's start with flag ("", --view: wait for
+// the view too, or --interactive).
+func (m *Manager) startBrowser(ctx context.Context, c Caller, id, flag string) (BrowserStatus, error) {
+	argv := []string{image.BrowserLauncher, "start"}
+	if flag != "" {
+		argv = append(argv, flag)
+	}
+	interactive := flag == "--interactive"
 	st, err := m.browserCommand(ctx, c, id, argv)
 	if err != nil {
 		return st, err
@@ -78,7 +98,7 @@ func (m *Manager) StartBrowser(ctx context.Context, c Caller, id string, interac
 	if !st.Running || st.CDPPort == 0 {
 		return st, fmt.Errorf("%w: the browser did not start", errdefs.ErrUnavailable)
 	}
-	m.audit(ctx, c, id, "browser.start", map[string]any{"browser": st.Browser, "sandbox": st.Sandbox, "interactive": interactive})
+	m.audit(ctx, c, id, "browser.start", map[string]any{"browser": st.Browser, "sandbox": st.Sandbox, "view": flag != "", "interactive": interactive})
 	return st, nil
 }
 
@@ -98,6 +118,9 @@ func (m *Manager) browserCommand(ctx context.Context, c Caller, id string, argv 
 		PidsLimit:      1 << 15,
 		MaxOutputBytes: 64 << 10,
 	}, true)
+	if se, ok := guest.AsStartError(err); ok && se.NotFound {
+		return BrowserStatus{}, ErrNoBrowser // no launcher in this image
+	}
 	if err != nil {
 		return BrowserStatus{}, err
 	}
@@ -127,7 +150,7 @@ func (m *Manager) browserCommand(ctx context.Context, c Caller, id string, argv 
 // DialBrowser opens a TCP stream to the DevTools port of c's sandbox's
 // browser, starting the browser first if nothing answers.
 func (m *Manager) DialBrowser(ctx context.Context, c Caller, id string) (net.Conn, error) {
-	return m.dialBrowserPort(ctx, c, id, BrowserCDPPort, false)
+	return m.dialBrowserPort(ctx, c, id, BrowserCDPPort, "")
 }
 
 // DialBrowserView opens a TCP stream to the live view (noVNC and its
@@ -135,12 +158,12 @@ func (m *Manager) DialBrowser(ctx context.Context, c Caller, id string) (net.Con
 // nothing answers.
 func (m *Manager) DialBrowserView(ctx context.Context, c Caller, id string, interactive bool) (net.Conn, error) {
 	if interactive {
-		return m.dialBrowserPort(ctx, c, id, BrowserInteractivePort, true)
+		return m.dialBrowserPort(ctx, c, id, BrowserInteractivePort, "--interactive")
 	}
-	return m.dialBrowserPort(ctx, c, id, BrowserViewPort, false)
+	return m.dialBrowserPort(ctx, c, id, BrowserViewPort, "--view")
 }
 
-func (m *Manager) dialBrowserPort(ctx context.Context, c Caller, id string, port uint16, interactive bool) (net.Conn, error) {
+func (m *Manager) dialBrowserPort(ctx context.Context, c Caller, id string, port uint16, flag string) (net.Conn, error) {
 	conn, err := m.DialPort(ctx, c, id, port)
 	if err == nil {
 		return conn, nil
@@ -148,7 +171,7 @@ func (m *Manager) dialBrowserPort(ctx context.Context, c Caller, id string, port
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		return nil, err
 	}
-	if _, err := m.StartBrowser(ctx, c, id, interactive); err != nil {
+	if _, err := m.startBrowser(ctx, c, id, flag); err != nil {
 		return nil, err
 	}
 	return m.DialPort(ctx, c, id, port)

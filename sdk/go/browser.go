@@ -31,13 +31,13 @@ type Browser struct {
 	// WebSocket through /json/version (Playwright's connectOverCDP).
 	CDPHTTPURL string `json:"cdp_http_url"`
 	// SignedCDPURL carries a short-lived token instead of the key.
-	SignedCDPURL    string    `json:"signed_cdp_url"`
-	SignedExpiresAt time.Time `json:"signed_expires_at"`
+	SignedCDPURL    string    `json:"signed_cdp_url,omitempty"`
+	SignedExpiresAt time.Time `json:"signed_expires_at,omitzero"`
 	// VNCURL is the live view's VNC stream over WebSocket.
-	VNCURL string `json:"vnc_url"`
+	VNCURL string `json:"vnc_url,omitempty"`
 	// ViewURL is noVNC's page of the live view on the sandbox's preview
 	// host ("" if the server has no preview domain).
-	ViewURL string `json:"view_url"`
+	ViewURL string `json:"view_url,omitempty"`
 	// Guest ports (see the launcher in the browser image).
 	CDPPort         int `json:"cdp_port"`
 	ViewPort        int `json:"view_port"`
@@ -46,7 +46,11 @@ type Browser struct {
 
 // BrowserOptions is how StartBrowser starts a browser.
 type BrowserOptions struct {
-	// Interactive also starts the live view with keyboard and mouse.
+	// View waits for the live view too (a plain start leaves it starting
+	// in the background).
+	View bool
+	// Interactive also starts the live view with keyboard and mouse (and
+	// waits for it).
 	Interactive bool
 	// SignedURLTTL is how long SignedCDPURL works (0: the server's
 	// default, 10 minutes; at most an hour).
@@ -58,7 +62,7 @@ func browserPath(id string) string { return "/v1/sandboxes/" + url.PathEscape(id
 // StartBrowser starts sandbox id's Chromium if it is not running (POST
 // /v1/sandboxes/{id}/browser) and says where to reach it.
 func (c *Client) StartBrowser(ctx context.Context, id string, o BrowserOptions) (Browser, error) {
-	in := map[string]any{"interactive": o.Interactive}
+	in := map[string]any{"interactive": o.Interactive, "view": o.View}
 	if o.SignedURLTTL > 0 {
 		in["ttl_s"] = int(o.SignedURLTTL / time.Second)
 	}

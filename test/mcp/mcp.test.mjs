@@ -38,7 +38,9 @@ async function newClient(transport) {
 // checks are the ones that fail without it).
 async function exercise(client) {
   const tools = (await client.listTools()).tools.map((t) => t.name).sort();
-  assert.deepEqual(tools, ["context_create", "context_list", "context_reset", "exec", "file_list", "file_read",
+  assert.deepEqual(tools, ["browser_click", "browser_download", "browser_eval", "browser_navigate", "browser_press",
+    "browser_screenshot", "browser_scroll", "browser_snapshot", "browser_tab_close", "browser_tab_new", "browser_tab_switch",
+    "browser_tabs", "browser_text", "browser_type", "context_create", "context_list", "context_reset", "exec", "file_list", "file_read",
     "file_write", "run_code", "sandbox_create", "sandbox_fork", "sandbox_kill", "sandbox_list", "sandbox_network_set",
     "sandbox_pause", "sandbox_resume", "sandbox_secret_remove", "sandbox_secret_set", "sandbox_set_timeout", "sandbox_snapshot"]);
 
@@ -71,6 +73,11 @@ async function exercise(client) {
   res = await call(client, "sandbox_network_set", { sandbox_id: def, network: "none" });
   assert.ok(res.isError);
   assert.match(text(res), /none/);
+
+  // The session's code sandbox has no browser: the manager says so.
+  res = await call(client, "browser_tabs", { sandbox_id: def });
+  assert.ok(res.isError, text(res));
+  assert.match(text(res), /has no browser/);
 
   res = await ok(client, "sandbox_list");
   assert.ok(text(res).includes(sb.id) && text(res).includes(def));
@@ -151,6 +158,76 @@ test("stdio: every tool, and the session's sandboxes go with it", TIMEOUT, async
   // The server removes the session's sandboxes after stdin closes.
   for (let i = 0; i < 600 && ids.some(sandboxExists); i++) await new Promise((r) => setTimeout(r, 100));
   for (const id of ids) assert.ok(!sandboxExists(id), `sandbox ${id} outlived its session`);
+});
+
+// The browser tools against Chromium in a sandbox of the browser image
+// (built in the state dir: airlock image build browser), on gVisor
+// (Chromium under QEMU without KVM is far too slow): a form served inside
+// the sandbox is filled in by ref and sent.
+const FORM = `<!doctype html><title>MCP form</title>
+<h1>Sign up</h1>
+<form id="f"><label>Name <input id="name"></label> <button type="submit">Send</button></form>
+<p id="out">waiting</p>
+<script>
+document.getElementById("f").addEventListener("submit", (e) => {
+  e.preventDefault();
+  document.getElementById("out").textContent = "Hello, " + document.getElementById("name").value + "!";
+});
+</script>`;
+
+test("stdio: browser tools (navigate, snapshot, type, click, screenshot) on gVisor", TIMEOUT, async () => {
+  const transport = new StdioClientTransport({
+    command: BIN, args: ["--state-dir", STATE, "mcp"], env: { ...process.env, AIRLOCK_RUNTIME: "gvisor" }, stderr: "inherit",
+  });
+  const client = await newClient(transport);
+  let id;
+  try {
+    let res = await ok(client, "sandbox_create", { image: "browser", timeout_s: 900 });
+    id = JSON.parse(text(res)).id;
+    await ok(client, "file_write", { sandbox_id: id, path: "/srv/form.html", content: FORM });
+    // The server runs on after the exec; the exec returns once it answers.
+    await ok(client, "exec", {
+      sandbox_id: id, cmd: ["bash", "-c", "cd /srv && setsid python3 -m http.server 8000 --directory /srv >/dev/null 2>&1 </dev/null & " +
+        "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1"],
+    });
+
+    res = await ok(client, "browser_navigate", { sandbox_id: id, url: "http://localhost:8000/form.html" });
+    assert.match(text(res), /HTTP 200/);
+    assert.match(text(res), /title: MCP form/);
+    assert.match(text(res), new RegExp(`sandbox_id: ${id}`));
+
+    res = await ok(client, "browser_snapshot", { sandbox_id: id });
+    const snap = text(res);
+    const ref = (re) => { const m = snap.match(re); assert.ok(m, `no ${re} in the snapshot:\n${snap}`); return m[1]; };
+    const box = ref(/\[(e\d+)\] textbox "Name"/);
+    const send = ref(/\[(e\d+)\] button "Send"/);
+    assert.match(snap, /heading "Sign up" \[level=1\]/);
+
+    await ok(client, "browser_type", { sandbox_id: id, ref: box, text: "Ada" });
+    await ok(client, "browser_click", { sandbox_id: id, ref: send });
+    res = await ok(client, "browser_text", { sandbox_id: id });
+    assert.match(text(res), /Hello, Ada!/);
+    res = await ok(client, "browser_eval", { sandbox_id: id, expression: "document.getElementById('out').textContent" });
+    assert.match(text(res), /^"Hello, Ada!"/);
+    res = await call(client, "browser_click", { sandbox_id: id, ref: "e999999" });
+    assert.ok(res.isError);
+    assert.match(text(res), /take a new browser_snapshot/);
+
+    res = await ok(client, "browser_screenshot", { sandbox_id: id });
+    const img = res.content.find((c) => c.type === "image");
+    assert.ok(img, `no image in ${JSON.stringify(res.content.map((c) => c.type))}`);
+    assert.equal(img.mimeType, "image/png");
+    const png = Buffer.from(img.data, "base64");
+    assert.ok(png.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])), "not a PNG");
+    assert.ok(png.length > 5000, `a ${png.length}-byte screenshot`);
+
+    await ok(client, "sandbox_kill", { sandbox_id: id });
+    assert.ok(!sandboxExists(id));
+    id = undefined;
+  } finally {
+    if (id) try { airlock("rm", id); } catch {}
+    await client.close();
+  }
 });
 
 let serve, base, keyA, keyB;

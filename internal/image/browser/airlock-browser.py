@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """airlock-browser: Chromium for airlock, in the browser image.
 
-    airlock-browser start [--interactive]  start what is not running (the screen,
+    airlock-browser start [--view|--interactive]
+                                           start what is not running (the screen,
                                            Chromium, the CDP relay, the live view);
                                            print the status when Chromium answers
+                                           (and the view, with --view; the view with
+                                           keyboard and mouse too, with --interactive)
     airlock-browser status                 print the status; exit 3 if Chromium is down
     airlock-browser stop                   stop all of it
     airlock-browser trust                  trust the egress proxy's CA in Chromium
@@ -12,14 +15,14 @@ The status is one JSON line: {"running", "cdp_port", "view_port",
 "interactive_port", "browser", "protocol", "sandbox", "pid"}.
 
 Run as root (the host runs it through an exec); everything it starts runs
-as the user "browser". Chromium listens on 127.0.0.1:9223 only; the relay
-serves it on port 9222 of every address so that the host can reach it
-through the sandbox's network, and nothing else inside the sandbox needs
-the relay. The view: x11vnc on loopback (5900 view-only, 5901 interactive)
-behind websockify with noVNC (6080, 6081).
+as the user "browser". Chromium listens on 127.0.0.1:9223 only; a relay
+(socat) serves it on port 9222 of the guest's IPv4 addresses so that the
+host can reach it through the sandbox's network. The view: x11vnc on
+loopback (5900 view-only, 5901 interactive) behind websockify with noVNC
+(6080, 6081). Under QEMU without KVM every start is slow, so the script
+imports little and waits long.
 """
 
-import asyncio
 import fcntl
 import json
 import os
@@ -29,7 +32,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 RUN = "/run/airlock-browser"
 USER = "browser"
@@ -54,6 +56,7 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--disable-breakpad",
     "--disable-dev-shm-usage",
+    "--disable-gpu",
     "--disable-features=Translate,MediaRouter,OptimizationHints,DialMediaRouteProvider",
     "--metrics-recording-only",
     "--window-position=0,0",
@@ -120,16 +123,36 @@ def wait_for(check, timeout, what, proc=None):
 
 def port_open(port):
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
             return True
     except OSError:
         return False
 
 
 def cdp_version():
+    """Chromium's /json/version, or None. A plain HTTP/1.1 GET (urllib
+    costs seconds to import under TCG; Chromium refuses HTTP/1.0), read
+    until the Content-Length (Chromium may keep the connection open)."""
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/json/version" % CDP_INTERNAL, timeout=2) as r:
-            return json.load(r)
+        with socket.create_connection(("127.0.0.1", CDP_INTERNAL), timeout=15) as s:
+            s.sendall(b"GET /json/version HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            data, want = b"", None
+            while len(data) < 1 << 20:
+                if want is None and b"\r\n\r\n" in data:
+                    head = data.split(b"\r\n\r\n", 1)[0]
+                    want = len(head) + 4 + int(dict(
+                        (k.strip().lower(), v.strip()) for k, _, v in
+                        (line.partition(b":") for line in head.split(b"\r\n")[1:])).get(b"content-length", b"-1"))
+                if want is not None and want >= 0 and len(data) >= want:
+                    break
+                b = s.recv(65536)
+                if not b:
+                    break
+                data += b
+        head, _, body = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            return None
+        return json.loads(body)
     except (OSError, ValueError):
         return None
 
@@ -150,7 +173,7 @@ def start_screen():
     os.makedirs("/tmp/.X11-unix", exist_ok=True)
     os.chmod("/tmp/.X11-unix", 0o1777)
     p = spawn("xvfb", ["Xvfb", DISPLAY, "-screen", "0", SCREEN, "-nolisten", "tcp", "-ac"])
-    if not wait_for(lambda: os.path.exists("/tmp/.X11-unix/X99"), 30, "the screen (Xvfb)", p):
+    if not wait_for(lambda: os.path.exists("/tmp/.X11-unix/X99"), START_TIMEOUT, "the screen (Xvfb)", p):
         raise SystemExit("airlock-browser: Xvfb exited: " + tail("xvfb"))
 
 
@@ -183,18 +206,26 @@ def sandbox_state():
 
 
 def start_chromium():
-    if alive("chromium") and cdp_version():
-        return
+    """Start Chromium unless it answers; returns its /json/version."""
+    v = cdp_version() if alive("chromium") else None
+    if v:
+        return v
     trust_ca()
     for sandboxed in (True, False):
         flags = list(CHROMIUM_FLAGS)
         if not sandboxed:
             flags.insert(0, "--no-sandbox")
         p = spawn("chromium", ["/usr/bin/chromium"] + flags, {"CHROMIUM_FLAGS": ""})
-        if wait_for(lambda: cdp_version() is not None, START_TIMEOUT, "Chromium", p):
+        got = {}
+
+        def answers():
+            got["v"] = cdp_version()
+            return got["v"] is not None
+
+        if wait_for(answers, START_TIMEOUT, "Chromium", p):
             with open(os.path.join(RUN, "sandbox"), "w") as f:
                 f.write("on" if sandboxed else "off")
-            return
+            return got["v"]
         if sandboxed:
             log("Chromium exited with its sandbox on (this kernel does not allow it?); "
                 "starting it without: " + tail("chromium", 600))
@@ -204,12 +235,14 @@ def start_chromium():
 def start_relay():
     if alive("relay") and port_open(CDP_PORT):
         return
-    p = spawn("relay", [sys.executable, os.path.abspath(__file__), "relay"])
-    if not wait_for(lambda: port_open(CDP_PORT), 30, "the CDP relay", p):
+    p = spawn("relay", ["socat", "TCP4-LISTEN:%d,fork,reuseaddr" % CDP_PORT, "TCP4:127.0.0.1:%d" % CDP_INTERNAL])
+    if not wait_for(lambda: port_open(CDP_PORT), START_TIMEOUT, "the CDP relay", p):
         raise SystemExit("airlock-browser: the relay exited: " + tail("relay"))
 
 
-def start_view(interactive):
+def start_view(interactive, wait):
+    """Start the live view (x11vnc and websockify with noVNC); wait for it
+    only if wait (Chromium's DevTools do not wait for the view)."""
     vnc, web, name = (VNC_INTERACTIVE, INTERACTIVE_PORT, "-interactive") if interactive else (VNC_VIEW, VIEW_PORT, "")
     if not (alive("x11vnc" + name) and port_open(vnc)):
         argv = ["x11vnc", "-display", DISPLAY, "-rfbport", str(vnc), "-localhost", "-shared", "-forever",
@@ -217,16 +250,19 @@ def start_view(interactive):
         if not interactive:
             argv.append("-viewonly")
         p = spawn("x11vnc" + name, argv)
-        if not wait_for(lambda: port_open(vnc), 30, "x11vnc", p):
+        if wait and not wait_for(lambda: port_open(vnc), START_TIMEOUT, "x11vnc", p):
             raise SystemExit("airlock-browser: x11vnc exited: " + tail("x11vnc" + name))
     if not (alive("websockify" + name) and port_open(web)):
         p = spawn("websockify" + name, ["websockify", "--web", "/usr/share/novnc", "0.0.0.0:%d" % web, "127.0.0.1:%d" % vnc])
-        if not wait_for(lambda: port_open(web), 30, "websockify", p):
+        if wait and not wait_for(lambda: port_open(web), START_TIMEOUT, "websockify", p):
             raise SystemExit("airlock-browser: websockify exited: " + tail("websockify" + name))
 
 
-def status():
-    v = cdp_version()
+def status(v=None):
+    """The status; v is Chromium's /json/version if the caller has it (a
+    busy Chromium under TCG can take long to answer again)."""
+    if v is None:
+        v = cdp_version()
     running = v is not None and alive("chromium") != 0
     return {
         "running": running,
@@ -254,44 +290,9 @@ def stop():
             pass
 
 
-async def pipe(r, w):
-    try:
-        while True:
-            b = await r.read(65536)
-            if not b:
-                break
-            w.write(b)
-            await w.drain()
-    except (OSError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        try:
-            w.close()
-        except OSError:
-            pass
-
-
-async def relay_conn(r, w):
-    try:
-        ur, uw = await asyncio.open_connection("127.0.0.1", CDP_INTERNAL)
-    except OSError:
-        w.close()
-        return
-    await asyncio.gather(pipe(r, uw), pipe(ur, w))
-
-
-async def relay():
-    srv = await asyncio.start_server(relay_conn, host=None, port=CDP_PORT, reuse_address=True)
-    async with srv:
-        await srv.serve_forever()
-
-
 def main():
     args = sys.argv[1:]
     cmd = args[0] if args else "status"
-    if cmd == "relay":
-        asyncio.run(relay())
-        return
     if os.geteuid() != 0:
         raise SystemExit("airlock-browser: run me as root (I start the browser as the user %r)" % USER)
     os.makedirs(RUN, mode=0o755, exist_ok=True)
@@ -303,12 +304,13 @@ def main():
         fcntl.flock(lock, fcntl.LOCK_EX)
         if cmd == "start":
             start_screen()
-            start_chromium()
+            v = start_chromium()
             start_relay()
-            start_view(False)
-            if "--interactive" in args:
-                start_view(True)
-            print(json.dumps(status()), flush=True)
+            interactive = "--interactive" in args
+            start_view(False, interactive or "--view" in args)
+            if interactive:
+                start_view(True, True)
+            print(json.dumps(status(v)), flush=True)
         elif cmd == "status":
             st = status()
             print(json.dumps(st), flush=True)

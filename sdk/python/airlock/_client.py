@@ -343,6 +343,27 @@ class Client:
         (which ends them), with commands or code running."""
         return self._json("POST", _sb(sandbox_id, "snapshot"), {"name": name, "force": bool(force)}, ok=(201, 200))
 
+    def start_browser(self, sandbox_id: str, interactive: bool = False, signed_ttl_s: int = 0, view: bool = False) -> dict:
+        """Start the Chromium of sandbox ``sandbox_id`` (made from the browser
+        image, ``airlock image build browser``) if it is not running, and say
+        where to reach it: ``cdp_url`` (the DevTools WebSocket; send the key
+        as ``Authorization: Bearer``), ``cdp_http_url`` (for Playwright's
+        ``connect_over_cdp``), ``signed_cdp_url`` (a token instead of the
+        key, until ``signed_expires_at``; ``signed_ttl_s`` up to 3600),
+        ``vnc_url`` and, with a preview domain, ``view_url`` (the live view).
+        With ``view`` the answer waits for the live view too; with
+        ``interactive`` the live view takes keyboard and mouse. Raises
+        FailedPrecondition when the sandbox's image has no browser."""
+        body = {"interactive": bool(interactive), "view": bool(view)}
+        if signed_ttl_s:
+            body["ttl_s"] = int(signed_ttl_s)
+        return self._json("POST", _sb(sandbox_id, "browser"), body)
+
+    def browser_status(self, sandbox_id: str) -> dict:
+        """The sandbox's Chromium: ``running`` and, while it runs, its URLs
+        (never a signed one). Starts nothing."""
+        return self._json("GET", _sb(sandbox_id, "browser"))
+
     def list_snapshots(self) -> list[dict]:
         """Your tenant's snapshots."""
         return self._json("GET", "/v1/snapshots").get("snapshots") or []
@@ -743,6 +764,14 @@ class Sandbox:
     def snapshot(self, name: str, force: bool = False) -> dict:
         """Save this sandbox as snapshot ``name`` (see Client.snapshot); it keeps running."""
         return self._client.snapshot(self.id, name, force)
+
+    def start_browser(self, interactive: bool = False, signed_ttl_s: int = 0) -> dict:
+        """Start this sandbox's Chromium (see Client.start_browser)."""
+        return self._client.start_browser(self.id, interactive, signed_ttl_s)
+
+    def browser_status(self) -> dict:
+        """This sandbox's Chromium (see Client.browser_status)."""
+        return self._client.browser_status(self.id)
 
     def fork(self, count: int = 1, force: bool = False, secrets: bool = False) -> list["Sandbox"]:
         """``count`` running copies of this sandbox (see Client.fork)."""

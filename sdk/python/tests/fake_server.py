@@ -233,6 +233,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ("DELETE", r"/v1/secrets/(\w+)", self.delete_vault),
             ("POST", r"/v1/sandboxes/(\w+)/snapshot", self.snapshot),
             ("POST", r"/v1/sandboxes/(\w+)/fork", self.fork),
+            ("POST", r"/v1/sandboxes/(\w+)/browser", self.start_browser),
+            ("GET", r"/v1/sandboxes/(\w+)/browser", self.browser_status),
             ("GET", r"/v1/snapshots", self.list_snapshots),
             ("POST", r"/v1/snapshots/prune", self.prune_snapshots),
             ("GET", r"/v1/snapshots/([\w.-]+)", self.get_snapshot),
@@ -690,6 +692,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 out.append({k: v for k, v in sb.items() if not k.startswith("_")})
             st.event(sid, "sandbox.fork", {"count": count})
         self._send(201, {"sandboxes": out})
+
+    def start_browser(self, q, sid):
+        body = self._json_body() or {}
+        with self.state.lock:
+            sb = self.state.sandboxes[sid]
+            if sb.get("image") != "browser":
+                return self._fail(412, "failed_precondition", "this sandbox has no browser")
+            sb["_browser"] = True
+        base = f"ws://{self.headers['Host']}/v1/sandboxes/{sid}/browser/cdp"
+        out = {"running": True, "browser": "Chrome/156.0.0.0", "sandbox": True, "cdp_url": base,
+               "cdp_http_url": base.replace("ws://", "http://"), "vnc_url": base[:-4] + "/vnc"}
+        if body.get("interactive"):
+            out["vnc_url"] += "?interactive=1"
+        ttl = body.get("ttl_s", 600)
+        if not 0 < ttl <= 3600:
+            return self._fail(400, "invalid", "ttl_s must be between 1 and 3600")
+        out["signed_cdp_url"] = base + "?token=t" + str(ttl)
+        self._send(200, out)
+
+    def browser_status(self, q, sid):
+        with self.state.lock:
+            running = bool(self.state.sandboxes[sid].get("_browser"))
+        self._send(200, {"running": running})
 
     # -- exec ------------------------------------------------------------------
 

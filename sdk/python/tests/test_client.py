@@ -169,6 +169,23 @@ class SandboxTests(FakeTestCase):
         with self.assertRaises(airlock.NotFound):
             c.fork("sbnope", 1)
 
+    def test_browser(self):
+        c = self.client
+        plain = c.create()
+        with self.assertRaises(airlock.FailedPrecondition):
+            plain.start_browser()
+        sb = c.create(image="browser")
+        self.assertFalse(sb.browser_status()["running"])
+        b = sb.start_browser(interactive=True, signed_ttl_s=120)
+        self.assertEqual(self.fake.last()["path"], f"/v1/sandboxes/{sb.id}/browser")
+        self.assertTrue(b["running"])
+        self.assertTrue(b["cdp_url"].endswith(f"/v1/sandboxes/{sb.id}/browser/cdp"))
+        self.assertTrue(b["signed_cdp_url"].endswith("?token=t120"))
+        self.assertTrue(b["vnc_url"].endswith("?interactive=1"))
+        self.assertTrue(c.browser_status(sb.id)["running"])
+        with self.assertRaises(airlock.InvalidRequest):
+            c.start_browser(sb.id, signed_ttl_s=7200)
+
     def test_context_manager_kills(self):
         with self.client.create() as sb:
             sid = sb.id

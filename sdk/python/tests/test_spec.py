@@ -395,6 +395,8 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Client.delete_snapshot", c.delete_snapshot, "snap")
         call("Client.prune_snapshots", c.prune_snapshots)
         call("Client.fork", c.fork, sid, count=2, force=True)
+        call("Client.start_browser", c.start_browser, sid, interactive=True, signed_ttl_s=60)
+        call("Client.browser_status", c.browser_status, sid)
         call("Client.events", c.events, sandbox=sid, type="net", since=1, limit=10)
         call("Client.healthz", c.healthz)
         call("Client.server", c.server)
@@ -416,6 +418,8 @@ class SDKMatchesSpec(unittest.TestCase):
         call("Sandbox.logs", sb.logs, tail_bytes=100)
         call("Sandbox.snapshot", sb.snapshot, "snap2", force=True)
         call("Sandbox.fork", sb.fork, count=1)
+        call("Sandbox.start_browser", sb.start_browser)
+        call("Sandbox.browser_status", sb.browser_status)
         call("Sandbox.exec", sb.exec, ["sh", "-c", "true"], env={"A": "1"}, cwd="/", user="root", stdin=b"in",
              timeout_s=5, kill_on_disconnect=True, pids_limit=64)
         call("Sandbox.start", sb.start, ["sleep", "1"], env={"A": "1"}, stdin_open=True, timeout_s=5, pids_limit=64)

@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/target"
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/remote"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
+)
+
+// browserStatus is `airlock browser start --json`'s answer (the parts the
+// tests read).
+type browserStatus struct {
+	Running bool   `json:"running"`
+	Browser string `json:"browser"`
+	Sandbox bool   `json:"sandbox"`
+}
+
+// startBrowser starts sandbox id's Chromium through the CLI and logs how
+// long it took.
+func startBrowser(t *testing.T, e env, id string) browserStatus {
+	t.Helper()
+	start := time.Now()
+	var st browserStatus
+	if err := json.Unmarshal([]byte(e.must(t, "browser", "start", id, "--json")), &st); err != nil || !st.Running {
+		t.Fatalf("browser start: %+v %v", st, err)
+	}
+	t.Logf("%s started in %s on %s (its own sandbox: %v)", st.Browser, time.Since(start).Round(time.Millisecond), runtimeName(), st.Sandbox)
+	return st
+}
+
+// cdpContext serves sandbox id's DevTools endpoint with `airlock browser
+// cdp` and returns a chromedp allocator context attached to it (chromedp's
+// remote allocator, as any client would connect).
+func cdpContext(t *testing.T, e env, id string) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := e.cmd(ctx, nil, "browser", "cdp", id)
+	c.Cancel = func() error { return c.Process.Signal(os.Interrupt) }
+	c.WaitDelay = 10 * time.Second
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = c.Wait() })
+	ws, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(ws, "ws://127.0.0.1:") {
+		t.Fatalf("airlock browser cdp printed %q (%v)", ws, err)
+	}
+	actx, acancel := remote.NewAllocator(context.Background(), strings.TrimSpace(ws), remote.NoModifyURL)
+	t.Cleanup(acancel)
+	return actx
+}
+
+// tab opens a new tab of the browser behind actx (or attaches to tid).
+func tab(t *testing.T, actx context.Context, opts ...chromedp.ContextOption) context.Context {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(actx, opts...)
+	t.Cleanup(cancel)
+	ctx, tcancel := context.WithTimeout(ctx, 5*time.Minute)
+	t.Cleanup(tcancel)
+	return ctx
+}
+
+func bodyText(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(s)
+}
+
+// TestBrowser drives the Chromium of a browser sandbox with a deny-mode
+// egress policy and a secret: an allowed name loads, the secret's host is
+// reached over TLS through the interception proxy (its CA trusted by
+// Chromium's own NSS database) and gets the real value for the
+// placeholder, while a name not allowed, the gateway and the host's
+// addresses load nothing (the host's listener records no connection).
+func TestBrowser(t *testing.T) {
+	e := setup(t)
+	var aHits atomic.Int32
+	a := httpListen(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		aHits.Add(1)
+		fmt.Fprint(w, "<!doctype html><title>a</title>hello from a.test")
+	}))
+	host := listenCount(t, "0.0.0.0:0")
+
+	value := "sk-browser-REAL-" + rand.Text()
+	caPEM, cert := testCA(t, "api.test")
+	caFile := filepath.Join(t.TempDir(), "upstream-ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	tl, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		mu.Unlock()
+		fmt.Fprintf(w, "<!doctype html><title>api</title>echo:%s", r.Header.Get("Authorization"))
+	})}
+	go func() { _ = api.Serve(tl) }()
+	t.Cleanup(func() { api.Close() })
+	apiPort := strconv.Itoa(tl.Addr().(*net.TCPAddr).Port)
+
+	dns := testutil.StartDNS(t, map[string][]string{"a.test": {pubA}, "api.test": {pubC}, "b.test": {pubB}})
+	extra := []string{
+		"AIRLOCK_TEST_DIAL_MAP=" + pubA + "=127.0.0.1," + pubB + "=127.0.0.1," + pubC + "=127.0.0.1",
+		"AIRLOCK_DNS=" + dns.Addr, "AIRLOCK_UPSTREAM_CA_FILE=" + caFile, "API_KEY=" + value,
+	}
+	r := e.runWith(t, extra, nil, "create", "--image", "browser", "--timeout", "30m",
+		"--net", "deny", "--allow", "a.test", "--allow", "api.test", "--secret", "API_KEY@api.test")
+	if r.code != 0 {
+		t.Fatalf("create: %s", r.stderr)
+	}
+	id := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { e.run(t, nil, "rm", id) })
+	if !strings.Contains(e.must(t, "inspect", id), "2048") {
+		t.Errorf("a browser sandbox without --memory should get 2048 MiB:\n%s", e.must(t, "inspect", id))
+	}
+	startBrowser(t, e, id)
+	ctx := tab(t, cdpContext(t, e, id))
+
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://a.test:"+strconv.Itoa(a.port)+"/")); err != nil {
+		t.Fatalf("the allowed name: %v", err)
+	}
+	if got := bodyText(t, ctx); got != "hello from a.test" || aHits.Load() == 0 {
+		t.Fatalf("a.test: page %q, %d requests", got, aHits.Load())
+	}
+
+	// The secret's host over TLS: the page loads only if Chromium trusts
+	// the interception CA, and its fetch with the placeholder reaches the
+	// host with the real value.
+	if err := chromedp.Do(ctx, chromedp.Navigate("https://api.test:"+apiPort+"/")); err != nil {
+		t.Fatalf("the secret's host over TLS (is the egress CA in Chromium's NSS database?): %v", err)
+	}
+	ph := strings.TrimSpace(e.must(t, "exec", id, "--", "sh", "-c", `printf %s "$API_KEY"`))
+	if !strings.HasPrefix(ph, "airlock-secret-") {
+		t.Fatalf("guest API_KEY = %q, want a placeholder", ph)
+	}
+	echo, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`fetch("/v1/models", {headers: {Authorization: "Bearer ` + ph + `"}}).then((r) => r.text())`,
+		chromedp.EvalAsValue, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got := append([]string(nil), seen...)
+	mu.Unlock()
+	if !strings.Contains(echo, "echo:Bearer "+ph) || strings.Contains(echo, value) {
+		t.Errorf("the page saw %q, want the placeholder reflected", echo)
+	}
+	if len(got) == 0 || got[len(got)-1] != "Bearer "+value {
+		t.Errorf("api.test saw Authorization %q, want the real value last", got)
+	}
+
+	// What the policy refuses loads nothing.
+	denied := []string{
+		"http://b.test:" + strconv.Itoa(a.port) + "/",
+		"http://10.0.2.2:" + strconv.Itoa(host.port) + "/",
+		"http://169.254.169.254/",
+	}
+	for _, ip := range hostIPv4s(t) {
+		denied = append(denied, "http://"+ip+":"+strconv.Itoa(host.port)+"/")
+	}
+	for _, u := range denied {
+		nctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := chromedp.Do(nctx, chromedp.Navigate(u))
+		cancel()
+		if err == nil && !strings.Contains(bodyText(t, ctx), "ERR_") {
+			t.Errorf("%s loaded: %q", u, bodyText(t, ctx))
+		}
+	}
+	if n, _ := host.stats(); n != 0 {
+		t.Errorf("the host's listener saw %d connections from the browser", n)
+	}
+	evs := events(t, e, id)
+	if !hasEvent(evs, "net.deny", "") || !hasEvent(evs, "net.allow", "allow[0]") || !hasEvent(evs, "browser.start", "") {
+		t.Errorf("audit trail lacks net.deny, net.allow or browser.start:\n%s", dumpEvents(evs))
+	}
+}
+
+// TestBrowserFork forks a browser sandbox whose page holds state: each copy
+// has a browser with that state, and they diverge (QEMU only: gVisor
+// sandboxes do not fork yet).
+func TestBrowserFork(t *testing.T) {
+	e := setup(t)
+	if onGVisor() {
+		t.Fatal("forks need pause, which gVisor sandboxes do not do yet (GVISOR_SKIP)")
+	}
+	id := e.create(t, "--image", "browser", "--timeout", "30m")
+	e.must(t, "exec", id, "--", "bash", "-c", `mkdir -p /srv && echo '<!doctype html><title>state</title>app' > /srv/index.html && (nohup python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv >/dev/null 2>&1 &)`)
+	startBrowser(t, e, id)
+	ctx := tab(t, cdpContext(t, e, id))
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://localhost:8000/")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`localStorage.setItem("k", "before-fork"), window.inMemory = 41, true`)); err != nil {
+		t.Fatal(err)
+	}
+
+	fid := strings.TrimSpace(e.must(t, "fork", id))
+	t.Cleanup(func() { e.run(t, nil, "rm", fid) })
+	// In the copy: the same tab, with its storage and its page's memory.
+	fctx := cdpContext(t, e, fid)
+	tabs, err := chromedp.Targets(tab(t, fctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tid target.ID
+	for _, ti := range tabs {
+		if ti.Type == "page" && strings.HasPrefix(ti.URL, "http://localhost:8000/") {
+			tid = ti.TargetID
+		}
+	}
+	if tid == "" {
+		t.Fatalf("the fork's browser has no tab of the page: %+v", tabs)
+	}
+	cctx := tab(t, fctx, chromedp.WithTargetID(tid))
+	got, err := chromedp.Run(cctx, chromedp.Evaluate[string](`localStorage.getItem("k") + ":" + (window.inMemory + 1) + ":" + (localStorage.setItem("k", "fork"), "set")`))
+	if err != nil || got != "before-fork:42:set" {
+		t.Fatalf("the fork's page: %q %v", got, err)
+	}
+	// The source keeps its own.
+	got, err = chromedp.Run(ctx, chromedp.Evaluate[string](`localStorage.getItem("k")`))
+	if err != nil || got != "before-fork" {
+		t.Errorf("the source's storage after the fork wrote its own: %q %v", got, err)
+	}
+}
+
+// httpListener is an HTTP server on a loopback port.
+type httpListener struct{ port int }
+
+func httpListen(t *testing.T, addr string, h http.Handler) httpListener {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	return httpListener{port: ln.Addr().(*net.TCPAddr).Port}
+}
