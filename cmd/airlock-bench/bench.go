@@ -44,7 +44,7 @@ type benchOptions struct {
 }
 
 // benchGroups are the row groups --only selects from.
-var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "api", "e2b"}
+var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b"}
 
 // want reports whether row group g is measured.
 func (o benchOptions) want(g string) bool {
@@ -236,6 +236,17 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 			return fmt.Errorf("volume bench: %w", err)
 		}
 		for _, r := range vr {
+			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+
+	if o.want("browser") {
+		fmt.Fprintln(os.Stderr, "bench: browser rows (host Chromium, browser sandboxes)")
+		br, err := browserBench(ctx, c, m.L, caps.Accel)
+		if err != nil {
+			return fmt.Errorf("browser bench: %w", err)
+		}
+		for _, r := range br {
 			rows = append(rows, row{r[0], r[1], r[2]})
 		}
 	}

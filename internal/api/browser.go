@@ -10,13 +10,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/browser"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // BrowserTokenParam is the query parameter of a signed browser URL: a
@@ -65,16 +65,26 @@ type browserStartRequest struct {
 	TTLSec int `json:"ttl_s"`
 }
 
-// startBrowser serves POST /v1/sandboxes/{id}/browser: start the
-// sandbox's Chromium if it is not running and say where to reach it.
-func (s *Server) startBrowser(w http.ResponseWriter, r *http.Request) {
+// browserSandbox is the sandbox of a browser route, or false once r is
+// answered (no such sandbox for the caller, or no browsers here).
+func (s *Server) browserSandbox(w http.ResponseWriter, r *http.Request) (store.Sandbox, bool) {
 	sb, err := s.sandbox(r)
 	if err != nil {
 		s.fail(w, r, err)
-		return
+		return sb, false
 	}
 	if s.cfg.Browsers == nil {
 		s.fail(w, r, errNoBrowsers)
+		return sb, false
+	}
+	return sb, true
+}
+
+// startBrowser serves POST /v1/sandboxes/{id}/browser: start the
+// sandbox's Chromium if it is not running and say where to reach it.
+func (s *Server) startBrowser(w http.ResponseWriter, r *http.Request) {
+	sb, ok := s.browserSandbox(w, r)
+	if !ok {
 		return
 	}
 	var req browserStartRequest
@@ -105,13 +115,8 @@ func (s *Server) startBrowser(w http.ResponseWriter, r *http.Request) {
 // getBrowser serves GET /v1/sandboxes/{id}/browser: the status, starting
 // nothing.
 func (s *Server) getBrowser(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.sandbox(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if s.cfg.Browsers == nil {
-		s.fail(w, r, errNoBrowsers)
+	sb, ok := s.browserSandbox(w, r)
+	if !ok {
 		return
 	}
 	st, err := s.cfg.Browsers.BrowserStatus(r.Context(), callerOf(r), sb.ID)
@@ -211,13 +216,8 @@ func browserTokenRoute(pattern string) bool {
 // browserCDP serves GET /v1/sandboxes/{id}/browser/cdp and what is under
 // it: Chromium's DevTools (browser.Proxy), started on first use.
 func (s *Server) browserCDP(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.sandbox(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if s.cfg.Browsers == nil {
-		s.fail(w, r, errNoBrowsers)
+	sb, ok := s.browserSandbox(w, r)
+	if !ok {
 		return
 	}
 	c := callerOf(r)
@@ -243,13 +243,8 @@ func (s *Server) browserCDP(w http.ResponseWriter, r *http.Request) {
 // ?interactive=1. Only the stream: noVNC's page is the guest's and is not
 // served from the API's origin (see BrowserInfo.ViewURL).
 func (s *Server) browserVNC(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.sandbox(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if s.cfg.Browsers == nil {
-		s.fail(w, r, errNoBrowsers)
+	sb, ok := s.browserSandbox(w, r)
+	if !ok {
 		return
 	}
 	if !isUpgrade(r) {
@@ -259,28 +254,10 @@ func (s *Server) browserVNC(w http.ResponseWriter, r *http.Request) {
 	c := callerOf(r)
 	c.Peer = remoteIP(r)
 	interactive := r.URL.Query().Get("interactive") == "1"
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			out := pr.Out
-			out.URL = &url.URL{Scheme: "http", Host: "127.0.0.1", Path: "/websockify"}
-			out.Host = "127.0.0.1"
-			keep := http.Header{}
-			for _, h := range []string{"Upgrade", "Connection", "Sec-Websocket-Key", "Sec-Websocket-Version", "Sec-Websocket-Protocol"} {
-				if v, ok := out.Header[h]; ok {
-					keep[h] = v
-				}
-			}
-			out.Header = keep
-		},
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return s.cfg.Browsers.DialBrowserView(ctx, c, sb.ID, interactive)
-			},
-			DisableKeepAlives: true,
-		},
-		ErrorHandler: s.browserFail,
+	dial := func(ctx context.Context) (net.Conn, error) {
+		return s.cfg.Browsers.DialBrowserView(ctx, c, sb.ID, interactive)
 	}
-	rp.ServeHTTP(w, r)
+	browser.WebSocketProxy(dial, "/websockify", s.browserFail).ServeHTTP(w, r)
 }
 
 // browserFail answers a browser route's error: the manager's categories as

@@ -223,7 +223,15 @@ func (p *Proxy) websocket(w http.ResponseWriter, r *http.Request, path string) {
 			return
 		}
 	}
-	rp := &httputil.ReverseProxy{
+	WebSocketProxy(p.Dial, path, p.upstreamError).ServeHTTP(w, r)
+}
+
+// WebSocketProxy returns a reverse proxy that sends a WebSocket handshake
+// to path on the guest port d reaches, with Host 127.0.0.1 and no header
+// but the handshake's own (no credentials, cookies or Origin), then moves
+// the connection's bytes both ways. fail answers errors.
+func WebSocketProxy(d Dialer, path string, fail func(http.ResponseWriter, *http.Request, error)) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			out := pr.Out
 			out.URL = &url.URL{Scheme: "http", Host: upstreamHost, Path: path}
@@ -237,13 +245,12 @@ func (p *Proxy) websocket(w http.ResponseWriter, r *http.Request, path string) {
 			out.Header = keep
 		},
 		Transport: &http.Transport{
-			DialContext:           func(ctx context.Context, _, _ string) (net.Conn, error) { return p.Dial(ctx) },
+			DialContext:           func(ctx context.Context, _, _ string) (net.Conn, error) { return d(ctx) },
 			DisableKeepAlives:     true,
 			ResponseHeaderTimeout: 30 * time.Second,
 		},
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) { p.upstreamError(w, r, err) },
+		ErrorHandler: fail,
 	}
-	rp.ServeHTTP(w, r)
 }
 
 // upstreamError answers a failed round trip to the browser.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/chromedp/cdproto"
 	"github.com/coder/websocket"
@@ -82,6 +83,8 @@ func (f *fakeChromium) last() http.Header {
 
 const prefix = "/v1/sandboxes/abc/browser/cdp"
 
+var testClient = &http.Client{Timeout: 30 * time.Second}
+
 func newProxy(t *testing.T, d Dialer) *httptest.Server {
 	pub, _ := url.Parse("ws://api.example:7070" + prefix + "?token=t1")
 	p := &Proxy{Dial: d, Public: pub, Prefix: prefix}
@@ -98,7 +101,11 @@ func newProxy(t *testing.T, d Dialer) *httptest.Server {
 
 func getJSONT(t *testing.T, u string, v any) int {
 	t.Helper()
-	res, err := http.Get(u)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +150,11 @@ func TestProxyDiscovery(t *testing.T) {
 			t.Errorf("%s: %d, want %d", path, code, want)
 		}
 	}
-	res, err := http.Post(s.URL+prefix+"/json/version", "application/json", nil)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.URL+prefix+"/json/version", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +183,7 @@ func TestProxyWebSocket(t *testing.T) {
 		if err != nil || string(b) != `{"id":1,"method":"Browser.getVersion"}` {
 			t.Fatalf("%s: echo %q %v", path, b, err)
 		}
-		c.CloseNow()
+		_ = c.CloseNow()
 		seen := f.last()
 		if seen.Get("X-Host") != upstreamHost {
 			t.Errorf("%s: Host %q", path, seen.Get("X-Host"))

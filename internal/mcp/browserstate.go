@@ -220,6 +220,16 @@ func (b *browsers) closeIdle(st *browserState) {
 	<-st.lock
 }
 
+// disconnect closes the connection to sandbox id, keeping its state (a
+// pause, snapshot or fork waits for the sandbox's inbound connections to
+// end; the next browser call reconnects, and refs survive that).
+func (b *browsers) disconnect(id string) {
+	b.mu.Lock()
+	st := b.states[id]
+	b.mu.Unlock()
+	closeConn(st)
+}
+
 // drop closes the connection to sandbox id and forgets its state (the
 // sandbox is gone).
 func (b *browsers) drop(id string) {
@@ -227,6 +237,12 @@ func (b *browsers) drop(id string) {
 	st := b.states[id]
 	delete(b.states, id)
 	b.mu.Unlock()
+	closeConn(st)
+}
+
+// closeConn closes st's connection (nil st: nothing), waiting for a call
+// that holds it.
+func closeConn(st *browserState) {
 	if st == nil {
 		return
 	}
@@ -442,32 +458,11 @@ func dialer(svc Service, c sandbox.Caller, id string) browser.Dialer {
 // browser sandbox (from the browser image, separate from the sandbox of
 // run_code and exec), created on first use.
 func (s *session) browserTarget(ctx context.Context, id string) (string, error) {
-	if id != "" {
-		sb, err := s.sandbox(ctx, id)
-		return sb.ID, err
+	sid, err := s.sessionSandbox(ctx, id, &s.browserDef, sandbox.CreateOptions{Image: browserImage, Metadata: map[string]string{"mcp_session": s.id, "mcp_role": "browser"}})
+	if err != nil && id == "" && errors.Is(err, errdefs.ErrNotFound) {
+		return "", fmt.Errorf("%w: this server has no %q image (an admin builds it with airlock setup --browser)", errdefs.ErrNotFound, browserImage)
 	}
-	s.defaultMu.Lock()
-	defer s.defaultMu.Unlock()
-	s.mu.Lock()
-	def := s.browserDef
-	s.mu.Unlock()
-	if def != "" {
-		if sb, err := s.h.cfg.Service.Get(ctx, s.p, def); err == nil && usable(sb.State) {
-			return def, nil
-		}
-		s.removed(def)
-	}
-	sb, err := s.create(ctx, sandbox.CreateOptions{Image: browserImage, Metadata: map[string]string{"mcp_session": s.id, "mcp_role": "browser"}})
-	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return "", fmt.Errorf("%w: this server has no %q image (an admin builds it with airlock image build browser)", errdefs.ErrNotFound, browserImage)
-		}
-		return "", err
-	}
-	s.mu.Lock()
-	s.browserDef = sb.ID
-	s.mu.Unlock()
-	return sb.ID, nil
+	return sid, err
 }
 
 // browserImage is the image of the session's browser sandbox.

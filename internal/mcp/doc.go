@@ -15,4 +15,11 @@
 // Config.DefaultTimeout 60 s, at most Config.MaxTimeout); file tools act
 // only on paths inside a sandbox: no tool reads or writes host files, so
 // there is no host-path allowlist to configure.
+//
+// The browser tools (browser*.go) drive the Chromium of a sandbox made from
+// the browser image over the Chrome DevTools Protocol with chromedp,
+// through Service.DialBrowser: navigate, an accessibility snapshot whose
+// element refs the click, type, press and scroll tools take, text,
+// screenshots as MCP images, JavaScript, tabs and downloads into the
+// sandbox. Without sandbox_id they use the session's own browser sandbox.
 package mcp

@@ -195,6 +195,13 @@ func (s *session) removed(id string) {
 // target returns id if given and visible, else the session's default
 // sandbox, created on first use.
 func (s *session) target(ctx context.Context, id string) (string, error) {
+	return s.sessionSandbox(ctx, id, &s.def, sandbox.CreateOptions{Metadata: map[string]string{"mcp_session": s.id}})
+}
+
+// sessionSandbox returns id if given and visible, else the session's
+// sandbox *def (guarded by s.mu), made with o on first use or when the
+// last one expired or failed.
+func (s *session) sessionSandbox(ctx context.Context, id string, def *string, o sandbox.CreateOptions) (string, error) {
 	if id != "" {
 		sb, err := s.sandbox(ctx, id)
 		return sb.ID, err
@@ -202,20 +209,20 @@ func (s *session) target(ctx context.Context, id string) (string, error) {
 	s.defaultMu.Lock()
 	defer s.defaultMu.Unlock()
 	s.mu.Lock()
-	def := s.def
+	cur := *def
 	s.mu.Unlock()
-	if def != "" {
-		if sb, err := s.h.cfg.Service.Get(ctx, s.p, def); err == nil && usable(sb.State) {
-			return def, nil // a paused one is resumed by the call that uses it
+	if cur != "" {
+		if sb, err := s.h.cfg.Service.Get(ctx, s.p, cur); err == nil && usable(sb.State) {
+			return cur, nil // a paused one is resumed by the call that uses it
 		}
-		s.removed(def) // expired or failed: make a new one
+		s.removed(cur) // expired or failed: make a new one
 	}
-	sb, err := s.create(ctx, sandbox.CreateOptions{Metadata: map[string]string{"mcp_session": s.id}})
+	sb, err := s.create(ctx, o)
 	if err != nil {
 		return "", err
 	}
 	s.mu.Lock()
-	s.def = sb.ID
+	*def = sb.ID
 	s.mu.Unlock()
 	return sb.ID, nil
 }

@@ -270,6 +270,7 @@ func (t *tools) sandboxPause(ctx context.Context, in pauseIn) (*sdk.CallToolResu
 	if err != nil {
 		return nil, err
 	}
+	t.s.br.disconnect(sb.ID) // the browser tools' connection would hold the pause off
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleTimeout)
 	defer cancel()
 	res, err := t.h.cfg.Service.Pause(lctx, t.s.p, sb.ID, in.Force)
@@ -360,6 +361,7 @@ func (t *tools) sandboxSnapshot(ctx context.Context, in snapshotIn) (*sdk.CallTo
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleTimeout)
 	defer cancel()
+	t.s.br.disconnect(sb.ID)
 	sn, err := t.h.cfg.Service.Snapshot(lctx, t.s.p, sb.ID, in.Name, in.Force)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) {
@@ -391,6 +393,7 @@ func (t *tools) sandboxFork(ctx context.Context, in forkIn) (*sdk.CallToolResult
 	forks, err := t.s.boot(ctx, in.Count, func(ctx context.Context) ([]store.Sandbox, error) {
 		ctx, cancel := context.WithTimeout(ctx, lifecycleTimeout)
 		defer cancel()
+		t.s.br.disconnect(src.ID)
 		return t.h.cfg.Service.Fork(ctx, t.s.p, src.ID, sandbox.ForkOptions{Count: in.Count, Force: in.Force, Secrets: in.Secrets})
 	})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -47,10 +48,11 @@ func TestBrowserProxy(t *testing.T) {
 	proxy := httptest.NewServer(c.BrowserProxy(id, "/secret"))
 	defer proxy.Close()
 
-	req, _ := http.NewRequest(http.MethodGet, proxy.URL+"/secret/json/version", nil)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, proxy.URL+"/secret/json/version", nil)
 	req.Header.Set("Cookie", "airlock_session=s")
 	req.Header.Set("Origin", "http://evil.example")
-	res, err := http.DefaultClient.Do(req)
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{}}
+	res, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,15 +68,18 @@ func TestBrowserProxy(t *testing.T) {
 	if seen.Get("Cookie") != "" || seen.Get("Origin") != "" {
 		t.Errorf("passed on: cookie %q, origin %q", seen.Get("Cookie"), seen.Get("Origin"))
 	}
-	if res, err := http.Get(proxy.URL + "/json/version"); err != nil || res.StatusCode != http.StatusNotFound {
-		t.Errorf("outside the prefix: %v %v", res.StatusCode, err)
+	req, _ = http.NewRequestWithContext(t.Context(), http.MethodGet, proxy.URL+"/json/version", nil)
+	if res, err := hc.Do(req); err != nil || res.StatusCode != http.StatusNotFound {
+		t.Errorf("outside the prefix: %v %v", res, err)
+	} else {
+		res.Body.Close()
 	}
 
 	ws, _, err := websocket.Dial(t.Context(), v["webSocketDebuggerUrl"], nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ws.CloseNow()
+	defer func() { _ = ws.CloseNow() }()
 	if err := ws.Write(t.Context(), websocket.MessageText, []byte(`{"id":1}`)); err != nil {
 		t.Fatal(err)
 	}

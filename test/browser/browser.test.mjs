@@ -8,8 +8,10 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
+import http from "node:http";
 import { chromium } from "playwright-core";
 import puppeteer from "puppeteer-core";
+import WebSocket from "ws";
 
 process.env.AIRLOCK_RUNTIME ||= "gvisor";
 const { startServe, BIN } = await import("../e2b/serve.mjs");
@@ -117,6 +119,63 @@ test("Puppeteer connect with the signed URL", async () => {
   } finally {
     await browser.disconnect();
   }
+});
+
+// previewGet GETs url from the server with its host as the Host header
+// (preview hosts live under localhost:<port>: no DNS needed).
+function previewGet(url) {
+  const u = new URL(url);
+  const srvURL = new URL(srv.url);
+  return new Promise((resolve, reject) => {
+    http.get({ host: srvURL.hostname, port: srvURL.port, path: u.pathname + u.search, headers: { Host: u.host } }, (res) => {
+      let body = "";
+      res.on("data", (d) => (body += d));
+      res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, body }));
+    }).on("error", reject);
+  });
+}
+
+// firstMessage opens a WebSocket and resolves with its first message, or
+// rejects with the handshake's refusal.
+function firstMessage(url, headers) {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(url, ["binary"], { headers });
+    ws.on("message", (m) => { resolve(Buffer.from(m)); ws.close(); });
+    ws.on("unexpected-response", (_req, res) => reject(new Error(`status ${res.statusCode}`)));
+    ws.on("error", reject);
+  });
+}
+
+test("the live view: noVNC on the sandbox's preview host, the VNC stream through the API", async () => {
+  const res = await fetch(`${srv.url}/v1/sandboxes/${id}/browser`, {
+    method: "POST", headers: { ...bearer(srv.key), "Content-Type": "application/json" }, body: JSON.stringify({ view: true }),
+  });
+  assert.equal(res.status, 200);
+  const info = await res.json();
+  assert.equal(info.view_port, 6080);
+  assert.match(info.view_url, new RegExp(`^http://6080-${id}\\.localhost:\\d+/vnc\\.html\\?`));
+  assert.match(info.view_url, /view_only=1/);
+  // The page (the guest's noVNC) comes through the preview host with the
+  // token in the URL (redirected into a cookie), never from the API's origin.
+  let page = await previewGet(info.view_url);
+  assert.equal(page.status, 302, page.body);
+  const cookie = page.headers["set-cookie"][0].split(";")[0];
+  page = await new Promise((resolve, reject) => {
+    const u = new URL(info.view_url);
+    const srvURL = new URL(srv.url);
+    http.get({ host: srvURL.hostname, port: srvURL.port, path: "/vnc.html", headers: { Host: u.host, Cookie: cookie } }, (r) => {
+      let body = "";
+      r.on("data", (d) => (body += d));
+      r.on("end", () => resolve({ status: r.statusCode, body }));
+    }).on("error", reject);
+  });
+  assert.equal(page.status, 200);
+  assert.match(page.body, /noVNC/);
+  // The stream: the RFB handshake of x11vnc, through websockify.
+  const banner = await firstMessage(info.vnc_url, bearer(srv.key));
+  assert.match(banner.toString(), /^RFB 003\.00\d\n/);
+  await assert.rejects(firstMessage(info.vnc_url, {}), /status 401/);
+  await assert.rejects(firstMessage(info.vnc_url, bearer(srv.otherKey)), /status 404/);
 });
 
 test("airlock browser cdp serves the endpoint on a loopback port under a random path", async () => {

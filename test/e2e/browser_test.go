@@ -48,8 +48,9 @@ func startBrowser(t *testing.T, e env, id string) browserStatus {
 
 // cdpContext serves sandbox id's DevTools endpoint with `airlock browser
 // cdp` and returns a chromedp allocator context attached to it (chromedp's
-// remote allocator, as any client would connect).
-func cdpContext(t *testing.T, e env, id string) context.Context {
+// remote allocator, as any client would connect), and a function that
+// disconnects and stops the endpoint (also run at cleanup).
+func cdpContext(t *testing.T, e env, id string) (context.Context, func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	c := e.cmd(ctx, nil, "browser", "cdp", id)
@@ -62,14 +63,22 @@ func cdpContext(t *testing.T, e env, id string) context.Context {
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cancel(); _ = c.Wait() })
 	ws, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || !strings.HasPrefix(ws, "ws://127.0.0.1:") {
+		cancel()
 		t.Fatalf("airlock browser cdp printed %q (%v)", ws, err)
 	}
-	actx, acancel := remote.NewAllocator(context.Background(), strings.TrimSpace(ws), remote.NoModifyURL)
-	t.Cleanup(acancel)
-	return actx
+	actx, acancel := remote.NewAllocator(context.Background(), strings.TrimSpace(ws), remote.NoModifyURL, remote.WithDialTimeout(3*time.Minute))
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			acancel()
+			cancel()
+			_ = c.Wait()
+		})
+	}
+	t.Cleanup(stop)
+	return actx, stop
 }
 
 // tab opens a new tab of the browser behind actx (or attaches to tid).
@@ -146,9 +155,11 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("a browser sandbox without --memory should get 2048 MiB:\n%s", e.must(t, "inspect", id))
 	}
 	startBrowser(t, e, id)
-	ctx := tab(t, cdpContext(t, e, id))
+	actx, disconnect := cdpContext(t, e, id)
+	ctx := tab(t, actx, chromedp.WithDetachOnCancel()) // the tab outlives the connection (for the fork)
 
-	if err := chromedp.Do(ctx, chromedp.Navigate("http://a.test:"+strconv.Itoa(a.port)+"/")); err != nil {
+	aURL := "http://a.test:" + strconv.Itoa(a.port) + "/"
+	if err := chromedp.Do(ctx, chromedp.Navigate(aURL)); err != nil {
 		t.Fatalf("the allowed name: %v", err)
 	}
 	if got := bodyText(t, ctx); got != "hello from a.test" || aHits.Load() == 0 {
@@ -159,14 +170,14 @@ func TestBrowser(t *testing.T) {
 	// the interception CA, and its fetch with the placeholder reaches the
 	// host with the real value.
 	if err := chromedp.Do(ctx, chromedp.Navigate("https://api.test:"+apiPort+"/")); err != nil {
-		t.Fatalf("the secret's host over TLS (is the egress CA in Chromium's NSS database?): %v", err)
+		t.Fatalf("the secret's host over TLS (is the egress CA in Chromium's NSS database?): %v\n%s", err, dumpEvents(events(t, e, id)))
 	}
 	ph := strings.TrimSpace(e.must(t, "exec", id, "--", "sh", "-c", `printf %s "$API_KEY"`))
 	if !strings.HasPrefix(ph, "airlock-secret-") {
 		t.Fatalf("guest API_KEY = %q, want a placeholder", ph)
 	}
 	echo, err := chromedp.Run(ctx, chromedp.Evaluate[string](
-		`fetch("/v1/models", {headers: {Authorization: "Bearer ` + ph + `"}}).then((r) => r.text())`,
+		`fetch("/v1/models", {headers: {Authorization: "Bearer `+ph+`"}}).then((r) => r.text())`,
 		chromedp.EvalAsValue, chromedp.EvalAwaitPromise))
 	if err != nil {
 		t.Fatal(err)
@@ -205,54 +216,57 @@ func TestBrowser(t *testing.T) {
 	if !hasEvent(evs, "net.deny", "") || !hasEvent(evs, "net.allow", "allow[0]") || !hasEvent(evs, "browser.start", "") {
 		t.Errorf("audit trail lacks net.deny, net.allow or browser.start:\n%s", dumpEvents(evs))
 	}
+	if onGVisor() {
+		t.Log("the fork part runs on qemu only: gVisor sandboxes do not fork yet")
+		return
+	}
+	browserFork(t, e, id, ctx, disconnect, aURL)
 }
 
-// TestBrowserFork forks a browser sandbox whose page holds state: each copy
-// has a browser with that state, and they diverge (QEMU only: gVisor
-// sandboxes do not fork yet).
-func TestBrowserFork(t *testing.T) {
-	e := setup(t)
-	if onGVisor() {
-		t.Fatal("forks need pause, which gVisor sandboxes do not do yet (GVISOR_SKIP)")
-	}
-	id := e.create(t, "--image", "browser", "--timeout", "30m")
-	e.must(t, "exec", id, "--", "bash", "-c", `mkdir -p /srv && echo '<!doctype html><title>state</title>app' > /srv/index.html && (nohup python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv >/dev/null 2>&1 &)`)
-	startBrowser(t, e, id)
-	ctx := tab(t, cdpContext(t, e, id))
-	if err := chromedp.Do(ctx, chromedp.Navigate("http://localhost:8000/")); err != nil {
+// browserFork forks browser sandbox id whose tab (ctx) holds state: the
+// copy's browser has that tab with its storage and its page's memory, and
+// the two diverge.
+func browserFork(t *testing.T, e env, id string, ctx context.Context, disconnect func(), aURL string) {
+	if err := chromedp.Do(ctx, chromedp.Navigate(aURL)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`localStorage.setItem("k", "before-fork"), window.inMemory = 41, true`)); err != nil {
 		t.Fatal(err)
 	}
-
-	fid := strings.TrimSpace(e.must(t, "fork", id))
+	// A fork waits for the sandbox's inbound connections to end, as a
+	// pause does: a client disconnects first.
+	disconnect()
+	start := time.Now()
+	fid := strings.TrimSpace(e.must(t, "fork", id, "--secrets"))
 	t.Cleanup(func() { e.run(t, nil, "rm", fid) })
-	// In the copy: the same tab, with its storage and its page's memory.
-	fctx := cdpContext(t, e, fid)
-	tabs, err := chromedp.Targets(tab(t, fctx))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tid target.ID
-	for _, ti := range tabs {
-		if ti.Type == "page" && strings.HasPrefix(ti.URL, "http://localhost:8000/") {
-			tid = ti.TargetID
+	t.Logf("forked in %s", time.Since(start).Round(time.Millisecond))
+
+	check := func(sid, want, write string) {
+		t.Helper()
+		actx, stop := cdpContext(t, e, sid)
+		defer stop()
+		tabs, err := chromedp.Targets(tab(t, actx))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tid target.ID
+		for _, ti := range tabs {
+			if ti.Type == "page" && ti.URL == aURL {
+				tid = ti.TargetID
+			}
+		}
+		if tid == "" {
+			t.Fatalf("%s's browser has no tab of %s: %+v", sid, aURL, tabs)
+		}
+		got, err := chromedp.Run(tab(t, actx, chromedp.WithTargetID(tid), chromedp.WithDetachOnCancel()), chromedp.Evaluate[string](
+			`localStorage.getItem("k") + ":" + (window.inMemory + 1) + ":" + (localStorage.setItem("k", "`+write+`"), "set")`))
+		if err != nil || got != want+":42:set" {
+			t.Fatalf("%s's page: %q %v, want %s:42:set", sid, got, err, want)
 		}
 	}
-	if tid == "" {
-		t.Fatalf("the fork's browser has no tab of the page: %+v", tabs)
-	}
-	cctx := tab(t, fctx, chromedp.WithTargetID(tid))
-	got, err := chromedp.Run(cctx, chromedp.Evaluate[string](`localStorage.getItem("k") + ":" + (window.inMemory + 1) + ":" + (localStorage.setItem("k", "fork"), "set")`))
-	if err != nil || got != "before-fork:42:set" {
-		t.Fatalf("the fork's page: %q %v", got, err)
-	}
-	// The source keeps its own.
-	got, err = chromedp.Run(ctx, chromedp.Evaluate[string](`localStorage.getItem("k")`))
-	if err != nil || got != "before-fork" {
-		t.Errorf("the source's storage after the fork wrote its own: %q %v", got, err)
-	}
+	check(fid, "before-fork", "fork")
+	check(id, "before-fork", "source") // the source did not see the copy's write
+	check(fid, "fork", "fork")         // nor the copy the source's
 }
 
 // httpListener is an HTTP server on a loopback port.
