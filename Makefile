@@ -23,7 +23,7 @@ GVISOR_SKIP := TestPauseResume|TestIdlePause|TestForkDiverges|TestSnapshotCreate
 # End-to-end tests only the gvisor pass of `make test` runs: they test the
 # browser against the dashboard, which is the same on either runtime
 # (`make test-vm` runs them on QEMU too).
-GVISOR_ONLY := TestDashboardFirefox
+GVISOR_ONLY := TestDashboardFirefox|TestDashboardBrowserView
 # Pinned tools. golangci-lint is built once per version into .cache/tools
 # (a fresh clone installs it on the first `make lint`). protoc is Debian 12's
 # protobuf-compiler (scripts/deps.sh); the Go plugins are the versions in

@@ -152,7 +152,9 @@ func (s *Server) browserInfo(r *http.Request, id, tenant string, st sandbox.Brow
 	}
 	if s.cfg.PreviewDomain != "" {
 		port := st.ViewPort
-		q := url.Values{"autoconnect": {"1"}, "resize": {"scale"}, "view_only": {"1"}, PreviewTokenParam: {s.PreviewToken(id)}}
+		tok := s.PreviewToken(id)
+		q := url.Values{"autoconnect": {"1"}, "resize": {"scale"}, "view_only": {"1"}, PreviewTokenParam: {tok},
+			"path": {"websockify?" + url.Values{PreviewTokenParam: {tok}}.Encode()}}
 		if interactive && st.InteractivePort != 0 {
 			port = st.InteractivePort
 			q.Del("view_only")

@@ -153,7 +153,7 @@ func (s *Server) dashSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	p.SandboxID = r.PathValue("id")
 	p.Styles = []string{"vendor/xterm/xterm.css"}
-	p.Scripts = []string{"vendor/xterm/xterm.js", "common.js", "sandbox.js", "actions.js", "usage.js", "files.js", "code.js", "logs.js", "events.js"}
+	p.Scripts = []string{"vendor/xterm/xterm.js", "common.js", "sandbox.js", "actions.js", "usage.js", "files.js", "code.js", "logs.js", "events.js", "browser.js"}
 	s.render(w, r, http.StatusOK, "sandbox.html", p)
 }
 

@@ -139,8 +139,11 @@ func (s *Server) hostPreview(w http.ResponseWriter, r *http.Request, t previewTa
 		s.unauthorized(w, r)
 		return
 	}
-	if fromQuery && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
-		// Keep the token in a cookie for this host and drop it from the URL.
+	if fromQuery && (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {
+		// Keep the token in a cookie for this host and drop it from the URL
+		// (not for a WebSocket handshake, which cannot follow a redirect:
+		// noVNC's path carries the token, for frames whose cookies a
+		// browser keeps apart).
 		http.SetCookie(w, &http.Cookie{Name: PreviewTokenParam, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
 		u := *r.URL
 		q := u.Query()

@@ -28,8 +28,8 @@ const (
 
 // Defaults for the Interceptor's limits.
 const (
-	DefaultMaxHeaderBytes   = 64 << 10
-	DefaultIdleTimeout      = 60 * time.Second
+	DefaultMaxHeaderBytes = 64 << 10
+	DefaultIdleTimeout    = 60 * time.Second
 	// DefaultHandshakeTimeout bounds both TLS handshakes of a connection
 	// together. A guest under QEMU without KVM is slow: Chromium's side of
 	// the handshake took over 10 s there (TestBrowser), so the bound is

@@ -39,6 +39,12 @@ func startServe(t *testing.T, e env, args ...string) *apiServer {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
+	// "{port}" in an argument is the server's port (a preview domain
+	// names it).
+	_, port, _ := net.SplitHostPort(addr)
+	for i, a := range args {
+		args[i] = strings.ReplaceAll(a, "{port}", port)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := e.cmd(ctx, nil, append([]string{"serve", "--listen", addr}, args...)...)
 	var logs bytes.Buffer
