@@ -71,6 +71,12 @@ func TestHostPreview(t *testing.T) {
 	if res.StatusCode != http.StatusFound || res.Header.Get("Location") != "/app?q=1" || !strings.Contains(res.Header.Get("Set-Cookie"), PreviewTokenParam+"="+tok) || !strings.Contains(res.Header.Get("Set-Cookie"), "HttpOnly") {
 		t.Fatalf("query token: %d %v", res.StatusCode, res.Header)
 	}
+	// A WebSocket handshake cannot follow a redirect: with the token in
+	// its query it goes to the guest (noVNC's path carries it), without it.
+	res, body := get(host, "/websockify?"+PreviewTokenParam+"="+tok, "Upgrade", "websocket", "Connection", "Upgrade")
+	if res.StatusCode == http.StatusFound || res.StatusCode == http.StatusUnauthorized || strings.Contains(body, tok) {
+		t.Errorf("a WebSocket handshake with the token in its query: %d %s", res.StatusCode, body)
+	}
 	for name, hdr := range map[string][]string{
 		"nothing":                  nil,
 		"bob's key":                {"Authorization", "Bearer " + bob},
