@@ -335,7 +335,11 @@ func TestDashboardBrowserView(t *testing.T) {
 		t.Helper()
 		sctx, scancel := context.WithTimeout(bctx, 30*time.Second)
 		defer scancel()
-		shot := filepath.Join(os.TempDir(), "airlock-e2e-browser-view.png")
+		art := os.Getenv("AIRLOCK_TEST_ARTEFACTS") // kept after the test, like TestDashboard's
+		if art == "" {
+			art = t.TempDir()
+		}
+		shot := filepath.Join(art, "browser-view-failed.png")
 		if png, err := chromedp.Run(sctx, chromedp.CaptureScreenshot()); err == nil {
 			_ = os.WriteFile(shot, png, 0o644)
 		}
