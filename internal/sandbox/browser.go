@@ -132,7 +132,7 @@ func (m *Manager) browserCommand(ctx context.Context, c Caller, id string, argv 
 	}
 	msg := strings.TrimSpace(stderr.String())
 	switch {
-	case exit.Code == 127 || strings.Contains(msg, "no such file") || strings.Contains(msg, "not found"):
+	case exit.Code == 127: // a shell's "not found" (the launcher itself never exits so)
 		return BrowserStatus{}, ErrNoBrowser
 	case exit.TimedOut:
 		return BrowserStatus{}, fmt.Errorf("%w: the browser did not start in %s", errdefs.ErrUnavailable, browserStartTimeout)
