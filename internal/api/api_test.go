@@ -77,7 +77,7 @@ func newHarness(t testing.TB, aliceLimits store.APIKey, tune ...func(*Server)) *
 	// is there).
 	vols := &sandbox.Manager{L: statedir.Layout{Root: t.TempDir()}, Store: st, DiskReserve: -1}
 	h.sec = &fakeSecrets{Manager: vols, f: h.fake}
-	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Snapshots: h.fake, Volumes: vols, Templates: vols, Secrets: h.sec, Events: st, Keys: st,
+	s, err := New(Config{Sandboxes: h.fake, Files: h.fake, Execs: h.fake, Contexts: h.fake, Ports: h.fake, Browsers: h.fake, Snapshots: h.fake, Volumes: vols, Templates: vols, Secrets: h.sec, Events: st, Keys: st,
 		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -266,6 +267,14 @@ func (s *Server) browserVNC(w http.ResponseWriter, r *http.Request) {
 // everywhere, a failed round trip to the guest as 502.
 func (s *Server) browserFail(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
+		return
+	}
+	if re, ok := errors.AsType[*browser.RequestError](err); ok {
+		if re.Status == http.StatusNotFound {
+			s.fail(w, r, &Error{http.StatusNotFound, "not_found", re.Message})
+		} else {
+			s.fail(w, r, &Error{http.StatusBadRequest, "invalid", re.Message})
+		}
 		return
 	}
 	if pe := publicError(err); pe.Status != http.StatusInternalServerError {

@@ -829,3 +829,31 @@ func (f *fake) GetSnapshot(_ context.Context, c sandbox.Caller, tenant, name str
 }
 
 func (f *fake) DiskUsage(id string) int64 { return int64(len(id)) << 20 }
+
+// The fake's sandboxes have no browser (sandbox.ErrNoBrowser), and its
+// browser ports are its guest ports.
+func (f *fake) StartBrowser(_ context.Context, c sandbox.Caller, id string, _ bool) (sandbox.BrowserStatus, error) {
+	if _, err := f.lookup(c, id); err != nil {
+		return sandbox.BrowserStatus{}, err
+	}
+	return sandbox.BrowserStatus{}, sandbox.ErrNoBrowser
+}
+
+func (f *fake) StartBrowserView(ctx context.Context, c sandbox.Caller, id string, interactive bool) (sandbox.BrowserStatus, error) {
+	return f.StartBrowser(ctx, c, id, interactive)
+}
+
+func (f *fake) BrowserStatus(ctx context.Context, c sandbox.Caller, id string) (sandbox.BrowserStatus, error) {
+	return f.StartBrowser(ctx, c, id, false)
+}
+
+func (f *fake) DialBrowser(ctx context.Context, c sandbox.Caller, id string) (net.Conn, error) {
+	return f.DialPort(ctx, c, id, sandbox.BrowserCDPPort)
+}
+
+func (f *fake) DialBrowserView(ctx context.Context, c sandbox.Caller, id string, interactive bool) (net.Conn, error) {
+	if interactive {
+		return f.DialPort(ctx, c, id, sandbox.BrowserInteractivePort)
+	}
+	return f.DialPort(ctx, c, id, sandbox.BrowserViewPort)
+}

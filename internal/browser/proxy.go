@@ -52,8 +52,9 @@ type Proxy struct {
 	Public *url.URL
 	// Prefix is the path the routes are under.
 	Prefix string
-	// Fail, if set, answers every error (the API's envelope); else a JSON
-	// {"code", "message"}.
+	// Fail, if set, answers every error (the API's envelope): a
+	// *RequestError for a request the proxy refuses, else a failed round
+	// trip to the browser. Without it: JSON {"code", "message"}.
 	Fail func(http.ResponseWriter, *http.Request, error)
 	Log  *slog.Logger
 }
@@ -64,7 +65,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rest = "/" + strings.Trim(rest, "/")
 	switch {
 	case r.Method != http.MethodGet && r.Method != http.MethodHead:
-		httpError(w, http.StatusMethodNotAllowed, "the DevTools endpoint takes GET")
+		p.reject(w, r, http.StatusMethodNotAllowed, "the DevTools endpoint takes GET")
 	case rest == "/" && isWebSocket(r):
 		p.websocket(w, r, "")
 	case rest == "/" || rest == "/json/version":
@@ -73,17 +74,35 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.list(w, r)
 	case strings.HasPrefix(rest, "/devtools/browser/") || strings.HasPrefix(rest, "/devtools/page/"):
 		if !isWebSocket(r) {
-			httpError(w, http.StatusBadRequest, "this is a WebSocket endpoint")
+			p.reject(w, r, http.StatusBadRequest, "this is a WebSocket endpoint")
 			return
 		}
 		if !validTarget(rest) {
-			httpError(w, http.StatusBadRequest, "bad target id")
+			p.reject(w, r, http.StatusBadRequest, "bad target id")
 			return
 		}
 		p.websocket(w, r, rest)
 	default:
-		httpError(w, http.StatusNotFound, "no such DevTools route (try "+p.Prefix+"/json/version)")
+		p.reject(w, r, http.StatusNotFound, "no such DevTools route (try "+p.Prefix+"/json/version)")
 	}
+}
+
+// RequestError is a request the proxy refuses (a route it does not have,
+// a bad target id): the status and why. Fail gets it, if set.
+type RequestError struct {
+	Status  int
+	Message string
+}
+
+func (e *RequestError) Error() string { return e.Message }
+
+// reject refuses r with status and msg, through Fail if set.
+func (p *Proxy) reject(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if p.Fail != nil {
+		p.Fail(w, r, &RequestError{status, msg})
+		return
+	}
+	httpError(w, status, msg)
 }
 
 // validTarget accepts /devtools/{browser,page}/ID with an ID of letters,
