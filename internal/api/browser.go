@@ -101,11 +101,14 @@ func (s *Server) startBrowser(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidf("ttl_s must be between 1 and %d", int(MaxBrowserURLTTL/time.Second)))
 		return
 	}
-	start := s.cfg.Browsers.StartBrowser
-	if req.View || req.Interactive {
-		start = s.cfg.Browsers.StartBrowserView
+	v := sandbox.ViewBackground
+	switch {
+	case req.Interactive:
+		v = sandbox.ViewInteractive
+	case req.View:
+		v = sandbox.ViewWait
 	}
-	st, err := start(r.Context(), callerOf(r), sb.ID, req.Interactive)
+	st, err := s.cfg.Browsers.StartBrowser(r.Context(), callerOf(r), sb.ID, v)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -832,19 +832,15 @@ func (f *fake) DiskUsage(id string) int64 { return int64(len(id)) << 20 }
 
 // The fake's sandboxes have no browser (sandbox.ErrNoBrowser), and its
 // browser ports are its guest ports.
-func (f *fake) StartBrowser(_ context.Context, c sandbox.Caller, id string, _ bool) (sandbox.BrowserStatus, error) {
+func (f *fake) StartBrowser(_ context.Context, c sandbox.Caller, id string, _ sandbox.BrowserView) (sandbox.BrowserStatus, error) {
 	if _, err := f.lookup(c, id); err != nil {
 		return sandbox.BrowserStatus{}, err
 	}
 	return sandbox.BrowserStatus{}, sandbox.ErrNoBrowser
 }
 
-func (f *fake) StartBrowserView(ctx context.Context, c sandbox.Caller, id string, interactive bool) (sandbox.BrowserStatus, error) {
-	return f.StartBrowser(ctx, c, id, interactive)
-}
-
 func (f *fake) BrowserStatus(ctx context.Context, c sandbox.Caller, id string) (sandbox.BrowserStatus, error) {
-	return f.StartBrowser(ctx, c, id, false)
+	return f.StartBrowser(ctx, c, id, sandbox.ViewBackground)
 }
 
 func (f *fake) DialBrowser(ctx context.Context, c sandbox.Caller, id string) (net.Conn, error) {

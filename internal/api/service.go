@@ -176,9 +176,7 @@ type Ports interface {
 type Browsers interface {
 	// StartBrowser starts the sandbox's browser where it is not running
 	// (sandbox.ErrNoBrowser if its image has none).
-	StartBrowser(ctx context.Context, c sandbox.Caller, id string, interactive bool) (sandbox.BrowserStatus, error)
-	// StartBrowserView also waits for the live view.
-	StartBrowserView(ctx context.Context, c sandbox.Caller, id string, interactive bool) (sandbox.BrowserStatus, error)
+	StartBrowser(ctx context.Context, c sandbox.Caller, id string, v sandbox.BrowserView) (sandbox.BrowserStatus, error)
 	// BrowserStatus reports on it, starting nothing.
 	BrowserStatus(ctx context.Context, c sandbox.Caller, id string) (sandbox.BrowserStatus, error)
 	// DialBrowser reaches its DevTools port, starting it if needed.

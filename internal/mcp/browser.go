@@ -127,7 +127,7 @@ func (t *tools) browser(ctx context.Context, sandboxID string, timeoutS int, fn 
 	}
 	defer t.s.br.release(st)
 	if !st.started {
-		if _, err := t.h.cfg.Service.StartBrowser(sctx, t.s.caller(), id, false); err != nil {
+		if _, err := t.h.cfg.Service.StartBrowser(sctx, t.s.caller(), id, sandbox.ViewBackground); err != nil {
 			if errors.Is(err, sandbox.ErrNoBrowser) {
 				return nil, fmt.Errorf("%w; over MCP: sandbox_create with image %q, or leave sandbox_id out to use this session's browser sandbox", err, browserImage)
 			}
@@ -229,6 +229,17 @@ type tabCall struct {
 	tab  target.ID
 	ctx  context.Context // the tab's chromedp context bound to the call
 	load *tabLoad
+}
+
+// tabAt is tab with the element ref or selector names resolved in it (0
+// when both are "").
+func (bc *browserCall) tabAt(ref, selector string) (*tabCall, cdp.BackendNodeID, error) {
+	p, err := bc.tab()
+	if err != nil || (ref == "" && selector == "") {
+		return p, 0, err
+	}
+	node, err := p.element(ref, selector)
+	return p, node, err
 }
 
 // tab returns the tab the tools act on: the current one, else the first

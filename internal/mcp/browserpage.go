@@ -90,15 +90,9 @@ func (t *tools) browserSnapshot(ctx context.Context, in browserSnapshotIn) (*sdk
 		}
 	}
 	return t.browser(ctx, in.SandboxID, 0, func(bc *browserCall) (*sdk.CallToolResult, error) {
-		p, err := bc.tab()
+		p, root, err := bc.tabAt(ref, "")
 		if err != nil {
 			return nil, err
-		}
-		var root cdp.BackendNodeID
-		if ref != "" {
-			if root, err = p.element(ref, ""); err != nil {
-				return nil, err
-			}
 		}
 		loader, err := p.loader()
 		if err != nil {
@@ -154,11 +148,7 @@ func (t *tools) browserClick(ctx context.Context, in clickIn) (*sdk.CallToolResu
 		return nil, err
 	}
 	return t.browser(ctx, in.SandboxID, 0, func(bc *browserCall) (*sdk.CallToolResult, error) {
-		p, err := bc.tab()
-		if err != nil {
-			return nil, err
-		}
-		node, err := p.element(ref, sel)
+		p, node, err := bc.tabAt(ref, sel)
 		if err != nil {
 			return nil, err
 		}
@@ -236,11 +226,7 @@ func (t *tools) browserType(ctx context.Context, in typeIn) (*sdk.CallToolResult
 		return nil, fmt.Errorf("%w: text must be UTF-8 of at most %d bytes", errdefs.ErrInvalid, maxTypeBytes)
 	}
 	return t.browser(ctx, in.SandboxID, 0, func(bc *browserCall) (*sdk.CallToolResult, error) {
-		p, err := bc.tab()
-		if err != nil {
-			return nil, err
-		}
-		node, err := p.element(ref, sel)
+		p, node, err := bc.tabAt(ref, sel)
 		if err != nil {
 			return nil, err
 		}
@@ -325,15 +311,9 @@ func (t *tools) browserPress(ctx context.Context, in pressIn) (*sdk.CallToolResu
 		return nil, err
 	}
 	return t.browser(ctx, in.SandboxID, 0, func(bc *browserCall) (*sdk.CallToolResult, error) {
-		p, err := bc.tab()
+		p, node, err := bc.tabAt(ref, sel)
 		if err != nil {
 			return nil, err
-		}
-		var node cdp.BackendNodeID
-		if ref != "" || sel != "" {
-			if node, err = p.element(ref, sel); err != nil {
-				return nil, err
-			}
 		}
 		notes, err := p.interact(func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
 			if node != 0 {
@@ -369,15 +349,9 @@ func (t *tools) browserScroll(ctx context.Context, in scrollIn) (*sdk.CallToolRe
 		return nil, fmt.Errorf("%w: give dy (pixels down; negative scrolls up), dx, or an element (ref or selector) to scroll into view", errdefs.ErrInvalid)
 	}
 	return t.browser(ctx, in.SandboxID, 0, func(bc *browserCall) (*sdk.CallToolResult, error) {
-		p, err := bc.tab()
+		p, node, err := bc.tabAt(ref, sel)
 		if err != nil {
 			return nil, err
-		}
-		var node cdp.BackendNodeID
-		if ref != "" || sel != "" {
-			if node, err = p.element(ref, sel); err != nil {
-				return nil, err
-			}
 		}
 		what := fmt.Sprintf("scrolled by dx=%d dy=%d", in.DX, in.DY)
 		if node != 0 {
@@ -450,7 +424,7 @@ func (t *tools) browserText(ctx context.Context, in textIn) (*sdk.CallToolResult
 		return nil, err
 	}
 	return t.browser(ctx, in.SandboxID, 0, func(bc *browserCall) (*sdk.CallToolResult, error) {
-		p, err := bc.tab()
+		p, node, err := bc.tabAt(ref, sel)
 		if err != nil {
 			return nil, err
 		}
@@ -459,12 +433,6 @@ func (t *tools) browserText(ctx context.Context, in textIn) (*sdk.CallToolResult
 		var out struct {
 			Text   string `json:"text"`
 			Length int    `json:"length"`
-		}
-		var node cdp.BackendNodeID
-		if ref != "" || sel != "" {
-			if node, err = p.element(ref, sel); err != nil {
-				return nil, err
-			}
 		}
 		_, err = chromedp.Run(p.ctx, func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
 			var obj runtime.RemoteObjectID

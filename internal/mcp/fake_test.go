@@ -230,7 +230,7 @@ func (f *fake) browser(c sandbox.Caller, id string) (string, error) {
 	return f.browserAddr, f.resumeLocked(id)
 }
 
-func (f *fake) StartBrowser(_ context.Context, c sandbox.Caller, id string, _ bool) (sandbox.BrowserStatus, error) {
+func (f *fake) StartBrowser(_ context.Context, c sandbox.Caller, id string, _ sandbox.BrowserView) (sandbox.BrowserStatus, error) {
 	if _, err := f.browser(c, id); err != nil {
 		return sandbox.BrowserStatus{}, err
 	}

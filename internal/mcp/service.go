@@ -74,7 +74,7 @@ type Service interface {
 	// image where it is not running and returns its status
 	// (sandbox.ErrNoBrowser, a failed precondition, for other images).
 	// Idempotent.
-	StartBrowser(ctx context.Context, c sandbox.Caller, id string, interactive bool) (sandbox.BrowserStatus, error)
+	StartBrowser(ctx context.Context, c sandbox.Caller, id string, v sandbox.BrowserView) (sandbox.BrowserStatus, error)
 	// DialBrowser opens a TCP stream to the DevTools port of the
 	// sandbox's browser, starting the browser first if nothing answers.
 	// The caller closes the stream.

@@ -63,34 +63,38 @@ type BrowserStatus struct {
 var ErrNoBrowser = fmt.Errorf("%w: this sandbox has no browser: create one from the image \"browser\" "+
 	"(which 'airlock setup --browser' builds)", errdefs.ErrFailedPrecondition)
 
+// BrowserView says what a browser start waits for besides Chromium.
+type BrowserView int
+
+const (
+	// ViewBackground: the view-only live view goes on starting after the
+	// answer.
+	ViewBackground BrowserView = iota
+	// ViewWait: the answer waits for the view-only live view too.
+	ViewWait
+	// ViewInteractive: and for the live view with keyboard and mouse.
+	ViewInteractive
+)
+
+// launcherFlag is the launcher's start flag for v.
+func (v BrowserView) launcherFlag() string {
+	switch v {
+	case ViewWait:
+		return "--view"
+	case ViewInteractive:
+		return "--interactive"
+	}
+	return ""
+}
+
 // StartBrowser starts the browser of c's sandbox id where it is not
-// running (the view with keyboard and mouse too if interactive) and
-// returns its status. Idempotent: the launcher serializes starts.
-func (m *Manager) StartBrowser(ctx context.Context, c Caller, id string, interactive bool) (BrowserStatus, error) {
-	if interactive {
-		return m.startBrowser(ctx, c, id, "--interactive")
-	}
-	return m.startBrowser(ctx, c, id, "")
-}
-
-// StartBrowserView is StartBrowser that also waits for the live view
-// (view-only, or with keyboard and mouse if interactive), which a plain
-// start leaves starting in the background.
-func (m *Manager) StartBrowserView(ctx context.Context, c Caller, id string, interactive bool) (BrowserStatus, error) {
-	if interactive {
-		return m.startBrowser(ctx, c, id, "--interactive")
-	}
-	return m.startBrowser(ctx, c, id, "--view")
-}
-
-// startBrowser runs the launcher's start with flag ("", --view: wait for
-// the view too, or --interactive).
-func (m *Manager) startBrowser(ctx context.Context, c Caller, id, flag string) (BrowserStatus, error) {
+// running, with the live view as v says, and returns its status.
+// Idempotent: the launcher serializes starts.
+func (m *Manager) StartBrowser(ctx context.Context, c Caller, id string, v BrowserView) (BrowserStatus, error) {
 	argv := []string{image.BrowserLauncher, "start"}
-	if flag != "" {
-		argv = append(argv, flag)
+	if f := v.launcherFlag(); f != "" {
+		argv = append(argv, f)
 	}
-	interactive := flag == "--interactive"
 	st, err := m.browserCommand(ctx, c, id, argv)
 	if err != nil {
 		return st, err
@@ -98,7 +102,7 @@ func (m *Manager) startBrowser(ctx context.Context, c Caller, id, flag string) (
 	if !st.Running || st.CDPPort == 0 {
 		return st, fmt.Errorf("%w: the browser did not start", errdefs.ErrUnavailable)
 	}
-	m.audit(ctx, c, id, "browser.start", map[string]any{"browser": st.Browser, "sandbox": st.Sandbox, "view": flag != "", "interactive": interactive})
+	m.audit(ctx, c, id, "browser.start", map[string]any{"browser": st.Browser, "sandbox": st.Sandbox, "view": v != ViewBackground, "interactive": v == ViewInteractive})
 	return st, nil
 }
 
@@ -150,7 +154,7 @@ func (m *Manager) browserCommand(ctx context.Context, c Caller, id string, argv 
 // DialBrowser opens a TCP stream to the DevTools port of c's sandbox's
 // browser, starting the browser first if nothing answers.
 func (m *Manager) DialBrowser(ctx context.Context, c Caller, id string) (net.Conn, error) {
-	return m.dialBrowserPort(ctx, c, id, BrowserCDPPort, "")
+	return m.dialBrowserPort(ctx, c, id, BrowserCDPPort, ViewBackground)
 }
 
 // DialBrowserView opens a TCP stream to the live view (noVNC and its
@@ -158,12 +162,12 @@ func (m *Manager) DialBrowser(ctx context.Context, c Caller, id string) (net.Con
 // nothing answers.
 func (m *Manager) DialBrowserView(ctx context.Context, c Caller, id string, interactive bool) (net.Conn, error) {
 	if interactive {
-		return m.dialBrowserPort(ctx, c, id, BrowserInteractivePort, "--interactive")
+		return m.dialBrowserPort(ctx, c, id, BrowserInteractivePort, ViewInteractive)
 	}
-	return m.dialBrowserPort(ctx, c, id, BrowserViewPort, "--view")
+	return m.dialBrowserPort(ctx, c, id, BrowserViewPort, ViewWait)
 }
 
-func (m *Manager) dialBrowserPort(ctx context.Context, c Caller, id string, port uint16, flag string) (net.Conn, error) {
+func (m *Manager) dialBrowserPort(ctx context.Context, c Caller, id string, port uint16, v BrowserView) (net.Conn, error) {
 	conn, err := m.DialPort(ctx, c, id, port)
 	if err == nil {
 		return conn, nil
@@ -171,7 +175,7 @@ func (m *Manager) dialBrowserPort(ctx context.Context, c Caller, id string, port
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		return nil, err
 	}
-	if _, err := m.startBrowser(ctx, c, id, flag); err != nil {
+	if _, err := m.StartBrowser(ctx, c, id, v); err != nil {
 		return nil, err
 	}
 	return m.DialPort(ctx, c, id, port)

@@ -114,48 +114,61 @@ func (c *Client) headers() http.Header {
 // the handler's own address (the request's Host). Keep prefix secret (a
 // random path) if other users can reach the port.
 func (c *Client) BrowserProxy(id, prefix string) http.Handler {
+	upstream := browserPath(id) + "/cdp"
+	return c.prefixProxy(prefix, func(out, _ *http.Request, base *url.URL, rest string) {
+		out.URL.Path = strings.TrimSuffix(base.Path, "/") + upstream + rest
+		out.Header.Del("Origin")
+		out.Header.Del("Accept-Encoding") // ModifyResponse rewrites plain JSON
+	}, func(resp *http.Response, prefix string) error {
+		if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+			return nil
+		}
+		b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		// The server's public address of the endpoint, as it wrote it.
+		in := resp.Request.URL
+		from := "ws://" + in.Host + upstream
+		if in.Scheme == "https" {
+			from = "wss://" + in.Host + upstream
+		}
+		local, _ := resp.Request.Context().Value(localHostKey{}).(string)
+		b = bytes.ReplaceAll(b, []byte(from), []byte("ws://"+local+prefix))
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		resp.ContentLength = int64(len(b))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
+		return nil
+	})
+}
+
+// prefixProxy serves the requests under prefix ("" or "/x": the rest of
+// their path is rest) from this client's server, with its key and user
+// agent and without the client's cookies: rewrite sets the outbound path
+// and query (and anything else), modify, if set, edits the answers. The Host a
+// request came in with is in its context (localHostKey).
+func (c *Client) prefixProxy(prefix string, rewrite func(out, in *http.Request, base *url.URL, rest string),
+	modify func(resp *http.Response, prefix string) error) http.Handler {
 	prefix = "/" + strings.Trim(prefix, "/")
 	if prefix == "/" {
 		prefix = ""
 	}
 	base, _ := url.Parse(c.base)
-	upstream := browserPath(id) + "/cdp"
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			rest := strings.TrimPrefix(pr.In.URL.Path, prefix)
-			pr.Out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: strings.TrimSuffix(base.Path, "/") + upstream + rest}
+			pr.Out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host}
 			pr.Out.Host = base.Host
 			for k, v := range c.headers() {
 				pr.Out.Header[k] = v
 			}
-			pr.Out.Header.Del("Origin")
 			pr.Out.Header.Del("Cookie")
-			pr.Out.Header.Del("Accept-Encoding") // ModifyResponse rewrites plain JSON
+			rewrite(pr.Out, pr.In, base, strings.TrimPrefix(pr.In.URL.Path, prefix))
 		},
 		Transport: c.hc.Transport,
-		ModifyResponse: func(resp *http.Response) error {
-			if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
-				return nil
-			}
-			b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-			resp.Body.Close()
-			if err != nil {
-				return err
-			}
-			// The server's public address of the endpoint, as it wrote it.
-			in := resp.Request.URL
-			from := "ws://" + in.Host + browserPath(id) + "/cdp"
-			if resp.Request.URL.Scheme == "https" {
-				from = "wss://" + in.Host + browserPath(id) + "/cdp"
-			}
-			local, _ := resp.Request.Context().Value(localHostKey{}).(string)
-			to := "ws://" + local + prefix
-			b = bytes.ReplaceAll(b, []byte(from), []byte(to))
-			resp.Body = io.NopCloser(bytes.NewReader(b))
-			resp.ContentLength = int64(len(b))
-			resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
-			return nil
-		},
+	}
+	if modify != nil {
+		rp.ModifyResponse = func(resp *http.Response) error { return modify(resp, prefix) }
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != prefix && !strings.HasPrefix(r.URL.Path, prefix+"/") {
@@ -174,29 +187,9 @@ type localHostKey struct{}
 // /v1/sandboxes/{id}/ports/{port}/ with this client's key). Keep prefix
 // secret (a random path) if other users can reach the handler.
 func (c *Client) PortProxy(id string, port int, prefix string) http.Handler {
-	prefix = "/" + strings.Trim(prefix, "/")
-	if prefix == "/" {
-		prefix = ""
-	}
-	base, _ := url.Parse(c.base)
 	upstream := "/v1/sandboxes/" + url.PathEscape(id) + "/ports/" + strconv.Itoa(port)
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			rest := strings.TrimPrefix(pr.In.URL.Path, prefix)
-			pr.Out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: strings.TrimSuffix(base.Path, "/") + upstream + "/" + strings.TrimPrefix(rest, "/"), RawQuery: pr.In.URL.RawQuery}
-			pr.Out.Host = base.Host
-			for k, v := range c.headers() {
-				pr.Out.Header[k] = v
-			}
-			pr.Out.Header.Del("Cookie")
-		},
-		Transport: c.hc.Transport,
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != prefix && !strings.HasPrefix(r.URL.Path, prefix+"/") {
-			http.NotFound(w, r)
-			return
-		}
-		rp.ServeHTTP(w, r)
-	})
+	return c.prefixProxy(prefix, func(out, in *http.Request, base *url.URL, rest string) {
+		out.URL.Path = strings.TrimSuffix(base.Path, "/") + upstream + "/" + strings.TrimPrefix(rest, "/")
+		out.URL.RawQuery = in.URL.RawQuery
+	}, nil)
 }
