@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -55,18 +54,24 @@ const (
 	procMaxStreams     = 2
 	procFlushInterval  = 50 * time.Millisecond
 	procRecvBufBytes   = 4 << 20
-	procReadTimeout    = time.Second // how soon the reader notices the stream ended
 	procCmdlineMaxRead = 4096
 )
 
-// procSocket is a subscription to the process-events connector.
-type procSocket struct{ fd int }
+// procSocket is a subscription to the process-events connector. The
+// socket is non-blocking and read through Go's poller (f), so an idle
+// guest costs no wakeups: a blocking read with a receive timeout woke the
+// agent, and the Go runtime's sysmon after it, every timeout, and under TCG
+// each wakeup is a guest timer interrupt that QEMU's main loop serves.
+type procSocket struct {
+	fd int
+	f  *os.File
+}
 
 // openProcSocket joins the connector's process-events group and asks the
 // kernel to report. ErrUnsupported-wrapped errors mean the kernel has no
 // connector (gVisor, a kernel without CONFIG_PROC_EVENTS).
 func openProcSocket() (*procSocket, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_CONNECTOR)
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_CONNECTOR)
 	if err != nil {
 		return nil, fmt.Errorf("%w: process-events connector: %w", errors.ErrUnsupported, err)
 	}
@@ -82,10 +87,6 @@ func openProcSocket() (*procSocket, error) {
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, procRecvBufBytes); err != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, procRecvBufBytes)
 	}
-	tv := unix.NsecToTimeval(procReadTimeout.Nanoseconds())
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return nil, fmt.Errorf("process-events connector: %w", err)
-	}
 	// Only exec and process exit events wake the agent: the kernel drops
 	// forks, thread exits, uid changes and the rest before they are
 	// queued (each would cost a wakeup per fork under TCG).
@@ -99,6 +100,8 @@ func openProcSocket() (*procSocket, error) {
 	if err := s.control(procCnMcastListen); err != nil {
 		return nil, err
 	}
+	// The fd is non-blocking, so os.NewFile registers it with the poller.
+	s.f = os.NewFile(uintptr(fd), "proc-connector")
 	ok = true
 	return s, nil
 }
@@ -152,8 +155,30 @@ func (s *procSocket) control(op uint32) error {
 
 func (s *procSocket) close() {
 	_ = s.control(procCnMcastIgnore)
-	_ = unix.Close(s.fd)
+	_ = s.f.Close()
 }
+
+// recv reads one datagram, waiting in the poller; it fails with
+// os.ErrDeadlineExceeded once stopRead has been called.
+func (s *procSocket) recv(buf []byte) (int, error) {
+	rc, err := s.f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+		return !errors.Is(rerr, unix.EAGAIN)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, rerr
+}
+
+// stopRead makes a pending and every later recv return at once.
+func (s *procSocket) stopRead() { _ = s.f.SetReadDeadline(time.Now()) }
 
 // rawProcEvent is one connector event, before /proc is read.
 type rawProcEvent struct {
@@ -410,11 +435,11 @@ func (p *procStream) handle(ev rawProcEvent) {
 	}
 }
 
-// read receives connector datagrams until stop is set.
-func (p *procStream) read(s *procSocket, stop *atomic.Bool) {
+// read receives connector datagrams until s.stopRead.
+func (p *procStream) read(s *procSocket) {
 	buf := make([]byte, 64<<10)
-	for !stop.Load() {
-		n, _, err := unix.Recvfrom(s.fd, buf, 0)
+	for {
+		n, err := s.recv(buf)
 		switch {
 		case errors.Is(err, unix.ENOBUFS):
 			// The kernel dropped events it could not queue: how many is
@@ -424,7 +449,7 @@ func (p *procStream) read(s *procSocket, stop *atomic.Bool) {
 			p.mu.Unlock()
 			p.signal()
 			continue
-		case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
+		case errors.Is(err, unix.EINTR):
 			continue
 		case err != nil:
 			return
@@ -448,12 +473,11 @@ func (a *agentService) ProcEvents(ctx context.Context, _ *connect.Request[agentv
 		return connect.NewError(connect.CodeInternal, err)
 	}
 	p := newProcStream()
-	var stop atomic.Bool
 	var wg sync.WaitGroup
-	wg.Go(func() { p.read(sock, &stop) })
+	wg.Go(func() { p.read(sock) })
 	defer func() {
-		stop.Store(true)
-		wg.Wait() // the reader notices within procReadTimeout
+		sock.stopRead()
+		wg.Wait()
 		sock.close()
 	}()
 	// The first message tells the host the stream is live.

@@ -631,7 +631,15 @@ func (m *Manager) setTimeout(ctx context.Context, id string, d time.Duration) er
 	if ok, err := m.Store.SetLifetimeLeft(ctx, id, d); err != nil || ok {
 		return err
 	}
-	return m.Store.SetExpiry(ctx, id, time.Now().Add(d))
+	if err := m.Store.SetExpiry(ctx, id, time.Now().Add(d)); err != nil {
+		return err
+	}
+	// A running shim moves its lifetime timer now; one that misses this
+	// (starting, or gone) reads the row itself within lifetimePoll.
+	if err := m.shims().Get(m.L.Socket(id)).Refresh(ctx); err != nil {
+		m.Log.Debug("lifetime refresh", "sandbox_id", id, "err", err)
+	}
+	return nil
 }
 
 // Get returns sandbox id, reconciled, if c may see it (see lookup for

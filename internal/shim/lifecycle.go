@@ -59,7 +59,8 @@ func (a *activity) track(h http.Handler) http.Handler {
 			_, _ = w.Write([]byte(`{"code":"unavailable","message":"the sandbox is pausing; retry"}`))
 			return
 		}
-		if r.URL.Path == shimv2connect.LifecycleServiceStatsProcedure || r.URL.Path == shimv2connect.LifecycleServiceUsageProcedure {
+		switch r.URL.Path {
+		case shimv2connect.LifecycleServiceStatsProcedure, shimv2connect.LifecycleServiceUsageProcedure, shimv2connect.LifecycleServiceRefreshProcedure:
 			// Looking is not activity: a poller must not keep the
 			// sandbox from idling.
 			h.ServeHTTP(w, r)
@@ -119,6 +120,16 @@ func (l lifecycleService) Shutdown(context.Context, *connect.Request[shimv2.Shut
 func (l lifecycleService) Touch(context.Context, *connect.Request[shimv2.TouchRequest]) (*connect.Response[shimv2.TouchResponse], error) {
 	l.s.act.touch()
 	return connect.NewResponse(&shimv2.TouchResponse{}), nil
+}
+
+// Refresh asks the main loop to re-read the sandbox's row (its lifetime)
+// and returns without waiting: a Refresh already queued covers this one.
+func (l lifecycleService) Refresh(context.Context, *connect.Request[shimv2.RefreshRequest]) (*connect.Response[shimv2.RefreshResponse], error) {
+	select {
+	case l.s.refreshReq <- struct{}{}:
+	default:
+	}
+	return connect.NewResponse(&shimv2.RefreshResponse{}), nil
 }
 
 // Stats reports the shim's own counters.

@@ -445,7 +445,13 @@ func TestShimLifetimeFollowsSetExpiry(t *testing.T) {
 	if err := h.st.SetExpiry(t.Context(), h.id, extended); err != nil {
 		t.Fatal(err)
 	}
-	h.clk.Advance(expiryPoll) // the shim re-reads expires_at
+	// Asked to (what the control plane does after SetExpiry), the shim
+	// re-reads expires_at at once: the clock does not move.
+	sc := shimclient.New(h.l.Socket(h.id))
+	defer sc.Close()
+	if err := sc.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	if !testutil.WaitFor(t, 10*time.Second, func() bool { return h.hasDeadline(extended) && !h.hasDeadline(first) }) {
 		t.Fatalf("the shim did not move its lifetime timer: %v", h.clk.Deadlines())
 	}
@@ -453,11 +459,13 @@ func TestShimLifetimeFollowsSetExpiry(t *testing.T) {
 	if sb, err := h.st.GetSandbox(t.Context(), h.id); err != nil || sb.State != store.StateRunning || !h.hasDeadline(extended) {
 		t.Fatalf("after extension: %+v %v", sb, err)
 	}
-	// Shortened: the shim removes the sandbox at the new time.
+	// Shortened, with no Refresh: the shim's own re-read (lifetimePoll)
+	// finds it and removes the sandbox at the new time.
 	shortened := h.clk.Now().Add(100 * time.Millisecond)
 	if err := h.st.SetExpiry(t.Context(), h.id, shortened); err != nil {
 		t.Fatal(err)
 	}
+	h.clk.Advance(lifetimePoll)
 	h.waitAdvancing(t)
 	if h.clk.Now().Before(shortened) {
 		t.Fatalf("removed at %v, before its shortened lifetime %v", h.clk.Now(), shortened)

@@ -158,6 +158,7 @@ type shim struct {
 	accel      string              // "kvm" or "tcg"
 	act        activity            // what keeps the sandbox from idling
 	pauseReq   chan pauseReq       // LifecycleService.Pause asks the main loop
+	refreshReq chan struct{}       // LifecycleService.Refresh asks it to re-read the row
 	gen        int64               // the generation this shim owns (store.Transition)
 	envelope   *hostcg.Envelope    // the host cgroup this shim and its VMM run in; nil if none
 	proc       *procAudit          // the guest's process audit; nil if off
@@ -223,7 +224,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	clk := clock.Or(cfg.Clock)
-	s := &shim{cfg: cfg, clk: clk, l: statedir.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq)}
+	s := &shim{cfg: cfg, clk: clk, l: statedir.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq), refreshReq: make(chan struct{}, 1)}
 	s.act.clk = clk
 	ready := func(msg string) {
 		if cfg.Ready != nil {
@@ -315,7 +316,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		exited <- st
 	}()
 	// The lifetime follows the row's expires_at, which the control plane
-	// moves (store.SetExpiry): re-read it every expiryPoll.
+	// moves (store.SetExpiry) and then asks for a Refresh; lifetimePoll is
+	// the backstop for a Refresh that never came.
 	expiresAt := sb.ExpiresAt
 	if sb.State == store.StateResuming {
 		// The lifetime counts running time only: what was left at pause.
@@ -323,8 +325,25 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	expiry := clk.NewTimer(expiresAt.Sub(clk.Now()))
 	defer expiry.Stop()
-	poll := clk.NewTicker(expiryPoll)
+	poll := clk.NewTicker(lifetimePoll)
 	defer poll.Stop()
+	refresh := func() {
+		if at, err := s.st.GetSandbox(ctx, cfg.ID); err == nil && !at.ExpiresAt.Equal(expiresAt) {
+			expiresAt = at.ExpiresAt
+			s.log.Info("lifetime changed", "expires_at", expiresAt)
+			expiry.Reset(expiresAt.Sub(clk.Now()))
+		}
+	}
+	// The idle check sleeps until the sandbox could have been idle for
+	// its idle pause, then looks again: nothing wakes an idle shim
+	// before that.
+	var idleC <-chan time.Time
+	var idle clock.Timer
+	if sb.IdlePause > 0 {
+		idle = clk.NewTimer(sb.IdlePause)
+		defer idle.Stop()
+		idleC = idle.C()
+	}
 
 	bg := context.WithoutCancel(ctx)
 	for {
@@ -353,30 +372,32 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				return nil
 			}
 		case <-poll.C():
-			if at, err := s.st.GetSandbox(ctx, cfg.ID); err == nil && !at.ExpiresAt.Equal(expiresAt) {
-				expiresAt = at.ExpiresAt
-				s.log.Info("lifetime changed", "expires_at", expiresAt)
-				expiry.Reset(expiresAt.Sub(clk.Now()))
+			refresh()
+		case <-s.refreshReq:
+			refresh()
+		case <-idleC:
+			if d := s.act.idleFor(clk.Now(), s.busy()); d < sb.IdlePause {
+				idle.Reset(sb.IdlePause - d)
+				continue
 			}
-			if sb.IdlePause > 0 && s.act.idleFor(clk.Now(), s.busy()) >= sb.IdlePause {
-				if err := s.l.CheckSpace(s.cfg.DiskReserve, "an idle pause", int64(sb.MemoryMiB)<<20); err != nil {
-					s.log.Warn("idle pause skipped", "err", err)
-					s.event(bg, sb, "sandbox.pause.skipped", map[string]any{"reason": err.Error()})
-					s.act.touch() // try again after another idle period
-					continue
-				}
-				s.log.Info("idle; pausing", "idle_pause", sb.IdlePause)
-				r, fatal, err := s.pause(bg, false, 0)
-				if err == nil {
-					s.event(bg, sb, "sandbox.pause", map[string]any{"reason": "idle", "idle_pause_s": sb.IdlePause.Seconds(), "state_bytes": r.GetStateBytes(), "save_ms": r.GetSaveMs()})
-					s.teardownPaused(bg)
-					return nil
-				}
-				if s.pauseFailed(bg, "idle pause", err, fatal) {
-					return nil
-				}
+			idle.Reset(sb.IdlePause) // for a skipped or refused pause: another idle period
+			if err := s.l.CheckSpace(s.cfg.DiskReserve, "an idle pause", int64(sb.MemoryMiB)<<20); err != nil {
+				s.log.Warn("idle pause skipped", "err", err)
+				s.event(bg, sb, "sandbox.pause.skipped", map[string]any{"reason": err.Error()})
 				s.act.touch() // try again after another idle period
+				continue
 			}
+			s.log.Info("idle; pausing", "idle_pause", sb.IdlePause)
+			r, fatal, err := s.pause(bg, false, 0)
+			if err == nil {
+				s.event(bg, sb, "sandbox.pause", map[string]any{"reason": "idle", "idle_pause_s": sb.IdlePause.Seconds(), "state_bytes": r.GetStateBytes(), "save_ms": r.GetSaveMs()})
+				s.teardownPaused(bg)
+				return nil
+			}
+			if s.pauseFailed(bg, "idle pause", err, fatal) {
+				return nil
+			}
+			s.act.touch() // try again after another idle period
 		case <-expiry.C():
 			s.log.Info("lifetime timeout reached; removing sandbox")
 			s.event(bg, sb, "sandbox.expire", map[string]any{"reason": "its lifetime ended", "expires_at": expiresAt.UTC()})
@@ -409,9 +430,10 @@ func (s *shim) pauseFailed(ctx context.Context, what string, err error, fatal bo
 	return true
 }
 
-// expiryPoll is how often the shim re-reads its sandbox's expires_at, and
-// checks whether it has been idle for its idle pause (on Config.Clock).
-const expiryPoll = time.Second
+// lifetimePoll is how often the shim re-reads its sandbox's expires_at
+// without being asked to (LifecycleService.Refresh), on Config.Clock. An
+// idle shim wakes for nothing else.
+const lifetimePoll = 30 * time.Second
 
 func (s *shim) fail(ctx context.Context, reason string) {
 	sb, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StateFailed, Gen: s.gen, Reason: oneLine(reason)})

@@ -81,8 +81,8 @@ func (h *harness) wait(t *testing.T) {
 	h.shim.Wait(t)
 }
 
-// waitAdvancing moves the fake clock on by one expiryPoll at a time until
-// the shim exits (a lifetime or idle pause that must come due).
+// waitAdvancing moves the fake clock on by a second at a time until the
+// shim exits (a lifetime or idle pause that must come due).
 func (h *harness) waitAdvancing(t *testing.T) {
 	t.Helper()
 	var err error
@@ -91,7 +91,7 @@ func (h *harness) waitAdvancing(t *testing.T) {
 		case err = <-h.shim.Done():
 			return true
 		default:
-			h.clk.Advance(expiryPoll)
+			h.clk.Advance(time.Second)
 			return false
 		}
 	}) {
@@ -186,7 +186,7 @@ func TestShimIdlePauseKeepsTheDiskReserve(t *testing.T) {
 	var evs []store.Event
 	if !testutil.WaitFor(t, 10*time.Second, func() bool {
 		evs, _ = h.st.ListEvents(t.Context(), store.EventFilter{SandboxID: h.id, Type: "sandbox.pause.skipped"})
-		h.clk.Advance(expiryPoll) // the idle check runs on every poll
+		h.clk.Advance(50 * time.Millisecond) // the idle check comes due
 		return len(evs) > 0
 	}) {
 		t.Fatal("no sandbox.pause.skipped event")

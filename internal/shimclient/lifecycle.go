@@ -46,6 +46,15 @@ func (c *Client) Touch(ctx context.Context) error {
 	return nil
 }
 
+// Refresh asks the shim to re-read its sandbox's row in the catalog (after
+// a change of its lifetime). It is not activity.
+func (c *Client) Refresh(ctx context.Context) error {
+	if _, err := c.lifecycle().Refresh(ctx, connect.NewRequest(&shimv2.RefreshRequest{})); err != nil {
+		return wireErr(ctx, "refresh", err)
+	}
+	return nil
+}
+
 // Stats returns what the shim knows of the sandbox without the guest. It
 // is not activity: polling it does not keep the sandbox from idling.
 func (c *Client) Stats(ctx context.Context) (guest.Stats, error) {

@@ -32,7 +32,8 @@ import (
 //	v2: x86-64-v2 guest CPU under TCG
 //	v3: a virtio-net NIC (runtime.Spec.Network), down in the template
 //	v5: no SVM/VMX in the guest CPU (no nested virtualization)
-const templateFormat = "v5"
+//	v6: tsc=reliable under TCG (a tickless guest kernel)
+const templateFormat = "v6"
 
 // Key is everything a restored clone must share with its template.
 type Key struct {

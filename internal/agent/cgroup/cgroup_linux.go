@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,7 +33,8 @@ type Options struct {
 	// TaskLimit is how many tasks the kernel can hold: min(pid_max,
 	// threads-max). Zero leaves the subtree's pids.max alone.
 	TaskLimit uint64
-	// SweepInterval is how often empty exec cgroups are removed (default 5s).
+	// SweepInterval is how often empty exec cgroups are removed when the
+	// kernel cannot report it (no inotify on cgroup.events; default 5s).
 	SweepInterval time.Duration
 }
 
@@ -65,6 +67,12 @@ type Manager struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+	// w watches the cgroup.events of released exec cgroups that still
+	// held processes; nil when inotify is unavailable (then a periodic
+	// sweep runs instead). An idle guest costs no wakeups this way.
+	w       *fsnotify.Watcher
+	watched chan struct{} // a watch was added: arm the backstop sweep
+	every   time.Duration
 
 	mu   sync.Mutex
 	seq  uint64
@@ -93,7 +101,8 @@ func Setup(opts Options) (*Manager, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
-	m := &Manager{log: log, dir: dir, stop: make(chan struct{}), live: make(map[string]bool)}
+	m := &Manager{log: log, dir: dir, stop: make(chan struct{}), live: make(map[string]bool),
+		watched: make(chan struct{}, 1), every: opts.SweepInterval}
 	if opts.Memory > 0 {
 		if err := writeFile(dir, "memory.max", strconv.FormatUint(MemoryMax(opts.Memory), 10)); err != nil {
 			log.Warn("cgroup memory.max", "err", err)
@@ -109,7 +118,14 @@ func Setup(opts Options) (*Manager, error) {
 		}
 	}
 	enableControllers(log, dir)
-	m.wg.Go(func() { m.sweepLoop(opts.SweepInterval) })
+	m.Sweep() // what an earlier agent left (none in a fresh guest)
+	if w, err := fsnotify.NewWatcher(); err == nil {
+		m.w = w
+		m.wg.Go(m.watchLoop)
+	} else {
+		log.Warn("cgroup: no inotify; empty exec cgroups are swept periodically", "err", err)
+		m.wg.Go(func() { m.sweepLoop(opts.SweepInterval) })
+	}
 	return m, nil
 }
 
@@ -139,6 +155,9 @@ func (m *Manager) Close() {
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
+	if m.w != nil {
+		_ = m.w.Close()
+	}
 }
 
 // Exec is one exec's cgroup. Its methods are safe for concurrent use.
@@ -243,7 +262,8 @@ func parseOOMKills(s string) uint64 {
 
 // Release closes the cgroup's fd and removes the cgroup if it is empty. A
 // cgroup that still holds processes (background children of the exec) is
-// removed by a later sweep once they are gone. Idempotent.
+// removed once they are gone: the kernel reports that as a change of its
+// cgroup.events. Idempotent.
 func (e *Exec) Release() {
 	e.mu.Lock()
 	if e.fd >= 0 {
@@ -254,14 +274,63 @@ func (e *Exec) Release() {
 	e.m.mu.Lock()
 	delete(e.m.live, e.name)
 	e.m.mu.Unlock()
-	_ = unix.Rmdir(e.dir) // EBUSY while populated: the sweep retries
+	if err := unix.Rmdir(e.dir); !errors.Is(err, unix.EBUSY) || e.m.w == nil {
+		return // removed, gone, or the periodic sweep retries
+	}
+	if err := e.m.w.Add(filepath.Join(e.dir, "cgroup.events")); err != nil {
+		e.m.log.Warn("cgroup: watch", "cgroup", e.name, "err", err)
+		return
+	}
+	// It may have emptied between the Rmdir and the watch.
+	if unix.Rmdir(e.dir) != nil {
+		select {
+		case e.m.watched <- struct{}{}:
+		default:
+		}
+	}
 }
 
-// Sweep removes every released exec cgroup that has become empty.
-func (m *Manager) Sweep() {
+// watchLoop removes a watched exec cgroup when its cgroup.events changes
+// and it is empty; the kernel drops the watch with the directory. While
+// released cgroups remain, a sweep every m.every is the backstop for a
+// kernel whose cgroupfs does not report (gVisor's); with none left it
+// sleeps.
+func (m *Manager) watchLoop() {
+	backstop := time.NewTimer(m.every)
+	backstop.Stop()
+	for {
+		select {
+		case <-m.stop:
+			backstop.Stop()
+			return
+		case <-m.watched:
+			backstop.Reset(m.every)
+		case <-backstop.C:
+			if m.Sweep() > 0 {
+				backstop.Reset(m.every)
+			}
+		case ev, ok := <-m.w.Events:
+			if !ok {
+				return
+			}
+			if ev.Has(fsnotify.Write) {
+				_ = unix.Rmdir(filepath.Dir(ev.Name)) // EBUSY: still populated
+			}
+		case err, ok := <-m.w.Errors:
+			if !ok {
+				return
+			}
+			m.log.Warn("cgroup: watch", "err", err)
+		}
+	}
+}
+
+// Sweep removes every released exec cgroup that has become empty, and
+// returns how many released ones are left (still populated).
+func (m *Manager) Sweep() (left int) {
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
-		return
+		return 0
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock() // held so NewExec cannot hand out a name being removed
@@ -269,8 +338,11 @@ func (m *Manager) Sweep() {
 		if !ent.IsDir() || !strings.HasPrefix(ent.Name(), "exec-") || m.live[ent.Name()] {
 			continue
 		}
-		_ = unix.Rmdir(filepath.Join(m.dir, ent.Name())) // EBUSY if populated
+		if unix.Rmdir(filepath.Join(m.dir, ent.Name())) != nil { // EBUSY if populated
+			left++
+		}
 	}
+	return left
 }
 
 func (m *Manager) sweepLoop(every time.Duration) {

@@ -48,6 +48,9 @@ type argConfig struct {
 	TSCkHz int64
 	// Probe builds the KVM probe guest: no root disk, no RNG.
 	Probe bool
+	// Legacy is the machine profile before machineV2, for restoring a
+	// snapshot taken on it.
+	Legacy bool
 }
 
 // fdLayout says which optional descriptors are present.
@@ -71,6 +74,13 @@ type fdLayout struct {
 // and initramfs are paths; every other host endpoint is an inherited fd.
 func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 	machine := "microvm,x-option-roms=off,isa-serial=on"
+	if cfg.Accel != "kvm" && !cfg.Legacy {
+		// No PIT under TCG: the guest kernel (6.1) leaves the one it does
+		// not use counting, and QEMU's main loop woke 36 times a second
+		// for its interrupts. The guest needs none: tsc_early_khz gives
+		// the TSC, which calibrates the local APIC timer.
+		machine += ",pit=off"
+	}
 	if fds.Mem || !cfg.Probe {
 		machine += ",memory-backend=mem"
 	}
@@ -85,7 +95,11 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 	} else {
 		// A 32 MiB translation cache instead of the default saves about
 		// 12 MB per VM and did not slow boots (notes §8).
-		a = append(a, "-accel", "tcg,tb-size=32", "-cpu", tcgCPU)
+		cpu := tcgCPU
+		if cfg.Legacy {
+			cpu = tcgCPULegacy
+		}
+		a = append(a, "-accel", "tcg,tb-size=32", "-cpu", cpu)
 	}
 	a = append(a,
 		"-m", strconv.Itoa(spec.MemoryMiB),
@@ -188,11 +202,17 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 
 // kernelCmdline is the guest's command line: ours, then spec.KernelArgs.
 func kernelCmdline(cfg argConfig, spec runtime.Spec) string {
-	args := []string{"console=ttyS0", "quiet", "panic=-1"}
+	// An idle guest must not wake: each wakeup under TCG is a guest timer
+	// interrupt that QEMU's main loop serves. No soft-lockup watchdog (a
+	// timer every 4 s) and no proactive compaction (kcompactd every 0.5 s).
+	args := []string{"console=ttyS0", "quiet", "panic=-1", "nowatchdog", "sysctl.vm.compaction_proactiveness=0"}
 	if cfg.Accel != "kvm" && cfg.TSCkHz > 0 {
 		// microvm has no HPET or PM timer; under TCG the PIT calibration
-		// fails at random and the boot hangs (notes §1).
-		args = append(args, "tsc_early_khz="+strconv.FormatInt(cfg.TSCkHz, 10))
+		// fails at random and the boot hangs (notes §1). With no second
+		// clocksource to check it against, the TSC is never marked fit
+		// for high resolution unless it is declared reliable, and without
+		// that (and ARAT in the guest CPU) the guest ticks at HZ forever.
+		args = append(args, "tsc_early_khz="+strconv.FormatInt(cfg.TSCkHz, 10), "tsc=reliable")
 	}
 	if cfg.Probe {
 		args = append(args, ProbeKernelArg)
@@ -204,10 +224,23 @@ func kernelCmdline(cfg argConfig, spec runtime.Spec) string {
 // optEscape escapes a value for QEMU's key=value,... option syntax.
 func optEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
-// tcgCPU is the guest CPU under TCG: x86-64-v2 plus RDRAND. Not "max": QEMU
+// tcgCPU is the guest CPU under TCG: x86-64-v2 plus RDRAND, and ARAT (the
+// local APIC timer keeps running in idle states), without which the guest
+// kernel has no one-shot timer (microvm has no broadcast device) and
+// cannot stop its periodic tick: an idle guest cost 3.8% of a core at
+// HZ=250, 0.8% with it. Not "max": QEMU
 // 7.2's TCG advertises AVX2, which Go's runtime (memmove, bytes.Index...)
 // and glibc then use, and TCG emulates it slowly. Measured here: create
 // until the first exec answers went from ~270 ms (max) to ~225 ms.
 // qemu64 advertises SVM, which TCG emulates: it is turned off, so a guest
 // has no nested hypervisor (threat 4).
-const tcgCPU = "qemu64,+cx16,+lahf-lm,+popcnt,+pni,+ssse3,+sse4.1,+sse4.2,+rdrand,-svm"
+const tcgCPU = "qemu64,+cx16,+lahf-lm,+popcnt,+pni,+ssse3,+sse4.1,+sse4.2,+rdrand,+arat,-svm"
+
+// Machine profiles: what a snapshot's guest booted on, which its restore
+// must reproduce. machineV2 is TCG without a PIT and with ARAT; "" (the
+// profile before, snapshots without the field) had both the other way.
+// KVM guests are the same in both.
+const machineV2 = "2"
+
+// tcgCPULegacy is the TCG guest CPU of the "" profile.
+const tcgCPULegacy = "qemu64,+cx16,+lahf-lm,+popcnt,+pni,+ssse3,+sse4.1,+sse4.2,+rdrand,-svm"

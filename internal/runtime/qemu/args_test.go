@@ -45,6 +45,10 @@ func TestBuildArgsGolden(t *testing.T) {
 			s.RestoreFrom, s.Snapshottable = "/var/lib/airlock/sandboxes/sbx-0123/pause", true
 		}, fdLayout{Disk: true, Mem: true, MemShare: true, Incoming: true}},
 		{"cold-net", tcg, func(s *runtime.Spec) { s.Network = true }, fdLayout{Disk: true, Net: true}},
+		// A pause snapshot from before machine profiles: PIT on, no ARAT.
+		{"restore-full-legacy", argConfig{Accel: "tcg", TSCkHz: 2599996, Legacy: true}, func(s *runtime.Spec) {
+			s.RestoreFrom, s.Network = "/var/lib/airlock/sandboxes/sbx-0123/pause", true
+		}, fdLayout{Disk: true, Incoming: true, Net: true}},
 		{"volumes", tcg, func(s *runtime.Spec) {
 			s.Network = true
 			s.Mounts = []runtime.Mount{
@@ -123,10 +127,10 @@ func TestTemplateAndCloneDeviceOrder(t *testing.T) {
 
 func TestKernelCmdline(t *testing.T) {
 	s := goldenSpec()
-	if got := kernelCmdline(argConfig{Accel: "tcg", TSCkHz: 2700000}, s); got != "console=ttyS0 quiet panic=-1 tsc_early_khz=2700000 airlock.hostname=sbx" {
+	if got := kernelCmdline(argConfig{Accel: "tcg", TSCkHz: 2700000}, s); got != "console=ttyS0 quiet panic=-1 nowatchdog sysctl.vm.compaction_proactiveness=0 tsc_early_khz=2700000 tsc=reliable airlock.hostname=sbx" {
 		t.Errorf("tcg: %q", got)
 	}
-	if got := kernelCmdline(argConfig{Accel: "kvm", TSCkHz: 2700000}, s); got != "console=ttyS0 quiet panic=-1 airlock.hostname=sbx" {
+	if got := kernelCmdline(argConfig{Accel: "kvm", TSCkHz: 2700000}, s); got != "console=ttyS0 quiet panic=-1 nowatchdog sysctl.vm.compaction_proactiveness=0 airlock.hostname=sbx" {
 		t.Errorf("kvm: %q", got)
 	}
 }

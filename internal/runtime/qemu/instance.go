@@ -57,6 +57,9 @@ type instance struct {
 	// restoreKind is the kind of Spec.RestoreFrom (kindTemplate or
 	// kindFull), "" for a cold boot.
 	restoreKind string
+	// machine is the machine profile: machineV2 for a cold boot, the
+	// snapshot's for a restore (its meta.json; "" for the profile before).
+	machine string
 
 	done chan struct{} // closed when the VMM has exited and all is released
 
@@ -88,12 +91,13 @@ var (
 
 func (r *Runtime) newInstance(spec runtime.Spec, accel string, probe bool) *instance {
 	return &instance{
-		rt:    r,
-		spec:  spec,
-		accel: accel,
-		probe: probe,
-		log:   r.log.With("sandbox_id", spec.ID),
-		done:  make(chan struct{}),
+		rt:      r,
+		spec:    spec,
+		accel:   accel,
+		probe:   probe,
+		machine: machineV2,
+		log:     r.log.With("sandbox_id", spec.ID),
+		done:    make(chan struct{}),
 
 		rootNode: "root",
 	}
@@ -326,7 +330,7 @@ func (in *instance) start(ctx context.Context) (err error) {
 	}
 	l.console = newConsoleLog(conFile, in.rt.cfg.ConsoleLimit)
 
-	argv := buildArgs(argConfig{Accel: in.accel, TSCkHz: in.rt.tscKHz, Probe: in.probe}, in.spec, fds)
+	argv := buildArgs(argConfig{Accel: in.accel, TSCkHz: in.rt.tscKHz, Probe: in.probe, Legacy: in.machine == ""}, in.spec, fds)
 	var groups []uint32
 	if in.accel == "kvm" && in.rt.kvmGID >= 0 {
 		groups = append(groups, uint32(in.rt.kvmGID))

@@ -174,14 +174,17 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Instan
 	if err != nil {
 		return nil, err
 	}
-	kind := ""
+	var meta snapshotMeta
 	if spec.RestoreFrom != "" {
-		if kind, err = checkSnapshotMeta(spec, caps.Accel); err != nil {
+		if meta, err = checkSnapshotMeta(spec, caps.Accel); err != nil {
 			return nil, err
 		}
 	}
 	in := r.newInstance(spec, caps.Accel, false)
-	in.restoreKind = kind
+	in.restoreKind = meta.Kind
+	if spec.RestoreFrom != "" {
+		in.machine = meta.Machine // a guest keeps the machine it booted on
+	}
 	return in, nil
 }
 

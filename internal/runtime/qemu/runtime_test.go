@@ -224,8 +224,8 @@ func TestSnapshotMetaCheck(t *testing.T) {
 	}
 	// A meta from before kinds existed is a template.
 	writeMeta("")
-	if kind, err := checkSnapshotMeta(s, "tcg"); err != nil || kind != kindTemplate {
-		t.Fatalf("old meta: %q, %v", kind, err)
+	if m, err := checkSnapshotMeta(s, "tcg"); err != nil || m.Kind != kindTemplate || m.Machine != "" {
+		t.Fatalf("old meta: %+v, %v", m, err)
 	}
 	if _, err := checkSnapshotMeta(s, "kvm"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("accel mismatch: %v", err)
@@ -235,8 +235,8 @@ func TestSnapshotMetaCheck(t *testing.T) {
 		t.Errorf("Snapshottable restore of a template: %v", err)
 	}
 	writeMeta(`,"kind":"full"`)
-	if kind, err := checkSnapshotMeta(s, "tcg"); err != nil || kind != kindFull {
-		t.Errorf("Snapshottable restore of a full snapshot: %q, %v", kind, err)
+	if m, err := checkSnapshotMeta(s, "tcg"); err != nil || m.Kind != kindFull {
+		t.Errorf("Snapshottable restore of a full snapshot: %+v, %v", m, err)
 	}
 	s.Snapshottable = false
 	for _, c := range []struct {
@@ -259,6 +259,16 @@ func TestSnapshotMetaCheck(t *testing.T) {
 	writeMeta(`,"kind":"weird"`)
 	if _, err := checkSnapshotMeta(s, "tcg"); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("unknown kind: %v", err)
+	}
+	// The machine profile travels to the restore; an unknown one (a newer
+	// airlock's) is refused.
+	writeMeta(`,"kind":"full","machine":"` + machineV2 + `"`)
+	if m, err := checkSnapshotMeta(s, "tcg"); err != nil || m.Machine != machineV2 {
+		t.Errorf("machine profile: %+v, %v", m, err)
+	}
+	writeMeta(`,"kind":"full","machine":"99"`)
+	if _, err := checkSnapshotMeta(s, "tcg"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("unknown machine profile: %v", err)
 	}
 }
 

@@ -46,8 +46,11 @@ type snapshotMeta struct {
 	DiskFmt   string `json:"root_disk_format"`
 	Network   bool   `json:"network,omitempty"` // a virtio-net NIC (fdNet)
 	TSCkHz    int64  `json:"tsc_khz,omitempty"`
-	QEMU      string `json:"qemu"`
-	SavedAt   string `json:"saved_at"`
+	// Machine is the machine profile the guest runs on (machineV2; ""
+	// before it existed). Its restore gets the same device set and CPU.
+	Machine string `json:"machine,omitempty"`
+	QEMU    string `json:"qemu"`
+	SavedAt string `json:"saved_at"`
 }
 
 // snapshotSettle is how long SaveSnapshot lets the guest settle after the
@@ -143,7 +146,7 @@ func (in *instance) writeMeta(dir, kind, diskFmt, qemuVersion string, files ...s
 	meta := snapshotMeta{
 		Version: 1, Kind: kind, Accel: in.accel, CPUs: in.spec.CPUs, MemoryMiB: in.spec.MemoryMiB,
 		Kernel: in.spec.Kernel, Initrd: in.spec.Initrd, DiskFmt: diskFmt, Network: in.spec.Network,
-		QEMU: qemuVersion, SavedAt: time.Now().UTC().Format(time.RFC3339),
+		Machine: in.machine, QEMU: qemuVersion, SavedAt: time.Now().UTC().Format(time.RFC3339),
 	}
 	if in.accel != "kvm" {
 		meta.TSCkHz = in.rt.tscKHz
@@ -265,20 +268,20 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // checkSnapshotMeta refuses a restore whose Spec or host does not match the
 // snapshot (QEMU would fail later, less clearly, or resume a broken guest).
-// It returns the snapshot's kind.
-func checkSnapshotMeta(spec runtime.Spec, accel string) (string, error) {
+// It returns the snapshot's meta, with its kind set.
+func checkSnapshotMeta(spec runtime.Spec, accel string) (snapshotMeta, error) {
 	b, err := os.ReadFile(filepath.Join(spec.RestoreFrom, snapMeta))
 	if err != nil {
-		return "", fmt.Errorf("%w: snapshot: %w", errdefs.ErrNotFound, err)
+		return snapshotMeta{}, fmt.Errorf("%w: snapshot: %w", errdefs.ErrNotFound, err)
 	}
 	var m snapshotMeta
 	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 {
-		return "", fmt.Errorf("%w: snapshot: unreadable meta.json", errdefs.ErrInvalid)
+		return snapshotMeta{}, fmt.Errorf("%w: snapshot: unreadable meta.json", errdefs.ErrInvalid)
 	}
 	if m.Kind == "" {
 		m.Kind = kindTemplate
 	}
-	return m.Kind, m.check(spec, accel)
+	return m, m.check(spec, accel)
 }
 
 func (m *snapshotMeta) check(spec runtime.Spec, accel string) error {
@@ -295,6 +298,8 @@ func (m *snapshotMeta) check(spec runtime.Spec, accel string) error {
 		return fmt.Errorf("%w: snapshot was taken with another kernel, initramfs or disk format", errdefs.ErrInvalid)
 	case m.Network != spec.Network:
 		return fmt.Errorf("%w: snapshot network is %v, spec asks %v", errdefs.ErrInvalid, m.Network, spec.Network)
+	case m.Machine != "" && m.Machine != machineV2:
+		return fmt.Errorf("%w: snapshot of machine profile %q, this airlock knows %q and the one before it", errdefs.ErrFailedPrecondition, m.Machine, machineV2)
 	}
 	return nil
 }

@@ -406,6 +406,78 @@ func (x *StatsResponse) GetLastActivityUnixNano() int64 {
 	return 0
 }
 
+type RefreshRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefreshRequest) Reset() {
+	*x = RefreshRequest{}
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefreshRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefreshRequest) ProtoMessage() {}
+
+func (x *RefreshRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefreshRequest.ProtoReflect.Descriptor instead.
+func (*RefreshRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{8}
+}
+
+type RefreshResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefreshResponse) Reset() {
+	*x = RefreshResponse{}
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefreshResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefreshResponse) ProtoMessage() {}
+
+func (x *RefreshResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefreshResponse.ProtoReflect.Descriptor instead.
+func (*RefreshResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{9}
+}
+
 type UsageRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -414,7 +486,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +498,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +511,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{8}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{10}
 }
 
 type UsageResponse struct {
@@ -465,7 +537,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +549,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +562,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{9}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UsageResponse) GetCpuBusyNs() uint64 {
@@ -587,7 +659,7 @@ type NetworkUsage struct {
 
 func (x *NetworkUsage) Reset() {
 	*x = NetworkUsage{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +671,7 @@ func (x *NetworkUsage) String() string {
 func (*NetworkUsage) ProtoMessage() {}
 
 func (x *NetworkUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +684,7 @@ func (x *NetworkUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkUsage.ProtoReflect.Descriptor instead.
 func (*NetworkUsage) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{10}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NetworkUsage) GetReceiveBytes() uint64 {
@@ -715,7 +787,9 @@ const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\rrunning_execs\x18\x04 \x01(\rR\frunningExecs\x12,\n" +
 	"\x12requests_in_flight\x18\x05 \x01(\rR\x10requestsInFlight\x12/\n" +
 	"\x13inbound_connections\x18\x06 \x01(\rR\x12inboundConnections\x125\n" +
-	"\x17last_activity_unix_nano\x18\a \x01(\x03R\x14lastActivityUnixNano\"\x0e\n" +
+	"\x17last_activity_unix_nano\x18\a \x01(\x03R\x14lastActivityUnixNano\"\x10\n" +
+	"\x0eRefreshRequest\"\x11\n" +
+	"\x0fRefreshResponse\"\x0e\n" +
 	"\fUsageRequest\"\xf2\x02\n" +
 	"\rUsageResponse\x12\x1e\n" +
 	"\vcpu_busy_ns\x18\x01 \x01(\x04R\tcpuBusyNs\x12 \n" +
@@ -741,13 +815,14 @@ const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\fegress_bytes\x18\t \x01(\x04R\vegressBytes\x12#\n" +
 	"\rflows_limited\x18\n" +
 	" \x01(\x04R\fflowsLimited\x12+\n" +
-	"\x11datagrams_limited\x18\v \x01(\x04R\x10datagramsLimited2\x83\x03\n" +
+	"\x11datagrams_limited\x18\v \x01(\x04R\x10datagramsLimited2\xd1\x03\n" +
 	"\x10LifecycleService\x12F\n" +
 	"\x05Pause\x12\x1d.airlock.shim.v2.PauseRequest\x1a\x1e.airlock.shim.v2.PauseResponse\x12O\n" +
 	"\bShutdown\x12 .airlock.shim.v2.ShutdownRequest\x1a!.airlock.shim.v2.ShutdownResponse\x12F\n" +
 	"\x05Touch\x12\x1d.airlock.shim.v2.TouchRequest\x1a\x1e.airlock.shim.v2.TouchResponse\x12F\n" +
 	"\x05Stats\x12\x1d.airlock.shim.v2.StatsRequest\x1a\x1e.airlock.shim.v2.StatsResponse\x12F\n" +
-	"\x05Usage\x12\x1d.airlock.shim.v2.UsageRequest\x1a\x1e.airlock.shim.v2.UsageResponseBCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
+	"\x05Usage\x12\x1d.airlock.shim.v2.UsageRequest\x1a\x1e.airlock.shim.v2.UsageResponse\x12L\n" +
+	"\aRefresh\x12\x1f.airlock.shim.v2.RefreshRequest\x1a .airlock.shim.v2.RefreshResponseBCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
 
 var (
 	file_airlock_shim_v2_lifecycle_proto_rawDescOnce sync.Once
@@ -761,7 +836,7 @@ func file_airlock_shim_v2_lifecycle_proto_rawDescGZIP() []byte {
 	return file_airlock_shim_v2_lifecycle_proto_rawDescData
 }
 
-var file_airlock_shim_v2_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_airlock_shim_v2_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_airlock_shim_v2_lifecycle_proto_goTypes = []any{
 	(*PauseRequest)(nil),     // 0: airlock.shim.v2.PauseRequest
 	(*PauseResponse)(nil),    // 1: airlock.shim.v2.PauseResponse
@@ -771,24 +846,28 @@ var file_airlock_shim_v2_lifecycle_proto_goTypes = []any{
 	(*TouchResponse)(nil),    // 5: airlock.shim.v2.TouchResponse
 	(*StatsRequest)(nil),     // 6: airlock.shim.v2.StatsRequest
 	(*StatsResponse)(nil),    // 7: airlock.shim.v2.StatsResponse
-	(*UsageRequest)(nil),     // 8: airlock.shim.v2.UsageRequest
-	(*UsageResponse)(nil),    // 9: airlock.shim.v2.UsageResponse
-	(*NetworkUsage)(nil),     // 10: airlock.shim.v2.NetworkUsage
+	(*RefreshRequest)(nil),   // 8: airlock.shim.v2.RefreshRequest
+	(*RefreshResponse)(nil),  // 9: airlock.shim.v2.RefreshResponse
+	(*UsageRequest)(nil),     // 10: airlock.shim.v2.UsageRequest
+	(*UsageResponse)(nil),    // 11: airlock.shim.v2.UsageResponse
+	(*NetworkUsage)(nil),     // 12: airlock.shim.v2.NetworkUsage
 }
 var file_airlock_shim_v2_lifecycle_proto_depIdxs = []int32{
-	10, // 0: airlock.shim.v2.UsageResponse.network:type_name -> airlock.shim.v2.NetworkUsage
+	12, // 0: airlock.shim.v2.UsageResponse.network:type_name -> airlock.shim.v2.NetworkUsage
 	0,  // 1: airlock.shim.v2.LifecycleService.Pause:input_type -> airlock.shim.v2.PauseRequest
 	2,  // 2: airlock.shim.v2.LifecycleService.Shutdown:input_type -> airlock.shim.v2.ShutdownRequest
 	4,  // 3: airlock.shim.v2.LifecycleService.Touch:input_type -> airlock.shim.v2.TouchRequest
 	6,  // 4: airlock.shim.v2.LifecycleService.Stats:input_type -> airlock.shim.v2.StatsRequest
-	8,  // 5: airlock.shim.v2.LifecycleService.Usage:input_type -> airlock.shim.v2.UsageRequest
-	1,  // 6: airlock.shim.v2.LifecycleService.Pause:output_type -> airlock.shim.v2.PauseResponse
-	3,  // 7: airlock.shim.v2.LifecycleService.Shutdown:output_type -> airlock.shim.v2.ShutdownResponse
-	5,  // 8: airlock.shim.v2.LifecycleService.Touch:output_type -> airlock.shim.v2.TouchResponse
-	7,  // 9: airlock.shim.v2.LifecycleService.Stats:output_type -> airlock.shim.v2.StatsResponse
-	9,  // 10: airlock.shim.v2.LifecycleService.Usage:output_type -> airlock.shim.v2.UsageResponse
-	6,  // [6:11] is the sub-list for method output_type
-	1,  // [1:6] is the sub-list for method input_type
+	10, // 5: airlock.shim.v2.LifecycleService.Usage:input_type -> airlock.shim.v2.UsageRequest
+	8,  // 6: airlock.shim.v2.LifecycleService.Refresh:input_type -> airlock.shim.v2.RefreshRequest
+	1,  // 7: airlock.shim.v2.LifecycleService.Pause:output_type -> airlock.shim.v2.PauseResponse
+	3,  // 8: airlock.shim.v2.LifecycleService.Shutdown:output_type -> airlock.shim.v2.ShutdownResponse
+	5,  // 9: airlock.shim.v2.LifecycleService.Touch:output_type -> airlock.shim.v2.TouchResponse
+	7,  // 10: airlock.shim.v2.LifecycleService.Stats:output_type -> airlock.shim.v2.StatsResponse
+	11, // 11: airlock.shim.v2.LifecycleService.Usage:output_type -> airlock.shim.v2.UsageResponse
+	9,  // 12: airlock.shim.v2.LifecycleService.Refresh:output_type -> airlock.shim.v2.RefreshResponse
+	7,  // [7:13] is the sub-list for method output_type
+	1,  // [1:7] is the sub-list for method input_type
 	1,  // [1:1] is the sub-list for extension type_name
 	1,  // [1:1] is the sub-list for extension extendee
 	0,  // [0:1] is the sub-list for field type_name
@@ -805,7 +884,7 @@ func file_airlock_shim_v2_lifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v2_lifecycle_proto_rawDesc), len(file_airlock_shim_v2_lifecycle_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

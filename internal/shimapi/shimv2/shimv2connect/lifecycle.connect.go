@@ -50,6 +50,9 @@ const (
 	LifecycleServiceStatsProcedure = "/airlock.shim.v2.LifecycleService/Stats"
 	// LifecycleServiceUsageProcedure is the fully-qualified name of the LifecycleService's Usage RPC.
 	LifecycleServiceUsageProcedure = "/airlock.shim.v2.LifecycleService/Usage"
+	// LifecycleServiceRefreshProcedure is the fully-qualified name of the LifecycleService's Refresh
+	// RPC.
+	LifecycleServiceRefreshProcedure = "/airlock.shim.v2.LifecycleService/Refresh"
 )
 
 // LifecycleServiceClient is a client for the airlock.shim.v2.LifecycleService service.
@@ -74,6 +77,11 @@ type LifecycleServiceClient interface {
 	// filesystem) and adds the shim's own network counters.
 	// FAILED_PRECONDITION if the guest agent predates it. Not activity.
 	Usage(context.Context, *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error)
+	// Refresh re-reads the sandbox's row in the catalog now (its lifetime),
+	// after the control plane changed it. The shim also re-reads it every
+	// half minute, so a lost Refresh delays the change, never loses it. Not
+	// activity.
+	Refresh(context.Context, *connect.Request[shimv2.RefreshRequest]) (*connect.Response[shimv2.RefreshResponse], error)
 }
 
 // NewLifecycleServiceClient constructs a client for the airlock.shim.v2.LifecycleService service.
@@ -117,6 +125,12 @@ func NewLifecycleServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(lifecycleServiceMethods.ByName("Usage")),
 			connect.WithClientOptions(opts...),
 		),
+		refresh: connect.NewClient[shimv2.RefreshRequest, shimv2.RefreshResponse](
+			httpClient,
+			baseURL+LifecycleServiceRefreshProcedure,
+			connect.WithSchema(lifecycleServiceMethods.ByName("Refresh")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -127,6 +141,7 @@ type lifecycleServiceClient struct {
 	touch    *connect.Client[shimv2.TouchRequest, shimv2.TouchResponse]
 	stats    *connect.Client[shimv2.StatsRequest, shimv2.StatsResponse]
 	usage    *connect.Client[shimv2.UsageRequest, shimv2.UsageResponse]
+	refresh  *connect.Client[shimv2.RefreshRequest, shimv2.RefreshResponse]
 }
 
 // Pause calls airlock.shim.v2.LifecycleService.Pause.
@@ -154,6 +169,11 @@ func (c *lifecycleServiceClient) Usage(ctx context.Context, req *connect.Request
 	return c.usage.CallUnary(ctx, req)
 }
 
+// Refresh calls airlock.shim.v2.LifecycleService.Refresh.
+func (c *lifecycleServiceClient) Refresh(ctx context.Context, req *connect.Request[shimv2.RefreshRequest]) (*connect.Response[shimv2.RefreshResponse], error) {
+	return c.refresh.CallUnary(ctx, req)
+}
+
 // LifecycleServiceHandler is an implementation of the airlock.shim.v2.LifecycleService service.
 type LifecycleServiceHandler interface {
 	// Pause saves memory, devices and disk, then ends the VMM and the shim (a
@@ -176,6 +196,11 @@ type LifecycleServiceHandler interface {
 	// filesystem) and adds the shim's own network counters.
 	// FAILED_PRECONDITION if the guest agent predates it. Not activity.
 	Usage(context.Context, *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error)
+	// Refresh re-reads the sandbox's row in the catalog now (its lifetime),
+	// after the control plane changed it. The shim also re-reads it every
+	// half minute, so a lost Refresh delays the change, never loses it. Not
+	// activity.
+	Refresh(context.Context, *connect.Request[shimv2.RefreshRequest]) (*connect.Response[shimv2.RefreshResponse], error)
 }
 
 // NewLifecycleServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -215,6 +240,12 @@ func NewLifecycleServiceHandler(svc LifecycleServiceHandler, opts ...connect.Han
 		connect.WithSchema(lifecycleServiceMethods.ByName("Usage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lifecycleServiceRefreshHandler := connect.NewUnaryHandler(
+		LifecycleServiceRefreshProcedure,
+		svc.Refresh,
+		connect.WithSchema(lifecycleServiceMethods.ByName("Refresh")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.shim.v2.LifecycleService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LifecycleServicePauseProcedure:
@@ -227,6 +258,8 @@ func NewLifecycleServiceHandler(svc LifecycleServiceHandler, opts ...connect.Han
 			lifecycleServiceStatsHandler.ServeHTTP(w, r)
 		case LifecycleServiceUsageProcedure:
 			lifecycleServiceUsageHandler.ServeHTTP(w, r)
+		case LifecycleServiceRefreshProcedure:
+			lifecycleServiceRefreshHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -254,4 +287,8 @@ func (UnimplementedLifecycleServiceHandler) Stats(context.Context, *connect.Requ
 
 func (UnimplementedLifecycleServiceHandler) Usage(context.Context, *connect.Request[shimv2.UsageRequest]) (*connect.Response[shimv2.UsageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.LifecycleService.Usage is not implemented"))
+}
+
+func (UnimplementedLifecycleServiceHandler) Refresh(context.Context, *connect.Request[shimv2.RefreshRequest]) (*connect.Response[shimv2.RefreshResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.LifecycleService.Refresh is not implemented"))
 }
