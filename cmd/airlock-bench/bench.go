@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/agentapi"
@@ -40,11 +39,14 @@ type benchOptions struct {
 	transferMiB                                        int64
 	only                                               []string // row groups to measure; none for all
 	e2bRuns                                            int
+	json                                               bool   // print JSON instead of the table
+	density                                            int    // most idle sandboxes per runtime in the density rows
+	densityReserveMiB                                  int64  // MemAvailable the density rows keep
 	e2bDir                                             string // test/e2b: bench.mjs and the pinned SDK
 }
 
 // benchGroups are the row groups --only selects from.
-var benchGroups = []string{"start", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b"}
+var benchGroups = []string{"start", "density", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b"}
 
 // want reports whether row group g is measured.
 func (o benchOptions) want(g string) bool {
@@ -52,8 +54,9 @@ func (o benchOptions) want(g string) bool {
 }
 
 // bench measures every row and prints the table on stdout (progress on
-// stderr).
-func bench(ctx context.Context, cfg config, o benchOptions) error {
+// stderr). When a group fails, the rows measured before it are printed
+// before the error is returned.
+func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 	runs, execs := o.runs, o.execs
 	c := airlockCLI{ctx: ctx, cfg: cfg, base: []string{"--state-dir", cfg.stateDir, "--accel", cfg.accel}}
 	cli := c.run
@@ -74,8 +77,14 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 	if err != nil {
 		return err
 	}
-	type row struct{ what, value, note string }
 	var rows []row
+	h := header{Accel: caps.Accel, AccelReason: caps.AccelReason, VMM: caps.VMMVersion, Kernel: bc.KernelRelease, CPUs: cpuCount()}
+	defer func() {
+		if err != nil && len(rows) > 0 {
+			fmt.Fprintln(os.Stderr, "bench: the rows measured before the error:")
+			_ = printTable(os.Stderr, h, rows)
+		}
+	}()
 
 	for _, rtName := range []string{"qemu", "gvisor"} {
 		if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
@@ -92,6 +101,21 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 		}
 		for _, r := range sr {
 			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+	if o.density > 0 && o.want("density") {
+		for _, rtName := range []string{"qemu", "gvisor"} {
+			if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
+				continue
+			}
+			fmt.Fprintf(os.Stderr, "bench: %s density rows (up to %d idle sandboxes)\n", rtName, o.density)
+			dr, err := densityBench(ctx, c, m.L, rtName, o.density, o.densityReserveMiB<<20)
+			if err != nil {
+				return fmt.Errorf("%s density bench: %w", rtName, err)
+			}
+			for _, r := range dr {
+				rows = append(rows, row{r[0], r[1], r[2]})
+			}
 		}
 	}
 	if o.neighbourExecs > 0 && o.want("neighbour") {
@@ -257,9 +281,7 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 		if err != nil {
 			return fmt.Errorf("api bench: %w", err)
 		}
-		for _, r := range ar {
-			rows = append(rows, row(r))
-		}
+		rows = append(rows, ar...)
 	}
 
 	if o.e2bRuns > 0 && o.want("e2b") {
@@ -268,19 +290,13 @@ func bench(ctx context.Context, cfg config, o benchOptions) error {
 		if err != nil {
 			return fmt.Errorf("e2b bench: %w", err)
 		}
-		for _, r := range er {
-			rows = append(rows, row(r))
-		}
+		rows = append(rows, er...)
 	}
 
-	fmt.Printf("airlock bench: accel=%s (%s), %s, guest kernel %s, %d host CPUs\n\n", caps.Accel, caps.AccelReason, caps.VMMVersion, bc.KernelRelease, cpuCount())
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "| measurement\t| result\t| notes\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "| %s\t| %s\t| %s\t|\n", r.what, r.value, r.note)
+	if o.json {
+		return printJSON(os.Stdout, h, rows)
 	}
-	return tw.Flush()
+	return printTable(os.Stdout, h, rows)
 }
 
 // startBench measures one runtime: `run -- true`, create until the first
@@ -347,7 +363,11 @@ func startBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 		what = "host memory of an idle sandbox (shim + runsc, gofer, sentry), " + rtName
 	}
 	rows = append(rows, [3]string{what, fmt.Sprintf("RSS %d MiB, PSS %d MiB", rss>>10, pss>>10), fmt.Sprintf("%d sandboxes running", len(ids))})
-	return rows, nil
+	idle, err := idleCPURow(ctx, m.L, ids[0], rtName)
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, idle), nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
@@ -360,27 +380,11 @@ func cpuCount() int {
 // sandboxMemory sums RSS and PSS (KiB) of the shim whose pid is in lockFile
 // and all its descendants (the VMM).
 func sandboxMemory(lockFile string) (rss, pss int64) {
-	b, err := os.ReadFile(lockFile)
-	if err != nil {
-		return 0, 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	var walk func(pid int)
-	walk = func(pid int) {
+	for _, pid := range sandboxPIDs(lockFile) {
 		r, p := smapsRollup(pid)
 		rss += r
 		pss += p
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-		for _, t := range tasks {
-			cb, _ := os.ReadFile(t)
-			for _, f := range strings.Fields(string(cb)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					walk(c)
-				}
-			}
-		}
 	}
-	walk(pid)
 	return rss, pss
 }
 

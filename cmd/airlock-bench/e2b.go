@@ -31,11 +31,11 @@ const e2bWhat = "`Sandbox.create()` + first `commands.run('true')`"
 // each, so that the machine's noise falls on both alike; sandboxes are
 // removed outside the timed parts. Without node or npm it returns one row
 // that says the section was skipped.
-func e2bBench(ctx context.Context, cfg config, dir string, runs int) ([]benchRow, error) {
+func e2bBench(ctx context.Context, cfg config, dir string, runs int) ([]row, error) {
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %s not found, no E2B rows\n", tool)
-			return []benchRow{{"E2B SDK " + e2bWhat + " vs `/v1`", "skipped: " + tool + " not found", "needs node >= 20 and npm"}}, nil
+			return []row{{"E2B SDK " + e2bWhat + " vs `/v1`", "skipped: " + tool + " not found", "needs node >= 20 and npm"}}, nil
 		}
 	}
 	script := filepath.Join(dir, "bench.mjs")
@@ -108,7 +108,7 @@ func e2bBench(ctx context.Context, cfg config, dir string, runs int) ([]benchRow
 	}
 
 	note := fmt.Sprintf("%d of each, alternating with the other row after one warm-up each", runs)
-	return []benchRow{
+	return []row{
 		{fmt.Sprintf("E2B SDK %s (e2b %s, node %s): p50 / p90", e2bWhat, sdkVersion, strings.TrimSpace(string(nodeVersion))),
 			ms(median(sdkD)) + " / " + ms(p90(sdkD)),
 			note + fmt.Sprintf("; create %s + run %s (medians); the SDK runs `/bin/bash -l -c true`", ms(median(sdkCreate)), ms(median(sdkRun)))},

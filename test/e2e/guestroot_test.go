@@ -4,6 +4,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // envelopeProbe runs as root inside an exec with --pids-limit 20: every
@@ -87,5 +90,30 @@ func TestThreat018GuestRootStaysInItsExec(t *testing.T) {
 			"python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 80)); print(\"bound\")'")
 	if root != "1000\nbound\n" {
 		t.Fatalf("root in an exec cannot do what root is for: %q", root)
+	}
+}
+
+// TestExecCgroupGoesWithItsLastProcess: an exec whose background child
+// outlives it keeps its cgroup until that child ends; then the agent
+// removes it, told by the kernel (a change of the cgroup's cgroup.events)
+// where the guest kernel reports it, else by a sweep every 5 s while
+// released cgroups remain. An idle guest polls for neither.
+func TestExecCgroupGoesWithItsLastProcess(t *testing.T) {
+	e := setup(t)
+	id := e.create(t)
+	// The newest exec cgroup is this exec's own (nothing else runs); its
+	// child outlives it by 10 s.
+	cg := strings.TrimSpace(e.must(t, "exec", id, "--", "sh", "-c",
+		`ls -d /sys/fs/cgroup/airlock/exec-* | sort -t- -k2 -n | tail -1; setsid sleep 10 </dev/null >/dev/null 2>&1 &`))
+	if !strings.HasPrefix(cg, "/sys/fs/cgroup/airlock/exec-") {
+		t.Fatalf("no exec cgroup found: %q", cg)
+	}
+	if r := e.run(t, nil, "exec", id, "--", "test", "-d", cg); r.code != 0 {
+		t.Fatalf("%s is gone while its background child still runs (exit %d): %s", cg, r.code, r.stderr)
+	}
+	if !testutil.WaitFor(t, time.Minute, func() bool {
+		return e.run(t, nil, "exec", id, "--", "test", "-d", cg).code == 1
+	}) {
+		t.Fatalf("%s was not removed after its last process ended", cg)
 	}
 }

@@ -210,9 +210,13 @@ func kernelCmdline(cfg argConfig, spec runtime.Spec) string {
 		// microvm has no HPET or PM timer; under TCG the PIT calibration
 		// fails at random and the boot hangs (notes §1). With no second
 		// clocksource to check it against, the TSC is never marked fit
-		// for high resolution unless it is declared reliable, and without
+		// for one-shot timers unless it is declared reliable, and without
 		// that (and ARAT in the guest CPU) the guest ticks at HZ forever.
-		args = append(args, "tsc_early_khz="+strconv.FormatInt(cfg.TSCkHz, 10), "tsc=reliable")
+		// highres=off keeps timers at tick resolution while the tick
+		// stops in idle: with high-resolution timers, Go's runtime in the
+		// agent slept its 20 us polls for real, each a timer interrupt
+		// under TCG, and create until the first exec took 80-100 ms more.
+		args = append(args, "tsc_early_khz="+strconv.FormatInt(cfg.TSCkHz, 10), "tsc=reliable", "highres=off")
 	}
 	if cfg.Probe {
 		args = append(args, ProbeKernelArg)

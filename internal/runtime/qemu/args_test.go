@@ -127,7 +127,7 @@ func TestTemplateAndCloneDeviceOrder(t *testing.T) {
 
 func TestKernelCmdline(t *testing.T) {
 	s := goldenSpec()
-	if got := kernelCmdline(argConfig{Accel: "tcg", TSCkHz: 2700000}, s); got != "console=ttyS0 quiet panic=-1 nowatchdog sysctl.vm.compaction_proactiveness=0 tsc_early_khz=2700000 tsc=reliable airlock.hostname=sbx" {
+	if got := kernelCmdline(argConfig{Accel: "tcg", TSCkHz: 2700000}, s); got != "console=ttyS0 quiet panic=-1 nowatchdog sysctl.vm.compaction_proactiveness=0 tsc_early_khz=2700000 tsc=reliable highres=off airlock.hostname=sbx" {
 		t.Errorf("tcg: %q", got)
 	}
 	if got := kernelCmdline(argConfig{Accel: "kvm", TSCkHz: 2700000}, s); got != "console=ttyS0 quiet panic=-1 nowatchdog sysctl.vm.compaction_proactiveness=0 airlock.hostname=sbx" {
