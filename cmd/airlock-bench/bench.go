@@ -40,13 +40,14 @@ type benchOptions struct {
 	only                                               []string // row groups to measure; none for all
 	e2bRuns                                            int
 	json                                               bool   // print JSON instead of the table
+	codeRuns                                           int    // fresh sandboxes per language in the first code run rows
 	density                                            int    // most idle sandboxes per runtime in the density rows
 	densityReserveMiB                                  int64  // MemAvailable the density rows keep
 	e2bDir                                             string // test/e2b: bench.mjs and the pinned SDK
 }
 
 // benchGroups are the row groups --only selects from.
-var benchGroups = []string{"start", "density", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b"}
+var benchGroups = []string{"start", "code", "density", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b"}
 
 // want reports whether row group g is measured.
 func (o benchOptions) want(g string) bool {
@@ -101,6 +102,21 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 		}
 		for _, r := range sr {
 			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+	if o.codeRuns > 0 && o.want("code") {
+		for _, rtName := range []string{"qemu", "gvisor"} {
+			if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
+				continue
+			}
+			fmt.Fprintf(os.Stderr, "bench: %s first code run rows\n", rtName)
+			cr, err := codeBench(c, rtName, o.codeRuns)
+			if err != nil {
+				return fmt.Errorf("%s code bench: %w", rtName, err)
+			}
+			for _, r := range cr {
+				rows = append(rows, row{r[0], r[1], r[2]})
+			}
 		}
 	}
 	if o.density > 0 && o.want("density") {

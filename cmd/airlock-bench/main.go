@@ -150,6 +150,7 @@ func rootCmd() *cobra.Command {
 	f.IntVar(&o.execs, "execs", 100, "samples for the exec round trip")
 	f.StringSliceVar(&o.only, "only", nil, "measure only these row groups: "+strings.Join(benchGroups, ", "))
 	f.BoolVar(&o.json, "json", false, "print the rows as JSON (name, value, unit, ratio, text, note) instead of the table")
+	f.IntVar(&o.codeRuns, "code-runs", 3, "fresh sandboxes per language and runtime in the first code run rows (0 skips those rows)")
 	f.IntVar(&o.density, "density", 200, "most idle sandboxes each runtime starts in the density rows (0 skips those rows)")
 	f.Int64Var(&o.densityReserveMiB, "density-reserve-mib", 2048, "host memory (MemAvailable, MiB) the density rows stop at")
 	f.IntVar(&o.neighbourExecs, "neighbour-execs", 30, "samples for the exec round trip beside a CPU-burning neighbour (0 skips those rows)")
