@@ -57,29 +57,41 @@ const (
 	procCmdlineMaxRead = 4096
 )
 
-// procSocket is a subscription to the process-events connector. The
-// socket is non-blocking and read through Go's poller (f), so an idle
-// guest costs no wakeups: a blocking read with a receive timeout woke the
-// agent, and the Go runtime's sysmon after it, every timeout, and under TCG
-// each wakeup is a guest timer interrupt that QEMU's main loop serves.
+// procSocket is a subscription to the process-events connector. Its
+// reader waits in poll(2) on the socket and on an eventfd (stopRead), with
+// no timeout, so an idle guest costs no wakeups: a read with a receive
+// timeout woke the agent, and the Go runtime's sysmon after it, every
+// timeout, and under TCG each wakeup is a guest timer interrupt that
+// QEMU's main loop serves. The wait stays a blocking system call on a
+// thread of its own: read through Go's poller instead, the reader lagged
+// behind a tight exec loop and lost its last events when the stream ended.
 type procSocket struct {
-	fd int
-	f  *os.File
+	fd   int
+	wake int // eventfd: stopRead
 }
+
+// errProcStopped is recv's error after stopRead.
+var errProcStopped = errors.New("process-events reader stopped")
 
 // openProcSocket joins the connector's process-events group and asks the
 // kernel to report. ErrUnsupported-wrapped errors mean the kernel has no
 // connector (gVisor, a kernel without CONFIG_PROC_EVENTS).
 func openProcSocket() (*procSocket, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_CONNECTOR)
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_CONNECTOR)
 	if err != nil {
 		return nil, fmt.Errorf("%w: process-events connector: %w", errors.ErrUnsupported, err)
 	}
-	s := &procSocket{fd: fd}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("process-events connector: %w", err)
+	}
+	s := &procSocket{fd: fd, wake: wake}
 	ok := false
 	defer func() {
 		if !ok {
 			_ = unix.Close(fd)
+			_ = unix.Close(wake)
 		}
 	}()
 	// A large receive buffer rides out bursts (a shell loop of short
@@ -100,8 +112,6 @@ func openProcSocket() (*procSocket, error) {
 	if err := s.control(procCnMcastListen); err != nil {
 		return nil, err
 	}
-	// The fd is non-blocking, so os.NewFile registers it with the poller.
-	s.f = os.NewFile(uintptr(fd), "proc-connector")
 	ok = true
 	return s, nil
 }
@@ -155,30 +165,32 @@ func (s *procSocket) control(op uint32) error {
 
 func (s *procSocket) close() {
 	_ = s.control(procCnMcastIgnore)
-	_ = s.f.Close()
+	_ = unix.Close(s.fd)
+	_ = unix.Close(s.wake)
 }
 
-// recv reads one datagram, waiting in the poller; it fails with
-// os.ErrDeadlineExceeded once stopRead has been called.
+// recv reads one datagram, waiting for one as long as it takes; it fails
+// with errProcStopped once stopRead has been called.
 func (s *procSocket) recv(buf []byte) (int, error) {
-	rc, err := s.f.SyscallConn()
-	if err != nil {
-		return 0, err
+	fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}, {Fd: int32(s.wake), Events: unix.POLLIN}}
+	for {
+		n, _, err := unix.Recvfrom(s.fd, buf, unix.MSG_DONTWAIT)
+		if !errors.Is(err, unix.EAGAIN) {
+			return n, err
+		}
+		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
+			return 0, err
+		}
+		if fds[1].Revents != 0 {
+			return 0, errProcStopped
+		}
 	}
-	var n int
-	var rerr error
-	err = rc.Read(func(fd uintptr) bool {
-		n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-		return !errors.Is(rerr, unix.EAGAIN)
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n, rerr
 }
 
 // stopRead makes a pending and every later recv return at once.
-func (s *procSocket) stopRead() { _ = s.f.SetReadDeadline(time.Now()) }
+func (s *procSocket) stopRead() {
+	_, _ = unix.Write(s.wake, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+}
 
 // rawProcEvent is one connector event, before /proc is read.
 type rawProcEvent struct {
