@@ -87,69 +87,59 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 		}
 	}()
 
-	for _, rtName := range []string{"qemu", "gvisor"} {
-		if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
-			fmt.Fprintln(os.Stderr, "bench: no runsc, no gvisor rows:", err)
-			continue
+	// The runtimes present: qemu, and gvisor where runsc is installed.
+	runtimes := []string{"qemu"}
+	if _, err := gvisor.FindRunsc(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: no runsc, no gvisor rows:", err)
+	} else {
+		runtimes = append(runtimes, "gvisor")
+	}
+	hasGVisor := len(runtimes) > 1
+	// perRuntime measures a row group on each runtime present (progress
+	// says what, an error names group) and adds its rows.
+	perRuntime := func(what, group string, measure func(rtName string) ([][3]string, error)) error {
+		for _, rtName := range runtimes {
+			fmt.Fprintf(os.Stderr, "bench: %s %s rows\n", rtName, what)
+			rs, err := measure(rtName)
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", rtName, group, err)
+			}
+			for _, r := range rs {
+				rows = append(rows, row{r[0], r[1], r[2]})
+			}
 		}
-		if !o.want("start") {
-			break
-		}
-		fmt.Fprintf(os.Stderr, "bench: %s start, exec and memory rows\n", rtName)
-		sr, err := startBench(ctx, m, cli, rtName, runs, execs)
-		if err != nil {
-			return fmt.Errorf("%s bench: %w", rtName, err)
-		}
-		for _, r := range sr {
-			rows = append(rows, row{r[0], r[1], r[2]})
+		return nil
+	}
+
+	if o.want("start") {
+		if err := perRuntime("start, exec and memory", "bench", func(rtName string) ([][3]string, error) {
+			return startBench(ctx, m, cli, rtName, runs, execs)
+		}); err != nil {
+			return err
 		}
 	}
 	if o.codeRuns > 0 && o.want("code") {
-		for _, rtName := range []string{"qemu", "gvisor"} {
-			if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
-				continue
-			}
-			fmt.Fprintf(os.Stderr, "bench: %s first code run rows\n", rtName)
-			cr, err := codeBench(c, rtName, o.codeRuns)
-			if err != nil {
-				return fmt.Errorf("%s code bench: %w", rtName, err)
-			}
-			for _, r := range cr {
-				rows = append(rows, row{r[0], r[1], r[2]})
-			}
+		if err := perRuntime("first code run", "code bench", func(rtName string) ([][3]string, error) {
+			return codeBench(c, rtName, o.codeRuns)
+		}); err != nil {
+			return err
 		}
 	}
 	if o.density > 0 && o.want("density") {
-		for _, rtName := range []string{"qemu", "gvisor"} {
-			if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
-				continue
-			}
-			fmt.Fprintf(os.Stderr, "bench: %s density rows (up to %d idle sandboxes)\n", rtName, o.density)
-			dr, err := densityBench(ctx, c, m.L, rtName, o.density, o.densityReserveMiB<<20)
-			if err != nil {
-				return fmt.Errorf("%s density bench: %w", rtName, err)
-			}
-			for _, r := range dr {
-				rows = append(rows, row{r[0], r[1], r[2]})
-			}
+		if err := perRuntime(fmt.Sprintf("density (up to %d idle sandboxes)", o.density), "density bench", func(rtName string) ([][3]string, error) {
+			return densityBench(ctx, c, m.L, rtName, o.density, o.densityReserveMiB<<20)
+		}); err != nil {
+			return err
 		}
 	}
 	if o.neighbourExecs > 0 && o.want("neighbour") {
-		for _, rtName := range []string{"qemu", "gvisor"} {
-			if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
-				continue
-			}
-			fmt.Fprintf(os.Stderr, "bench: %s CPU-burning neighbour rows\n", rtName)
-			nr, err := neighbourBench(ctx, m, cli, rtName, o.neighbourExecs)
-			if err != nil {
-				return fmt.Errorf("%s neighbour bench: %w", rtName, err)
-			}
-			for _, r := range nr {
-				rows = append(rows, row{r[0], r[1], r[2]})
-			}
+		if err := perRuntime("CPU-burning neighbour", "neighbour bench", func(rtName string) ([][3]string, error) {
+			return neighbourBench(ctx, m, cli, rtName, o.neighbourExecs)
+		}); err != nil {
+			return err
 		}
 	}
-	if _, err := gvisor.FindRunsc(); err == nil && o.want("start") {
+	if hasGVisor && o.want("start") {
 		var gvD []time.Duration
 		for range runs {
 			t := time.Now()
@@ -203,23 +193,14 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 		}
 	}
 
-	for _, rtName := range []string{"qemu", "gvisor"} {
-		if _, err := gvisor.FindRunsc(); rtName == "gvisor" && err != nil {
-			continue
-		}
-		if !o.want("template") {
-			break
-		}
-		fmt.Fprintf(os.Stderr, "bench: %s template rows\n", rtName)
-		// The manager builds on rtName for these rows only.
-		m.Runtime = func(context.Context) (string, error) { return rtName, nil }
-		tr, err := templateBench(ctx, m, runs, rtName)
-		m.Runtime = func(context.Context) (string, error) { return "qemu", nil }
-		if err != nil {
-			return fmt.Errorf("%s template bench: %w", rtName, err)
-		}
-		for _, r := range tr {
-			rows = append(rows, row{r[0], r[1], r[2]})
+	if o.want("template") {
+		if err := perRuntime("template", "template bench", func(rtName string) ([][3]string, error) {
+			// The manager builds on rtName for these rows only.
+			m.Runtime = func(context.Context) (string, error) { return rtName, nil }
+			defer func() { m.Runtime = func(context.Context) (string, error) { return "qemu", nil } }()
+			return templateBench(ctx, m, runs, rtName)
+		}); err != nil {
+			return err
 		}
 	}
 
@@ -235,14 +216,11 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 	}
 
 	if o.procExecs > 0 && o.want("proc") {
-		runtimes := o.procRuntimes
-		if len(runtimes) == 0 {
-			runtimes = []string{"qemu"}
-			if _, err := gvisor.FindRunsc(); err == nil {
-				runtimes = append(runtimes, "gvisor")
-			}
+		procRuntimes := o.procRuntimes
+		if len(procRuntimes) == 0 {
+			procRuntimes = runtimes
 		}
-		for _, rtName := range runtimes {
+		for _, rtName := range procRuntimes {
 			fmt.Fprintf(os.Stderr, "bench: %s process audit rows\n", rtName)
 			pr, err := procBench(ctx, c, rtName, o.procExecs, 3)
 			if err != nil {
@@ -267,10 +245,6 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 
 	if o.volMiB > 0 && o.want("volumes") {
 		fmt.Fprintln(os.Stderr, "bench: volume and host mount rows")
-		runtimes := []string{"qemu"}
-		if _, err := gvisor.FindRunsc(); err == nil {
-			runtimes = append(runtimes, "gvisor")
-		}
 		vr, err := volumesBench(ctx, c, runtimes, o.volMiB, o.volFiles)
 		if err != nil {
 			return fmt.Errorf("volume bench: %w", err)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 )
 
@@ -68,19 +69,15 @@ func densityBench(ctx context.Context, c airlockCLI, l statedir.Layout, rtName s
 	if n == 0 {
 		return nil, fmt.Errorf("%s density: no sandbox started: %s", rtName, stop)
 	}
-	if err := sleepCtx(ctx, idleSettle); err != nil {
-		return nil, err
-	}
-	var pids []int
+	var locks []string
 	for _, id := range ids {
-		pids = append(pids, sandboxPIDs(l.ShimLock(id))...)
+		locks = append(locks, l.ShimLock(id))
 	}
-	cpu0, t0 := processCPU(pids), time.Now()
-	if err := sleepCtx(ctx, idleWindow); err != nil {
+	share, window, err := idleCPU(ctx, locks)
+	if err != nil {
 		return nil, err
 	}
-	cpu, window := processCPU(pids)-cpu0, time.Since(t0)
-	each := float64(cpu) / float64(window) / float64(n) * 100
+	each := share / float64(n) * 100
 	mem := (avail0 - memAvailable()) / int64(n)
 	p := "density, " + rtName + ": "
 	return [][3]string{
@@ -91,17 +88,32 @@ func densityBench(ctx context.Context, c airlockCLI, l statedir.Layout, rtName s
 	}, nil
 }
 
+// idleCPU leaves the sandboxes whose shims' lock files are given alone
+// for idleSettle, then returns the CPU their shims and VMMs use over
+// idleWindow, as a share of one core, and the window's length.
+func idleCPU(ctx context.Context, shimLocks []string) (share float64, window time.Duration, err error) {
+	if err := clock.Sleep(ctx, idleSettle); err != nil {
+		return 0, 0, err
+	}
+	var pids []int
+	for _, lock := range shimLocks {
+		pids = append(pids, sandboxPIDs(lock)...)
+	}
+	cpu0, t0 := processCPU(pids), time.Now()
+	if err := clock.Sleep(ctx, idleWindow); err != nil {
+		return 0, 0, err
+	}
+	window = time.Since(t0)
+	return float64(processCPU(pids)-cpu0) / float64(window), window, nil
+}
+
 // idleCPURow measures the CPU an idle sandbox's shim and VMM use.
 func idleCPURow(ctx context.Context, l statedir.Layout, id, rtName string) ([3]string, error) {
-	if err := sleepCtx(ctx, idleSettle); err != nil {
+	share, _, err := idleCPU(ctx, []string{l.ShimLock(id)})
+	if err != nil {
 		return [3]string{}, err
 	}
-	pids := sandboxPIDs(l.ShimLock(id))
-	cpu0, t0 := processCPU(pids), time.Now()
-	if err := sleepCtx(ctx, idleWindow); err != nil {
-		return [3]string{}, err
-	}
-	pct := float64(processCPU(pids)-cpu0) / float64(time.Since(t0)) * 100
+	pct := share * 100
 	what := "CPU of an idle sandbox (shim + VMM), " + rtName
 	if rtName == "gvisor" {
 		what = "CPU of an idle sandbox (shim + runsc, gofer, sentry), " + rtName
@@ -192,15 +204,4 @@ func memAvailable() int64 {
 		}
 	}
 	return 0
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -10,7 +10,10 @@
 // real I/O.
 package clock
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Clock tells the time and makes timers. Implementations are safe for
 // concurrent use.
@@ -82,4 +85,17 @@ func Or(c Clock) Clock {
 		return Real{}
 	}
 	return c
+}
+
+// Sleep waits d on the system clock, or until ctx is done (then it returns
+// the context's cause).
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }

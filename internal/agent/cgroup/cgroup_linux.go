@@ -33,8 +33,9 @@ type Options struct {
 	// TaskLimit is how many tasks the kernel can hold: min(pid_max,
 	// threads-max). Zero leaves the subtree's pids.max alone.
 	TaskLimit uint64
-	// SweepInterval is how often empty exec cgroups are removed when the
-	// kernel cannot report it (no inotify on cgroup.events; default 5s).
+	// SweepInterval is how often released exec cgroups that still held
+	// processes are swept while some remain: the backstop where the kernel
+	// does not report them empty (default 5s).
 	SweepInterval time.Duration
 }
 
@@ -68,8 +69,8 @@ type Manager struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 	// w watches the cgroup.events of released exec cgroups that still
-	// held processes; nil when inotify is unavailable (then a periodic
-	// sweep runs instead). An idle guest costs no wakeups this way.
+	// held processes; nil when inotify is unavailable (then only the
+	// backstop sweep removes them). An idle guest costs no wakeups.
 	w       *fsnotify.Watcher
 	watched chan struct{} // a watch was added: arm the backstop sweep
 	every   time.Duration
@@ -121,11 +122,10 @@ func Setup(opts Options) (*Manager, error) {
 	m.Sweep() // what an earlier agent left (none in a fresh guest)
 	if w, err := fsnotify.NewWatcher(); err == nil {
 		m.w = w
-		m.wg.Go(m.watchLoop)
 	} else {
-		log.Warn("cgroup: no inotify; empty exec cgroups are swept periodically", "err", err)
-		m.wg.Go(func() { m.sweepLoop(opts.SweepInterval) })
+		log.Warn("cgroup: no inotify; empty exec cgroups are only swept", "err", err)
 	}
+	m.wg.Go(m.watchLoop)
 	return m, nil
 }
 
@@ -274,30 +274,35 @@ func (e *Exec) Release() {
 	e.m.mu.Lock()
 	delete(e.m.live, e.name)
 	e.m.mu.Unlock()
-	if err := unix.Rmdir(e.dir); !errors.Is(err, unix.EBUSY) || e.m.w == nil {
-		return // removed, gone, or the periodic sweep retries
+	if err := unix.Rmdir(e.dir); !errors.Is(err, unix.EBUSY) {
+		return // removed, or gone
 	}
-	if err := e.m.w.Add(filepath.Join(e.dir, "cgroup.events")); err != nil {
-		e.m.log.Warn("cgroup: watch", "cgroup", e.name, "err", err)
-		return
-	}
-	// It may have emptied between the Rmdir and the watch.
-	if unix.Rmdir(e.dir) != nil {
-		select {
-		case e.m.watched <- struct{}{}:
-		default:
+	if e.m.w != nil {
+		if err := e.m.w.Add(filepath.Join(e.dir, "cgroup.events")); err != nil {
+			e.m.log.Warn("cgroup: watch", "cgroup", e.name, "err", err)
+		} else if unix.Rmdir(e.dir) == nil {
+			return // it emptied between the Rmdir and the watch
 		}
+	}
+	select {
+	case e.m.watched <- struct{}{}:
+	default:
 	}
 }
 
 // watchLoop removes a watched exec cgroup when its cgroup.events changes
 // and it is empty; the kernel drops the watch with the directory. While
 // released cgroups remain, a sweep every m.every is the backstop for a
-// kernel whose cgroupfs does not report (gVisor's); with none left it
-// sleeps.
+// kernel whose cgroupfs does not report (gVisor's) or an agent without
+// inotify; with none left it sleeps.
 func (m *Manager) watchLoop() {
 	backstop := time.NewTimer(m.every)
 	backstop.Stop()
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if m.w != nil {
+		events, errs = m.w.Events, m.w.Errors
+	}
 	for {
 		select {
 		case <-m.stop:
@@ -309,14 +314,14 @@ func (m *Manager) watchLoop() {
 			if m.Sweep() > 0 {
 				backstop.Reset(m.every)
 			}
-		case ev, ok := <-m.w.Events:
+		case ev, ok := <-events:
 			if !ok {
 				return
 			}
 			if ev.Has(fsnotify.Write) {
 				_ = unix.Rmdir(filepath.Dir(ev.Name)) // EBUSY: still populated
 			}
-		case err, ok := <-m.w.Errors:
+		case err, ok := <-errs:
 			if !ok {
 				return
 			}
@@ -343,19 +348,6 @@ func (m *Manager) Sweep() (left int) {
 		}
 	}
 	return left
-}
-
-func (m *Manager) sweepLoop(every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.stop:
-			return
-		case <-t.C:
-			m.Sweep()
-		}
-	}
 }
 
 func writeFile(dir, name, value string) error {

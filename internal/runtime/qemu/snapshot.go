@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu/qmp"
@@ -96,7 +97,7 @@ func (in *instance) SaveSnapshot(ctx context.Context, dir string) (err error) {
 	// the next banner) before freezing it: a clone that inherits a session
 	// that never saw its EOF gets no banner (internal/agent/vport, "known
 	// limit").
-	if err := sleepCtx(ctx, snapshotSettle); err != nil {
+	if err := clock.Sleep(ctx, snapshotSettle); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
 	t0 := time.Now()
@@ -227,7 +228,7 @@ func (in *instance) incoming(ctx context.Context, q *qmp.Client) error {
 			_ = q.Execute(ctx, "query-migrate", nil, &m)
 			return fmt.Errorf("restore: guest is %s, migration %s %s", st.Status, m.Status, m.Error)
 		}
-		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, time.Millisecond); err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
 	}
@@ -249,20 +250,9 @@ func waitMigration(ctx context.Context, q *qmp.Client, want string) error {
 		case "failed", "cancelled":
 			return fmt.Errorf("migration %s: %s", m.Status, m.Error)
 		}
-		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, time.Millisecond); err != nil {
 			return fmt.Errorf("migration: %w", err)
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/clock"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu/qmp"
@@ -65,7 +66,7 @@ func (in *instance) SaveState(ctx context.Context, dir string, o runtime.SaveOpt
 		}
 	}()
 	// See SaveSnapshot: the guest must see the agent disconnect first.
-	if err := sleepCtx(ctx, snapshotSettle); err != nil {
+	if err := clock.Sleep(ctx, snapshotSettle); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
 	t0 := time.Now()
