@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,9 +59,26 @@ func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 	}, nil
 }
 
-// forkBench forks a sandbox three times and reports the time and each
-// fork's memory (shim and VMM; PSS divides the pages forks share).
+// forkBench measures, on one live sandbox that wrote 64 MiB of tmpfs: a
+// snapshot (until the source answers again, and that its shim and VMM went
+// on), a fork into three (until all three answer) against one template
+// clone of the same size measured just before (Manager.Create until it
+// runs, median of 3), and each fork's memory (shim and VMM; PSS divides
+// the pages forks share).
 func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error)) ([][3]string, error) {
+	var clones []time.Duration
+	for range 3 {
+		t := time.Now()
+		sb, err := m.Create(ctx, sandbox.Local(), sandbox.CreateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("baseline create: %w", err)
+		}
+		clones = append(clones, time.Since(t))
+		if err := m.Remove(ctx, sandbox.Local(), sb.ID); err != nil {
+			return nil, err
+		}
+	}
+	clone := median(clones)
 	id, err := cli("create")
 	if err != nil {
 		return nil, err
@@ -69,12 +87,28 @@ func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (str
 	if _, err := cli("exec", id, "--", "sh", "-c", fillCmd(64)); err != nil {
 		return nil, err
 	}
+	pid := shimPID(m.L.ShimLock(id))
+	name := "bench-live-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	t := time.Now()
+	if _, err := m.Snapshot(ctx, sandbox.Local(), id, name, false); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if _, err := cli("exec", id, "--", "true"); err != nil {
+		return nil, err
+	}
+	snap := time.Since(t)
+	went := "its shim went on"
+	if shimPID(m.L.ShimLock(id)) != pid {
+		went = "its shim was replaced (a pause and a resume)"
+	}
+	t = time.Now()
 	forks, err := m.Fork(ctx, sandbox.Local(), id, sandbox.ForkOptions{Count: 3})
 	d := time.Since(t)
 	for _, f := range forks {
 		defer func() { _, _ = cli("rm", f.ID) }()
 	}
+	// The snapshot goes once the forks (whose disks it backs) are gone.
+	defer func() { _ = m.RemoveSnapshot(context.WithoutCancel(ctx), sandbox.Local(), "", name) }()
 	if err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
@@ -85,9 +119,19 @@ func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (str
 		mem = append(mem, fmt.Sprintf("%d/%d", rss>>10, pss>>10))
 	}
 	return [][3]string{
-		{"fork a live sandbox into 3 (until all 3 answer)", ms(d), "includes the parent's pause+resume and the first build of the snapshot's template"},
+		{"snapshot a live sandbox, until it answers an exec again", ms(snap), "saved while it runs; " + went},
+		{"fork a live sandbox into 3 (until all 3 answer), vs one template clone", fmt.Sprintf("%s (%.1fx)", ms(d), float64(d)/float64(clone)),
+			fmt.Sprintf("one clone (Manager.Create until running, median of 3): %s; includes the source's live save and the first build of the snapshot's template", ms(clone))},
 		{"memory per fork, RSS/PSS MiB (shim + VMM)", strings.Join(mem, ", "), "parent wrote 64 MiB of tmpfs before the fork; PSS splits the pages the forks share"},
 	}, nil
+}
+
+// shimPID is the pid in a shim lock file, or 0.
+func shimPID(lock string) int {
+	if pids := sandboxPIDs(lock); len(pids) > 0 {
+		return pids[0]
+	}
+	return 0
 }
 
 // fillCmd writes mib MiB of random bytes to /dev/shm/fill through one

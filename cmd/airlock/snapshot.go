@@ -87,8 +87,8 @@ func snapshotCmd(g *globals) *cobra.Command {
 		return run(cmd, args)
 	}
 	long := `Save a running (or paused) sandbox's memory, processes and disk as a named snapshot;
-the sandbox keeps running. It is paused and resumed for about half a second, and its
-guest's open TCP connections are reset. Start sandboxes from it with
+the sandbox keeps running: it is saved while it runs (its guest stops only while its
+memory is written out, and keeps its open TCP connections). Start sandboxes from it with
 ` + "`airlock create --from-snapshot NAME`" + ` (or run); each gets a fresh clock, RNG reseed and
 its own network stack. A snapshot's disk backs the sandboxes made from it, so
 ` + "`airlock snapshot rm`" + ` refuses while they exist. Commands or code still running are
@@ -186,8 +186,9 @@ func forkCmd(g *globals) *cobra.Command {
 		Use:   "fork ID [--count N] [--force] [--secrets]",
 		Short: "Make running copies of a live sandbox and print their ids, one per line",
 		Long: `Make N (1-16) running copies of a sandbox: processes, memory and disk as they are now,
-each with a fresh clock, RNG reseed and its own network stack. The source is paused and
-resumed for about half a second (its guest's open TCP connections are reset). The copies
+each with a fresh clock, RNG reseed and its own network stack. The source is saved while
+it runs (its guest stops only while its memory is written out, and keeps its open TCP
+connections). The copies
 have the source's size, image, env, network, metadata and lifetime. All or nothing: if one
 copy fails, none is left. Commands running in the source go on in it and in each copy
 (under the same exec ids: airlock attach); code running in the source refuses the fork

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -46,8 +47,13 @@ type Client struct {
 	Files    agentv1connect.FileServiceClient
 	Contexts agentv1connect.ContextServiceClient // needs VersionContexts
 
+	// The session's connection: replaced by Redial, so guarded by mu.
+	// rt routes every request to the current cc.
+	mu   sync.Mutex
 	conn net.Conn
 	cc   *http2.ClientConn
+	rt   *sessionTransport
+	opts Options
 
 	// now is the host's clock for SyncWith (time.Now unless a test sets
 	// it; internal/clock stays out of the agent's dependencies).
@@ -70,9 +76,25 @@ func Dial(ctx context.Context, conn net.Conn, opts Options) (*Client, error) {
 	if opts.MaxMessageBytes <= 0 {
 		opts.MaxMessageBytes = DefaultMaxMessageBytes
 	}
-	bc, err := waitBanner(ctx, conn)
+	cc, info, err := handshake(ctx, conn, opts)
 	if err != nil {
 		return nil, err
+	}
+	rt := &sessionTransport{cc: cc}
+	c := NewClient(&http.Client{Transport: rt}, "http://agent", opts)
+	c.conn, c.cc, c.rt, c.opts, c.Info = conn, cc, rt, opts, info
+	return c, nil
+}
+
+// handshake waits for the banner on conn, starts HTTP/2 and calls Info.
+// On failure conn is left open.
+func handshake(ctx context.Context, conn net.Conn, opts Options) (*http2.ClientConn, *agentv1.InfoResponse, error) {
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	bc, err := waitBanner(ctx, conn)
+	if err != nil {
+		return nil, nil, err
 	}
 	tr := &http2.Transport{
 		AllowHTTP:         true,
@@ -83,21 +105,68 @@ func Dial(ctx context.Context, conn net.Conn, opts Options) (*Client, error) {
 	}
 	cc, err := tr.NewClientConn(bc)
 	if err != nil {
-		return nil, fmt.Errorf("start http2: %w", err)
+		return nil, nil, fmt.Errorf("start http2: %w", err)
 	}
-	c := NewClient(&http.Client{Transport: cc}, "http://agent", opts)
-	c.conn, c.cc = conn, cc
-	info, err := c.Agent.Info(ctx, connect.NewRequest(&agentv1.InfoRequest{}))
+	agent := NewClient(&http.Client{Transport: cc}, "http://agent", opts).Agent
+	info, err := agent.Info(ctx, connect.NewRequest(&agentv1.InfoRequest{}))
 	if err != nil {
 		_ = cc.Close()
-		return nil, fmt.Errorf("agent info: %w", err)
+		return nil, nil, fmt.Errorf("agent info: %w", err)
 	}
-	c.Info = info.Msg
-	if c.Info.GetProtocolVersion() < 1 {
+	if info.Msg.GetProtocolVersion() < 1 {
 		_ = cc.Close()
-		return nil, fmt.Errorf("%w: protocol version %d", ErrUnsupported, c.Info.GetProtocolVersion())
+		return nil, nil, fmt.Errorf("%w: protocol version %d", ErrUnsupported, info.Msg.GetProtocolVersion())
 	}
-	return c, nil
+	return cc, info.Msg, nil
+}
+
+// Redial makes conn, a new channel to the same guest agent (after a live
+// snapshot closed the old one), this session's connection: requests made
+// from now on, through any of the Client's services, go over it. The
+// session it replaces is closed (its streams end). The agent must speak
+// at least the protocol it spoke before (Info stays what it was). Only
+// for Clients made by Dial. On failure conn is left open and the Client
+// keeps its old (closed or failing) connection.
+func (c *Client) Redial(ctx context.Context, conn net.Conn) error {
+	if c.rt == nil {
+		return errors.New("redial: not a direct agent session")
+	}
+	cc, info, err := handshake(ctx, conn, c.opts)
+	if err != nil {
+		return err
+	}
+	if c.Info != nil && info.GetProtocolVersion() < c.Info.GetProtocolVersion() {
+		_ = cc.Close()
+		return fmt.Errorf("%w: the agent now speaks protocol %d, %d before", ErrUnsupported, info.GetProtocolVersion(), c.Info.GetProtocolVersion())
+	}
+	c.mu.Lock()
+	oldConn, oldCC := c.conn, c.cc
+	c.conn, c.cc = conn, cc
+	c.mu.Unlock()
+	c.rt.set(cc)
+	_ = oldCC.Close()
+	_ = oldConn.Close()
+	return nil
+}
+
+// sessionTransport sends each request over the session's current HTTP/2
+// connection.
+type sessionTransport struct {
+	mu sync.Mutex
+	cc *http2.ClientConn
+}
+
+func (t *sessionTransport) set(cc *http2.ClientConn) {
+	t.mu.Lock()
+	t.cc = cc
+	t.mu.Unlock()
+}
+
+func (t *sessionTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	t.mu.Lock()
+	cc := t.cc
+	t.mu.Unlock()
+	return cc.RoundTrip(r)
 }
 
 // NewClient builds a Client over an existing HTTP client (used by the CLI
@@ -248,17 +317,23 @@ func (c *Client) ProcEvents(ctx context.Context) (*connect.ServerStreamForClient
 
 // Done is closed when the HTTP/2 session is unusable (guest gone).
 func (c *Client) Alive() bool {
-	return c.cc != nil && c.cc.CanTakeNewRequest()
+	c.mu.Lock()
+	cc := c.cc
+	c.mu.Unlock()
+	return cc != nil && cc.CanTakeNewRequest()
 }
 
 // Close ends the session and closes the underlying conn.
 func (c *Client) Close() error {
+	c.mu.Lock()
+	cc, conn := c.cc, c.conn
+	c.mu.Unlock()
 	var errs []error
-	if c.cc != nil {
-		errs = append(errs, c.cc.Close())
+	if cc != nil {
+		errs = append(errs, cc.Close())
 	}
-	if c.conn != nil {
-		if err := c.conn.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+	if conn != nil {
+		if err := conn.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
 		}
 	}

@@ -72,8 +72,8 @@ type Spec struct {
 	// RootDiskFormat is "qcow2" (default) or "raw".
 	RootDiskFormat string
 	// RunDir is a private directory for this instance's runtime files
-	// (qemu: console.log, qemu.log, agent.sock, and mem.raw for a
-	// Snapshottable instance). It exists and is owned by the caller; it may be 0700.
+	// (qemu: console.log, qemu.log and agent.sock). It exists and is
+	// owned by the caller; it may be 0700.
 	RunDir string
 	// RestoreFrom, if set, is a snapshot directory written by
 	// Snapshotter.SaveSnapshot (a template) or StateSaver.SaveState (a
@@ -89,6 +89,12 @@ type Spec struct {
 	// restored instance can then become a template, e.g. for fork), not
 	// with one written by SaveSnapshot (qemu: ErrInvalid).
 	Snapshottable bool
+	// NoAgentHost: the host never connects to the agent channel. For an
+	// instance restored from a SaveState directory only to be saved again
+	// as a template: its guest agent waits for a host, as in every saved
+	// state, and goes on waiting, so SaveSnapshot need not give it time to
+	// see a host go. AgentConn fails. (qemu; other runtimes ignore it.)
+	NoAgentHost bool
 	// RootInPlace, for runtimes whose root is a directory (gvisor), writes
 	// the sandbox's changes into RootDisk itself instead of a private
 	// layer: template builds give a host overlay mount made for the one

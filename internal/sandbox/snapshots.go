@@ -3,6 +3,7 @@ package sandbox
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -11,7 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	goruntime "runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -40,9 +43,10 @@ func ValidateSnapshotName(name string) error {
 
 // Snapshot saves a running (or paused) sandbox's memory, devices and disk
 // as a named snapshot that new sandboxes start from; the sandbox keeps
-// running (it is paused and resumed: its guest stops for about as long as
-// a pause and a resume take, and its open TCP connections are reset). The
-// snapshot is the sandbox's tenant's; it is audited as snapshot.create.
+// running (saved while it runs: its guest stops only for the save and keeps
+// its TCP connections; a shim from before live snapshots pauses and resumes
+// it instead). The snapshot is the sandbox's tenant's; it is audited as
+// snapshot.create.
 func (m *Manager) Snapshot(ctx context.Context, c Caller, id, name string, force bool) (store.Snapshot, error) {
 	sb, err := m.lookup(ctx, c, id)
 	if err != nil {
@@ -82,6 +86,16 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (st
 		return store.Snapshot{}, fmt.Errorf("%w: sandbox %s has %s mounted at %s; copy the data into the root disk or snapshot a sandbox without mounts",
 			ErrHasMounts, id, mountWhat(sb.Mounts[0]), sb.Mounts[0].Path)
 	}
+	if sb.State == store.StateRunning {
+		sn, err := m.liveSnapshot(ctx, sb, name, force)
+		if !errors.Is(err, errdefs.ErrUnsupported) {
+			return sn, err
+		}
+		// A shim from before live snapshots: pause, freeze, resume.
+		if m.Log != nil {
+			m.Log.Info("live snapshot unsupported; pausing for it", "sandbox_id", id, "err", err)
+		}
+	}
 	wasRunning := sb.State != store.StatePaused
 	if wasRunning {
 		if _, err := m.pause(ctx, id, force); err != nil {
@@ -101,6 +115,87 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, force bool) (st
 		}
 	}
 	return sn, err
+}
+
+// liveSnapshot has sb's shim save it into a new snapshot directory while it
+// runs (shimclient.Snapshot), then completes and records the snapshot.
+// ErrUnsupported: the shim or its runtime cannot (the caller pauses
+// instead); nothing was changed then.
+func (m *Manager) liveSnapshot(ctx context.Context, sb store.Sandbox, name string, force bool) (store.Snapshot, error) {
+	// See freeze for the modes. The id is random, not a content address:
+	// the sandbox's new disk overlay names the snapshot's disk as its
+	// backing file before the disk's digest is known.
+	_ = os.MkdirAll(m.L.SnapshotsDir(), 0o711)
+	_ = os.Chmod(m.L.SnapshotsDir(), 0o711)
+	var rb [16]byte
+	_, _ = rand.Read(rb[:])
+	sid := hex.EncodeToString(rb[:])
+	dir := m.L.SnapshotDir(sid)
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return store.Snapshot{}, err
+	}
+	if _, err := m.shims().Get(m.L.Socket(sb.ID)).Snapshot(ctx, dir, force); err != nil {
+		// The shim undid what it made, or failed the sandbox (whose disk
+		// then goes with it).
+		_ = os.RemoveAll(dir)
+		return store.Snapshot{}, err
+	}
+	// From here the sandbox's disk is backed by dir's: dir stays, recorded
+	// under name or, failing that, as an unlisted snapshot the collector
+	// frees with the sandbox.
+	sn, err := m.completeLive(ctx, sb, name, sid, dir)
+	if err != nil {
+		sn.Name = template.ForkPrefix + statedir.RandomID(12)
+		if rerr := m.Store.RecordSnapshot(context.WithoutCancel(ctx), sn); rerr != nil {
+			m.log().Error("record a live snapshot's disk", "sandbox_id", sb.ID, "snapshot_id", sid, "err", rerr)
+		}
+		return store.Snapshot{}, err
+	}
+	return sn, nil
+}
+
+// completeLive adds the frozen disk's digest to the manifest the shim
+// wrote in dir and records the snapshot. On an error the returned snapshot
+// is still filled in as far as it could be.
+func (m *Manager) completeLive(ctx context.Context, sb store.Sandbox, name, sid, dir string) (store.Snapshot, error) {
+	sn := store.Snapshot{
+		Tenant: sb.Tenant, Name: name, ID: sid, SandboxID: sb.ID, Image: sb.Image, ImageDigest: sb.ImageDigest,
+		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: sb.Network, Env: sb.Env,
+		Created: time.Now(), ExecDefaults: sb.ExecDefaults,
+	}
+	disk := filepath.Join(dir, statedir.SnapshotDisk)
+	if err := os.Chmod(disk, 0o444); err != nil {
+		return sn, fmt.Errorf("snapshot disk: %w", err)
+	}
+	mpath := filepath.Join(dir, statedir.PauseManifestFile)
+	var man statedir.PauseManifest
+	b, err := os.ReadFile(mpath)
+	if err != nil || json.Unmarshal(b, &man) != nil {
+		return sn, fmt.Errorf("%w: the live snapshot of %s has no readable manifest", errdefs.ErrFailedPrecondition, sb.ID)
+	}
+	if err := completeManifest(&man, disk, sb); err != nil {
+		return sn, err
+	}
+	mb, _ := json.MarshalIndent(man, "", "  ")
+	if err := errors.Join(os.Remove(mpath), os.WriteFile(mpath, mb, 0o400)); err != nil {
+		return sn, err
+	}
+	sn.Size = statedir.DirUsage(dir)
+	return sn, m.Store.RecordSnapshot(ctx, sn)
+}
+
+// completeManifest adds the frozen disk's digest, the snapshot's digest
+// (over the state's and the disk's) and what it was taken of to man.
+func completeManifest(man *statedir.PauseManifest, disk string, sb store.Sandbox) error {
+	h := sha256.New()
+	if _, err := statedir.HashFile(h, disk, statedir.SnapshotDisk); err != nil {
+		return err
+	}
+	man.DiskSHA256 = hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256([]byte(man.StateSHA256 + "\n" + man.DiskSHA256 + "\n"))
+	man.Digest = "sha256:" + hex.EncodeToString(sum[:])
+	man.ImageDigest, man.CPUs, man.MemoryMiB, man.DiskMiB = sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB
+	return nil
 }
 
 // freeze turns a paused sandbox's state into a snapshot: the saved state
@@ -164,13 +259,11 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	}
 	movedDisk = filepath.Join(dir, statedir.SnapshotDisk)
 	_ = os.Chmod(movedDisk, 0o444)
-	h := sha256.New()
-	if _, err := statedir.HashFile(h, movedDisk, statedir.SnapshotDisk); err != nil {
+	if err := completeManifest(&man, movedDisk, sb); err != nil {
 		return store.Snapshot{}, err
 	}
-	man.DiskSHA256 = hex.EncodeToString(h.Sum(nil))
-	sum := sha256.Sum256([]byte(man.StateSHA256 + "\n" + man.DiskSHA256 + "\n"))
-	sid := hex.EncodeToString(sum[:16])
+	// The content address: the first 128 bits of the digest.
+	sid := strings.TrimPrefix(man.Digest, "sha256:")[:32]
 	final := m.L.SnapshotDir(sid)
 	if err := os.Rename(dir, final); err != nil {
 		return store.Snapshot{}, fmt.Errorf("%w: snapshot %s: %v", errdefs.ErrConflict, sid, err)
@@ -179,8 +272,6 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	if err := statedir.CreateOverlay(ctx, root, movedDisk, "qcow2", 0); err != nil {
 		return store.Snapshot{}, err
 	}
-	man.Digest = "sha256:" + hex.EncodeToString(sum[:])
-	man.ImageDigest, man.CPUs, man.MemoryMiB, man.DiskMiB = sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB
 	mb, _ := json.MarshalIndent(man, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, statedir.PauseManifestFile), mb, 0o400); err != nil {
 		return store.Snapshot{}, err
@@ -302,18 +393,31 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, o ForkOptions) 
 	if err != nil {
 		return nil, err
 	}
-	var out []store.Sandbox
-	for range count {
-		f, err := m.materialize(ctx, sn, "fork:"+id, CreateOptions{Tenant: sb.Tenant, Timeout: time.Duration(sb.TimeoutSec) * time.Second, IdlePause: sb.IdlePause, Metadata: sb.Metadata, Secrets: secrets, limits: c.Limits})
-		if err != nil {
-			for _, f := range out {
-				if rerr := m.remove(context.WithoutCancel(ctx), f.ID); rerr != nil && m.Log != nil {
-					m.Log.Error("remove partial fork", "sandbox_id", f.ID, "err", rerr)
-				}
+	// The copies start side by side (the first to come builds the
+	// snapshot's template; the others wait for it), up to forkParallel at
+	// a time.
+	out := make([]store.Sandbox, count)
+	errs := make([]error, count)
+	sem := make(chan struct{}, forkParallel())
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			out[i], errs[i] = m.materialize(ctx, sn, "fork:"+id, CreateOptions{Tenant: sb.Tenant, Timeout: time.Duration(sb.TimeoutSec) * time.Second, IdlePause: sb.IdlePause, Metadata: sb.Metadata, Secrets: secrets, limits: c.Limits})
+		})
+	}
+	wg.Wait()
+	if err := firstErr(errs); err != nil {
+		for i, f := range out {
+			if errs[i] != nil || f.ID == "" {
+				continue
 			}
-			return nil, err
+			if rerr := m.remove(context.WithoutCancel(ctx), f.ID); rerr != nil && m.Log != nil {
+				m.Log.Error("remove partial fork", "sandbox_id", f.ID, "err", rerr)
+			}
 		}
-		out = append(out, f)
+		return nil, err
 	}
 	ids := make([]string, 0, len(out))
 	for _, f := range out {
@@ -322,6 +426,21 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, o ForkOptions) 
 	}
 	m.audit(ctx, c, id, "sandbox.fork", map[string]any{"count": count, "force": force, "forks": ids, "secrets": len(secrets) > 0})
 	return out, nil
+}
+
+// forkParallel is how many copies of one Fork start at once: two per host
+// CPU, at least 4 (all of them wait for the first one's template build,
+// then a start is mostly CPU work).
+func forkParallel() int { return max(4, 2*goruntime.NumCPU()) }
+
+// firstErr returns the first non-nil error of errs, if any.
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // materialize creates a sandbox from snapshot sn: its shim clones the

@@ -174,11 +174,12 @@ func (l lifecycleService) Usage(ctx context.Context, _ *connect.Request[shimv2.U
 }
 
 // preconditions for pause: nothing in flight that a pause would cut off
-// (unless forced). (Secret values survive: the control plane keeps them
+// (unless forced); live, for a live snapshot, lets connections to published
+// ports be (they survive it). (Secret values survive: the control plane keeps them
 // sealed and binds them again at the resume.) Running
 // execs do not count when park is set (the pause parks them), nor do the
 // client streams that follow them.
-func (s *shim) pauseCheck(force, park bool, own int64) error {
+func (s *shim) pauseCheck(force, park, live bool, own int64) error {
 	if s.noSave != "" {
 		return connect.NewError(connect.CodeFailedPrecondition, errors.New(s.noSave))
 	}
@@ -187,6 +188,10 @@ func (s *shim) pauseCheck(force, park bool, own int64) error {
 	}
 	pending := func() (requests, busy int64) {
 		requests, busy = s.act.inflight.Load()-own, s.busy()
+		if live && s.net != nil {
+			// The guest keeps its connections through a live snapshot.
+			busy -= s.net.inbound.Load()
+		}
 		if park && s.execs != nil {
 			execs, streams := s.execs.Parkable()
 			requests, busy = requests-streams, busy-execs
@@ -248,7 +253,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	// the resume (an agent older than protocol 8 cannot: they refuse the
 	// pause as before).
 	park := !force && s.execs != nil && s.execs.CanPark()
-	if err := s.pauseCheck(force, park, own); err != nil {
+	if err := s.pauseCheck(force, park, false, own); err != nil {
 		return nil, false, err
 	}
 	sb, err := s.st.GetSandbox(ctx, s.cfg.ID)
@@ -291,15 +296,8 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 		return nil, true, fmt.Errorf("save guest state: %w", err)
 	}
 	saveDur := time.Since(t0)
-	sum, size, err := statedir.HashDir(stateDir)
+	size, err := s.writeManifest(dir)
 	if err != nil {
-		return nil, true, err
-	}
-	bc := s.boot
-	m := statedir.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: s.clk.Now().UTC(),
-		Runtime: s.cfg.Runtime.Name(), Accel: s.accel}
-	b, _ := json.MarshalIndent(m, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, statedir.PauseManifestFile), b, 0o400); err != nil {
 		return nil, true, err
 	}
 	if _, err := s.st.Transition(ctx, s.cfg.ID, store.Change{To: store.StatePaused, Gen: s.gen, LifetimeLeft: left}); err != nil {
@@ -307,6 +305,158 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	}
 	s.log.Info("paused", "save", saveDur, "total", time.Since(t0), "state_bytes", size)
 	return &shimv2.PauseResponse{StateBytes: size, SaveMs: saveDur.Milliseconds()}, false, nil
+}
+
+// writeManifest writes dir's PauseManifest for the state saved in
+// dir/state and returns the state's size.
+func (s *shim) writeManifest(dir string) (int64, error) {
+	sum, size, err := statedir.HashDir(filepath.Join(dir, statedir.PauseStateDir))
+	if err != nil {
+		return 0, err
+	}
+	bc := s.boot
+	m := statedir.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: s.clk.Now().UTC(),
+		Runtime: s.cfg.Runtime.Name(), Accel: s.accel}
+	b, _ := json.MarshalIndent(m, "", "  ")
+	return size, os.WriteFile(filepath.Join(dir, statedir.PauseManifestFile), b, 0o400)
+}
+
+// snapReq asks the shim's main loop for a live snapshot; it answers on
+// reply.
+type snapReq struct {
+	dir   string
+	force bool
+	reply chan snapResult
+}
+
+type snapResult struct {
+	resp *shimv2.SnapshotResponse
+	err  error
+}
+
+// Snapshot is the live snapshot; the main loop takes it (so it never runs
+// beside a pause or a stop).
+func (l lifecycleService) Snapshot(ctx context.Context, req *connect.Request[shimv2.SnapshotRequest]) (*connect.Response[shimv2.SnapshotResponse], error) {
+	r := snapReq{dir: req.Msg.GetDir(), force: req.Msg.GetForce(), reply: make(chan snapResult, 1)}
+	select {
+	case l.s.snapReq <- r:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	res := <-r.reply
+	if res.err != nil {
+		return nil, res.err
+	}
+	return connect.NewResponse(res.resp), nil
+}
+
+// snapshotLive saves the running guest into dir (see
+// LifecycleService.Snapshot) and carries on: the root disk is frozen as
+// dir's disk and the guest continues on a new overlay on it, the agent
+// session is dialled again, the parked execs are adopted again and the
+// process audit restarts (the trail records the gap). On an error before
+// the guest was stopped the sandbox runs on untouched; fatal reports one
+// after which it cannot (the caller fails it).
+func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *shimv2.SnapshotResponse, fatal bool, err error) {
+	saver, ok := s.inst.(runtime.StateSaver)
+	if !ok {
+		return nil, false, connect.NewError(connect.CodeUnimplemented, errors.New("this sandbox's runtime cannot snapshot it while it runs"))
+	}
+	// The control plane names the directory; it must still be a new one
+	// in this state dir's snapshots.
+	if dir != filepath.Clean(dir) || filepath.Dir(dir) != s.l.SnapshotsDir() {
+		return nil, false, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("snapshot dir %q is not in %s", dir, s.l.SnapshotsDir()))
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) > 0 {
+		return nil, false, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("snapshot dir %q is not a new empty directory (%v)", dir, err))
+	}
+	park := !force && s.execs != nil && s.execs.CanPark()
+	if err := s.pauseCheck(force, park, true, 1); err != nil {
+		return nil, false, err
+	}
+	sb, err := s.st.GetSandbox(ctx, s.cfg.ID)
+	if err != nil {
+		return nil, false, err
+	}
+	t0 := time.Now()
+	root := s.l.RootDisk(s.cfg.ID)
+	frozen := filepath.Join(dir, statedir.SnapshotDisk)
+	next := root + ".next"
+	_ = os.Remove(next)
+	// The snapshot's disk is the root disk's inode under a second name
+	// (the guest writes to it until the save switches it over), and the
+	// new overlay is backed by that name, which outlives the sandbox.
+	if err := os.Link(root, frozen); err != nil {
+		return nil, false, fmt.Errorf("snapshot disk: %w", err)
+	}
+	if err := statedir.CreateOverlay(ctx, next, frozen, "qcow2", 0); err != nil {
+		_ = os.Remove(frozen)
+		return nil, false, err
+	}
+	stateDir := filepath.Join(dir, statedir.PauseStateDir)
+	if err := os.Mkdir(stateDir, 0o700); err != nil {
+		_ = errors.Join(os.Remove(frozen), os.Remove(next))
+		return nil, false, err
+	}
+	// New requests wait (they are refused with "retry") until the guest
+	// answers again; from here on a failure is fatal.
+	s.act.pausing.Store(true)
+	defer s.act.pausing.Store(false)
+	defer func() {
+		if err != nil {
+			fatal = true
+		}
+	}()
+	var saved []savedExec
+	if park {
+		saved = s.execs.Park()
+		if err := writeSavedExecs(dir, saved); err != nil {
+			return nil, true, fmt.Errorf("save the execs: %w", err)
+		}
+	}
+	if s.execs != nil {
+		s.execs.CloseFor("the sandbox was snapshotted (force)")
+	}
+	auditOff := s.clk.Now()
+	s.proc.close()
+	s.proc = nil
+	_ = s.agent.Close()
+	if err := saver.SaveState(ctx, stateDir, runtime.SaveOptions{KeepRunning: true, NewRootDisk: next}); err != nil {
+		return nil, true, fmt.Errorf("save guest state: %w", err)
+	}
+	if err := os.Rename(next, root); err != nil {
+		return nil, true, fmt.Errorf("new root disk: %w", err)
+	}
+	conn, err := s.inst.AgentConn(ctx)
+	if err != nil {
+		return nil, true, fmt.Errorf("agent after the snapshot: %w", err)
+	}
+	bootCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := s.agent.Redial(bootCtx, conn); err != nil {
+		conn.Close()
+		return nil, true, fmt.Errorf("agent after the snapshot: %w", err)
+	}
+	// A new clock reading and fresh entropy, as after any restore.
+	if _, err := s.agent.SyncWith(bootCtx, agentapi.SyncOptions{}); err != nil {
+		return nil, true, err
+	}
+	if s.execs != nil {
+		s.execs.reopen()
+		s.execs.restore(bootCtx, saved, false, sb.Tenant)
+	}
+	if !s.cfg.NoProcAudit {
+		s.proc = startProcAudit(s.agent, s.inst, s.st, sb, s.log, s.clk)
+		s.event(ctx, sb, "proc.audit.gap", map[string]any{"reason": "a live snapshot: programs the guest started while its agent reconnected are not recorded",
+			"from": auditOff.UTC(), "to": s.clk.Now().UTC()})
+	}
+	total := time.Since(t0)
+	size, err := s.writeManifest(dir)
+	if err != nil {
+		return nil, true, err
+	}
+	s.log.Info("live snapshot", "dir", dir, "state_bytes", size, "execs", len(saved), "total", total)
+	return &shimv2.SnapshotResponse{StateBytes: size, TotalMs: total.Milliseconds()}, false, nil
 }
 
 // resumeSpec checks a paused sandbox's saved state and fills spec to

@@ -104,7 +104,7 @@ func (t *sessions) Park() []savedExec {
 	t.mu.Lock()
 	if !t.parking {
 		t.parking = true
-		close(t.parkCh)
+		close(t.gen.Load().parkCh)
 	}
 	all := make([]*session, 0, len(t.byID))
 	for _, s := range t.byID {
@@ -373,7 +373,7 @@ func (t *sessions) adopt(ctx context.Context, sv savedExec, inherited bool) {
 	if limit == 0 || limit > DefaultMaxOutputBytes {
 		limit = DefaultMaxOutputBytes
 	}
-	g, err := openAdopt(t.ctx, t.agent, sv.ID, t.clk, limit, min(sv.Sent, limit), sv.Truncated, time.Duration(max(sv.DeadlineLeft, 0)))
+	g, err := openAdopt(t.ctx(), t.agent, sv.ID, t.clk, limit, min(sv.Sent, limit), sv.Truncated, time.Duration(max(sv.DeadlineLeft, 0)))
 	var ev *agentv1.ExecResponse
 	if err == nil {
 		stop := context.AfterFunc(ctx, g.cancel)

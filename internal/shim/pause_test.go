@@ -3,8 +3,13 @@ package shim
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +17,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/guest"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/shimclient"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
@@ -123,4 +129,96 @@ func TestShimForcedPauseSaysSo(t *testing.T) {
 	if err != nil || sb.State != store.StatePaused {
 		t.Fatalf("after the pause: %+v %v", sb, err)
 	}
+}
+
+// TestShimLiveSnapshot: Snapshot saves the running guest into a new
+// directory of the state dir's snapshots (the state, the root disk frozen
+// under a second name, the manifest) and carries on: the guest answers
+// again over a new agent channel, with a new root disk overlay backed by
+// the frozen one. A directory elsewhere, or not empty, is refused with
+// nothing changed; a runtime that cannot save says so.
+func TestShimLiveSnapshot(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, time.Hour)
+	sc := shimclient.New(h.l.Socket(h.id))
+	defer sc.Close()
+	echo := func(when string) {
+		t.Helper()
+		var out bytes.Buffer
+		if st, err := runStream(t.Context(), sc, guest.ExecSpec{Argv: []string{"echo", when}}, &out); err != nil || st.Code != 0 || out.String() != when+"\n" {
+			t.Fatalf("exec %s: %v %v %q", when, st, err, out.String())
+		}
+	}
+	echo("before")
+
+	for _, bad := range []string{t.TempDir(), h.l.SnapshotsDir() + "/../x", h.l.SnapshotDir("missing")} {
+		if _, err := sc.Snapshot(t.Context(), bad, false); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("snapshot into %s: %v; want invalid", bad, err)
+		}
+	}
+	full := h.l.SnapshotDir("full")
+	if err := os.MkdirAll(filepath.Join(full, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Snapshot(t.Context(), full, false); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("snapshot into a directory that is not empty: %v", err)
+	}
+	if n := len(h.rt.Instance(h.id).Saves()); n != 0 {
+		t.Fatalf("refused snapshots saved %d times", n)
+	}
+	echo("after the refusals")
+
+	root := h.l.RootDisk(h.id)
+	before, err := os.Stat(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := h.l.SnapshotDir("live")
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	res, err := sc.Snapshot(t.Context(), dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saves := h.rt.Instance(h.id).Saves()
+	if len(saves) != 1 || !saves[0].Opts.KeepRunning || saves[0].Opts.NewRootDisk != root+".next" || saves[0].Dir != filepath.Join(dir, statedir.PauseStateDir) {
+		t.Fatalf("saves %+v", saves)
+	}
+	var man statedir.PauseManifest
+	if b, err := os.ReadFile(filepath.Join(dir, statedir.PauseManifestFile)); err != nil || json.Unmarshal(b, &man) != nil || man.StateBytes != res.StateBytes || len(man.StateSHA256) != 64 {
+		t.Fatalf("manifest %+v (%v), result %+v", man, err, res)
+	}
+	frozen, err := os.Stat(filepath.Join(dir, statedir.SnapshotDisk))
+	if err != nil || !os.SameFile(frozen, before) {
+		t.Fatalf("the snapshot's disk is not the root disk as it was: %v", err)
+	}
+	now, err := os.Stat(root)
+	if err != nil || os.SameFile(now, before) {
+		t.Fatalf("the root disk was not replaced by the new overlay: %v", err)
+	}
+	if out, err := exec.Command("qemu-img", "info", "--output=json", "-U", root).Output(); err != nil || !strings.Contains(string(out), `"backing-filename": "`+filepath.Join(dir, statedir.SnapshotDisk)+`"`) {
+		t.Fatalf("the new root disk is not backed by the snapshot's: %v\n%s", err, out)
+	}
+	echo("after the snapshot")
+
+	if err := sc.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t)
+
+	h2 := newHarness(t, time.Hour, func(_ *store.Sandbox, cfg *Config) { cfg.Runtime = noSaveRuntime{cfg.Runtime} })
+	sc2 := shimclient.New(h2.l.Socket(h2.id))
+	defer sc2.Close()
+	dir2 := h2.l.SnapshotDir("live")
+	if err := os.MkdirAll(dir2, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc2.Snapshot(t.Context(), dir2, false); !errors.Is(err, errdefs.ErrUnsupported) {
+		t.Errorf("snapshot on a runtime that cannot save: %v", err)
+	}
+	if err := sc2.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h2.wait(t)
 }

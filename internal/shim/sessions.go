@@ -50,12 +50,15 @@ type sessions struct {
 	sandboxID string
 	env       *defaultEnv // the sandbox's default environment
 	log       *slog.Logger
-	clk       clock.Clock     // start and end times, host-side exec deadlines
-	retainCap int             // see retainCap
-	grace     time.Duration   // see timeoutGrace
-	ctx       context.Context // ends every exec stream when cancelled
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup // pumps and kill_on_detach kills
+	clk       clock.Clock   // start and end times, host-side exec deadlines
+	retainCap int           // see retainCap
+	grace     time.Duration // see timeoutGrace
+	// gen holds the context that ends every exec stream when cancelled,
+	// and parkCh, closed when Park starts (a flow-controlling attacher no
+	// longer holds an exec's output back: its pump must get to the park).
+	// reopen replaces it.
+	gen atomic.Pointer[sessGen]
+	wg  sync.WaitGroup // pumps and kill_on_detach kills
 	// hostOOM, if set, counts the host's OOM kills among the sandbox's
 	// host processes (runtime.HostOOMCounter: gVisor).
 	hostOOM func() (uint64, error)
@@ -67,19 +70,32 @@ type sessions struct {
 	running  int      // running or starting
 	closed   bool
 	parking  bool // Park runs: Start refuses
-	// parkCh is closed when Park starts: a flow-controlling attacher no
-	// longer holds an exec's output back (its pump must get to the park).
-	parkCh chan struct{}
 	// streams counts client streams following or controlling an exec
 	// (ExecService): a pause that parks the execs ends them.
 	streams atomic.Int64
 }
 
-func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, env *defaultEnv, log *slog.Logger, clk clock.Clock) *sessions {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &sessions{agent: agent, st: st, sandboxID: sandboxID, env: env, log: log, clk: clk, retainCap: retainCap, grace: timeoutGrace,
-		ctx: ctx, cancel: cancel, byID: map[string]*session{}, parkCh: make(chan struct{})}
+// sessGen is one life of a sessions table (see sessions.gen).
+type sessGen struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	parkCh chan struct{}
 }
+
+func newSessGen() *sessGen {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &sessGen{ctx: ctx, cancel: cancel, parkCh: make(chan struct{})}
+}
+
+func newSessions(agent *agentapi.Client, st *store.Store, sandboxID string, env *defaultEnv, log *slog.Logger, clk clock.Clock) *sessions {
+	t := &sessions{agent: agent, st: st, sandboxID: sandboxID, env: env, log: log, clk: clk, retainCap: retainCap, grace: timeoutGrace,
+		byID: map[string]*session{}}
+	t.gen.Store(newSessGen())
+	return t
+}
+
+// ctx ends every exec stream of the table's current life when cancelled.
+func (t *sessions) ctx() context.Context { return t.gen.Load().ctx }
 
 // session is one exec owned by the shim.
 type session struct {
@@ -185,7 +201,7 @@ func (t *sessions) Start(ctx context.Context, start *agentv1.ExecStart, tenant, 
 			return nil, nil, connect.NewError(connect.CodeFailedPrecondition, err)
 		}
 	}
-	g, err := openExec(t.ctx, t.agent, start, t.env.get(), t.clk, t.grace)
+	g, err := openExec(t.ctx(), t.agent, start, t.env.get(), t.clk, t.grace)
 	if err != nil {
 		return nil, nil, notStarted(err)
 	}
@@ -277,7 +293,7 @@ func (t *sessions) pump(s *session) {
 			s.mu.Unlock()
 			if killNote != "" {
 				note = "[airlock: " + killNote + "; the process was killed]\n"
-			} else if t.ctx.Err() != nil {
+			} else if t.ctx().Err() != nil {
 				t.mu.Lock()
 				note = "[airlock: " + cmp.Or(t.endNote, "the sandbox stopped") + "; the process was killed]\n"
 				t.mu.Unlock()
@@ -323,11 +339,11 @@ func (s *session) publish(t *sessions, ev *agentv1.ExecResponse) {
 		select {
 		case <-behind.space:
 		case <-behind.gone:
-		case <-t.ctx.Done():
-		case <-t.parkCh:
+		case <-t.ctx().Done():
+		case <-t.gen.Load().parkCh:
 		}
 		s.mu.Lock()
-		if t.ctx.Err() != nil || t.parkStarted() {
+		if t.ctx().Err() != nil || t.parkStarted() {
 			break
 		}
 	}
@@ -379,7 +395,7 @@ func (s *session) endAttachersLocked(ev *agentv1.ExecResponse) {
 // parkStarted reports whether Park has begun.
 func (t *sessions) parkStarted() bool {
 	select {
-	case <-t.parkCh:
+	case <-t.gen.Load().parkCh:
 		return true
 	default:
 		return false
@@ -502,8 +518,18 @@ func (t *sessions) CloseFor(why string) {
 	t.closed = true
 	t.endNote = why
 	t.mu.Unlock()
-	t.cancel()
+	t.gen.Load().cancel()
 	t.wg.Wait()
+}
+
+// reopen makes a table that Park and CloseFor ended take execs again,
+// empty: a live snapshot then restores what Park saved into it.
+func (t *sessions) reopen() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.gen.Store(newSessGen())
+	t.byID, t.finished, t.running = map[string]*session{}, nil, 0
+	t.closed, t.parking, t.endNote = false, false, ""
 }
 
 func (s *session) info() *shimv2.ExecInfo {

@@ -158,6 +158,7 @@ type shim struct {
 	accel      string              // "kvm" or "tcg"
 	act        activity            // what keeps the sandbox from idling
 	pauseReq   chan pauseReq       // LifecycleService.Pause asks the main loop
+	snapReq    chan snapReq        // LifecycleService.Snapshot asks it
 	refreshReq chan struct{}       // LifecycleService.Refresh asks it to re-read the row
 	gen        int64               // the generation this shim owns (store.Transition)
 	envelope   *hostcg.Envelope    // the host cgroup this shim and its VMM run in; nil if none
@@ -224,7 +225,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	clk := clock.Or(cfg.Clock)
-	s := &shim{cfg: cfg, clk: clk, l: statedir.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq), refreshReq: make(chan struct{}, 1)}
+	s := &shim{cfg: cfg, clk: clk, l: statedir.Layout{Root: cfg.StateDir}, log: cfg.Log.With("sandbox_id", cfg.ID), stopReq: make(chan struct{}), pauseReq: make(chan pauseReq), snapReq: make(chan snapReq), refreshReq: make(chan struct{}, 1)}
 	s.act.clk = clk
 	ready := func(msg string) {
 		if cfg.Ready != nil {
@@ -369,6 +370,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				return nil
 			}
 			if s.pauseFailed(bg, "pause", err, fatal) {
+				return nil
+			}
+		case r := <-s.snapReq:
+			resp, fatal, err := s.snapshotLive(bg, r.dir, r.force)
+			r.reply <- snapResult{resp: resp, err: err}
+			if err != nil && s.pauseFailed(bg, "live snapshot", err, fatal) {
 				return nil
 			}
 		case <-poll.C():

@@ -28,6 +28,19 @@ func (c *Client) Pause(ctx context.Context, force bool) (guest.PauseResult, erro
 	return guest.PauseResult{StateBytes: resp.Msg.GetStateBytes(), Save: time.Duration(resp.Msg.GetSaveMs()) * time.Millisecond}, nil
 }
 
+// Snapshot saves the running sandbox into dir while it keeps running (a
+// live snapshot; see LifecycleService.Snapshot); Save in the result is how
+// long until the guest answered again. Errors: ErrFailedPrecondition (work
+// in flight without force), ErrUnsupported (the runtime, or a shim from
+// before live snapshots, cannot), ErrInvalid (dir), ErrUnavailable.
+func (c *Client) Snapshot(ctx context.Context, dir string, force bool) (guest.PauseResult, error) {
+	resp, err := c.lifecycle().Snapshot(ctx, connect.NewRequest(&shimv2.SnapshotRequest{Dir: dir, Force: force}))
+	if err != nil {
+		return guest.PauseResult{}, wireErr(ctx, "snapshot", err)
+	}
+	return guest.PauseResult{StateBytes: resp.Msg.GetStateBytes(), Save: time.Duration(resp.Msg.GetTotalMs()) * time.Millisecond}, nil
+}
+
 // Shutdown asks the shim to delete the sandbox (stop the guest, free its
 // resources, exit). It returns before the shim is gone.
 func (c *Client) Shutdown(ctx context.Context) error {

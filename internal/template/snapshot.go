@@ -51,16 +51,24 @@ func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, 
 		return err
 	}
 	state := filepath.Join(sdir, statedir.PauseStateDir)
-	if sum, size, err := statedir.HashDir(state); err != nil || sum != man.StateSHA256 || size != man.StateBytes {
-		return fmt.Errorf("snapshot state is corrupt (its digest does not match the manifest): %v", err)
-	}
 	disk := filepath.Join(sdir, statedir.SnapshotDisk)
-	h := sha256.New()
-	if _, err := statedir.HashFile(h, disk, statedir.SnapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
-		return fmt.Errorf("snapshot disk is corrupt (its digest does not match the manifest): %v", err)
-	}
+	// The digests are checked while the state loads (as a resume does):
+	// the template is saved only if they match.
+	verified := make(chan error, 1)
+	go func() {
+		if sum, size, err := statedir.HashDir(state); err != nil || sum != man.StateSHA256 || size != man.StateBytes {
+			verified <- fmt.Errorf("snapshot state is corrupt (its digest does not match the manifest): %v", err)
+			return
+		}
+		h := sha256.New()
+		if _, err := statedir.HashFile(h, disk, statedir.SnapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
+			verified <- fmt.Errorf("snapshot disk is corrupt (its digest does not match the manifest): %v", err)
+			return
+		}
+		verified <- nil
+	}()
 	if err := statedir.CreateOverlay(ctx, t.Disk, disk, "qcow2", 0); err != nil {
-		return err
+		return errors.Join(err, <-verified)
 	}
 	spec := runtime.Spec{
 		ID:             "snap-" + filepath.Base(t.Dir)[:8],
@@ -73,11 +81,22 @@ func buildSnapshotTemplate(ctx context.Context, t Template, rt runtime.Runtime, 
 		RestoreFrom:    state,
 		Snapshottable:  true,
 		Network:        true,
+		// The saved guest's agent waits for a host (the pause or live
+		// snapshot let it see the last one go); with none connecting, it
+		// still waits in the template, as every clone's must.
+		NoAgentHost: true,
 	}
-	// No agent session: closing the channel's host end lets the guest's
-	// agent see the host go (SaveSnapshot waits for that), so every
-	// clone's agent waits for a new host.
-	if err := snapshotInstance(ctx, rt, spec, t, func(_ runtime.Instance, conn net.Conn) error { return conn.Close() }); err != nil {
+	waited := false
+	err := snapshotInstance(ctx, rt, spec, t, func(runtime.Instance, net.Conn) error {
+		waited = true
+		return <-verified
+	})
+	if !waited {
+		// No goroutine outlives the build; a corrupt snapshot explains a
+		// failed restore.
+		err = errors.Join(err, <-verified)
+	}
+	if err != nil {
 		return err
 	}
 	log.Info("snapshot template saved", "template", filepath.Base(t.Dir))

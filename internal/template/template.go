@@ -185,7 +185,8 @@ func buildTemplate(ctx context.Context, t Template, rt runtime.Runtime, log *slo
 }
 
 // snapshotInstance runs spec (RunDir is set here) until work, given the
-// agent channel's host end (work must close it), is done, then saves it
+// agent channel's host end (work must close it; nil with
+// Spec.NoAgentHost), is done, then saves it
 // into t.Snapshot and ends it. Nobody serves the guest's link: it is
 // drained so that the guest never stalls on a full socket.
 func snapshotInstance(ctx context.Context, rt runtime.Runtime, spec runtime.Spec, t Template, work func(runtime.Instance, net.Conn) error) error {
@@ -220,9 +221,11 @@ func snapshotInstance(ctx context.Context, rt runtime.Runtime, spec runtime.Spec
 			drain.Wait()
 		}()
 	}
-	conn, err := inst.AgentConn(ctx)
-	if err != nil {
-		return err
+	var conn net.Conn
+	if !spec.NoAgentHost {
+		if conn, err = inst.AgentConn(ctx); err != nil {
+			return err
+		}
 	}
 	if err := work(inst, conn); err != nil {
 		return err

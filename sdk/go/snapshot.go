@@ -26,8 +26,9 @@ type Snapshot struct {
 }
 
 // Snapshot saves running (or paused) sandbox id as the snapshot name of
-// its tenant; the sandbox keeps running. It is paused and resumed for
-// about half a second, and its guest's open TCP connections are reset.
+// its tenant; the sandbox keeps running. It is saved while it runs: its
+// guest stops only while its memory is written out, and keeps its open TCP
+// connections.
 // Names are 1-63 letters, digits, '.', '_' or '-', starting with a letter
 // or digit. ErrConflict if the name is taken; ErrFailedPrecondition for a
 // sandbox with secrets or, unless force (which ends them), with commands
@@ -120,8 +121,8 @@ const MaxForks = 16
 
 // Fork makes count (1..MaxForks) running copies of sandbox id, each with
 // the source's processes, memory and disk, a fresh clock, RNG reseed and
-// its own network stack. The source is paused and resumed for about half a
-// second (as for Snapshot). The forks count against the quotas like
+// its own network stack. The source is saved while it runs (as for
+// Snapshot). The forks count against the quotas like
 // creates; the caller owns them (Kill each when done). All or nothing: on
 // an error no fork is left.
 func (c *Client) Fork(ctx context.Context, id string, count int, force bool) ([]Sandbox, error) {

@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -205,21 +207,118 @@ func TestForkDiverges(t *testing.T) {
 		t.Errorf("the parent's x is %q", got)
 	}
 	for _, f := range forks {
-		pid := 0
-		for _, p := range processesMentioning(f) {
-			b, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline")
-			if strings.Contains(string(b), "-M\x00microvm") {
-				pid = p
-			}
-		}
-		if pid == 0 {
-			t.Fatalf("no VMM for fork %s", f)
-		}
+		pid := vmmPID(t, f)
 		rss, pss := smapsRollup(t, pid)
 		t.Logf("fork %s VMM: RSS %d MiB, PSS %d MiB", f, rss>>10, pss>>10)
 		if pss*4 > rss*3 {
 			t.Errorf("fork %s shares little memory: PSS %d KiB of RSS %d KiB", f, pss, rss)
 		}
+	}
+}
+
+// TestSnapshotLiveKeepsSourceRunning: a snapshot and a fork of a running
+// sandbox save it while it runs: its shim and VMM go on (a pause and a
+// resume would replace both), a TCP connection from the host into the
+// guest through a published port stays open across both and keeps
+// working, a command started before goes on in it and in the fork, and the
+// trail records the moments its process audit was off. A sandbox starts
+// from the snapshot with the source's processes.
+func TestSnapshotLiveKeepsSourceRunning(t *testing.T) {
+	e := setup(t)
+	var sandboxes []string
+	name := "e2e-live-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		for _, sb := range sandboxes {
+			e.run(t, nil, "rm", sb)
+		}
+		e.run(t, nil, "snapshot", "rm", name)
+	})
+	id := e.create(t, "-p", "127.0.0.1:0:7000")
+	const echo = `import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7000))
+s.listen()
+while True:
+    c, _ = s.accept()
+    while d := c.recv(4096):
+        c.sendall(d)
+    c.close()
+`
+	e.must(t, "exec", id, "--", "sh", "-c", "printf '%s' \"$1\" > /root/echo.py; setsid python3 /root/echo.py >/dev/null 2>&1 </dev/null &\n"+
+		`for i in $(seq 100); do python3 -c 'import socket;socket.create_connection(("127.0.0.1",7000)).close()' 2>/dev/null && exit 0; sleep 0.1; done; exit 1`, "sh", echo)
+	var info struct {
+		Network struct {
+			Ports []struct {
+				HostPort int `json:"host_port"`
+			} `json:"ports"`
+		} `json:"network"`
+	}
+	if err := json.Unmarshal([]byte(e.must(t, "inspect", id)), &info); err != nil || len(info.Network.Ports) != 1 {
+		t.Fatalf("inspect ports: %+v %v", info.Network.Ports, err)
+	}
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(info.Network.Ports[0].HostPort), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	roundTrip := func(when, line string) {
+		t.Helper()
+		_ = conn.SetDeadline(time.Now().Add(time.Minute))
+		if _, err := conn.Write([]byte(line + "\n")); err != nil {
+			t.Fatalf("%s: write: %v", when, err)
+		}
+		got, err := r.ReadString('\n')
+		if err != nil || got != line+"\n" {
+			t.Fatalf("%s: echo %q, %v", when, got, err)
+		}
+	}
+	roundTrip("before", "one")
+	waiter := e.cmd(t.Context(), nil, "exec", id, "--", "sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.1; done; echo went")
+	var waiterOut testutil.Buffer
+	waiter.Stdout = &waiterOut
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !testutil.WaitFor(t, time.Minute, func() bool {
+		return e.run(t, nil, "exec", id, "--", "pgrep", "-f", "^sh -c while").code == 0
+	}) {
+		t.Fatal("the waiting command never ran")
+	}
+	_ = waiter.Process.Kill() // its CLI, not the command: it goes on in the guest
+	_ = waiter.Wait()
+	shim, vmm := shimPID(t, e, id), vmmPID(t, id)
+
+	e.must(t, "snapshot", id, "--name", name)
+	roundTrip("after the snapshot", "two")
+	fork := strings.TrimSpace(e.must(t, "fork", id))
+	sandboxes = append(sandboxes, fork)
+	roundTrip("after the fork", "three")
+	if s, v := shimPID(t, e, id), vmmPID(t, id); s != shim || v != vmm {
+		t.Fatalf("shim %d then %d, VMM %d then %d: the source was restarted", shim, s, vmm, v)
+	}
+	if st := inspect(t, e, id); st.State != "running" {
+		t.Fatalf("the source is %q (%s)", st.State, st.Reason)
+	}
+	// The command goes on in the source and in the fork.
+	for _, sb := range []string{id, fork} {
+		e.must(t, "exec", sb, "--", "touch", "/tmp/go")
+		if !testutil.WaitFor(t, time.Minute, func() bool {
+			return strings.Contains(e.must(t, "ps", sb), "exited")
+		}) {
+			t.Fatalf("the waiting command did not end in %s:\n%s", sb, e.must(t, "ps", sb))
+		}
+	}
+	if out := e.must(t, "events", id, "--type", "proc.audit.gap"); strings.Count(out, `"proc.audit.gap"`) < 2 {
+		t.Errorf("the trail has no audit gap for each of the two saves:\n%s", out)
+	}
+	n := strings.TrimSpace(e.must(t, "create", "--from-snapshot", name))
+	sandboxes = append(sandboxes, n)
+	// Its copy of the server is there (still serving the host's
+	// connection, which the copy's network never had).
+	if r := e.run(t, nil, "exec", n, "--", "pgrep", "-f", "python3 /root/echo.py"); r.code != 0 {
+		t.Errorf("the sandbox from the snapshot has no echo server: %d %q", r.code, r.stderr)
 	}
 }
 
@@ -364,8 +463,8 @@ func TestPauseResumeBackgroundServerAndForce(t *testing.T) {
 	if !running(id) {
 		t.Fatal("the parked command is not running after the resume")
 	}
-	// A fork snapshots the sandbox (a pause and a resume): the command goes
-	// on in the source and, parked in the snapshot, in the fork.
+	// A fork snapshots the sandbox while it runs: the command goes on in
+	// the source and, parked in the snapshot, in the fork.
 	fork2 := strings.TrimSpace(e.must(t, "fork", id))
 	t.Cleanup(func() { e.run(t, nil, "rm", fork2) })
 	for _, sb := range []string{fork2, id} {

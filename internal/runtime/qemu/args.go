@@ -143,9 +143,14 @@ func buildArgs(cfg argConfig, spec runtime.Spec, fds fdLayout) []string {
 		if format == "" {
 			format = "qcow2"
 		}
+		// No image locks on the root disk's file: a live snapshot leaves
+		// it as the backing file of a new overlay, and QEMU would go on
+		// holding its write lock, refusing every restore of the snapshot
+		// while the source runs. The host owns these files (the VMM's
+		// uid can write only its own overlay, passed by descriptor).
 		a = append(a,
 			"-add-fd", fmt.Sprintf("fd=%d,set=%d", fdDisk, diskFDSet),
-			"-blockdev", fmt.Sprintf("driver=%s,node-name=root,file.driver=file,file.filename=/dev/fdset/%d", format, diskFDSet),
+			"-blockdev", fmt.Sprintf("driver=%s,node-name=root,file.driver=file,file.filename=/dev/fdset/%d,file.locking=off", format, diskFDSet),
 			"-device", "virtio-blk-device,drive=root",
 		)
 	}

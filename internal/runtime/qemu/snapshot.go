@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -97,7 +98,9 @@ func (in *instance) SaveSnapshot(ctx context.Context, dir string) (err error) {
 	// the next banner) before freezing it: a clone that inherits a session
 	// that never saw its EOF gets no banner (internal/agent/vport, "known
 	// limit").
-	if err := clock.Sleep(ctx, snapshotSettle); err != nil {
+	if in.spec.NoAgentHost {
+		// No host ever connected: the agent waits as it was saved.
+	} else if err := clock.Sleep(ctx, snapshotSettle); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
 	t0 := time.Now()
@@ -127,17 +130,25 @@ func (in *instance) SaveSnapshot(ctx context.Context, dir string) (err error) {
 		return fmt.Errorf("snapshot state: %w", err)
 	}
 
-	// The source now sits in postmigrate; end it. quit flushes the disk.
+	// The guest sits stopped in postmigrate: its RAM is the snapshot's.
+	// Copy it out before QEMU goes (its memfd goes with it).
+	in.mu.Lock()
+	ram := in.ram
+	in.mu.Unlock()
+	tCopy := time.Now()
+	copyErr := copyNonZero(filepath.Join(dir, snapMem), ram)
+	copied := time.Since(tCopy)
+	// End the source. quit flushes the disk.
+	tQuit := time.Now()
 	in.quitMigrated(ctx, q)
-
-	// own() has chowned the RAM file back to root by now.
-	if err := moveFile(filepath.Join(in.spec.RunDir, snapMem), filepath.Join(dir, snapMem)); err != nil {
-		return fmt.Errorf("snapshot ram: %w", err)
+	quit := time.Since(tQuit)
+	if copyErr != nil {
+		return fmt.Errorf("snapshot ram: %w", copyErr)
 	}
 	if err := in.writeMeta(dir, kindTemplate, diskFormat(in.spec), q.Version().String(), snapState, snapMem); err != nil {
 		return err
 	}
-	in.log.Info("snapshot saved", "migrate", migrated, "total", time.Since(t0))
+	in.log.Info("snapshot saved", "migrate", migrated, "copy_ram", copied, "quit", quit, "total", time.Since(t0))
 	return nil
 }
 
@@ -301,31 +312,73 @@ func diskFormat(spec runtime.Spec) string {
 	return spec.RootDiskFormat
 }
 
-// moveFile renames src to dst, or copies it (keeping holes) across
-// filesystems.
-func moveFile(src, dst string) error {
-	err := os.Rename(src, dst)
-	if err == nil || !errors.Is(err, syscall.EXDEV) {
-		return err
+// copyNonZero writes the non-zero pages of src (a RAM memfd, every page of
+// which a restore may have allocated) into a new file at path, at the same
+// offsets, and gives it src's size: zero pages stay holes. src is read
+// through a read-only mapping, not copied.
+func copyNonZero(path string, src *os.File) error {
+	if src == nil {
+		return errors.New("the instance has no RAM file")
 	}
-	in, err := os.Open(src)
+	fi, err := src.Stat()
 	if err != nil {
 		return err
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	size := fi.Size()
+	dst, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
-	if err := copySparse(out, in); err != nil {
-		out.Close()
-		os.Remove(dst)
-		return err
+	if size == 0 {
+		return dst.Close()
 	}
-	if err := errors.Join(out.Sync(), out.Close()); err != nil {
-		return err
+	mem, err := syscall.Mmap(int(src.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		dst.Close()
+		return fmt.Errorf("map ram: %w", err)
 	}
-	return os.Remove(src)
+	defer syscall.Munmap(mem) //nolint:errcheck // unmapping a mapping made here
+	const page = 4096
+	zero := make([]byte, page)
+	isZero := func(off int) bool {
+		return bytes.Equal(mem[off:min(off+page, len(mem))], zero[:min(page, len(mem)-off)])
+	}
+	// Runs of non-zero pages, one write each.
+	for i := 0; i < len(mem); {
+		if isZero(i) {
+			i += page
+			continue
+		}
+		j := i + page
+		for j < len(mem) && !isZero(j) {
+			j += page
+		}
+		j = min(j, len(mem))
+		if _, err := dst.WriteAt(mem[i:j], int64(i)); err != nil {
+			dst.Close()
+			return err
+		}
+		i = j
+	}
+	return errors.Join(dst.Truncate(size), dst.Close())
+}
+
+// newMemfd returns a new, empty, unsealed memfd (close-on-exec).
+func newMemfd(name string) (*os.File, error) {
+	return memfdCreate(name, mfdCloexec)
+}
+
+// memfdCreate is memfd_create(2).
+func memfdCreate(name string, flags uintptr) (*os.File, error) {
+	p, err := syscall.BytePtrFromString(name)
+	if err != nil {
+		return nil, err
+	}
+	fd, _, e := syscall.Syscall(sysMemfdCreate, uintptr(unsafe.Pointer(p)), flags, 0)
+	if e != 0 {
+		return nil, fmt.Errorf("memfd_create: %w", e)
+	}
+	return os.NewFile(fd, "memfd:"+name), nil
 }
 
 // copySparse copies src's data regions into dst at the same offsets and
@@ -519,15 +572,11 @@ const (
 
 // sealedCopy copies src into a new memfd and seals it read-only.
 func sealedCopy(src *os.File, name string) (*os.File, error) {
-	p, err := syscall.BytePtrFromString("airlock-snap-" + name)
+	f, err := memfdCreate("airlock-snap-"+name, mfdCloexec|mfdAllowSealing)
 	if err != nil {
 		return nil, err
 	}
-	fd, _, e := syscall.Syscall(sysMemfdCreate, uintptr(unsafe.Pointer(p)), mfdCloexec|mfdAllowSealing, 0)
-	if e != 0 {
-		return nil, fmt.Errorf("memfd_create: %w", e)
-	}
-	f := os.NewFile(fd, "memfd:airlock-snap-"+name)
+	fd := f.Fd()
 	if err := copySparse(f, src); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("copy snapshot ram: %w", err)

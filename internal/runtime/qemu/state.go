@@ -168,7 +168,7 @@ func (in *instance) switchRootDisk(ctx context.Context, q *qmp.Client, disk *os.
 	add := map[string]any{
 		"driver":    "qcow2",
 		"node-name": node,
-		"file":      map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", added.FDSet)},
+		"file":      map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", added.FDSet), "locking": "off"}, // as the root disk's (args.go)
 		"backing":   nil,
 	}
 	if err := q.Execute(ctx, "blockdev-add", add, nil); err != nil {

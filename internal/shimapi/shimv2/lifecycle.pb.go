@@ -27,6 +27,113 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dir           string                 `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	Force         bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRequest) Reset() {
+	*x = SnapshotRequest{}
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRequest) ProtoMessage() {}
+
+func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SnapshotRequest) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *SnapshotRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type SnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of saved state (memory and devices).
+	StateBytes int64 `protobuf:"varint,1,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
+	// Milliseconds from the start of the save until the guest answered
+	// again (it runs for part of it).
+	TotalMs       int64 `protobuf:"varint,2,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotResponse) Reset() {
+	*x = SnapshotResponse{}
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotResponse) ProtoMessage() {}
+
+func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SnapshotResponse) GetStateBytes() int64 {
+	if x != nil {
+		return x.StateBytes
+	}
+	return 0
+}
+
+func (x *SnapshotResponse) GetTotalMs() int64 {
+	if x != nil {
+		return x.TotalMs
+	}
+	return 0
+}
+
 type PauseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Force         bool                   `protobuf:"varint,1,opt,name=force,proto3" json:"force,omitempty"`
@@ -36,7 +143,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[0]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -48,7 +155,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[0]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -61,7 +168,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{0}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PauseRequest) GetForce() bool {
@@ -83,7 +190,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[1]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -95,7 +202,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[1]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -108,7 +215,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{1}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PauseResponse) GetStateBytes() int64 {
@@ -133,7 +240,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[2]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -145,7 +252,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[2]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -158,7 +265,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{2}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{4}
 }
 
 type ShutdownResponse struct {
@@ -169,7 +276,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[3]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -181,7 +288,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[3]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -194,7 +301,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{3}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{5}
 }
 
 type TouchRequest struct {
@@ -205,7 +312,7 @@ type TouchRequest struct {
 
 func (x *TouchRequest) Reset() {
 	*x = TouchRequest{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[4]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -217,7 +324,7 @@ func (x *TouchRequest) String() string {
 func (*TouchRequest) ProtoMessage() {}
 
 func (x *TouchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[4]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -230,7 +337,7 @@ func (x *TouchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchRequest.ProtoReflect.Descriptor instead.
 func (*TouchRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{4}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{6}
 }
 
 type TouchResponse struct {
@@ -241,7 +348,7 @@ type TouchResponse struct {
 
 func (x *TouchResponse) Reset() {
 	*x = TouchResponse{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[5]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +360,7 @@ func (x *TouchResponse) String() string {
 func (*TouchResponse) ProtoMessage() {}
 
 func (x *TouchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[5]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +373,7 @@ func (x *TouchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TouchResponse.ProtoReflect.Descriptor instead.
 func (*TouchResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{5}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{7}
 }
 
 type StatsRequest struct {
@@ -277,7 +384,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[6]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +396,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[6]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +409,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{6}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{8}
 }
 
 type StatsResponse struct {
@@ -329,7 +436,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -341,7 +448,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[7]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -354,7 +461,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{7}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StatsResponse) GetRuntime() string {
@@ -414,7 +521,7 @@ type RefreshRequest struct {
 
 func (x *RefreshRequest) Reset() {
 	*x = RefreshRequest{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +533,7 @@ func (x *RefreshRequest) String() string {
 func (*RefreshRequest) ProtoMessage() {}
 
 func (x *RefreshRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[8]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +546,7 @@ func (x *RefreshRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshRequest.ProtoReflect.Descriptor instead.
 func (*RefreshRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{8}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{10}
 }
 
 type RefreshResponse struct {
@@ -450,7 +557,7 @@ type RefreshResponse struct {
 
 func (x *RefreshResponse) Reset() {
 	*x = RefreshResponse{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +569,7 @@ func (x *RefreshResponse) String() string {
 func (*RefreshResponse) ProtoMessage() {}
 
 func (x *RefreshResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[9]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +582,7 @@ func (x *RefreshResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshResponse.ProtoReflect.Descriptor instead.
 func (*RefreshResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{9}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{11}
 }
 
 type UsageRequest struct {
@@ -486,7 +593,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +605,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[10]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +618,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{10}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{12}
 }
 
 type UsageResponse struct {
@@ -537,7 +644,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +656,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[11]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +669,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{11}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UsageResponse) GetCpuBusyNs() uint64 {
@@ -659,7 +766,7 @@ type NetworkUsage struct {
 
 func (x *NetworkUsage) Reset() {
 	*x = NetworkUsage{}
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[12]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +778,7 @@ func (x *NetworkUsage) String() string {
 func (*NetworkUsage) ProtoMessage() {}
 
 func (x *NetworkUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[12]
+	mi := &file_airlock_shim_v2_lifecycle_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +791,7 @@ func (x *NetworkUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkUsage.ProtoReflect.Descriptor instead.
 func (*NetworkUsage) Descriptor() ([]byte, []int) {
-	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{12}
+	return file_airlock_shim_v2_lifecycle_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NetworkUsage) GetReceiveBytes() uint64 {
@@ -768,7 +875,14 @@ var File_airlock_shim_v2_lifecycle_proto protoreflect.FileDescriptor
 
 const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\n" +
-	"\x1fairlock/shim/v2/lifecycle.proto\x12\x0fairlock.shim.v2\"$\n" +
+	"\x1fairlock/shim/v2/lifecycle.proto\x12\x0fairlock.shim.v2\"9\n" +
+	"\x0fSnapshotRequest\x12\x10\n" +
+	"\x03dir\x18\x01 \x01(\tR\x03dir\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"N\n" +
+	"\x10SnapshotResponse\x12\x1f\n" +
+	"\vstate_bytes\x18\x01 \x01(\x03R\n" +
+	"stateBytes\x12\x19\n" +
+	"\btotal_ms\x18\x02 \x01(\x03R\atotalMs\"$\n" +
 	"\fPauseRequest\x12\x14\n" +
 	"\x05force\x18\x01 \x01(\bR\x05force\"I\n" +
 	"\rPauseResponse\x12\x1f\n" +
@@ -815,14 +929,15 @@ const file_airlock_shim_v2_lifecycle_proto_rawDesc = "" +
 	"\fegress_bytes\x18\t \x01(\x04R\vegressBytes\x12#\n" +
 	"\rflows_limited\x18\n" +
 	" \x01(\x04R\fflowsLimited\x12+\n" +
-	"\x11datagrams_limited\x18\v \x01(\x04R\x10datagramsLimited2\xd1\x03\n" +
+	"\x11datagrams_limited\x18\v \x01(\x04R\x10datagramsLimited2\xa2\x04\n" +
 	"\x10LifecycleService\x12F\n" +
 	"\x05Pause\x12\x1d.airlock.shim.v2.PauseRequest\x1a\x1e.airlock.shim.v2.PauseResponse\x12O\n" +
 	"\bShutdown\x12 .airlock.shim.v2.ShutdownRequest\x1a!.airlock.shim.v2.ShutdownResponse\x12F\n" +
 	"\x05Touch\x12\x1d.airlock.shim.v2.TouchRequest\x1a\x1e.airlock.shim.v2.TouchResponse\x12F\n" +
 	"\x05Stats\x12\x1d.airlock.shim.v2.StatsRequest\x1a\x1e.airlock.shim.v2.StatsResponse\x12F\n" +
 	"\x05Usage\x12\x1d.airlock.shim.v2.UsageRequest\x1a\x1e.airlock.shim.v2.UsageResponse\x12L\n" +
-	"\aRefresh\x12\x1f.airlock.shim.v2.RefreshRequest\x1a .airlock.shim.v2.RefreshResponseBCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
+	"\aRefresh\x12\x1f.airlock.shim.v2.RefreshRequest\x1a .airlock.shim.v2.RefreshResponse\x12O\n" +
+	"\bSnapshot\x12 .airlock.shim.v2.SnapshotRequest\x1a!.airlock.shim.v2.SnapshotResponseBCZAgithub.com/airlock-sandbox/airlock/internal/shimapi/shimv2;shimv2b\x06proto3"
 
 var (
 	file_airlock_shim_v2_lifecycle_proto_rawDescOnce sync.Once
@@ -836,38 +951,42 @@ func file_airlock_shim_v2_lifecycle_proto_rawDescGZIP() []byte {
 	return file_airlock_shim_v2_lifecycle_proto_rawDescData
 }
 
-var file_airlock_shim_v2_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_airlock_shim_v2_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_airlock_shim_v2_lifecycle_proto_goTypes = []any{
-	(*PauseRequest)(nil),     // 0: airlock.shim.v2.PauseRequest
-	(*PauseResponse)(nil),    // 1: airlock.shim.v2.PauseResponse
-	(*ShutdownRequest)(nil),  // 2: airlock.shim.v2.ShutdownRequest
-	(*ShutdownResponse)(nil), // 3: airlock.shim.v2.ShutdownResponse
-	(*TouchRequest)(nil),     // 4: airlock.shim.v2.TouchRequest
-	(*TouchResponse)(nil),    // 5: airlock.shim.v2.TouchResponse
-	(*StatsRequest)(nil),     // 6: airlock.shim.v2.StatsRequest
-	(*StatsResponse)(nil),    // 7: airlock.shim.v2.StatsResponse
-	(*RefreshRequest)(nil),   // 8: airlock.shim.v2.RefreshRequest
-	(*RefreshResponse)(nil),  // 9: airlock.shim.v2.RefreshResponse
-	(*UsageRequest)(nil),     // 10: airlock.shim.v2.UsageRequest
-	(*UsageResponse)(nil),    // 11: airlock.shim.v2.UsageResponse
-	(*NetworkUsage)(nil),     // 12: airlock.shim.v2.NetworkUsage
+	(*SnapshotRequest)(nil),  // 0: airlock.shim.v2.SnapshotRequest
+	(*SnapshotResponse)(nil), // 1: airlock.shim.v2.SnapshotResponse
+	(*PauseRequest)(nil),     // 2: airlock.shim.v2.PauseRequest
+	(*PauseResponse)(nil),    // 3: airlock.shim.v2.PauseResponse
+	(*ShutdownRequest)(nil),  // 4: airlock.shim.v2.ShutdownRequest
+	(*ShutdownResponse)(nil), // 5: airlock.shim.v2.ShutdownResponse
+	(*TouchRequest)(nil),     // 6: airlock.shim.v2.TouchRequest
+	(*TouchResponse)(nil),    // 7: airlock.shim.v2.TouchResponse
+	(*StatsRequest)(nil),     // 8: airlock.shim.v2.StatsRequest
+	(*StatsResponse)(nil),    // 9: airlock.shim.v2.StatsResponse
+	(*RefreshRequest)(nil),   // 10: airlock.shim.v2.RefreshRequest
+	(*RefreshResponse)(nil),  // 11: airlock.shim.v2.RefreshResponse
+	(*UsageRequest)(nil),     // 12: airlock.shim.v2.UsageRequest
+	(*UsageResponse)(nil),    // 13: airlock.shim.v2.UsageResponse
+	(*NetworkUsage)(nil),     // 14: airlock.shim.v2.NetworkUsage
 }
 var file_airlock_shim_v2_lifecycle_proto_depIdxs = []int32{
-	12, // 0: airlock.shim.v2.UsageResponse.network:type_name -> airlock.shim.v2.NetworkUsage
-	0,  // 1: airlock.shim.v2.LifecycleService.Pause:input_type -> airlock.shim.v2.PauseRequest
-	2,  // 2: airlock.shim.v2.LifecycleService.Shutdown:input_type -> airlock.shim.v2.ShutdownRequest
-	4,  // 3: airlock.shim.v2.LifecycleService.Touch:input_type -> airlock.shim.v2.TouchRequest
-	6,  // 4: airlock.shim.v2.LifecycleService.Stats:input_type -> airlock.shim.v2.StatsRequest
-	10, // 5: airlock.shim.v2.LifecycleService.Usage:input_type -> airlock.shim.v2.UsageRequest
-	8,  // 6: airlock.shim.v2.LifecycleService.Refresh:input_type -> airlock.shim.v2.RefreshRequest
-	1,  // 7: airlock.shim.v2.LifecycleService.Pause:output_type -> airlock.shim.v2.PauseResponse
-	3,  // 8: airlock.shim.v2.LifecycleService.Shutdown:output_type -> airlock.shim.v2.ShutdownResponse
-	5,  // 9: airlock.shim.v2.LifecycleService.Touch:output_type -> airlock.shim.v2.TouchResponse
-	7,  // 10: airlock.shim.v2.LifecycleService.Stats:output_type -> airlock.shim.v2.StatsResponse
-	11, // 11: airlock.shim.v2.LifecycleService.Usage:output_type -> airlock.shim.v2.UsageResponse
-	9,  // 12: airlock.shim.v2.LifecycleService.Refresh:output_type -> airlock.shim.v2.RefreshResponse
-	7,  // [7:13] is the sub-list for method output_type
-	1,  // [1:7] is the sub-list for method input_type
+	14, // 0: airlock.shim.v2.UsageResponse.network:type_name -> airlock.shim.v2.NetworkUsage
+	2,  // 1: airlock.shim.v2.LifecycleService.Pause:input_type -> airlock.shim.v2.PauseRequest
+	4,  // 2: airlock.shim.v2.LifecycleService.Shutdown:input_type -> airlock.shim.v2.ShutdownRequest
+	6,  // 3: airlock.shim.v2.LifecycleService.Touch:input_type -> airlock.shim.v2.TouchRequest
+	8,  // 4: airlock.shim.v2.LifecycleService.Stats:input_type -> airlock.shim.v2.StatsRequest
+	12, // 5: airlock.shim.v2.LifecycleService.Usage:input_type -> airlock.shim.v2.UsageRequest
+	10, // 6: airlock.shim.v2.LifecycleService.Refresh:input_type -> airlock.shim.v2.RefreshRequest
+	0,  // 7: airlock.shim.v2.LifecycleService.Snapshot:input_type -> airlock.shim.v2.SnapshotRequest
+	3,  // 8: airlock.shim.v2.LifecycleService.Pause:output_type -> airlock.shim.v2.PauseResponse
+	5,  // 9: airlock.shim.v2.LifecycleService.Shutdown:output_type -> airlock.shim.v2.ShutdownResponse
+	7,  // 10: airlock.shim.v2.LifecycleService.Touch:output_type -> airlock.shim.v2.TouchResponse
+	9,  // 11: airlock.shim.v2.LifecycleService.Stats:output_type -> airlock.shim.v2.StatsResponse
+	13, // 12: airlock.shim.v2.LifecycleService.Usage:output_type -> airlock.shim.v2.UsageResponse
+	11, // 13: airlock.shim.v2.LifecycleService.Refresh:output_type -> airlock.shim.v2.RefreshResponse
+	1,  // 14: airlock.shim.v2.LifecycleService.Snapshot:output_type -> airlock.shim.v2.SnapshotResponse
+	8,  // [8:15] is the sub-list for method output_type
+	1,  // [1:8] is the sub-list for method input_type
 	1,  // [1:1] is the sub-list for extension type_name
 	1,  // [1:1] is the sub-list for extension extendee
 	0,  // [0:1] is the sub-list for field type_name
@@ -884,7 +1003,7 @@ func file_airlock_shim_v2_lifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_shim_v2_lifecycle_proto_rawDesc), len(file_airlock_shim_v2_lifecycle_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

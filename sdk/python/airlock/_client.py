@@ -333,9 +333,9 @@ class Client:
 
     def snapshot(self, sandbox_id: str, name: str, force: bool = False) -> dict:
         """Save running (or paused) sandbox ``sandbox_id`` as the snapshot
-        ``name`` of its tenant; the sandbox keeps running (it is paused and
-        resumed for about half a second, and its guest's open TCP
-        connections are reset). Names: 1-63 letters, digits, ".", "_" or
+        ``name`` of its tenant; the sandbox keeps running (it is saved while
+        it runs: its guest stops only while its memory is written out, and
+        keeps its open TCP connections). Names: 1-63 letters, digits, ".", "_" or
         "-", starting with a letter or digit. Returns the snapshot (name,
         id, sandbox_id, image, cpus, memory_mb, disk_mb, size_bytes,
         created_at). Raises Conflict if the name is taken, and
@@ -387,8 +387,8 @@ class Client:
     def fork(self, sandbox_id: str, count: int = 1, force: bool = False, secrets: bool = False) -> list["Sandbox"]:
         """Make ``count`` (1-16) running copies of sandbox ``sandbox_id``: its
         processes, memory and disk, each with a fresh clock, RNG reseed and
-        its own network stack. The source is paused and resumed for about
-        half a second. Forks count against your quotas like creates; kill
+        its own network stack. The source is saved while it runs (as for
+        ``snapshot``). Forks count against your quotas like creates; kill
         them when done. All or nothing: on an error no fork is left. With
         ``secrets`` each fork binds the source's secret values (without, its
         guest holds placeholders that reach no one)."""

@@ -53,6 +53,9 @@ const (
 	// LifecycleServiceRefreshProcedure is the fully-qualified name of the LifecycleService's Refresh
 	// RPC.
 	LifecycleServiceRefreshProcedure = "/airlock.shim.v2.LifecycleService/Refresh"
+	// LifecycleServiceSnapshotProcedure is the fully-qualified name of the LifecycleService's Snapshot
+	// RPC.
+	LifecycleServiceSnapshotProcedure = "/airlock.shim.v2.LifecycleService/Snapshot"
 )
 
 // LifecycleServiceClient is a client for the airlock.shim.v2.LifecycleService service.
@@ -82,6 +85,18 @@ type LifecycleServiceClient interface {
 	// half minute, so a lost Refresh delays the change, never loses it. Not
 	// activity.
 	Refresh(context.Context, *connect.Request[shimv2.RefreshRequest]) (*connect.Response[shimv2.RefreshResponse], error)
+	// Snapshot saves the guest's memory and devices while it keeps running
+	// (a live snapshot): it is stopped only for the save, its TCP
+	// connections stay up. Into dir, a new empty directory under the state
+	// dir's snapshots: state/ (the saved state), disk.qcow2 (the root
+	// disk as it was at the save, frozen: the guest goes on writing to a new
+	// overlay backed by it), the execs the save parked (its sandboxes adopt
+	// them) and manifest.json (without the disk's digest). Running execs are
+	// parked for the save and adopted again after it. FAILED_PRECONDITION
+	// while code runs or transfers are in flight unless force (which ends
+	// them, and the execs); UNIMPLEMENTED when the runtime cannot. A failure
+	// after the guest was stopped fails the sandbox.
+	Snapshot(context.Context, *connect.Request[shimv2.SnapshotRequest]) (*connect.Response[shimv2.SnapshotResponse], error)
 }
 
 // NewLifecycleServiceClient constructs a client for the airlock.shim.v2.LifecycleService service.
@@ -131,6 +146,12 @@ func NewLifecycleServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(lifecycleServiceMethods.ByName("Refresh")),
 			connect.WithClientOptions(opts...),
 		),
+		snapshot: connect.NewClient[shimv2.SnapshotRequest, shimv2.SnapshotResponse](
+			httpClient,
+			baseURL+LifecycleServiceSnapshotProcedure,
+			connect.WithSchema(lifecycleServiceMethods.ByName("Snapshot")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -142,6 +163,7 @@ type lifecycleServiceClient struct {
 	stats    *connect.Client[shimv2.StatsRequest, shimv2.StatsResponse]
 	usage    *connect.Client[shimv2.UsageRequest, shimv2.UsageResponse]
 	refresh  *connect.Client[shimv2.RefreshRequest, shimv2.RefreshResponse]
+	snapshot *connect.Client[shimv2.SnapshotRequest, shimv2.SnapshotResponse]
 }
 
 // Pause calls airlock.shim.v2.LifecycleService.Pause.
@@ -174,6 +196,11 @@ func (c *lifecycleServiceClient) Refresh(ctx context.Context, req *connect.Reque
 	return c.refresh.CallUnary(ctx, req)
 }
 
+// Snapshot calls airlock.shim.v2.LifecycleService.Snapshot.
+func (c *lifecycleServiceClient) Snapshot(ctx context.Context, req *connect.Request[shimv2.SnapshotRequest]) (*connect.Response[shimv2.SnapshotResponse], error) {
+	return c.snapshot.CallUnary(ctx, req)
+}
+
 // LifecycleServiceHandler is an implementation of the airlock.shim.v2.LifecycleService service.
 type LifecycleServiceHandler interface {
 	// Pause saves memory, devices and disk, then ends the VMM and the shim (a
@@ -201,6 +228,18 @@ type LifecycleServiceHandler interface {
 	// half minute, so a lost Refresh delays the change, never loses it. Not
 	// activity.
 	Refresh(context.Context, *connect.Request[shimv2.RefreshRequest]) (*connect.Response[shimv2.RefreshResponse], error)
+	// Snapshot saves the guest's memory and devices while it keeps running
+	// (a live snapshot): it is stopped only for the save, its TCP
+	// connections stay up. Into dir, a new empty directory under the state
+	// dir's snapshots: state/ (the saved state), disk.qcow2 (the root
+	// disk as it was at the save, frozen: the guest goes on writing to a new
+	// overlay backed by it), the execs the save parked (its sandboxes adopt
+	// them) and manifest.json (without the disk's digest). Running execs are
+	// parked for the save and adopted again after it. FAILED_PRECONDITION
+	// while code runs or transfers are in flight unless force (which ends
+	// them, and the execs); UNIMPLEMENTED when the runtime cannot. A failure
+	// after the guest was stopped fails the sandbox.
+	Snapshot(context.Context, *connect.Request[shimv2.SnapshotRequest]) (*connect.Response[shimv2.SnapshotResponse], error)
 }
 
 // NewLifecycleServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -246,6 +285,12 @@ func NewLifecycleServiceHandler(svc LifecycleServiceHandler, opts ...connect.Han
 		connect.WithSchema(lifecycleServiceMethods.ByName("Refresh")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lifecycleServiceSnapshotHandler := connect.NewUnaryHandler(
+		LifecycleServiceSnapshotProcedure,
+		svc.Snapshot,
+		connect.WithSchema(lifecycleServiceMethods.ByName("Snapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/airlock.shim.v2.LifecycleService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LifecycleServicePauseProcedure:
@@ -260,6 +305,8 @@ func NewLifecycleServiceHandler(svc LifecycleServiceHandler, opts ...connect.Han
 			lifecycleServiceUsageHandler.ServeHTTP(w, r)
 		case LifecycleServiceRefreshProcedure:
 			lifecycleServiceRefreshHandler.ServeHTTP(w, r)
+		case LifecycleServiceSnapshotProcedure:
+			lifecycleServiceSnapshotHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -291,4 +338,8 @@ func (UnimplementedLifecycleServiceHandler) Usage(context.Context, *connect.Requ
 
 func (UnimplementedLifecycleServiceHandler) Refresh(context.Context, *connect.Request[shimv2.RefreshRequest]) (*connect.Response[shimv2.RefreshResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.LifecycleService.Refresh is not implemented"))
+}
+
+func (UnimplementedLifecycleServiceHandler) Snapshot(context.Context, *connect.Request[shimv2.SnapshotRequest]) (*connect.Response[shimv2.SnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("airlock.shim.v2.LifecycleService.Snapshot is not implemented"))
 }
