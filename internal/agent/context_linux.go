@@ -155,7 +155,10 @@ type contextService struct {
 
 	mu       sync.Mutex
 	contexts map[string]*codeContext
-	closed   bool
+	// warm holds the default contexts started ahead of any sandbox
+	// (CreateContextRequest.warm), by language: unlisted until adopted.
+	warm   map[string]*codeContext
+	closed bool
 }
 
 var _ agentv1connect.ContextServiceHandler = (*contextService)(nil)
@@ -164,7 +167,8 @@ func newContextService(log *slog.Logger, rp *reaper.Reaper, cg *cgroup.Manager, 
 	if progs.RunDir == "" {
 		progs.RunDir = "/run/airlock-contexts"
 	}
-	return &contextService{log: log, reaper: rp, cg: cg, users: users, pids: pids, guest: guest, progs: progs, contexts: map[string]*codeContext{}}
+	return &contextService{log: log, reaper: rp, cg: cg, users: users, pids: pids, guest: guest, progs: progs, contexts: map[string]*codeContext{},
+		warm: map[string]*codeContext{}}
 }
 
 func normalizeLang(l string) (string, error) {
@@ -184,6 +188,16 @@ func (s *contextService) Create(_ context.Context, req *connect.Request[agentv1.
 	lang, err := normalizeLang(m.GetLanguage())
 	if err != nil {
 		return nil, err
+	}
+	if m.GetWarm() {
+		if lang != "python" || m.GetId() != "" || m.GetCwd() != "" || len(m.GetEnv()) > 0 {
+			return nil, invalidf("only a python context with no id, cwd or env can be started warm")
+		}
+		c, err := s.startWarm(lang)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(c.info()), nil
 	}
 	id := m.GetId()
 	if id == "" {
@@ -227,9 +241,12 @@ func (s *contextService) create(id, lang, cwd string, env []string, isDefault bo
 		return nil, connect.NewError(connect.CodeResourceExhausted, errors.New("too many contexts"))
 	}
 	c := &codeContext{id: id, lang: lang, cwd: cwd, env: env, created: time.Now(), isDefault: isDefault, sem: make(chan struct{}, 1)}
-	it, err := s.start(c)
-	if err != nil {
-		return nil, err
+	it := s.adoptWarm(c)
+	if it == nil {
+		var err error
+		if it, err = s.start(c); err != nil {
+			return nil, err
+		}
 	}
 	c.it = it
 	s.mu.Lock()
@@ -241,6 +258,90 @@ func (s *contextService) create(id, lang, cwd string, env []string, isDefault bo
 	s.contexts[id] = c
 	s.mu.Unlock()
 	return c, nil
+}
+
+// startWarm starts lang's default interpreter for a template (see
+// CreateContextRequest.warm), runs nothing in it but its own warm-up, and
+// keeps it apart, replacing an earlier one.
+func (s *contextService) startWarm(lang string) (*codeContext, error) {
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	c := &codeContext{id: "default-" + lang, lang: lang, created: time.Now(), isDefault: true, sem: make(chan struct{}, 1)}
+	it, err := s.start(c)
+	if err != nil {
+		return nil, err
+	}
+	// The first execute makes the kernel import what every run needs.
+	if w, ok := it.(warmer); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
+		err := w.warmUp(ctx)
+		cancel()
+		if err != nil {
+			it.close()
+			return nil, sysError("warm up the "+lang+" context", err)
+		}
+	}
+	c.it = it
+	s.mu.Lock()
+	old := s.warm[lang]
+	closed := s.closed
+	if !closed {
+		s.warm[lang] = c
+	}
+	s.mu.Unlock()
+	if old != nil {
+		old.it.close()
+	}
+	if closed {
+		it.close()
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the agent is shutting down"))
+	}
+	return c, nil
+}
+
+// warmTimeout bounds a warm context's warm-up and its reseed at adoption.
+const warmTimeout = time.Minute
+
+// warmer is an interpreter that can be started ahead of the sandbox that
+// uses it: warmUp runs its first (empty) code, reseed gives its
+// in-process random state fresh seeds from the guest kernel (after the
+// clone's Sync reseeded that).
+type warmer interface {
+	warmUp(ctx context.Context) error
+	reseed(ctx context.Context) error
+}
+
+// adoptWarm returns the warm interpreter of c's language if c is that
+// language's default context asked for with no cwd and no env, reseeded,
+// and nil otherwise; a warm interpreter that c cannot use is ended (it
+// would only hold memory). The caller holds createMu.
+func (s *contextService) adoptWarm(c *codeContext) interp {
+	s.mu.Lock()
+	w := s.warm[c.lang]
+	delete(s.warm, c.lang)
+	s.mu.Unlock()
+	if w == nil {
+		return nil
+	}
+	it := w.it
+	if !c.isDefault || c.id != "default-"+c.lang || c.cwd != "" || len(c.env) > 0 || isClosed(it.dead()) {
+		it.close()
+		return nil
+	}
+	rs, ok := it.(warmer)
+	if !ok {
+		it.close()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
+	defer cancel()
+	if err := rs.reseed(ctx); err != nil {
+		// Never hand out an interpreter whose random state others share.
+		s.log.Warn("warm context: reseed failed; starting a new one", "lang", c.lang, "err", err)
+		it.close()
+		return nil
+	}
+	return it
 }
 
 // ctxSpawn is what starting an interpreter needs.
@@ -655,6 +756,10 @@ func (s *contextService) close() {
 	s.closed = true
 	cs := s.contexts
 	s.contexts = map[string]*codeContext{}
+	for lang, c := range s.warm {
+		cs["warm-"+lang] = c
+	}
+	s.warm = map[string]*codeContext{}
 	s.mu.Unlock()
 	for _, c := range cs {
 		c.mu.Lock()

@@ -369,3 +369,81 @@ func TestContextBash(t *testing.T) {
 		}
 	}
 }
+
+// kernelsIn lists the pids of kernels whose connection file is under dir.
+func kernelsIn(dir string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(b, []byte(dir+"/")) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestContextWarmPython: a warm Python context is started apart (not
+// listed) and becomes the default context at the first Run that asks for
+// it, the same kernel; a default context asked for with an environment
+// ends the warm kernel and gets one of its own that sees it. Only python
+// with no id, cwd or env can be warm.
+func TestContextWarmPython(t *testing.T) {
+	t.Parallel()
+	needProgram(t, "/usr/bin/python3", "import ipykernel, matplotlib, matplotlib_inline")
+	for _, env := range [][]string{nil, {"AIRLOCK_WARM_TEST=yes"}} {
+		runDir := t.TempDir()
+		te := newTestEnv(t, func(o *Options) {
+			o.interpreters = interpreters{Python: "/usr/bin/python3", Bash: "/bin/bash", RunDir: runDir}
+		})
+		for _, bad := range []*agentv1.CreateContextRequest{
+			{Language: "javascript", Warm: true}, {Language: "python", Id: "x", Warm: true},
+			{Language: "python", Cwd: "/", Warm: true}, {Language: "python", Env: []string{"A=1"}, Warm: true},
+		} {
+			if _, err := te.c.Contexts.Create(t.Context(), connect.NewRequest(bad)); connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Errorf("warm %v: %v", bad, err)
+			}
+		}
+		if _, err := te.c.Contexts.Create(t.Context(), connect.NewRequest(&agentv1.CreateContextRequest{Language: "python", Warm: true})); err != nil {
+			t.Fatal(err)
+		}
+		warm := kernelsIn(runDir)
+		if len(warm) != 1 {
+			t.Fatalf("kernels after the warm start: %v", warm)
+		}
+		if l, err := te.c.Contexts.List(t.Context(), connect.NewRequest(&agentv1.ListContextsRequest{})); err != nil || len(l.Msg.GetContexts()) != 0 {
+			t.Fatalf("the warm context is listed: %v %v", l, err)
+		}
+		if env != nil {
+			if _, err := te.c.Contexts.Create(t.Context(), connect.NewRequest(&agentv1.CreateContextRequest{Language: "python", Id: "default-python", Env: env})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := te.run(t, &agentv1.RunCodeRequest{Code: "import os; print(os.getpid(), os.environ.get('AIRLOCK_WARM_TEST'))"})
+		if len(r.errs) != 0 || r.end.GetContextId() != "default-python" {
+			t.Fatalf("run: %v %v", r.errs, r.end)
+		}
+		var pid int
+		var seen string
+		if _, err := fmt.Sscanf(r.stdout.String(), "%d %s", &pid, &seen); err != nil {
+			t.Fatalf("run printed %q", r.stdout.String())
+		}
+		switch {
+		case env == nil && (pid != warm[0] || seen != "None"):
+			t.Errorf("the default context runs in kernel %d (%s), not the warm one %d", pid, seen, warm[0])
+		case env != nil && (pid == warm[0] || seen != "yes"):
+			t.Errorf("a default context with an environment runs in kernel %d seeing %q (the warm one was %d)", pid, seen, warm[0])
+		}
+		if env != nil && !testutil.WaitFor(t, 10*time.Second, func() bool { _, err := os.Stat(fmt.Sprintf("/proc/%d", warm[0])); return err != nil }) {
+			t.Errorf("the unused warm kernel %d still runs", warm[0])
+		}
+		// Execution counts start at 1: the warm-up and reseed are not in
+		// the history.
+		if r := te.run(t, &agentv1.RunCodeRequest{Code: "1"}); r.end.GetExecutionCount() != 2 {
+			t.Errorf("the second run's execution count is %d, want 2", r.end.GetExecutionCount())
+		}
+	}
+}

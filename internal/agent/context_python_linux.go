@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -367,6 +368,50 @@ finally:
 
 // run executes code, then sends the figures it left open (see
 // captureFigures).
+// warmCode is a warm kernel's first code: what the first user code of a
+// sandbox would otherwise wait for.
+const warmCode = "import random, tempfile"
+
+// reseedCode seeds what a kernel cloned with its sandbox would otherwise
+// share with every other clone: the random module (from os.urandom, which
+// the clone's Sync reseeded) and tempfile's name sequence (made again on
+// its next use). The hash secret (PYTHONHASHSEED) stays the template's.
+const reseedCode = "import random as _airlock_random, tempfile as _airlock_tempfile\n" +
+	"_airlock_random.seed()\n_airlock_tempfile._name_sequence = None\n" +
+	"del _airlock_random, _airlock_tempfile"
+
+func (k *pythonInterp) warmUp(ctx context.Context) error { return k.silent(ctx, warmCode) }
+
+func (k *pythonInterp) reseed(ctx context.Context) error { return k.silent(ctx, reseedCode) }
+
+// silent runs code without output or history; an exception in it is an
+// error.
+func (k *pythonInterp) silent(ctx context.Context, code string) error {
+	id, reply, _, err := k.request("execute_request", map[string]any{
+		"code": code, "silent": true, "store_history": false,
+		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": true,
+	})
+	if err != nil {
+		return err
+	}
+	defer k.forget(id)
+	select {
+	case r := <-reply:
+		var c struct {
+			Status string `json:"status"`
+			EName  string `json:"ename"`
+		}
+		if r == nil || json.Unmarshal(r.Content, &c) != nil || c.Status != "ok" {
+			return fmt.Errorf("the kernel answered %q %s", c.Status, c.EName)
+		}
+		return nil
+	case <-k.isDead:
+		return errors.New("the kernel exited")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (k *pythonInterp) run(ctx context.Context, code string, out *codeOutput) (int32, error) {
 	count, figures, err := k.execute(ctx, code, false, out)
 	if err != nil || !figures || isClosed(k.isDead) {

@@ -30,7 +30,7 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 // ProtocolVersion is the version this build speaks. Bump it when an RPC or
 // a request field that an older agent would ignore is added, and record
 // below which version introduced it.
-const ProtocolVersion = VersionProcAudit
+const ProtocolVersion = VersionWarm
 
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
@@ -152,4 +152,8 @@ const (
 	// VersionProcAudit added AgentService.ProcEvents (the guest's execs
 	// and exits, for the audit trail).
 	VersionProcAudit = 9
+	// VersionWarm added CreateContextRequest.warm (a template's warm
+	// default Python context). An older agent would start a listed
+	// default context instead: check before sending it.
+	VersionWarm = 10
 )

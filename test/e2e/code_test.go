@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +155,54 @@ func TestCodeFirstRunFiguresAndDeath(t *testing.T) {
 	want := "[airlock: the python context had died (killed by signal 9); it was restarted and its state is lost]\n"
 	if r.code != 0 || r.stdout != "back\nFalse\n" || !strings.HasPrefix(r.stderr, want) {
 		t.Fatalf("run after the kill: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestCodeWarmPythonFromTemplate: a sandbox cloned from a template finds
+// its default Python kernel running already (started while the template
+// was built: before the sandbox's first exec), with random state of its
+// own (two sandboxes draw different numbers from the kernel both got from
+// the template); a sandbox with an environment (here a secret's
+// placeholder) gets a kernel started for it, which sees that environment.
+func TestCodeWarmPythonFromTemplate(t *testing.T) {
+	e := setup(t)
+	a, b := e.create(t), e.create(t)
+	// Start times in clock ticks since the guest booted (the clones'
+	// clock counts on from the template's).
+	started := func(stat string) int64 {
+		t.Helper()
+		_, rest, ok := strings.Cut(stat, ") ")
+		f := strings.Fields(rest)
+		if !ok || len(f) < 20 {
+			t.Fatalf("not a /proc/PID/stat line: %q", stat)
+		}
+		n, err := strconv.ParseInt(f[19], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	const kernelStat = `import os; print(open("/proc/%d/stat" % os.getpid()).read())`
+	firstExec := started(e.must(t, "exec", a, "--", "cat", "/proc/self/stat"))
+	if kernel := started(e.must(t, "code", a, kernelStat)); kernel >= firstExec {
+		t.Fatalf("the kernel started at tick %d, after the sandbox's first exec (%d): not the template's", kernel, firstExec)
+	}
+	const draw = "import random; print(random.getrandbits(64))"
+	if ra, rb := e.must(t, "code", a, draw), e.must(t, "code", b, draw); ra == rb {
+		t.Fatalf("two sandboxes drew the same number from their kernels: %q", ra)
+	}
+
+	r := e.runWith(t, []string{"AIRLOCK_E2E_WARM=value"}, nil, "create", "--secret", "AIRLOCK_E2E_WARM@example.com")
+	if r.code != 0 {
+		t.Fatalf("create with a secret: %d %s", r.code, r.stderr)
+	}
+	c := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { e.run(t, nil, "rm", c) })
+	firstExec = started(e.must(t, "exec", c, "--", "cat", "/proc/self/stat"))
+	if kernel := started(e.must(t, "code", c, kernelStat)); kernel <= firstExec {
+		t.Errorf("a sandbox with an environment got the template's kernel (started at tick %d, first exec %d)", kernel, firstExec)
+	}
+	if got := strings.TrimSpace(e.must(t, "code", c, `import os; print(os.environ.get("AIRLOCK_E2E_WARM", "unset") != "unset")`)); got != "True" {
+		t.Errorf("the kernel does not see the sandbox's environment: %q", got)
 	}
 }

@@ -3401,7 +3401,14 @@ type CreateContextRequest struct {
 	// Working directory (default /root for root).
 	Cwd string `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	// Extra environment, "KEY=VALUE".
-	Env           []string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty"`
+	Env []string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty"`
+	// Start the language's default interpreter ahead of any sandbox (a
+	// template's warm-up) and keep it apart: unlisted, it becomes the
+	// default context at the first Create or Run of it that asks for no cwd
+	// and no env (after its in-process random state is seeded again: a
+	// clone must not share it), and is ended by one that asks for others.
+	// Only "python"; id, cwd and env must be empty. Needs VersionWarm.
+	Warm          bool `protobuf:"varint,5,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3462,6 +3469,13 @@ func (x *CreateContextRequest) GetEnv() []string {
 		return x.Env
 	}
 	return nil
+}
+
+func (x *CreateContextRequest) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
 }
 
 type ContextInfo struct {
@@ -4531,12 +4545,13 @@ const file_airlock_agent_v1_agent_proto_rawDesc = "" +
 	"\aparents\x18\x03 \x01(\bR\aparents\x12\x12\n" +
 	"\x04user\x18\x04 \x01(\tR\x04user\"4\n" +
 	"\rWriteResponse\x12#\n" +
-	"\rbytes_written\x18\x01 \x01(\x04R\fbytesWritten\"f\n" +
+	"\rbytes_written\x18\x01 \x01(\x04R\fbytesWritten\"z\n" +
 	"\x14CreateContextRequest\x12\x1a\n" +
 	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x10\n" +
-	"\x03env\x18\x04 \x03(\tR\x03env\"\xdf\x01\n" +
+	"\x03env\x18\x04 \x03(\tR\x03env\x12\x12\n" +
+	"\x04warm\x18\x05 \x01(\bR\x04warm\"\xdf\x01\n" +
 	"\vContextInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
