@@ -75,12 +75,28 @@ func (a *activity) track(h http.Handler) http.Handler {
 // pauseReq asks the shim's main loop to pause; it answers on reply.
 type pauseReq struct {
 	force bool
-	reply chan pauseResult
+	reply chan loopResult[shimv2.PauseResponse]
 }
 
-type pauseResult struct {
-	resp *shimv2.PauseResponse
+// loopResult is the main loop's answer to a request.
+type loopResult[R any] struct {
+	resp *R
 	err  error
+}
+
+// loopCall hands q to the shim's main loop over ch and waits for the
+// answer on reply (which must have room for it).
+func loopCall[Q, R any](ctx context.Context, ch chan<- Q, q Q, reply <-chan loopResult[R]) (*connect.Response[R], error) {
+	select {
+	case ch <- q:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	res := <-reply
+	if res.err != nil {
+		return nil, res.err
+	}
+	return connect.NewResponse(res.resp), nil
 }
 
 // lifecycleService serves LifecycleService (proto/airlock/shim/v2) on
@@ -95,17 +111,8 @@ type lifecycleService struct {
 var _ shimv2connect.LifecycleServiceHandler = lifecycleService{}
 
 func (l lifecycleService) Pause(ctx context.Context, req *connect.Request[shimv2.PauseRequest]) (*connect.Response[shimv2.PauseResponse], error) {
-	r := pauseReq{force: req.Msg.GetForce(), reply: make(chan pauseResult, 1)}
-	select {
-	case l.s.pauseReq <- r:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	res := <-r.reply
-	if res.err != nil {
-		return nil, res.err
-	}
-	return connect.NewResponse(res.resp), nil
+	r := pauseReq{force: req.Msg.GetForce(), reply: make(chan loopResult[shimv2.PauseResponse], 1)}
+	return loopCall(ctx, l.s.pauseReq, r, r.reply)
 }
 
 // Shutdown asks the main loop to delete the sandbox (teardown, then the
@@ -326,28 +333,14 @@ func (s *shim) writeManifest(dir string) (int64, error) {
 type snapReq struct {
 	dir   string
 	force bool
-	reply chan snapResult
-}
-
-type snapResult struct {
-	resp *shimv2.SnapshotResponse
-	err  error
+	reply chan loopResult[shimv2.SnapshotResponse]
 }
 
 // Snapshot is the live snapshot; the main loop takes it (so it never runs
 // beside a pause or a stop).
 func (l lifecycleService) Snapshot(ctx context.Context, req *connect.Request[shimv2.SnapshotRequest]) (*connect.Response[shimv2.SnapshotResponse], error) {
-	r := snapReq{dir: req.Msg.GetDir(), force: req.Msg.GetForce(), reply: make(chan snapResult, 1)}
-	select {
-	case l.s.snapReq <- r:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	res := <-r.reply
-	if res.err != nil {
-		return nil, res.err
-	}
-	return connect.NewResponse(res.resp), nil
+	r := snapReq{dir: req.Msg.GetDir(), force: req.Msg.GetForce(), reply: make(chan loopResult[shimv2.SnapshotResponse], 1)}
+	return loopCall(ctx, l.s.snapReq, r, r.reply)
 }
 
 // snapshotLive saves the running guest into dir (see

@@ -57,6 +57,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2"
 	"github.com/airlock-sandbox/airlock/internal/shimapi/shimv2/shimv2connect"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -364,7 +365,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return nil
 		case r := <-s.pauseReq:
 			resp, fatal, err := s.pause(bg, r.force, 1)
-			r.reply <- pauseResult{resp: resp, err: err}
+			r.reply <- loopResult[shimv2.PauseResponse]{resp: resp, err: err}
 			if err == nil {
 				s.teardownPaused(bg)
 				return nil
@@ -374,7 +375,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			}
 		case r := <-s.snapReq:
 			resp, fatal, err := s.snapshotLive(bg, r.dir, r.force)
-			r.reply <- snapResult{resp: resp, err: err}
+			r.reply <- loopResult[shimv2.SnapshotResponse]{resp: resp, err: err}
 			if err != nil && s.pauseFailed(bg, "live snapshot", err, fatal) {
 				return nil
 			}
