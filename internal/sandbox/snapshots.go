@@ -134,35 +134,45 @@ func (m *Manager) liveSnapshot(ctx context.Context, sb store.Sandbox, name strin
 	if err := os.Mkdir(dir, 0o711); err != nil {
 		return store.Snapshot{}, err
 	}
-	if _, err := m.shims().Get(m.L.Socket(sb.ID)).Snapshot(ctx, dir, force); err != nil {
-		// The shim undid what it made, or failed the sandbox (whose disk
-		// then goes with it).
-		_ = os.RemoveAll(dir)
-		return store.Snapshot{}, err
-	}
-	// From here the sandbox's disk is backed by dir's: dir stays, recorded
-	// under name or, failing that, as an unlisted snapshot the collector
-	// frees with the sandbox.
-	sn, err := m.completeLive(ctx, sb, name, sid, dir)
+	_, err := m.shims().Get(m.L.Socket(sb.ID)).Snapshot(ctx, dir, force)
 	if err != nil {
-		sn.Name = template.ForkPrefix + statedir.RandomID(12)
-		if rerr := m.Store.RecordSnapshot(context.WithoutCancel(ctx), sn); rerr != nil {
-			m.log().Error("record a live snapshot's disk", "sandbox_id", sb.ID, "snapshot_id", sid, "err", rerr)
+		if _, serr := os.Stat(filepath.Join(dir, statedir.SnapshotDisk)); serr != nil {
+			// The shim undid what it made (or never began): nothing uses dir.
+			_ = os.RemoveAll(dir)
+			return store.Snapshot{}, err
 		}
-		return store.Snapshot{}, err
 	}
-	return sn, nil
+	// The sandbox's disk may now be backed by dir's (or the shim failed
+	// the sandbox): dir stays, recorded under name or, failing that, as an
+	// unlisted snapshot that the collector frees with the sandbox.
+	var sn store.Snapshot
+	if err == nil {
+		if sn, err = m.completeLive(ctx, sb, name, sid, dir); err == nil {
+			return sn, nil
+		}
+	}
+	sn = liveSnapshotRow(sb, template.ForkPrefix+statedir.RandomID(12), sid)
+	sn.Size = statedir.DirUsage(dir)
+	if rerr := m.Store.RecordSnapshot(context.WithoutCancel(ctx), sn); rerr != nil {
+		m.log().Error("record a live snapshot's disk", "sandbox_id", sb.ID, "snapshot_id", sid, "err", rerr)
+	}
+	return store.Snapshot{}, err
 }
 
-// completeLive adds the frozen disk's digest to the manifest the shim
-// wrote in dir and records the snapshot. On an error the returned snapshot
-// is still filled in as far as it could be.
-func (m *Manager) completeLive(ctx context.Context, sb store.Sandbox, name, sid, dir string) (store.Snapshot, error) {
-	sn := store.Snapshot{
+// liveSnapshotRow is the catalog row of sid, a live snapshot of sb named
+// name.
+func liveSnapshotRow(sb store.Sandbox, name, sid string) store.Snapshot {
+	return store.Snapshot{
 		Tenant: sb.Tenant, Name: name, ID: sid, SandboxID: sb.ID, Image: sb.Image, ImageDigest: sb.ImageDigest,
 		CPUs: sb.CPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: sb.Network, Env: sb.Env,
 		Created: time.Now(), ExecDefaults: sb.ExecDefaults,
 	}
+}
+
+// completeLive adds the frozen disk's digest to the manifest the shim
+// wrote in dir and records the snapshot.
+func (m *Manager) completeLive(ctx context.Context, sb store.Sandbox, name, sid, dir string) (store.Snapshot, error) {
+	sn := liveSnapshotRow(sb, name, sid)
 	disk := filepath.Join(dir, statedir.SnapshotDisk)
 	if err := os.Chmod(disk, 0o444); err != nil {
 		return sn, fmt.Errorf("snapshot disk: %w", err)

@@ -392,11 +392,12 @@ func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *
 		return nil, false, err
 	}
 	// New requests wait (they are refused with "retry") until the guest
-	// answers again; from here on a failure is fatal.
+	// answers again; until then a failure is fatal.
 	s.act.pausing.Store(true)
 	defer s.act.pausing.Store(false)
+	risky := true
 	defer func() {
-		if err != nil {
+		if err != nil && risky {
 			fatal = true
 		}
 	}()
@@ -438,6 +439,7 @@ func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *
 		s.execs.reopen()
 		s.execs.restore(bootCtx, saved, false, sb.Tenant)
 	}
+	risky = false // the sandbox runs as before; only the snapshot can still fail
 	if !s.cfg.NoProcAudit {
 		s.proc = startProcAudit(s.agent, s.inst, s.st, sb, s.log, s.clk)
 		s.event(ctx, sb, "proc.audit.gap", map[string]any{"reason": "a live snapshot: programs the guest started while its agent reconnected are not recorded",
@@ -446,7 +448,7 @@ func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *
 	total := time.Since(t0)
 	size, err := s.writeManifest(dir)
 	if err != nil {
-		return nil, true, err
+		return nil, false, err
 	}
 	s.log.Info("live snapshot", "dir", dir, "state_bytes", size, "execs", len(saved), "total", total)
 	return &shimv2.SnapshotResponse{StateBytes: size, TotalMs: total.Milliseconds()}, false, nil
