@@ -286,19 +286,9 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 		}
 	}()
 	t0 := time.Now()
-	// Owned execs are parked (or, forced, end), then the agent channel
-	// closes: the guest must see its EOF before it is frozen.
-	if park {
-		saved := s.execs.Park()
-		if err := writeSavedExecs(dir, saved); err != nil {
-			return nil, true, fmt.Errorf("save the execs: %w", err)
-		}
-		s.log.Info("execs parked", "execs", len(saved))
+	if _, err := s.detachGuest(dir, park, "the sandbox was paused (force)"); err != nil {
+		return nil, true, err
 	}
-	if s.execs != nil {
-		s.execs.CloseFor("the sandbox was paused (force)")
-	}
-	_ = s.agent.Close()
 	if err := saver.SaveState(ctx, stateDir, runtime.SaveOptions{}); err != nil {
 		return nil, true, fmt.Errorf("save guest state: %w", err)
 	}
@@ -312,6 +302,26 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	}
 	s.log.Info("paused", "save", saveDur, "total", time.Since(t0), "state_bytes", size)
 	return &shimv2.PauseResponse{StateBytes: size, SaveMs: saveDur.Milliseconds()}, false, nil
+}
+
+// detachGuest readies the guest to be saved into dir: owned execs are
+// parked (saved in dir) or, without park, end with forceNote; then the
+// agent channel closes (the guest must see its EOF before it is frozen).
+// It returns the parked execs.
+func (s *shim) detachGuest(dir string, park bool, forceNote string) ([]savedExec, error) {
+	var saved []savedExec
+	if park {
+		saved = s.execs.Park()
+		if err := writeSavedExecs(dir, saved); err != nil {
+			return nil, fmt.Errorf("save the execs: %w", err)
+		}
+		s.log.Info("execs parked", "execs", len(saved))
+	}
+	if s.execs != nil {
+		s.execs.CloseFor(forceNote)
+	}
+	_ = s.agent.Close()
+	return saved, nil
 }
 
 // writeManifest writes dir's PauseManifest for the state saved in
@@ -401,20 +411,13 @@ func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *
 			fatal = true
 		}
 	}()
-	var saved []savedExec
-	if park {
-		saved = s.execs.Park()
-		if err := writeSavedExecs(dir, saved); err != nil {
-			return nil, true, fmt.Errorf("save the execs: %w", err)
-		}
-	}
-	if s.execs != nil {
-		s.execs.CloseFor("the sandbox was snapshotted (force)")
-	}
 	auditOff := s.clk.Now()
 	s.proc.close()
 	s.proc = nil
-	_ = s.agent.Close()
+	saved, err := s.detachGuest(dir, park, "the sandbox was snapshotted (force)")
+	if err != nil {
+		return nil, true, err
+	}
 	if err := saver.SaveState(ctx, stateDir, runtime.SaveOptions{KeepRunning: true, NewRootDisk: next}); err != nil {
 		return nil, true, fmt.Errorf("save guest state: %w", err)
 	}

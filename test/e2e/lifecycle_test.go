@@ -247,17 +247,11 @@ while True:
 `
 	e.must(t, "exec", id, "--", "sh", "-c", "printf '%s' \"$1\" > /root/echo.py; setsid python3 /root/echo.py >/dev/null 2>&1 </dev/null &\n"+
 		`for i in $(seq 100); do python3 -c 'import socket;socket.create_connection(("127.0.0.1",7000)).close()' 2>/dev/null && exit 0; sleep 0.1; done; exit 1`, "sh", echo)
-	var info struct {
-		Network struct {
-			Ports []struct {
-				HostPort int `json:"host_port"`
-			} `json:"ports"`
-		} `json:"network"`
+	ports := publishedPorts(t, e, id)
+	if len(ports) != 1 {
+		t.Fatalf("inspect ports: %+v", ports)
 	}
-	if err := json.Unmarshal([]byte(e.must(t, "inspect", id)), &info); err != nil || len(info.Network.Ports) != 1 {
-		t.Fatalf("inspect ports: %+v %v", info.Network.Ports, err)
-	}
-	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(info.Network.Ports[0].HostPort), 30*time.Second)
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(ports[0].HostPort), 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,8 +270,6 @@ while True:
 	}
 	roundTrip("before", "one")
 	waiter := e.cmd(t.Context(), nil, "exec", id, "--", "sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.1; done; echo went")
-	var waiterOut testutil.Buffer
-	waiter.Stdout = &waiterOut
 	if err := waiter.Start(); err != nil {
 		t.Fatal(err)
 	}

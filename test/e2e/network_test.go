@@ -674,27 +674,37 @@ func dumpEvents(evs []event) string {
 	return sb.String()
 }
 
-func TestThreat068IngressClosedUnlessPublished(t *testing.T) {
-	e := setup(t)
-	id := e.create(t, "-p", "127.0.0.1:0:8000")
-	e.must(t, "exec", id, "--", "sh", "-c", `cd /etc && setsid python3 -m http.server 8000 >/dev/null 2>&1 </dev/null &
-for i in $(seq 50); do python3 -c 'import socket;socket.create_connection(("127.0.0.1",8000))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1`)
+// publishedPort is one of a sandbox's published ports as inspect shows it.
+type publishedPort struct {
+	HostIP    string `json:"host_ip"`
+	HostPort  int    `json:"host_port"`
+	GuestPort int    `json:"guest_port"`
+}
+
+// publishedPorts are sandbox id's published ports (airlock inspect).
+func publishedPorts(t *testing.T, e env, id string) []publishedPort {
+	t.Helper()
 	var info struct {
 		Network struct {
-			Ports []struct {
-				HostIP    string `json:"host_ip"`
-				HostPort  int    `json:"host_port"`
-				GuestPort int    `json:"guest_port"`
-			} `json:"ports"`
+			Ports []publishedPort `json:"ports"`
 		} `json:"network"`
 	}
 	if err := json.Unmarshal([]byte(e.must(t, "inspect", id)), &info); err != nil {
 		t.Fatal(err)
 	}
-	if len(info.Network.Ports) != 1 || info.Network.Ports[0].HostPort == 0 || info.Network.Ports[0].HostIP != "127.0.0.1" {
-		t.Fatalf("inspect ports: %+v (want the host port the shim chose)", info.Network.Ports)
+	return info.Network.Ports
+}
+
+func TestThreat068IngressClosedUnlessPublished(t *testing.T) {
+	e := setup(t)
+	id := e.create(t, "-p", "127.0.0.1:0:8000")
+	e.must(t, "exec", id, "--", "sh", "-c", `cd /etc && setsid python3 -m http.server 8000 >/dev/null 2>&1 </dev/null &
+for i in $(seq 50); do python3 -c 'import socket;socket.create_connection(("127.0.0.1",8000))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1`)
+	ports := publishedPorts(t, e, id)
+	if len(ports) != 1 || ports[0].HostPort == 0 || ports[0].HostIP != "127.0.0.1" {
+		t.Fatalf("inspect ports: %+v (want the host port the shim chose)", ports)
 	}
-	url := fmt.Sprintf("http://127.0.0.1:%d/hostname", info.Network.Ports[0].HostPort)
+	url := fmt.Sprintf("http://127.0.0.1:%d/hostname", ports[0].HostPort)
 	res, err := (&http.Client{Timeout: 30 * time.Second}).Get(url)
 	if err != nil {
 		t.Fatal(err)

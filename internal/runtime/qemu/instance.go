@@ -287,7 +287,7 @@ func (in *instance) start(ctx context.Context) (err error) {
 		// and 2 us here. SaveSnapshot copies its non-zero pages out. A
 		// memfd is mode 0777: QEMU opens it again through /proc/self/fd,
 		// read-write, under its own uid.
-		mem, err := newMemfd("airlock-ram-" + in.spec.ID)
+		mem, err := memfdCreate("airlock-ram-"+in.spec.ID, mfdCloexec)
 		if err != nil {
 			return fmt.Errorf("ram file: %w", err)
 		}

@@ -13,7 +13,7 @@ import (
 // offsets; its zero pages, written or never touched, become holes.
 func TestCopyNonZeroKeepsDataAndLeavesZeroPagesOut(t *testing.T) {
 	const page, pages = 4096, 64
-	ram, err := newMemfd("test-ram")
+	ram, err := memfdCreate("test-ram", mfdCloexec)
 	if err != nil {
 		t.Fatal(err)
 	}

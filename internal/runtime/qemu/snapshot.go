@@ -363,11 +363,6 @@ func copyNonZero(path string, src *os.File) error {
 	return errors.Join(dst.Truncate(size), dst.Close())
 }
 
-// newMemfd returns a new, empty, unsealed memfd (close-on-exec).
-func newMemfd(name string) (*os.File, error) {
-	return memfdCreate(name, mfdCloexec)
-}
-
 // memfdCreate is memfd_create(2).
 func memfdCreate(name string, flags uintptr) (*os.File, error) {
 	p, err := syscall.BytePtrFromString(name)
