@@ -36,7 +36,7 @@ PROTOC_VERSION := 3.21.12
 # .pb.go / .connect.go a new proto's go_package puts elsewhere.
 GENERATED := internal/agentapi internal/shimapi ':(glob)**/*.pb.go' ':(glob)**/*.connect.go'
 
-.PHONY: help deps build install uninstall dist test-dist setup demo test test-unit test-race test-sdk-unit test-host test-vm bench generate check-generate lint fuzz test-fuzz-short test-security test-browser clean
+.PHONY: help deps build install uninstall dist test-dist setup demo test test-postgres test-unit test-race test-sdk-unit test-host test-vm kube-bins test-kube bench generate check-generate lint fuzz test-fuzz-short test-security test-browser clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -98,6 +98,7 @@ test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -
 	$(MAKE) lint
 	$(MAKE) check-generate
 	$(MAKE) test-race
+	$(MAKE) test-postgres
 	$(MAKE) test-fuzz-short
 	$(MAKE) test-security
 	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
@@ -123,6 +124,9 @@ test-security: setup ## the adversarial suite: one TestThreatNNN test per threat
 test-unit: test-sdk-unit ## unit tier only (no root, boots nothing)
 	$(GO) test -short ./...
 
+test-postgres: ## the catalog's tests again on a real PostgreSQL (Debian's, started in a temp dir on a loopback port)
+	AIRLOCK_TEST_POSTGRES=1 $(GO) test -count=1 ./internal/store/
+
 test-race: ## unit tier with the race detector (needs cgo: gcc from make deps)
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
 
@@ -139,6 +143,20 @@ test-host: build ## unit + host tier
 
 test-vm: setup ## unit + vm tier
 	AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock $(GO) test -count=1 -timeout 40m ./...
+
+# The kube tier (internal/testutil/kubetest): a real kube-apiserver and etcd,
+# built from the Go module proxy once per version (pinned in tools/kube) into
+# .cache/tools/kube-<version>-etcd-<version>. Cluster packages join
+# KUBE_TEST_PKGS as they arrive.
+KUBE_TEST_PKGS := ./internal/testutil/kubetest/...
+
+kube-bins: ## build kube-apiserver and etcd from the Go module proxy into .cache/tools (about 5 min, once per version; versions in tools/kube)
+	GO=$(GO) scripts/kube-bins.sh
+
+test-kube: ## the cluster tier against a real kube-apiserver and etcd built from the Go module proxy
+	@dir="$$(GO=$(GO) scripts/kube-bins.sh)" && \
+	echo "AIRLOCK_TEST_KUBE_BIN=$$dir $(GO) test -count=1 $(KUBE_TEST_PKGS)" && \
+	AIRLOCK_TEST_KUBE_BIN="$$dir" $(GO) test -count=1 $(KUBE_TEST_PKGS)
 
 bench: setup ## latency and memory table (cold run, create->exec, exec RTT, RSS)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/airlock-bench ./cmd/airlock-bench

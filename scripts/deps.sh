@@ -5,10 +5,13 @@
 # chromium drives the dashboard's browser test (test/e2e, over CDP);
 # firefox-esr drives it again in Firefox (TestDashboardFirefox, over
 # WebDriver BiDi with test/firefox's puppeteer-core);
-# python3-yaml reads api/openapi.yaml in the Python SDK's spec test.
+# python3-yaml reads api/openapi.yaml in the Python SDK's spec test;
+# postgresql's server binaries run the catalog's PostgreSQL tier (make
+# test-postgres starts its own server on a loopback port; the package's
+# own cluster is not used).
 set -euo pipefail
 
-pkgs=(gcc protobuf-compiler libprotobuf-dev qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs lz4 xz-utils zstd kmod iproute2 ca-certificates python3 curl python3-ipykernel python3-matplotlib python3-pip python3-setuptools python3-wheel python3-websocket python3-yaml chromium firefox-esr)
+pkgs=(gcc protobuf-compiler libprotobuf-dev qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs lz4 xz-utils zstd kmod iproute2 ca-certificates python3 curl python3-ipykernel python3-matplotlib python3-pip python3-setuptools python3-wheel python3-websocket python3-yaml chromium firefox-esr postgresql)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -13,7 +12,7 @@ import (
 func TestActivity(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	s, err := Open(ctx, catalogAt(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func (s *Store) AppendEvent(ctx context.Context, e Event) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("append event: %w", err)
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO events(time,tenant,key_id,sandbox_id,action,detail) VALUES(?,?,?,?,?,?)`,
+	seq, err := s.db.insertID(ctx, "seq", `INSERT INTO events(time,tenant,key_id,sandbox_id,action,detail) VALUES(?,?,?,?,?,?)`,
 		e.Time.UnixNano(), e.Tenant, e.KeyID, e.SandboxID, e.Action, string(d))
 	if err != nil {
 		return 0, fmt.Errorf("append event: %w", err)
@@ -48,7 +48,7 @@ func (s *Store) AppendEvent(ctx context.Context, e Event) (int64, error) {
 	if s.appends.Add(1)%pruneEvery == 1 {
 		_, _ = s.PruneEvents(context.WithoutCancel(ctx)) // best effort: the next prune retries
 	}
-	return res.LastInsertId()
+	return seq, nil
 }
 
 // ListEvents returns events matching f in order.

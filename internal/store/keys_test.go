@@ -2,7 +2,6 @@ package store
 
 import (
 	"errors"
-	"path/filepath"
 	"regexp"
 	"testing"
 )
@@ -10,7 +9,7 @@ import (
 func TestKeys(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	s, err := Open(ctx, catalogAt(t))
 	if err != nil {
 		t.Fatal(err)
 	}

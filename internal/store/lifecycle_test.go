@@ -3,7 +3,6 @@ package store
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -30,7 +29,7 @@ var wantAllowed = map[[2]State]bool{
 
 func openTest(t *testing.T) *Store {
 	t.Helper()
-	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "catalog.db"))
+	s, err := Open(t.Context(), catalogAt(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,7 +69,7 @@ func (s *Store) AddRefs(ctx context.Context, holder Obj, role Role, targets ...O
 	return tx.Commit()
 }
 
-func addRefs(ctx context.Context, tx *sql.Tx, holder Obj, role Role, targets []Obj, check bool) error {
+func addRefs(ctx context.Context, tx *tx, holder Obj, role Role, targets []Obj, check bool) error {
 	for _, t := range targets {
 		if check && t.Kind == KindSnapshot {
 			var n int
@@ -80,7 +80,7 @@ func addRefs(ctx context.Context, tx *sql.Tx, holder Obj, role Role, targets []O
 				return fmt.Errorf("%w: snapshot %s is gone", errdefs.ErrNotFound, t.ID)
 			}
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO refs(holder_kind,holder_id,role,target_kind,target_id) VALUES(?,?,?,?,?)`,
+		if _, err := tx.ExecContext(ctx, `INSERT INTO refs(holder_kind,holder_id,role,target_kind,target_id) VALUES(?,?,?,?,?) ON CONFLICT DO NOTHING`,
 			string(holder.Kind), holder.ID, string(role), string(t.Kind), t.ID); err != nil {
 			return fmt.Errorf("add refs: %w", err)
 		}
@@ -210,7 +210,7 @@ const (
 // importRefFiles records the legacy reference files under stateDir as
 // rows: those of sandboxes with a catalog row and of every snapshot
 // directory (one without a row may back a sandbox's disk).
-func importRefFiles(ctx context.Context, tx *sql.Tx, stateDir string) error {
+func importRefFiles(ctx context.Context, tx *tx, stateDir string) error {
 	read := func(p string) []string {
 		b, _ := os.ReadFile(p)
 		return strings.Fields(string(b))

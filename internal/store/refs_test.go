@@ -277,6 +277,7 @@ func TestRefsGuards(t *testing.T) {
 // TestMigrateImportsRefFiles: opening a schema 5 catalog imports the
 // reference files of older versions as rows.
 func TestMigrateImportsRefFiles(t *testing.T) {
+	sqliteOnly(t)
 	ctx := t.Context()
 	root := t.TempDir()
 	path := filepath.Join(root, "catalog.db")
@@ -285,7 +286,7 @@ func TestMigrateImportsRefFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for v := range 5 {
-		if err := migrate(ctx, db, root, v); err != nil {
+		if err := migrate(ctx, &database{sql: db}, root, v); err != nil {
 			t.Fatal(err)
 		}
 	}

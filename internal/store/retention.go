@@ -100,6 +100,9 @@ func (s *Store) SetRetention(ctx context.Context, r Retention) error {
 
 // UsedBytes is the catalog's size less its free pages: what its rows take.
 func (s *Store) UsedBytes(ctx context.Context) (int64, error) {
+	if s.db.pg {
+		return s.pgUsedBytes(ctx)
+	}
 	var pages, free, size int64
 	for _, q := range []struct {
 		pragma string
@@ -175,8 +178,12 @@ func (s *Store) PruneEvents(ctx context.Context) (int64, error) {
 }
 
 // Checkpoint copies the write-ahead log into the catalog file and
-// truncates the log (so the file's size is the catalog's).
+// truncates the log (so the file's size is the catalog's). On PostgreSQL
+// it does nothing: the server manages its own log.
 func (s *Store) Checkpoint(ctx context.Context) error {
+	if s.db.pg {
+		return nil
+	}
 	if _, err := s.db.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)"); err != nil {
 		return fmt.Errorf("checkpoint catalog: %w", err)
 	}

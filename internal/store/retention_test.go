@@ -1,7 +1,6 @@
 package store
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,7 @@ import (
 func TestRetentionByAge(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), "catalog.db")
+	path := catalogAt(t)
 	s, err := Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +72,7 @@ func TestRetentionByAge(t *testing.T) {
 func TestRetentionBySize(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	s, err := Open(ctx, catalogAt(t))
 	if err != nil {
 		t.Fatal(err)
 	}

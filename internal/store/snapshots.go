@@ -49,7 +49,7 @@ func (s *Store) PutSnapshot(ctx context.Context, sn Snapshot) error {
 	return tx.Commit()
 }
 
-func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) error {
+func putSnapshot(ctx context.Context, tx *tx, sn Snapshot) error {
 	var n int
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM snapshots WHERE tenant = ? AND name = ?`, sn.Tenant, sn.Name).Scan(&n); err != nil {
 		return fmt.Errorf("record snapshot: %w", err)
@@ -160,7 +160,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, tenant, name string) (Snapsh
 // on: the sandbox it was taken of (whose disk now continues from it), a
 // sandbox started or forked from it, a later snapshot on top of it, or the
 // unlisted base of a fork (which goes by itself once its forks are gone).
-func describeHolder(ctx context.Context, tx *sql.Tx, sn Snapshot, h Obj) string {
+func describeHolder(ctx context.Context, tx *tx, sn Snapshot, h Obj) string {
 	switch h.Kind {
 	case KindSandbox:
 		if h.ID == sn.SandboxID {

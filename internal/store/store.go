@@ -1,10 +1,12 @@
 // Package store is airlock's catalog: one SQLite database (modernc.org/sqlite,
-// no cgo) in the state dir, shared by the CLI and every shim. It records
-// images (name -> content digest) and sandboxes with their lifecycle state.
+// no cgo) in the state dir, shared by the CLI and every shim, or a
+// PostgreSQL database (pgx) shared by several processes on several hosts
+// (postgres.go). It records images (name -> content digest) and sandboxes
+// with their lifecycle state, API keys, the audit trail and the rest.
 //
-// Concurrency: many processes open the same file; WAL mode and a busy
-// timeout make that safe. Every write is a single statement or a short
-// transaction.
+// Concurrency: many processes open the same catalog; on SQLite, WAL mode
+// and a busy timeout make that safe (on PostgreSQL, see dialect.go). Every
+// write is a single statement or a short transaction.
 package store
 
 import (
@@ -125,7 +127,7 @@ type ImageRecord struct {
 
 // Store is the catalog. Safe for concurrent use.
 type Store struct {
-	db *sql.DB
+	db *database
 	// sandboxReads counts GetSandbox calls (SandboxReads).
 	sandboxReads atomic.Int64
 	// appends counts AppendEvent calls; every pruneEvery-th prunes.
@@ -319,37 +321,50 @@ var migrations = []string{
 // schemaVersion is the version this build writes.
 const schemaVersion = 14
 
-// Open opens (creating if needed) the catalog at path.
+// Open opens (creating if needed) the catalog at path: a SQLite file, or
+// a PostgreSQL database when path is a postgres:// or postgresql:// URL
+// (see OpenPostgres).
 func Open(ctx context.Context, path string) (*Store, error) {
+	if IsPostgresURL(path) {
+		return OpenPostgres(ctx, path)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("open catalog: %w", err)
 	}
 	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
-	db, err := sql.Open("sqlite", dsn)
+	sqldb, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open catalog: %w", err)
 	}
-	db.SetMaxOpenConns(4)
-	version, err := firstQuery(ctx, db)
+	sqldb.SetMaxOpenConns(4)
+	d := &database{sql: sqldb}
+	version, err := firstQuery(ctx, sqldb)
 	if err != nil {
-		db.Close()
+		d.Close()
 		return nil, fmt.Errorf("open catalog %s: %w", path, err)
 	}
-	if version > schemaVersion {
-		db.Close()
-		return nil, fmt.Errorf("%w: catalog schema version %d is newer than this airlock (%d)", errdefs.ErrFailedPrecondition, version, schemaVersion)
+	if err := checkVersion(version); err != nil {
+		d.Close()
+		return nil, err
 	}
 	// Version 0 -> 1 is the base schema; like every step it runs in an
 	// immediate transaction that re-checks the version, so processes
 	// opening a new catalog at once cannot reset a migrated one to v1.
 	for ; version < schemaVersion; version++ {
-		if err := migrate(ctx, db, filepath.Dir(path), version); err != nil {
-			db.Close()
+		if err := migrate(ctx, d, filepath.Dir(path), version); err != nil {
+			d.Close()
 			return nil, err
 		}
 	}
 	_ = os.Chmod(path, 0o600)
-	return &Store{db: db, now: time.Now}, nil
+	return &Store{db: d, now: time.Now}, nil
+}
+
+func checkVersion(version int) error {
+	if version > schemaVersion {
+		return fmt.Errorf("%w: catalog schema version %d is newer than this airlock (%d)", errdefs.ErrFailedPrecondition, version, schemaVersion)
+	}
+	return nil
 }
 
 // firstQuery reads the schema version on the catalog's first connection.
@@ -384,8 +399,8 @@ const sqliteBusy = 5
 // process that migrated first makes it a no-op.
 // stateDir is the catalog's directory (the state dir), for steps that
 // import files.
-func migrate(ctx context.Context, db *sql.DB, stateDir string, from int) error {
-	tx, err := db.BeginTx(ctx, nil)
+func migrate(ctx context.Context, d *database, stateDir string, from int) error {
+	tx, err := d.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("migrate catalog: %w", err)
 	}
@@ -397,11 +412,7 @@ func migrate(ctx context.Context, db *sql.DB, stateDir string, from int) error {
 	if v != from {
 		return nil
 	}
-	step := schema
-	if from > 0 {
-		step = migrations[from-1]
-	}
-	if _, err := tx.ExecContext(ctx, step); err != nil {
+	if _, err := tx.ExecContext(ctx, schemaStep(from)); err != nil {
 		return fmt.Errorf("migrate catalog to v%d: %w", from+1, err)
 	}
 	if from+1 == 6 {
@@ -410,6 +421,14 @@ func migrate(ctx context.Context, db *sql.DB, stateDir string, from int) error {
 		}
 	}
 	return tx.Commit()
+}
+
+// schemaStep is the step from version from to from+1.
+func schemaStep(from int) string {
+	if from == 0 {
+		return schema
+	}
+	return migrations[from-1]
 }
 
 // Close closes the database.

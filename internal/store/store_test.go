@@ -2,7 +2,6 @@ package store
 
 import (
 	"errors"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -12,7 +11,7 @@ import (
 
 func TestSandboxLifecycle(t *testing.T) {
 	ctx := t.Context()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	s, err := Open(ctx, catalogAt(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +56,7 @@ func TestSandboxLifecycle(t *testing.T) {
 
 func TestConcurrentProcessesShareCatalog(t *testing.T) {
 	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), "catalog.db")
+	path := catalogAt(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for i := range 8 {
@@ -91,7 +90,7 @@ func TestConcurrentProcessesShareCatalog(t *testing.T) {
 
 func TestEvents(t *testing.T) {
 	ctx := t.Context()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	s, err := Open(ctx, catalogAt(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ func (s *Store) AddTenantEgress(ctx context.Context, tenant string, n uint64) er
 		return nil
 	}
 	_, err := s.db.ExecContext(ctx, `INSERT INTO tenant_usage(tenant, egress_bytes) VALUES(?, ?)
-		ON CONFLICT(tenant) DO UPDATE SET egress_bytes = egress_bytes + excluded.egress_bytes`, tenant, int64(min(n, 1<<62)))
+		ON CONFLICT(tenant) DO UPDATE SET egress_bytes = tenant_usage.egress_bytes + excluded.egress_bytes`, tenant, int64(min(n, 1<<62)))
 	if err != nil {
 		return fmt.Errorf("add tenant egress: %w", err)
 	}

@@ -2,7 +2,6 @@ package store
 
 import (
 	"errors"
-	"path/filepath"
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -11,7 +10,7 @@ import (
 func TestKeyNetworkLimits(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	s, err := Open(ctx, catalogAt(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +43,7 @@ func TestKeyNetworkLimits(t *testing.T) {
 func TestTenantEgress(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	s, err := Open(ctx, catalogAt(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,6 +89,7 @@ func TestVaultSecretCountLimit(t *testing.T) {
 
 // TestMigrateV11ToV12 gives a v11 catalog an empty vault.
 func TestMigrateV11ToV12(t *testing.T) {
+	sqliteOnly(t)
 	t.Parallel()
 	ctx := t.Context()
 	root := t.TempDir()
@@ -98,7 +99,7 @@ func TestMigrateV11ToV12(t *testing.T) {
 		t.Fatal(err)
 	}
 	for v := range 11 {
-		if err := migrate(ctx, db, root, v); err != nil {
+		if err := migrate(ctx, &database{sql: db}, root, v); err != nil {
 			t.Fatal(err)
 		}
 	}

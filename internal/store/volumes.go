@@ -182,7 +182,7 @@ func (s *Store) ResizeVolume(ctx context.Context, tenant, name string, sizeMiB i
 	return v, tx.Commit()
 }
 
-func refuseAttached(ctx context.Context, tx *sql.Tx, v Volume, what string) error {
+func refuseAttached(ctx context.Context, tx *tx, v Volume, what string) error {
 	var sb string
 	err := tx.QueryRowContext(ctx, `SELECT sandbox_id FROM volume_mounts WHERE volume_id = ? ORDER BY sandbox_id LIMIT 1`, v.ID).Scan(&sb)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -206,7 +206,7 @@ func (s *Store) MarkGuestWritten(ctx context.Context, id string) error {
 // a read-write mount of a volume any other sandbox has mounted and a
 // read-only one of a volume mounted read-write: a volume is one ext4
 // filesystem, which one kernel may write or many may only read.
-func attachVolumes(ctx context.Context, tx *sql.Tx, sb Sandbox) error {
+func attachVolumes(ctx context.Context, tx *tx, sb Sandbox) error {
 	for _, m := range sb.Mounts {
 		if m.VolumeID == "" {
 			continue

@@ -174,6 +174,7 @@ func TestVolumeDeleteAndResize(t *testing.T) {
 // TestMigrateV9ToV10 keeps a v9 catalog's rows and gives them no mounts
 // and no volume quota.
 func TestMigrateV9ToV10(t *testing.T) {
+	sqliteOnly(t)
 	ctx := t.Context()
 	root := t.TempDir()
 	path := filepath.Join(root, "catalog.db")
@@ -182,7 +183,7 @@ func TestMigrateV9ToV10(t *testing.T) {
 		t.Fatal(err)
 	}
 	for v := range 9 {
-		if err := migrate(ctx, db, root, v); err != nil {
+		if err := migrate(ctx, &database{sql: db}, root, v); err != nil {
 			t.Fatal(err)
 		}
 	}
