@@ -99,14 +99,17 @@ test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -
 	$(MAKE) check-generate
 	$(MAKE) test-race
 	$(MAKE) test-postgres
+	$(MAKE) kube-bins
 	$(MAKE) test-fuzz-short
 	$(MAKE) test-security
-	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
+	# Every tier, the kube one (the cluster's packages, and airlock node in
+	# test/e2e) included.
+	AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 40m -skip '^TestThreat|^($(GVISOR_ONLY))$$' ./...
 	# The end-to-end suite again on the gvisor runtime, but for what needs
 	# pause (snapshots, fork), which runsc sandboxes do not do yet; with
 	# what runs only here (GVISOR_ONLY).
-	AIRLOCK_RUNTIME=gvisor AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
+	AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_RUNTIME=gvisor AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 20m -skip '$(GVISOR_SKIP)' ./test/e2e/
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-sdk.sh
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-mcp.sh
@@ -148,7 +151,9 @@ test-vm: setup ## unit + vm tier
 # built from the Go module proxy once per version (pinned in tools/kube) into
 # .cache/tools/kube-<version>-etcd-<version>. Cluster packages join
 # KUBE_TEST_PKGS as they arrive.
-KUBE_TEST_PKGS := ./internal/testutil/kubetest/...
+KUBE_TEST_PKGS := ./internal/testutil/kubetest/... ./internal/cluster/...
+# The binaries' directory, for make test's tiers (built by kube-bins first).
+KUBE_BIN = $(shell GO=$(GO) scripts/kube-bins.sh)
 
 kube-bins: ## build kube-apiserver and etcd from the Go module proxy into .cache/tools (about 5 min, once per version; versions in tools/kube)
 	GO=$(GO) scripts/kube-bins.sh

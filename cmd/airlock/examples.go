@@ -115,6 +115,9 @@ var examples = map[string]string{
 	"doctor": `  airlock doctor`,
 	"serve": `  airlock serve --listen 127.0.0.1:7070
   AIRLOCK_HOST=http://127.0.0.1:7070 AIRLOCK_API_KEY=$key airlock run -- echo remote`,
+	"node": `  openssl rand -hex 32 > /etc/airlock/node-token && chmod 600 /etc/airlock/node-token
+  kubectl apply -k deploy/kubernetes
+  airlock node --name node1 --listen 10.0.0.5:7443 --tls-cert node.crt --tls-key node.key --node-token-file /etc/airlock/node-token --kubeconfig node.kubeconfig`,
 	"keys": `  airlock keys create --tenant acme --max-sandboxes 20
   airlock keys ls`,
 	"keys create": `  airlock keys create --tenant acme

@@ -151,7 +151,7 @@ func rootCmd(g *globals) *cobra.Command {
 	root.AddCommand(
 		runCmd(g), createCmd(g), execCmd(g), attachCmd(g), psCmd(g), shellCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),
 		pauseCmd(g), resumeCmd(g), touchCmd(g), snapshotCmd(g), forkCmd(g), volumeCmd(g), templateCmd(g), networkCmd(g), secretCmd(g),
-		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), serveCmd(g), keysCmd(g), eventsCmd(g),
+		imageCmd(g), setupCmd(g), doctorCmd(g), shimCmd(g), holderCmd(g), serveCmd(g), nodeCmd(g), keysCmd(g), eventsCmd(g),
 		mcpCmd(g), codeCmd(g), contextsCmd(g), browserCmd(g), versionCmd(),
 	)
 	addExamples(root)

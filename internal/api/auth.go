@@ -48,8 +48,12 @@ func CallerOf(ctx context.Context) (sandbox.Caller, bool) {
 // authenticate requires a valid key (Authorization: Bearer, or X-API-KEY
 // as E2B's SDKs send it; on /v1 routes, without either, the dashboard's
 // session cookie: session.go), then applies its tenant's rate limit.
-// Failures are audited as auth.denied, without the key.
+// Failures are audited as auth.denied, without the key. On a cluster's
+// node, the node token is the only way in (nodeAuthenticate).
 func (s *Server) authenticate(next http.Handler) http.Handler {
+	if s.cfg.NodeToken != nil {
+		return s.nodeAuthenticate(next)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c, ok := localCaller(r); ok {
 			// In-process (Local): the process's own caller, no key.

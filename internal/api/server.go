@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -60,6 +61,10 @@ type Config struct {
 	// AccessLog, if set, gets one Info line per request when it ends
 	// (accesslog.go says what a line holds and what it never does).
 	AccessLog *slog.Logger
+	// NodeToken, if set (at least MinNodeToken bytes), makes this a
+	// cluster node's API: the control tier's token and the caller it
+	// names are the only authentication (nodeauth.go).
+	NodeToken []byte
 }
 
 // Validate checks c and fills in defaults.
@@ -72,6 +77,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Defaults == (Limits{}) {
 		c.Defaults = DefaultLimits
+	}
+	if c.NodeToken != nil && len(c.NodeToken) < MinNodeToken {
+		return fmt.Errorf("api: a node token must have at least %d bytes", MinNodeToken)
 	}
 	if c.PreviewDomain != "" {
 		if c.Ports == nil || len(c.Secret) < 32 {

@@ -269,8 +269,8 @@ var (
 // signIn authenticates an API key exactly as the API does (lookupKey) and
 // makes a session of it: the cookie to set, and the key.
 func (s *Server) signIn(r *http.Request, key string) (*http.Cookie, store.APIKey, error) {
-	if _, ok := s.cfg.Keys.(KeyGetter); !ok {
-		return nil, store.APIKey{}, errNoSessions
+	if _, ok := s.cfg.Keys.(KeyGetter); !ok || s.cfg.NodeToken != nil {
+		return nil, store.APIKey{}, errNoSessions // a node serves the control tier only
 	}
 	k, err := s.lookupKey(r, key, key != "")
 	if err != nil {

@@ -39,6 +39,9 @@ type APIKey struct {
 	NetUDPRate     int
 }
 
+// Validate checks k's limits; it makes negative network limits -1.
+func (k *APIKey) Validate() error { return k.validate() }
+
 // validate checks k's limits; it makes negative network limits -1.
 func (k *APIKey) validate() error {
 	if k.MaxSandboxes < 0 || k.MaxVCPUs < 0 || k.MaxMemoryMiB < 0 || k.MaxDiskMiB < 0 || k.MaxSnapshots < 0 || k.MaxVolumes < 0 || k.RatePerMin < 0 {

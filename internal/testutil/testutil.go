@@ -6,6 +6,8 @@
 //   - host: needs root; opt-in with AIRLOCK_TEST_ROOT=1.
 //   - vm: boots real guests with QEMU; opt-in with AIRLOCK_TEST_VM=1 and not
 //     under -short. AIRLOCK_TEST_ACCEL=kvm|tcg|auto picks the accelerator.
+//   - kube: a real kube-apiserver and etcd on loopback (package kubetest);
+//     opt-in with AIRLOCK_TEST_KUBE_BIN, which make test-kube sets.
 //
 // A gate skips with one actionable message when its tier was not requested,
 // and fails the test when it was requested but the host cannot provide it.

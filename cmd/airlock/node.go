@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/procfs"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/cluster"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
+)
+
+type nodeOptions struct {
+	name, listen, advertise string
+	kubeconfig, namespace   string
+	tokenFile               string
+	tlsCert, tlsKey         string
+	drain                   time.Duration
+}
+
+const nodeLong = `Run this host as a node of an airlock cluster on Kubernetes.
+
+The node owns its sandboxes as a single host does (its state dir, its
+shims), and serves the sandbox API to the cluster's control tier only: the
+one credential it accepts is the node token (--node-token-file, the same
+secret the control tier holds), with the caller the control tier
+authenticated in the X-Airlock-Caller header. Tenant API keys do not work
+here.
+
+It registers with the Kubernetes API: a Lease node-NAME in --namespace,
+renewed three times per 10 s (a node that stops renewing it is lost to the
+control tier 10 s later), and an AirlockNode object NAME with --advertise,
+its runtime, guest kernel, CPUs and memory, and what its sandboxes hold.
+Apply deploy/kubernetes first (kubectl apply -k deploy/kubernetes); the
+node needs the airlock-node service account's rights. The Kubernetes
+credentials are --kubeconfig's (env KUBECONFIG), or the pod's service
+account when it runs in a pod.
+
+The control tier that places sandboxes on nodes and proxies the API to
+them is not built yet: see the README's Cluster section.`
+
+func nodeCmd(g *globals) *cobra.Command {
+	o := &nodeOptions{}
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Run this host as a node of an airlock cluster on Kubernetes",
+		Long:  nodeLong,
+		Args:  cobra.NoArgs,
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("log-level") {
+				g.logLevel = "info"
+			}
+			if err := g.setup(); err != nil {
+				return err
+			}
+			return o.validate()
+		},
+		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+			return runNode(cmd, g, m, o)
+		}),
+	}
+	host, _ := os.Hostname()
+	f := cmd.Flags()
+	f.StringVar(&o.name, "name", strings.ToLower(strings.Split(host, ".")[0]), "the node's `name` in the cluster (a DNS label; default the host name)")
+	f.StringVar(&o.listen, "listen", "0.0.0.0:7443", "address the node API listens on")
+	f.StringVar(&o.advertise, "advertise", "", "the node API's base `URL` as the control tier reaches it (default: https://HOST:PORT of --listen, the host name if it listens on every address; http:// without TLS)")
+	f.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `file` for the Kubernetes API (env KUBECONFIG; empty: the pod's service account)")
+	f.StringVar(&o.namespace, "namespace", cluster.DefaultNamespace, "Kubernetes namespace of the nodes' Leases and AirlockNodes")
+	f.StringVar(&o.tokenFile, "node-token-file", "", "`file` holding the node token the control tier presents (at least 32 bytes; not readable by every user)")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve the node API over HTTPS with this PEM certificate `file` (needs --tls-key)")
+	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key `file` of --tls-cert")
+	f.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGTERM/SIGINT, how long requests in flight may run before they are cut")
+	return cmd
+}
+
+func (o *nodeOptions) validate() error {
+	if err := cluster.ValidNodeName(o.name); err != nil {
+		return fmt.Errorf("%w: --name: %v", errdefs.ErrInvalid, err)
+	}
+	if _, _, err := net.SplitHostPort(o.listen); err != nil {
+		return fmt.Errorf("%w: --listen %q: %v", errdefs.ErrInvalid, o.listen, err)
+	}
+	if o.tokenFile == "" {
+		return fmt.Errorf("%w: --node-token-file is required: the secret the control tier authenticates with", errdefs.ErrInvalid)
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return fmt.Errorf("%w: TLS needs both --tls-cert and --tls-key, or neither", errdefs.ErrInvalid)
+	}
+	if o.advertise != "" {
+		u, err := url.Parse(o.advertise)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+			return fmt.Errorf("%w: --advertise %q: want a base URL such as https://node1.internal:7443", errdefs.ErrInvalid, o.advertise)
+		}
+		o.advertise = strings.TrimSuffix(o.advertise, "/")
+	}
+	return nil
+}
+
+// readNodeToken reads the node token file: a regular file no other user
+// may read, at least api.MinNodeToken bytes once trimmed.
+func readNodeToken(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("--node-token-file: %w", err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o004 != 0 {
+		return nil, fmt.Errorf("%w: --node-token-file %s: must be a regular file that not every user may read (chmod 0600)", errdefs.ErrInvalid, path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--node-token-file: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < api.MinNodeToken {
+		return nil, fmt.Errorf("%w: --node-token-file %s: the token has %d bytes; at least %d (e.g. openssl rand -hex 32)", errdefs.ErrInvalid, path, len(b), api.MinNodeToken)
+	}
+	return b, nil
+}
+
+// kubeConfig is the Kubernetes client configuration: the kubeconfig file,
+// else the pod's service account.
+func kubeConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes: no --kubeconfig (or KUBECONFIG) and not in a pod: %w", err)
+		}
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: --kubeconfig %s: %w", path, err)
+	}
+	return c, nil
+}
+
+func runNode(cmd *cobra.Command, g *globals, m *sandbox.Manager, o *nodeOptions) error {
+	ctx, cancel := context.WithCancelCause(cmd.Context())
+	defer cancel(nil)
+	token, err := readNodeToken(o.tokenFile)
+	if err != nil {
+		return err
+	}
+	kc, err := kubeConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	kc.UserAgent = "airlock-node/" + version
+	dyn, err := dynamic.NewForConfig(kc)
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	var tlsConf *tls.Config
+	if o.tlsCert != "" {
+		if tlsConf, err = loadTLS(o.tlsCert, o.tlsKey, g.log); err != nil {
+			return err
+		}
+	}
+	setOOMScoreAdj(g.log, oomAdjServe)
+	secret, err := m.Store.Secret(ctx, "secret.tokens")
+	if err != nil {
+		return err
+	}
+	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Secrets: m, Templates: m, Browsers: m,
+		Events: m.Store, Keys: m.Store, Log: g.log, Secret: secret, NodeToken: token})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if tlsConf == nil && !isLoopback(ln.Addr()) {
+		ln.Close()
+		return fmt.Errorf("%w: the node API carries tenants' data and the node token: serve it over TLS (--tls-cert, --tls-key) or on loopback", errdefs.ErrInvalid)
+	}
+	advertise := o.advertise
+	if advertise == "" {
+		scheme := "http"
+		if tlsConf != nil {
+			scheme = "https"
+		}
+		// The address it listens on, or the host name if that is every
+		// address.
+		ta := ln.Addr().(*net.TCPAddr)
+		host := ta.IP.String()
+		if ta.IP.IsUnspecified() {
+			host, _ = os.Hostname()
+		}
+		advertise = scheme + "://" + net.JoinHostPort(host, strconv.Itoa(ta.Port))
+	}
+	rt := m.Runtime
+	reg := &cluster.Registrar{Dynamic: dyn, Namespace: o.namespace, Name: o.name, Log: g.log,
+		Status: func(ctx context.Context) (cluster.Node, error) {
+			n, err := nodeStatus(ctx, m, rt)
+			n.Address = advertise
+			return n, err
+		}}
+	regDone := make(chan error, 1)
+	go func() {
+		err := reg.Run(ctx)
+		if err != nil {
+			cancel(err) // a node that cannot register serves no one
+		}
+		regDone <- err
+	}()
+	err = serveAPI(ctx, s, ln, tlsConf, o.drain, nil, cmd.OutOrStdout(), g.log)
+	cancel(nil)
+	if rerr := <-regDone; rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+// nodeStatus is what this node publishes: the host's CPUs and memory, the
+// runtime its sandboxes get, the guest kernel, and what its live
+// sandboxes hold.
+func nodeStatus(ctx context.Context, m *sandbox.Manager, rt func(context.Context) (string, error)) (cluster.Node, error) {
+	n := cluster.Node{Arch: goruntime.GOARCH, Version: version, CPUs: goruntime.NumCPU(), MemoryMiB: memTotalMiB()}
+	if name, err := rt(ctx); err == nil {
+		n.Runtimes = []string{name}
+	}
+	if bc, err := (statedir.Layout{Root: m.L.Root}).LoadBootConfig(); err == nil {
+		n.Kernel = bc.KernelRelease
+	}
+	sbs, err := m.Store.ListSandboxes(ctx)
+	if err != nil {
+		return n, err
+	}
+	for _, sb := range sbs {
+		if sb.State.Alive() {
+			n.Sandboxes++
+			n.AllocatedCPUs += sb.CPUs
+			n.AllocatedMemoryMiB += int64(sb.MemoryMiB)
+		}
+	}
+	return n, nil
+}
+
+// memTotalMiB is the host's memory (MemTotal of /proc/meminfo).
+func memTotalMiB() int64 {
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return 0
+	}
+	mi, err := fs.Meminfo()
+	if err != nil || mi.MemTotal == nil {
+		return 0
+	}
+	return int64(*mi.MemTotal / 1024)
+}

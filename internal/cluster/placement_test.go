@@ -1,0 +1,93 @@
+package cluster
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+)
+
+func testNode(name string, cpus int, memMiB int64, runtimes ...string) Node {
+	return Node{Name: name, Live: true, CPUs: cpus, MemoryMiB: memMiB, Runtimes: runtimes, Arch: "amd64"}
+}
+
+func TestPlaceSaysWhyNothingFits(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	req := Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512}
+	if _, err := Place(nil, req, Limits{}, 2, rnd); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("no nodes: %v", err)
+	}
+	dead := testNode("a", 4, 8192, "qemu")
+	dead.Live = false
+	draining := testNode("b", 4, 8192, "qemu")
+	draining.Draining = true
+	if _, err := Place([]Node{dead, draining}, req, Limits{}, 2, rnd); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("a dead and a draining node: %v", err)
+	}
+	gv := testNode("g", 4, 8192, "gvisor")
+	if _, err := Place([]Node{gv}, req, Limits{}, 2, rnd); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("only gvisor nodes for a qemu sandbox: %v", err)
+	}
+	if _, err := Place([]Node{testNode("q", 4, 8192, "qemu")}, Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512, Arch: "arm64"}, Limits{}, 2, rnd); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("a saved state of another architecture: %v", err)
+	}
+	full := testNode("f", 2, 1024, "qemu")
+	full.AllocatedMemoryMiB = 1300 // of 1536 with the default 1.5 overcommit
+	if _, err := Place([]Node{full}, req, Limits{}, 2, rnd); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a full node: %v", err)
+	}
+	cpuFull := testNode("c", 1, 65536, "qemu")
+	cpuFull.AllocatedCPUs = 4 // the default 4 vCPUs per CPU
+	if _, err := Place([]Node{cpuFull}, req, Limits{}, 2, rnd); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a node out of vCPUs: %v", err)
+	}
+	counted := testNode("m", 64, 65536, "qemu")
+	counted.Sandboxes = 10
+	if _, err := Place([]Node{counted}, req, Limits{MaxSandboxes: 10}, 2, rnd); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a node at its sandbox limit: %v", err)
+	}
+}
+
+// TestPlaceSpreadsAndFavoursRoom: with every node sampled (k = all), the
+// emptiest fitting node wins; with best-of-2 over many placements the
+// load spreads evenly (each placement adds to its node).
+func TestPlaceSpreadsAndFavoursRoom(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	busy := testNode("busy", 8, 16384, "qemu", "gvisor")
+	busy.AllocatedMemoryMiB = 12000
+	idle := testNode("idle", 8, 16384, "qemu", "gvisor")
+	small := testNode("small", 2, 2048, "qemu")
+	got, err := Place([]Node{busy, idle, small}, Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512}, Limits{}, 3, rnd)
+	if err != nil || got.Name != "idle" {
+		t.Fatalf("placed on %q (%v), want idle", got.Name, err)
+	}
+
+	nodes := make([]Node, 10)
+	for i := range nodes {
+		nodes[i] = testNode(string(rune('a'+i)), 32, 65536, "qemu")
+	}
+	counts := map[string]int{}
+	for range 1000 {
+		n, err := Place(nodes, Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 256}, Limits{}, DefaultChoices, rnd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[n.Name]++
+		for i := range nodes {
+			if nodes[i].Name == n.Name {
+				nodes[i].AllocatedCPUs++
+				nodes[i].AllocatedMemoryMiB += 256
+				nodes[i].Sandboxes++
+			}
+		}
+	}
+	lo, hi := 1000, 0
+	for _, c := range counts {
+		lo, hi = min(lo, c), max(hi, c)
+	}
+	if len(counts) != 10 || hi-lo > 10 {
+		t.Fatalf("1000 placements over 10 equal nodes: %v (spread %d)", counts, hi-lo)
+	}
+	t.Logf("1000 placements, best of %d: per node %d..%d", DefaultChoices, lo, hi)
+}
