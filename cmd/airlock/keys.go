@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -15,12 +17,27 @@ import (
 
 func keysCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "keys", Short: "Manage API keys (tenants and their limits)"}
+	var catalog string
+	cmd.PersistentFlags().StringVar(&catalog, "catalog", os.Getenv("AIRLOCK_CATALOG"),
+		"the catalog `URL` of a cluster's control tier (postgres://...; env AIRLOCK_CATALOG) instead of the state dir's")
+	// open is the state dir's manager, or only a store: the cluster's
+	// catalog (the key commands use nothing else).
+	open := func(ctx context.Context) (*sandbox.Manager, func(), error) {
+		if catalog == "" {
+			return g.manager(ctx)
+		}
+		st, err := store.Open(ctx, catalog)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &sandbox.Manager{Store: st}, func() { st.Close() }, nil
+	}
 	var k store.APIKey
 	create := &cobra.Command{
 		Use:   "create --tenant T",
 		Short: "Create an API key and print it (shown once; only its hash is kept)",
 		Args:  cobra.NoArgs,
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+		RunE: withOpen(open, func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
 			_, key, err := m.Store.CreateKey(cmd.Context(), k)
 			if err != nil {
 				return err
@@ -40,7 +57,7 @@ func keysCmd(g *globals) *cobra.Command {
 		Use:   "update ID [--max-... N] [--net-... N]",
 		Short: "Change an API key's limits (only the flags given; network limits apply to sandboxes created from then on)",
 		Args:  cobra.ExactArgs(1),
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
+		RunE: withOpen(open, func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			cur, err := m.Store.GetKey(cmd.Context(), args[0])
 			if err != nil {
 				return fmt.Errorf("%w: no key %q (see `airlock keys ls`)", errdefs.ErrNotFound, args[0])
@@ -69,7 +86,7 @@ func keysCmd(g *globals) *cobra.Command {
 		Use:   "ls",
 		Short: "List API keys (never their secrets)",
 		Args:  cobra.NoArgs,
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+		RunE: withOpen(open, func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
 			keys, err := m.Store.ListKeys(cmd.Context())
 			if err != nil {
 				return err
@@ -99,7 +116,7 @@ func keysCmd(g *globals) *cobra.Command {
 		Use:   "revoke ID",
 		Short: "Revoke an API key",
 		Args:  cobra.ExactArgs(1),
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
+		RunE: withOpen(open, func(cmd *cobra.Command, m *sandbox.Manager, args []string) error {
 			return m.Store.RevokeKey(cmd.Context(), args[0])
 		}),
 	}

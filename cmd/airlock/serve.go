@@ -40,6 +40,8 @@ type serveOptions struct {
 	// templateRegistries are the registries template builds may pull
 	// FROM images from (--template-registry, repeatable).
 	templateRegistries []string
+	// cluster: serve as a cluster's control tier (control.go).
+	cluster clusterOptions
 }
 
 // maxDrain caps --drain.
@@ -108,41 +110,55 @@ func serveCmd(g *globals) *cobra.Command {
 			}
 			return o.validate()
 		},
-		RunE: g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
-			roots, err := hostMountRoots(o.hostMountRoots, m.L.Root)
-			if err != nil {
-				return err
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.cluster.enabled {
+				return runControl(cmd, g, o)
 			}
-			m.HostMountRoots = roots
-			for _, h := range o.templateRegistries {
-				m.TemplateRegistries = append(m.TemplateRegistries, sandbox.NormalizeRegistry(h))
-			}
-			setOOMScoreAdj(g.log, oomAdjServe)
-			var tlsConf *tls.Config
-			if o.tlsCert != "" {
-				if tlsConf, err = loadTLS(o.tlsCert, o.tlsKey, g.log); err != nil {
-					return err
-				}
-			}
-			var access *slog.Logger
-			if o.accessLog {
-				access = slog.New(slog.NewTextHandler(os.Stderr, nil))
-			}
-			s, closeMCP, err := newAPIServer(cmd.Context(), g, m, o.previewDomain, access)
-			if err != nil {
-				return err
-			}
-			ln, err := net.Listen("tcp", o.listen)
-			if err != nil {
-				return fmt.Errorf("listen: %w", err)
-			}
-			if tlsConf == nil && !isLoopback(ln.Addr()) {
-				g.log.Warn("serving plain HTTP on an address other hosts may reach: API keys and data cross the network in clear; set tls.cert and tls.key, or put a TLS proxy in front",
-					"addr", ln.Addr().String())
-			}
-			return serveAPI(cmd.Context(), s, ln, tlsConf, o.drain, closeMCP, cmd.OutOrStdout(), g.log)
-		}),
+			return g.withManager(func(cmd *cobra.Command, m *sandbox.Manager, _ []string) error {
+				return runServe(cmd, g, m, o)
+			})(cmd, args)
+		},
 	}
+	serveFlags(cmd, o)
+	return cmd
+}
+
+// runServe serves the API of the state dir's manager m until the
+// command's context ends.
+func runServe(cmd *cobra.Command, g *globals, m *sandbox.Manager, o *serveOptions) error {
+	roots, err := hostMountRoots(o.hostMountRoots, m.L.Root)
+	if err != nil {
+		return err
+	}
+	m.HostMountRoots = roots
+	for _, h := range o.templateRegistries {
+		m.TemplateRegistries = append(m.TemplateRegistries, sandbox.NormalizeRegistry(h))
+	}
+	setOOMScoreAdj(g.log, oomAdjServe)
+	var tlsConf *tls.Config
+	if o.tlsCert != "" {
+		if tlsConf, err = loadTLS(o.tlsCert, o.tlsKey, g.log); err != nil {
+			return err
+		}
+	}
+	var access *slog.Logger
+	if o.accessLog {
+		access = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	s, closeMCP, err := newAPIServer(cmd.Context(), g, m, o.previewDomain, access)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	warnPlainHTTP(g.log, ln.Addr(), tlsConf)
+	return serveAPI(cmd.Context(), s, ln, tlsConf, o.drain, closeMCP, cmd.OutOrStdout(), g.log)
+}
+
+func serveFlags(cmd *cobra.Command, o *serveOptions) {
+	o.cluster.flags(cmd)
 	f := cmd.Flags()
 	f.StringVar(&o.config, "config", os.Getenv("AIRLOCK_CONFIG"), "YAML config `file` (env AIRLOCK_CONFIG); flags and environment variables override it")
 	f.StringVar(&o.listen, "listen", cmp.Or(os.Getenv("AIRLOCK_LISTEN"), "127.0.0.1:7070"), "address to listen on (env AIRLOCK_LISTEN)")
@@ -153,7 +169,6 @@ func serveCmd(g *globals) *cobra.Command {
 	f.BoolVar(&o.accessLog, "access-log", true, "log one line per request to stderr")
 	f.StringArrayVar(&o.hostMountRoots, "allow-host-mount", nil, "let API keys mount host directories under `DIR` into sandboxes (repeatable; absolute, an existing directory with no symlink in its path; the local CLI user may mount any directory)")
 	f.StringArrayVar(&o.templateRegistries, "template-registry", nil, "let template builds pull their FROM image from the OCI registry `HOST` (repeatable; e.g. docker.io, ghcr.io, registry.internal:5000; none by default: the server connects there itself)")
-	return cmd
 }
 
 // hostMountRoots checks --allow-host-mount's directories once, at start:
@@ -244,6 +259,15 @@ func loadTLS(certFile, keyFile string, log *slog.Logger) (*tls.Config, error) {
 		log.Info("TLS certificate", "subject", leaf.Subject.String(), "dns_names", leaf.DNSNames, "not_after", leaf.NotAfter)
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}, nil
+}
+
+// warnPlainHTTP warns when the API is served without TLS where other
+// hosts may reach it.
+func warnPlainHTTP(log *slog.Logger, addr net.Addr, tlsConf *tls.Config) {
+	if tlsConf == nil && !isLoopback(addr) {
+		log.Warn("serving plain HTTP on an address other hosts may reach: API keys and data cross the network in clear; set tls.cert and tls.key (--tls-cert, --tls-key), or put a TLS proxy in front",
+			"addr", addr.String())
+	}
 }
 
 // isLoopback reports whether addr is a loopback address.

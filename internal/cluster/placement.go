@@ -12,7 +12,7 @@ import (
 
 // Request is what a new sandbox needs from the node that runs it.
 type Request struct {
-	Runtime   string // "qemu" or "gvisor"
+	Runtime   string // "qemu" or "gvisor"; "" for any
 	CPUs      int
 	MemoryMiB int64
 	// Arch, if set, is the CPU architecture the sandbox needs (a resume
@@ -65,7 +65,7 @@ func Place(nodes []Node, req Request, lim Limits, k int, rnd *rand.Rand) (Node, 
 			continue
 		}
 		live = append(live, n)
-		if !slices.Contains(n.Runtimes, req.Runtime) || (req.Arch != "" && n.Arch != req.Arch) {
+		if (req.Runtime != "" && !slices.Contains(n.Runtimes, req.Runtime)) || (req.Arch != "" && n.Arch != req.Arch) {
 			continue
 		}
 		compatible = append(compatible, n)
@@ -77,25 +77,23 @@ func Place(nodes []Node, req Request, lim Limits, k int, rnd *rand.Rand) (Node, 
 	case len(live) == 0:
 		return Node{}, fmt.Errorf("%w: no airlock node is live (each node renews a Lease; see `kubectl get leases -n airlock`)", errdefs.ErrUnavailable)
 	case len(compatible) == 0:
-		what := "the " + req.Runtime + " runtime"
+		what := "the " + cmp.Or(req.Runtime, "any") + " runtime"
 		if req.Arch != "" {
 			what += " on " + req.Arch
 		}
 		return Node{}, fmt.Errorf("%w: no live node runs %s (live: %s)", errdefs.ErrFailedPrecondition, what, names(live))
 	case len(fits) == 0:
-		return Node{}, fmt.Errorf("%w: no node has room for %d vCPUs and %d MiB (%d nodes run %s, all full)", errdefs.ErrResourceExhausted, req.CPUs, req.MemoryMiB, len(compatible), req.Runtime)
+		return Node{}, fmt.Errorf("%w: no node has room for %d vCPUs and %d MiB (%d nodes run %s, all full)", errdefs.ErrResourceExhausted, req.CPUs, req.MemoryMiB, len(compatible), cmp.Or(req.Runtime, "sandboxes"))
 	}
-	if len(fits) > k {
-		shuffle := rand.Shuffle
-		if rnd != nil {
-			shuffle = rnd.Shuffle
-		}
-		shuffle(len(fits), func(i, j int) { fits[i], fits[j] = fits[j], fits[i] })
-		fits = fits[:k]
+	// Shuffled always: of nodes with equal room, the first sampled wins,
+	// so equal nodes share the load.
+	shuffle := rand.Shuffle
+	if rnd != nil {
+		shuffle = rnd.Shuffle
 	}
-	return slices.MaxFunc(fits, func(a, b Node) int {
-		return cmp.Or(cmp.Compare(room(a, req, lim), room(b, req, lim)), strings.Compare(b.Name, a.Name))
-	}), nil
+	shuffle(len(fits), func(i, j int) { fits[i], fits[j] = fits[j], fits[i] })
+	fits = fits[:min(k, len(fits))]
+	return slices.MaxFunc(fits, func(a, b Node) int { return cmp.Compare(room(a, req, lim), room(b, req, lim)) }), nil
 }
 
 // room is the share of node n left once req is on it: the smaller of its

@@ -316,10 +316,26 @@ var migrations = []string{
 	`ALTER TABLE templates ADD COLUMN runtime TEXT NOT NULL DEFAULT 'qemu';
 	ALTER TABLE templates ADD COLUMN image_digest TEXT NOT NULL DEFAULT '';
 	PRAGMA user_version = 14;`,
+	// v15: a cluster's control tier (placements.go): which node runs
+	// each sandbox, and what it holds of its tenant's quotas.
+	`CREATE TABLE placements (
+		id TEXT PRIMARY KEY,
+		sandbox_id TEXT UNIQUE,
+		tenant TEXT NOT NULL,
+		node TEXT NOT NULL,
+		cpus INTEGER NOT NULL,
+		memory_mib INTEGER NOT NULL,
+		state TEXT NOT NULL,
+		reason TEXT NOT NULL DEFAULT '',
+		created INTEGER NOT NULL
+	);
+	CREATE INDEX placements_tenant ON placements(tenant);
+	CREATE INDEX placements_node ON placements(node);
+	PRAGMA user_version = 15;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 14
+const schemaVersion = 15
 
 // Open opens (creating if needed) the catalog at path: a SQLite file, or
 // a PostgreSQL database when path is a postgres:// or postgresql:// URL

@@ -1,0 +1,462 @@
+// Package control is a cluster's control tier: the API that tenants call
+// when airlock runs on many nodes. A replica keeps no state of its own:
+// API keys, quotas, the audit trail and each sandbox's placement are in
+// the cluster's catalog (PostgreSQL, shared by every replica), and the
+// nodes are those the cluster Registry sees live.
+//
+// A replica authenticates the tenant's key, reserves the sandbox against
+// the tenant's quotas and places it on a node (cluster.Place), then asks
+// that node, with the node token and the caller it authenticated
+// (api.NodeCallerHeader). Every other call about a sandbox is proxied to
+// the node that runs it, streams and WebSockets included; the node then
+// acts for that caller as a single host would.
+package control
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/cluster"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Nodes is the part of cluster.Registry a replica needs.
+type Nodes interface {
+	Nodes() []cluster.Node
+}
+
+// Config configures a replica.
+type Config struct {
+	Store     *store.Store // the cluster's catalog
+	Nodes     Nodes
+	NodeToken []byte
+	// Transport reaches the nodes' APIs (their TLS roots); nil: a
+	// transport of its own with default settings.
+	Transport http.RoundTripper
+	Limits    cluster.Limits
+	Log       *slog.Logger
+}
+
+// Server is a replica's http.Handler.
+type Server struct {
+	cfg   Config
+	mux   *http.ServeMux
+	nodes *http.Client
+	proxy *httputil.ReverseProxy
+}
+
+// maxBody bounds a create's body, as the API does.
+const maxBody = api.MaxJSONBody
+
+// New builds a replica.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil || cfg.Nodes == nil {
+		return nil, errors.New("control: Store and Nodes are required")
+	}
+	if len(cfg.NodeToken) < api.MinNodeToken {
+		return nil, fmt.Errorf("control: the node token must have at least %d bytes", api.MinNodeToken)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: true}
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), nodes: &http.Client{Transport: cfg.Transport, Timeout: 10 * time.Minute}}
+	s.proxy = &httputil.ReverseProxy{
+		Rewrite:       func(*httputil.ProxyRequest) {}, // proxied() sets the request up
+		Transport:     cfg.Transport,
+		FlushInterval: -1, // exec and code output stream as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			cfg.Log.Warn("control: proxy to node", "err", err, "path", r.URL.Path)
+			writeError(w, http.StatusBadGateway, "unavailable", "the sandbox's node did not answer")
+		},
+	}
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	s.mux.HandleFunc("POST /v1/sandboxes", s.authed(s.create))
+	s.mux.HandleFunc("GET /v1/sandboxes", s.authed(s.list))
+	s.mux.HandleFunc("/v1/sandboxes/{id}", s.authed(s.proxied))
+	s.mux.HandleFunc("/v1/sandboxes/{id}/{rest...}", s.authed(s.proxied))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no such route on the cluster's control tier (it serves /v1/sandboxes and the routes of each sandbox so far)")
+	})
+	return s, nil
+}
+
+// OnNodeLost marks the placements of a lost node lost (the Registry's
+// OnLost).
+func (s *Server) OnNodeLost(n cluster.Node, why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reason := fmt.Sprintf("its node %s was lost: %s", n.Name, why)
+	k, err := s.cfg.Store.MarkNodeLost(ctx, n.Name, reason)
+	if err != nil {
+		s.cfg.Log.Error("control: marking a lost node's sandboxes", "node", n.Name, "err", err)
+		return
+	}
+	s.cfg.Log.Warn("control: node lost", "node", n.Name, "why", why, "sandboxes_lost", k)
+	if k > 0 {
+		_, _ = s.cfg.Store.AppendEvent(ctx, store.Event{Action: "node.lost", Detail: map[string]any{"node": n.Name, "why": why, "sandboxes": k}})
+	}
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type keyCtx struct{}
+
+// authed requires a tenant's API key (Authorization: Bearer, or
+// X-API-KEY) from the cluster's catalog.
+func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			tok = r.Header.Get("X-API-KEY")
+		}
+		k, err := s.cfg.Store.LookupKey(r.Context(), strings.TrimSpace(tok))
+		if err != nil {
+			if errors.Is(err, store.ErrBadKey) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="airlock"`)
+				writeError(w, http.StatusUnauthorized, "unauthenticated", "missing or invalid API key")
+				return
+			}
+			s.internal(w, err)
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, k)))
+	}
+}
+
+func keyOf(r *http.Request) store.APIKey {
+	k, _ := r.Context().Value(keyCtx{}).(store.APIKey)
+	return k
+}
+
+// create places a new sandbox.
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	k := keyOf(r)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "request body is larger than 1 MiB")
+		return
+	}
+	var req struct {
+		CPUs         int    `json:"cpus"`
+		MemoryMiB    int    `json:"memory_mb"`
+		FromSnapshot string `json:"from_snapshot"`
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := json.Unmarshal(body, &req); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_argument", "the body is not a JSON object: "+err.Error())
+			return
+		}
+	}
+	if req.FromSnapshot != "" {
+		writeError(w, http.StatusNotImplemented, "unsupported", "from_snapshot: snapshots stay on the node that took them; the cluster tier cannot place them yet")
+		return
+	}
+	if req.CPUs < 0 || req.MemoryMiB < 0 {
+		writeError(w, http.StatusBadRequest, "invalid_argument", "cpus and memory_mb must not be negative")
+		return
+	}
+	cpus, mem := max(req.CPUs, 1), req.MemoryMiB
+	if mem == 0 {
+		mem = 512
+	}
+	s.sync(r.Context(), k)
+	node, err := s.place(r.Context(), cluster.Request{CPUs: cpus, MemoryMiB: int64(mem)})
+	if err != nil {
+		status, code := http.StatusServiceUnavailable, "unavailable"
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			status, code = http.StatusPreconditionFailed, "failed_precondition"
+		}
+		writeError(w, status, code, err.Error())
+		return
+	}
+	lim := sandbox.KeyCaller(k, sandbox.Limits{}, "api").Limits
+	p, err := s.cfg.Store.ReservePlacement(r.Context(), store.Placement{Tenant: k.Tenant, Node: node.Name, CPUs: cpus, MemoryMiB: mem},
+		store.PlacementQuota{MaxSandboxes: lim.MaxSandboxes, MaxVCPUs: lim.MaxVCPUs, MaxMemoryMiB: lim.MaxMemoryMiB})
+	var qe *store.QuotaExceeded
+	if errors.As(err, &qe) {
+		writeError(w, http.StatusTooManyRequests, "resource_exhausted", qe.Error())
+		return
+	}
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	res, err := s.callNode(r.Context(), node, k, http.MethodPost, "/v1/sandboxes", body)
+	if err != nil {
+		_ = s.cfg.Store.DeletePlacement(context.WithoutCancel(r.Context()), p.ID)
+		s.cfg.Log.Warn("control: create on node", "node", node.Name, "err", err)
+		writeError(w, http.StatusBadGateway, "unavailable", "node "+node.Name+" did not answer the create")
+		return
+	}
+	defer res.Body.Close()
+	out, _ := io.ReadAll(io.LimitReader(res.Body, 8<<20))
+	var sb struct {
+		ID string `json:"id"`
+	}
+	if res.StatusCode != http.StatusCreated || json.Unmarshal(out, &sb) != nil || sb.ID == "" {
+		_ = s.cfg.Store.DeletePlacement(context.WithoutCancel(r.Context()), p.ID)
+		relay(w, res, out)
+		return
+	}
+	if err := s.cfg.Store.BindPlacement(context.WithoutCancel(r.Context()), p.ID, sb.ID); err != nil {
+		s.internal(w, err)
+		return
+	}
+	_, _ = s.cfg.Store.AppendEvent(context.WithoutCancel(r.Context()), store.Event{Tenant: k.Tenant, KeyID: k.ID, SandboxID: sb.ID,
+		Action: "sandbox.place", Detail: map[string]any{"node": node.Name, "cpus": cpus, "memory_mb": mem}})
+	relay(w, res, out)
+}
+
+// place picks a node for req. A node's load is the larger of what it
+// last published and what the catalog's placements on it hold, so
+// creates in quick succession, from any replica, see each other before
+// the nodes publish them.
+func (s *Server) place(ctx context.Context, req cluster.Request) (cluster.Node, error) {
+	load, err := s.cfg.Store.PlacementLoad(ctx)
+	if err != nil {
+		return cluster.Node{}, err
+	}
+	nodes := s.cfg.Nodes.Nodes()
+	for i, n := range nodes {
+		l := load[n.Name]
+		nodes[i].Sandboxes = max(n.Sandboxes, l.Sandboxes)
+		nodes[i].AllocatedCPUs = max(n.AllocatedCPUs, l.CPUs)
+		nodes[i].AllocatedMemoryMiB = max(n.AllocatedMemoryMiB, int64(l.MemoryMiB))
+	}
+	return cluster.Place(nodes, req, s.cfg.Limits, cluster.DefaultChoices, nil)
+}
+
+// list merges the tenant's sandboxes from every node that runs some,
+// with those of lost nodes as failed.
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	k := keyOf(r)
+	tenant := k.Tenant
+	if k.Admin {
+		tenant = ""
+	}
+	ps, err := s.cfg.Store.ListPlacements(r.Context(), tenant)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	byNode := map[string]bool{}
+	var lost []map[string]any
+	for _, p := range ps {
+		if p.State == store.PlacementLost {
+			lost = append(lost, map[string]any{"id": p.SandboxID, "tenant": p.Tenant, "state": "failed", "reason": p.Reason,
+				"cpus": p.CPUs, "memory_mb": p.MemoryMiB, "created_at": p.Created.UTC()})
+			continue
+		}
+		byNode[p.Node] = true
+	}
+	out := []json.RawMessage{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range s.cfg.Nodes.Nodes() {
+		if !n.Live || !byNode[n.Name] {
+			continue
+		}
+		wg.Go(func() {
+			res, err := s.callNode(r.Context(), n, k, http.MethodGet, "/v1/sandboxes?"+r.URL.RawQuery, nil)
+			if err != nil {
+				s.cfg.Log.Warn("control: list on node", "node", n.Name, "err", err)
+				return
+			}
+			defer res.Body.Close()
+			var page struct {
+				Sandboxes []json.RawMessage `json:"sandboxes"`
+			}
+			if res.StatusCode == http.StatusOK && json.NewDecoder(io.LimitReader(res.Body, 64<<20)).Decode(&page) == nil {
+				mu.Lock()
+				out = append(out, page.Sandboxes...)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, l := range lost {
+		b, _ := json.Marshal(l)
+		out = append(out, b)
+	}
+	writeJSON(w, http.StatusOK, map[string][]json.RawMessage{"sandboxes": out})
+}
+
+// proxied sends a call about one sandbox to its node.
+func (s *Server) proxied(w http.ResponseWriter, r *http.Request) {
+	k := keyOf(r)
+	id := r.PathValue("id")
+	p, err := s.cfg.Store.PlacementOf(r.Context(), id)
+	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && !k.Admin && p.Tenant != k.Tenant) {
+		writeError(w, http.StatusNotFound, "not_found", "sandbox not found")
+		return
+	}
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	if p.State == store.PlacementLost {
+		if r.Method == http.MethodDelete && r.PathValue("rest") == "" {
+			_ = s.cfg.Store.DeletePlacement(r.Context(), p.ID)
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		writeError(w, http.StatusConflict, "failed_precondition", "sandbox "+id+" is failed: "+p.Reason)
+		return
+	}
+	node, ok := s.node(p.Node)
+	if !ok {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "the sandbox's node "+p.Node+" is not live now")
+		return
+	}
+	target, err := url.Parse(node.Address)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	out := r.Clone(r.Context())
+	out.URL.Scheme, out.URL.Host, out.Host = target.Scheme, target.Host, target.Host
+	out.RequestURI = ""
+	s.nodeHeaders(out.Header, k)
+	if r.Method == http.MethodDelete && r.PathValue("rest") == "" {
+		rec := &statusRecorder{ResponseWriter: w}
+		s.proxy.ServeHTTP(rec, out)
+		if rec.status/100 == 2 || rec.status == http.StatusNotFound {
+			_ = s.cfg.Store.DeletePlacement(context.WithoutCancel(r.Context()), p.ID)
+			_, _ = s.cfg.Store.AppendEvent(context.WithoutCancel(r.Context()), store.Event{Tenant: p.Tenant, KeyID: k.ID, SandboxID: id, Action: "sandbox.unplace", Detail: map[string]any{"node": p.Node}})
+		}
+		return
+	}
+	s.proxy.ServeHTTP(w, out)
+}
+
+// nodeHeaders replaces whatever the client sent to authenticate with the
+// node token and the caller this replica authenticated.
+func (s *Server) nodeHeaders(h http.Header, k store.APIKey) {
+	for _, name := range []string{"Authorization", "X-API-KEY", "Cookie", api.NodeCallerHeader, "X-Forwarded-For"} {
+		h.Del(name)
+	}
+	h.Set("Authorization", "Bearer "+string(s.cfg.NodeToken))
+	h.Set(api.NodeCallerHeader, api.NodeCaller(k))
+}
+
+func (s *Server) node(name string) (cluster.Node, bool) {
+	for _, n := range s.cfg.Nodes.Nodes() {
+		if n.Name == name {
+			return n, n.Live
+		}
+	}
+	return cluster.Node{}, false
+}
+
+// callNode makes one call to node n for key k.
+func (s *Server) callNode(ctx context.Context, n cluster.Node, k store.APIKey, method, path string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, n.Address+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	s.nodeHeaders(req.Header, k)
+	return s.nodes.Do(req)
+}
+
+// sync drops the placements of k's tenant whose sandboxes their live node
+// no longer has (removed on the node, or past their lifetime), so they
+// stop counting against its quotas.
+func (s *Server) sync(ctx context.Context, k store.APIKey) {
+	ps, err := s.cfg.Store.ListPlacements(ctx, k.Tenant)
+	if err != nil {
+		return
+	}
+	for _, n := range s.cfg.Nodes.Nodes() {
+		var mine []store.Placement
+		for _, p := range ps {
+			if p.Node == n.Name && p.State == store.PlacementPlaced {
+				mine = append(mine, p)
+			}
+		}
+		if !n.Live || len(mine) == 0 {
+			continue
+		}
+		res, err := s.callNode(ctx, n, k, http.MethodGet, "/v1/sandboxes", nil)
+		if err != nil {
+			continue
+		}
+		var page struct {
+			Sandboxes []struct {
+				ID string `json:"id"`
+			} `json:"sandboxes"`
+		}
+		ok := res.StatusCode == http.StatusOK && json.NewDecoder(io.LimitReader(res.Body, 64<<20)).Decode(&page) == nil
+		res.Body.Close()
+		if !ok {
+			continue
+		}
+		there := map[string]bool{}
+		for _, sb := range page.Sandboxes {
+			there[sb.ID] = true
+		}
+		for _, p := range mine {
+			if !there[p.SandboxID] {
+				_ = s.cfg.Store.DeletePlacement(ctx, p.ID)
+			}
+		}
+	}
+}
+
+func (s *Server) internal(w http.ResponseWriter, err error) {
+	s.cfg.Log.Error("control", "err", err)
+	writeError(w, http.StatusInternalServerError, "internal", "internal error")
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// relay writes a node's answer as this replica's.
+func relay(w http.ResponseWriter, res *http.Response, body []byte) {
+	if ct := res.Header.Get("Content-Type"); ct != "" {
+		w.Header().Set("Content-Type", ct)
+	}
+	w.WriteHeader(res.StatusCode)
+	_, _ = w.Write(body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]string{"code": code, "message": msg}})
+}

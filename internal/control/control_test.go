@@ -1,0 +1,227 @@
+package control
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/cluster"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// fakeNode is a node API that checks the control tier's credentials and
+// keeps sandboxes by tenant.
+type fakeNode struct {
+	name, token string
+	srv         *httptest.Server
+	mu          sync.Mutex
+	sandboxes   map[string]string // id -> tenant
+	callers     []string          // the X-Airlock-Caller of each call
+	next        int
+}
+
+func newFakeNode(t *testing.T, name, token string) *fakeNode {
+	n := &fakeNode{name: name, token: token, sandboxes: map[string]string{}}
+	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+token || r.Header.Get("X-API-KEY") != "" || r.Header.Get("Cookie") != "" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		var k store.APIKey
+		if err := json.Unmarshal([]byte(r.Header.Get(api.NodeCallerHeader)), &k); err != nil || k.Tenant == "" {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.callers = append(n.callers, r.Header.Get(api.NodeCallerHeader))
+		switch {
+		case r.Method == "POST" && r.URL.Path == "/v1/sandboxes":
+			n.next++
+			id := fmt.Sprintf("%s-sb%d", name, n.next)
+			n.sandboxes[id] = k.Tenant
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":%q,"state":"running","tenant":%q}`, id, k.Tenant)
+		case r.Method == "GET" && r.URL.Path == "/v1/sandboxes":
+			var out []map[string]string
+			for id, tn := range n.sandboxes {
+				if tn == k.Tenant || k.Admin {
+					out = append(out, map[string]string{"id": id, "tenant": tn})
+				}
+			}
+			_ = json.NewEncoder(w).Encode(map[string]any{"sandboxes": out})
+		case strings.HasPrefix(r.URL.Path, "/v1/sandboxes/"):
+			id, rest, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/")
+			if n.sandboxes[id] != k.Tenant {
+				w.WriteHeader(http.StatusNotFound)
+				return
+			}
+			if r.Method == "DELETE" && rest == "" {
+				delete(n.sandboxes, id)
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+			b, _ := io.ReadAll(r.Body)
+			fmt.Fprintf(w, "%s %s %s on %s", r.Method, rest, b, name)
+		default:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	}))
+	t.Cleanup(n.srv.Close)
+	return n
+}
+
+type staticNodes struct {
+	mu    sync.Mutex
+	nodes []cluster.Node
+}
+
+func (s *staticNodes) Nodes() []cluster.Node {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]cluster.Node(nil), s.nodes...)
+}
+
+// TestControlTierPlacesQuotasAndProxies: creates spread over the live
+// nodes; the tenant's quota counts every replica's placements (two
+// replicas share one catalog); calls about a sandbox reach its node with
+// the node token and the caller, never the tenant's key; another tenant
+// gets 404; a delete frees the quota; a lost node's sandboxes list as
+// failed and refuse calls.
+func TestControlTierPlacesQuotasAndProxies(t *testing.T) {
+	ctx := t.Context()
+	catalog := filepath.Join(t.TempDir(), "catalog.db")
+	st, err := store.Open(ctx, catalog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme", MaxSandboxes: 4})
+	_, other, _ := st.CreateKey(ctx, store.APIKey{Tenant: "umbrella"})
+	token := strings.Repeat("t", api.MinNodeToken)
+	n1, n2 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token)
+	nodes := &staticNodes{}
+	for _, n := range []*fakeNode{n1, n2} {
+		nodes.nodes = append(nodes.nodes, cluster.Node{Name: n.name, Address: n.srv.URL, Live: true, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384})
+	}
+	var replicas []*httptest.Server
+	var servers []*Server
+	for range 2 {
+		st2, err := store.Open(ctx, catalog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st2.Close() })
+		s, err := New(Config{Store: st2, Nodes: nodes, NodeToken: []byte(token)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers = append(servers, s)
+		srv := httptest.NewServer(s)
+		t.Cleanup(srv.Close)
+		replicas = append(replicas, srv)
+	}
+	call := func(r int, k, method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, replicas[r].URL+path, strings.NewReader(body))
+		if k != "" {
+			req.Header.Set("Authorization", "Bearer "+k)
+		}
+		req.Header.Set(api.NodeCallerHeader, `{"Tenant":"umbrella","Admin":true}`) // forged: must not reach a node
+		res, err := replicas[r].Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, _ := call(0, "", "GET", "/v1/sandboxes", ""); code != http.StatusUnauthorized {
+		t.Fatalf("no key: %d", code)
+	}
+	var ids []string
+	for i := range 4 {
+		code, body := call(i%2, key, "POST", "/v1/sandboxes", `{"cpus":1}`)
+		if code != http.StatusCreated {
+			t.Fatalf("create %d: %d %s", i, code, body)
+		}
+		var sb struct{ ID string }
+		_ = json.Unmarshal([]byte(body), &sb)
+		ids = append(ids, sb.ID)
+	}
+	if len(n1.sandboxes) == 0 || len(n2.sandboxes) == 0 {
+		t.Fatalf("4 creates on 2 empty nodes: n1 %d, n2 %d", len(n1.sandboxes), len(n2.sandboxes))
+	}
+	if code, body := call(1, key, "POST", "/v1/sandboxes", `{}`); code != http.StatusTooManyRequests || !strings.Contains(body, "max_sandboxes") {
+		t.Fatalf("a fifth sandbox over max 4, across replicas: %d %s", code, body)
+	}
+	for _, id := range ids {
+		code, body := call(1, key, "POST", "/v1/sandboxes/"+id+"/exec", "payload")
+		if code != http.StatusOK || !strings.HasPrefix(body, "POST exec payload on "+id[:2]) {
+			t.Fatalf("exec %s through replica 1: %d %s", id, code, body)
+		}
+		if code, _ := call(0, other, "GET", "/v1/sandboxes/"+id, ""); code != http.StatusNotFound {
+			t.Fatalf("another tenant reached %s: %d", id, code)
+		}
+	}
+	for _, n := range []*fakeNode{n1, n2} {
+		for _, c := range n.callers {
+			if !strings.Contains(c, `"Tenant":"acme"`) || strings.Contains(c, "umbrella") {
+				t.Fatalf("%s got caller %s", n.name, c)
+			}
+		}
+	}
+	if code, body := call(0, key, "GET", "/v1/sandboxes", ""); code != http.StatusOK || strings.Count(body, `"id"`) != 4 {
+		t.Fatalf("list: %d %s", code, body)
+	}
+	if code, _ := call(0, key, "DELETE", "/v1/sandboxes/"+ids[0], ""); code != http.StatusNoContent {
+		t.Fatalf("delete: %d", code)
+	}
+	if code, body := call(1, key, "POST", "/v1/sandboxes", `{}`); code != http.StatusCreated {
+		t.Fatalf("create after a delete: %d %s", code, body)
+	}
+	// A sandbox gone from its node (its lifetime ran out) stops counting
+	// at the next create.
+	n2.mu.Lock()
+	var gone string
+	for id := range n2.sandboxes {
+		gone = id
+		delete(n2.sandboxes, id)
+		break
+	}
+	n2.mu.Unlock()
+	if code, body := call(0, key, "POST", "/v1/sandboxes", `{}`); code != http.StatusCreated {
+		t.Fatalf("create after %s ended on its node: %d %s", gone, code, body)
+	}
+
+	// n1 is lost.
+	nodes.mu.Lock()
+	nodes.nodes[0].Live = false
+	nodes.mu.Unlock()
+	servers[0].OnNodeLost(cluster.Node{Name: "n1"}, "its Lease was not renewed for 10s")
+	code, body := call(1, key, "GET", "/v1/sandboxes", "")
+	if code != http.StatusOK || !strings.Contains(body, `"state":"failed"`) || !strings.Contains(body, "its node n1 was lost") {
+		t.Fatalf("list after n1 was lost: %d %s", code, body)
+	}
+	for id, tn := range n1.sandboxes {
+		if tn != "acme" {
+			continue
+		}
+		if code, body := call(0, key, "POST", "/v1/sandboxes/"+id+"/exec", ""); code != http.StatusConflict || !strings.Contains(body, "was lost") {
+			t.Fatalf("exec on %s of the lost n1: %d %s", id, code, body)
+		}
+	}
+	for range 3 {
+		if code, body := call(0, key, "POST", "/v1/sandboxes", `{}`); code == http.StatusCreated && !strings.HasPrefix(body, `{"id":"n2-`) {
+			t.Fatalf("placed on the lost n1: %s", body)
+		}
+	}
+}
