@@ -94,18 +94,20 @@ func nodeObject(namespace string, n Node) (*unstructured.Unstructured, error) {
 }
 
 // nodeFromObject reads what an AirlockNode says of its node (Live and
-// the Lease's fields are the Registry's).
-func nodeFromObject(u *unstructured.Unstructured) (Node, error) {
+// the Lease's fields are the Registry's), and whether it has a status
+// yet: a node creates its object and then writes the status, a second
+// call.
+func nodeFromObject(u *unstructured.Unstructured) (Node, bool, error) {
 	var spec nodeSpec
 	var st nodeStatus
 	if m, ok := u.Object["spec"].(map[string]any); ok {
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &spec); err != nil {
-			return Node{}, fmt.Errorf("airlocknode %s: spec: %w", u.GetName(), err)
+			return Node{}, false, fmt.Errorf("airlocknode %s: spec: %w", u.GetName(), err)
 		}
 	}
 	if m, ok := u.Object["status"].(map[string]any); ok {
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &st); err != nil {
-			return Node{}, fmt.Errorf("airlocknode %s: status: %w", u.GetName(), err)
+			return Node{}, false, fmt.Errorf("airlocknode %s: status: %w", u.GetName(), err)
 		}
 	}
 	return Node{
@@ -113,7 +115,7 @@ func nodeFromObject(u *unstructured.Unstructured) (Node, error) {
 		Runtimes: st.Runtimes, Arch: st.Arch, Accel: st.Accel, Kernel: st.Kernel, Version: st.Version,
 		CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, AllocatedCPUs: st.AllocatedCPUs, AllocatedMemoryMiB: st.AllocatedMemoryMiB,
 		Sandboxes: st.Sandboxes,
-	}, nil
+	}, st.Updated != "", nil
 }
 
 // leaseResource is coordination.k8s.io's Lease.

@@ -40,13 +40,14 @@ type Registry struct {
 }
 
 type entry struct {
-	node     Node // from the AirlockNode (zero Name: none seen yet)
-	lease    bool // the Lease exists
-	holder   string
-	renew    time.Time // the Lease's renewTime, as written
-	observed time.Time // when the Registry saw renew change
-	duration time.Duration
-	wasLive  bool
+	node      Node // from the AirlockNode (zero Name: none seen yet)
+	published bool // the AirlockNode has a status
+	lease     bool // the Lease exists
+	holder    string
+	renew     time.Time // the Lease's renewTime, as written
+	observed  time.Time // when the Registry saw renew change
+	duration  time.Duration
+	wasLive   bool
 }
 
 // checkEvery is how often the Registry looks for nodes that went silent.
@@ -202,14 +203,15 @@ func (r *Registry) nodeSeen(o any) {
 	if !ok {
 		return
 	}
-	n, err := nodeFromObject(u)
+	n, published, err := nodeFromObject(u)
 	if err != nil {
 		r.Log.Warn("cluster registry: an AirlockNode does not parse", "err", err)
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.entryLocked(n.Name).node = n
+	e := r.entryLocked(n.Name)
+	e.node, e.published = n, published
 }
 
 func (r *Registry) nodeGone(o any) {
@@ -223,7 +225,7 @@ func (r *Registry) nodeGone(o any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e := r.nodes[u.GetName()]; e != nil {
-		e.node = Node{}
+		e.node, e.published = Node{}, false
 	}
 }
 
@@ -232,6 +234,8 @@ func (e *entry) live(now time.Time) (bool, string) {
 	switch {
 	case e.node.Name == "":
 		return false, "it has no AirlockNode"
+	case !e.published:
+		return false, "its AirlockNode has no status yet"
 	case !e.lease:
 		return false, "its Lease was deleted (the node stopped)"
 	case now.Sub(e.observed) >= e.duration:

@@ -178,12 +178,16 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	s.sync(r.Context(), k)
 	node, err := s.place(r.Context(), cluster.Request{CPUs: cpus, MemoryMiB: int64(mem)})
-	if err != nil {
-		status, code := http.StatusServiceUnavailable, "unavailable"
-		if errors.Is(err, errdefs.ErrFailedPrecondition) {
-			status, code = http.StatusPreconditionFailed, "failed_precondition"
-		}
-		writeError(w, status, code, err.Error())
+	switch {
+	case err == nil:
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		writeError(w, http.StatusPreconditionFailed, "failed_precondition", err.Error())
+		return
+	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errdefs.ErrResourceExhausted):
+		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		return
+	default: // the catalog: its words are not the tenant's business
+		s.internal(w, err)
 		return
 	}
 	lim := sandbox.KeyCaller(k, sandbox.Limits{}, "api").Limits
