@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -57,6 +59,9 @@ type Server struct {
 	mux   *http.ServeMux
 	nodes *http.Client
 	proxy *httputil.ReverseProxy
+
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter // by tenant: its keys' rate per minute
 }
 
 // maxBody bounds a create's body, as the API does.
@@ -76,7 +81,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Transport == nil {
 		cfg.Transport = &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: true}
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), nodes: &http.Client{Transport: cfg.Transport, Timeout: 10 * time.Minute}}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), nodes: &http.Client{Transport: cfg.Transport, Timeout: 10 * time.Minute}, limiters: map[string]*rate.Limiter{}}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite:       func(*httputil.ProxyRequest) {}, // proxied() sets the request up
 		Transport:     cfg.Transport,
@@ -136,8 +141,32 @@ func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 			s.internal(w, err)
 			return
 		}
+		if perMin := sandbox.KeyCaller(k, sandbox.Limits{}, "api").Limits.RatePerMin; !s.limiter(k.Tenant, perMin).Allow() {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf("rate limit: at most %d requests per minute for this tenant", perMin))
+			return
+		}
 		h(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, k)))
 	}
+}
+
+// limiter is tenant's token bucket in this replica, as the API's (a tenth
+// of a minute's requests in a burst), re-rated when its key's rate
+// changes. Each replica keeps its own: n replicas let a tenant n times
+// its rate at most.
+func (s *Server) limiter(tenant string, perMin int) *rate.Limiter {
+	lim, burst := rate.Limit(float64(perMin)/60), max(1, perMin/10)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.limiters[tenant]
+	if !ok {
+		l = rate.NewLimiter(lim, burst)
+		s.limiters[tenant] = l
+	} else if l.Limit() != lim || l.Burst() != burst {
+		l.SetLimit(lim)
+		l.SetBurst(burst)
+	}
+	return l
 }
 
 func keyOf(r *http.Request) store.APIKey {

@@ -225,3 +225,53 @@ func TestControlTierPlacesQuotasAndProxies(t *testing.T) {
 		}
 	}
 }
+
+// TestControlTierRateLimitsATenant: a tenant over its keys' rate gets 429
+// with Retry-After; another tenant is not slowed.
+func TestControlTierRateLimitsATenant(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	_, slow, _ := st.CreateKey(ctx, store.APIKey{Tenant: "slow", RatePerMin: 20})
+	_, fast, _ := st.CreateKey(ctx, store.APIKey{Tenant: "fast"})
+	s, err := New(Config{Store: st, Nodes: &staticNodes{}, NodeToken: []byte(strings.Repeat("t", api.MinNodeToken))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	get := func(key string) *http.Response {
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/v1/sandboxes", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res
+	}
+	ok, limited := 0, 0
+	for range 10 {
+		switch res := get(slow); res.StatusCode {
+		case http.StatusOK:
+			ok++
+		case http.StatusTooManyRequests:
+			limited++
+			if res.Header.Get("Retry-After") == "" {
+				t.Fatal("429 without Retry-After")
+			}
+		default:
+			t.Fatalf("status %d", res.StatusCode)
+		}
+	}
+	// A burst of a tenth of 20 per minute: 2 pass at once.
+	if ok != 2 || limited != 8 {
+		t.Fatalf("10 calls at 20 per minute: %d passed, %d limited", ok, limited)
+	}
+	if res := get(fast); res.StatusCode != http.StatusOK {
+		t.Fatalf("another tenant: %d", res.StatusCode)
+	}
+}
