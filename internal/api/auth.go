@@ -144,31 +144,17 @@ func (s *Server) denied(r *http.Request, reason string) {
 // false means answer 429. It shares the bucket the tenant's keys fill, at
 // the rate their last request set (the server's default before any).
 func (s *Server) AllowTenant(tenant string) bool {
-	s.mu.Lock()
-	l, ok := s.limiters[tenant]
-	s.mu.Unlock()
+	l, ok := s.limiters.Lookup(tenant)
 	if !ok {
 		l = s.limiter(tenant, s.cfg.Defaults.RatePerMin)
 	}
 	return l.Allow()
 }
 
-// limiter returns the token bucket of tenant (burst: a tenth of a minute's
-// requests, at least 1), re-rated if the key's rate changed.
+// limiter returns the token bucket of tenant, re-rated if the key's rate
+// changed.
 func (s *Server) limiter(tenant string, perMin int) *rate.Limiter {
-	lim := rate.Limit(float64(perMin) / 60)
-	burst := max(1, perMin/10)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.limiters[tenant]
-	if !ok {
-		l = rate.NewLimiter(lim, burst)
-		s.limiters[tenant] = l
-	} else if l.Limit() != lim || l.Burst() != burst {
-		l.SetLimit(lim)
-		l.SetBurst(burst)
-	}
-	return l
+	return s.limiters.Get(tenant, perMin)
 }
 
 // noSandbox is the answer for a sandbox r's caller cannot use:

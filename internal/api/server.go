@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -117,9 +116,8 @@ type Server struct {
 	// (usageRouteTimeout; tests shorten it before serving).
 	usageTimeout time.Duration
 
-	mu sync.Mutex
 	// limiters are the per-tenant request buckets.
-	limiters map[string]*rate.Limiter
+	limiters TenantLimiters
 }
 
 // route is one entry of the route table; auth is false only for /healthz,
@@ -213,7 +211,6 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, mux: http.NewServeMux(),
 		deniedAudit:  rate.NewLimiter(10, 20),
-		limiters:     map[string]*rate.Limiter{},
 		usageTimeout: usageRouteTimeout,
 	}
 	s.metrics = newMetrics(cfg.Sandboxes, cfg.Snapshots)

@@ -137,22 +137,20 @@ func (c leaseClient) Get(ctx context.Context, name string, o metav1.GetOptions) 
 }
 
 func (c leaseClient) Create(ctx context.Context, l *coordinationv1.Lease, o metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	u, err := leaseObject(l)
-	if err != nil {
-		return nil, err
-	}
-	if u, err = c.ri.Create(ctx, u, o); err != nil {
-		return nil, err
-	}
-	return leaseFrom(u)
+	return writeLease(l, func(u *unstructured.Unstructured) (*unstructured.Unstructured, error) { return c.ri.Create(ctx, u, o) })
 }
 
 func (c leaseClient) Update(ctx context.Context, l *coordinationv1.Lease, o metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	return writeLease(l, func(u *unstructured.Unstructured) (*unstructured.Unstructured, error) { return c.ri.Update(ctx, u, o) })
+}
+
+// writeLease sends l through write and returns what the server stored.
+func writeLease(l *coordinationv1.Lease, write func(*unstructured.Unstructured) (*unstructured.Unstructured, error)) (*coordinationv1.Lease, error) {
 	u, err := leaseObject(l)
 	if err != nil {
 		return nil, err
 	}
-	if u, err = c.ri.Update(ctx, u, o); err != nil {
+	if u, err = write(u); err != nil {
 		return nil, err
 	}
 	return leaseFrom(u)

@@ -186,7 +186,7 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 	}
 	t.Logf("a silent node was lost %s after it went silent (lease %s)", took.Round(10*time.Millisecond), DefaultLeaseDuration)
 	for range 50 {
-		n, err := reg.Place(Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512}, Limits{})
+		n, err := Place(reg.Nodes(), Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512}, Limits{}, DefaultChoices, nil)
 		if err != nil || n.Name == "n3" {
 			t.Fatalf("placed on %q: %v", n.Name, err)
 		}
@@ -208,7 +208,7 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 		t.Fatalf("losses: %+v", losses)
 	}
 	t.Logf("a stopped node was gone %s after it stopped", losses[1].at.Sub(stopAt).Round(10*time.Millisecond))
-	if _, err := reg.Place(Request{Runtime: "gvisor", CPUs: 1, MemoryMiB: 512, Arch: "arm64"}, Limits{}); err == nil {
+	if _, err := Place(reg.Nodes(), Request{Runtime: "gvisor", CPUs: 1, MemoryMiB: 512, Arch: "arm64"}, Limits{}, DefaultChoices, nil); err == nil {
 		t.Fatal("placed an arm64 state on amd64 nodes")
 	}
 
@@ -228,7 +228,7 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 	}) {
 		t.Fatalf("n2 drained and updated: %+v", reg.Nodes())
 	}
-	if _, err := reg.Place(Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512}, Limits{}); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := Place(reg.Nodes(), Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512}, Limits{}, DefaultChoices, nil); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("placed with the only live node draining: %v", err)
 	}
 }

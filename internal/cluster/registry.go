@@ -296,8 +296,3 @@ func (r *Registry) Nodes() []Node {
 	slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
-
-// Place picks a live node for req (see the package function Place).
-func (r *Registry) Place(req Request, lim Limits) (Node, error) {
-	return Place(r.Nodes(), req, lim, DefaultChoices, nil)
-}

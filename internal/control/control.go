@@ -27,8 +27,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -60,8 +58,9 @@ type Server struct {
 	nodes *http.Client
 	proxy *httputil.ReverseProxy
 
-	mu       sync.Mutex
-	limiters map[string]*rate.Limiter // by tenant: its keys' rate per minute
+	// limiters are the tenants' request buckets in this replica: n
+	// replicas let a tenant n times its rate at most.
+	limiters api.TenantLimiters
 }
 
 // maxBody bounds a create's body, as the API does.
@@ -81,7 +80,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Transport == nil {
 		cfg.Transport = &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: true}
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), nodes: &http.Client{Transport: cfg.Transport, Timeout: 10 * time.Minute}, limiters: map[string]*rate.Limiter{}}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), nodes: &http.Client{Transport: cfg.Transport, Timeout: 10 * time.Minute}}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite:       func(*httputil.ProxyRequest) {}, // proxied() sets the request up
 		Transport:     cfg.Transport,
@@ -141,32 +140,13 @@ func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 			s.internal(w, err)
 			return
 		}
-		if perMin := sandbox.KeyCaller(k, sandbox.Limits{}, "api").Limits.RatePerMin; !s.limiter(k.Tenant, perMin).Allow() {
+		if perMin := sandbox.KeyCaller(k, sandbox.Limits{}, "api").Limits.RatePerMin; !s.limiters.Get(k.Tenant, perMin).Allow() {
 			w.Header().Set("Retry-After", "1")
 			writeError(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf("rate limit: at most %d requests per minute for this tenant", perMin))
 			return
 		}
 		h(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, k)))
 	}
-}
-
-// limiter is tenant's token bucket in this replica, as the API's (a tenth
-// of a minute's requests in a burst), re-rated when its key's rate
-// changes. Each replica keeps its own: n replicas let a tenant n times
-// its rate at most.
-func (s *Server) limiter(tenant string, perMin int) *rate.Limiter {
-	lim, burst := rate.Limit(float64(perMin)/60), max(1, perMin/10)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.limiters[tenant]
-	if !ok {
-		l = rate.NewLimiter(lim, burst)
-		s.limiters[tenant] = l
-	} else if l.Limit() != lim || l.Burst() != burst {
-		l.SetLimit(lim)
-		l.SetBurst(burst)
-	}
-	return l
 }
 
 func keyOf(r *http.Request) store.APIKey {
@@ -205,7 +185,6 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if mem == 0 {
 		mem = 512
 	}
-	s.sync(r.Context(), k)
 	node, err := s.place(r.Context(), cluster.Request{CPUs: cpus, MemoryMiB: int64(mem)})
 	switch {
 	case err == nil:
@@ -220,9 +199,19 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	lim := sandbox.KeyCaller(k, sandbox.Limits{}, "api").Limits
-	p, err := s.cfg.Store.ReservePlacement(r.Context(), store.Placement{Tenant: k.Tenant, Node: node.Name, CPUs: cpus, MemoryMiB: mem},
-		store.PlacementQuota{MaxSandboxes: lim.MaxSandboxes, MaxVCPUs: lim.MaxVCPUs, MaxMemoryMiB: lim.MaxMemoryMiB})
+	reserve := func() (store.Placement, error) {
+		return s.cfg.Store.ReservePlacement(r.Context(), store.Placement{Tenant: k.Tenant, Node: node.Name, CPUs: cpus, MemoryMiB: mem},
+			store.PlacementQuota{MaxSandboxes: lim.MaxSandboxes, MaxVCPUs: lim.MaxVCPUs, MaxMemoryMiB: lim.MaxMemoryMiB})
+	}
+	p, err := reserve()
 	var qe *store.QuotaExceeded
+	if errors.As(err, &qe) {
+		// Over a quota: first drop what ended on its node without the
+		// catalog knowing (a lifetime that ran out), then try once more.
+		// Only here, so a create under its quotas asks no other node.
+		s.sync(r.Context(), k)
+		p, err = reserve()
+	}
 	if errors.As(err, &qe) {
 		writeError(w, http.StatusTooManyRequests, "resource_exhausted", qe.Error())
 		return
@@ -411,7 +400,7 @@ func (s *Server) callNode(ctx context.Context, n cluster.Node, k store.APIKey, m
 
 // sync drops the placements of k's tenant whose sandboxes their live node
 // no longer has (removed on the node, or past their lifetime), so they
-// stop counting against its quotas.
+// stop counting against its quotas. It asks each node that holds some.
 func (s *Server) sync(ctx context.Context, k store.APIKey) {
 	ps, err := s.cfg.Store.ListPlacements(ctx, k.Tenant)
 	if err != nil {

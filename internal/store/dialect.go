@@ -62,16 +62,25 @@ func (d *database) ExecContext(ctx context.Context, query string, args ...any) (
 	if !d.pg {
 		return d.sql.ExecContext(ctx, query, args...)
 	}
+	var res sql.Result
+	err := d.inTx(ctx, func(t *tx) (err error) {
+		res, err = t.ExecContext(ctx, query, args...)
+		return err
+	})
+	return res, err
+}
+
+// inTx runs f in a write transaction and commits it if f succeeds.
+func (d *database) inTx(ctx context.Context, f func(*tx) error) error {
 	t, err := d.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() { _ = t.Rollback() }() // a no-op after Commit
-	res, err := t.ExecContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
+	if err := f(t); err != nil {
+		return err
 	}
-	return res, t.Commit()
+	return t.Commit()
 }
 
 func (d *database) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
@@ -94,16 +103,11 @@ func (d *database) insertID(ctx context.Context, key, query string, args ...any)
 		}
 		return res.LastInsertId()
 	}
-	t, err := d.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = t.Rollback() }() // a no-op after Commit
 	var id int64
-	if err := t.QueryRowContext(ctx, query+` RETURNING `+key, args...).Scan(&id); err != nil {
-		return 0, err
-	}
-	return id, t.Commit()
+	err := d.inTx(ctx, func(t *tx) error {
+		return t.QueryRowContext(ctx, query+` RETURNING `+key, args...).Scan(&id)
+	})
+	return id, err
 }
 
 func (t *tx) Commit() error   { return t.tx.Commit() }
