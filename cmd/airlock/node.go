@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/bundle"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -31,6 +32,7 @@ type nodeOptions struct {
 	kubeconfig, namespace   string
 	tokenFile               string
 	tlsCert, tlsKey         string
+	bundleDir               string
 	drain                   time.Duration
 }
 
@@ -52,8 +54,16 @@ node needs the airlock-node service account's rights. The Kubernetes
 credentials are --kubeconfig's (env KUBECONFIG), or the pod's service
 account when it runs in a pod.
 
-The control tier that places sandboxes on nodes and proxies the API to
-them is not built yet: see the README's Cluster section.`
+With --bundle-dir, a directory every node mounts, a pause through the
+control tier also writes the sandbox's bundle there (its saved memory,
+devices and disk, named by its sha256); if this node is then lost, the
+next call to the sandbox resumes it on another node, which checks the
+bundle's digest and that it has the same architecture, runtime, guest
+kernel, initramfs and image. Sandboxes with volumes, host directories or
+secret values, and gVisor sandboxes, stay on their node.
+
+The control tier is airlock serve --cluster: see the README's Cluster
+section.`
 
 func nodeCmd(g *globals) *cobra.Command {
 	o := &nodeOptions{}
@@ -85,6 +95,7 @@ func nodeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.tokenFile, "node-token-file", "", "`file` holding the node token the control tier presents (at least 32 bytes; not readable by every user)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve the node API over HTTPS with this PEM certificate `file` (needs --tls-key)")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key `file` of --tls-cert")
+	f.StringVar(&o.bundleDir, "bundle-dir", "", "`directory` every node mounts (NFS, CephFS, a ReadWriteMany volume) where a pause through the control tier writes the sandbox's bundle, so that another node resumes it if this one is lost (empty: paused sandboxes stay here)")
 	f.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGTERM/SIGINT, how long requests in flight may run before they are cut")
 	return cmd
 }
@@ -101,6 +112,11 @@ func (o *nodeOptions) validate() error {
 	}
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return fmt.Errorf("%w: TLS needs both --tls-cert and --tls-key, or neither", errdefs.ErrInvalid)
+	}
+	if o.bundleDir != "" {
+		if fi, err := os.Stat(o.bundleDir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("%w: --bundle-dir %q is not a directory", errdefs.ErrInvalid, o.bundleDir)
+		}
 	}
 	if o.advertise != "" {
 		u, err := url.Parse(o.advertise)
@@ -177,8 +193,11 @@ func runNode(cmd *cobra.Command, g *globals, m *sandbox.Manager, o *nodeOptions)
 	if err != nil {
 		return err
 	}
+	if o.bundleDir != "" {
+		m.Bundles = bundle.Dir{Root: o.bundleDir}
+	}
 	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Secrets: m, Templates: m, Browsers: m,
-		Events: m.Store, Keys: m.Store, Log: g.log, Secret: secret, NodeToken: token})
+		Events: m.Store, Keys: m.Store, Log: g.log, Secret: secret, NodeToken: token, Mover: m})
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,9 @@ type Config struct {
 	// cluster node's API: the control tier's token and the caller it
 	// names are the only authentication (nodeauth.go).
 	NodeToken []byte
+	// Mover, on a node, serves the control tier's routes that move paused
+	// sandboxes between nodes (nodemove.go).
+	Mover Mover
 }
 
 // Validate checks c and fills in defaults.
@@ -234,6 +237,7 @@ func New(cfg Config) (*Server, error) {
 		s.mux.Handle(rt.pattern, s.instrument(rt.pattern, h))
 	}
 	s.mountDashboard()
+	s.mountNodeRoutes()
 	s.mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errNoRoute)
 	})))

@@ -10,6 +10,12 @@
 // (api.NodeCallerHeader). Every other call about a sandbox is proxied to
 // the node that runs it, streams and WebSockets included; the node then
 // acts for that caller as a single host would.
+//
+// A pause goes to the node's export route: on a node with a bundle store
+// the sandbox's bundle is written there and its digest kept in the
+// placement. If that node is then lost, the sandbox's next call moves it:
+// another node imports the bundle (checking its digest and that it can
+// run it) and the call resumes it there (move).
 package control
 
 import (
@@ -28,6 +34,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/bundle"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -93,6 +100,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	s.mux.HandleFunc("POST /v1/sandboxes", s.authed(s.create))
 	s.mux.HandleFunc("GET /v1/sandboxes", s.authed(s.list))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.authed(s.pause))
 	s.mux.HandleFunc("/v1/sandboxes/{id}", s.authed(s.proxied))
 	s.mux.HandleFunc("/v1/sandboxes/{id}/{rest...}", s.authed(s.proxied))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
@@ -278,15 +286,24 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, err)
 		return
 	}
+	live := map[string]bool{}
+	for _, n := range s.cfg.Nodes.Nodes() {
+		live[n.Name] = n.Live
+	}
 	byNode := map[string]bool{}
 	var lost []map[string]any
 	for _, p := range ps {
-		if p.State == store.PlacementLost {
+		switch {
+		case p.State == store.PlacementLost:
 			lost = append(lost, map[string]any{"id": p.SandboxID, "tenant": p.Tenant, "state": "failed", "reason": p.Reason,
 				"cpus": p.CPUs, "memory_mb": p.MemoryMiB, "created_at": p.Created.UTC()})
-			continue
+		case !live[p.Node] && p.BundleDigest != "":
+			lost = append(lost, map[string]any{"id": p.SandboxID, "tenant": p.Tenant, "state": "paused",
+				"reason": "its node " + p.Node + " is not live; the next call resumes it on another node",
+				"cpus":   p.CPUs, "memory_mb": p.MemoryMiB, "created_at": p.Created.UTC()})
+		default:
+			byNode[p.Node] = true
 		}
-		byNode[p.Node] = true
 	}
 	out := []json.RawMessage{}
 	var mu sync.Mutex
@@ -320,52 +337,200 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string][]json.RawMessage{"sandboxes": out})
 }
 
-// proxied sends a call about one sandbox to its node.
-func (s *Server) proxied(w http.ResponseWriter, r *http.Request) {
-	k := keyOf(r)
+// placement returns the placement of the sandbox r names, for k, on a
+// live node: one whose node was lost is moved first if it has a bundle.
+// If it answers false, it has answered r.
+func (s *Server) placement(w http.ResponseWriter, r *http.Request, k store.APIKey) (store.Placement, cluster.Node, bool) {
 	id := r.PathValue("id")
 	p, err := s.cfg.Store.PlacementOf(r.Context(), id)
 	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && !k.Admin && p.Tenant != k.Tenant) {
 		writeError(w, http.StatusNotFound, "not_found", "sandbox not found")
-		return
+		return p, cluster.Node{}, false
 	}
 	if err != nil {
 		s.internal(w, err)
-		return
+		return p, cluster.Node{}, false
 	}
 	if p.State == store.PlacementLost {
 		if r.Method == http.MethodDelete && r.PathValue("rest") == "" {
 			_ = s.cfg.Store.DeletePlacement(r.Context(), p.ID)
 			w.WriteHeader(http.StatusNoContent)
-			return
+			return p, cluster.Node{}, false
 		}
 		writeError(w, http.StatusConflict, "failed_precondition", "sandbox "+id+" is failed: "+p.Reason)
-		return
+		return p, cluster.Node{}, false
 	}
 	node, ok := s.node(p.Node)
+	if !ok && p.BundleDigest != "" {
+		if r.Method == http.MethodDelete && r.PathValue("rest") == "" {
+			// Nothing to resume for a delete: the bundle goes with the
+			// placement (the next pause of that id writes none).
+			_ = s.cfg.Store.DeletePlacement(r.Context(), p.ID)
+			s.auditUnplace(r, k, p)
+			w.WriteHeader(http.StatusNoContent)
+			return p, cluster.Node{}, false
+		}
+		if p, err = s.move(r.Context(), k, p); err != nil {
+			if errors.Is(err, errdefs.ErrFailedPrecondition) {
+				writeError(w, http.StatusConflict, "failed_precondition", "sandbox "+id+" is failed: "+strings.TrimPrefix(err.Error(), errdefs.ErrFailedPrecondition.Error()+": "))
+			} else {
+				writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+			}
+			return p, cluster.Node{}, false
+		}
+		node, ok = s.node(p.Node)
+	}
 	if !ok {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "the sandbox's node "+p.Node+" is not live now")
+		return p, node, false
+	}
+	return p, node, true
+}
+
+// move has another node resume the paused sandbox of p, whose node was
+// lost, from its bundle: it places it as a create would (its CPUs and
+// memory), records the move (only one replica wins it), and has the new
+// node import the bundle. If no node can, the placement is marked lost
+// with the reason (an ErrFailedPrecondition). Audited as sandbox.move.
+func (s *Server) move(ctx context.Context, k store.APIKey, p store.Placement) (store.Placement, error) {
+	t0 := time.Now()
+	from := p.Node
+	to, err := s.place(ctx, cluster.Request{CPUs: p.CPUs, MemoryMiB: int64(p.MemoryMiB)})
+	if err != nil {
+		return p, fmt.Errorf("its node %s was lost, and no node can take it now: %v", from, err)
+	}
+	won, err := s.cfg.Store.MovePlacement(ctx, p.ID, from, to.Name, p.BundleDigest)
+	if err != nil {
+		return p, err
+	}
+	if !won {
+		// Another replica moved it first.
+		return s.cfg.Store.PlacementOf(ctx, p.SandboxID)
+	}
+	ref, _ := json.Marshal(bundle.Ref{Sandbox: p.SandboxID, Digest: p.BundleDigest, Bytes: p.BundleBytes})
+	owner := k
+	owner.Tenant = p.Tenant // an admin's call imports for the sandbox's tenant
+	res, err := s.callNode(ctx, to, owner, http.MethodPost, "/v1/node/import", ref)
+	var why string
+	if err != nil {
+		why = "it did not answer: " + err.Error()
+	} else {
+		b, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
+		res.Body.Close()
+		if res.StatusCode != http.StatusCreated {
+			why = errorMessage(b, res.Status)
+		}
+	}
+	if why != "" {
+		reason := fmt.Sprintf("its node %s was lost, and node %s could not resume it: %s", from, to.Name, why)
+		s.cfg.Log.Warn("control: move", "sandbox_id", p.SandboxID, "from", from, "to", to.Name, "why", why)
+		if err := s.cfg.Store.LosePlacement(ctx, p.ID, reason); err != nil {
+			return p, err
+		}
+		return p, fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, reason)
+	}
+	_, _ = s.cfg.Store.AppendEvent(ctx, store.Event{Tenant: p.Tenant, KeyID: k.ID, SandboxID: p.SandboxID, Action: "sandbox.move",
+		Detail: map[string]any{"from": from, "to": to.Name, "digest": p.BundleDigest, "bytes": p.BundleBytes, "duration_ms": time.Since(t0).Milliseconds()}})
+	s.cfg.Log.Info("control: moved a sandbox", "sandbox_id", p.SandboxID, "from", from, "to", to.Name, "took", time.Since(t0))
+	p.Node, p.State, p.Reason = to.Name, store.PlacementPlaced, ""
+	return p, nil
+}
+
+// errorMessage is the message of an API error body, or status.
+func errorMessage(body []byte, status string) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		return e.Error.Message
+	}
+	return status
+}
+
+// proxied sends a call about one sandbox to its node. A call that may
+// resume a paused sandbox first drops its bundle from the catalog.
+func (s *Server) proxied(w http.ResponseWriter, r *http.Request) {
+	k := keyOf(r)
+	p, node, ok := s.placement(w, r, k)
+	if !ok {
 		return
 	}
-	target, err := url.Parse(node.Address)
+	whole := r.PathValue("rest") == ""
+	if p.BundleDigest != "" && !(whole && (r.Method == http.MethodGet || r.Method == http.MethodDelete)) {
+		if err := s.cfg.Store.DropPlacementBundle(r.Context(), p.ID); err != nil {
+			s.internal(w, err)
+			return
+		}
+	}
+	out, err := s.toNode(r, node, k)
 	if err != nil {
 		s.internal(w, err)
 		return
+	}
+	if r.Method == http.MethodDelete && whole {
+		rec := &statusRecorder{ResponseWriter: w}
+		s.proxy.ServeHTTP(rec, out)
+		if rec.status/100 == 2 || rec.status == http.StatusNotFound {
+			_ = s.cfg.Store.DeletePlacement(context.WithoutCancel(r.Context()), p.ID)
+			s.auditUnplace(r, k, p)
+		}
+		return
+	}
+	s.proxy.ServeHTTP(w, out)
+}
+
+func (s *Server) auditUnplace(r *http.Request, k store.APIKey, p store.Placement) {
+	_, _ = s.cfg.Store.AppendEvent(context.WithoutCancel(r.Context()), store.Event{Tenant: p.Tenant, KeyID: k.ID, SandboxID: p.SandboxID,
+		Action: "sandbox.unplace", Detail: map[string]any{"node": p.Node}})
+}
+
+// toNode is r addressed to node, with the node's credentials.
+func (s *Server) toNode(r *http.Request, node cluster.Node, k store.APIKey) (*http.Request, error) {
+	target, err := url.Parse(node.Address)
+	if err != nil {
+		return nil, err
 	}
 	out := r.Clone(r.Context())
 	out.URL.Scheme, out.URL.Host, out.Host = target.Scheme, target.Host, target.Host
 	out.RequestURI = ""
 	s.nodeHeaders(out.Header, k)
-	if r.Method == http.MethodDelete && r.PathValue("rest") == "" {
-		rec := &statusRecorder{ResponseWriter: w}
-		s.proxy.ServeHTTP(rec, out)
-		if rec.status/100 == 2 || rec.status == http.StatusNotFound {
-			_ = s.cfg.Store.DeletePlacement(context.WithoutCancel(r.Context()), p.ID)
-			_, _ = s.cfg.Store.AppendEvent(context.WithoutCancel(r.Context()), store.Event{Tenant: p.Tenant, KeyID: k.ID, SandboxID: id, Action: "sandbox.unplace", Detail: map[string]any{"node": p.Node}})
-		}
+	return out, nil
+}
+
+// pause pauses a sandbox through its node's export route: the node
+// pauses it and, if it can move and the node has a bundle store, writes
+// its bundle, which the placement then records.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	k := keyOf(r)
+	p, node, ok := s.placement(w, r, k)
+	if !ok {
 		return
 	}
-	s.proxy.ServeHTTP(w, out)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "request body is larger than 1 MiB")
+		return
+	}
+	res, err := s.callNode(r.Context(), node, k, http.MethodPost, "/v1/node/sandboxes/"+p.SandboxID+"/export", body)
+	if err != nil {
+		s.cfg.Log.Warn("control: pause on node", "node", node.Name, "err", err)
+		writeError(w, http.StatusBadGateway, "unavailable", "node "+node.Name+" did not answer the pause")
+		return
+	}
+	defer res.Body.Close()
+	out, _ := io.ReadAll(io.LimitReader(res.Body, 8<<20))
+	var ex struct {
+		Bundle *bundle.Ref `json:"bundle"`
+	}
+	if res.StatusCode == http.StatusOK && json.Unmarshal(out, &ex) == nil && ex.Bundle != nil && ex.Bundle.Sandbox == p.SandboxID {
+		if err := s.cfg.Store.SetPlacementBundle(context.WithoutCancel(r.Context()), p.ID, ex.Bundle.Digest, ex.Bundle.Bytes); err != nil {
+			s.internal(w, err)
+			return
+		}
+	}
+	relay(w, res, out)
 }
 
 // nodeHeaders replaces whatever the client sent to authenticate with the

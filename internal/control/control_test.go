@@ -25,6 +25,8 @@ type fakeNode struct {
 	sandboxes   map[string]string // id -> tenant
 	callers     []string          // the X-Airlock-Caller of each call
 	next        int
+	imports     []string // the bundle digests it imported
+	refuse      string   // if set, imports fail with this message
 }
 
 func newFakeNode(t *testing.T, name, token string) *fakeNode {
@@ -50,6 +52,25 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"id":%q,"state":"running","tenant":%q}`, id, k.Tenant)
+		case r.Method == "POST" && strings.HasPrefix(r.URL.Path, "/v1/node/sandboxes/") && strings.HasSuffix(r.URL.Path, "/export"):
+			id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/node/sandboxes/"), "/export")
+			n.next++
+			fmt.Fprintf(w, `{"id":%q,"state":"paused","bundle":{"sandbox":%q,"digest":"sha256:%064x","bytes":%d}}`, id, id, n.next, 1000+n.next)
+		case r.Method == "POST" && r.URL.Path == "/v1/node/import":
+			var ref struct {
+				Sandbox, Digest string
+				Bytes           int64
+			}
+			_ = json.NewDecoder(r.Body).Decode(&ref)
+			if n.refuse != "" {
+				w.WriteHeader(http.StatusPreconditionFailed)
+				fmt.Fprintf(w, `{"error":{"code":"failed_precondition","message":%q}}`, n.refuse)
+				return
+			}
+			n.imports = append(n.imports, ref.Digest)
+			n.sandboxes[ref.Sandbox] = k.Tenant
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":%q,"state":"paused"}`, ref.Sandbox)
 		case r.Method == "GET" && r.URL.Path == "/v1/sandboxes":
 			var out []map[string]string
 			for id, tn := range n.sandboxes {
@@ -273,5 +294,108 @@ func TestControlTierRateLimitsATenant(t *testing.T) {
 	}
 	if res := get(fast); res.StatusCode != http.StatusOK {
 		t.Fatalf("another tenant: %d", res.StatusCode)
+	}
+}
+
+// TestControlTierMovesAPausedSandboxOffALostNode: a pause records the
+// bundle its node wrote; a call that may resume the sandbox drops it; a
+// lost node's sandbox with a bundle is listed paused, and its next call
+// has another node import the bundle and answers from there; a node that
+// refuses the bundle fails the sandbox with its reason.
+func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme"})
+	token := strings.Repeat("t", api.MinNodeToken)
+	n1, n2 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token)
+	nodes := &staticNodes{nodes: []cluster.Node{
+		{Name: "n1", Address: n1.srv.URL, Live: true, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
+		{Name: "n2", Address: n2.srv.URL, Live: false, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
+	}}
+	s, err := New(Config{Store: st, Nodes: nodes, NodeToken: []byte(token)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	call := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	bundleOf := func(id string) string {
+		p, err := st.PlacementOf(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.BundleDigest
+	}
+	var ids []string
+	for range 2 {
+		code, body := call("POST", "/v1/sandboxes", `{}`)
+		var sb struct{ ID string }
+		if code != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		ids = append(ids, sb.ID)
+		if code, body := call("POST", "/v1/sandboxes/"+sb.ID+"/pause", `{}`); code != http.StatusOK || bundleOf(sb.ID) == "" {
+			t.Fatalf("pause: %d %s; bundle %q", code, body, bundleOf(sb.ID))
+		}
+	}
+	a, b := ids[0], ids[1]
+	// A call that may resume it drops the bundle; the next pause writes one.
+	if code, _ := call("POST", "/v1/sandboxes/"+a+"/exec", `{}`); code != http.StatusOK || bundleOf(a) != "" {
+		t.Fatalf("exec: %d; bundle after it %q", code, bundleOf(a))
+	}
+	call("POST", "/v1/sandboxes/"+a+"/pause", `{}`)
+	digest := bundleOf(a)
+
+	// n1 is lost; n2 is live.
+	nodes.mu.Lock()
+	nodes.nodes[0].Live, nodes.nodes[1].Live = false, true
+	nodes.mu.Unlock()
+	s.OnNodeLost(cluster.Node{Name: "n1"}, "its Lease was not renewed")
+	if code, body := call("GET", "/v1/sandboxes", ""); code != http.StatusOK || strings.Count(body, `"state":"paused"`) != 2 || !strings.Contains(body, "n1 is not live") {
+		t.Fatalf("list after n1 was lost: %d %s", code, body)
+	}
+	code, body := call("POST", "/v1/sandboxes/"+a+"/exec", `{"cmd":["true"]}`)
+	if code != http.StatusOK || !strings.HasSuffix(body, "on n2") {
+		t.Fatalf("exec after n1 was lost: %d %s", code, body)
+	}
+	n2.mu.Lock()
+	imported := append([]string(nil), n2.imports...)
+	n2.mu.Unlock()
+	if len(imported) != 1 || imported[0] != digest {
+		t.Fatalf("n2 imported %v, want [%s]", imported, digest)
+	}
+	if p, _ := st.PlacementOf(ctx, a); p.Node != "n2" || p.BundleDigest != "" {
+		t.Fatalf("placement after the move: %+v", p)
+	}
+	evs, _ := st.ListEvents(ctx, store.EventFilter{Type: "sandbox.move"})
+	if len(evs) != 1 || evs[0].SandboxID != a || evs[0].Detail["from"] != "n1" || evs[0].Detail["to"] != "n2" {
+		t.Fatalf("sandbox.move events: %+v", evs)
+	}
+
+	// A node that refuses the bundle: the sandbox is failed, saying why.
+	n2.mu.Lock()
+	n2.refuse = "it was paused with guest kernel sha256:0123; this node's is sha256:4567"
+	n2.mu.Unlock()
+	code, body = call("POST", "/v1/sandboxes/"+b+"/exec", `{}`)
+	if code != http.StatusConflict || !strings.Contains(body, "node n2 could not resume it: it was paused with guest kernel") {
+		t.Fatalf("exec with a refused bundle: %d %s", code, body)
+	}
+	if p, _ := st.PlacementOf(ctx, b); p.State != store.PlacementLost || p.BundleDigest != "" {
+		t.Fatalf("placement after a refused move: %+v", p)
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlock-sandbox/airlock/internal/bundle"
 	"github.com/airlock-sandbox/airlock/internal/envknob"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/hostcg"
@@ -125,6 +126,10 @@ type Manager struct {
 	// run shims in-process on the fake runtime (shimtest.Env.Starter);
 	// nothing sets it from the environment.
 	StartShim func(doc shimconf.Doc, ready io.WriteCloser, lock *os.File) error
+	// Bundles, on a cluster's node, is where Export writes the bundles of
+	// paused sandboxes and Import reads them (move.go); nil: sandboxes
+	// stay on this host.
+	Bundles bundle.Store
 
 	statfs   func(path string) (total, free int64, err error) // nil: statfs (tests replace it)
 	meminfo  func() ([]byte, error)                           // nil: read /proc/meminfo (tests replace it)
@@ -743,6 +748,11 @@ func (m *Manager) remove(ctx context.Context, id string) error {
 	// last sandbox on it).
 	if err := m.Store.DeleteSandbox(ctx, id); err != nil {
 		return err
+	}
+	if m.Bundles != nil {
+		if err := m.Bundles.Remove(ctx, id); err != nil {
+			m.log().Warn("its bundles were left in the bundle store", "sandbox_id", id, "err", err)
+		}
 	}
 	if _, _, err := m.collect(ctx); err != nil {
 		m.log().Warn("collect after rm", "sandbox_id", id, "err", err)

@@ -473,6 +473,11 @@ func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 	if m.Runtime != "" && m.Runtime != s.cfg.Runtime.Name() {
 		return nil, fmt.Errorf("the sandbox was paused under the %s runtime; this host runs %s", m.Runtime, s.cfg.Runtime.Name())
 	}
+	if m.Accel != "" && s.accel != "" && m.Accel != s.accel {
+		// A saved CPU state restores only under the accelerator that saved
+		// it (a bundle from another node, or KVM that came or went).
+		return nil, fmt.Errorf("the sandbox was paused under %s; this host runs its guests under %s", m.Accel, s.accel)
+	}
 	for _, p := range []string{m.Kernel, m.Initrd} {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("the guest kernel or initramfs this sandbox was paused with is gone (%s)", p)

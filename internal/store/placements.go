@@ -17,6 +17,13 @@ import (
 // reserved before the node is asked (so quotas hold across replicas:
 // ReservePlacement checks and reserves in one transaction), bound to the
 // sandbox id the node answers, and marked lost when its node is.
+//
+// A sandbox paused through the control tier may have a bundle (package
+// bundle): its saved state in a store every node reads. The placement
+// keeps the bundle's digest until a call that could resume the sandbox
+// (the node deletes the bundle before it resumes it); a placement with a
+// bundle is not lost with its node, but moves to another (MovePlacement)
+// on its next call.
 
 // Placement states.
 const (
@@ -36,6 +43,10 @@ type Placement struct {
 	State     string
 	Reason    string
 	Created   time.Time
+	// BundleDigest and BundleBytes name the paused sandbox's bundle (""
+	// if it has none now).
+	BundleDigest string
+	BundleBytes  int64
 }
 
 // pendingFor bounds how long a create may wait for its node (creates from
@@ -121,12 +132,12 @@ func (s *Store) DeletePlacement(ctx context.Context, id string) error {
 	return nil
 }
 
-const placementCols = `id, coalesce(sandbox_id, ''), tenant, node, cpus, memory_mib, state, reason, created`
+const placementCols = `id, coalesce(sandbox_id, ''), tenant, node, cpus, memory_mib, state, reason, created, bundle_digest, bundle_bytes`
 
 func scanPlacement(r scanner) (Placement, error) {
 	var p Placement
 	var created int64
-	err := r.Scan(&p.ID, &p.SandboxID, &p.Tenant, &p.Node, &p.CPUs, &p.MemoryMiB, &p.State, &p.Reason, &created)
+	err := r.Scan(&p.ID, &p.SandboxID, &p.Tenant, &p.Node, &p.CPUs, &p.MemoryMiB, &p.State, &p.Reason, &created, &p.BundleDigest, &p.BundleBytes)
 	p.Created = time.Unix(0, created)
 	return p, err
 }
@@ -168,16 +179,47 @@ func (s *Store) ListPlacements(ctx context.Context, tenant string) ([]Placement,
 	return out, rows.Err()
 }
 
-// MarkNodeLost marks every placement on node lost, with reason, and
-// returns how many it marked. Lost placements no longer count against
-// quotas.
+// MarkNodeLost marks every placement on node lost, with reason, but for
+// those with a bundle (they move on their next call), and returns how
+// many it marked. Lost placements no longer count against quotas.
 func (s *Store) MarkNodeLost(ctx context.Context, node, reason string) (int64, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE placements SET state = ?, reason = ? WHERE node = ? AND state != ?`, PlacementLost, reason, node, PlacementLost)
+	res, err := s.db.ExecContext(ctx, `UPDATE placements SET state = ?, reason = ? WHERE node = ? AND state != ? AND bundle_digest = ''`, PlacementLost, reason, node, PlacementLost)
 	if err != nil {
 		return 0, fmt.Errorf("mark node %s lost: %w", node, err)
 	}
 	n, _ := res.RowsAffected()
 	return n, nil
+}
+
+// SetPlacementBundle records the bundle a pause of the placement's
+// sandbox wrote.
+func (s *Store) SetPlacementBundle(ctx context.Context, placementID, digest string, size int64) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE placements SET bundle_digest = ?, bundle_bytes = ? WHERE id = ?`, digest, size, placementID); err != nil {
+		return fmt.Errorf("placement bundle: %w", err)
+	}
+	return nil
+}
+
+// DropPlacementBundle forgets the bundle of a placement: a call may
+// resume its sandbox, after which the bundle is stale (its node also
+// deletes it from the store before it resumes the sandbox).
+func (s *Store) DropPlacementBundle(ctx context.Context, placementID string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE placements SET bundle_digest = '', bundle_bytes = 0 WHERE id = ? AND bundle_digest != ''`, placementID); err != nil {
+		return fmt.Errorf("placement bundle: %w", err)
+	}
+	return nil
+}
+
+// MovePlacement moves placement id from node from to node to, if it is
+// still on from with the same bundle (so two replicas never move one
+// sandbox twice); it reports whether it did.
+func (s *Store) MovePlacement(ctx context.Context, id, from, to, digest string) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE placements SET node = ?, state = ?, reason = '' WHERE id = ? AND node = ? AND bundle_digest = ?`, to, PlacementPlaced, id, from, digest)
+	if err != nil {
+		return false, fmt.Errorf("move placement: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
 }
 
 // NodeLoad is what a node's placements hold.
@@ -204,4 +246,13 @@ func (s *Store) PlacementLoad(ctx context.Context) (map[string]NodeLoad, error) 
 		out[n] = l
 	}
 	return out, rows.Err()
+}
+
+// LosePlacement marks one placement lost with reason (a sandbox that
+// could not move off its lost node) and forgets its bundle.
+func (s *Store) LosePlacement(ctx context.Context, id, reason string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE placements SET state = ?, reason = ?, bundle_digest = '', bundle_bytes = 0 WHERE id = ?`, PlacementLost, reason, id); err != nil {
+		return fmt.Errorf("lose placement: %w", err)
+	}
+	return nil
 }

@@ -332,10 +332,15 @@ var migrations = []string{
 	CREATE INDEX placements_tenant ON placements(tenant);
 	CREATE INDEX placements_node ON placements(node);
 	PRAGMA user_version = 15;`,
+	// v16: the bundle a paused sandbox's node wrote, so that another node
+	// resumes it if its own is lost.
+	`ALTER TABLE placements ADD COLUMN bundle_digest TEXT NOT NULL DEFAULT '';
+	ALTER TABLE placements ADD COLUMN bundle_bytes INTEGER NOT NULL DEFAULT 0;
+	PRAGMA user_version = 16;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 15
+const schemaVersion = 16
 
 // Open opens (creating if needed) the catalog at path: a SQLite file, or
 // a PostgreSQL database when path is a postgres:// or postgresql:// URL

@@ -21,6 +21,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 	"github.com/airlock-sandbox/airlock/internal/testutil/kubetest"
@@ -219,59 +220,10 @@ func startDaemon(t *testing.T, e env, name string, args ...string) *exec.Cmd {
 // the reason.
 func TestClusterControlTierPlacesAndProxies(t *testing.T) {
 	e := setup(t)
-	cp := kubetest.Start(t)
-	kubetest.Apply(t, cp.Config, filepath.Join("..", "..", "deploy", "kubernetes"))
-	pg, err := pgtest.Start(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pg.Stop)
-	catalog, err := pg.Database(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	dir := t.TempDir()
-	token := strings.Repeat("e2e-cluster-tok-", 4)
-	tokenFile := filepath.Join(dir, "node-token")
-	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sa := func(name string) string {
-		return cp.Kubeconfig(t, "system:serviceaccount:airlock:"+name, "system:serviceaccounts", "system:serviceaccounts:airlock")
-	}
-	nodeAddr := freeLoopback(t)
-	node := startDaemon(t, e, "airlock node", "node", "--name", "e2e-n1", "--listen", nodeAddr, "--kubeconfig", sa("airlock-node"), "--node-token-file", tokenFile)
-	controlKC := sa("airlock-control")
-	var replicas []string
-	for i := range 2 {
-		addr := freeLoopback(t)
-		startDaemon(t, e, "replica "+string(rune('A'+i)), "serve", "--cluster", "--catalog", catalog, "--kubeconfig", controlKC, "--node-token-file", tokenFile, "--listen", addr)
-		replicas = append(replicas, "http://"+addr)
-	}
-	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{}}
-	call := func(base, key, method, path, body string) (int, []byte) {
-		t.Helper()
-		req, err := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		res, err := hc.Do(req)
-		if err != nil {
-			return 0, []byte(err.Error())
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, b
-	}
-	for _, r := range replicas {
-		if !testutil.WaitFor(t, 60*time.Second, func() bool { code, _ := call(r, "", "GET", "/healthz", ""); return code == 200 }) {
-			t.Fatalf("replica %s never answered", r)
-		}
-	}
+	cl := startCluster(t)
+	node := startDaemon(t, e, "airlock node", cl.nodeArgs("e2e-n1")...)
+	replicas := cl.replicas(t, e, 2)
+	call, catalog := cl.call, cl.catalog
 	key := strings.TrimSpace(e.must(t, "keys", "create", "--catalog", catalog, "--tenant", "e2e-cl", "--max-sandboxes", "1"))
 	other := strings.TrimSpace(e.must(t, "keys", "create", "--catalog", catalog, "--tenant", "e2e-cl-other"))
 	a, b := replicas[0], replicas[1]
@@ -279,13 +231,8 @@ func TestClusterControlTierPlacesAndProxies(t *testing.T) {
 		t.Fatalf("no key: %d", code)
 	}
 
-	// The node must be live to the replicas before a create can place.
-	var code int
-	var body []byte
-	if !testutil.WaitFor(t, 60*time.Second, func() bool {
-		code, body = call(a, key, "POST", "/v1/sandboxes", `{"timeout_s":600}`)
-		return code != http.StatusServiceUnavailable
-	}) || code != http.StatusCreated {
+	code, body := cl.firstCreate(t, a, key, `{"timeout_s":600}`)
+	if code != http.StatusCreated {
 		t.Fatalf("create through replica A: %d %s", code, body)
 	}
 	var sb struct{ ID, State, Tenant string }
@@ -356,4 +303,265 @@ func TestClusterControlTierPlacesAndProxies(t *testing.T) {
 	if code, body := call(a, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd":["true"]}`); code != http.StatusConflict {
 		t.Fatalf("exec on a lost node's sandbox: %d %s", code, body)
 	}
+}
+
+// e2eCluster is a Kubernetes control plane with deploy/kubernetes applied,
+// a PostgreSQL catalog and a node token: what the nodes and replicas of
+// an e2e cluster share.
+type e2eCluster struct {
+	cp        *kubetest.ControlPlane
+	catalog   string
+	tokenFile string
+	hc        *http.Client
+	ctx       context.Context
+	t         *testing.T
+}
+
+func startCluster(t *testing.T) *e2eCluster {
+	t.Helper()
+	cp := kubetest.Start(t)
+	kubetest.Apply(t, cp.Config, filepath.Join("..", "..", "deploy", "kubernetes"))
+	pg, err := pgtest.Start(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Stop)
+	catalog, err := pg.Database(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "node-token")
+	if err := os.WriteFile(tokenFile, []byte(strings.Repeat("e2e-cluster-tok-", 4)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &e2eCluster{cp: cp, catalog: catalog, tokenFile: tokenFile, ctx: t.Context(), t: t,
+		hc: &http.Client{Timeout: 5 * time.Minute, Transport: &http.Transport{}}}
+}
+
+// sa is a kubeconfig of service account name of the airlock namespace.
+func (c *e2eCluster) sa(name string) string {
+	return c.cp.Kubeconfig(c.t, "system:serviceaccount:airlock:"+name, "system:serviceaccounts", "system:serviceaccounts:airlock")
+}
+
+// nodeArgs are the arguments of `airlock node` NAME on a loopback port.
+func (c *e2eCluster) nodeArgs(name string, extra ...string) []string {
+	return append([]string{"node", "--name", name, "--listen", freeLoopback(c.t), "--kubeconfig", c.sa("airlock-node"), "--node-token-file", c.tokenFile}, extra...)
+}
+
+// replicas starts n `airlock serve --cluster` replicas and returns their
+// base URLs once they answer.
+func (c *e2eCluster) replicas(t *testing.T, e env, n int) []string {
+	t.Helper()
+	kc := c.sa("airlock-control")
+	var out []string
+	for i := range n {
+		addr := freeLoopback(t)
+		startDaemon(t, e, "replica "+string(rune('A'+i)), "serve", "--cluster", "--catalog", c.catalog, "--kubeconfig", kc, "--node-token-file", c.tokenFile, "--listen", addr)
+		out = append(out, "http://"+addr)
+	}
+	for _, r := range out {
+		if !testutil.WaitFor(t, 60*time.Second, func() bool { code, _ := c.call(r, "", "GET", "/healthz", ""); return code == 200 }) {
+			t.Fatalf("replica %s never answered", r)
+		}
+	}
+	return out
+}
+
+// call makes one API call; a transport error is status 0 with its text.
+func (c *e2eCluster) call(base, key, method, path, body string) (int, []byte) {
+	c.t.Helper()
+	req, err := http.NewRequestWithContext(c.ctx, method, base+path, strings.NewReader(body))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	res, err := c.hc.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+// firstCreate creates a sandbox through replica, waiting for a node to be
+// live to the replicas first.
+func (c *e2eCluster) firstCreate(t *testing.T, replica, key, body string) (int, []byte) {
+	t.Helper()
+	var code int
+	var out []byte
+	testutil.WaitFor(t, 60*time.Second, func() bool {
+		code, out = c.call(replica, key, "POST", "/v1/sandboxes", body)
+		return code != http.StatusServiceUnavailable
+	})
+	return code, out
+}
+
+// TestClusterResumesAPausedSandboxOnAnotherNode pauses a sandbox with a
+// Python variable through the control tier, stops its node, and has the
+// next call resume it on a second node (its own state dir) from the
+// bundle the pause wrote to the nodes' shared bundle directory: the
+// variable is intact, the placement moved, and a bundle that was tampered
+// with is refused, never resumed.
+func TestClusterResumesAPausedSandboxOnAnotherNode(t *testing.T) {
+	e := setup(t)
+	if onGVisor() {
+		t.Skip("gVisor sandboxes do not move between nodes (their pause keeps no memory)")
+	}
+	cl := startCluster(t)
+	bundles := t.TempDir()
+	n1 := startDaemon(t, e, "node e2e-m1", cl.nodeArgs("e2e-m1", "--bundle-dir", bundles)...)
+	replica := cl.replicas(t, e, 1)[0]
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--catalog", cl.catalog, "--tenant", "e2e-move"))
+
+	code, body := cl.firstCreate(t, replica, key, `{"timeout_s":900}`)
+	if code != http.StatusCreated {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var sb struct{ ID string }
+	_ = json.Unmarshal(body, &sb)
+	e2 := env{bin: e.bin, state: cloneNodeState(t, e.state)}
+	t.Cleanup(func() {
+		for _, st := range []env{e, e2} { // node 3 never holds it
+			if r := st.run(t, nil, "rm", sb.ID); r.code != 0 && !strings.Contains(r.stderr, "no sandbox") {
+				t.Errorf("rm %s in %s: %s", sb.ID, st.state, r.stderr)
+			}
+		}
+	})
+	if code, body := cl.call(replica, key, "POST", "/v1/sandboxes/"+sb.ID+"/code", `{"code":"x = 41\nprint('set', x)"}`); code != http.StatusOK || !strings.Contains(string(body), "set 41") {
+		t.Fatalf("code: %d %s", code, body)
+	}
+	t0 := time.Now()
+	code, body = cl.call(replica, key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", `{}`)
+	var paused struct {
+		State  string
+		Bundle *struct {
+			Digest string
+			Bytes  int64
+		}
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &paused) != nil || paused.State != "paused" || paused.Bundle == nil {
+		t.Fatalf("pause: %d %s", code, body)
+	}
+	t.Logf("pause with its bundle (%d MiB, %s): %s", paused.Bundle.Bytes>>20, paused.Bundle.Digest[:19], time.Since(t0).Round(time.Millisecond))
+	bundleFile := filepath.Join(bundles, sb.ID, strings.TrimPrefix(paused.Bundle.Digest, "sha256:")+".tar")
+	if fi, err := os.Stat(bundleFile); err != nil || fi.Size() != paused.Bundle.Bytes {
+		t.Fatalf("the bundle in the shared directory: %v", err)
+	}
+
+	// The second node, then the first one stops: the sandbox is listed
+	// paused, waiting to move.
+	n2 := startDaemon(t, e2, "node e2e-m2", cl.nodeArgs("e2e-m2", "--bundle-dir", bundles)...)
+	if err := n1.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = n1.Process.Wait()
+	if !testutil.WaitFor(t, 30*time.Second, func() bool {
+		code, body = cl.call(replica, key, "GET", "/v1/sandboxes", "")
+		return code == http.StatusOK && strings.Contains(string(body), "e2e-m1 is not live")
+	}) {
+		t.Fatalf("after node 1 stopped, the list: %d %s", code, body)
+	}
+
+	cat, err := store.Open(t.Context(), cl.catalog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+
+	// The next call resumes it on node 2, variable intact.
+	t0 = time.Now()
+	if !testutil.WaitFor(t, 60*time.Second, func() bool {
+		code, body = cl.call(replica, key, "POST", "/v1/sandboxes/"+sb.ID+"/code", `{"code":"print('got', x + 1)"}`)
+		return code != http.StatusServiceUnavailable
+	}) || code != http.StatusOK || !strings.Contains(string(body), "got 42") {
+		r := e2.run(t, nil, "ls")
+		r2 := e2.run(t, nil, "events")
+		t.Fatalf("code after the move: %d %s\nnode 2 has: %s %s\n%s %s", code, body, r.stdout, r.stderr, r2.stdout, r2.stderr)
+	}
+	t.Logf("the first call after node 1 stopped moved the sandbox to node 2 and resumed it there in %s", time.Since(t0).Round(time.Millisecond))
+	p, err := cat.PlacementOf(t.Context(), sb.ID)
+	if err != nil || p.Node != "e2e-m2" || p.State != store.PlacementPlaced || p.BundleDigest != "" {
+		t.Fatalf("placement after the move: %+v %v", p, err)
+	}
+	if _, err := os.Stat(bundleFile); !os.IsNotExist(err) {
+		t.Fatalf("the stale bundle is still in the store after the resume: %v", err)
+	}
+
+	// Paused again, on node 2, and its bundle tampered with (one bit):
+	// when node 2 stops, node 3 refuses it, and the sandbox is failed
+	// with the reason instead of resumed from bytes no node wrote.
+	code, body = cl.call(replica, key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", `{}`)
+	if code != http.StatusOK || json.Unmarshal(body, &paused) != nil || paused.Bundle == nil {
+		t.Fatalf("second pause: %d %s", code, body)
+	}
+	second := filepath.Join(bundles, sb.ID, strings.TrimPrefix(paused.Bundle.Digest, "sha256:")+".tar")
+	b, err := os.ReadFile(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(second, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e3 := env{bin: e.bin, state: cloneNodeState(t, e.state)}
+	startDaemon(t, e3, "node e2e-m3", cl.nodeArgs("e2e-m3", "--bundle-dir", bundles)...)
+	if err := n2.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = n2.Process.Wait()
+	if !testutil.WaitFor(t, 60*time.Second, func() bool {
+		code, body = cl.call(replica, key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd":["true"]}`)
+		return code != http.StatusServiceUnavailable
+	}) || code != http.StatusConflict || !strings.Contains(string(body), "do not match its digest") {
+		t.Fatalf("a call with a tampered bundle: %d %s", code, body)
+	}
+	if r := e3.run(t, nil, "ls"); strings.Contains(r.stdout, sb.ID) {
+		t.Fatalf("node 3 kept the tampered sandbox: %s", r.stdout)
+	}
+	t.Logf("the tampered bundle was refused: %s", body)
+}
+
+// cloneNodeState makes a state dir for a second node on this host, beside
+// src (hard links, so the same filesystem): the guest kernel, initramfs
+// and image blobs of src, and its boot config pointing at them.
+func cloneNodeState(t *testing.T, src string) string {
+	t.Helper()
+	dst, err := os.MkdirTemp(filepath.Dir(src), "e2e-node-") //nolint:usetesting // beside src, for hard links: t.TempDir is on another filesystem
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dst) })
+	// As `airlock setup` leaves it: the unprivileged VMMs open the disks'
+	// backing files by path.
+	if err := os.Chmod(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bc, err := (statedir.Layout{Root: src}).LoadBootConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := func(from, to string) {
+		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Link(from, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nb := bc
+	nb.Kernel = filepath.Join(dst, "kernels", bc.KernelRelease, "vmlinux")
+	nb.Initrd = filepath.Join(dst, "initramfs", filepath.Base(bc.Initrd))
+	link(bc.Kernel, nb.Kernel)
+	link(bc.Initrd, nb.Initrd)
+	blobs, _ := filepath.Glob(filepath.Join(src, "images", "blobs", "*.ext4"))
+	for _, b := range blobs {
+		link(b, filepath.Join(dst, "images", "blobs", filepath.Base(b)))
+	}
+	if err := (statedir.Layout{Root: dst}).SaveBootConfig(nb); err != nil {
+		t.Fatal(err)
+	}
+	return dst
 }

@@ -582,3 +582,27 @@ func sealedCopy(src *os.File, name string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// Relocate points the saved state in dir (a pause's, moved from another
+// host) at this host's guest kernel and initramfs, which must hold the
+// same bytes as those it was saved with (the caller checks their
+// digests): a restore matches them by path.
+func Relocate(dir, kernel, initrd string) error {
+	p := filepath.Join(dir, snapMeta)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	var m snapshotMeta
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 {
+		return fmt.Errorf("%w: saved state: unreadable %s", errdefs.ErrInvalid, snapMeta)
+	}
+	m.Kernel, m.Initrd = kernel, initrd
+	if b, err = json.MarshalIndent(m, "", "  "); err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil {
+		return err
+	}
+	return os.WriteFile(p, b, 0o444)
+}
