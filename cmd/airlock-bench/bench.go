@@ -35,6 +35,7 @@ type benchOptions struct {
 	procExecs                                          int // the process audit rows' loop
 	procRuntimes                                       []string
 	secretsReqs                                        int // the secret interceptor rows' requests
+	simSandboxes                                       int // the cluster simulation's sandboxes
 	volMiB, volFiles                                   int // the volume rows' workload
 	transferMiB                                        int64
 	only                                               []string // row groups to measure; none for all
@@ -47,7 +48,7 @@ type benchOptions struct {
 }
 
 // benchGroups are the row groups --only selects from.
-var benchGroups = []string{"start", "code", "density", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b"}
+var benchGroups = []string{"start", "code", "density", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b", "cluster"}
 
 // want reports whether row group g is measured.
 func (o benchOptions) want(g string) bool {
@@ -191,6 +192,15 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 		for _, r := range fr {
 			rows = append(rows, row{r[0], r[1], r[2]})
 		}
+	}
+
+	if o.want("cluster") {
+		fmt.Fprintln(os.Stderr, "bench: cluster rows")
+		cr, err := clusterBench(ctx, cfg, m, cli, runs, o.simSandboxes)
+		if err != nil {
+			return fmt.Errorf("cluster bench: %w", err)
+		}
+		rows = append(rows, cr...)
 	}
 
 	if o.want("template") {

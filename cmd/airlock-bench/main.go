@@ -163,6 +163,7 @@ func rootCmd() *cobra.Command {
 	f.IntVar(&o.volFiles, "vol-files", 2000, "4 KiB files the volume rows create")
 	f.Int64Var(&o.transferMiB, "transfer-mib", 200, "size of the API upload/download")
 	f.IntVar(&o.e2bRuns, "e2b-runs", 5, "samples for the E2B SDK rows and their /v1 baseline (0 skips those rows; skipped without node)")
+	f.IntVar(&o.simSandboxes, "sim-sandboxes", 1000, "sandboxes of the cluster simulation rows (fake runtime, 10 nodes; 0 skips those rows)")
 	f.StringVar(&o.e2bDir, "e2b-dir", defaultE2BDir(), "the folder of bench.mjs and the pinned E2B SDK (npm ci runs there when node_modules lacks it)")
 	return cmd
 }

@@ -82,7 +82,7 @@ func runControl(cmd *cobra.Command, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	reg.OnLost = srv.OnNodeLost
+	reg.OnLost, reg.OnLive = srv.OnNodeLost, srv.OnNodeLive
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
 	regDone := make(chan error, 1)

@@ -18,6 +18,7 @@ import (
 type Mover interface {
 	Export(ctx context.Context, c sandbox.Caller, id string, force bool) (sandbox.Exported, error)
 	Import(ctx context.Context, c sandbox.Caller, ref bundle.Ref) (store.Sandbox, error)
+	Forget(ctx context.Context, c sandbox.Caller, id string) error
 }
 
 // exportResponse is a pause's answer with the bundle it wrote (nil: the
@@ -35,6 +36,17 @@ func (s *Server) mountNodeRoutes() {
 	}
 	s.HandleAuthenticated("POST /v1/node/sandboxes/{id}/export", http.HandlerFunc(s.exportSandbox))
 	s.HandleAuthenticated("POST /v1/node/import", http.HandlerFunc(s.importSandbox))
+	s.HandleAuthenticated("POST /v1/node/sandboxes/{id}/forget", http.HandlerFunc(s.forgetSandbox))
+}
+
+// forgetSandbox removes this node's stale copy of a sandbox that moved,
+// leaving its bundle.
+func (s *Server) forgetSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Mover.Forget(r.Context(), callerOf(r), r.PathValue("id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // exportSandbox pauses a sandbox and writes its bundle.

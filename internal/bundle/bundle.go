@@ -67,8 +67,8 @@ type Store interface {
 	// Open reads ref's bundle. The reader fails, instead of ending, if
 	// the bytes are not ref's.
 	Open(ctx context.Context, ref Ref) (io.ReadCloser, error)
-	// Remove drops every bundle of sandbox.
-	Remove(ctx context.Context, sandbox string) error
+	// Remove drops ref's bundle (nothing if it is gone).
+	Remove(ctx context.Context, ref Ref) error
 	// String says where the bundles are, for messages.
 	String() string
 }
@@ -150,12 +150,16 @@ func (d Dir) Open(_ context.Context, ref Ref) (io.ReadCloser, error) {
 }
 
 // Remove implements Store.
-func (d Dir) Remove(_ context.Context, sandbox string) error {
-	dir, err := d.dir(sandbox)
-	if err != nil {
+func (d Dir) Remove(_ context.Context, ref Ref) error {
+	if err := ref.Validate(); err != nil {
 		return err
 	}
-	return os.RemoveAll(dir)
+	dir, _ := d.dir(ref.Sandbox)
+	if err := os.Remove(filepath.Join(dir, strings.TrimPrefix(ref.Digest, "sha256:")+".tar")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	_ = os.Remove(dir) // if it is empty
+	return nil
 }
 
 type countWriter struct {

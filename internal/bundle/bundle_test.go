@@ -59,11 +59,22 @@ func TestRoundTripThroughDir(t *testing.T) {
 	if err != nil || len(b) != 100000 {
 		t.Fatalf("state.bin: %d bytes, %v", len(b), err)
 	}
-	if err := d.Remove(ctx, sbID); err != nil {
+	if err := d.Remove(ctx, first); err != nil { // gone already: no error
+		t.Fatal(err)
+	}
+	if rc, err := d.Open(ctx, ref); err != nil {
+		t.Fatalf("removing another bundle of the sandbox took this one: %v", err)
+	} else {
+		rc.Close()
+	}
+	if err := d.Remove(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.Open(ctx, ref); err == nil {
 		t.Fatal("Open after Remove")
+	}
+	if _, err := os.Stat(filepath.Join(d.Root, sbID)); !os.IsNotExist(err) {
+		t.Fatalf("the sandbox's empty directory stays: %v", err)
 	}
 }
 

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
@@ -94,12 +97,23 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var losses []lossEvent
+	lives := map[string]int{}
 	reg := &Registry{Dynamic: dynamic.NewForConfigOrDie(control),
 		OnLost: func(n Node, why string) {
 			mu.Lock()
 			defer mu.Unlock()
 			losses = append(losses, lossEvent{n, why, time.Now()})
+		},
+		OnLive: func(n Node) {
+			mu.Lock()
+			defer mu.Unlock()
+			lives[n.Name]++
 		}}
+	livesOf := func(name string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return lives[name]
+	}
 	rctx, rcancel := context.WithCancel(ctx)
 	regDone := make(chan error, 1)
 	go func() { regDone <- reg.Run(rctx) }()
@@ -191,6 +205,17 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 			t.Fatalf("placed on %q: %v", n.Name, err)
 		}
 	}
+	// Each node was live once (OnLive); n3, its connection back, is live
+	// again, and OnLive says so a second time.
+	for _, name := range []string{"n1", "n2", "n3"} {
+		if livesOf(name) != 1 {
+			t.Fatalf("OnLive for %s: %d calls, want 1", name, livesOf(name))
+		}
+	}
+	nodes["n3"].cut.cut.Store(false)
+	if !testutil.WaitFor(t, 30*time.Second, func() bool { return livesOf("n3") == 2 && liveNames() == "n1,n2,n3" }) {
+		t.Fatalf("n3 reconnected: live %q, OnLive for n3 %d times", liveNames(), livesOf("n3"))
+	}
 
 	// A clean stop deletes the Lease: the node is gone at once.
 	stopAt := time.Now()
@@ -199,7 +224,7 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 		t.Fatalf("n1 stopped with %v", err)
 	}
 	nodes["n1"].done <- nil // for the cleanup
-	if !testutil.WaitFor(t, 5*time.Second, func() bool { return lossCount() == 2 }) || liveNames() != "n2" {
+	if !testutil.WaitFor(t, 5*time.Second, func() bool { return lossCount() == 2 }) || liveNames() != "n2,n3" {
 		t.Fatalf("after n1 stopped: live %q, %d losses", liveNames(), lossCount())
 	}
 	mu.Lock()
@@ -212,23 +237,60 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 		t.Fatal("placed an arm64 state on amd64 nodes")
 	}
 
-	// An operator drains n2 (kubectl patch): no more placements, and the
-	// node's own status updates keep the operator's spec.
+	// An operator drains n2 and n3 (kubectl patch): no more placements,
+	// and the node's own status updates keep the operator's spec.
 	admin := dynamic.NewForConfigOrDie(cp.Config)
 	patch := []byte(`{"spec":{"draining":true}}`)
-	if _, err := admin.Resource(NodeResource).Namespace(DefaultNamespace).Patch(ctx, "n2", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"n2", "n3"} {
+		if _, err := admin.Resource(NodeResource).Namespace(DefaultNamespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	more := *nodes["n2"].status.Load()
 	more.Sandboxes = 6
 	nodes["n2"].status.Store(&more)
 	if !testutil.WaitFor(t, 30*time.Second, func() bool {
 		ns := reg.Nodes()
-		return len(ns) == 3 && ns[1].Name == "n2" && ns[1].Draining && ns[1].Sandboxes == 6
+		return len(ns) == 3 && ns[1].Name == "n2" && ns[1].Draining && ns[1].Sandboxes == 6 && ns[2].Draining
 	}) {
 		t.Fatalf("n2 drained and updated: %+v", reg.Nodes())
 	}
 	if _, err := Place(reg.Nodes(), Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512}, Limits{}, DefaultChoices, nil); !errors.Is(err, errdefs.ErrUnavailable) {
-		t.Fatalf("placed with the only live node draining: %v", err)
+		t.Fatalf("placed with every live node draining: %v", err)
 	}
+}
+
+// TestWorkloadManifestsApply applies deploy/kubernetes/workloads (the
+// base, the nodes' DaemonSet, the control tier's Deployment and Service,
+// the bundle volume's claim) to a real API server with strict field
+// validation, and reads back what the nodes and replicas depend on.
+func TestWorkloadManifestsApply(t *testing.T) {
+	cp := kubetest.Start(t)
+	kubetest.Apply(t, cp.Config, filepath.Join("..", "..", "deploy", "kubernetes", "workloads"))
+	ctx := t.Context()
+	dyn := dynamic.NewForConfigOrDie(cp.Config)
+	get := func(group, version, resource, name string) *unstructured.Unstructured {
+		t.Helper()
+		u, err := dyn.Resource(schema.GroupVersionResource{Group: group, Version: version, Resource: resource}).Namespace(DefaultNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("%s %s: %v", resource, name, err)
+		}
+		return u
+	}
+	ds := get("apps", "v1", "daemonsets", "airlock-node")
+	sa, _, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "serviceAccountName")
+	hostNet, _, _ := unstructured.NestedBool(ds.Object, "spec", "template", "spec", "hostNetwork")
+	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	if sa != "airlock-node" || !hostNet || len(containers) != 1 || !strings.Contains(fmt.Sprint(containers[0]), "--bundle-dir=/var/lib/airlock-bundles") {
+		t.Fatalf("the nodes' DaemonSet: sa %q, hostNetwork %v, containers %v", sa, hostNet, containers)
+	}
+	dep := get("apps", "v1", "deployments", "airlock-control")
+	sa, _, _ = unstructured.NestedString(dep.Object, "spec", "template", "spec", "serviceAccountName")
+	nonRoot, _, _ := unstructured.NestedBool(dep.Object, "spec", "template", "spec", "securityContext", "runAsNonRoot")
+	replicas, _, _ := unstructured.NestedInt64(dep.Object, "spec", "replicas")
+	if sa != "airlock-control" || !nonRoot || replicas != 2 {
+		t.Fatalf("the control tier's Deployment: sa %q, runAsNonRoot %v, replicas %d", sa, nonRoot, replicas)
+	}
+	get("", "v1", "services", "airlock")
+	get("", "v1", "persistentvolumeclaims", "airlock-bundles")
 }

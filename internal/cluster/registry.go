@@ -32,6 +32,9 @@ type Registry struct {
 	// OnLost is called (from the Registry's goroutine, one call at a
 	// time) once each time a live node stops being live, with why.
 	OnLost func(n Node, why string)
+	// OnLive is called the same way each time a node becomes live: when
+	// the Registry first sees it, and when a lost node comes back.
+	OnLive func(n Node)
 	Log    *slog.Logger
 
 	mu     sync.Mutex
@@ -252,7 +255,8 @@ func (e *entry) view(now time.Time) Node {
 	return n
 }
 
-// check calls OnLost for each node that stopped being live.
+// check calls OnLost for each node that stopped being live, and OnLive
+// for each that became live.
 func (r *Registry) check() {
 	now := time.Now()
 	type loss struct {
@@ -260,6 +264,7 @@ func (r *Registry) check() {
 		why string
 	}
 	var lost []loss
+	var back []Node
 	r.mu.Lock()
 	for name, e := range r.nodes {
 		live, why := e.live(now)
@@ -267,6 +272,9 @@ func (r *Registry) check() {
 			n := e.view(now)
 			n.Name = name
 			lost = append(lost, loss{n, why})
+		}
+		if !e.wasLive && live {
+			back = append(back, e.view(now))
 		}
 		e.wasLive = live
 		if !e.lease && e.node.Name == "" {
@@ -278,6 +286,12 @@ func (r *Registry) check() {
 		r.Log.Warn("cluster: node lost", "node", l.n.Name, "why", l.why)
 		if r.OnLost != nil {
 			r.OnLost(l.n, l.why)
+		}
+	}
+	for _, n := range back {
+		r.Log.Info("cluster: node live", "node", n.Name)
+		if r.OnLive != nil {
+			r.OnLive(n)
 		}
 	}
 }

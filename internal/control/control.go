@@ -68,6 +68,8 @@ type Server struct {
 	// limiters are the tenants' request buckets in this replica: n
 	// replicas let a tenant n times its rate at most.
 	limiters api.TenantLimiters
+	// reconciling counts OnNodeLive's reconciliations in flight.
+	reconciling sync.WaitGroup
 }
 
 // maxBody bounds a create's body, as the API does.

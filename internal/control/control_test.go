@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
@@ -27,10 +29,12 @@ type fakeNode struct {
 	next        int
 	imports     []string // the bundle digests it imported
 	refuse      string   // if set, imports fail with this message
+	created     map[string]time.Time
+	forgot      []string // the sandboxes it was told to forget
 }
 
 func newFakeNode(t *testing.T, name, token string) *fakeNode {
-	n := &fakeNode{name: name, token: token, sandboxes: map[string]string{}}
+	n := &fakeNode{name: name, token: token, sandboxes: map[string]string{}, created: map[string]time.Time{}}
 	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+token || r.Header.Get("X-API-KEY") != "" || r.Header.Get("Cookie") != "" {
 			w.WriteHeader(http.StatusUnauthorized)
@@ -49,6 +53,7 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			n.next++
 			id := fmt.Sprintf("%s-sb%d", name, n.next)
 			n.sandboxes[id] = k.Tenant
+			n.created[id] = time.Now()
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"id":%q,"state":"running","tenant":%q}`, id, k.Tenant)
@@ -56,6 +61,15 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/node/sandboxes/"), "/export")
 			n.next++
 			fmt.Fprintf(w, `{"id":%q,"state":"paused","bundle":{"sandbox":%q,"digest":"sha256:%064x","bytes":%d}}`, id, id, n.next, 1000+n.next)
+		case r.Method == "POST" && strings.HasPrefix(r.URL.Path, "/v1/node/sandboxes/") && strings.HasSuffix(r.URL.Path, "/forget"):
+			id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/node/sandboxes/"), "/forget")
+			if _, ok := n.sandboxes[id]; !ok || !k.Admin {
+				w.WriteHeader(http.StatusNotFound)
+				return
+			}
+			delete(n.sandboxes, id)
+			n.forgot = append(n.forgot, id)
+			w.WriteHeader(http.StatusNoContent)
 		case r.Method == "POST" && r.URL.Path == "/v1/node/import":
 			var ref struct {
 				Sandbox, Digest string
@@ -72,16 +86,16 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"id":%q,"state":"paused"}`, ref.Sandbox)
 		case r.Method == "GET" && r.URL.Path == "/v1/sandboxes":
-			var out []map[string]string
+			var out []map[string]any
 			for id, tn := range n.sandboxes {
 				if tn == k.Tenant || k.Admin {
-					out = append(out, map[string]string{"id": id, "tenant": tn})
+					out = append(out, map[string]any{"id": id, "tenant": tn, "created_at": n.created[id]})
 				}
 			}
 			_ = json.NewEncoder(w).Encode(map[string]any{"sandboxes": out})
 		case strings.HasPrefix(r.URL.Path, "/v1/sandboxes/"):
 			id, rest, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/")
-			if n.sandboxes[id] != k.Tenant {
+			if tn, ok := n.sandboxes[id]; !ok || (tn != k.Tenant && !k.Admin) {
 				w.WriteHeader(http.StatusNotFound)
 				return
 			}
@@ -397,5 +411,102 @@ func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
 	}
 	if p, _ := st.PlacementOf(ctx, b); p.State != store.PlacementLost || p.BundleDigest != "" {
 		t.Fatalf("placement after a refused move: %+v", p)
+	}
+}
+
+// TestControlTierReconcilesANodeThatComesBack: when a lost node is live
+// again, its copy of a sandbox that moved is forgotten (its bundle
+// stays), its sandboxes that were marked lost are placed again and
+// answer, an old sandbox with no placement is removed, and a new one (a
+// create in flight) is left alone.
+func TestControlTierReconcilesANodeThatComesBack(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme"})
+	token := strings.Repeat("t", api.MinNodeToken)
+	n1, n2 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token)
+	nodes := &staticNodes{nodes: []cluster.Node{
+		{Name: "n1", Address: n1.srv.URL, Live: true, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
+		{Name: "n2", Address: n2.srv.URL, Live: false, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
+	}}
+	s, err := New(Config{Store: st, Nodes: nodes, NodeToken: []byte(token)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	call := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	var ids []string
+	for range 2 {
+		code, body := call("POST", "/v1/sandboxes", `{}`)
+		var sb struct{ ID string }
+		if code != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		ids = append(ids, sb.ID)
+	}
+	moved, stayed := ids[0], ids[1]
+	call("POST", "/v1/sandboxes/"+moved+"/pause", `{}`)
+	n1.mu.Lock()
+	n1.sandboxes["oldorphan"], n1.created["oldorphan"] = "acme", time.Now().Add(-time.Hour)
+	n1.sandboxes["inflight"], n1.created["inflight"] = "acme", time.Now()
+	n1.sandboxes["local"], n1.created["local"] = "", time.Now().Add(-time.Hour) // the node's own user's
+	n1.mu.Unlock()
+
+	// n1 is lost, its paused sandbox moves to n2; then n1 comes back.
+	nodes.mu.Lock()
+	nodes.nodes[0].Live, nodes.nodes[1].Live = false, true
+	nodes.mu.Unlock()
+	s.OnNodeLost(cluster.Node{Name: "n1"}, "its Lease was not renewed")
+	if code, body := call("POST", "/v1/sandboxes/"+stayed+"/exec", `{}`); code != http.StatusConflict {
+		t.Fatalf("exec on a lost node's sandbox: %d %s", code, body)
+	}
+	if code, body := call("POST", "/v1/sandboxes/"+moved+"/exec", `{}`); code != http.StatusOK || !strings.HasSuffix(body, "on n2") {
+		t.Fatalf("exec after the move: %d %s", code, body)
+	}
+	nodes.mu.Lock()
+	nodes.nodes[0].Live = true
+	nodes.mu.Unlock()
+	s.OnNodeLive(nodes.Nodes()[0])
+	s.WaitReconciled()
+
+	n1.mu.Lock()
+	forgot, left := append([]string(nil), n1.forgot...), maps.Clone(n1.sandboxes)
+	n1.mu.Unlock()
+	if len(forgot) != 1 || forgot[0] != moved {
+		t.Errorf("n1 forgot %v; want [%s]", forgot, moved)
+	}
+	for _, id := range []string{stayed, "inflight", "local"} {
+		if _, ok := left[id]; !ok {
+			t.Errorf("n1 lost %s", id)
+		}
+	}
+	for _, id := range []string{moved, "oldorphan"} {
+		if _, ok := left[id]; ok {
+			t.Errorf("n1 still has %s", id)
+		}
+	}
+	if code, body := call("POST", "/v1/sandboxes/"+stayed+"/exec", `{}`); code != http.StatusOK || !strings.HasSuffix(body, "on n1") {
+		t.Fatalf("exec on the sandbox of the node that came back: %d %s", code, body)
+	}
+	for action, want := range map[string]int{"sandbox.orphan": 1, "sandbox.unplace": 1} {
+		if evs, _ := st.ListEvents(ctx, store.EventFilter{Type: action}); len(evs) != want {
+			t.Errorf("%s events: %+v", action, evs)
+		}
 	}
 }

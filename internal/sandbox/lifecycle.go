@@ -111,13 +111,11 @@ func (m *Manager) resume(ctx context.Context, id string) (store.Sandbox, error) 
 			if err != nil {
 				return sb, err
 			}
-			if m.Bundles != nil {
-				// Its bundle is stale from now on: gone before the guest
-				// runs, so that no other node resumes an older copy.
-				if err := m.Bundles.Remove(ctx, id); err != nil {
-					lock.Close()
-					return sb, fmt.Errorf("%w: its bundle in %s cannot be dropped before it resumes: %v", errdefs.ErrUnavailable, m.Bundles, err)
-				}
+			// Its bundle is stale from now on: gone before the guest runs,
+			// so that no other node resumes an older copy.
+			if err := m.dropBundle(ctx, id); err != nil {
+				lock.Close()
+				return sb, fmt.Errorf("%w: its bundle cannot be dropped before it resumes: %v", errdefs.ErrUnavailable, err)
 			}
 			claimed, err := m.Store.Transition(ctx, id, store.Change{To: store.StateResuming, From: store.StatePaused, Claim: true})
 			if errors.Is(err, errdefs.ErrConflict) {

@@ -740,6 +740,9 @@ func (m *Manager) remove(ctx context.Context, id string) error {
 	if err := hostcg.Remove(hostcg.DefaultParent, id); err != nil {
 		m.log().Warn("host cgroup left behind", "sandbox_id", id, "err", err)
 	}
+	if err := m.dropBundle(ctx, id); err != nil {
+		m.log().Warn("its bundle was left in the bundle store", "sandbox_id", id, "err", err)
+	}
 	if err := statedir.RemoveAllNoMounts(m.L.Dir(id)); err != nil {
 		return fmt.Errorf("remove sandbox files: %w", err)
 	}
@@ -748,11 +751,6 @@ func (m *Manager) remove(ctx context.Context, id string) error {
 	// last sandbox on it).
 	if err := m.Store.DeleteSandbox(ctx, id); err != nil {
 		return err
-	}
-	if m.Bundles != nil {
-		if err := m.Bundles.Remove(ctx, id); err != nil {
-			m.log().Warn("its bundles were left in the bundle store", "sandbox_id", id, "err", err)
-		}
 	}
 	if _, _, err := m.collect(ctx); err != nil {
 		m.log().Warn("collect after rm", "sandbox_id", id, "err", err)

@@ -124,6 +124,9 @@ func (m *Manager) Export(ctx context.Context, c Caller, id string, force bool) (
 		return out, fmt.Errorf("export sandbox %s: %w", id, err)
 	}
 	out.Bundle = &ref
+	if err := m.keepBundleRef(id, ref); err != nil {
+		return out, err
+	}
 	m.audit(ctx, c, id, "sandbox.export", map[string]any{"digest": ref.Digest, "bytes": ref.Bytes,
 		"store": m.Bundles.String(), "duration_ms": time.Since(t0).Milliseconds()})
 	return out, nil
@@ -267,6 +270,10 @@ func (m *Manager) Import(ctx context.Context, c Caller, ref bundle.Ref) (store.S
 				return err
 			}
 		}
+		// Its bundle is this node's copy's too: dropped when it resumes.
+		if err := m.keepBundleRef(sb.ID, ref); err != nil {
+			return err
+		}
 		sb.State, sb.Reason = store.StatePaused, ""
 		return m.Store.CreateSandbox(ctx, sb)
 	}()
@@ -361,5 +368,56 @@ func qemuImg(ctx context.Context, args ...string) error {
 	if err != nil {
 		return fmt.Errorf("qemu-img %s: %w: %s", args[0], err, strings.TrimSpace(string(out)))
 	}
+	return nil
+}
+
+// bundleRefFile, in a sandbox's directory, names the bundle that holds
+// what the sandbox is while it stays paused: the one this node wrote, or
+// imported it from.
+const bundleRefFile = "bundle.ref"
+
+func (m *Manager) keepBundleRef(id string, ref bundle.Ref) error {
+	b, _ := json.Marshal(ref)
+	return os.WriteFile(filepath.Join(m.L.Dir(id), bundleRefFile), b, 0o600)
+}
+
+// dropBundle removes sandbox id's bundle (bundleRefFile's) from the
+// bundle store: before it resumes, after which the bundle is stale, and
+// when it is removed. Only that bundle goes: another node may have
+// written a newer one of the same sandbox (this node's copy was then left
+// behind when the sandbox moved).
+func (m *Manager) dropBundle(ctx context.Context, id string) error {
+	path := filepath.Join(m.L.Dir(id), bundleRefFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var ref bundle.Ref
+	if json.Unmarshal(b, &ref) == nil && ref.Sandbox == id && m.Bundles != nil {
+		if err := m.Bundles.Remove(ctx, ref); err != nil {
+			return err
+		}
+	}
+	return os.Remove(path)
+}
+
+// Forget removes this node's copy of c's sandbox id, which lives on
+// another node now (it moved while this node was lost), and leaves its
+// bundle in the bundle store: that bundle may be what the other node's
+// copy resumes from. Audited as sandbox.forget.
+func (m *Manager) Forget(ctx context.Context, c Caller, id string) error {
+	if _, err := m.lookup(ctx, c, id); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(m.L.Dir(id), bundleRefFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := m.remove(ctx, id); err != nil {
+		return err
+	}
+	m.audit(ctx, c, id, "sandbox.forget", nil)
 	return nil
 }

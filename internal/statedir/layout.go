@@ -139,3 +139,38 @@ func ValidateVolumeID(id string) error {
 	}
 	return nil
 }
+
+// CloneSetup makes dst, a new directory on l's filesystem, the state dir
+// of a second node on this host: l's guest kernel, initramfs and image
+// blobs as hard links, and a boot config naming them; world-traversable,
+// as `airlock setup` leaves a state dir (the VMMs, unprivileged, open
+// the disks' backing files by path). For tests and benchmarks that run a
+// cluster's nodes on one host; a real node runs `airlock setup`.
+func (l Layout) CloneSetup(dst Layout) error {
+	bc, err := l.LoadBootConfig()
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(dst.Root, 0o755); err != nil {
+		return err
+	}
+	link := func(from, to string) error {
+		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+			return err
+		}
+		return os.Link(from, to)
+	}
+	nb := bc
+	nb.Kernel = filepath.Join(dst.Root, "kernels", bc.KernelRelease, "vmlinux")
+	nb.Initrd = filepath.Join(dst.Root, "initramfs", filepath.Base(bc.Initrd))
+	if err := errors.Join(link(bc.Kernel, nb.Kernel), link(bc.Initrd, nb.Initrd)); err != nil {
+		return err
+	}
+	blobs, _ := filepath.Glob(filepath.Join(l.Root, "images", "blobs", "*.ext4"))
+	for _, b := range blobs {
+		if err := link(b, filepath.Join(dst.Root, "images", "blobs", filepath.Base(b))); err != nil {
+			return err
+		}
+	}
+	return dst.SaveBootConfig(nb)
+}

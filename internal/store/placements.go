@@ -256,3 +256,12 @@ func (s *Store) LosePlacement(ctx context.Context, id, reason string) error {
 	}
 	return nil
 }
+
+// RestorePlacement places a lost placement on node again (its node came
+// back with the sandbox).
+func (s *Store) RestorePlacement(ctx context.Context, id, node string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE placements SET state = ?, reason = '' WHERE id = ? AND node = ? AND state = ?`, PlacementPlaced, id, node, PlacementLost); err != nil {
+		return fmt.Errorf("restore placement: %w", err)
+	}
+	return nil
+}

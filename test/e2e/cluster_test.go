@@ -26,6 +26,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/testutil"
 	"github.com/airlock-sandbox/airlock/internal/testutil/kubetest"
 	"github.com/airlock-sandbox/airlock/internal/testutil/pgtest"
+	airlock "github.com/airlock-sandbox/airlock/sdk/go"
 )
 
 // TestNodeRegistersAndServesTheControlTier runs a real `airlock node`
@@ -263,6 +264,22 @@ func TestClusterControlTierPlacesAndProxies(t *testing.T) {
 	if code, body := call(b, key, "GET", "/v1/sandboxes", ""); code != http.StatusOK || !strings.Contains(string(body), sb.ID) {
 		t.Fatalf("list through replica B: %d %s", code, body)
 	}
+	// A terminal (the PTY WebSocket) through replica B, with the Go SDK.
+	tctx, tcancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer tcancel()
+	term, err := airlock.New(b, key).Terminal(tctx, sb.ID, airlock.TerminalOptions{Cmd: []string{"sh", "-c", "read l; echo got:$l"}})
+	if err != nil {
+		t.Fatalf("terminal through replica B: %v", err)
+	}
+	if _, err := term.Write([]byte("via-pty\n")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := io.ReadAll(term); err != nil || !strings.Contains(string(out), "got:via-pty") {
+		t.Fatalf("terminal through replica B: %q %v", out, err)
+	}
+	if x, err := term.Wait(tctx); err != nil || x.Code != 0 {
+		t.Fatalf("terminal through replica B: exit %+v %v", x, err)
+	}
 
 	// The quota is the cluster's, not a replica's; another tenant sees
 	// nothing.
@@ -403,8 +420,9 @@ func (c *e2eCluster) firstCreate(t *testing.T, replica, key, body string) (int, 
 // Python variable through the control tier, stops its node, and has the
 // next call resume it on a second node (its own state dir) from the
 // bundle the pause wrote to the nodes' shared bundle directory: the
-// variable is intact, the placement moved, and a bundle that was tampered
-// with is refused, never resumed.
+// variable is intact and the placement moved; node 1, back, forgets its
+// stale copy; and a bundle that was tampered with is refused, never
+// resumed.
 func TestClusterResumesAPausedSandboxOnAnotherNode(t *testing.T) {
 	e := setup(t)
 	if onGVisor() {
@@ -491,13 +509,24 @@ func TestClusterResumesAPausedSandboxOnAnotherNode(t *testing.T) {
 	}
 
 	// Paused again, on node 2, and its bundle tampered with (one bit):
-	// when node 2 stops, node 3 refuses it, and the sandbox is failed
-	// with the reason instead of resumed from bytes no node wrote.
+	// when node 2 stops, the node it moves to (1 or 3) refuses it, and
+	// the sandbox is failed with the reason instead of resumed from bytes
+	// no node wrote.
 	code, body = cl.call(replica, key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", `{}`)
 	if code != http.StatusOK || json.Unmarshal(body, &paused) != nil || paused.Bundle == nil {
 		t.Fatalf("second pause: %d %s", code, body)
 	}
 	second := filepath.Join(bundles, sb.ID, strings.TrimPrefix(paused.Bundle.Digest, "sha256:")+".tar")
+
+	// Node 1 comes back: the replica forgets its stale copy, and leaves
+	// the bundle that node 2's copy would resume from.
+	startDaemon(t, e, "node e2e-m1, back", cl.nodeArgs("e2e-m1", "--bundle-dir", bundles)...)
+	if !testutil.WaitFor(t, 60*time.Second, func() bool { return !strings.Contains(e.run(t, nil, "ls").stdout, sb.ID) }) {
+		t.Fatalf("node 1 came back and still has its copy of %s", sb.ID)
+	}
+	if _, err := os.Stat(second); err != nil {
+		t.Fatalf("forgetting node 1's stale copy took node 2's bundle: %v", err)
+	}
 	b, err := os.ReadFile(second)
 	if err != nil {
 		t.Fatal(err)
@@ -518,15 +547,16 @@ func TestClusterResumesAPausedSandboxOnAnotherNode(t *testing.T) {
 	}) || code != http.StatusConflict || !strings.Contains(string(body), "do not match its digest") {
 		t.Fatalf("a call with a tampered bundle: %d %s", code, body)
 	}
-	if r := e3.run(t, nil, "ls"); strings.Contains(r.stdout, sb.ID) {
-		t.Fatalf("node 3 kept the tampered sandbox: %s", r.stdout)
+	for _, st := range []env{e, e3} {
+		if r := st.run(t, nil, "ls"); strings.Contains(r.stdout, sb.ID) {
+			t.Fatalf("a node kept the tampered sandbox: %s", r.stdout)
+		}
 	}
 	t.Logf("the tampered bundle was refused: %s", body)
 }
 
 // cloneNodeState makes a state dir for a second node on this host, beside
-// src (hard links, so the same filesystem): the guest kernel, initramfs
-// and image blobs of src, and its boot config pointing at them.
+// src (hard links need the same filesystem): statedir.CloneSetup.
 func cloneNodeState(t *testing.T, src string) string {
 	t.Helper()
 	dst, err := os.MkdirTemp(filepath.Dir(src), "e2e-node-") //nolint:usetesting // beside src, for hard links: t.TempDir is on another filesystem
@@ -534,33 +564,7 @@ func cloneNodeState(t *testing.T, src string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dst) })
-	// As `airlock setup` leaves it: the unprivileged VMMs open the disks'
-	// backing files by path.
-	if err := os.Chmod(dst, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bc, err := (statedir.Layout{Root: src}).LoadBootConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	link := func(from, to string) {
-		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Link(from, to); err != nil {
-			t.Fatal(err)
-		}
-	}
-	nb := bc
-	nb.Kernel = filepath.Join(dst, "kernels", bc.KernelRelease, "vmlinux")
-	nb.Initrd = filepath.Join(dst, "initramfs", filepath.Base(bc.Initrd))
-	link(bc.Kernel, nb.Kernel)
-	link(bc.Initrd, nb.Initrd)
-	blobs, _ := filepath.Glob(filepath.Join(src, "images", "blobs", "*.ext4"))
-	for _, b := range blobs {
-		link(b, filepath.Join(dst, "images", "blobs", filepath.Base(b)))
-	}
-	if err := (statedir.Layout{Root: dst}).SaveBootConfig(nb); err != nil {
+	if err := (statedir.Layout{Root: src}).CloneSetup(statedir.Layout{Root: dst}); err != nil {
 		t.Fatal(err)
 	}
 	return dst

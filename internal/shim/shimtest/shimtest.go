@@ -48,32 +48,46 @@ type Env struct {
 func New(t testing.TB) *Env {
 	t.Helper()
 	testutil.NeedTool(t, "qemu-img", "make deps")
-	ctx := t.Context()
-	e := &Env{L: statedir.Layout{Root: t.TempDir()}, Runtime: fake.New(), ImageDigest: "sha256:" + strings.Repeat("ab", 32)}
-	var err error
-	if e.Store, err = store.Open(ctx, e.L.Catalog()); err != nil {
+	e, err := Prepare(t.Context(), t.TempDir())
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Store.Close() })
+	return e
+}
+
+// Prepare makes an Env in dir (an empty directory) for callers that are
+// not tests (the cluster simulation of make bench); the caller closes its
+// Store.
+func Prepare(ctx context.Context, dir string) (*Env, error) {
+	e := &Env{L: statedir.Layout{Root: dir}, Runtime: fake.New(), ImageDigest: "sha256:" + strings.Repeat("ab", 32)}
+	var err error
+	if e.Store, err = store.Open(ctx, e.L.Catalog()); err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Env, error) {
+		e.Store.Close()
+		return nil, err
+	}
 	for _, f := range []string{"vmlinux", "initrd.cpio"} {
 		if err := os.WriteFile(filepath.Join(e.L.Root, f), []byte("x"), 0o644); err != nil {
-			t.Fatal(err)
+			return fail(err)
 		}
 	}
 	if err := e.L.SaveBootConfig(statedir.BootConfig{Kernel: filepath.Join(e.L.Root, "vmlinux"), Initrd: filepath.Join(e.L.Root, "initrd.cpio")}); err != nil {
-		t.Fatal(err)
+		return fail(err)
 	}
 	blob := e.L.ImagePath(e.ImageDigest)
 	if err := os.MkdirAll(filepath.Dir(blob), 0o755); err != nil {
-		t.Fatal(err)
+		return fail(err)
 	}
 	if err := os.WriteFile(blob, make([]byte, ImageSize), 0o444); err != nil {
-		t.Fatal(err)
+		return fail(err)
 	}
 	if err := e.Store.PutImage(ctx, store.ImageRecord{Name: "base", Digest: e.ImageDigest, Size: ImageSize, Created: time.Now()}); err != nil {
-		t.Fatal(err)
+		return fail(err)
 	}
-	return e
+	return e, nil
 }
 
 // Row returns the catalog row of a new sandbox id of image "base" (1 vCPU,

@@ -25,8 +25,9 @@ import (
 
 // Apply creates every object of the kustomization in dir, in the order
 // its kustomization.yaml lists the files (plain resources only: no
-// patches or generators), as `kubectl apply -k dir` would on an empty
-// cluster, with strict field validation; it waits for each
+// patches or generators; a directory listed is a base, applied in its
+// place; images: renames are not made), as `kubectl apply -k dir` would
+// on an empty cluster, with strict field validation; it waits for each
 // CustomResourceDefinition to be established before going on.
 func Apply(t testing.TB, cfg *rest.Config, dir string) {
 	t.Helper()
@@ -45,6 +46,10 @@ func Apply(t testing.TB, cfg *rest.Config, dir string) {
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cached)
 	dyn := dynamic.NewForConfigOrDie(cfg)
 	for _, f := range kust.Resources {
+		if fi, err := os.Stat(filepath.Join(dir, f)); err == nil && fi.IsDir() {
+			Apply(t, cfg, filepath.Join(dir, f)) // another kustomization (a base)
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
 			t.Fatal(err)

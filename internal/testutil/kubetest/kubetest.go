@@ -213,6 +213,9 @@ func start(t testing.TB, bin, dir string) (*ControlPlane, error) {
 		"--cert-dir="+certDir,
 		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode=RBAC",
+		// As clusters that run host agents allow (the nodes' DaemonSet
+		// is privileged); kube-apiserver's own default refuses it.
+		"--allow-privileged=true",
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+filepath.Join(dir, "sa.pub"),

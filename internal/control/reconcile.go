@@ -1,0 +1,123 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/cluster"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// A node that becomes live (first seen by this replica, or back after it
+// was lost) is reconciled with the catalog (OnNodeLive):
+//
+//   - a sandbox whose placement is on another node (it moved while this
+//     one was gone) is forgotten there: that copy is stale, and no call
+//     is ever routed to it (its bundle stays, for the copy that moved);
+//   - a sandbox whose placement on it was marked lost runs (or is paused)
+//     there still: it is placed again, and calls reach it as before;
+//   - a sandbox of a tenant with no placement at all (a create whose
+//     replica died before it recorded the answer, or one deleted while
+//     its node was lost) is removed once it is older than the longest a
+//     create may wait for its node, so a create in flight is never taken.
+//
+// Sandboxes of the node's local user (no tenant) are not the cluster's.
+// Each step is audited (sandbox.unplace with "stale copy", sandbox.place
+// with "its node came back", sandbox.orphan).
+
+// controlCaller is who the control tier is on a node for its own work:
+// an admin, of no tenant's.
+var controlCaller = store.APIKey{ID: "airlock-control", Tenant: "airlock-control", Admin: true}
+
+// orphanAge is how old a sandbox with no placement must be before it is
+// removed: past store's pending reservations' lifetime.
+const orphanAge = 31 * time.Minute
+
+// OnNodeLive reconciles node n with the catalog (the Registry's OnLive),
+// in the background: the Registry's own loop must not wait on a node.
+func (s *Server) OnNodeLive(n cluster.Node) {
+	s.reconciling.Add(1)
+	go func() {
+		defer s.reconciling.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := s.reconcile(ctx, n); err != nil {
+			s.cfg.Log.Warn("control: reconcile a node", "node", n.Name, "err", err)
+		}
+	}()
+}
+
+// WaitReconciled waits for the reconciliations OnNodeLive started.
+func (s *Server) WaitReconciled() { s.reconciling.Wait() }
+
+func (s *Server) reconcile(ctx context.Context, n cluster.Node) error {
+	res, err := s.callNode(ctx, n, controlCaller, http.MethodGet, "/v1/sandboxes", nil)
+	if err != nil {
+		return err
+	}
+	var page struct {
+		Sandboxes []struct {
+			ID        string    `json:"id"`
+			Tenant    string    `json:"tenant"`
+			CreatedAt time.Time `json:"created_at"`
+		} `json:"sandboxes"`
+	}
+	err = json.NewDecoder(io.LimitReader(res.Body, 64<<20)).Decode(&page)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || err != nil {
+		return errors.New("the node's list: " + res.Status)
+	}
+	for _, sb := range page.Sandboxes {
+		if sb.Tenant == "" {
+			continue
+		}
+		p, err := s.cfg.Store.PlacementOf(ctx, sb.ID)
+		switch {
+		case errors.Is(err, errdefs.ErrNotFound):
+			if time.Since(sb.CreatedAt) > orphanAge {
+				s.removeFrom(ctx, n, sb.ID, sb.Tenant, "sandbox.orphan", "no placement in the catalog")
+			}
+		case err != nil:
+			return err
+		case p.Node != n.Name:
+			// Forgotten, not deleted: the bundle it was paused into may be
+			// what the copy on p.Node resumes from.
+			s.removeFrom(ctx, n, sb.ID, sb.Tenant, "sandbox.unplace", "stale copy: the sandbox moved to node "+p.Node)
+		case p.State == store.PlacementLost:
+			if err := s.cfg.Store.RestorePlacement(ctx, p.ID, n.Name); err != nil {
+				return err
+			}
+			_, _ = s.cfg.Store.AppendEvent(ctx, store.Event{Tenant: p.Tenant, SandboxID: sb.ID, Action: "sandbox.place",
+				Detail: map[string]any{"node": n.Name, "why": "its node came back"}})
+			s.cfg.Log.Info("control: a lost node's sandbox is placed again", "node", n.Name, "sandbox_id", sb.ID)
+		}
+	}
+	return nil
+}
+
+// removeFrom removes sandbox id from node n, auditing action with why. A
+// stale copy is forgotten (the node's forget route: its bundle stays);
+// an orphan is deleted.
+func (s *Server) removeFrom(ctx context.Context, n cluster.Node, id, tenant, action, why string) {
+	method, path := http.MethodDelete, "/v1/sandboxes/"+id
+	if action == "sandbox.unplace" {
+		method, path = http.MethodPost, "/v1/node/sandboxes/"+id+"/forget"
+	}
+	res, err := s.callNode(ctx, n, controlCaller, method, path, nil)
+	if err != nil {
+		s.cfg.Log.Warn("control: remove from a node", "node", n.Name, "sandbox_id", id, "err", err)
+		return
+	}
+	res.Body.Close()
+	if res.StatusCode/100 != 2 && res.StatusCode != http.StatusNotFound {
+		s.cfg.Log.Warn("control: remove from a node", "node", n.Name, "sandbox_id", id, "status", res.Status)
+		return
+	}
+	_, _ = s.cfg.Store.AppendEvent(ctx, store.Event{Tenant: tenant, SandboxID: id, Action: action, Detail: map[string]any{"node": n.Name, "why": why}})
+	s.cfg.Log.Info("control: removed a sandbox from a node", "node", n.Name, "sandbox_id", id, "why", why)
+}
