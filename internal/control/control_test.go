@@ -318,36 +318,7 @@ func TestControlTierRateLimitsATenant(t *testing.T) {
 // refuses the bundle fails the sandbox with its reason.
 func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
 	ctx := t.Context()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme"})
-	token := strings.Repeat("t", api.MinNodeToken)
-	n1, n2 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token)
-	nodes := &staticNodes{nodes: []cluster.Node{
-		{Name: "n1", Address: n1.srv.URL, Live: true, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
-		{Name: "n2", Address: n2.srv.URL, Live: false, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
-	}}
-	s, err := New(Config{Store: st, Nodes: nodes, NodeToken: []byte(token)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s)
-	t.Cleanup(srv.Close)
-	call := func(method, path, body string) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		res, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
-	}
+	st, s, _, n2, nodes, call := twoNodeRig(t)
 	bundleOf := func(id string) string {
 		p, err := st.PlacementOf(ctx, id)
 		if err != nil {
@@ -421,36 +392,7 @@ func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
 // create in flight) is left alone.
 func TestControlTierReconcilesANodeThatComesBack(t *testing.T) {
 	ctx := t.Context()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme"})
-	token := strings.Repeat("t", api.MinNodeToken)
-	n1, n2 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token)
-	nodes := &staticNodes{nodes: []cluster.Node{
-		{Name: "n1", Address: n1.srv.URL, Live: true, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
-		{Name: "n2", Address: n2.srv.URL, Live: false, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
-	}}
-	s, err := New(Config{Store: st, Nodes: nodes, NodeToken: []byte(token)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s)
-	t.Cleanup(srv.Close)
-	call := func(method, path, body string) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		res, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
-	}
+	st, s, n1, _, nodes, call := twoNodeRig(t)
 	var ids []string
 	for range 2 {
 		code, body := call("POST", "/v1/sandboxes", `{}`)
@@ -509,4 +451,42 @@ func TestControlTierReconcilesANodeThatComesBack(t *testing.T) {
 			t.Errorf("%s events: %+v", action, evs)
 		}
 	}
+}
+
+// twoNodeRig is a replica on a SQLite catalog over fake nodes n1 (live)
+// and n2 (not live yet), and call, which calls it with tenant acme's key.
+func twoNodeRig(t *testing.T) (*store.Store, *Server, *fakeNode, *fakeNode, *staticNodes, func(method, path, body string) (int, string)) {
+	t.Helper()
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme"})
+	token := strings.Repeat("t", api.MinNodeToken)
+	n1, n2 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token)
+	nodes := &staticNodes{nodes: []cluster.Node{
+		{Name: "n1", Address: n1.srv.URL, Live: true, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
+		{Name: "n2", Address: n2.srv.URL, Live: false, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
+	}}
+	s, err := New(Config{Store: st, Nodes: nodes, NodeToken: []byte(token)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	call := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	return st, s, n1, n2, nodes, call
 }
