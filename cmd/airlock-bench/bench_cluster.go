@@ -49,11 +49,6 @@ func benchCatalog(ctx context.Context, dir string) (url, what string, stop func(
 	return url, "PostgreSQL catalog", pg.Stop, nil
 }
 
-// staticNodes is a fixed node list (control.Nodes).
-type staticNodes []cluster.Node
-
-func (s staticNodes) Nodes() []cluster.Node { return append([]cluster.Node(nil), s...) }
-
 // clusterCreateRow measures create until the first exec answers through
 // the control tier (a replica on the catalog, proxying to this host's
 // node API) against the same through this host's own API, alternating,
@@ -76,7 +71,7 @@ func clusterCreateRow(ctx context.Context, m *sandbox.Manager, catalog, catWhat 
 		return row{}, err
 	}
 	defer cat.Close()
-	replica, err := control.New(control.Config{Store: cat, Nodes: staticNodes{{Name: "bench", Address: nodeSrv.URL, Live: true,
+	replica, err := control.New(control.Config{Store: cat, Nodes: cluster.Static{{Name: "bench", Address: nodeSrv.URL, Live: true,
 		Runtimes: []string{"qemu"}, CPUs: 64, MemoryMiB: 256 << 10}}, NodeToken: token})
 	if err != nil {
 		return row{}, err

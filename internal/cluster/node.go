@@ -6,7 +6,10 @@
 // renewing its Lease.
 package cluster
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Node is one airlock node as the control tier sees it: what it published
 // in its AirlockNode object, and whether its Lease is being renewed.
@@ -37,3 +40,10 @@ type Node struct {
 	RenewedAt     time.Time
 	LeaseDuration time.Duration
 }
+
+// Static is a fixed list of nodes, for a control tier whose nodes are
+// known without a Registry (the cluster simulation, make bench).
+type Static []Node
+
+// Nodes returns a copy of the list.
+func (s Static) Nodes() []Node { return slices.Clone(s) }

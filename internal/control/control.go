@@ -167,9 +167,8 @@ func keyOf(r *http.Request) store.APIKey {
 // create places a new sandbox.
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	k := keyOf(r)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "request body is larger than 1 MiB")
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	var req struct {
@@ -297,12 +296,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	for _, p := range ps {
 		switch {
 		case p.State == store.PlacementLost:
-			lost = append(lost, map[string]any{"id": p.SandboxID, "tenant": p.Tenant, "state": "failed", "reason": p.Reason,
-				"cpus": p.CPUs, "memory_mb": p.MemoryMiB, "created_at": p.Created.UTC()})
+			lost = append(lost, placementView(p, "failed", p.Reason))
 		case !live[p.Node] && p.BundleDigest != "":
-			lost = append(lost, map[string]any{"id": p.SandboxID, "tenant": p.Tenant, "state": "paused",
-				"reason": "its node " + p.Node + " is not live; the next call resumes it on another node",
-				"cpus":   p.CPUs, "memory_mb": p.MemoryMiB, "created_at": p.Created.UTC()})
+			lost = append(lost, placementView(p, "paused", "its node "+p.Node+" is not live; the next call resumes it on another node"))
 		default:
 			byNode[p.Node] = true
 		}
@@ -510,9 +506,8 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "request body is larger than 1 MiB")
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	res, err := s.callNode(r.Context(), node, k, http.MethodPost, "/v1/node/sandboxes/"+p.SandboxID+"/export", body)
@@ -629,6 +624,24 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 		r.status = http.StatusOK
 	}
 	return r.ResponseWriter.Write(b)
+}
+
+// placementView is how the list shows a sandbox no live node answers
+// for: from its placement, in state, saying why.
+func placementView(p store.Placement, state, reason string) map[string]any {
+	return map[string]any{"id": p.SandboxID, "tenant": p.Tenant, "state": state, "reason": reason,
+		"cpus": p.CPUs, "memory_mb": p.MemoryMiB, "created_at": p.Created.UTC()}
+}
+
+// readBody reads r's body, at most maxBody bytes; if it cannot, it has
+// answered r.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "request body is larger than 1 MiB")
+		return nil, false
+	}
+	return body, true
 }
 
 // relay writes a node's answer as this replica's.

@@ -326,16 +326,10 @@ func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
 		}
 		return p.BundleDigest
 	}
-	var ids []string
-	for range 2 {
-		code, body := call("POST", "/v1/sandboxes", `{}`)
-		var sb struct{ ID string }
-		if code != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil {
-			t.Fatalf("create: %d %s", code, body)
-		}
-		ids = append(ids, sb.ID)
-		if code, body := call("POST", "/v1/sandboxes/"+sb.ID+"/pause", `{}`); code != http.StatusOK || bundleOf(sb.ID) == "" {
-			t.Fatalf("pause: %d %s; bundle %q", code, body, bundleOf(sb.ID))
+	ids := createVia(t, call, 2)
+	for _, id := range ids {
+		if code, body := call("POST", "/v1/sandboxes/"+id+"/pause", `{}`); code != http.StatusOK || bundleOf(id) == "" {
+			t.Fatalf("pause: %d %s; bundle %q", code, body, bundleOf(id))
 		}
 	}
 	a, b := ids[0], ids[1]
@@ -393,15 +387,7 @@ func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
 func TestControlTierReconcilesANodeThatComesBack(t *testing.T) {
 	ctx := t.Context()
 	st, s, n1, _, nodes, call := twoNodeRig(t)
-	var ids []string
-	for range 2 {
-		code, body := call("POST", "/v1/sandboxes", `{}`)
-		var sb struct{ ID string }
-		if code != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil {
-			t.Fatalf("create: %d %s", code, body)
-		}
-		ids = append(ids, sb.ID)
-	}
+	ids := createVia(t, call, 2)
 	moved, stayed := ids[0], ids[1]
 	call("POST", "/v1/sandboxes/"+moved+"/pause", `{}`)
 	n1.mu.Lock()
@@ -489,4 +475,19 @@ func twoNodeRig(t *testing.T) (*store.Store, *Server, *fakeNode, *fakeNode, *sta
 		return res.StatusCode, string(b)
 	}
 	return st, s, n1, n2, nodes, call
+}
+
+// createVia creates n sandboxes through call and returns their ids.
+func createVia(t *testing.T, call func(method, path, body string) (int, string), n int) []string {
+	t.Helper()
+	var ids []string
+	for range n {
+		code, body := call("POST", "/v1/sandboxes", `{}`)
+		var sb struct{ ID string }
+		if code != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		ids = append(ids, sb.ID)
+	}
+	return ids
 }

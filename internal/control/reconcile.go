@@ -80,14 +80,14 @@ func (s *Server) reconcile(ctx context.Context, n cluster.Node) error {
 		switch {
 		case errors.Is(err, errdefs.ErrNotFound):
 			if time.Since(sb.CreatedAt) > orphanAge {
-				s.removeFrom(ctx, n, sb.ID, sb.Tenant, "sandbox.orphan", "no placement in the catalog")
+				s.removeFrom(ctx, n, sb.ID, sb.Tenant, false, "sandbox.orphan", "no placement in the catalog")
 			}
 		case err != nil:
 			return err
 		case p.Node != n.Name:
 			// Forgotten, not deleted: the bundle it was paused into may be
 			// what the copy on p.Node resumes from.
-			s.removeFrom(ctx, n, sb.ID, sb.Tenant, "sandbox.unplace", "stale copy: the sandbox moved to node "+p.Node)
+			s.removeFrom(ctx, n, sb.ID, sb.Tenant, true, "sandbox.unplace", "stale copy: the sandbox moved to node "+p.Node)
 		case p.State == store.PlacementLost:
 			if err := s.cfg.Store.RestorePlacement(ctx, p.ID, n.Name); err != nil {
 				return err
@@ -100,12 +100,11 @@ func (s *Server) reconcile(ctx context.Context, n cluster.Node) error {
 	return nil
 }
 
-// removeFrom removes sandbox id from node n, auditing action with why. A
-// stale copy is forgotten (the node's forget route: its bundle stays);
-// an orphan is deleted.
-func (s *Server) removeFrom(ctx context.Context, n cluster.Node, id, tenant, action, why string) {
+// removeFrom removes sandbox id from node n, auditing action with why:
+// forgotten (the node's forget route: its bundle stays) or deleted.
+func (s *Server) removeFrom(ctx context.Context, n cluster.Node, id, tenant string, forget bool, action, why string) {
 	method, path := http.MethodDelete, "/v1/sandboxes/"+id
-	if action == "sandbox.unplace" {
+	if forget {
 		method, path = http.MethodPost, "/v1/node/sandboxes/"+id+"/forget"
 	}
 	res, err := s.callNode(ctx, n, controlCaller, method, path, nil)

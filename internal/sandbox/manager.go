@@ -138,6 +138,7 @@ type Manager struct {
 	pool     *shimclient.Pool // see shims
 	quota    Quotas           // creates in flight (see reserve)
 	netMu    sync.Mutex       // serializes live network changes (SetNetwork)
+	digests  sync.Map         // path -> the sha256 of a boot file (fileDigest)
 }
 
 func (o *CreateOptions) validate(imageSize int64) error {

@@ -144,10 +144,10 @@ func (m *Manager) writeBundle(ctx context.Context, sb store.Sandbox) (bundle.Ref
 		return bundle.Ref{}, fmt.Errorf("pause manifest: %w", err)
 	}
 	doc := bundleDoc{Version: bundleVersion, Sandbox: sb, Arch: goruntime.GOARCH}
-	if doc.KernelSHA256, err = fileSHA256(man.Kernel); err != nil {
+	if doc.KernelSHA256, err = m.fileDigest(man.Kernel); err != nil {
 		return bundle.Ref{}, err
 	}
-	if doc.InitrdSHA256, err = fileSHA256(man.Initrd); err != nil {
+	if doc.InitrdSHA256, err = m.fileDigest(man.Initrd); err != nil {
 		return bundle.Ref{}, err
 	}
 	work, err := os.MkdirTemp(m.L.Dir(sb.ID), "export-")
@@ -302,6 +302,7 @@ func (m *Manager) checkBundle(ctx context.Context, c Caller, ref bundle.Ref, dir
 		return doc.Sandbox, man, errors.New("the bundle's pause manifest is missing or unreadable")
 	}
 	sb := doc.Sandbox
+	unmovable := Movable(sb)
 	switch {
 	case sb.ID != ref.Sandbox:
 		return sb, man, fmt.Errorf("the bundle holds sandbox %q", sb.ID)
@@ -309,8 +310,8 @@ func (m *Manager) checkBundle(ctx context.Context, c Caller, ref bundle.Ref, dir
 		return sb, man, errors.New("the bundle is another tenant's")
 	case doc.Arch != goruntime.GOARCH:
 		return sb, man, fmt.Errorf("it was paused on %s; this node is %s", doc.Arch, goruntime.GOARCH)
-	case Movable(sb) != "":
-		return sb, man, errors.New(Movable(sb))
+	case unmovable != "":
+		return sb, man, errors.New(unmovable)
 	case man.Runtime != "" && man.Runtime != "qemu":
 		return sb, man, fmt.Errorf("it was paused by the %s runtime", man.Runtime)
 	}
@@ -326,17 +327,36 @@ func (m *Manager) checkBundle(ctx context.Context, c Caller, ref bundle.Ref, dir
 	if err != nil {
 		return sb, man, err
 	}
-	if sum, err := fileSHA256(bc.Kernel); err != nil || sum != doc.KernelSHA256 {
+	if sum, err := m.fileDigest(bc.Kernel); err != nil || sum != doc.KernelSHA256 {
 		return sb, man, fmt.Errorf("it was paused with guest kernel sha256:%.12s; this node's (%s) is sha256:%.12s", doc.KernelSHA256, bc.KernelRelease, sum)
 	}
-	if sum, err := fileSHA256(bc.Initrd); err != nil || sum != doc.InitrdSHA256 {
+	if sum, err := m.fileDigest(bc.Initrd); err != nil || sum != doc.InitrdSHA256 {
 		return sb, man, fmt.Errorf("it was paused with initramfs sha256:%.12s; this node's is sha256:%.12s (the nodes must run the same airlock version)", doc.InitrdSHA256, sum)
 	}
 	man.Kernel, man.Initrd = bc.Kernel, bc.Initrd
 	return sb, man, nil
 }
 
-func fileSHA256(path string) (string, error) {
+// fileDigest is the sha256 of a guest kernel's or initramfs' file (tens
+// of MiB, read-only once written), hashed once per file version: every
+// export and import asks for both.
+func (m *Manager) fileDigest(path string) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	type version struct {
+		size  int64
+		mtime time.Time
+	}
+	v := version{fi.Size(), fi.ModTime()}
+	type cached struct {
+		v   version
+		sum string
+	}
+	if c, ok := m.digests.Load(path); ok && c.(cached).v == v {
+		return c.(cached).sum, nil
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err
@@ -346,7 +366,9 @@ func fileSHA256(path string) (string, error) {
 	if _, err := io.Copy(h, f); err != nil {
 		return "", err
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	sum := hex.EncodeToString(h.Sum(nil))
+	m.digests.Store(path, cached{v, sum})
+	return sum, nil
 }
 
 func copyFile(src, dst string) error {

@@ -103,7 +103,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 			n.env.Store.Close()
 		}
 	}()
-	static := &staticNodes{}
+	var static cluster.Static
 	for i := range o.Nodes {
 		dir := filepath.Join(o.Dir, fmt.Sprintf("node-%02d", i))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -132,7 +132,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 			return res, err
 		}
 		n.srv = httptest.NewServer(s)
-		static.nodes = append(static.nodes, cluster.Node{Name: fmt.Sprintf("sim-%02d", i), Address: n.srv.URL, Live: true,
+		static = append(static, cluster.Node{Name: fmt.Sprintf("sim-%02d", i), Address: n.srv.URL, Live: true,
 			Runtimes: []string{"qemu"}, CPUs: 64, MemoryMiB: 256 << 10})
 	}
 	var bases []string
@@ -249,7 +249,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 		if err != nil {
 			return res, err
 		}
-		res.PerNode[static.nodes[i].Name] = len(sbs)
+		res.PerNode[static[i].Name] = len(sbs)
 	}
 	for _, p := range []struct {
 		name, method, path, body string
@@ -277,7 +277,3 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	}
 	return res, nil
 }
-
-type staticNodes struct{ nodes []cluster.Node }
-
-func (s *staticNodes) Nodes() []cluster.Node { return slices.Clone(s.nodes) }
