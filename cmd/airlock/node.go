@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -225,6 +227,19 @@ func runNode(cmd *cobra.Command, g *globals, m *sandbox.Manager, o *nodeOptions)
 		advertise = scheme + "://" + net.JoinHostPort(host, strconv.Itoa(ta.Port))
 	}
 	rt := m.Runtime
+	// Warm pools: the namespace's SandboxWarmPools, reconciled onto this
+	// node's manager, which keeps them filled.
+	var runtimes []string
+	if name, err := rt(ctx); err == nil {
+		runtimes = []string{name}
+	}
+	go m.RunWarm(ctx)
+	warmCtl := &cluster.WarmPools{Config: kc, Namespace: o.namespace, Node: o.name, Runtimes: runtimes, Target: nodeWarm{m}, Log: g.log}
+	go func() {
+		if err := warmCtl.Run(ctx); err != nil && ctx.Err() == nil {
+			g.log.Error("warm pools: the SandboxWarmPool controller stopped; this node keeps the pools it has", "err", err)
+		}
+	}()
 	reg := &cluster.Registrar{Dynamic: dyn, Namespace: o.namespace, Name: o.name, Log: g.log,
 		Status: func(ctx context.Context) (cluster.Node, error) {
 			n, err := nodeStatus(ctx, m, rt)
@@ -269,7 +284,41 @@ func nodeStatus(ctx context.Context, m *sandbox.Manager, rt func(context.Context
 			n.AllocatedMemoryMiB += int64(sb.MemoryMiB)
 		}
 	}
+	pools, err := m.WarmPools(ctx)
+	if err != nil {
+		return n, err
+	}
+	for _, name := range slices.Sorted(maps.Keys(pools)) {
+		p := pools[name]
+		i := slices.IndexFunc(n.Warm, func(w cluster.WarmReady) bool {
+			return w.Image == p.Spec.Image && w.CPUs == p.Spec.CPUs && w.MemoryMiB == p.Spec.MemoryMiB
+		})
+		if i < 0 {
+			n.Warm = append(n.Warm, cluster.WarmReady{Image: p.Spec.Image, CPUs: p.Spec.CPUs, MemoryMiB: p.Spec.MemoryMiB})
+			i = len(n.Warm) - 1
+		}
+		n.Warm[i].Ready += p.Ready
+	}
 	return n, nil
+}
+
+// nodeWarm is the manager as the SandboxWarmPool controller's target: a
+// pool's perNode is its size here.
+type nodeWarm struct{ m *sandbox.Manager }
+
+func (w nodeWarm) SetWarmPool(name string, s cluster.WarmPoolSpec) error {
+	return w.m.SetWarmPool(name, sandbox.WarmPool{Image: s.Image, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Size: s.PerNode})
+}
+
+func (w nodeWarm) DeleteWarmPool(name string) { w.m.DeleteWarmPool(name) }
+
+func (w nodeWarm) WarmPoolState(name string) cluster.WarmPoolState {
+	pools, err := w.m.WarmPools(context.Background())
+	if err != nil {
+		return cluster.WarmPoolState{Error: err.Error()}
+	}
+	p := pools[name]
+	return cluster.WarmPoolState{Ready: p.Ready, Size: p.Size, Error: p.Err}
 }
 
 // memTotalMiB is the host's memory (MemTotal of /proc/meminfo).

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 func TestParseMiB(t *testing.T) {
@@ -40,6 +44,21 @@ func TestSplitRemote(t *testing.T) {
 	for _, s := range []string{"./local.txt", "C:/x", "/abs/path", "../x:/y"} {
 		if _, _, ok := splitRemote(s); ok {
 			t.Errorf("%q parsed as remote", s)
+		}
+	}
+}
+
+func TestParseWarmPool(t *testing.T) {
+	p, err := parseWarmPool("image=python, size=4,cpus=2,memory=1024")
+	if err != nil || p != (sandbox.WarmPool{Image: "python", Size: 4, CPUs: 2, MemoryMiB: 1024}) {
+		t.Fatalf("full spec: %+v %v", p, err)
+	}
+	if p, err := parseWarmPool("size=1"); err != nil || p != (sandbox.WarmPool{Size: 1}) {
+		t.Fatalf("size only: %+v %v", p, err)
+	}
+	for _, bad := range []string{"", "image=base", "size=0", "size=-1", "size=x", "size=1,size=2", "size=1,colour=red", "size=1,image", "size=1,image="} {
+		if _, err := parseWarmPool(bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%q: %v, want invalid", bad, err)
 		}
 	}
 }

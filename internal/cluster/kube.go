@@ -53,24 +53,25 @@ type nodeSpec struct {
 }
 
 type nodeStatus struct {
-	Runtimes           []string `json:"runtimes,omitempty"`
-	Arch               string   `json:"arch,omitempty"`
-	Accel              string   `json:"accel,omitempty"`
-	Kernel             string   `json:"kernel,omitempty"`
-	Version            string   `json:"version,omitempty"`
-	CPUs               int      `json:"cpus"`
-	MemoryMiB          int64    `json:"memoryMiB"`
-	AllocatedCPUs      int      `json:"allocatedCPUs"`
-	AllocatedMemoryMiB int64    `json:"allocatedMemoryMiB"`
-	Sandboxes          int      `json:"sandboxes"`
-	Updated            string   `json:"updated,omitempty"`
+	Runtimes           []string    `json:"runtimes,omitempty"`
+	Arch               string      `json:"arch,omitempty"`
+	Accel              string      `json:"accel,omitempty"`
+	Kernel             string      `json:"kernel,omitempty"`
+	Version            string      `json:"version,omitempty"`
+	CPUs               int         `json:"cpus"`
+	MemoryMiB          int64       `json:"memoryMiB"`
+	AllocatedCPUs      int         `json:"allocatedCPUs"`
+	AllocatedMemoryMiB int64       `json:"allocatedMemoryMiB"`
+	Sandboxes          int         `json:"sandboxes"`
+	Warm               []WarmReady `json:"warm,omitempty"`
+	Updated            string      `json:"updated,omitempty"`
 }
 
 func statusOf(n Node) nodeStatus {
 	return nodeStatus{
 		Runtimes: n.Runtimes, Arch: n.Arch, Accel: n.Accel, Kernel: n.Kernel, Version: n.Version,
 		CPUs: n.CPUs, MemoryMiB: n.MemoryMiB, AllocatedCPUs: n.AllocatedCPUs, AllocatedMemoryMiB: n.AllocatedMemoryMiB,
-		Sandboxes: n.Sandboxes,
+		Sandboxes: n.Sandboxes, Warm: n.Warm,
 	}
 }
 
@@ -114,7 +115,7 @@ func nodeFromObject(u *unstructured.Unstructured) (Node, bool, error) {
 		Name: u.GetName(), Address: spec.Address, Draining: spec.Draining,
 		Runtimes: st.Runtimes, Arch: st.Arch, Accel: st.Accel, Kernel: st.Kernel, Version: st.Version,
 		CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, AllocatedCPUs: st.AllocatedCPUs, AllocatedMemoryMiB: st.AllocatedMemoryMiB,
-		Sandboxes: st.Sandboxes,
+		Sandboxes: st.Sandboxes, Warm: st.Warm,
 	}, st.Updated != "", nil
 }
 

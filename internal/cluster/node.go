@@ -30,6 +30,9 @@ type Node struct {
 	AllocatedCPUs      int   // the vCPUs of its live sandboxes
 	AllocatedMemoryMiB int64 // their guest memory
 	Sandboxes          int   // live sandboxes
+	// Warm are its warm pools' sandboxes ready for a create to take, by
+	// what they are (placement prefers a node with one that fits).
+	Warm []WarmReady
 	// Draining nodes take no new sandboxes.
 	Draining bool
 
@@ -39,6 +42,15 @@ type Node struct {
 	// RenewedAt is when the control tier last saw the Lease renewed.
 	RenewedAt     time.Time
 	LeaseDuration time.Duration
+}
+
+// WarmReady is how many started, unclaimed sandboxes of one kind a node
+// holds in its warm pools.
+type WarmReady struct {
+	Image     string `json:"image"`
+	CPUs      int    `json:"cpus"`
+	MemoryMiB int    `json:"memoryMiB"`
+	Ready     int    `json:"ready"`
 }
 
 // Static is a fixed list of nodes, for a control tier whose nodes are

@@ -18,6 +18,11 @@ type Request struct {
 	// Arch, if set, is the CPU architecture the sandbox needs (a resume
 	// or a snapshot's copy: its saved state runs only there).
 	Arch string
+	// Image, if set, is the image of a new sandbox: nodes whose warm
+	// pools hold a ready sandbox of it (and of CPUs and MemoryMiB) go
+	// first, since a create there takes that sandbox instead of starting
+	// one.
+	Image string
 }
 
 // Limits bound how far placement fills a node.
@@ -85,6 +90,9 @@ func Place(nodes []Node, req Request, lim Limits, k int, rnd *rand.Rand) (Node, 
 	case len(fits) == 0:
 		return Node{}, fmt.Errorf("%w: no node has room for %d vCPUs and %d MiB (%d nodes run %s, all full)", errdefs.ErrResourceExhausted, req.CPUs, req.MemoryMiB, len(compatible), cmp.Or(req.Runtime, "sandboxes"))
 	}
+	if warm := slices.DeleteFunc(slices.Clone(fits), func(n Node) bool { return !hasWarm(n, req) }); len(warm) > 0 {
+		fits = warm
+	}
 	// Shuffled always: of nodes with equal room, the first sampled wins,
 	// so equal nodes share the load.
 	shuffle := rand.Shuffle
@@ -110,6 +118,13 @@ func room(n Node, req Request, lim Limits) float64 {
 	freeCPU := (cpus - float64(n.AllocatedCPUs+req.CPUs)) / cpus
 	freeMem := (mem - float64(n.AllocatedMemoryMiB+req.MemoryMiB)) / mem
 	return min(freeCPU, freeMem)
+}
+
+// hasWarm reports whether n has a warm sandbox a create of req takes.
+func hasWarm(n Node, req Request) bool {
+	return req.Image != "" && slices.ContainsFunc(n.Warm, func(w WarmReady) bool {
+		return w.Ready > 0 && w.Image == req.Image && w.CPUs == req.CPUs && int64(w.MemoryMiB) == req.MemoryMiB
+	})
 }
 
 func names(nodes []Node) string {

@@ -91,3 +91,36 @@ func TestPlaceSpreadsAndFavoursRoom(t *testing.T) {
 	}
 	t.Logf("1000 placements, best of %d: per node %d..%d", DefaultChoices, lo, hi)
 }
+
+// TestPlacePrefersAWarmSandbox: a node with a ready warm sandbox of the
+// request's image, CPUs and memory wins over emptier nodes; one of
+// another kind, or none ready, does not count, and a full node's warm
+// sandbox does not make it fit.
+func TestPlacePrefersAWarmSandbox(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	req := Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512, Image: "python"}
+	busy := testNode("busy", 4, 8192, "qemu")
+	busy.AllocatedCPUs, busy.AllocatedMemoryMiB = 8, 6000
+	busy.Warm = []WarmReady{{Image: "python", CPUs: 1, MemoryMiB: 512, Ready: 1}}
+	other := testNode("other", 4, 8192, "qemu")
+	other.Warm = []WarmReady{{Image: "python", CPUs: 2, MemoryMiB: 512, Ready: 3}, {Image: "base", CPUs: 1, MemoryMiB: 512, Ready: 3}}
+	empty := testNode("empty", 4, 8192, "qemu")
+	empty.Warm = []WarmReady{{Image: "python", CPUs: 1, MemoryMiB: 512, Ready: 0}}
+	for range 20 {
+		n, err := Place([]Node{other, busy, empty}, req, Limits{}, 3, rnd)
+		if err != nil || n.Name != "busy" {
+			t.Fatalf("placed on %s (%v), want the node with a warm python sandbox", n.Name, err)
+		}
+	}
+	// Without an image, room decides.
+	noImage := req
+	noImage.Image = ""
+	if n, _ := Place([]Node{other, busy, empty}, noImage, Limits{}, 3, rnd); n.Name == "busy" {
+		t.Fatal("a request without an image went to the busiest node")
+	}
+	full := busy
+	full.AllocatedMemoryMiB = 12288
+	if n, err := Place([]Node{full, other}, req, Limits{}, 3, rnd); err != nil || n.Name != "other" {
+		t.Fatalf("a full node with a warm sandbox: placed on %s (%v)", n.Name, err)
+	}
+}

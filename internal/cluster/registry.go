@@ -110,10 +110,14 @@ func (r *Registry) Run(ctx context.Context) error {
 }
 
 // informer watches one resource of the namespace (label selector sel).
-// It is client-go's informer on the dynamic client, built by hand: the
-// informer factories link every API group's types into the binary.
 func (r *Registry) informer(res schema.GroupVersionResource, sel string) cache.SharedIndexInformer {
-	ri := r.Dynamic.Resource(res).Namespace(r.Namespace)
+	return namespacedInformer(r.Dynamic.Resource(res).Namespace(r.Namespace), sel)
+}
+
+// namespacedInformer watches what ri lists (label selector sel). It is
+// client-go's informer on the dynamic client, built by hand: the informer
+// factories link every API group's types into the binary.
+func namespacedInformer(ri dynamic.ResourceInterface, sel string) cache.SharedIndexInformer {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = sel

@@ -20,6 +20,7 @@ package control
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -172,6 +173,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req struct {
+		Image        string `json:"image"`
 		CPUs         int    `json:"cpus"`
 		MemoryMiB    int    `json:"memory_mb"`
 		FromSnapshot string `json:"from_snapshot"`
@@ -194,7 +196,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if mem == 0 {
 		mem = 512
 	}
-	node, err := s.place(r.Context(), cluster.Request{CPUs: cpus, MemoryMiB: int64(mem)})
+	node, err := s.place(r.Context(), cluster.Request{CPUs: cpus, MemoryMiB: int64(mem), Image: cmp.Or(req.Image, "base")})
 	switch {
 	case err == nil:
 	case errors.Is(err, errdefs.ErrFailedPrecondition):

@@ -139,6 +139,8 @@ type Manager struct {
 	quota    Quotas           // creates in flight (see reserve)
 	netMu    sync.Mutex       // serializes live network changes (SetNetwork)
 	digests  sync.Map         // path -> the sha256 of a boot file (fileDigest)
+	warmOnce sync.Once
+	warm     *warmPools // see warmState
 }
 
 func (o *CreateOptions) validate(imageSize int64) error {
@@ -287,6 +289,10 @@ func (m *Manager) Create(ctx context.Context, c Caller, o CreateOptions) (store.
 	}
 	o.mounts = mounts
 	o.Network = c.Limits.withNetLimits(o.Network)
+	if sb, ok := m.claimWarm(ctx, c, o); ok {
+		m.auditCreate(ctx, c, sb)
+		return sb, nil
+	}
 	sb, err := m.create(ctx, o)
 	if err != nil {
 		return sb, err

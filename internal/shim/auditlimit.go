@@ -118,9 +118,9 @@ func (l *auditLimit) admit(e store.Event, now time.Time) bool {
 	return false
 }
 
-// flush returns the folded rows of the interval that ends now (tenant and
-// sandbox filled in from sb) and starts the next one.
-func (l *auditLimit) flush(sb store.Sandbox, now time.Time) []store.Event {
+// flush returns the folded rows of the interval that ends now (under
+// tenant and sandbox id) and starts the next one.
+func (l *auditLimit) flush(tenant, id string, now time.Time) []store.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []store.Event
@@ -151,10 +151,10 @@ func (l *auditLimit) flush(sb store.Sandbox, now time.Time) []store.Event {
 				d[name] = v
 			}
 		}
-		out = append(out, store.Event{Time: now, Tenant: sb.Tenant, SandboxID: sb.ID, Action: k.action, Detail: d})
+		out = append(out, store.Event{Time: now, Tenant: tenant, SandboxID: id, Action: k.action, Detail: d})
 	}
 	if l.overflow > 0 {
-		out = append(out, store.Event{Time: now, Tenant: sb.Tenant, SandboxID: sb.ID, Action: "net.audit.dropped",
+		out = append(out, store.Event{Time: now, Tenant: tenant, SandboxID: id, Action: "net.audit.dropped",
 			Detail: map[string]any{"count": l.overflow, "reason": fmt.Sprintf("more than %d kinds of network events in %s; counted, not recorded", auditMaxGroups, auditInterval)}})
 	}
 	clear(l.groups)

@@ -33,7 +33,7 @@ func TestAuditLimitFoldsAFlood(t *testing.T) {
 	if single != auditBurst {
 		t.Fatalf("%d events recorded singly at one instant, want the burst %d", single, auditBurst)
 	}
-	rows := l.flush(sb, now)
+	rows := l.flush(sb.Tenant, sb.ID, now)
 	if len(rows) != 1 {
 		t.Fatalf("%d folded rows, want 1: %v", len(rows), rows)
 	}
@@ -47,7 +47,7 @@ func TestAuditLimitFoldsAFlood(t *testing.T) {
 	if rows[0].Tenant != "acme" || rows[0].SandboxID != "sb1" {
 		t.Fatalf("folded row not attributed: %+v", rows[0])
 	}
-	if again := l.flush(sb, now); len(again) != 0 {
+	if again := l.flush(sb.Tenant, sb.ID, now); len(again) != 0 {
 		t.Fatalf("a flush with nothing folded wrote %v", again)
 	}
 
@@ -63,12 +63,12 @@ func TestAuditLimitFoldsAFlood(t *testing.T) {
 		t.Fatalf("%d singles after a second, want %d", single, auditRate)
 	}
 	// More kinds than rows: the rest is counted, not lost.
-	l.flush(sb, now)
+	l.flush(sb.Tenant, sb.ID, now)
 	for i := range auditMaxGroups + 10 {
 		l.admit(deny(i, fmt.Sprintf("rule-%d", i)), now)
 		l.admit(deny(i, fmt.Sprintf("rule-%d", i)), now)
 	}
-	rows = l.flush(sb, now)
+	rows = l.flush(sb.Tenant, sb.ID, now)
 	if len(rows) != auditMaxGroups+1 {
 		t.Fatalf("%d rows, want %d kinds and one overflow row", len(rows), auditMaxGroups)
 	}
@@ -104,7 +104,7 @@ func TestAuditorFloodBoundsCatalog(t *testing.T) {
 	defer st.Close()
 	sb := store.Sandbox{ID: "sbflood", Tenant: "acme"}
 	clk := clock.NewFake(time.Now()) // recent: the catalog keeps 90 days
-	a := newAuditor(st, sb, slog.New(slog.DiscardHandler), clk)
+	a := newAuditor(st, sb.ID, newOwner(sb.Tenant, nil).tenant, slog.New(slog.DiscardHandler), clk)
 	const n = 200000
 	for i := range n {
 		if i%1000 == 0 {

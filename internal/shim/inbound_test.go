@@ -151,7 +151,7 @@ func TestAuditLimitFoldsInbound(t *testing.T) {
 	if single != auditBurst {
 		t.Fatalf("%d singles, want the burst %d", single, auditBurst)
 	}
-	rows := l.flush(sb, now)
+	rows := l.flush(sb.Tenant, sb.ID, now)
 	if len(rows) != 2 {
 		t.Fatalf("%d rows, want one per port: %v", len(rows), rows)
 	}

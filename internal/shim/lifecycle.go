@@ -444,7 +444,7 @@ func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *
 	}
 	risky = false // the sandbox runs as before; only the snapshot can still fail
 	if !s.cfg.NoProcAudit {
-		s.proc = startProcAudit(s.agent, s.inst, s.st, sb, s.log, s.clk)
+		s.proc = startProcAudit(s.agent, s.inst, s.st, sb.ID, s.own, s.log, s.clk)
 		s.event(ctx, sb, "proc.audit.gap", map[string]any{"reason": "a live snapshot: programs the guest started while its agent reconnected are not recorded",
 			"from": auditOff.UTC(), "to": s.clk.Now().UTC()})
 	}

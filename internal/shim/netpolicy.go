@@ -74,6 +74,7 @@ func (ns networkService) SetSecrets(ctx context.Context, req *connect.Request[sh
 		return nil, err
 	}
 	ns.s.defEnv.set(req.Msg.GetEnv())
+	ns.s.own.setEnv(req.Msg.GetEnv())
 	return connect.NewResponse(&shimv2.SetSecretsResponse{Closed: uint32(closed)}), nil
 }
 

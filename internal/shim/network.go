@@ -54,7 +54,7 @@ func (s *shim) startNetwork(ctx context.Context, sb store.Sandbox, inst runtime.
 	if err != nil {
 		return nil, err
 	}
-	n := &network{s: s, spec: spec, audit: newAuditor(s.st, sb, s.log, s.clk)}
+	n := &network{s: s, spec: spec, audit: newAuditor(s.st, sb.ID, s.own.tenant, s.log, s.clk)}
 	nctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
 	ok := false
@@ -262,7 +262,7 @@ func (n *network) close() {
 	if n.eng != nil {
 		// The run's egress joins its tenant's total (/metrics), once.
 		n.egressOnce.Do(func() {
-			if err := n.s.st.AddTenantEgress(context.Background(), n.audit.sb.Tenant, n.eng.Usage().EgressBytes); err != nil {
+			if err := n.s.st.AddTenantEgress(context.Background(), n.audit.tenant(), n.eng.Usage().EgressBytes); err != nil {
 				n.s.log.Error("tenant egress total", "err", err)
 			}
 		})
@@ -420,7 +420,8 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 // counted and reported.
 type auditor struct {
 	st      *store.Store
-	sb      store.Sandbox
+	id      string        // the sandbox
+	tenant  func() string // its owner now (shim.owner)
 	ch      chan store.Event
 	dropped atomic.Uint64
 	limit   *auditLimit
@@ -432,20 +433,20 @@ type auditor struct {
 
 const auditQueue = 4096
 
-func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, ...any) }, clk clock.Clock) *auditor {
-	a := &auditor{st: st, sb: sb, ch: make(chan store.Event, auditQueue), limit: newAuditLimit(), now: clk.Now, done: make(chan struct{})}
+func newAuditor(st *store.Store, id string, tenant func() string, log interface{ Error(string, ...any) }, clk clock.Clock) *auditor {
+	a := &auditor{st: st, id: id, tenant: tenant, ch: make(chan store.Event, auditQueue), limit: newAuditLimit(), now: clk.Now, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
 		tick := clk.NewTicker(auditInterval)
 		defer tick.Stop()
 		report := func() {
-			for _, e := range a.limit.flush(sb, a.now()) {
+			for _, e := range a.limit.flush(tenant(), id, a.now()) {
 				if _, err := st.AppendEvent(context.Background(), e); err != nil {
 					log.Error("audit", "err", err)
 				}
 			}
 			if n := a.dropped.Swap(0); n > 0 {
-				_, _ = st.AppendEvent(context.Background(), store.Event{Tenant: sb.Tenant, SandboxID: sb.ID, Action: "net.audit.dropped",
+				_, _ = st.AppendEvent(context.Background(), store.Event{Tenant: tenant(), SandboxID: id, Action: "net.audit.dropped",
 					Detail: map[string]any{"count": n, "reason": "the guest made network events faster than the audit log takes them"}})
 			}
 		}
@@ -469,7 +470,7 @@ func newAuditor(st *store.Store, sb store.Sandbox, log interface{ Error(string, 
 
 func (a *auditor) add(e egress.Event) {
 	now := a.now()
-	ev := store.Event{Time: now, Tenant: a.sb.Tenant, SandboxID: a.sb.ID, Action: e.Action, Detail: e.Detail}
+	ev := store.Event{Time: now, Tenant: a.tenant(), SandboxID: a.id, Action: e.Action, Detail: e.Detail}
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	if a.closed || !a.limit.admit(ev, now) {

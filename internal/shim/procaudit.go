@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -164,7 +165,7 @@ func (r procRecord) status() string {
 }
 
 // event is r's row when it is recorded by itself.
-func (r procRecord) event(sb store.Sandbox, now time.Time) store.Event {
+func (r procRecord) event(tenant, id string, now time.Time) store.Event {
 	d := map[string]any{"pid": r.pid, "path": r.path}
 	if !r.guestTime.IsZero() {
 		d["guest_time"] = r.guestTime.UTC().Format(time.RFC3339Nano)
@@ -193,7 +194,7 @@ func (r procRecord) event(sb store.Sandbox, now time.Time) store.Event {
 			d["agent"] = true
 		}
 	}
-	return store.Event{Time: now, Tenant: sb.Tenant, SandboxID: sb.ID, Action: r.action(), Detail: d}
+	return store.Event{Time: now, Tenant: tenant, SandboxID: id, Action: r.action(), Detail: d}
 }
 
 // procKey is the kind rows are folded by.
@@ -280,7 +281,7 @@ func (f *procFold) drop(lost, dropped uint64) {
 
 // flush returns the folded rows of the interval that ends now and starts
 // the next one.
-func (f *procFold) flush(sb store.Sandbox, now time.Time) []store.Event {
+func (f *procFold) flush(tenant, id string, now time.Time) []store.Event {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []store.Event
@@ -299,7 +300,7 @@ func (f *procFold) flush(sb store.Sandbox, now time.Time) []store.Event {
 		} else {
 			d["status"] = k.status
 		}
-		out = append(out, store.Event{Time: now, Tenant: sb.Tenant, SandboxID: sb.ID, Action: k.action, Detail: d})
+		out = append(out, store.Event{Time: now, Tenant: tenant, SandboxID: id, Action: k.action, Detail: d})
 	}
 	if n := f.overflow + f.lost + f.dropped; n > 0 {
 		d := map[string]any{"count": n, "reason": fmt.Sprintf("process events not recorded in %s: of more kinds than %d, lost by the guest, or more or faster than the host takes", procInterval, procMaxGroups)}
@@ -308,7 +309,7 @@ func (f *procFold) flush(sb store.Sandbox, now time.Time) []store.Event {
 				d[name] = v
 			}
 		}
-		out = append(out, store.Event{Time: now, Tenant: sb.Tenant, SandboxID: sb.ID, Action: "proc.audit.dropped", Detail: d})
+		out = append(out, store.Event{Time: now, Tenant: tenant, SandboxID: id, Action: "proc.audit.dropped", Detail: d})
 	}
 	clear(f.groups)
 	clear(f.singles)
@@ -321,19 +322,38 @@ func (f *procFold) flush(sb store.Sandbox, now time.Time) []store.Event {
 // catalog: one goroutine reads the agent's stream, folds and queues; one
 // writes the queue and the folded rows every procInterval.
 type procAudit struct {
-	st   *store.Store
-	sb   store.Sandbox
-	log  *slog.Logger
-	clk  clock.Clock
-	fold *procFold
-	read *rate.Limiter // procMaxRate: events looked at
-	// redact replaces the values of the sandbox's environment in what the
-	// guest reports (envRedactor); nil when there are none.
-	redact *strings.Replacer
+	st     *store.Store
+	id     string // the sandbox
+	own    *owner // its tenant, and the environment values to hide
+	log    *slog.Logger
+	clk    clock.Clock
+	fold   *procFold
+	read   *rate.Limiter // procMaxRate: events looked at
 	ch     chan store.Event
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
+
+// owner is whom a sandbox belongs to now, as the shim's audit writers
+// read it: its tenant, and a replacer hiding the values of its default
+// environment (envRedactor) in what the guest reports. Both change while
+// the sandbox runs: a live secrets change replaces the environment, and a
+// create that claims a warm pool's sandbox gives it its tenant.
+type owner struct {
+	t      atomic.Pointer[string]
+	redact atomic.Pointer[strings.Replacer] // nil: nothing to hide
+}
+
+func newOwner(tenant string, env map[string]string) *owner {
+	o := &owner{}
+	o.setTenant(tenant)
+	o.setEnv(env)
+	return o
+}
+
+func (o *owner) tenant() string               { return *o.t.Load() }
+func (o *owner) setTenant(tenant string)      { o.t.Store(&tenant) }
+func (o *owner) setEnv(env map[string]string) { o.redact.Store(envRedactor(env)) }
 
 // startProcAudit starts the process audit of sb's guest: from the
 // runtime when it sees the guest's execs itself (runtime.ProcWatcher:
@@ -341,10 +361,10 @@ type procAudit struct {
 // an older agent (logged), a guest kernel without the process-events
 // connector, a runtime monitor or an agent that does not start (recorded
 // in the trail as proc.audit.off). Close it with close.
-func startProcAudit(agent *agentapi.Client, inst runtime.Instance, st *store.Store, sb store.Sandbox, log *slog.Logger, clk clock.Clock) *procAudit {
+func startProcAudit(agent *agentapi.Client, inst runtime.Instance, st *store.Store, id string, own *owner, log *slog.Logger, clk clock.Clock) *procAudit {
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &procAudit{st: st, sb: sb, log: log, clk: clk, fold: newProcFold(), read: rate.NewLimiter(procMaxRate, procMaxRate),
-		ch: make(chan store.Event, procQueueLen), cancel: cancel, redact: envRedactor(sb.Env)}
+	p := &procAudit{st: st, id: id, own: own, log: log, clk: clk, fold: newProcFold(), read: rate.NewLimiter(procMaxRate, procMaxRate),
+		ch: make(chan store.Event, procQueueLen), cancel: cancel}
 	if w, ok := inst.(runtime.ProcWatcher); ok {
 		if !p.fromRuntime(ctx, w, agent) {
 			return nil
@@ -391,7 +411,7 @@ func startProcAudit(agent *agentapi.Client, inst runtime.Instance, st *store.Sto
 			// The guest ended the stream while the sandbox runs: what it
 			// runs from now on is not on record; say so.
 			log.Warn("process audit stream ended", "err", stream.Err())
-			p.append(store.Event{Time: clk.Now(), Tenant: sb.Tenant, SandboxID: sb.ID, Action: "proc.audit.end",
+			p.append(store.Event{Time: clk.Now(), Tenant: own.tenant(), SandboxID: id, Action: "proc.audit.end",
 				Detail: map[string]any{"reason": "the guest agent ended its process-event stream; later programs are not recorded"}})
 		}
 	})
@@ -429,7 +449,7 @@ func (p *procAudit) fromRuntime(ctx context.Context, w runtime.ProcWatcher, agen
 		}
 		if ctx.Err() == nil && agent.Alive() {
 			p.log.Warn("process audit stream ended", "err", err)
-			p.append(store.Event{Time: p.clk.Now(), Tenant: p.sb.Tenant, SandboxID: p.sb.ID, Action: "proc.audit.end",
+			p.append(store.Event{Time: p.clk.Now(), Tenant: p.own.tenant(), SandboxID: p.id, Action: "proc.audit.end",
 				Detail: map[string]any{"reason": "the runtime's process monitor ended its stream; later programs are not recorded"}})
 		}
 	})
@@ -453,7 +473,7 @@ func procEventOf(e runtime.ProcEvent) *agentv1.ProcEvent {
 
 // off records that the sandbox has no process audit, and why.
 func (p *procAudit) off(reason string) {
-	p.append(store.Event{Time: p.clk.Now(), Tenant: p.sb.Tenant, SandboxID: p.sb.ID, Action: "proc.audit.off", Detail: map[string]any{"reason": reason}})
+	p.append(store.Event{Time: p.clk.Now(), Tenant: p.own.tenant(), SandboxID: p.id, Action: "proc.audit.off", Detail: map[string]any{"reason": reason}})
 }
 
 // take checks, bounds and folds one message of the guest's.
@@ -475,14 +495,14 @@ func (p *procAudit) take(msg *agentv1.ProcEventsResponse) {
 			dropped++
 			continue
 		}
-		if p.redact != nil {
-			r.redactWith(p.redact)
+		if rp := p.own.redact.Load(); rp != nil {
+			r.redactWith(rp)
 		}
 		if !p.fold.admit(r, now) {
 			continue
 		}
 		select {
-		case p.ch <- r.event(p.sb, now):
+		case p.ch <- r.event(p.own.tenant(), p.id, now):
 		default:
 			dropped++
 		}
@@ -498,7 +518,7 @@ func (p *procAudit) write() {
 	tick := p.clk.NewTicker(procInterval)
 	defer tick.Stop()
 	flush := func() {
-		for _, e := range p.fold.flush(p.sb, p.clk.Now()) {
+		for _, e := range p.fold.flush(p.own.tenant(), p.id, p.clk.Now()) {
 			p.append(e)
 		}
 	}

@@ -87,7 +87,7 @@ func TestProcAuditFromTheSentry(t *testing.T) {
 	ac, st := dialProcAgent(t, procAgent{version: agentapi.VersionProcAudit, refuse: true})
 	sb := store.Sandbox{ID: "sentrysentrysentry01", Tenant: "alice", Env: map[string]string{"TOKEN": "tok-0123456789"}}
 	clk := clock.NewFake(time.Now())
-	p := startProcAudit(ac, watcher{conn: conn}, st, sb, slog.New(slog.DiscardHandler), clk)
+	p := startProcAudit(ac, watcher{conn: conn}, st, sb.ID, newOwner(sb.Tenant, sb.Env), slog.New(slog.DiscardHandler), clk)
 	if p == nil {
 		t.Fatal("no audit")
 	}
@@ -176,7 +176,7 @@ func TestProcAuditOffWhenTheRuntimeMonitorFails(t *testing.T) {
 	ac, st := dialProcAgent(t, procAgent{version: agentapi.VersionProcAudit})
 	sb := store.Sandbox{ID: "sentryoffsentryoff01"}
 	w := watcher{err: errors.New("monitor: the trace session did not start: read unixpacket /var/lib/airlock/x: i/o timeout")}
-	if p := startProcAudit(ac, w, st, sb, slog.New(slog.DiscardHandler), clock.NewFake(time.Now())); p != nil {
+	if p := startProcAudit(ac, w, st, sb.ID, newOwner(sb.Tenant, sb.Env), slog.New(slog.DiscardHandler), clock.NewFake(time.Now())); p != nil {
 		p.close()
 		t.Fatal("audit without a monitor")
 	}

@@ -72,7 +72,7 @@ func TestProcRecordFromBoundsGuestData(t *testing.T) {
 		t.Error("took an event of no known kind")
 	}
 	x, _ := procRecordFrom(&agentv1.ProcEvent{Kind: agentv1.ProcEvent_KIND_EXIT, Signal: 9, Path: "/bin/sleep"})
-	if d := x.event(store.Sandbox{ID: "s"}, time.Now()).Detail; d["signal"] != int32(9) || d["path"] != "/bin/sleep" {
+	if d := x.event("", "s", time.Now()).Detail; d["signal"] != int32(9) || d["path"] != "/bin/sleep" {
 		t.Errorf("exit detail %v", d)
 	}
 }
@@ -120,7 +120,7 @@ func TestProcFoldCountsAddUp(t *testing.T) {
 		}
 	}
 	f.drop(3, 4)
-	rows := f.flush(sb, now.Add(10*time.Second))
+	rows := f.flush(sb.Tenant, sb.ID, now.Add(10*time.Second))
 	var folded, dropped uint64
 	var trueExec map[string]any
 	for _, e := range rows {
@@ -149,7 +149,7 @@ func TestProcFoldCountsAddUp(t *testing.T) {
 	if got, want := uint64(single)+folded+dropped, uint64(2*loops+2*procBurst+4*procMaxGroups+3+4); got != want {
 		t.Errorf("counts add up to %d (single %d, folded %d, dropped %d), want %d", got, single, folded, dropped, want)
 	}
-	if again := f.flush(sb, now.Add(20*time.Second)); len(again) != 0 {
+	if again := f.flush(sb.Tenant, sb.ID, now.Add(20*time.Second)); len(again) != 0 {
 		t.Errorf("a quiet interval wrote %d rows", len(again))
 	}
 }
@@ -227,7 +227,7 @@ func TestProcAuditBoundsAFloodingGuest(t *testing.T) {
 	sb := store.Sandbox{ID: "floodfloodfloodflood", Tenant: "alice"}
 	// (Now: the catalog prunes rows older than its retention.)
 	clk := clock.NewFake(time.Now())
-	p := startProcAudit(ac, nil, st, sb, slog.New(slog.DiscardHandler), clk)
+	p := startProcAudit(ac, nil, st, sb.ID, newOwner(sb.Tenant, sb.Env), slog.New(slog.DiscardHandler), clk)
 	if p == nil {
 		t.Fatal("no audit")
 	}
@@ -270,7 +270,7 @@ func TestProcAuditOffWhereTheGuestCannot(t *testing.T) {
 	sb := store.Sandbox{ID: "offoffoffoffoffoffof"}
 	// An older agent: nothing to ask, nothing recorded.
 	ac, st := dialProcAgent(t, procAgent{version: agentapi.VersionPark})
-	if p := startProcAudit(ac, nil, st, sb, slog.New(slog.DiscardHandler), clock.Real{}); p != nil {
+	if p := startProcAudit(ac, nil, st, sb.ID, newOwner(sb.Tenant, sb.Env), slog.New(slog.DiscardHandler), clock.Real{}); p != nil {
 		p.close()
 		t.Fatal("audit on an agent before protocol 9")
 	}
@@ -279,7 +279,7 @@ func TestProcAuditOffWhereTheGuestCannot(t *testing.T) {
 	}
 	// A guest kernel without the connector (gVisor): the trail says so.
 	ac, st = dialProcAgent(t, procAgent{version: agentapi.VersionProcAudit, refuse: true})
-	if p := startProcAudit(ac, nil, st, sb, slog.New(slog.DiscardHandler), clock.Real{}); p != nil {
+	if p := startProcAudit(ac, nil, st, sb.ID, newOwner(sb.Tenant, sb.Env), slog.New(slog.DiscardHandler), clock.Real{}); p != nil {
 		p.close()
 		t.Fatal("audit where the agent refused")
 	}

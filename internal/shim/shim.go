@@ -164,6 +164,9 @@ type shim struct {
 	gen        int64               // the generation this shim owns (store.Transition)
 	envelope   *hostcg.Envelope    // the host cgroup this shim and its VMM run in; nil if none
 	proc       *procAudit          // the guest's process audit; nil if off
+	// own is whom the shim's own audit rows and egress usage are
+	// recorded for, and the environment values its process audit hides.
+	own *owner
 
 	stopOnce sync.Once
 	stopReq  chan struct{}
@@ -271,6 +274,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	s.env = sb.Env
 	s.defEnv = newDefaultEnv(sb.Env)
+	s.own = newOwner(sb.Tenant, sb.Env)
 	defer s.leaveEnvelope()
 	err = s.enterEnvelope(sb)
 	if err == nil {
@@ -329,22 +333,51 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	defer expiry.Stop()
 	poll := clk.NewTicker(lifetimePoll)
 	defer poll.Stop()
+	// The idle check sleeps until the sandbox could have been idle for
+	// its idle pause, then looks again: nothing wakes an idle shim
+	// before that.
+	idlePause := sb.IdlePause
+	var idleC <-chan time.Time
+	var idle clock.Timer
+	setIdle := func() {
+		switch {
+		case idlePause > 0 && idle == nil:
+			idle = clk.NewTimer(idlePause)
+			idleC = idle.C()
+		case idlePause > 0:
+			idle.Reset(idlePause)
+		case idle != nil:
+			idle.Stop()
+			idle, idleC = nil, nil
+		}
+	}
+	setIdle()
+	defer func() {
+		if idle != nil {
+			idle.Stop()
+		}
+	}()
+	// refresh re-reads the row: its lifetime, and, for a warm pool's
+	// sandbox that a create claimed, its new owner and idle pause.
 	refresh := func() {
-		if at, err := s.st.GetSandbox(ctx, cfg.ID); err == nil && !at.ExpiresAt.Equal(expiresAt) {
+		at, err := s.st.GetSandbox(ctx, cfg.ID)
+		if err != nil {
+			return
+		}
+		if !at.ExpiresAt.Equal(expiresAt) {
 			expiresAt = at.ExpiresAt
 			s.log.Info("lifetime changed", "expires_at", expiresAt)
 			expiry.Reset(expiresAt.Sub(clk.Now()))
 		}
-	}
-	// The idle check sleeps until the sandbox could have been idle for
-	// its idle pause, then looks again: nothing wakes an idle shim
-	// before that.
-	var idleC <-chan time.Time
-	var idle clock.Timer
-	if sb.IdlePause > 0 {
-		idle = clk.NewTimer(sb.IdlePause)
-		defer idle.Stop()
-		idleC = idle.C()
+		if at.Tenant != s.own.tenant() {
+			s.own.setTenant(at.Tenant)
+			s.log.Info("owner changed", "tenant", at.Tenant, "source", at.Source)
+		}
+		if at.IdlePause != idlePause {
+			idlePause = at.IdlePause
+			s.log.Info("idle pause changed", "idle_pause", idlePause)
+			setIdle()
+		}
 	}
 
 	bg := context.WithoutCancel(ctx)
@@ -384,21 +417,21 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		case <-s.refreshReq:
 			refresh()
 		case <-idleC:
-			if d := s.act.idleFor(clk.Now(), s.busy()); d < sb.IdlePause {
-				idle.Reset(sb.IdlePause - d)
+			if d := s.act.idleFor(clk.Now(), s.busy()); d < idlePause {
+				idle.Reset(idlePause - d)
 				continue
 			}
-			idle.Reset(sb.IdlePause) // for a skipped or refused pause: another idle period
+			idle.Reset(idlePause) // for a skipped or refused pause: another idle period
 			if err := s.l.CheckSpace(s.cfg.DiskReserve, "an idle pause", int64(sb.MemoryMiB)<<20); err != nil {
 				s.log.Warn("idle pause skipped", "err", err)
 				s.event(bg, sb, "sandbox.pause.skipped", map[string]any{"reason": err.Error()})
 				s.act.touch() // try again after another idle period
 				continue
 			}
-			s.log.Info("idle; pausing", "idle_pause", sb.IdlePause)
+			s.log.Info("idle; pausing", "idle_pause", idlePause)
 			r, fatal, err := s.pause(bg, false, 0)
 			if err == nil {
-				s.event(bg, sb, "sandbox.pause", map[string]any{"reason": "idle", "idle_pause_s": sb.IdlePause.Seconds(), "state_bytes": r.GetStateBytes(), "save_ms": r.GetSaveMs()})
+				s.event(bg, sb, "sandbox.pause", map[string]any{"reason": "idle", "idle_pause_s": idlePause.Seconds(), "state_bytes": r.GetStateBytes(), "save_ms": r.GetSaveMs()})
 				s.teardownPaused(bg)
 				return nil
 			}
@@ -459,7 +492,7 @@ func (s *shim) fail(ctx context.Context, reason string) {
 // event records an action the shim took on its own (no API key) in the
 // audit trail, under the sandbox's tenant.
 func (s *shim) event(ctx context.Context, sb store.Sandbox, action string, detail map[string]any) {
-	if _, err := s.st.AppendEvent(context.WithoutCancel(ctx), store.Event{Tenant: sb.Tenant, SandboxID: sb.ID, Action: action, Detail: detail}); err != nil {
+	if _, err := s.st.AppendEvent(context.WithoutCancel(ctx), store.Event{Tenant: s.own.tenant(), SandboxID: sb.ID, Action: action, Detail: detail}); err != nil {
 		s.log.Error("audit", "action", action, "err", err)
 	}
 }
@@ -658,7 +691,7 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	mark("sync")
 	if !s.cfg.NoProcAudit {
-		s.proc = startProcAudit(s.agent, s.inst, s.st, sb, s.log, s.clk)
+		s.proc = startProcAudit(s.agent, s.inst, s.st, sb.ID, s.own, s.log, s.clk)
 		mark("audit")
 	}
 	if verify != nil {

@@ -680,6 +680,50 @@ func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
 	return nil
 }
 
+// Claim is what a create sets on the warm pool's sandbox it takes: the
+// creator's tenant and everything of its request that a running sandbox
+// can still take (ClaimSandbox).
+type Claim struct {
+	Tenant    string
+	Metadata  map[string]string
+	Env       map[string]string
+	Network   netconf.Spec
+	IdlePause time.Duration
+	Timeout   time.Duration
+	Source    string
+	At        time.Time // its creation time from now on
+}
+
+// ClaimSandbox gives running sandbox id, owned by tenant from (a warm
+// pool's), to c.Tenant with c's settings, in one statement: of two claims
+// one wins, and the other gets ErrConflict, as does a sandbox that is no
+// longer running or no longer from's.
+func (s *Store) ClaimSandbox(ctx context.Context, id, from string, c Claim) (Sandbox, error) {
+	md, err := json.Marshal(c.Metadata)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("claim sandbox: %w", err)
+	}
+	env, err := json.Marshal(c.Env)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("claim sandbox: %w", err)
+	}
+	network, err := json.Marshal(c.Network)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("claim sandbox: %w", err)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET tenant=?, metadata=?, env=?, network=?, idle_pause_ms=?, timeout_s=?, created_at=?, expires_at=?, source=?
+		WHERE id=? AND tenant=? AND state=?`,
+		c.Tenant, string(md), string(env), string(network), c.IdlePause.Milliseconds(), int(c.Timeout/time.Second), c.At.UnixNano(), c.At.Add(c.Timeout).UnixNano(), c.Source,
+		id, from, string(StateRunning))
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("claim sandbox %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return Sandbox{}, fmt.Errorf("%w: sandbox %s is no longer a running sandbox of %q", errdefs.ErrConflict, id, from)
+	}
+	return s.GetSandbox(ctx, id)
+}
+
 func unixNano(t time.Time) int64 {
 	if t.IsZero() {
 		return 0

@@ -134,9 +134,9 @@ func (a *agent) ListParked(context.Context, *connect.Request[agentv1.ListParkedR
 }
 
 // fakeCommands are the programs the fake guest has.
-var fakeCommands = map[string]bool{"true": true, "false": true, "echo": true, "exit": true, "cat": true, "sleep": true, "sh": true, "printf": true}
+var fakeCommands = map[string]bool{"true": true, "false": true, "echo": true, "exit": true, "cat": true, "sleep": true, "sh": true, "printf": true, "env": true}
 
-// Exec runs one of: true, false, echo ARGS, exit N, cat (stdin to stdout),
+// Exec runs one of: true, false, env (its environment), echo ARGS, exit N, cat (stdin to stdout),
 // cat FILE... (files of its filesystem to stdout), sleep SECONDS, printf
 // FORMAT [ARGS] (%s, %%, \n, \t and \\ only), and sh -c SCRIPT: commands
 // separated by ';', words split on blanks or quoted in single quotes, each
@@ -221,9 +221,15 @@ func (a *agent) Exec(ctx context.Context, st *connect.BidiStream[agentv1.ExecReq
 		return st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stdout{Stdout: b}})
 	}
 	exited := &agentv1.ExecExited{}
-	code, sig, err := a.runCommand(runCtx, start.GetArgv(), start.GetStdin(), stdin, signals, out, func(b []byte) error {
-		return st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: b}})
-	})
+	var code, sig int32
+	if start.GetArgv()[0] == "env" {
+		// The environment the exec got, one NAME=value a line.
+		err = out([]byte(strings.Join(append(slices.Clone(start.GetEnv()), ""), "\n")))
+	} else {
+		code, sig, err = a.runCommand(runCtx, start.GetArgv(), start.GetStdin(), stdin, signals, out, func(b []byte) error {
+			return st.Send(&agentv1.ExecResponse{Event: &agentv1.ExecResponse_Stderr{Stderr: b}})
+		})
+	}
 	if err != nil {
 		return err
 	}
