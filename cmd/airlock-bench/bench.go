@@ -48,7 +48,7 @@ type benchOptions struct {
 }
 
 // benchGroups are the row groups --only selects from.
-var benchGroups = []string{"start", "code", "density", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b", "cluster"}
+var benchGroups = []string{"start", "code", "density", "neighbour", "bare", "pause", "fork", "template", "net", "proc", "secrets", "volumes", "browser", "api", "e2b", "cluster", "warm"}
 
 // want reports whether row group g is measured.
 func (o benchOptions) want(g string) bool {
@@ -191,6 +191,14 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 		}
 		for _, r := range fr {
 			rows = append(rows, row{r[0], r[1], r[2]})
+		}
+	}
+
+	if o.want("warm") {
+		if err := perRuntime("warm pool", "warm bench", func(rtName string) ([][3]string, error) {
+			return warmBench(ctx, m, rtName, runs)
+		}); err != nil {
+			return err
 		}
 	}
 

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/api"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// warmBench measures a create until its first exec answers through this
+// host's API, runs times starting a sandbox, then runs times taking one
+// from a warm pool of one (refilled between creates, untimed), on
+// runtime rtName.
+func warmBench(ctx context.Context, m *sandbox.Manager, rtName string, runs int) ([][3]string, error) {
+	m.Runtime = func(context.Context) (string, error) { return rtName, nil }
+	defer func() { m.Runtime = func(context.Context) (string, error) { return "qemu", nil } }()
+	hostAPI, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Events: m.Store, Keys: m.Store})
+	if err != nil {
+		return nil, err
+	}
+	srv := httptest.NewServer(hostAPI)
+	defer srv.Close()
+	k, key, err := m.Store.CreateKey(ctx, store.APIKey{Tenant: "bench-warm", MaxSandboxes: 4, MaxVCPUs: 8, MaxMemoryMiB: 4096, RatePerMin: 100000})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = m.Store.RevokeKey(context.WithoutCancel(ctx), k.ID) }()
+	hc := &http.Client{Timeout: 10 * time.Minute}
+
+	var cold, warm, coldPost, warmPost []time.Duration
+	for range runs {
+		d, post, src, err := createUntilExec(ctx, hc, srv.URL, key)
+		if err != nil {
+			return nil, fmt.Errorf("starting a sandbox: %w", err)
+		}
+		if src != "" {
+			return nil, fmt.Errorf("a create with no warm pool came from %q", src)
+		}
+		cold, coldPost = append(cold, d), append(coldPost, post)
+	}
+
+	const pool = "bench"
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { m.RunWarm(wctx); close(done) }()
+	defer func() {
+		// The pool's sandbox goes before the filler stops.
+		m.DeleteWarmPool(pool)
+		err := waitFor(ctx, time.Minute, func() bool {
+			sbs, err := m.Store.ListSandboxes(ctx)
+			return err == nil && !slices.ContainsFunc(sbs, func(sb store.Sandbox) bool { return sb.Tenant == sandbox.WarmTenant })
+		})
+		if err != nil {
+			fmt.Println("bench: the warm pool's sandbox was not removed:", err)
+		}
+		cancel()
+		<-done
+	}()
+	if err := m.SetWarmPool(pool, sandbox.WarmPool{Image: "base", Size: 1}); err != nil {
+		return nil, err
+	}
+	var fill []time.Duration
+	for range runs {
+		t := time.Now()
+		if err := waitFor(ctx, 5*time.Minute, func() bool {
+			st, err := m.WarmPools(ctx)
+			return err == nil && st[pool].Ready == 1
+		}); err != nil {
+			st, _ := m.WarmPools(ctx)
+			return nil, fmt.Errorf("the warm pool did not fill (%+v): %w", st[pool], err)
+		}
+		fill = append(fill, time.Since(t))
+		d, post, src, err := createUntilExec(ctx, hc, srv.URL, key)
+		if err != nil {
+			return nil, fmt.Errorf("taking a warm sandbox: %w", err)
+		}
+		if src != "warm:"+pool {
+			return nil, fmt.Errorf("a create with a ready warm sandbox came from %q", src)
+		}
+		warm, warmPost = append(warm, d), append(warmPost, post)
+	}
+	w, c := median(warm), median(cold)
+	return [][3]string{{
+		fmt.Sprintf("create until the first exec answers, %s, taking a warm pool's sandbox, vs starting one", rtName),
+		fmt.Sprintf("%s (%.2fx)", ms(w), float64(w)/float64(c)),
+		fmt.Sprintf("median of %d each, this host's API; starting one: %s; the create alone (POST answered): %s taking one, %s starting one; the rest is the first exec; the pool (base, 1 vCPU, 512 MiB, size 1) refilled between creates in %s (median, untimed)",
+			runs, ms(c), ms(median(warmPost)), ms(median(coldPost)), ms(median(fill))),
+	}}, nil
+}
+
+// waitFor polls cond every 20 ms until it holds, for up to d.
+func waitFor(ctx context.Context, d time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return errors.New("timed out after " + d.String())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
