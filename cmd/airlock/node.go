@@ -24,6 +24,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/bundle"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
+	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
@@ -201,6 +202,13 @@ func runNode(cmd *cobra.Command, g *globals, m *sandbox.Manager, o *nodeOptions)
 	s, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Ports: m, Snapshots: m, Volumes: m, Secrets: m, Templates: m, Browsers: m,
 		Events: m.Store, Keys: m.Store, Log: g.log, Secret: secret, NodeToken: token, Mover: m})
 	if err != nil {
+		return err
+	}
+	// E2B's API, for the control tier to proxy: its control-plane routes
+	// behind the node token like the rest, and the in-sandbox traffic
+	// behind each sandbox's access token, as on a single host.
+	if err := e2b.Register(s, e2b.Config{Sandboxes: m, Execs: s.Execs(), Files: m, Contexts: m, Snapshots: m, Secret: secret,
+		Limiter: s.AllowTenant, Log: g.log}); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", o.listen)

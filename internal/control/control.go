@@ -106,6 +106,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.authed(s.pause))
 	s.mux.HandleFunc("/v1/sandboxes/{id}", s.authed(s.proxied))
 	s.mux.HandleFunc("/v1/sandboxes/{id}/{rest...}", s.authed(s.proxied))
+	s.registerE2B()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such route on the cluster's control tier (it serves /v1/sandboxes and the routes of each sandbox so far)")
 	})
@@ -129,7 +130,13 @@ func (s *Server) OnNodeLost(n cluster.Node, why string) {
 	}
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id := r.Header.Get(e2bSandboxHeader); id != "" {
+		s.inSandbox(w, r, id)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 type keyCtx struct{}
 
@@ -196,7 +203,16 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if mem == 0 {
 		mem = 512
 	}
-	node, err := s.place(r.Context(), cluster.Request{CPUs: cpus, MemoryMiB: int64(mem), Image: cmp.Or(req.Image, "base")})
+	s.createOn(w, r, k, cluster.Request{CPUs: cpus, MemoryMiB: int64(mem), Image: cmp.Or(req.Image, "base")}, "/v1/sandboxes", body, "id")
+}
+
+// createOn reserves a sandbox of req against k's tenant's quotas, places
+// it, and asks the node to create it with body at path; the node's 201
+// answer names the sandbox in its JSON field idField, and is relayed.
+// Whatever fails leaves no placement.
+func (s *Server) createOn(w http.ResponseWriter, r *http.Request, k store.APIKey, req cluster.Request, path string, body []byte, idField string) {
+	cpus, mem := req.CPUs, int(req.MemoryMiB)
+	node, err := s.place(r.Context(), req)
 	switch {
 	case err == nil:
 	case errors.Is(err, errdefs.ErrFailedPrecondition):
@@ -231,7 +247,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, err)
 		return
 	}
-	res, err := s.callNode(r.Context(), node, k, http.MethodPost, "/v1/sandboxes", body)
+	res, err := s.callNode(r.Context(), node, k, http.MethodPost, path, body)
 	if err != nil {
 		_ = s.cfg.Store.DeletePlacement(context.WithoutCancel(r.Context()), p.ID)
 		s.cfg.Log.Warn("control: create on node", "node", node.Name, "err", err)
@@ -240,19 +256,19 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	defer res.Body.Close()
 	out, _ := io.ReadAll(io.LimitReader(res.Body, 8<<20))
-	var sb struct {
-		ID string `json:"id"`
-	}
-	if res.StatusCode != http.StatusCreated || json.Unmarshal(out, &sb) != nil || sb.ID == "" {
+	var created map[string]any
+	_ = json.Unmarshal(out, &created)
+	id, _ := created[idField].(string)
+	if res.StatusCode != http.StatusCreated || id == "" {
 		_ = s.cfg.Store.DeletePlacement(context.WithoutCancel(r.Context()), p.ID)
 		relay(w, res, out)
 		return
 	}
-	if err := s.cfg.Store.BindPlacement(context.WithoutCancel(r.Context()), p.ID, sb.ID); err != nil {
+	if err := s.cfg.Store.BindPlacement(context.WithoutCancel(r.Context()), p.ID, id); err != nil {
 		s.internal(w, err)
 		return
 	}
-	_, _ = s.cfg.Store.AppendEvent(context.WithoutCancel(r.Context()), store.Event{Tenant: k.Tenant, KeyID: k.ID, SandboxID: sb.ID,
+	_, _ = s.cfg.Store.AppendEvent(context.WithoutCancel(r.Context()), store.Event{Tenant: k.Tenant, KeyID: k.ID, SandboxID: id,
 		Action: "sandbox.place", Detail: map[string]any{"node": node.Name, "cpus": cpus, "memory_mb": mem}})
 	relay(w, res, out)
 }
@@ -305,6 +321,24 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 			byNode[p.Node] = true
 		}
 	}
+	out := s.listNodes(r, k, byNode, "/v1/sandboxes?"+r.URL.RawQuery, func(body io.Reader) ([]json.RawMessage, error) {
+		var page struct {
+			Sandboxes []json.RawMessage `json:"sandboxes"`
+		}
+		err := json.NewDecoder(body).Decode(&page)
+		return page.Sandboxes, err
+	})
+	for _, l := range lost {
+		b, _ := json.Marshal(l)
+		out = append(out, b)
+	}
+	writeJSON(w, http.StatusOK, map[string][]json.RawMessage{"sandboxes": out})
+}
+
+// listNodes asks each live node of byNode for path as k, at once, and
+// returns what decode reads of their answers; a node that does not answer
+// is left out (logged).
+func (s *Server) listNodes(r *http.Request, k store.APIKey, byNode map[string]bool, path string, decode func(io.Reader) ([]json.RawMessage, error)) []json.RawMessage {
 	out := []json.RawMessage{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -313,28 +347,24 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		wg.Go(func() {
-			res, err := s.callNode(r.Context(), n, k, http.MethodGet, "/v1/sandboxes?"+r.URL.RawQuery, nil)
+			res, err := s.callNode(r.Context(), n, k, http.MethodGet, path, nil)
 			if err != nil {
 				s.cfg.Log.Warn("control: list on node", "node", n.Name, "err", err)
 				return
 			}
 			defer res.Body.Close()
-			var page struct {
-				Sandboxes []json.RawMessage `json:"sandboxes"`
+			if res.StatusCode != http.StatusOK {
+				return
 			}
-			if res.StatusCode == http.StatusOK && json.NewDecoder(io.LimitReader(res.Body, 64<<20)).Decode(&page) == nil {
+			if page, err := decode(io.LimitReader(res.Body, 64<<20)); err == nil {
 				mu.Lock()
-				out = append(out, page.Sandboxes...)
+				out = append(out, page...)
 				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	for _, l := range lost {
-		b, _ := json.Marshal(l)
-		out = append(out, b)
-	}
-	writeJSON(w, http.StatusOK, map[string][]json.RawMessage{"sandboxes": out})
+	return out
 }
 
 // placement returns the placement of the sandbox r names, for k, on a
@@ -499,9 +529,7 @@ func (s *Server) toNode(r *http.Request, node cluster.Node, k store.APIKey) (*ht
 	return out, nil
 }
 
-// pause pauses a sandbox through its node's export route: the node
-// pauses it and, if it can move and the node has a bundle store, writes
-// its bundle, which the placement then records.
+// pause pauses a sandbox through its node's export route (export).
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	k := keyOf(r)
 	p, node, ok := s.placement(w, r, k)
@@ -512,11 +540,21 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if res, out, ok := s.export(w, r, k, p, node, body); ok {
+		relay(w, res, out)
+	}
+}
+
+// export asks node to pause p's sandbox through its export route: the
+// node pauses it and, if it can move and the node has a bundle store,
+// writes its bundle, which the placement then records. It returns the
+// node's answer, read; if it answers false, it has answered r.
+func (s *Server) export(w http.ResponseWriter, r *http.Request, k store.APIKey, p store.Placement, node cluster.Node, body []byte) (*http.Response, []byte, bool) {
 	res, err := s.callNode(r.Context(), node, k, http.MethodPost, "/v1/node/sandboxes/"+p.SandboxID+"/export", body)
 	if err != nil {
 		s.cfg.Log.Warn("control: pause on node", "node", node.Name, "err", err)
 		writeError(w, http.StatusBadGateway, "unavailable", "node "+node.Name+" did not answer the pause")
-		return
+		return nil, nil, false
 	}
 	defer res.Body.Close()
 	out, _ := io.ReadAll(io.LimitReader(res.Body, 8<<20))
@@ -526,10 +564,10 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	if res.StatusCode == http.StatusOK && json.Unmarshal(out, &ex) == nil && ex.Bundle != nil && ex.Bundle.Sandbox == p.SandboxID {
 		if err := s.cfg.Store.SetPlacementBundle(context.WithoutCancel(r.Context()), p.ID, ex.Bundle.Digest, ex.Bundle.Bytes); err != nil {
 			s.internal(w, err)
-			return
+			return nil, nil, false
 		}
 	}
-	relay(w, res, out)
+	return res, out, true
 }
 
 // nodeHeaders replaces whatever the client sent to authenticate with the
@@ -662,5 +700,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
+	if _, ok := w.(e2bWriter); ok {
+		writeJSON(w, status, map[string]any{"code": status, "message": msg})
+		return
+	}
 	writeJSON(w, status, map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }

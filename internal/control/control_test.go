@@ -2,6 +2,7 @@ package control
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
+	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -36,6 +38,16 @@ type fakeNode struct {
 func newFakeNode(t *testing.T, name, token string) *fakeNode {
 	n := &fakeNode{name: name, token: token, sandboxes: map[string]string{}, created: map[string]time.Time{}}
 	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+			// E2B's in-sandbox traffic: the client's own credentials,
+			// never the node token or a caller.
+			if r.Header.Get(api.NodeCallerHeader) != "" || strings.Contains(r.Header.Get("Authorization"), token) {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			fmt.Fprintf(w, "envd %s %s %s token=%s on %s", id, r.Method, r.URL.Path, r.Header.Get("X-Access-Token"), name)
+			return
+		}
 		if r.Header.Get("Authorization") != "Bearer "+token || r.Header.Get("X-API-KEY") != "" || r.Header.Get("Cookie") != "" {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
@@ -57,6 +69,33 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"id":%q,"state":"running","tenant":%q}`, id, k.Tenant)
+		case r.Method == "POST" && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
+			n.next++
+			id := fmt.Sprintf("%s-e2b%d", name, n.next)
+			n.sandboxes[id] = k.Tenant
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"sandboxID":%q,"templateID":"base"}`, id)
+		case r.Method == "GET" && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
+			out := []map[string]any{}
+			for id, tn := range n.sandboxes {
+				if tn == k.Tenant {
+					out = append(out, map[string]any{"sandboxID": id})
+				}
+			}
+			_ = json.NewEncoder(w).Encode(out)
+		case strings.HasPrefix(r.URL.Path, "/sandboxes/"):
+			id, rest, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/sandboxes/"), "/")
+			if tn, ok := n.sandboxes[id]; !ok || tn != k.Tenant {
+				w.WriteHeader(http.StatusNotFound)
+				fmt.Fprint(w, `{"code":404,"message":"sandbox not found"}`)
+				return
+			}
+			if r.Method == "DELETE" && rest == "" {
+				delete(n.sandboxes, id)
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+			fmt.Fprintf(w, "e2b %s %s on %s", r.Method, rest, name)
 		case r.Method == "POST" && strings.HasPrefix(r.URL.Path, "/v1/node/sandboxes/") && strings.HasSuffix(r.URL.Path, "/export"):
 			id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/node/sandboxes/"), "/export")
 			n.next++
@@ -475,6 +514,80 @@ func twoNodeRig(t *testing.T) (*store.Store, *Server, *fakeNode, *fakeNode, *sta
 		return res.StatusCode, string(b)
 	}
 	return st, s, n1, n2, nodes, call
+}
+
+// TestControlTierServesE2B: E2B's creates are placed and bound like
+// /v1's, its lists merged, its calls about a sandbox proxied with the node
+// token and the caller, its in-sandbox traffic (E2b-Sandbox-Id) proxied
+// with the client's own credentials and nothing of the node's, and the
+// errors the replica writes itself are in E2B's shape.
+func TestControlTierServesE2B(t *testing.T) {
+	st, s, n1, _, _, call := twoNodeRig(t)
+	ctx := t.Context()
+	_, other, _ := st.CreateKey(ctx, store.APIKey{Tenant: "other"})
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	code, body := call("POST", "/v2/sandboxes", `{"templateID":"base","envVars":{"A":"1"}}`)
+	var sb struct{ SandboxID string }
+	if code != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil || sb.SandboxID == "" {
+		t.Fatalf("E2B create: %d %s", code, body)
+	}
+	if p, err := st.PlacementOf(ctx, sb.SandboxID); err != nil || p.Node != "n1" || p.Tenant != "acme" {
+		t.Fatalf("placement of the E2B create: %+v %v", p, err)
+	}
+	if code, body := call("GET", "/sandboxes?metadata=x%3Dy", ""); code != http.StatusOK || !strings.Contains(body, sb.SandboxID) || !strings.HasPrefix(body, "[") {
+		t.Fatalf("E2B list: %d %s", code, body)
+	}
+	if code, body := call("POST", "/sandboxes/"+sb.SandboxID+"/timeout", `{"timeout":60}`); code != http.StatusOK || body != "e2b POST timeout on n1" {
+		t.Fatalf("E2B timeout through the replica: %d %s", code, body)
+	}
+	do := func(key, method, path string, hdr map[string]string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, nil)
+		if key != "" {
+			req.Header.Set("X-API-Key", key)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, body := do(other, "GET", "/sandboxes/"+sb.SandboxID, nil); code != http.StatusNotFound || !strings.Contains(body, `"code":404`) {
+		t.Fatalf("another tenant's E2B get: %d %s", code, body)
+	}
+	if code, body := do("", "GET", "/sandboxes", nil); code != http.StatusUnauthorized || !strings.Contains(body, `"code":401`) {
+		t.Fatalf("no key: %d %s", code, body)
+	}
+	// In-sandbox traffic: routed by the header, with the client's token,
+	// without a key; a spoofed caller header is dropped.
+	code, body = do("", "POST", "/process.Process/Start", map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": "tok-1", api.NodeCallerHeader: `{"tenant":"other","admin":true}`})
+	if code != http.StatusOK || body != "envd "+sb.SandboxID+" POST /process.Process/Start token=tok-1 on n1" {
+		t.Fatalf("in-sandbox traffic: %d %s", code, body)
+	}
+	if code, body := do("", "GET", "/health", map[string]string{"E2b-Sandbox-Id": "nosuchsandbox"}); code != http.StatusNotFound || !strings.Contains(body, `"code":404`) {
+		t.Fatalf("in-sandbox traffic for no sandbox: %d %s", code, body)
+	}
+	if code, body := call("POST", "/sandboxes/"+sb.SandboxID+"/fork", `{}`); code != http.StatusNotImplemented || !strings.Contains(body, "forks are not served") {
+		t.Fatalf("E2B fork: %d %s", code, body)
+	}
+	if code, body := call("DELETE", "/sandboxes/"+sb.SandboxID, ""); code != http.StatusNoContent {
+		t.Fatalf("E2B kill: %d %s", code, body)
+	}
+	if _, err := st.PlacementOf(ctx, sb.SandboxID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("the killed sandbox's placement: %v", err)
+	}
+	n1.mu.Lock()
+	left := len(n1.sandboxes)
+	n1.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("node n1 still has %d sandboxes", left)
+	}
 }
 
 // createVia creates n sandboxes through call and returns their ids.
