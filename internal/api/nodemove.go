@@ -19,6 +19,7 @@ type Mover interface {
 	Export(ctx context.Context, c sandbox.Caller, id string, force bool) (sandbox.Exported, error)
 	Import(ctx context.Context, c sandbox.Caller, ref bundle.Ref) (store.Sandbox, error)
 	Forget(ctx context.Context, c sandbox.Caller, id string) error
+	DropBundle(ctx context.Context, c sandbox.Caller, ref bundle.Ref) error
 }
 
 // exportResponse is a pause's answer with the bundle it wrote (nil: the
@@ -37,6 +38,21 @@ func (s *Server) mountNodeRoutes() {
 	s.HandleAuthenticated("POST /v1/node/sandboxes/{id}/export", http.HandlerFunc(s.exportSandbox))
 	s.HandleAuthenticated("POST /v1/node/import", http.HandlerFunc(s.importSandbox))
 	s.HandleAuthenticated("POST /v1/node/sandboxes/{id}/forget", http.HandlerFunc(s.forgetSandbox))
+	s.HandleAuthenticated("POST /v1/node/bundles/drop", http.HandlerFunc(s.dropBundle))
+}
+
+// dropBundle deletes a bundle whose sandbox is gone.
+func (s *Server) dropBundle(w http.ResponseWriter, r *http.Request) {
+	var ref bundle.Ref
+	if err := decodeJSON(w, r, &ref); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.cfg.Mover.DropBundle(r.Context(), callerOf(r), ref); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // forgetSandbox removes this node's stale copy of a sandbox that moved,

@@ -393,10 +393,12 @@ func (s *Server) placement(w http.ResponseWriter, r *http.Request, k store.APIKe
 	node, ok := s.node(p.Node)
 	if !ok && p.BundleDigest != "" {
 		if r.Method == http.MethodDelete && r.PathValue("rest") == "" {
-			// Nothing to resume for a delete: the bundle goes with the
-			// placement (the next pause of that id writes none).
+			// Nothing to resume for a delete: the placement goes, and
+			// its bundle, through a live node (every node mounts the
+			// bundle store; none has the sandbox).
 			_ = s.cfg.Store.DeletePlacement(r.Context(), p.ID)
 			s.auditUnplace(r, k, p)
+			s.dropBundle(context.WithoutCancel(r.Context()), p)
 			w.WriteHeader(http.StatusNoContent)
 			return p, cluster.Node{}, false
 		}
@@ -509,6 +511,27 @@ func (s *Server) proxied(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.proxy.ServeHTTP(w, out)
+}
+
+// dropBundle has a live node delete p's bundle from the bundle store.
+// If none can, the bundle stays (logged): an admin removes it by hand.
+func (s *Server) dropBundle(ctx context.Context, p store.Placement) {
+	ref, _ := json.Marshal(bundle.Ref{Sandbox: p.SandboxID, Digest: p.BundleDigest, Bytes: p.BundleBytes})
+	for _, n := range s.cfg.Nodes.Nodes() {
+		if !n.Live {
+			continue
+		}
+		res, err := s.callNode(ctx, n, controlCaller, http.MethodPost, "/v1/node/bundles/drop", ref)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusNoContent {
+				return
+			}
+			err = errors.New(res.Status)
+		}
+		s.cfg.Log.Warn("control: dropping a deleted sandbox's bundle", "sandbox_id", p.SandboxID, "node", n.Name, "err", err)
+	}
+	s.cfg.Log.Warn("control: a deleted sandbox's bundle stays in the bundle store: no live node removed it", "sandbox_id", p.SandboxID, "digest", p.BundleDigest)
 }
 
 func (s *Server) auditUnplace(r *http.Request, k store.APIKey, p store.Placement) {

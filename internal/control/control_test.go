@@ -33,6 +33,7 @@ type fakeNode struct {
 	refuse      string   // if set, imports fail with this message
 	created     map[string]time.Time
 	forgot      []string // the sandboxes it was told to forget
+	dropped     []string // the bundle digests it was told to drop
 }
 
 func newFakeNode(t *testing.T, name, token string) *fakeNode {
@@ -108,6 +109,14 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			}
 			delete(n.sandboxes, id)
 			n.forgot = append(n.forgot, id)
+			w.WriteHeader(http.StatusNoContent)
+		case r.Method == "POST" && r.URL.Path == "/v1/node/bundles/drop":
+			var ref struct{ Sandbox, Digest string }
+			if json.NewDecoder(r.Body).Decode(&ref) != nil || !k.Admin {
+				w.WriteHeader(http.StatusForbidden)
+				return
+			}
+			n.dropped = append(n.dropped, ref.Digest)
 			w.WriteHeader(http.StatusNoContent)
 		case r.Method == "POST" && r.URL.Path == "/v1/node/import":
 			var ref struct {
@@ -365,13 +374,13 @@ func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
 		}
 		return p.BundleDigest
 	}
-	ids := createVia(t, call, 2)
+	ids := createVia(t, call, 3)
 	for _, id := range ids {
 		if code, body := call("POST", "/v1/sandboxes/"+id+"/pause", `{}`); code != http.StatusOK || bundleOf(id) == "" {
 			t.Fatalf("pause: %d %s; bundle %q", code, body, bundleOf(id))
 		}
 	}
-	a, b := ids[0], ids[1]
+	a, b, c := ids[0], ids[1], ids[2]
 	// A call that may resume it drops the bundle; the next pause writes one.
 	if code, _ := call("POST", "/v1/sandboxes/"+a+"/exec", `{}`); code != http.StatusOK || bundleOf(a) != "" {
 		t.Fatalf("exec: %d; bundle after it %q", code, bundleOf(a))
@@ -384,8 +393,23 @@ func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
 	nodes.nodes[0].Live, nodes.nodes[1].Live = false, true
 	nodes.mu.Unlock()
 	s.OnNodeLost(cluster.Node{Name: "n1"}, "its Lease was not renewed")
-	if code, body := call("GET", "/v1/sandboxes", ""); code != http.StatusOK || strings.Count(body, `"state":"paused"`) != 2 || !strings.Contains(body, "n1 is not live") {
+	if code, body := call("GET", "/v1/sandboxes", ""); code != http.StatusOK || strings.Count(body, `"state":"paused"`) != 3 || !strings.Contains(body, "n1 is not live") {
 		t.Fatalf("list after n1 was lost: %d %s", code, body)
+	}
+	// Deleted while its node is lost: the placement goes, and a live node
+	// drops its bundle from the shared store.
+	digestC := bundleOf(c)
+	if code, body := call("DELETE", "/v1/sandboxes/"+c, ""); code != http.StatusNoContent {
+		t.Fatalf("delete while its node is lost: %d %s", code, body)
+	}
+	n2.mu.Lock()
+	dropped := append([]string(nil), n2.dropped...)
+	n2.mu.Unlock()
+	if len(dropped) != 1 || dropped[0] != digestC {
+		t.Fatalf("n2 dropped %v, want [%s]", dropped, digestC)
+	}
+	if _, err := st.PlacementOf(ctx, c); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("placement after the delete: %v", err)
 	}
 	code, body := call("POST", "/v1/sandboxes/"+a+"/exec", `{"cmd":["true"]}`)
 	if code != http.StatusOK || !strings.HasSuffix(body, "on n2") {

@@ -443,3 +443,23 @@ func (m *Manager) Forget(ctx context.Context, c Caller, id string) error {
 	m.audit(ctx, c, id, "sandbox.forget", nil)
 	return nil
 }
+
+// DropBundle deletes the bundle ref from the bundle store, for the
+// control tier (an admin caller) when the sandbox it holds was deleted
+// while its node was lost: no node has it, so nothing else would.
+func (m *Manager) DropBundle(ctx context.Context, c Caller, ref bundle.Ref) error {
+	switch {
+	case !c.Admin:
+		return fmt.Errorf("%w: only the control tier drops bundles", errdefs.ErrPermissionDenied)
+	case m.Bundles == nil:
+		return fmt.Errorf("%w: this node has no bundle store (--bundle-dir)", errdefs.ErrFailedPrecondition)
+	}
+	if err := ref.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errdefs.ErrInvalid, err)
+	}
+	if err := m.Bundles.Remove(ctx, ref); err != nil {
+		return err
+	}
+	m.audit(ctx, c, ref.Sandbox, "bundle.drop", map[string]any{"digest": ref.Digest})
+	return nil
+}
