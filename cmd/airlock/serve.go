@@ -185,7 +185,7 @@ func serveFlags(cmd *cobra.Command, o *serveOptions) {
 	f.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGTERM/SIGINT, how long requests in flight (exec streams too) may run before they are cut")
 	f.BoolVar(&o.accessLog, "access-log", true, "log one line per request to stderr")
 	f.StringArrayVar(&o.hostMountRoots, "allow-host-mount", nil, "let API keys mount host directories under `DIR` into sandboxes (repeatable; absolute, an existing directory with no symlink in its path; the local CLI user may mount any directory)")
-	f.StringArrayVar(&o.warmPools, "warm-pool", nil, "keep sandboxes started ahead of the creates that take them: `image=NAME,size=N[,cpus=N][,memory=MiB]` (repeatable; size at most 64). A create of that image, CPUs and memory with no volumes, host directories, ports or secrets takes one in milliseconds instead of starting one")
+	f.StringArrayVar(&o.warmPools, "warm-pool", nil, "keep sandboxes started ahead of the creates that take them: `image=NAME,size=N[,cpus=N][,memory=MiB]` (repeatable; size at most 64). A create of that image, CPUs and memory with no volumes, host directories or ports takes one in milliseconds instead of starting one")
 	f.StringArrayVar(&o.templateRegistries, "template-registry", nil, "let template builds pull their FROM image from the OCI registry `HOST` (repeatable; e.g. docker.io, ghcr.io, registry.internal:5000; none by default: the server connects there itself)")
 }
 

@@ -24,11 +24,12 @@ import (
 // API key can have, and never used: no exec, file or code call reaches it,
 // because no caller but the local admin sees it. A create whose request a
 // running sandbox can still take (its image, CPUs, memory and disk equal
-// the pool's; no volumes, host directories, published ports or secrets;
-// the tenant's network limits equal the pool's) claims one instead of
-// starting a sandbox: one catalog statement gives the row to the creator
-// (store.ClaimSandbox), and the shim is then told the rest (its default
-// environment, egress policy, tenant, lifetime and idle pause). Anything
+// the pool's; no volumes, host directories or published ports; network
+// mode not none; the tenant's network limits equal the pool's) claims one
+// instead of starting a sandbox: one catalog statement gives the row to
+// the creator (store.ClaimSandbox), its secrets' values are sealed, and
+// the shim is then told the rest (its default environment and secrets,
+// egress policy, tenant, lifetime and idle pause). Anything
 // else is created as before. RunWarm refills the pools in the background.
 
 // WarmTenant owns the sandboxes of warm pools until a create claims one.
@@ -296,7 +297,7 @@ func (m *Manager) startWarm(ctx context.Context, name string, p WarmPool) (store
 // claimWarm gives c a warm sandbox for o if one fits, with o's settings
 // pushed to its shim; false: create one. o is Create's, its quota held.
 func (m *Manager) claimWarm(ctx context.Context, c Caller, o CreateOptions) (store.Sandbox, bool) {
-	if o.imageDigest != "" || o.buildRoot != "" || len(o.mounts) > 0 || len(o.Network.Ports) > 0 || len(o.Network.Secrets) > 0 || len(o.Secrets) > 0 {
+	if o.imageDigest != "" || o.buildRoot != "" || len(o.mounts) > 0 || len(o.Network.Ports) > 0 {
 		return store.Sandbox{}, false
 	}
 	img, err := m.Store.GetImage(ctx, cmp.Or(o.Image, "base"))
@@ -333,7 +334,7 @@ func (m *Manager) claimWarm(ctx context.Context, c Caller, o CreateOptions) (sto
 		}
 		pool := sb.Metadata[warmPoolKey]
 		next := sb.Network
-		next.Mode, next.Allow = o.Network.Mode, o.Network.Allow
+		next.Mode, next.Allow, next.Secrets = o.Network.Mode, o.Network.Allow, o.Network.Secrets
 		claimed, err := m.Store.ClaimSandbox(ctx, sb.ID, WarmTenant, store.Claim{
 			Tenant: o.Tenant, Metadata: o.Metadata, Env: o.Env, Network: next, IdlePause: o.IdlePause,
 			Timeout: o.Timeout, Source: "warm:" + pool, At: time.Now(),
@@ -346,7 +347,15 @@ func (m *Manager) claimWarm(ctx context.Context, c Caller, o CreateOptions) (sto
 			m.log().Warn("warm pools: claim", "sandbox_id", sb.ID, "err", err)
 			return store.Sandbox{}, false
 		}
-		if err := m.pushClaim(ctx, claimed, sb.Network); err != nil {
+		err = nil
+		if len(o.Secrets) > 0 {
+			// Sealed first, so that a resume of the sandbox binds them.
+			err = m.sealSecrets(sb.ID, o.Secrets)
+		}
+		if err == nil {
+			err = m.pushClaim(ctx, claimed, sb.Network, o.Secrets)
+		}
+		if err != nil {
 			// Never hand out a sandbox that runs with settings other
 			// than the ones asked for.
 			m.log().Warn("warm pools: the claimed sandbox did not take its settings; removing it and creating one", "sandbox_id", sb.ID, "err", err)
@@ -359,15 +368,16 @@ func (m *Manager) claimWarm(ctx context.Context, c Caller, o CreateOptions) (sto
 }
 
 // pushClaim tells claimed sandbox sb's shim what its row now says: the
-// default environment, the egress policy (was: the pool's), and, through
-// a refresh, the tenant, lifetime and idle pause.
-func (m *Manager) pushClaim(ctx context.Context, sb store.Sandbox, was netconf.Spec) error {
+// default environment and the secrets with their values vals, the egress
+// policy (was: the pool's), and, through a refresh, the tenant, lifetime
+// and idle pause.
+func (m *Manager) pushClaim(ctx context.Context, sb store.Sandbox, was netconf.Spec, vals netconf.Values) error {
 	ctx, cancel := context.WithTimeout(ctx, pushTimeout)
 	defer cancel()
 	sc := m.shims().Get(m.L.Socket(sb.ID))
-	if len(sb.Env) > 0 {
-		if _, err := sc.SetSecrets(ctx, nil, nil, sb.Env); err != nil {
-			return fmt.Errorf("environment: %w", err)
+	if len(sb.Env) > 0 || len(sb.Network.Secrets) > 0 {
+		if _, err := sc.SetSecrets(ctx, sb.Network.Secrets, vals, sb.Env); err != nil {
+			return fmt.Errorf("environment and secrets: %w", err)
 		}
 	}
 	if sb.Network.Mode != was.Mode || !slices.Equal(sb.Network.Allow, was.Allow) {

@@ -102,6 +102,29 @@ func TestWarmPoolClaim(t *testing.T) {
 	if slices.Contains(refilled, sb.ID) {
 		t.Fatalf("the claimed sandbox is still in the pool: %v", refilled)
 	}
+	// A create with a secret takes one too: the secret's value is sealed
+	// for a resume, the guest sees its placeholder.
+	withSecret, err := r.m.Create(ctx, alice, CreateOptions{MemoryMiB: 256, Network: netconf.Spec{Secrets: []netconf.Secret{{Name: "API_TOKEN", Hosts: []string{"api.example.com"}}}},
+		Secrets: netconf.Values{"API_TOKEN": "the-real-value-77"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(refilled, withSecret.ID) || withSecret.Source != "warm:py" {
+		t.Fatalf("a create with a secret got %s (%q), not one of %v", withSecret.ID, withSecret.Source, refilled)
+	}
+	if vals, err := r.m.openSecrets(withSecret.ID); err != nil || vals["API_TOKEN"] != "the-real-value-77" {
+		t.Fatalf("the claimed sandbox's sealed secrets: %v", err)
+	}
+	out, _, err = run(t, r.m, alice, withSecret.ID, "env")
+	if ph := withSecret.Network.Secrets[0].Placeholder; err != nil || !strings.Contains(out, "API_TOKEN="+ph) || strings.Contains(out, "the-real-value-77") {
+		t.Fatalf("env with a secret: %q %v", out, err)
+	}
+	catalogHasNoValue(t, r.m.L.Root, "the-real-value-77")
+	if err := r.m.Remove(ctx, alice, withSecret.ID); err != nil {
+		t.Fatal(err)
+	}
+	refilled = r.warmIDs(t, "py", 2)
+
 	// Creates that a warm sandbox cannot serve start their own.
 	other, err := r.m.Create(ctx, alice, CreateOptions{MemoryMiB: 384})
 	if err != nil {
