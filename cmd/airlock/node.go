@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/url"
 	"os"
+	"reflect"
 	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/procfs"
@@ -242,10 +246,19 @@ func runNode(cmd *cobra.Command, g *globals, m *sandbox.Manager, o *nodeOptions)
 		runtimes = []string{name}
 	}
 	go m.RunWarm(ctx)
-	warmCtl := &cluster.WarmPools{Config: kc, Namespace: o.namespace, Node: o.name, Runtimes: runtimes, Target: nodeWarm{m}, Log: g.log}
+	ctl := cluster.NodeController{Config: kc, Namespace: o.namespace, Node: o.name, Runtimes: runtimes, Log: g.log}
+	warmCtl := &cluster.WarmPools{NodeController: ctl, Target: nodeWarm{m}}
 	go func() {
 		if err := warmCtl.Run(ctx); err != nil && ctx.Err() == nil {
 			g.log.Error("warm pools: the SandboxWarmPool controller stopped; this node keeps the pools it has", "err", err)
+		}
+	}()
+	// Templates: the namespace's SandboxTemplates, built here for their
+	// tenants.
+	tplCtl := &cluster.Templates{NodeController: ctl, Target: newNodeTemplates(ctx, m, g.log)}
+	go func() {
+		if err := tplCtl.Run(ctx); err != nil && ctx.Err() == nil {
+			g.log.Error("templates: the SandboxTemplate controller stopped; this node keeps the templates it has", "err", err)
 		}
 	}()
 	reg := &cluster.Registrar{Dynamic: dyn, Namespace: o.namespace, Name: o.name, Log: g.log,
@@ -340,4 +353,86 @@ func memTotalMiB() int64 {
 		return 0
 	}
 	return int64(*mi.MemTotal / 1024)
+}
+
+// nodeTemplates is the manager as the SandboxTemplate controller's
+// target: each template is built in the background for its tenant, one
+// build per template at a time (a new spec cancels the build of the old).
+type nodeTemplates struct {
+	ctx context.Context
+	m   *sandbox.Manager
+	log *slog.Logger
+
+	mu     sync.Mutex
+	builds map[string]*nodeBuild
+}
+
+type nodeBuild struct {
+	spec   cluster.TemplateSpec
+	state  cluster.TemplateState
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newNodeTemplates(ctx context.Context, m *sandbox.Manager, log *slog.Logger) *nodeTemplates {
+	return &nodeTemplates{ctx: ctx, m: m, log: log, builds: map[string]*nodeBuild{}}
+}
+
+func (t *nodeTemplates) SetTemplate(name string, spec cluster.TemplateSpec) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b, ok := t.builds[name]; ok {
+		if reflect.DeepEqual(b.spec, spec) {
+			return
+		}
+		b.cancel()
+	}
+	ctx, cancel := context.WithCancel(t.ctx)
+	b := &nodeBuild{spec: spec, state: cluster.TemplateState{Phase: cluster.TemplateBuilding}, cancel: cancel, done: make(chan struct{})}
+	t.builds[name] = b
+	go func() {
+		defer close(b.done)
+		t0 := time.Now()
+		_, err := t.m.BuildTemplate(ctx, sandbox.Caller{Tenant: spec.Tenant, Via: "kubernetes"}, sandbox.BuildOptions{
+			Name: name, Dockerfile: []byte(spec.Dockerfile), BuildArgs: spec.BuildArgs, Start: spec.Start, Ready: spec.Ready,
+			CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
+		})
+		st := cluster.TemplateState{Phase: cluster.TemplateReady}
+		if err != nil {
+			st = cluster.TemplateState{Phase: cluster.TemplateFailed, Error: err.Error()}
+			t.log.Warn("templates: build failed", "template", name, "tenant", spec.Tenant, "err", err)
+		} else {
+			t.log.Info("templates: built", "template", name, "tenant", spec.Tenant, "took", time.Since(t0).Round(time.Millisecond))
+		}
+		t.mu.Lock()
+		if t.builds[name] == b {
+			b.state = st
+		}
+		t.mu.Unlock()
+	}()
+}
+
+func (t *nodeTemplates) DeleteTemplate(name string) {
+	t.mu.Lock()
+	b, ok := t.builds[name]
+	delete(t.builds, name)
+	t.mu.Unlock()
+	if !ok {
+		return // never built here since this node started
+	}
+	b.cancel()
+	<-b.done
+	err := t.m.RemoveTemplate(t.ctx, sandbox.Caller{Tenant: b.spec.Tenant, Via: "kubernetes"}, name)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		t.log.Warn("templates: remove", "template", name, "tenant", b.spec.Tenant, "err", err)
+	}
+}
+
+func (t *nodeTemplates) TemplateState(name string) cluster.TemplateState {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b, ok := t.builds[name]; ok {
+		return b.state
+	}
+	return cluster.TemplateState{}
 }

@@ -102,8 +102,8 @@ func (f *fakeWarm) String() string {
 func startWarmPools(t *testing.T, cfg *rest.Config, node string, runtimes []string, target WarmTarget) {
 	t.Helper()
 	logs := &testutil.Buffer{}
-	w := &WarmPools{Config: cfg, Node: node, Runtimes: runtimes, Target: target,
-		Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	w := &WarmPools{Target: target, NodeController: NodeController{Config: cfg, Node: node, Runtimes: runtimes,
+		Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
@@ -316,7 +316,7 @@ func TestWarmPoolStatusStale(t *testing.T) {
 	if got := oneLine("a\n  b\tc"); got != "a b c" {
 		t.Errorf("oneLine: %q", got)
 	}
-	if got := oneLine(strings.Repeat("é", maxWarmError)); len(got) > maxWarmError+len("…") || !strings.HasSuffix(got, "é…") {
+	if got := oneLine(strings.Repeat("é", maxEntryString)); len(got) > maxEntryString+len("…") || !strings.HasSuffix(got, "é…") {
 		t.Errorf("oneLine of a long message: %d bytes, ends %q", len(got), got[len(got)-8:])
 	}
 }
