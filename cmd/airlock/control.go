@@ -78,7 +78,7 @@ func runControl(cmd *cobra.Command, g *globals, o *serveOptions) error {
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 	}
 	reg := &cluster.Registry{Dynamic: dyn, Namespace: c.namespace, Log: g.log}
-	srv, err := control.New(control.Config{Store: st, Nodes: reg, NodeToken: token, Transport: tr, Log: g.log})
+	srv, err := control.New(control.Config{Store: st, Nodes: reg, NodeToken: token, Transport: tr, Templates: reg.TemplateNodes, Log: g.log})
 	if err != nil {
 		return err
 	}

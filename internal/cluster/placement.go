@@ -18,6 +18,11 @@ type Request struct {
 	// Arch, if set, is the CPU architecture the sandbox needs (a resume
 	// or a snapshot's copy: its saved state runs only there).
 	Arch string
+	// OnlyNodes, if not nil, are the only nodes that may take it (those
+	// that built its SandboxTemplate); OnlyWhy names what they have, for
+	// the error when none of them is live.
+	OnlyNodes []string
+	OnlyWhy   string
 	// Image, if set, is the image of a new sandbox: nodes whose warm
 	// pools hold a ready sandbox of it (and of CPUs and MemoryMiB) go
 	// first, since a create there takes that sandbox instead of starting
@@ -70,7 +75,8 @@ func Place(nodes []Node, req Request, lim Limits, k int, rnd *rand.Rand) (Node, 
 			continue
 		}
 		live = append(live, n)
-		if (req.Runtime != "" && !slices.Contains(n.Runtimes, req.Runtime)) || (req.Arch != "" && n.Arch != req.Arch) {
+		if (req.Runtime != "" && !slices.Contains(n.Runtimes, req.Runtime)) || (req.Arch != "" && n.Arch != req.Arch) ||
+			(req.OnlyNodes != nil && !slices.Contains(req.OnlyNodes, n.Name)) {
 			continue
 		}
 		compatible = append(compatible, n)
@@ -81,6 +87,8 @@ func Place(nodes []Node, req Request, lim Limits, k int, rnd *rand.Rand) (Node, 
 	switch {
 	case len(live) == 0:
 		return Node{}, fmt.Errorf("%w: no airlock node is live (each node renews a Lease; see `kubectl get leases -n airlock`)", errdefs.ErrUnavailable)
+	case len(compatible) == 0 && req.OnlyNodes != nil:
+		return Node{}, fmt.Errorf("%w: no live node has %s (live: %s)", errdefs.ErrFailedPrecondition, req.OnlyWhy, names(live))
 	case len(compatible) == 0:
 		what := "the " + cmp.Or(req.Runtime, "any") + " runtime"
 		if req.Arch != "" {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -122,5 +123,26 @@ func TestPlacePrefersAWarmSandbox(t *testing.T) {
 	full.AllocatedMemoryMiB = 12288
 	if n, err := Place([]Node{full, other}, req, Limits{}, 3, rnd); err != nil || n.Name != "other" {
 		t.Fatalf("a full node with a warm sandbox: placed on %s (%v)", n.Name, err)
+	}
+}
+
+// TestPlaceOnlyOnNodesWithTheTemplate: a request limited to some nodes
+// (those that built its template) goes to one of them, however much room
+// the others have, and says why when none of them is live.
+func TestPlaceOnlyOnNodesWithTheTemplate(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(5, 6))
+	busy := testNode("busy", 4, 8192, "qemu")
+	busy.AllocatedCPUs = 10
+	roomy := testNode("roomy", 64, 1<<20, "qemu")
+	req := Request{Runtime: "qemu", CPUs: 1, MemoryMiB: 512, OnlyNodes: []string{"busy"}, OnlyWhy: "template py built"}
+	for range 10 {
+		if n, err := Place([]Node{roomy, busy}, req, Limits{}, 2, rnd); err != nil || n.Name != "busy" {
+			t.Fatalf("placed on %s (%v), want the node with the template", n.Name, err)
+		}
+	}
+	req.OnlyNodes = []string{}
+	_, err := Place([]Node{roomy, busy}, req, Limits{}, 2, rnd)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "no live node has template py built") {
+		t.Fatalf("no node with the template: %v", err)
 	}
 }

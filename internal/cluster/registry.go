@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,6 +41,7 @@ type Registry struct {
 	mu     sync.Mutex
 	nodes  map[string]*entry
 	synced chan struct{}
+	tmpls  cache.SharedIndexInformer // the SandboxTemplates (TemplateNodes)
 }
 
 type entry struct {
@@ -88,6 +90,14 @@ func (r *Registry) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// The SandboxTemplates are watched too, but not waited for: a cluster
+	// applied before they existed still places sandboxes (TemplateNodes
+	// then restricts nothing).
+	ti := r.informer(TemplateResource, "")
+	r.mu.Lock()
+	r.tmpls = ti
+	r.mu.Unlock()
+	go ti.RunWithContext(ctx)
 	go li.RunWithContext(ctx)
 	go ni.RunWithContext(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), li.HasSynced, ni.HasSynced) {
@@ -129,6 +139,35 @@ func namespacedInformer(ri dynamic.ResourceInterface, sel string) cache.SharedIn
 		},
 	}
 	return cache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, cache.Indexers{})
+}
+
+// TemplateNodes says which nodes have built template name of tenant, if
+// a SandboxTemplate declares it (declared false: none does, or the
+// Registry has not listed the templates yet). The nodes are sorted.
+func (r *Registry) TemplateNodes(tenant, name string) (nodes []string, declared bool) {
+	r.mu.Lock()
+	ti := r.tmpls
+	r.mu.Unlock()
+	if ti == nil || !ti.HasSynced() {
+		return nil, false
+	}
+	o, ok, _ := ti.GetStore().GetByKey(cmp.Or(r.Namespace, DefaultNamespace) + "/" + name)
+	u, _ := o.(*unstructured.Unstructured)
+	if !ok || u == nil {
+		return nil, false
+	}
+	if t, _, _ := unstructured.NestedString(u.Object, "spec", "tenant"); t != tenant {
+		return nil, false
+	}
+	nodes = []string{}
+	byNode, _, _ := unstructured.NestedMap(u.Object, "status", "nodes")
+	for node, e := range byNode {
+		if m, ok := e.(map[string]any); ok && m["phase"] == TemplateReady {
+			nodes = append(nodes, node)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes, true
 }
 
 // WaitSynced waits until the Registry has listed every node once.

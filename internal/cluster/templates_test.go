@@ -127,6 +127,29 @@ func TestTemplates(t *testing.T) {
 	waitEntry("py", TemplateBuilding, "")
 	f.finish("py", TemplateState{Phase: TemplateReady})
 	waitEntry("py", TemplateReady, "")
+
+	// The control tier's Registry (with its rights) sees where it is built.
+	reg := &Registry{Dynamic: dynamic.NewForConfigOrDie(as(cp.Config, "airlock-control"))}
+	rctx, rcancel := context.WithCancel(context.Background())
+	regDone := make(chan error, 1)
+	go func() { regDone <- reg.Run(rctx) }()
+	t.Cleanup(func() {
+		rcancel()
+		if err := <-regDone; err != nil {
+			t.Errorf("registry: %v", err)
+		}
+	})
+	var nodes []string
+	var declared bool
+	if !testutil.WaitFor(t, 30*time.Second, func() bool { nodes, declared = reg.TemplateNodes("acme", "py"); return declared }) || !slices.Equal(nodes, []string{"n1"}) {
+		t.Fatalf("TemplateNodes(acme, py) = %v %v, want [n1]", nodes, declared)
+	}
+	if nodes, declared := reg.TemplateNodes("other", "py"); declared {
+		t.Fatalf("another tenant's template of that name: %v", nodes)
+	}
+	if nodes, declared := reg.TemplateNodes("acme", "nope"); declared {
+		t.Fatalf("no such template: %v", nodes)
+	}
 	apply("gv", map[string]any{"tenant": "acme", "dockerfile": "FROM base\n", "runtime": "gvisor"})
 	if !testutil.WaitFor(t, 30*time.Second, func() bool {
 		u, err := tpls.Get(ctx, "gv", metav1.GetOptions{})

@@ -56,6 +56,10 @@ type Config struct {
 	// transport of its own with default settings.
 	Transport http.RoundTripper
 	Limits    cluster.Limits
+	// Templates, if set, says which nodes have built template name of
+	// tenant when a SandboxTemplate declares it (Registry.TemplateNodes):
+	// a create of it is placed on those only.
+	Templates func(tenant, name string) (nodes []string, declared bool)
 	Log       *slog.Logger
 }
 
@@ -212,6 +216,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 // Whatever fails leaves no placement.
 func (s *Server) createOn(w http.ResponseWriter, r *http.Request, k store.APIKey, req cluster.Request, path string, body []byte, idField string) {
 	cpus, mem := req.CPUs, int(req.MemoryMiB)
+	if s.cfg.Templates != nil {
+		if nodes, ok := s.cfg.Templates(k.Tenant, req.Image); ok {
+			req.OnlyNodes = nodes
+			req.OnlyWhy = "template " + req.Image + " built (kubectl get sandboxtemplate " + req.Image + " -n airlock -o yaml)"
+		}
+	}
 	node, err := s.place(r.Context(), req)
 	switch {
 	case err == nil:

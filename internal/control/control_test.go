@@ -614,6 +614,29 @@ func TestControlTierServesE2B(t *testing.T) {
 	}
 }
 
+// TestControlTierPlacesATemplateWhereItIsBuilt: a create of a template a
+// SandboxTemplate declares goes only to the nodes that built it, and is
+// refused, saying why, when none of them is live.
+func TestControlTierPlacesATemplateWhereItIsBuilt(t *testing.T) {
+	_, s, _, _, _, call := twoNodeRig(t)
+	var built []string
+	s.cfg.Templates = func(tenant, name string) ([]string, bool) {
+		return built, tenant == "acme" && name == "tpl"
+	}
+	built = []string{"n2"} // n2 is not live
+	if code, body := call("POST", "/v1/sandboxes", `{"image":"tpl"}`); code != http.StatusPreconditionFailed || !strings.Contains(body, "no live node has template tpl built") {
+		t.Fatalf("a template built on no live node: %d %s", code, body)
+	}
+	built = []string{"n1"}
+	if code, body := call("POST", "/v1/sandboxes", `{"image":"tpl"}`); code != http.StatusCreated || !strings.Contains(body, `"id":"n1-`) {
+		t.Fatalf("a template built on n1: %d %s", code, body)
+	}
+	// An image no SandboxTemplate declares is placed as before.
+	if code, body := call("POST", "/v1/sandboxes", `{"image":"base"}`); code != http.StatusCreated {
+		t.Fatalf("an image: %d %s", code, body)
+	}
+}
+
 // createVia creates n sandboxes through call and returns their ids.
 func createVia(t *testing.T, call func(method, path, body string) (int, string), n int) []string {
 	t.Helper()
