@@ -87,6 +87,7 @@ func runControl(cmd *cobra.Command, g *globals, o *serveOptions) error {
 	defer rcancel()
 	regDone := make(chan error, 1)
 	go func() { regDone <- reg.Run(rctx) }()
+	go srv.RunBundleSync(rctx)
 	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
 	err = reg.WaitSynced(wctx)
 	wcancel()

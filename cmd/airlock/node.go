@@ -246,6 +246,8 @@ func runNode(cmd *cobra.Command, g *globals, m *sandbox.Manager, o *nodeOptions)
 		runtimes = []string{name}
 	}
 	go m.RunWarm(ctx)
+	// Bundles of the sandboxes paused without one (an idle pause).
+	go m.SweepBundles(ctx)
 	ctl := cluster.NodeController{Config: kc, Namespace: o.namespace, Node: o.name, Runtimes: runtimes, Log: g.log}
 	warmCtl := &cluster.WarmPools{NodeController: ctl, Target: nodeWarm{m}}
 	go func() {

@@ -20,6 +20,7 @@ type Mover interface {
 	Import(ctx context.Context, c sandbox.Caller, ref bundle.Ref) (store.Sandbox, error)
 	Forget(ctx context.Context, c sandbox.Caller, id string) error
 	DropBundle(ctx context.Context, c sandbox.Caller, ref bundle.Ref) error
+	Bundled(ctx context.Context, c sandbox.Caller) ([]bundle.Ref, error)
 }
 
 // exportResponse is a pause's answer with the bundle it wrote (nil: the
@@ -39,6 +40,17 @@ func (s *Server) mountNodeRoutes() {
 	s.HandleAuthenticated("POST /v1/node/import", http.HandlerFunc(s.importSandbox))
 	s.HandleAuthenticated("POST /v1/node/sandboxes/{id}/forget", http.HandlerFunc(s.forgetSandbox))
 	s.HandleAuthenticated("POST /v1/node/bundles/drop", http.HandlerFunc(s.dropBundle))
+	s.HandleAuthenticated("GET /v1/node/bundles", http.HandlerFunc(s.listBundles))
+}
+
+// listBundles lists the bundles of this node's paused sandboxes.
+func (s *Server) listBundles(w http.ResponseWriter, r *http.Request) {
+	refs, err := s.cfg.Mover.Bundled(r.Context(), callerOf(r))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"bundles": refs})
 }
 
 // dropBundle deletes a bundle whose sandbox is gone.

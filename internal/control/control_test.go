@@ -17,6 +17,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/api"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -34,6 +35,7 @@ type fakeNode struct {
 	created     map[string]time.Time
 	forgot      []string // the sandboxes it was told to forget
 	dropped     []string // the bundle digests it was told to drop
+	bundles     string   // what GET /v1/node/bundles answers
 }
 
 func newFakeNode(t *testing.T, name, token string) *fakeNode {
@@ -110,6 +112,12 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			delete(n.sandboxes, id)
 			n.forgot = append(n.forgot, id)
 			w.WriteHeader(http.StatusNoContent)
+		case r.Method == "GET" && r.URL.Path == "/v1/node/bundles":
+			if !k.Admin {
+				w.WriteHeader(http.StatusForbidden)
+				return
+			}
+			fmt.Fprint(w, n.bundles)
 		case r.Method == "POST" && r.URL.Path == "/v1/node/bundles/drop":
 			var ref struct{ Sandbox, Digest string }
 			if json.NewDecoder(r.Body).Decode(&ref) != nil || !k.Admin {
@@ -634,6 +642,51 @@ func TestControlTierPlacesATemplateWhereItIsBuilt(t *testing.T) {
 	// An image no SandboxTemplate declares is placed as before.
 	if code, body := call("POST", "/v1/sandboxes", `{"image":"base"}`); code != http.StatusCreated {
 		t.Fatalf("an image: %d %s", code, body)
+	}
+}
+
+// TestControlTierRecordsANodesOwnBundles: the bundles a node wrote of its
+// own (an idle pause's) are recorded in the placements on that node that
+// have none; another node's placement, one with a bundle already, and a
+// malformed ref are left alone.
+func TestControlTierRecordsANodesOwnBundles(t *testing.T) {
+	ctx := t.Context()
+	st, s, n1, _, nodes, _ := twoNodeRig(t)
+	place := func(node string) string {
+		t.Helper()
+		p, err := st.ReservePlacement(ctx, store.Placement{Tenant: "acme", Node: node, CPUs: 1, MemoryMiB: 512}, store.PlacementQuota{})
+		id := statedir.NewID()
+		if err == nil {
+			err = st.BindPlacement(ctx, p.ID, id)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a, b, c, elsewhere := place("n1"), place("n1"), place("n1"), place("n2")
+	pb, _ := st.PlacementOf(ctx, b)
+	if err := st.SetPlacementBundle(ctx, pb.ID, fmt.Sprintf("sha256:%064x", 7), 70); err != nil {
+		t.Fatal(err)
+	}
+	pb, _ = st.PlacementOf(ctx, b)
+	digest := func(i int) string { return fmt.Sprintf("sha256:%064x", 0xabc000+i) }
+	n1.mu.Lock()
+	n1.bundles = fmt.Sprintf(`{"bundles":[{"sandbox":%q,"digest":%q,"bytes":10},{"sandbox":%q,"digest":%q,"bytes":11},{"sandbox":%q,"digest":"md5:x","bytes":12},{"sandbox":%q,"digest":%q,"bytes":13}]}`,
+		a, digest(1), b, digest(2), c, elsewhere, digest(4))
+	n1.mu.Unlock()
+	s.syncBundles(ctx, nodes.Nodes()[0])
+	if p, _ := st.PlacementOf(ctx, a); p.BundleDigest != digest(1) || p.BundleBytes != 10 {
+		t.Fatalf("a's placement after the sync: %+v", p)
+	}
+	if p, _ := st.PlacementOf(ctx, b); p.BundleDigest != pb.BundleDigest {
+		t.Fatalf("b's bundle was replaced: %+v, was %s", p, pb.BundleDigest)
+	}
+	if p, _ := st.PlacementOf(ctx, c); p.BundleDigest != "" {
+		t.Fatalf("a malformed ref was recorded: %+v", p)
+	}
+	if p, _ := st.PlacementOf(ctx, elsewhere); p.BundleDigest != "" {
+		t.Fatalf("another node's placement took n1's ref: %+v", p)
 	}
 }
 

@@ -8,8 +8,10 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/bundle"
 	"github.com/airlock-sandbox/airlock/internal/cluster"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -119,4 +121,51 @@ func (s *Server) removeFrom(ctx context.Context, n cluster.Node, id, tenant stri
 	}
 	_, _ = s.cfg.Store.AppendEvent(ctx, store.Event{Tenant: tenant, SandboxID: id, Action: action, Detail: map[string]any{"node": n.Name, "why": why}})
 	s.cfg.Log.Info("control: removed a sandbox from a node", "node", n.Name, "sandbox_id", id, "why", why)
+}
+
+// RunBundleSync records, every sandbox.SweepEvery until ctx ends, the
+// bundles the live nodes wrote of their own (sandbox.SweepBundles: a
+// sandbox its shim paused after an idle period) in the placements that
+// have none, so that those sandboxes too resume on another node if theirs
+// is lost. Every replica may run it: the writes are the same.
+func (s *Server) RunBundleSync(ctx context.Context) {
+	tick := time.NewTicker(sandbox.SweepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, n := range s.cfg.Nodes.Nodes() {
+			if n.Live {
+				s.syncBundles(ctx, n)
+			}
+		}
+	}
+}
+
+// syncBundles records node n's bundles in the placements on n that have
+// none.
+func (s *Server) syncBundles(ctx context.Context, n cluster.Node) {
+	res, err := s.callNode(ctx, n, controlCaller, http.MethodGet, "/v1/node/bundles", nil)
+	if err != nil {
+		return
+	}
+	defer res.Body.Close()
+	var page struct {
+		Bundles []bundle.Ref `json:"bundles"`
+	}
+	if res.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(res.Body, 16<<20)).Decode(&page) != nil {
+		return
+	}
+	for _, ref := range page.Bundles {
+		p, err := s.cfg.Store.PlacementOf(ctx, ref.Sandbox)
+		if err != nil || p.Node != n.Name || p.State != store.PlacementPlaced || p.BundleDigest != "" || ref.Validate() != nil {
+			continue
+		}
+		if err := s.cfg.Store.SetPlacementBundle(ctx, p.ID, ref.Digest, ref.Bytes); err != nil {
+			s.cfg.Log.Warn("control: recording a node's bundle", "sandbox_id", ref.Sandbox, "err", err)
+		}
+	}
 }

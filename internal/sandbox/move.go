@@ -98,37 +98,116 @@ func (m *Manager) Export(ctx context.Context, c Caller, id string, force bool) (
 	if out.Pause, err = m.Pause(ctx, c, id, force); err != nil {
 		return out, err
 	}
-	if out.Unmovable = Movable(sb); out.Unmovable != "" || m.Bundles == nil {
-		return out, nil
+	out.Bundle, out.Unmovable, err = m.bundlePaused(ctx, c, sb, "")
+	return out, err
+}
+
+// bundlePaused writes paused sandbox sb's bundle, if it can move and this
+// node has a bundle store, and keeps its ref (bundle.ref), holding its
+// shim lock meanwhile so that a resume waits for it. It answers a nil ref
+// and why when the sandbox cannot move or was resumed meanwhile. Audited
+// as sandbox.export (with reason, if given).
+func (m *Manager) bundlePaused(ctx context.Context, c Caller, sb store.Sandbox, reason string) (*bundle.Ref, string, error) {
+	if why := Movable(sb); why != "" || m.Bundles == nil {
+		return nil, why, nil
 	}
-	// Held while the bundle is written: a resume waits for it.
+	id := sb.ID
 	lock, err := m.takeShimLock(id)
 	if err != nil {
-		out.Unmovable = "it was resumed while its bundle was being written"
-		return out, nil
+		return nil, "it was resumed while its bundle was being written", nil
 	}
 	defer lock.Close()
 	if sb, err = m.get(ctx, id); err != nil {
-		return out, err
+		return nil, "", err
 	}
 	if sb.State != store.StatePaused {
-		out.Unmovable = "it was resumed while its bundle was being written"
-		return out, nil
+		return nil, "it was resumed while its bundle was being written", nil
 	}
 	if err := m.CheckSpace(ctx, "this sandbox's disk", statedir.DirUsage(m.L.RootDisk(id))); err != nil {
-		return out, err
+		return nil, "", err
 	}
 	t0 := time.Now()
 	ref, err := m.writeBundle(ctx, sb)
 	if err != nil {
-		return out, fmt.Errorf("export sandbox %s: %w", id, err)
+		return nil, "", fmt.Errorf("export sandbox %s: %w", id, err)
 	}
-	out.Bundle = &ref
 	if err := m.keepBundleRef(id, ref); err != nil {
-		return out, err
+		return nil, "", err
 	}
-	m.audit(ctx, c, id, "sandbox.export", map[string]any{"digest": ref.Digest, "bytes": ref.Bytes,
-		"store": m.Bundles.String(), "duration_ms": time.Since(t0).Milliseconds()})
+	d := map[string]any{"digest": ref.Digest, "bytes": ref.Bytes, "store": m.Bundles.String(), "duration_ms": time.Since(t0).Milliseconds()}
+	if reason != "" {
+		d["reason"] = reason
+	}
+	m.audit(ctx, c, id, "sandbox.export", d)
+	return &ref, "", nil
+}
+
+// SweepEvery is how often SweepBundles looks for paused sandboxes without
+// a bundle.
+const SweepEvery = 15 * time.Second
+
+// SweepBundles writes, every SweepEvery until ctx ends, the bundles of
+// this node's paused sandboxes that can move and have none: those their
+// shim paused after an idle period, which no export wrote. The control
+// tier reads them with Bundled, so that such a sandbox resumes on another
+// node too if this one is lost.
+func (m *Manager) SweepBundles(ctx context.Context) {
+	if m.Bundles == nil {
+		return
+	}
+	tick := time.NewTicker(SweepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		sbs, err := m.Store.ListSandboxes(ctx)
+		if err != nil {
+			continue
+		}
+		for _, sb := range sbs {
+			if ctx.Err() != nil {
+				return
+			}
+			if sb.State != store.StatePaused || Movable(sb) != "" || m.hasBundleRef(sb.ID) {
+				continue
+			}
+			c := Caller{Tenant: sb.Tenant, Admin: true, Via: "node"}
+			if _, _, err := m.bundlePaused(ctx, c, sb, "paused without one (an idle pause)"); err != nil && ctx.Err() == nil {
+				m.log().Warn("bundles: a paused sandbox's bundle", "sandbox_id", sb.ID, "err", err)
+			}
+		}
+	}
+}
+
+func (m *Manager) hasBundleRef(id string) bool {
+	_, err := os.Stat(filepath.Join(m.L.Dir(id), bundleRefFile))
+	return err == nil
+}
+
+// Bundled returns the bundles of this node's paused sandboxes (from each
+// one's bundle.ref), for the control tier.
+func (m *Manager) Bundled(ctx context.Context, c Caller) ([]bundle.Ref, error) {
+	if !c.Admin {
+		return nil, fmt.Errorf("%w: only the control tier lists bundles", errdefs.ErrPermissionDenied)
+	}
+	sbs, err := m.Store.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []bundle.Ref{}
+	for _, sb := range sbs {
+		if sb.State != store.StatePaused {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(m.L.Dir(sb.ID), bundleRefFile))
+		var ref bundle.Ref
+		if err == nil && json.Unmarshal(b, &ref) == nil && ref.Sandbox == sb.ID {
+			out = append(out, ref)
+		}
+	}
 	return out, nil
 }
 
