@@ -20,7 +20,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 AIRLOCK := bin/airlock --state-dir $(STATE_DIR)
 # End-to-end tests the gvisor pass of `make test` leaves out (pause, snapshots,
 # templates: runsc sandboxes have none).
-GVISOR_SKIP := TestPauseResume|TestClusterResumesAPausedSandboxOnAnotherNode|TestIdlePause|TestForkDiverges|TestSnapshotCreateFrom|TestSnapshotLive|TestPausedSurviveRestart|TestCodeWarmPythonFromTemplate
+GVISOR_SKIP := TestPauseResume|TestClusterResumesAPausedSandboxOnAnotherNode|TestClusterMovesARunningSandbox|TestIdlePause|TestForkDiverges|TestSnapshotCreateFrom|TestSnapshotLive|TestPausedSurviveRestart|TestCodeWarmPythonFromTemplate
 # End-to-end tests only the gvisor pass of `make test` runs: they test the
 # browser against the dashboard, which is the same on either runtime
 # (`make test-vm` runs them on QEMU too).

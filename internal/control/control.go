@@ -108,6 +108,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/sandboxes", s.authed(s.create))
 	s.mux.HandleFunc("GET /v1/sandboxes", s.authed(s.list))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.authed(s.pause))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/move", s.authed(s.moveLive))
 	s.mux.HandleFunc("/v1/sandboxes/{id}", s.authed(s.proxied))
 	s.mux.HandleFunc("/v1/sandboxes/{id}/{rest...}", s.authed(s.proxied))
 	s.registerE2B()

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,13 +35,15 @@ type fakeNode struct {
 	imports     []string // the bundle digests it imported
 	refuse      string   // if set, imports fail with this message
 	created     map[string]time.Time
-	forgot      []string // the sandboxes it was told to forget
-	dropped     []string // the bundle digests it was told to drop
-	bundles     string   // what GET /v1/node/bundles answers
+	forgot      []string          // the sandboxes it was told to forget
+	dropped     []string          // the bundle digests it was told to drop
+	bundles     string            // what GET /v1/node/bundles answers
+	states      map[string]string // a sandbox's state if not running
+	resumed     []string          // the sandboxes it resumed
 }
 
 func newFakeNode(t *testing.T, name, token string) *fakeNode {
-	n := &fakeNode{name: name, token: token, sandboxes: map[string]string{}, created: map[string]time.Time{}}
+	n := &fakeNode{name: name, token: token, sandboxes: map[string]string{}, created: map[string]time.Time{}, states: map[string]string{}}
 	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
 			// E2B's in-sandbox traffic: the client's own credentials,
@@ -101,6 +105,7 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			fmt.Fprintf(w, "e2b %s %s on %s", r.Method, rest, name)
 		case r.Method == "POST" && strings.HasPrefix(r.URL.Path, "/v1/node/sandboxes/") && strings.HasSuffix(r.URL.Path, "/export"):
 			id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/node/sandboxes/"), "/export")
+			n.states[id] = "paused"
 			n.next++
 			fmt.Fprintf(w, `{"id":%q,"state":"paused","bundle":{"sandbox":%q,"digest":"sha256:%064x","bytes":%d}}`, id, id, n.next, 1000+n.next)
 		case r.Method == "POST" && strings.HasPrefix(r.URL.Path, "/v1/node/sandboxes/") && strings.HasSuffix(r.URL.Path, "/forget"):
@@ -139,6 +144,7 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 			}
 			n.imports = append(n.imports, ref.Digest)
 			n.sandboxes[ref.Sandbox] = k.Tenant
+			n.states[ref.Sandbox] = "paused"
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"id":%q,"state":"paused"}`, ref.Sandbox)
 		case r.Method == "GET" && r.URL.Path == "/v1/sandboxes":
@@ -159,6 +165,14 @@ func newFakeNode(t *testing.T, name, token string) *fakeNode {
 				delete(n.sandboxes, id)
 				w.WriteHeader(http.StatusNoContent)
 				return
+			}
+			if r.Method == "GET" && rest == "" {
+				fmt.Fprintf(w, `{"id":%q,"state":%q,"runtime":"qemu"}`, id, cmp.Or(n.states[id], "running"))
+				return
+			}
+			if r.Method == "POST" && rest == "resume" {
+				delete(n.states, id)
+				n.resumed = append(n.resumed, id)
 			}
 			b, _ := io.ReadAll(r.Body)
 			fmt.Fprintf(w, "%s %s %s on %s", r.Method, rest, b, name)
@@ -687,6 +701,76 @@ func TestControlTierRecordsANodesOwnBundles(t *testing.T) {
 	}
 	if p, _ := st.PlacementOf(ctx, elsewhere); p.BundleDigest != "" {
 		t.Fatalf("another node's placement took n1's ref: %+v", p)
+	}
+}
+
+// TestControlTierMovesALiveSandboxOnRequest: an admin moves a running
+// sandbox to another live node (exported, imported there, forgotten by
+// the first, resumed); a tenant may not; a node that refuses it leaves it
+// where it was, running again.
+func TestControlTierMovesALiveSandboxOnRequest(t *testing.T) {
+	ctx := t.Context()
+	st, s, n1, n2, nodes, call := twoNodeRig(t)
+	id := createVia(t, call, 1)[0] // on n1: n2 is not live yet
+	nodes.mu.Lock()
+	nodes.nodes[1].Live = true
+	nodes.mu.Unlock()
+	_, admin, _ := st.CreateKey(ctx, store.APIKey{Tenant: "ops", Admin: true})
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	move := func(key, body string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/sandboxes/"+id+"/move", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, body := call("POST", "/v1/sandboxes/"+id+"/move", `{}`); code != http.StatusForbidden {
+		t.Fatalf("a tenant's move: %d %s", code, body)
+	}
+	if code, body := move(admin, `{"to":"n1"}`); code != http.StatusBadRequest {
+		t.Fatalf("a move to where it is: %d %s", code, body)
+	}
+	code, body := move(admin, `{}`)
+	if code != http.StatusOK || !strings.Contains(body, `"from":"n1"`) || !strings.Contains(body, `"to":"n2"`) || !strings.Contains(body, `"state":"running"`) {
+		t.Fatalf("move: %d %s", code, body)
+	}
+	n1.mu.Lock()
+	forgot := slices.Clone(n1.forgot)
+	n1.mu.Unlock()
+	n2.mu.Lock()
+	imports, resumed := slices.Clone(n2.imports), slices.Clone(n2.resumed)
+	n2.mu.Unlock()
+	if len(imports) != 1 || !slices.Equal(forgot, []string{id}) || !slices.Equal(resumed, []string{id}) {
+		t.Fatalf("n2 imported %v and resumed %v; n1 forgot %v", imports, resumed, forgot)
+	}
+	if p, _ := st.PlacementOf(ctx, id); p.Node != "n2" || p.BundleDigest != "" {
+		t.Fatalf("placement after the move: %+v", p)
+	}
+	evs, _ := st.ListEvents(ctx, store.EventFilter{Type: "sandbox.move"})
+	if len(evs) != 1 || evs[0].Detail["reason"] != "requested" {
+		t.Fatalf("sandbox.move events: %+v", evs)
+	}
+
+	// Back to n1, which refuses it: it stays on n2, running again.
+	n1.mu.Lock()
+	n1.refuse = "its guest kernel differs"
+	n1.mu.Unlock()
+	if code, body := move(admin, `{"to":"n1"}`); code != http.StatusConflict || !strings.Contains(body, "node n1 could not take") || !strings.Contains(body, "stays on n2") {
+		t.Fatalf("a refused move: %d %s", code, body)
+	}
+	if p, _ := st.PlacementOf(ctx, id); p.Node != "n2" || p.BundleDigest != "" {
+		t.Fatalf("placement after the refused move: %+v", p)
+	}
+	n2.mu.Lock()
+	resumed = slices.Clone(n2.resumed)
+	n2.mu.Unlock()
+	if len(resumed) != 2 {
+		t.Fatalf("n2 resumed %v, want the sandbox resumed again after the refused move", resumed)
 	}
 }
 
