@@ -395,10 +395,15 @@ func (t *nodeTemplates) SetTemplate(name string, spec cluster.TemplateSpec) {
 	go func() {
 		defer close(b.done)
 		t0 := time.Now()
-		_, err := t.m.BuildTemplate(ctx, sandbox.Caller{Tenant: spec.Tenant, Via: "kubernetes"}, sandbox.BuildOptions{
-			Name: name, Dockerfile: []byte(spec.Dockerfile), BuildArgs: spec.BuildArgs, Start: spec.Start, Ready: spec.Ready,
-			CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
-		})
+		// An empty build context: COPY and ADD find nothing to copy.
+		bctx, err := os.MkdirTemp("", "airlock-template-context-")
+		if err == nil {
+			defer os.RemoveAll(bctx)
+			_, err = t.m.BuildTemplate(ctx, sandbox.Caller{Tenant: spec.Tenant, Via: "kubernetes"}, sandbox.BuildOptions{
+				Name: name, Dockerfile: []byte(spec.Dockerfile), Context: bctx, BuildArgs: spec.BuildArgs, Start: spec.Start, Ready: spec.Ready,
+				CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
+			})
+		}
 		st := cluster.TemplateState{Phase: cluster.TemplateReady}
 		if err != nil {
 			st = cluster.TemplateState{Phase: cluster.TemplateFailed, Error: err.Error()}

@@ -469,6 +469,36 @@ func TestClusterResumesAPausedSandboxOnAnotherNode(t *testing.T) {
 		t.Fatalf("the bundle in the shared directory: %v", err)
 	}
 
+	// A sandbox its shim pauses after 2 idle seconds: no export writes
+	// its bundle, the node's sweep does, and the replica records it.
+	code, body = cl.call(replica, key, "POST", "/v1/sandboxes", `{"timeout_s":900,"idle_pause_s":2}`)
+	var idle struct{ ID string }
+	if code != http.StatusCreated || json.Unmarshal(body, &idle) != nil {
+		t.Fatalf("create an idle-pausing sandbox: %d %s", code, body)
+	}
+	t.Cleanup(func() {
+		for _, st := range []env{e, e2} {
+			st.run(t, nil, "rm", idle.ID)
+		}
+	})
+	if code, body := cl.call(replica, key, "PUT", "/v1/sandboxes/"+idle.ID+"/files?path=/root/idle.txt", "kept-while-idle"); code != http.StatusOK {
+		t.Fatalf("put a file in the idle-pausing sandbox: %d %s", code, body)
+	}
+	catIdle, err := store.Open(t.Context(), cl.catalog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer catIdle.Close()
+	t0 = time.Now()
+	if !testutil.WaitFor(t, 2*time.Minute, func() bool {
+		p, err := catIdle.PlacementOf(t.Context(), idle.ID)
+		return err == nil && p.BundleDigest != ""
+	}) {
+		p, _ := catIdle.PlacementOf(t.Context(), idle.ID)
+		t.Fatalf("the idle-paused sandbox's bundle was never recorded: %+v; node 1 has %s", p, e.run(t, nil, "ls").stdout)
+	}
+	t.Logf("the idle-paused sandbox's bundle was swept and recorded %s after its create", time.Since(t0).Round(time.Second))
+
 	// The second node, then the first one stops: the sandbox is listed
 	// paused, waiting to move.
 	n2 := startDaemon(t, e2, "node e2e-m2", cl.nodeArgs("e2e-m2", "--bundle-dir", bundles)...)
@@ -503,6 +533,13 @@ func TestClusterResumesAPausedSandboxOnAnotherNode(t *testing.T) {
 	p, err := cat.PlacementOf(t.Context(), sb.ID)
 	if err != nil || p.Node != "e2e-m2" || p.State != store.PlacementPlaced || p.BundleDigest != "" {
 		t.Fatalf("placement after the move: %+v %v", p, err)
+	}
+	// The idle-paused one moves too, with its file.
+	if code, body := cl.call(replica, key, "GET", "/v1/sandboxes/"+idle.ID+"/files?path=/root/idle.txt", ""); code != http.StatusOK || string(body) != "kept-while-idle" {
+		t.Fatalf("the idle-paused sandbox after node 1 stopped: %d %s", code, body)
+	}
+	if p, err := cat.PlacementOf(t.Context(), idle.ID); err != nil || p.Node != "e2e-m2" {
+		t.Fatalf("the idle-paused sandbox's placement after the move: %+v %v", p, err)
 	}
 	if _, err := os.Stat(bundleFile); !os.IsNotExist(err) {
 		t.Fatalf("the stale bundle is still in the store after the resume: %v", err)

@@ -74,7 +74,7 @@ func TestClusterWarmPool(t *testing.T) {
 	// A replica places the create on the node with a warm sandbox; the
 	// node gives it one.
 	t1 := time.Now()
-	code, body := cl.firstCreate(t, replicas[0], key, `{"timeout_s":600,"env":{"WHO":"warm-e2e"}}`)
+	code, body := cl.firstCreate(t, replicas[0], key, `{"timeout_s":600,"env":{"WHO":"warm-e2e"},"network":{"secrets":[{"name":"API_TOKEN","hosts":["api.example.com"],"value":"warm-secret-value-31"}]}}`)
 	took := time.Since(t1)
 	if code != http.StatusCreated {
 		t.Fatalf("create: %d %s", code, body)
@@ -86,8 +86,10 @@ func TestClusterWarmPool(t *testing.T) {
 		t.Fatalf("created %s, want one of the warm %v", body, warm)
 	}
 	t.Logf("a create that took a warm sandbox answered in %s", took.Round(time.Millisecond))
-	code, body = cl.call(replicas[1], key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd":["sh","-c","echo $WHO; id -un"]}`)
-	if code != http.StatusOK || !strings.Contains(string(body), `warm-e2e\n`) {
+	// Its environment and its secret (a placeholder in the guest, the
+	// interception CA in its trust store) came with the claim.
+	code, body = cl.call(replicas[1], key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd":["sh","-c","echo $WHO $API_TOKEN; test -s /usr/local/share/ca-certificates/airlock-egress.crt && echo has-ca"]}`)
+	if code != http.StatusOK || !strings.Contains(string(body), `warm-e2e `) || !strings.Contains(string(body), `has-ca`) || strings.Contains(string(body), "warm-secret-value-31") {
 		t.Fatalf("exec in the claimed sandbox: %d %s", code, body)
 	}
 	if !testutil.WaitFor(t, 5*time.Minute, func() bool { n, msg = ready(); return n == 2 && len(warmIDs(t, e)) == 2 }) {
