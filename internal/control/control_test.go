@@ -549,17 +549,25 @@ func twoNodeRig(t *testing.T) (*store.Store, *Server, *fakeNode, *fakeNode, *sta
 	t.Cleanup(srv.Close)
 	call := func(method, path, body string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		res, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
+		return do(t, srv, map[string]string{"Authorization": "Bearer " + key}, method, path, body)
 	}
 	return st, s, n1, n2, nodes, call
+}
+
+// do makes one call to srv with headers hdr.
+func do(t *testing.T, srv *httptest.Server, hdr map[string]string, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), method, srv.URL+path, strings.NewReader(body))
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
 }
 
 // TestControlTierServesE2B: E2B's creates are placed and bound like
@@ -587,36 +595,29 @@ func TestControlTierServesE2B(t *testing.T) {
 	if code, body := call("POST", "/sandboxes/"+sb.SandboxID+"/timeout", `{"timeout":60}`); code != http.StatusOK || body != "e2b POST timeout on n1" {
 		t.Fatalf("E2B timeout through the replica: %d %s", code, body)
 	}
-	do := func(key, method, path string, hdr map[string]string) (int, string) {
+	e2bDo := func(key, method, path string, hdr map[string]string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, nil)
+		if hdr == nil {
+			hdr = map[string]string{}
+		}
 		if key != "" {
-			req.Header.Set("X-API-Key", key)
+			hdr["X-API-Key"] = key
 		}
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		res, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
+		return do(t, srv, hdr, method, path, "")
 	}
-	if code, body := do(other, "GET", "/sandboxes/"+sb.SandboxID, nil); code != http.StatusNotFound || !strings.Contains(body, `"code":404`) {
+	if code, body := e2bDo(other, "GET", "/sandboxes/"+sb.SandboxID, nil); code != http.StatusNotFound || !strings.Contains(body, `"code":404`) {
 		t.Fatalf("another tenant's E2B get: %d %s", code, body)
 	}
-	if code, body := do("", "GET", "/sandboxes", nil); code != http.StatusUnauthorized || !strings.Contains(body, `"code":401`) {
+	if code, body := e2bDo("", "GET", "/sandboxes", nil); code != http.StatusUnauthorized || !strings.Contains(body, `"code":401`) {
 		t.Fatalf("no key: %d %s", code, body)
 	}
 	// In-sandbox traffic: routed by the header, with the client's token,
 	// without a key; a spoofed caller header is dropped.
-	code, body = do("", "POST", "/process.Process/Start", map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": "tok-1", api.NodeCallerHeader: `{"tenant":"other","admin":true}`})
+	code, body = e2bDo("", "POST", "/process.Process/Start", map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": "tok-1", api.NodeCallerHeader: `{"tenant":"other","admin":true}`})
 	if code != http.StatusOK || body != "envd "+sb.SandboxID+" POST /process.Process/Start token=tok-1 on n1" {
 		t.Fatalf("in-sandbox traffic: %d %s", code, body)
 	}
-	if code, body := do("", "GET", "/health", map[string]string{"E2b-Sandbox-Id": "nosuchsandbox"}); code != http.StatusNotFound || !strings.Contains(body, `"code":404`) {
+	if code, body := e2bDo("", "GET", "/health", map[string]string{"E2b-Sandbox-Id": "nosuchsandbox"}); code != http.StatusNotFound || !strings.Contains(body, `"code":404`) {
 		t.Fatalf("in-sandbox traffic for no sandbox: %d %s", code, body)
 	}
 	if code, body := call("POST", "/sandboxes/"+sb.SandboxID+"/fork", `{}`); code != http.StatusNotImplemented || !strings.Contains(body, "forks are not served") {
@@ -719,15 +720,7 @@ func TestControlTierMovesALiveSandboxOnRequest(t *testing.T) {
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	move := func(key, body string) (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/sandboxes/"+id+"/move", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		res, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
+		return do(t, srv, map[string]string{"Authorization": "Bearer " + key}, "POST", "/v1/sandboxes/"+id+"/move", body)
 	}
 	if code, body := call("POST", "/v1/sandboxes/"+id+"/move", `{}`); code != http.StatusForbidden {
 		t.Fatalf("a tenant's move: %d %s", code, body)
