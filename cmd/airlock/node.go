@@ -307,10 +307,7 @@ func nodeStatus(ctx context.Context, m *sandbox.Manager, rt func(context.Context
 			n.AllocatedMemoryMiB += int64(sb.MemoryMiB)
 		}
 	}
-	pools, err := m.WarmPools(ctx)
-	if err != nil {
-		return n, err
-	}
+	pools := m.WarmPoolsIn(sbs)
 	for _, name := range slices.Sorted(maps.Keys(pools)) {
 		p := pools[name]
 		i := slices.IndexFunc(n.Warm, func(w cluster.WarmReady) bool {
@@ -341,7 +338,7 @@ func (w nodeWarm) WarmPoolState(name string) cluster.WarmPoolState {
 		return cluster.WarmPoolState{Error: err.Error()}
 	}
 	p := pools[name]
-	return cluster.WarmPoolState{Ready: p.Ready, Size: p.Size, Error: p.Err}
+	return cluster.WarmPoolState{Ready: p.Ready, Size: p.Spec.Size, Error: p.Err}
 }
 
 // memTotalMiB is the host's memory (MemTotal of /proc/meminfo).

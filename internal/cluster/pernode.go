@@ -203,22 +203,28 @@ func entryStale(u *unstructured.Unstructured, node string, e nodeEntry, now time
 	if !ok {
 		return true
 	}
-	norm := func(v any) any {
+	// norm makes integers int64 (the API server's) and an absent value
+	// the zero of its kind.
+	norm := func(v, like any) any {
 		switch v := v.(type) {
 		case int:
 			return int64(v)
 		case nil:
+			switch like.(type) {
+			case int, int64:
+				return int64(0)
+			}
 			return ""
 		}
 		return v
 	}
 	for k, v := range e {
-		if norm(v) != norm(cur[k]) && !(norm(v) == "" && cur[k] == nil) && !(norm(v) == int64(0) && cur[k] == nil) {
+		if norm(v, v) != norm(cur[k], v) {
 			return true
 		}
 	}
 	for k, v := range cur {
-		if _, ok := e[k]; !ok && k != "updated" && norm(v) != "" {
+		if _, ok := e[k]; !ok && k != "updated" && norm(v, "") != "" {
 			return true
 		}
 	}

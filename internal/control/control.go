@@ -307,13 +307,8 @@ func (s *Server) place(ctx context.Context, req cluster.Request) (cluster.Node, 
 // with those of lost nodes as failed.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	k := keyOf(r)
-	tenant := k.Tenant
-	if k.Admin {
-		tenant = ""
-	}
-	ps, err := s.cfg.Store.ListPlacements(r.Context(), tenant)
-	if err != nil {
-		s.internal(w, err)
+	ps, ok := s.placementsOf(w, r, k)
+	if !ok {
 		return
 	}
 	live := map[string]bool{}
@@ -344,6 +339,21 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		out = append(out, b)
 	}
 	writeJSON(w, http.StatusOK, map[string][]json.RawMessage{"sandboxes": out})
+}
+
+// placementsOf lists k's tenant's placements (every tenant's for an
+// admin key); if it answers false, it has answered r.
+func (s *Server) placementsOf(w http.ResponseWriter, r *http.Request, k store.APIKey) ([]store.Placement, bool) {
+	tenant := k.Tenant
+	if k.Admin {
+		tenant = ""
+	}
+	ps, err := s.cfg.Store.ListPlacements(r.Context(), tenant)
+	if err != nil {
+		s.internal(w, err)
+		return nil, false
+	}
+	return ps, true
 }
 
 // listNodes asks each live node of byNode for path as k, at once, and

@@ -88,13 +88,8 @@ func (s *Server) createE2B(w http.ResponseWriter, r *http.Request) {
 // E2B's shape (one array; the nodes' pages are not continued).
 func (s *Server) listE2B(w http.ResponseWriter, r *http.Request) {
 	k := keyOf(r)
-	tenant := k.Tenant
-	if k.Admin {
-		tenant = ""
-	}
-	ps, err := s.cfg.Store.ListPlacements(r.Context(), tenant)
-	if err != nil {
-		s.internal(w, err)
+	ps, ok := s.placementsOf(w, r, k)
+	if !ok {
 		return
 	}
 	byNode := map[string]bool{}

@@ -52,11 +52,12 @@ func (s *Server) moveLive(w http.ResponseWriter, r *http.Request) {
 	}
 	owner := k
 	owner.Tenant = p.Tenant // the node acts for the sandbox's tenant
-	state, err := s.stateOn(r.Context(), from, owner, p.SandboxID)
+	view, err := s.viewOn(r.Context(), from, owner, p.SandboxID)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "unavailable", err.Error())
 		return
 	}
+	state := view.State
 	t0 := time.Now()
 	switch {
 	case state == "running":
@@ -78,7 +79,7 @@ func (s *Server) moveLive(w http.ResponseWriter, r *http.Request) {
 	}
 	if p.BundleDigest == "" {
 		s.resumeIf(r.Context(), state, from, owner, p)
-		writeError(w, http.StatusConflict, "failed_precondition", "sandbox "+p.SandboxID+" cannot move: "+s.unmovable(r.Context(), from, owner, p.SandboxID))
+		writeError(w, http.StatusConflict, "failed_precondition", "sandbox "+p.SandboxID+" cannot move: "+view.unmovable())
 		return
 	}
 	var only []string
@@ -129,40 +130,34 @@ func (s *Server) moveLive(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"id": p.SandboxID, "from": from.Name, "to": to.Name, "state": state, "duration_ms": time.Since(t0).Milliseconds()})
 }
 
-// stateOn is sandbox id's state on node n.
-func (s *Server) stateOn(ctx context.Context, n cluster.Node, k store.APIKey, id string) (string, error) {
-	res, err := s.callNode(ctx, n, k, http.MethodGet, "/v1/sandboxes/"+id, nil)
-	if err != nil {
-		return "", fmt.Errorf("node %s did not answer: %w", n.Name, err)
-	}
-	defer res.Body.Close()
-	var sb struct {
-		State  string `json:"state"`
-		Reason string `json:"reason"`
-	}
-	if res.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&sb) != nil {
-		return "", fmt.Errorf("node %s: %s", n.Name, res.Status)
-	}
-	return sb.State, nil
+// nodeView is what a move reads of a sandbox from its node.
+type nodeView struct {
+	State   string `json:"state"`
+	Runtime string `json:"runtime"`
+	Mounts  []any  `json:"mounts"`
 }
 
-// unmovable is why node n wrote no bundle of paused sandbox id.
-func (s *Server) unmovable(ctx context.Context, n cluster.Node, k store.APIKey, id string) string {
+// viewOn reads sandbox id from node n.
+func (s *Server) viewOn(ctx context.Context, n cluster.Node, k store.APIKey, id string) (nodeView, error) {
 	res, err := s.callNode(ctx, n, k, http.MethodGet, "/v1/sandboxes/"+id, nil)
-	if err == nil {
-		defer res.Body.Close()
-		var sb struct {
-			Runtime string `json:"runtime"`
-			Mounts  []any  `json:"mounts"`
-		}
-		if json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&sb) == nil {
-			switch {
-			case sb.Runtime != "" && sb.Runtime != "qemu":
-				return "only QEMU sandboxes move between nodes"
-			case len(sb.Mounts) > 0:
-				return "its volumes and host directories are not part of its saved state"
-			}
-		}
+	if err != nil {
+		return nodeView{}, fmt.Errorf("node %s did not answer: %w", n.Name, err)
+	}
+	defer res.Body.Close()
+	var v nodeView
+	if res.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&v) != nil {
+		return nodeView{}, fmt.Errorf("node %s: %s", n.Name, res.Status)
+	}
+	return v, nil
+}
+
+// unmovable is why its node wrote no bundle of paused sandbox v.
+func (v nodeView) unmovable() string {
+	switch {
+	case v.Runtime != "" && v.Runtime != "qemu":
+		return "only QEMU sandboxes move between nodes"
+	case len(v.Mounts) > 0:
+		return "its volumes and host directories are not part of its saved state"
 	}
 	return "its node wrote no bundle of it (a node without --bundle-dir, a sandbox with secret values, or an idle pause the node has not swept yet)"
 }

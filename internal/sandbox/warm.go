@@ -65,9 +65,8 @@ type WarmPool struct {
 // WarmState is a pool on this host: its sandboxes started and unclaimed,
 // the size it aims for, and why its last fill failed.
 type WarmState struct {
-	Spec  WarmPool // with the defaults filled in
+	Spec  WarmPool // with the defaults filled in; Spec.Size is what it aims for
 	Ready int
-	Size  int
 	Err   string
 }
 
@@ -145,21 +144,28 @@ func (m *Manager) WarmPools(ctx context.Context) (map[string]WarmState, error) {
 	if err != nil {
 		return nil, err
 	}
+	return m.WarmPoolsIn(sbs), nil
+}
+
+// WarmPoolsIn reports every pool on this host, counting its ready
+// sandboxes in sbs (the catalog's, listed by the caller).
+func (m *Manager) WarmPoolsIn(sbs []store.Sandbox) map[string]WarmState {
 	w := m.warmState()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := make(map[string]WarmState, len(w.pools))
 	for name, p := range w.pools {
-		out[name] = WarmState{Spec: p.spec, Size: p.spec.Size, Err: p.err}
+		out[name] = WarmState{Spec: p.spec, Err: p.err}
 	}
 	for _, sb := range sbs {
-		if p, ok := w.pools[sb.Metadata[warmPoolKey]]; ok && sb.Tenant == WarmTenant && sb.State == store.StateRunning && p.matches(sb) {
-			st := out[sb.Metadata[warmPoolKey]]
+		name := sb.Metadata[warmPoolKey]
+		if p, ok := w.pools[name]; ok && sb.Tenant == WarmTenant && sb.State == store.StateRunning && p.matches(sb) {
+			st := out[name]
 			st.Ready++
-			out[sb.Metadata[warmPoolKey]] = st
+			out[name] = st
 		}
 	}
-	return out, nil
+	return out
 }
 
 // matches reports whether warm sandbox sb is of p's current spec.
