@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -169,9 +172,17 @@ func uptime() time.Duration {
 // ContainerArg, as the agent's first argument, selects container mode: the
 // agent is PID 1 of a gVisor (runsc) sandbox rather than of a VM. runsc has
 // already mounted /proc, /sys, /dev and the root overlay, so there is no
-// boot; the control channel is the unix socket on fd 0 (one end of a
-// socketpair the host passed as stdin), served for one host session. The
-// clock and the RNG are the host's: Sync does not set them.
+// boot. The clock and the RNG are the host's: Sync does not set them.
+//
+// The control channel is fd 0, one end of a unix socketpair the host
+// passed as stdin, and it carries no protocol traffic itself: the host
+// sends each session as a socket of its own (one byte with the socket in
+// SCM_RIGHTS), the agent serves it (Banner, then HTTP/2) until the host
+// closes it, closes its end and writes one byte back on fd 0. A checkpoint
+// needs that: runsc saves the sandbox's stdin (the host hands a new one to
+// the restore) but cannot save a host socket received at run time, so the
+// host ends the session and waits for the agent's byte before it saves,
+// and after a restore or a live save it sends a new session.
 const ContainerArg = "-container"
 
 func containerMain(log *slog.Logger, version string) {
@@ -184,18 +195,77 @@ func containerMain(log *slog.Logger, version string) {
 		Cgroups: cg, DefaultPidsLimit: pids,
 		system: containerSystem{guestSystem{log: log}},
 	})
+	var ctl *net.UnixConn
 	if err == nil {
-		var conn net.Conn
-		if conn, err = net.FileConn(os.Stdin); err == nil {
-			log.Info("serving", "mode", "container", "version", version)
-			err = agentapi.Serve(context.Background(), conn, srv.Handler())
-			_ = conn.Close()
+		var c net.Conn
+		if c, err = net.FileConn(os.Stdin); err == nil {
+			ctl, _ = c.(*net.UnixConn)
+			if ctl == nil {
+				err = errors.New("stdin is not a unix socket")
+			}
 		}
 	}
-	log.Info("host session ended; idle until the sandbox is stopped", "err", err)
+	if err == nil {
+		log.Info("serving", "mode", "container", "version", version)
+		err = serveSessions(log, ctl, srv.Handler())
+	}
+	log.Info("control channel ended; idle until the sandbox is stopped", "err", err)
 	for {
 		time.Sleep(time.Hour) // PID 1 must not exit
 	}
+}
+
+// serveSessions serves one host session after another, each received on
+// ctl (see ContainerArg). It returns when ctl ends: the host is gone.
+func serveSessions(log *slog.Logger, ctl *net.UnixConn, h http.Handler) error {
+	for {
+		conn, err := recvSession(ctl)
+		if err != nil {
+			return err
+		}
+		if conn == nil {
+			continue // a byte without a socket: nothing to serve
+		}
+		start := time.Now()
+		err = agentapi.Serve(context.Background(), conn, h)
+		_ = conn.Close()
+		log.Debug("host session ended", "took", time.Since(start), "err", err)
+		if _, err := ctl.Write([]byte{agentapi.SessionClosed}); err != nil {
+			return fmt.Errorf("control channel: %w", err)
+		}
+	}
+}
+
+// recvSession reads one message from ctl and returns the session socket it
+// carries, or nil if it carries none. io.EOF means the host closed ctl.
+func recvSession(ctl *net.UnixConn) (net.Conn, error) {
+	var b [1]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := ctl.ReadMsgUnix(b[:], oob)
+	if err != nil {
+		return nil, fmt.Errorf("control channel: %w", err)
+	}
+	if n == 0 && oobn == 0 {
+		return nil, io.EOF
+	}
+	var fds []int
+	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+	for i := range msgs {
+		if got, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+			fds = append(fds, got...)
+		}
+	}
+	if len(fds) == 0 {
+		return nil, nil
+	}
+	for _, fd := range fds[1:] { // one socket per message; close the rest
+		_ = unix.Close(fd)
+	}
+	// Execs must never inherit the host's socket.
+	unix.CloseOnExec(fds[0])
+	f := os.NewFile(uintptr(fds[0]), "agent-session")
+	defer f.Close()
+	return net.FileConn(f)
 }
 
 // hideSelf lazily unmounts the read-only bind mount the agent was started

@@ -32,6 +32,11 @@ const Banner = "\nAIRLOCK-AGENT/1 READY\n"
 // below which version introduced it.
 const ProtocolVersion = VersionWarm
 
+// SessionClosed is the byte a gVisor sandbox's agent writes on its control
+// channel (stdin) once it has closed a session's socket (internal/agent's
+// ContainerArg describes that channel).
+const SessionClosed = 'C'
+
 // MaxPreBanner caps the bytes the host discards while looking for the
 // banner (bytes a previous session left in the channel).
 const MaxPreBanner = 64 << 10

@@ -328,9 +328,6 @@ func (m *Manager) create(ctx context.Context, o CreateOptions) (store.Sandbox, e
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	if rt == "gvisor" && o.IdlePause > 0 {
-		return store.Sandbox{}, fmt.Errorf("%w: gvisor sandboxes cannot pause yet: --idle-pause needs the qemu runtime", errdefs.ErrInvalid)
-	}
 	if err := m.checkMountsFor(ctx, rt, o); err != nil {
 		return store.Sandbox{}, err
 	}

@@ -32,7 +32,8 @@ import (
 // A sandbox whose pause would leave something behind does not move:
 // volumes and host directories (their data is not in the bundle), secret
 // values (sealed to their node's key, and never written anywhere
-// else), and gVisor sandboxes (whose pause keeps no memory).
+// else), and gVisor sandboxes (their bundle, the checkpoint without a
+// disk, is not built yet).
 
 // bundleVersion is bundleDoc's format.
 const bundleVersion = 1
@@ -77,7 +78,7 @@ type Exported struct {
 func Movable(sb store.Sandbox) string {
 	switch {
 	case sb.Runtime != "" && sb.Runtime != "qemu":
-		return "only QEMU sandboxes move between nodes (a " + sb.Runtime + " pause keeps no memory)"
+		return "only QEMU sandboxes move between nodes (a " + sb.Runtime + " sandbox's bundle is not built yet)"
 	case len(sb.Mounts) > 0:
 		return "its volumes and host directories are not part of its saved state"
 	case len(sb.Network.Secrets) > 0:

@@ -314,7 +314,7 @@ func (m *Manager) claimWarm(ctx context.Context, c Caller, o CreateOptions) (sto
 		return store.Sandbox{}, false
 	}
 	rt, err := m.runtimeName(ctx)
-	if err != nil || (rt == "gvisor" && o.IdlePause > 0) {
+	if err != nil {
 		return store.Sandbox{}, false
 	}
 	w := m.warmState()

@@ -254,7 +254,7 @@ func (s *shim) pause(ctx context.Context, force bool, own int64) (resp *shimv2.P
 	// or to force, would not help.
 	saver, ok := s.inst.(runtime.StateSaver)
 	if !ok {
-		return nil, false, connect.NewError(connect.CodeUnimplemented, errors.New("this sandbox's runtime cannot pause it (gvisor sandboxes cannot pause yet; qemu ones can)"))
+		return nil, false, connect.NewError(connect.CodeUnimplemented, errors.New("this sandbox's runtime cannot pause it"))
 	}
 	// Without force, running execs are parked in the guest and go on after
 	// the resume (an agent older than protocol 8 cannot: they refuse the

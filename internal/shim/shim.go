@@ -549,8 +549,8 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	if s.cfg.RootDir != nil {
-		if sb.State == store.StateResuming || fromSnap != "" {
-			return fmt.Errorf("the %s runtime cannot resume or clone saved sandboxes", s.cfg.Runtime.Name())
+		if fromSnap != "" {
+			return fmt.Errorf("the %s runtime cannot clone saved sandboxes", s.cfg.Runtime.Name())
 		}
 		if s.cfg.BuildRoot != "" {
 			spec.RootDisk, spec.RootInPlace = s.cfg.BuildRoot, true
@@ -560,6 +560,15 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		spec.WritableBytes = int64(sb.DiskMiB) << 20
 		mode = s.cfg.Runtime.Name()
 		mark("rootfs")
+		if sb.State == store.StateResuming {
+			// The image's tree again; memory and the writes to the root
+			// come from the saved state.
+			if verify, err = s.resumeSpec(&spec); err != nil {
+				return err
+			}
+			mode = "resume"
+			mark("check")
+		}
 	} else if sb.State == store.StateResuming {
 		// Resume: the paused disk stays the root disk; RAM and devices
 		// come from the saved state.

@@ -426,30 +426,30 @@ func TestThreat069GuestOnlyHoldsPlaceholder(t *testing.T) {
 	}
 
 	// Across a pause, a resume and forks (before the scan below hands the
-	// value to this guest): qemu only, gVisor sandboxes cannot pause.
+	// value to this guest). Across a pause: the saved state holds no
+	// value, and the resumed sandbox injects again (the values were kept
+	// sealed on the host).
+	call := func(sb string) result {
+		t.Helper()
+		return e.runWith(t, extra, nil, "exec", sb, "--", "sh", "-c", `curl -sS -m 20 https://api.test:`+port+`/v1/models -H "Authorization: Bearer $API_KEY"`)
+	}
+	seenNow := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), seen...)
+	}
+	if r := e.runWith(t, extra, nil, "pause", id); r.code != 0 {
+		t.Fatalf("pause of a sandbox with a secret: %s", r.stderr)
+	}
+	if p := fileContaining(t, e.state, []byte(value)); p != "" {
+		t.Errorf("after the pause, state dir file %s contains the secret value", p)
+	}
+	if out := call(id); out.code != 0 || len(seenNow()) != 2 || seenNow()[1] != "Bearer "+value {
+		t.Fatalf("after the resume: curl exit %d %s; upstream saw %q", out.code, out.stderr, seenNow())
+	}
 	if onGVisor() {
-		t.Log("pause, resume and fork with secrets not driven: gVisor sandboxes cannot pause")
+		t.Log("forks with secrets not driven: gVisor sandboxes cannot fork yet")
 	} else {
-		// Across a pause: the saved state holds no value, and the resumed
-		// sandbox injects again (the values were kept sealed on the host).
-		call := func(sb string) result {
-			t.Helper()
-			return e.runWith(t, extra, nil, "exec", sb, "--", "sh", "-c", `curl -sS -m 20 https://api.test:`+port+`/v1/models -H "Authorization: Bearer $API_KEY"`)
-		}
-		seenNow := func() []string {
-			mu.Lock()
-			defer mu.Unlock()
-			return append([]string(nil), seen...)
-		}
-		if r := e.runWith(t, extra, nil, "pause", id); r.code != 0 {
-			t.Fatalf("pause of a sandbox with a secret: %s", r.stderr)
-		}
-		if p := fileContaining(t, e.state, []byte(value)); p != "" {
-			t.Errorf("after the pause, state dir file %s contains the secret value", p)
-		}
-		if out := call(id); out.code != 0 || len(seenNow()) != 2 || seenNow()[1] != "Bearer "+value {
-			t.Fatalf("after the resume: curl exit %d %s; upstream saw %q", out.code, out.stderr, seenNow())
-		}
 		// A fork binds the source's values only when asked.
 		r = e.runWith(t, extra, nil, "fork", "--secrets", id)
 		if r.code != 0 {

@@ -94,27 +94,25 @@ func TestVaultSecretAddedAndRemovedLive(t *testing.T) {
 		t.Fatalf("upstream saw %q, want the vault's value injected", got)
 	}
 
-	// Across a pause (qemu; gVisor sandboxes cannot pause): the resumed
-	// sandbox injects the live-added secret again, its sealed values
-	// having been rewritten, and the saved state holds no value.
-	if !onGVisor() {
-		// The knobs (DNS, dial map) go to the process that resumes it.
-		if r := e.runWith(t, extra, nil, "pause", id); r.code != 0 {
-			t.Fatalf("pause: %s", r.stderr)
-		}
-		if p := fileContaining(t, e.state, []byte(value)); p != "" {
-			t.Errorf("after the pause, state dir file %s holds the secret value", p)
-		}
-		if r := e.runWith(t, extra, nil, "exec", id, "--", "sh", "-c", curl); r.code != 0 {
-			t.Fatalf("curl after the resume: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
-		}
-		if got := seenNow(); len(got) != 2 || got[1] != "Bearer "+value {
-			t.Fatalf("upstream saw %q after the resume, want the value injected", got)
-		}
-		mu.Lock()
-		seen = seen[:1]
-		mu.Unlock()
+	// Across a pause: the resumed sandbox injects the live-added secret
+	// again, its sealed values having been rewritten, and the saved state
+	// holds no value. The knobs (DNS, dial map) go to the process that
+	// resumes it.
+	if r := e.runWith(t, extra, nil, "pause", id); r.code != 0 {
+		t.Fatalf("pause: %s", r.stderr)
 	}
+	if p := fileContaining(t, e.state, []byte(value)); p != "" {
+		t.Errorf("after the pause, state dir file %s holds the secret value", p)
+	}
+	if r := e.runWith(t, extra, nil, "exec", id, "--", "sh", "-c", curl); r.code != 0 {
+		t.Fatalf("curl after the resume: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if got := seenNow(); len(got) != 2 || got[1] != "Bearer "+value {
+		t.Fatalf("upstream saw %q after the resume, want the value injected", got)
+	}
+	mu.Lock()
+	seen = seen[:1]
+	mu.Unlock()
 
 	out = e.must(t, "network", "rm-secret", id, name)
 	if !strings.Contains(out, "removed "+name) {

@@ -22,14 +22,14 @@
   const extendForm = document.getElementById("extend-form");
   let busy = false;
 
-  // A gVisor sandbox cannot pause, and snapshots and forks start with a
-  // pause: those buttons stay off for it, saying why.
+  // A gVisor sandbox pauses, but takes no snapshots or forks yet: those
+  // buttons stay off for it, saying why.
   function sync() {
     const st = box.dataset.state || "";
     const saves = box.dataset.runtime !== "gvisor";
-    const why = saves ? "" : "gVisor sandboxes cannot pause yet (snapshots and forks start with a pause)";
-    for (const b of [pause, fork, document.getElementById("snapshot")]) b.title = why;
-    pause.disabled = busy || !saves || st !== "running";
+    const why = saves ? "" : "gVisor sandboxes cannot be snapshotted or forked yet";
+    for (const b of [fork, document.getElementById("snapshot")]) b.title = why;
+    pause.disabled = busy || st !== "running";
     resume.disabled = busy || st !== "paused";
     fork.disabled = busy || !saves || !(st === "running" || st === "paused");
     document.getElementById("snapshot").disabled = busy || !saves || !(st === "running" || st === "paused");

@@ -53,10 +53,7 @@
 
   function enable(r) {
     if (r.confirming) return;
-    // A gVisor sandbox cannot pause (yet): its Pause stays off, saying why.
-    const gv = r.sb.runtime === "gvisor";
-    r.pause.disabled = gv || r.sb.state !== "running";
-    r.pause.title = gv ? "gVisor sandboxes cannot pause yet" : "";
+    r.pause.disabled = r.sb.state !== "running";
     r.resume.disabled = r.sb.state !== "paused";
     r.kill.disabled = false;
   }

@@ -13,10 +13,13 @@
 //     --overlay2=root:dir=<RunDir>/upper puts each sandbox's writes in a
 //     file it creates (and unlinks at once) in RunDir/upper; the default
 //     root:self would write into the shared tree;
-//   - the agent channel is a unix socketpair: one end is the sandbox's
-//     stdin (a host fd inside gVisor), the other is AgentConn. The agent
-//     writes agentapi.Banner and serves HTTP/2 on it, as over
-//     virtio-serial;
+//   - the agent's channel: the sandbox's stdin is a control socket (a
+//     unix socketpair, a host fd inside gVisor) on which the host sends
+//     each session as a socketpair of its own (SCM_RIGHTS). AgentConn is
+//     a session's host end; the agent writes agentapi.Banner and serves
+//     HTTP/2 on it, as over virtio-serial, and says on the control
+//     socket when it has closed it (state.go: a checkpoint cannot save a
+//     socket received at run time);
 //   - with Spec.Network, a network namespace (/run/netns/<container id>)
 //     with lo up and a TAP named eth0 is named in the spec; runsc
 //     (--network=sandbox) takes the TAP's address and route and serves
@@ -31,7 +34,11 @@
 //     threads, not the sandbox's tasks.
 //
 // Spec.Kernel and Spec.Initrd are not used (Spec.Validate still wants them
-// set). Snapshots are not supported yet (Capabilities.Snapshots is false).
+// set). Instances save their whole state (runtime.StateSaver: `runsc
+// checkpoint`, the overlay's upper layer included, as it lives in the
+// sandbox's memory file) and Spec.RestoreFrom restores it (`runsc
+// restore`): pause and resume. Templates are not (Capabilities.Snapshots
+// is false: no Snapshotter).
 //
 // runsc must be static (CGO_ENABLED=0): it re-executes itself inside an
 // empty chroot, where a dynamic binary's loader is missing. Linux only;

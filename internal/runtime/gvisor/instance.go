@@ -59,9 +59,20 @@ type instance struct {
 	startErr error
 	// proc is `runsc run` once spawned.
 	proc *os.Process
-	// agent is the host end of the agent socket until AgentConn takes it.
+	// ctl is the host end of the agent's control channel (its stdin):
+	// each session is a socket of its own sent on it (sessions.go).
+	// sessions counts those sent, closed the acknowledgements read back.
+	ctl      *net.UnixConn
+	sessions int
+	closed   int
+	// agent is the host end of the session socket until AgentConn takes
+	// it; redial allows one more session (after a live save).
 	agent      *net.UnixConn
 	agentTaken bool
+	redial     bool
+	// saving is set while a checkpoint may end the sandbox: its exit is
+	// then a requested one.
+	saving bool
 	// link is the NIC's host side (Spec.Network) until NetConn takes it.
 	link      *tapLink
 	linkTaken bool
@@ -71,8 +82,9 @@ type instance struct {
 }
 
 var (
-	_ runtime.Instance  = (*instance)(nil)
-	_ runtime.Networker = (*instance)(nil)
+	_ runtime.Instance   = (*instance)(nil)
+	_ runtime.Networker  = (*instance)(nil)
+	_ runtime.StateSaver = (*instance)(nil)
 )
 
 func newInstance(r *Runtime, spec runtime.Spec, cid string) *instance {
@@ -195,21 +207,20 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 		return nil, fmt.Errorf("write bundle: %w", err)
 	}
 
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	ctl, guest, err := socketPair("agent-control")
 	if err != nil {
-		return nil, fmt.Errorf("agent socket: %w", err)
+		return nil, err
 	}
-	hostFile, guest := os.NewFile(uintptr(fds[0]), "agent-host"), os.NewFile(uintptr(fds[1]), "agent-guest")
 	defer guest.Close()
-	c, err := net.FileConn(hostFile)
-	hostFile.Close()
+	hc, err := in.newSession(ctl)
 	if err != nil {
-		return nil, fmt.Errorf("agent socket: %w", err)
+		ctl.Close()
+		return nil, err
 	}
-	hc := c.(*net.UnixConn)
 	console, err := os.OpenFile(filepath.Join(in.spec.RunDir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		hc.Close()
+		ctl.Close()
 		return nil, fmt.Errorf("console log: %w", err)
 	}
 	defer console.Close()
@@ -217,7 +228,7 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 	if in.spec.WritableBytes > 0 {
 		cfg.DiskBytes = in.spec.WritableBytes
 	}
-	cmd := exec.Command(cfg.RunscPath, runscArgs(cfg, in.paths, in.cid, in.spec.Network, in.spec.RootInPlace)...)
+	cmd := exec.Command(cfg.RunscPath, runscArgs(cfg, in.paths, in.cid, in.spec)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = guest, console, console
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -238,10 +249,13 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 	}()
 	if err := <-started; err != nil {
 		hc.Close()
+		ctl.Close()
 		return nil, fmt.Errorf("spawn runsc: %w", err)
 	}
 	in.mu.Lock()
 	in.proc = cmd.Process
+	in.ctl = ctl
+	in.sessions = 1
 	in.agent = hc
 	killNow := in.requested
 	in.mu.Unlock()
@@ -307,11 +321,16 @@ func (in *instance) exited(ps *os.ProcessState) {
 		agent = nil
 	}
 	in.agent = nil
-	requested, startErr := in.requested, in.startErr
+	ctl := in.ctl
+	in.ctl = nil
+	requested, startErr := in.requested || in.saving, in.startErr
 	in.mu.Unlock()
 	close(in.procExited)
 	if agent != nil {
 		agent.Close()
+	}
+	if ctl != nil {
+		ctl.Close()
 	}
 	cerr := in.cleanup()
 
@@ -463,20 +482,29 @@ func (in *instance) consoleTail() string {
 	return strings.TrimSpace(last)
 }
 
-// AgentConn returns the host end of the agent's socket (a unix socketpair
-// whose other end is the agent's stdin). Callable once; the caller closes
-// it. The agent serves one session: a closed conn is not replaced.
+// AgentConn returns the host end of the agent's session socket. Callable
+// once after Start, and once more after each live SaveState; the caller
+// closes it, which ends the session.
 func (in *instance) AgentConn(ctx context.Context) (net.Conn, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	switch {
-	case in.state != stateRunning || in.agent == nil:
+	case in.state != stateRunning || in.ctl == nil:
 		return nil, runtime.ErrNotRunning
-	case in.agentTaken:
+	case in.agent != nil && !in.agentTaken:
+		in.agentTaken = true
+		return in.agent, nil
+	case !in.redial:
 		return nil, errors.New("gvisor: agent conn already taken")
 	}
-	in.agentTaken = true
-	return in.agent, nil
+	c, err := in.newSession(in.ctl)
+	if err != nil {
+		return nil, err
+	}
+	in.sessions++
+	in.redial = false
+	in.agent, in.agentTaken = c, true
+	return c, nil
 }
 
 // Wait blocks until the sandbox has exited and everything is released.

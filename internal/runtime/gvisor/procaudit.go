@@ -175,6 +175,11 @@ func (in *instance) ProcEvents(ctx context.Context) (runtime.ProcStream, error) 
 	if c == nil {
 		return nil, runtime.ErrNotRunning
 	}
+	if in.spec.RestoreFrom != "" {
+		// A restored sandbox's init started long ago: no container/start
+		// comes, and the session is live once runsc has connected.
+		return c, nil
+	}
 	deadline := time.Now().Add(monitorStartTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d

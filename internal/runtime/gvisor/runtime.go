@@ -170,16 +170,18 @@ func (r *Runtime) Probe(ctx context.Context) (runtime.Capabilities, error) {
 // Create checks spec and returns an Instance that Start runs. spec.RootDisk
 // is the image's root directory (shared, never written: every write goes
 // to the instance's overlay in spec.RunDir); spec.Kernel and spec.Initrd
-// are not used.
+// are not used. With spec.RestoreFrom (a directory SaveState wrote) Start
+// restores that sandbox, its writes to the root included, instead of
+// running the agent afresh.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Instance, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
 	switch {
-	case spec.RestoreFrom != "":
-		return nil, errors.New("gvisor: restoring snapshots is not supported")
 	case !filepath.IsAbs(spec.RootDisk) || !filepath.IsAbs(spec.RunDir):
 		return nil, errors.New("gvisor: root dir and run dir must be absolute")
+	case spec.RestoreFrom != "" && !filepath.IsAbs(spec.RestoreFrom):
+		return nil, errors.New("gvisor: the state to restore must be an absolute path")
 	}
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])

@@ -217,19 +217,19 @@ type instancePaths struct {
 	monitor string
 }
 
-// runscArgs returns runsc's argv (after the binary) to run container cid.
-// inPlace (Spec.RootInPlace) writes to the root directory itself: no
-// overlay.
-func runscArgs(c Config, p instancePaths, cid string, network, inPlace bool) []string {
+// runscArgs returns runsc's argv (after the binary) to run container cid,
+// or to restore it from s.RestoreFrom (a directory StateSaver.SaveState
+// wrote). s.RootInPlace writes to the root directory itself: no overlay.
+func runscArgs(c Config, p instancePaths, cid string, s runtime.Spec) []string {
 	overlay := "root:dir=" + p.upper
 	if c.DiskBytes > 0 {
 		overlay += ",size=" + strconv.FormatInt(c.DiskBytes, 10)
 	}
-	if inPlace {
+	if s.RootInPlace {
 		overlay = "none"
 	}
 	netMode := "none"
-	if network {
+	if s.Network {
 		netMode = "sandbox"
 	}
 	args := []string{
@@ -250,6 +250,9 @@ func runscArgs(c Config, p instancePaths, cid string, network, inPlace bool) []s
 	}
 	if p.monitor != "" {
 		args = append(args, "--pod-init-config="+filepath.Join(p.monitor, monitorConfig))
+	}
+	if s.RestoreFrom != "" {
+		return append(args, "restore", "--image-path="+s.RestoreFrom, "--bundle", p.bundle, cid)
 	}
 	return append(args, "run", "--bundle", p.bundle, cid)
 }

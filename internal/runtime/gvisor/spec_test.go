@@ -53,26 +53,31 @@ func TestBuildSpec(t *testing.T) {
 func TestRunscArgs(t *testing.T) {
 	t.Parallel()
 	p := instancePaths{root: "/r/runsc", bundle: "/r/bundle", upper: "/r/upper", logDir: "/r/logs"}
-	got := strings.Join(runscArgs(Config{Platform: "systrap", DiskBytes: 1 << 30}, p, "cid", true, false), " ")
+	got := strings.Join(runscArgs(Config{Platform: "systrap", DiskBytes: 1 << 30}, p, "cid", runtime.Spec{Network: true}), " ")
 	want := "--root=/r/runsc --platform=systrap --network=sandbox --overlay2=root:dir=/r/upper,size=1073741824 --cpu-num-from-quota --in-sandbox-cgroup=v2 run --bundle /r/bundle cid"
 	if got != want {
 		t.Errorf("args:\n got %s\nwant %s", got, want)
 	}
-	got = strings.Join(runscArgs(Config{Platform: "systrap", IgnoreCgroups: true}, p, "cid", false, false), " ")
+	got = strings.Join(runscArgs(Config{Platform: "systrap", IgnoreCgroups: true}, p, "cid", runtime.Spec{}), " ")
 	if !strings.Contains(got, "--network=none") || !strings.Contains(got, "--overlay2=root:dir=/r/upper ") || !strings.Contains(got, "--ignore-cgroups") {
 		t.Errorf("args: %s", got)
 	}
 	// A template build's root is written in place: no overlay, and no
 	// size (the build's own filesystem caps it).
-	got = strings.Join(runscArgs(Config{Platform: "systrap", DiskBytes: 1 << 30}, p, "cid", false, true), " ")
+	got = strings.Join(runscArgs(Config{Platform: "systrap", DiskBytes: 1 << 30}, p, "cid", runtime.Spec{RootInPlace: true}), " ")
 	if !strings.Contains(got, "--overlay2=none ") || strings.Contains(got, "size=") {
 		t.Errorf("args in place: %s", got)
 	}
 	// Process audit: the trace session's config, before the command.
 	p.monitor = "/r/monitor"
-	got = strings.Join(runscArgs(Config{Platform: "systrap"}, p, "cid", false, false), " ")
+	got = strings.Join(runscArgs(Config{Platform: "systrap"}, p, "cid", runtime.Spec{}), " ")
 	if !strings.HasSuffix(got, " --pod-init-config=/r/monitor/init.json run --bundle /r/bundle cid") {
 		t.Errorf("args with process audit: %s", got)
+	}
+	// A restore: the same flags, the saved image instead of a run.
+	got = strings.Join(runscArgs(Config{Platform: "systrap"}, p, "cid", runtime.Spec{Network: true, RestoreFrom: "/p/state"}), " ")
+	if !strings.HasSuffix(got, " restore --image-path=/p/state --bundle /r/bundle cid") || !strings.Contains(got, "--network=sandbox") {
+		t.Errorf("args of a restore: %s", got)
 	}
 }
 
@@ -88,8 +93,8 @@ func TestNewValidates(t *testing.T) {
 	if rt.Name() != "gvisor" {
 		t.Error(rt.Name())
 	}
-	_, err = rt.Create(t.Context(), runtime.Spec{ID: "a", CPUs: 1, MemoryMiB: 64, Kernel: "k", Initrd: "i", RootDisk: "/d", RunDir: "/r", RestoreFrom: "/s"})
+	_, err = rt.Create(t.Context(), runtime.Spec{ID: "a", CPUs: 1, MemoryMiB: 64, Kernel: "k", Initrd: "i", RootDisk: "/d", RunDir: "/r", RestoreFrom: "s"})
 	if err == nil {
-		t.Error("Create with RestoreFrom succeeded")
+		t.Error("Create with a relative RestoreFrom succeeded")
 	}
 }
