@@ -173,15 +173,18 @@ func liveSnapshotRow(sb store.Sandbox, name, sid string) store.Snapshot {
 // wrote in dir and records the snapshot.
 func (m *Manager) completeLive(ctx context.Context, sb store.Sandbox, name, sid, dir string) (store.Snapshot, error) {
 	sn := liveSnapshotRow(sb, name, sid)
-	disk := filepath.Join(dir, statedir.SnapshotDisk)
-	if err := os.Chmod(disk, 0o444); err != nil {
-		return sn, fmt.Errorf("snapshot disk: %w", err)
-	}
 	mpath := filepath.Join(dir, statedir.PauseManifestFile)
 	var man statedir.PauseManifest
 	b, err := os.ReadFile(mpath)
 	if err != nil || json.Unmarshal(b, &man) != nil {
 		return sn, fmt.Errorf("%w: the live snapshot of %s has no readable manifest", errdefs.ErrFailedPrecondition, sb.ID)
+	}
+	disk := ""
+	if !man.RootInState {
+		disk = filepath.Join(dir, statedir.SnapshotDisk)
+		if err := os.Chmod(disk, 0o444); err != nil {
+			return sn, fmt.Errorf("snapshot disk: %w", err)
+		}
 	}
 	if err := completeManifest(&man, disk, sb); err != nil {
 		return sn, err
@@ -195,13 +198,16 @@ func (m *Manager) completeLive(ctx context.Context, sb store.Sandbox, name, sid,
 }
 
 // completeManifest adds the frozen disk's digest, the snapshot's digest
-// (over the state's and the disk's) and what it was taken of to man.
+// (over the state's and the disk's) and what it was taken of to man. disk
+// is empty for a snapshot without one (man.RootInState).
 func completeManifest(man *statedir.PauseManifest, disk string, sb store.Sandbox) error {
-	h := sha256.New()
-	if _, err := statedir.HashFile(h, disk, statedir.SnapshotDisk); err != nil {
-		return err
+	if disk != "" {
+		h := sha256.New()
+		if _, err := statedir.HashFile(h, disk, statedir.SnapshotDisk); err != nil {
+			return err
+		}
+		man.DiskSHA256 = hex.EncodeToString(h.Sum(nil))
 	}
-	man.DiskSHA256 = hex.EncodeToString(h.Sum(nil))
 	sum := sha256.Sum256([]byte(man.StateSHA256 + "\n" + man.DiskSHA256 + "\n"))
 	man.Digest = "sha256:" + hex.EncodeToString(sum[:])
 	man.ImageDigest, man.CPUs, man.MemoryMiB, man.DiskMiB = sb.ImageDigest, sb.CPUs, sb.MemoryMiB, sb.DiskMiB
@@ -263,12 +269,15 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 		return store.Snapshot{}, fmt.Errorf("snapshot execs: %w", err)
 	}
 	// The overlay becomes the snapshot's frozen disk; the sandbox continues
-	// on a new overlay backed by it.
-	if err := os.Rename(root, filepath.Join(dir, statedir.SnapshotDisk)); err != nil {
-		return store.Snapshot{}, fmt.Errorf("snapshot disk: %w", err)
+	// on a new overlay backed by it. (A state that holds the root's
+	// writes, gVisor's, is the whole snapshot.)
+	if !man.RootInState {
+		if err := os.Rename(root, filepath.Join(dir, statedir.SnapshotDisk)); err != nil {
+			return store.Snapshot{}, fmt.Errorf("snapshot disk: %w", err)
+		}
+		movedDisk = filepath.Join(dir, statedir.SnapshotDisk)
+		_ = os.Chmod(movedDisk, 0o444)
 	}
-	movedDisk = filepath.Join(dir, statedir.SnapshotDisk)
-	_ = os.Chmod(movedDisk, 0o444)
 	if err := completeManifest(&man, movedDisk, sb); err != nil {
 		return store.Snapshot{}, err
 	}
@@ -278,9 +287,12 @@ func (m *Manager) freeze(ctx context.Context, sb store.Sandbox, name string) (st
 	if err := os.Rename(dir, final); err != nil {
 		return store.Snapshot{}, fmt.Errorf("%w: snapshot %s: %v", errdefs.ErrConflict, sid, err)
 	}
-	dir, movedDisk = final, filepath.Join(final, statedir.SnapshotDisk)
-	if err := statedir.CreateOverlay(ctx, root, movedDisk, "qcow2", 0); err != nil {
-		return store.Snapshot{}, err
+	dir = final
+	if !man.RootInState {
+		movedDisk = filepath.Join(final, statedir.SnapshotDisk)
+		if err := statedir.CreateOverlay(ctx, root, movedDisk, "qcow2", 0); err != nil {
+			return store.Snapshot{}, err
+		}
 	}
 	mb, _ := json.MarshalIndent(man, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, statedir.PauseManifestFile), mb, 0o400); err != nil {
@@ -464,10 +476,13 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q has no readable manifest", errdefs.ErrFailedPrecondition, sn.Name)
 	}
 	// The disk backs every sandbox from the snapshot: check it each time
-	// (the state is checked when the snapshot's template is built).
-	h := sha256.New()
-	if _, err := statedir.HashFile(h, filepath.Join(sdir, statedir.SnapshotDisk), statedir.SnapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
-		return store.Sandbox{}, fmt.Errorf("%w: snapshot %q is corrupt: its disk does not match its digest", errdefs.ErrFailedPrecondition, sn.Name)
+	// (the state is checked when the snapshot's template is built, or on
+	// gVisor, whose snapshots have no disk, at each restore).
+	if !man.RootInState {
+		h := sha256.New()
+		if _, err := statedir.HashFile(h, filepath.Join(sdir, statedir.SnapshotDisk), statedir.SnapshotDisk); err != nil || hex.EncodeToString(h.Sum(nil)) != man.DiskSHA256 {
+			return store.Sandbox{}, fmt.Errorf("%w: snapshot %q is corrupt: its disk does not match its digest", errdefs.ErrFailedPrecondition, sn.Name)
+		}
 	}
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
@@ -493,6 +508,7 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskMiB: sn.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: sn.Env,
 		Network: network, IdlePause: o.IdlePause, Source: source, ExecDefaults: sn.ExecDefaults,
+		Runtime: cmp.Or(man.Runtime, "qemu"), // a restore needs the runtime that saved it
 	}
 	lock, err := m.newSandboxDir(sb.ID)
 	if err != nil {
@@ -507,7 +523,11 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 	// the snapshot's (the snapshot holds the rest of the chain). Refused
 	// if the collector freed the snapshot meanwhile.
 	ho := store.SandboxObj(sb.ID)
-	if err := errors.Join(m.Store.AddRefs(ctx, ho, store.RoleOrigin, store.SnapshotObj(sn.ID)), m.Store.AddRefs(ctx, ho, store.RoleDisk, store.SnapshotObj(sn.ID))); err != nil {
+	err = m.Store.AddRefs(ctx, ho, store.RoleOrigin, store.SnapshotObj(sn.ID))
+	if !man.RootInState {
+		err = errors.Join(err, m.Store.AddRefs(ctx, ho, store.RoleDisk, store.SnapshotObj(sn.ID)))
+	}
+	if err != nil {
 		lock.Close()
 		_ = m.remove(context.WithoutCancel(ctx), sb.ID)
 		return sb, err

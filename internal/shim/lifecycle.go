@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -333,7 +334,7 @@ func (s *shim) writeManifest(dir string) (int64, error) {
 	}
 	bc := s.boot
 	m := statedir.PauseManifest{Version: 1, Kernel: bc.Kernel, Initrd: bc.Initrd, StateSHA256: sum, StateBytes: size, PausedAt: s.clk.Now().UTC(),
-		Runtime: s.cfg.Runtime.Name(), Accel: s.accel}
+		Runtime: s.cfg.Runtime.Name(), Accel: s.accel, RootInState: s.cfg.RootDir != nil}
 	b, _ := json.MarshalIndent(m, "", "  ")
 	return size, os.WriteFile(filepath.Join(dir, statedir.PauseManifestFile), b, 0o400)
 }
@@ -355,7 +356,8 @@ func (l lifecycleService) Snapshot(ctx context.Context, req *connect.Request[shi
 
 // snapshotLive saves the running guest into dir (see
 // LifecycleService.Snapshot) and carries on: the root disk is frozen as
-// dir's disk and the guest continues on a new overlay on it, the agent
+// dir's disk and the guest continues on a new overlay on it (on gVisor the
+// root's writes are in the state, and there is no disk), the agent
 // session is dialled again, the parked execs are adopted again and the
 // process audit restarts (the trail records the gap). On an error before
 // the guest was stopped the sandbox runs on untouched; fatal reports one
@@ -382,23 +384,30 @@ func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *
 		return nil, false, err
 	}
 	t0 := time.Now()
+	// A runtime whose root is a directory (gVisor) keeps the root's writes
+	// in the state: no disk to freeze.
+	disk := s.cfg.RootDir == nil
 	root := s.l.RootDisk(s.cfg.ID)
 	frozen := filepath.Join(dir, statedir.SnapshotDisk)
 	next := root + ".next"
-	_ = os.Remove(next)
-	// The snapshot's disk is the root disk's inode under a second name
-	// (the guest writes to it until the save switches it over), and the
-	// new overlay is backed by that name, which outlives the sandbox.
-	if err := os.Link(root, frozen); err != nil {
-		return nil, false, fmt.Errorf("snapshot disk: %w", err)
-	}
-	if err := statedir.CreateOverlay(ctx, next, frozen, "qcow2", 0); err != nil {
-		_ = os.Remove(frozen)
-		return nil, false, err
+	if disk {
+		_ = os.Remove(next)
+		// The snapshot's disk is the root disk's inode under a second name
+		// (the guest writes to it until the save switches it over), and the
+		// new overlay is backed by that name, which outlives the sandbox.
+		if err := os.Link(root, frozen); err != nil {
+			return nil, false, fmt.Errorf("snapshot disk: %w", err)
+		}
+		if err := statedir.CreateOverlay(ctx, next, frozen, "qcow2", 0); err != nil {
+			_ = os.Remove(frozen)
+			return nil, false, err
+		}
 	}
 	stateDir := filepath.Join(dir, statedir.PauseStateDir)
 	if err := os.Mkdir(stateDir, 0o700); err != nil {
-		_ = errors.Join(os.Remove(frozen), os.Remove(next))
+		if disk {
+			_ = errors.Join(os.Remove(frozen), os.Remove(next))
+		}
 		return nil, false, err
 	}
 	// New requests wait (they are refused with "retry") until the guest
@@ -418,11 +427,17 @@ func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *
 	if err != nil {
 		return nil, true, err
 	}
-	if err := saver.SaveState(ctx, stateDir, runtime.SaveOptions{KeepRunning: true, NewRootDisk: next}); err != nil {
+	o := runtime.SaveOptions{KeepRunning: true}
+	if disk {
+		o.NewRootDisk = next
+	}
+	if err := saver.SaveState(ctx, stateDir, o); err != nil {
 		return nil, true, fmt.Errorf("save guest state: %w", err)
 	}
-	if err := os.Rename(next, root); err != nil {
-		return nil, true, fmt.Errorf("new root disk: %w", err)
+	if disk {
+		if err := os.Rename(next, root); err != nil {
+			return nil, true, fmt.Errorf("new root disk: %w", err)
+		}
 	}
 	conn, err := s.inst.AgentConn(ctx)
 	if err != nil {
@@ -491,14 +506,42 @@ func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 	spec.Kernel, spec.Initrd = m.Kernel, m.Initrd
 	spec.RestoreFrom = filepath.Join(dir, statedir.PauseStateDir)
 	s.boot.Kernel, s.boot.Initrd = m.Kernel, m.Initrd
+	return checkState(spec.RestoreFrom, m, "paused state is corrupt (its digest does not match the manifest); the sandbox cannot be resumed"), nil
+}
+
+// snapshotSpec fills spec to restore snapshot sid's state directly (a
+// runtime whose root's writes are in the state, gVisor: no template, no
+// disk). The digest check runs concurrently with the restore, as for a
+// resume.
+func (s *shim) snapshotSpec(spec *runtime.Spec, sid string) (verify func() error, err error) {
+	dir := s.l.SnapshotDir(sid)
+	b, err := os.ReadFile(filepath.Join(dir, statedir.PauseManifestFile))
+	if err != nil {
+		return nil, fmt.Errorf("the snapshot's manifest is missing (%v)", err)
+	}
+	var m statedir.PauseManifest
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.StateSHA256) != 64 {
+		return nil, errors.New("the snapshot's manifest is unreadable")
+	}
+	if m.Runtime != s.cfg.Runtime.Name() || !m.RootInState {
+		return nil, fmt.Errorf("the snapshot was taken under the %s runtime; this sandbox runs on %s", cmp.Or(m.Runtime, "qemu"), s.cfg.Runtime.Name())
+	}
+	spec.RestoreFrom = filepath.Join(dir, statedir.PauseStateDir)
+	return checkState(spec.RestoreFrom, m, "the snapshot is corrupt (its state does not match its digest)"), nil
+}
+
+// checkState hashes the state in dir in the background; the func it
+// returns waits for the result: nil if it matches m, else an error saying
+// corrupt.
+func checkState(dir string, m statedir.PauseManifest, corrupt string) func() error {
 	done := make(chan error, 1)
 	go func() {
-		sum, size, err := statedir.HashDir(spec.RestoreFrom)
+		sum, size, err := statedir.HashDir(dir)
 		switch {
 		case err != nil:
 			done <- err
 		case sum != m.StateSHA256 || size != m.StateBytes:
-			done <- errors.New("paused state is corrupt (its digest does not match the manifest); the sandbox cannot be resumed")
+			done <- errors.New(corrupt)
 		default:
 			done <- nil
 		}
@@ -508,5 +551,5 @@ func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 	return func() error {
 		once.Do(func() { verr = <-done })
 		return verr
-	}, nil
+	}
 }

@@ -497,7 +497,7 @@ func (s *shim) event(ctx context.Context, sb store.Sandbox, action string, detai
 	}
 }
 
-func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
+func (s *shim) start(ctx context.Context, sb store.Sandbox) (err error) {
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Millisecond)) }
@@ -544,14 +544,20 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 	}
 	tmplDisk := template.DiskMiB(fi.Size())
 	var verify func() error
+	defer func() {
+		// A restore of a corrupt state may fail before its digest check
+		// ends: the check says why.
+		if err != nil && verify != nil {
+			if verr := verify(); verr != nil {
+				err = verr
+			}
+		}
+	}()
 	fromSnap, err := template.OriginSnapshot(ctx, s.st, sb.ID)
 	if err != nil {
 		return err
 	}
 	if s.cfg.RootDir != nil {
-		if fromSnap != "" {
-			return fmt.Errorf("the %s runtime cannot clone saved sandboxes", s.cfg.Runtime.Name())
-		}
 		if s.cfg.BuildRoot != "" {
 			spec.RootDisk, spec.RootInPlace = s.cfg.BuildRoot, true
 		} else if spec.RootDisk, err = s.cfg.RootDir(ctx, sb); err != nil {
@@ -560,13 +566,22 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 		spec.WritableBytes = int64(sb.DiskMiB) << 20
 		mode = s.cfg.Runtime.Name()
 		mark("rootfs")
-		if sb.State == store.StateResuming {
+		switch {
+		case sb.State == store.StateResuming:
 			// The image's tree again; memory and the writes to the root
 			// come from the saved state.
 			if verify, err = s.resumeSpec(&spec); err != nil {
 				return err
 			}
 			mode = "resume"
+			mark("check")
+		case fromSnap != "":
+			// A fork or a sandbox from a snapshot: its state, restored as
+			// it was saved (the size is the snapshot's).
+			if verify, err = s.snapshotSpec(&spec, fromSnap); err != nil {
+				return err
+			}
+			mode = "snapshot"
 			mark("check")
 		}
 	} else if sb.State == store.StateResuming {
@@ -708,6 +723,8 @@ func (s *shim) start(ctx context.Context, sb store.Sandbox) error {
 			return err
 		}
 		mark("verified")
+	}
+	if mode == "resume" {
 		if err := s.st.SetExpiry(ctx, sb.ID, s.clk.Now().Add(sb.LifetimeLeft)); err != nil {
 			return err
 		}

@@ -34,6 +34,10 @@ type PauseManifest struct {
 	// same).
 	Runtime string `json:"runtime,omitempty"`
 	Accel   string `json:"accel,omitempty"`
+	// RootInState says the state holds the sandbox's writes to its root
+	// (gVisor: the writable layer lives in the sandbox's memory file): a
+	// snapshot of it has no disk.
+	RootInState bool `json:"root_in_state,omitempty"`
 }
 
 // Files of a pause (or snapshot) directory.

@@ -372,7 +372,11 @@ func TestSnapshotCreateFrom(t *testing.T) {
 		if sn.Name != bad {
 			continue
 		}
-		f, err := os.OpenFile(e.state+"/snapshots/"+sn.ID+"/state/state.bin", os.O_WRONLY, 0)
+		state := "state.bin" // QEMU's migration stream
+		if onGVisor() {
+			state = "pages.img" // runsc's checkpoint: the memory's pages
+		}
+		f, err := os.OpenFile(e.state+"/snapshots/"+sn.ID+"/state/"+state, os.O_WRONLY, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -447,35 +447,31 @@ func TestThreat069GuestOnlyHoldsPlaceholder(t *testing.T) {
 	if out := call(id); out.code != 0 || len(seenNow()) != 2 || seenNow()[1] != "Bearer "+value {
 		t.Fatalf("after the resume: curl exit %d %s; upstream saw %q", out.code, out.stderr, seenNow())
 	}
-	if onGVisor() {
-		t.Log("forks with secrets not driven: gVisor sandboxes cannot fork yet")
-	} else {
-		// A fork binds the source's values only when asked.
-		r = e.runWith(t, extra, nil, "fork", "--secrets", id)
-		if r.code != 0 {
-			t.Fatalf("fork --secrets: %s", r.stderr)
+	// A fork binds the source's values only when asked.
+	r = e.runWith(t, extra, nil, "fork", "--secrets", id)
+	if r.code != 0 {
+		t.Fatalf("fork --secrets: %s", r.stderr)
+	}
+	withSecrets := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { e.run(t, nil, "rm", withSecrets) })
+	if out := call(withSecrets); out.code != 0 || len(seenNow()) != 3 || seenNow()[2] != "Bearer "+value {
+		t.Fatalf("in a fork with --secrets: curl exit %d %s; upstream saw %q", out.code, out.stderr, seenNow())
+	}
+	r = e.runWith(t, extra, nil, "fork", id)
+	if r.code != 0 {
+		t.Fatalf("fork: %s", r.stderr)
+	}
+	without := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { e.run(t, nil, "rm", without) })
+	_ = call(without) // refused, or sent with the placeholder: never the value
+	for _, h := range seenNow()[3:] {
+		if strings.Contains(h, value) {
+			t.Fatalf("a fork without --secrets sent the value: upstream saw %q", h)
 		}
-		withSecrets := strings.TrimSpace(r.stdout)
-		t.Cleanup(func() { e.run(t, nil, "rm", withSecrets) })
-		if out := call(withSecrets); out.code != 0 || len(seenNow()) != 3 || seenNow()[2] != "Bearer "+value {
-			t.Fatalf("in a fork with --secrets: curl exit %d %s; upstream saw %q", out.code, out.stderr, seenNow())
-		}
-		r = e.runWith(t, extra, nil, "fork", id)
-		if r.code != 0 {
-			t.Fatalf("fork: %s", r.stderr)
-		}
-		without := strings.TrimSpace(r.stdout)
-		t.Cleanup(func() { e.run(t, nil, "rm", without) })
-		_ = call(without) // refused, or sent with the placeholder: never the value
-		for _, h := range seenNow()[3:] {
-			if strings.Contains(h, value) {
-				t.Fatalf("a fork without --secrets sent the value: upstream saw %q", h)
-			}
-		}
-		// Snapshots (the forks' bases) and every sandbox's files hold no value.
-		if p := fileContaining(t, e.state, []byte(value)); p != "" {
-			t.Errorf("after the forks, state dir file %s contains the secret value", p)
-		}
+	}
+	// Snapshots (the forks' bases) and every sandbox's files hold no value.
+	if p := fileContaining(t, e.state, []byte(value)); p != "" {
+		t.Errorf("after the forks, state dir file %s contains the secret value", p)
 	}
 
 	// Nor in the guest's files or process environments.

@@ -22,17 +22,12 @@
   const extendForm = document.getElementById("extend-form");
   let busy = false;
 
-  // A gVisor sandbox pauses, but takes no snapshots or forks yet: those
-  // buttons stay off for it, saying why.
   function sync() {
     const st = box.dataset.state || "";
-    const saves = box.dataset.runtime !== "gvisor";
-    const why = saves ? "" : "gVisor sandboxes cannot be snapshotted or forked yet";
-    for (const b of [fork, document.getElementById("snapshot")]) b.title = why;
     pause.disabled = busy || st !== "running";
     resume.disabled = busy || st !== "paused";
-    fork.disabled = busy || !saves || !(st === "running" || st === "paused");
-    document.getElementById("snapshot").disabled = busy || !saves || !(st === "running" || st === "paused");
+    fork.disabled = busy || !(st === "running" || st === "paused");
+    document.getElementById("snapshot").disabled = busy || !(st === "running" || st === "paused");
     document.getElementById("extend-go").disabled = busy || !(st === "running" || st === "paused");
   }
 
