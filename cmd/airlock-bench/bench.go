@@ -168,29 +168,31 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 		rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
 	}
 
-	for _, fill := range []int{0, 128} {
-		if !o.want("pause") {
-			break
-		}
-		fmt.Fprintln(os.Stderr, "bench: pause/resume rows", fill)
-		pr, err := pauseBench(ctx, m, cli, runs, fill)
-		if err != nil {
-			return fmt.Errorf("pause bench: %w", err)
-		}
-		for _, r := range pr {
-			rows = append(rows, row{r[0], r[1], r[2]})
+	if o.want("pause") {
+		if err := perRuntime("pause/resume", "pause bench", func(rtName string) ([][3]string, error) {
+			var rows [][3]string
+			for _, fill := range []int{0, 128} {
+				pr, err := pauseBench(ctx, m, cli, rtName, runs, fill)
+				if err != nil {
+					return nil, err
+				}
+				rows = append(rows, pr...)
+			}
+			return rows, nil
+		}); err != nil {
+			return err
 		}
 	}
 	if o.want("fork") {
-		fr, err := forkBench(ctx, m, cli)
-		if err != nil {
-			return fmt.Errorf("fork bench: %w", err)
-		}
-		if _, err := m.PruneSnapshots(ctx, sandbox.Local()); err != nil { // the forks' base
+		if err := perRuntime("snapshot and fork", "fork bench", func(rtName string) ([][3]string, error) {
+			fr, err := forkBench(ctx, m, cli, rtName)
+			if err != nil {
+				return nil, err
+			}
+			_, err = m.PruneSnapshots(ctx, sandbox.Local()) // the forks' base
+			return fr, err
+		}); err != nil {
 			return err
-		}
-		for _, r := range fr {
-			rows = append(rows, row{r[0], r[1], r[2]})
 		}
 	}
 

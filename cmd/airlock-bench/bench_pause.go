@@ -11,11 +11,13 @@ import (
 )
 
 // pauseBench measures pause (guest stopped until the VMM is gone) and
-// resume (until the first exec answers) of a default sandbox, runs times;
-// with fillMiB > 0 the guest first writes that much random data to tmpfs
-// (and as much again passes through a process's memory).
-func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error), runs, fillMiB int) ([][3]string, error) {
-	id, err := cli("create")
+// resume (until the first exec answers) of a default sandbox of runtime
+// rtName, runs times; with fillMiB > 0 the guest first writes that much
+// random data to tmpfs (and as much again passes through a process's
+// memory). The rows name the runtime, but for qemu (their names before
+// gVisor paused).
+func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error), rtName string, runs, fillMiB int) ([][3]string, error) {
+	id, err := cli("--runtime", rtName, "create")
 	if err != nil {
 		return nil, err
 	}
@@ -54,9 +56,18 @@ func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 	}
 	note := fmt.Sprintf("median of %d; state %d MiB", runs, stateBytes>>20)
 	return [][3]string{
-		{"pause, " + what + " (until the VMM and shim are gone)", ms(median(pauseD)), note + fmt.Sprintf("; guest stopped for the save: %s", ms(median(saveD)))},
-		{"resume, " + what + ", until the first exec answers", ms(median(resumeD)), note + "; the state digest is checked meanwhile"},
+		{"pause, " + what + " (until the VMM and shim are gone)" + rtSuffix(rtName), ms(median(pauseD)), note + fmt.Sprintf("; guest stopped for the save: %s", ms(median(saveD)))},
+		{"resume, " + what + ", until the first exec answers" + rtSuffix(rtName), ms(median(resumeD)), note + "; the state digest is checked meanwhile"},
 	}, nil
+}
+
+// rtSuffix names rtName at the end of a pause or fork row, but for qemu,
+// whose rows kept the names they had before gVisor saved its sandboxes.
+func rtSuffix(rtName string) string {
+	if rtName == "qemu" {
+		return ""
+	}
+	return ", " + rtName
 }
 
 // forkBench measures, on one live sandbox that wrote 64 MiB of tmpfs: a
@@ -65,7 +76,9 @@ func pauseBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 // clone of the same size measured just before (Manager.Create until it
 // runs, median of 3), and each fork's memory (shim and VMM; PSS divides
 // the pages forks share).
-func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error)) ([][3]string, error) {
+func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (string, error), rtName string) ([][3]string, error) {
+	m.Runtime = func(context.Context) (string, error) { return rtName, nil }
+	defer func() { m.Runtime = func(context.Context) (string, error) { return "qemu", nil } }()
 	var clones []time.Duration
 	for range 3 {
 		t := time.Now()
@@ -79,7 +92,7 @@ func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (str
 		}
 	}
 	clone := median(clones)
-	id, err := cli("create")
+	id, err := cli("--runtime", rtName, "create")
 	if err != nil {
 		return nil, err
 	}
@@ -118,11 +131,15 @@ func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (str
 		rss, pss := sandboxMemory(m.L.ShimLock(f.ID))
 		mem = append(mem, fmt.Sprintf("%d/%d", rss>>10, pss>>10))
 	}
+	baseline, how := "one template clone", "includes the source's live save and the first build of the snapshot's template"
+	if rtName != "qemu" {
+		baseline, how = "one create", "includes the source's live save; each fork restores the snapshot's state"
+	}
 	return [][3]string{
-		{"snapshot a live sandbox, until it answers an exec again", ms(snap), "saved while it runs; " + went},
-		{"fork a live sandbox into 3 (until all 3 answer), vs one template clone", fmt.Sprintf("%s (%.1fx)", ms(d), float64(d)/float64(clone)),
-			fmt.Sprintf("one clone (Manager.Create until running, median of 3): %s; includes the source's live save and the first build of the snapshot's template", ms(clone))},
-		{"memory per fork, RSS/PSS MiB (shim + VMM)", strings.Join(mem, ", "), "parent wrote 64 MiB of tmpfs before the fork; PSS splits the pages the forks share"},
+		{"snapshot a live sandbox, until it answers an exec again" + rtSuffix(rtName), ms(snap), "saved while it runs; " + went},
+		{"fork a live sandbox into 3 (until all 3 answer), vs " + baseline + rtSuffix(rtName), fmt.Sprintf("%s (%.1fx)", ms(d), float64(d)/float64(clone)),
+			fmt.Sprintf("one create (Manager.Create until running, median of 3): %s; %s", ms(clone), how)},
+		{"memory per fork, RSS/PSS MiB (shim + VMM)" + rtSuffix(rtName), strings.Join(mem, ", "), "parent wrote 64 MiB of tmpfs before the fork; PSS splits the pages the forks share"},
 	}, nil
 }
 
