@@ -18,9 +18,9 @@ DESTDIR ?=
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 LDFLAGS := -s -w -X main.version=$(VERSION)
 AIRLOCK := bin/airlock --state-dir $(STATE_DIR)
-# End-to-end tests the gvisor pass of `make test` leaves out (moves between
-# nodes, templates saved running: runsc sandboxes have neither yet).
-GVISOR_SKIP := TestClusterResumesAPausedSandboxOnAnotherNode|TestClusterMovesARunningSandbox|TestCodeWarmPythonFromTemplate
+# End-to-end tests the gvisor pass of `make test` leaves out (a template that
+# saves a Python kernel running: gVisor templates are images).
+GVISOR_SKIP := TestCodeWarmPythonFromTemplate
 # End-to-end tests only the gvisor pass of `make test` runs: they test the
 # browser against the dashboard, which is the same on either runtime
 # (`make test-vm` runs them on QEMU too).
@@ -107,8 +107,8 @@ test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -
 	AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 40m -skip '^TestThreat|^($(GVISOR_ONLY))$$' ./...
 	# The end-to-end suite again on the gvisor runtime, but for what needs
-	# moves between nodes or templates saved running, which runsc
-	# sandboxes do not do yet; with what runs only here (GVISOR_ONLY).
+	# a template saved running, which gVisor templates are not; with what
+	# runs only here (GVISOR_ONLY).
 	AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_RUNTIME=gvisor AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 20m -skip '$(GVISOR_SKIP)' ./test/e2e/
 	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-sdk.sh

@@ -67,7 +67,7 @@ devices and disk, named by its sha256); if this node is then lost, the
 next call to the sandbox resumes it on another node, which checks the
 bundle's digest and that it has the same architecture, runtime, guest
 kernel, initramfs and image. Sandboxes with volumes, host directories or
-secret values, and gVisor sandboxes, stay on their node.
+secret values stay on their node.
 
 The control tier is airlock serve --cluster: see the README's Cluster
 section.`

@@ -88,7 +88,7 @@ func (s *Server) moveLive(w http.ResponseWriter, r *http.Request) {
 			only = append(only, n.Name)
 		}
 	}
-	to, err := s.place(r.Context(), cluster.Request{CPUs: p.CPUs, MemoryMiB: int64(p.MemoryMiB), Arch: from.Arch, OnlyNodes: only,
+	to, err := s.place(r.Context(), cluster.Request{CPUs: p.CPUs, MemoryMiB: int64(p.MemoryMiB), Arch: from.Arch, Runtime: view.Runtime, OnlyNodes: only,
 		OnlyWhy: "room for it (other than " + from.Name + ")"})
 	if err != nil {
 		s.resumeIf(r.Context(), state, from, owner, p)
@@ -154,8 +154,8 @@ func (s *Server) viewOn(ctx context.Context, n cluster.Node, k store.APIKey, id 
 // unmovable is why its node wrote no bundle of paused sandbox v.
 func (v nodeView) unmovable() string {
 	switch {
-	case v.Runtime != "" && v.Runtime != "qemu":
-		return "only QEMU sandboxes move between nodes"
+	case v.Runtime != "" && v.Runtime != "qemu" && v.Runtime != "gvisor":
+		return "only QEMU and gVisor sandboxes move between nodes"
 	case len(v.Mounts) > 0:
 		return "its volumes and host directories are not part of its saved state"
 	}

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -30,10 +31,10 @@ import (
 // paused: the next call resumes it as after any pause.
 //
 // A sandbox whose pause would leave something behind does not move:
-// volumes and host directories (their data is not in the bundle), secret
-// values (sealed to their node's key, and never written anywhere
-// else), and gVisor sandboxes (their bundle, the checkpoint without a
-// disk, is not built yet).
+// volumes and host directories (their data is not in the bundle) and
+// secret values (sealed to their node's key, and never written anywhere
+// else). A gVisor sandbox's bundle has no disk: its checkpoint holds the
+// writes to its root.
 
 // bundleVersion is bundleDoc's format.
 const bundleVersion = 1
@@ -63,6 +64,10 @@ var bundleLimits = bundle.Limits{
 	statedir.PauseStateDir + "/meta.json": 1 << 20,
 	statedir.PauseStateDir + "/state.bin": 1 << 40,
 	bundleDisk:                            1 << 42,
+	// runsc's checkpoint (gVisor).
+	statedir.PauseStateDir + "/checkpoint.img": 1 << 32,
+	statedir.PauseStateDir + "/pages_meta.img": 1 << 32,
+	statedir.PauseStateDir + "/pages.img":      1 << 40,
 }
 
 // Exported is what an Export did.
@@ -77,8 +82,8 @@ type Exported struct {
 // Movable says why sb cannot move to another node ("" if it can).
 func Movable(sb store.Sandbox) string {
 	switch {
-	case sb.Runtime != "" && sb.Runtime != "qemu":
-		return "only QEMU sandboxes move between nodes (a " + sb.Runtime + " sandbox's bundle is not built yet)"
+	case sb.Runtime != "" && sb.Runtime != "qemu" && sb.Runtime != "gvisor":
+		return "only QEMU and gVisor sandboxes move between nodes"
 	case len(sb.Mounts) > 0:
 		return "its volumes and host directories are not part of its saved state"
 	case len(sb.Network.Secrets) > 0:
@@ -124,7 +129,7 @@ func (m *Manager) bundlePaused(ctx context.Context, c Caller, sb store.Sandbox, 
 	if sb.State != store.StatePaused {
 		return nil, "it was resumed while its bundle was being written", nil
 	}
-	if err := m.CheckSpace(ctx, "this sandbox's disk", statedir.DirUsage(m.L.RootDisk(id))); err != nil {
+	if err := m.CheckSpace(ctx, "this sandbox's disk", statedir.DirUsage(m.L.RootDisk(id))+statedir.DirUsage(m.L.PauseDir(id))); err != nil {
 		return nil, "", err
 	}
 	t0 := time.Now()
@@ -235,14 +240,17 @@ func (m *Manager) writeBundle(ctx context.Context, sb store.Sandbox) (bundle.Ref
 		return bundle.Ref{}, err
 	}
 	defer os.RemoveAll(work)
-	// The disk, flattened onto its image: the template's and snapshots'
-	// layers it is backed by are this node's.
-	disk := filepath.Join(work, bundleDisk)
-	if err := copyFile(m.L.RootDisk(sb.ID), disk); err != nil {
-		return bundle.Ref{}, err
-	}
-	if err := qemuImg(ctx, "rebase", "-f", "qcow2", "-b", m.L.ImagePath(sb.ImageDigest), "-F", "raw", disk); err != nil {
-		return bundle.Ref{}, err
+	disk := ""
+	if !man.RootInState {
+		// The disk, flattened onto its image: the template's and
+		// snapshots' layers it is backed by are this node's.
+		disk = filepath.Join(work, bundleDisk)
+		if err := copyFile(m.L.RootDisk(sb.ID), disk); err != nil {
+			return bundle.Ref{}, err
+		}
+		if err := qemuImg(ctx, "rebase", "-f", "qcow2", "-b", m.L.ImagePath(sb.ImageDigest), "-F", "raw", disk); err != nil {
+			return bundle.Ref{}, err
+		}
 	}
 	docPath := filepath.Join(work, bundleDocFile)
 	db, _ := json.Marshal(doc)
@@ -264,7 +272,9 @@ func (m *Manager) writeBundle(ctx context.Context, sb store.Sandbox) (bundle.Ref
 		}
 		files = append(files, bundle.File{Name: name, Path: filepath.Join(pause, statedir.PauseStateDir, e.Name())})
 	}
-	files = append(files, bundle.File{Name: bundleDisk, Path: disk})
+	if disk != "" {
+		files = append(files, bundle.File{Name: bundleDisk, Path: disk})
+	}
 	return m.Bundles.Put(ctx, sb.ID, func(w io.Writer) error { return bundle.Write(w, files) })
 }
 
@@ -310,20 +320,31 @@ func (m *Manager) Import(ctx context.Context, c Caller, ref bundle.Ref) (store.S
 		return store.Sandbox{}, fmt.Errorf("%w: sandbox %s cannot resume on this node: %v", errdefs.ErrFailedPrecondition, ref.Sandbox, err)
 	}
 	disk := filepath.Join(tmp, bundleDisk)
-	if err := qemuImg(ctx, "rebase", "-u", "-f", "qcow2", "-b", m.L.ImagePath(sb.ImageDigest), "-F", "raw", disk); err != nil {
-		return store.Sandbox{}, err
-	}
-	// The runtime's saved state names the kernel and initramfs by path:
-	// this node's, and the manifest's digest of the state follows.
 	state := filepath.Join(tmp, statedir.PauseStateDir)
-	if err := qemu.Relocate(state, man.Kernel, man.Initrd); err != nil {
-		return store.Sandbox{}, fmt.Errorf("%w: sandbox %s cannot resume on this node: %v", errdefs.ErrFailedPrecondition, ref.Sandbox, err)
+	if man.RootInState {
+		// gVisor's checkpoint names no host path: it is resumed as it is.
+		if _, err := os.Stat(disk); err == nil {
+			return store.Sandbox{}, fmt.Errorf("%w: sandbox %s's bundle has a disk its runtime does not use", errdefs.ErrFailedPrecondition, ref.Sandbox)
+		}
+	} else {
+		if err := qemuImg(ctx, "rebase", "-u", "-f", "qcow2", "-b", m.L.ImagePath(sb.ImageDigest), "-F", "raw", disk); err != nil {
+			return store.Sandbox{}, err
+		}
+		// The runtime's saved state names the kernel and initramfs by
+		// path: this node's, and the manifest's digest of the state
+		// follows.
+		if err := qemu.Relocate(state, man.Kernel, man.Initrd); err != nil {
+			return store.Sandbox{}, fmt.Errorf("%w: sandbox %s cannot resume on this node: %v", errdefs.ErrFailedPrecondition, ref.Sandbox, err)
+		}
+		if err := os.Chmod(disk, 0o644); err != nil {
+			return store.Sandbox{}, err
+		}
 	}
 	if man.StateSHA256, man.StateBytes, err = statedir.HashDir(state); err != nil {
 		return store.Sandbox{}, err
 	}
 	mb, _ := json.MarshalIndent(man, "", "  ")
-	if err := errors.Join(os.Chmod(disk, 0o644), os.Remove(filepath.Join(tmp, statedir.PauseManifestFile)),
+	if err := errors.Join(os.Remove(filepath.Join(tmp, statedir.PauseManifestFile)),
 		os.WriteFile(filepath.Join(tmp, statedir.PauseManifestFile), mb, 0o400)); err != nil {
 		return store.Sandbox{}, err
 	}
@@ -338,8 +359,10 @@ func (m *Manager) Import(ctx context.Context, c Caller, ref bundle.Ref) (store.S
 		return store.Sandbox{}, err
 	}
 	placed := func() error {
-		if err := os.Rename(disk, m.L.RootDisk(sb.ID)); err != nil {
-			return err
+		if !man.RootInState {
+			if err := os.Rename(disk, m.L.RootDisk(sb.ID)); err != nil {
+				return err
+			}
 		}
 		pause := m.L.PauseDir(sb.ID)
 		if err := os.Mkdir(pause, 0o700); err != nil {
@@ -392,12 +415,12 @@ func (m *Manager) checkBundle(ctx context.Context, c Caller, ref bundle.Ref, dir
 		return sb, man, fmt.Errorf("it was paused on %s; this node is %s", doc.Arch, goruntime.GOARCH)
 	case unmovable != "":
 		return sb, man, errors.New(unmovable)
-	case man.Runtime != "" && man.Runtime != "qemu":
-		return sb, man, fmt.Errorf("it was paused by the %s runtime", man.Runtime)
+	case cmp.Or(man.Runtime, "qemu") != cmp.Or(sb.Runtime, "qemu") || man.RootInState != (sb.Runtime == "gvisor"):
+		return sb, man, fmt.Errorf("its saved state (%s) is not its runtime's (%s)", cmp.Or(man.Runtime, "qemu"), cmp.Or(sb.Runtime, "qemu"))
 	}
 	if m.Runtime != nil {
-		if rt, err := m.Runtime(ctx); err == nil && rt != "qemu" {
-			return sb, man, fmt.Errorf("this node runs %s, and the sandbox needs qemu", rt)
+		if rt, err := m.Runtime(ctx); err == nil && rt != cmp.Or(sb.Runtime, "qemu") {
+			return sb, man, fmt.Errorf("this node runs %s, and the sandbox needs %s", rt, cmp.Or(sb.Runtime, "qemu"))
 		}
 	}
 	if _, err := os.Stat(m.L.ImagePath(sb.ImageDigest)); err != nil {

@@ -38,15 +38,11 @@ try {
   await assert.rejects(Sandbox.getInfo(sbx.sandboxId, { apiKey: other }));
 
   // Pause (through the node's export) and connect, which resumes it with
-  // its files. gVisor sandboxes cannot pause yet: the node refuses (400).
-  if (process.env.AIRLOCK_RUNTIME === "gvisor") {
-    await assert.rejects(sbx.pause(), (e) => e.statusCode === 400);
-  } else {
-    assert.equal(await sbx.pause(), true);
-    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "paused");
-    const again = await Sandbox.connect(sbx.sandboxId);
-    assert.equal((await again.commands.run("cat /tmp/c.txt")).stdout, "through the cluster");
-  }
+  // its files.
+  assert.equal(await sbx.pause(), true);
+  assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "paused");
+  const again = await Sandbox.connect(sbx.sandboxId);
+  assert.equal((await again.commands.run("cat /tmp/c.txt")).stdout, "through the cluster");
 
   // What stays on one node says so, in E2B's error shape.
   const res = await fetch(`${process.env.E2B_API_URL}/sandboxes/${sbx.sandboxId}/fork`, { method: "POST", headers: { "X-API-Key": process.env.E2B_API_KEY } });

@@ -1,14 +1,19 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"k8s.io/client-go/dynamic"
+
+	"github.com/airlock-sandbox/airlock/internal/cluster"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testutil"
+	"github.com/airlock-sandbox/airlock/internal/testutil/kubetest"
 )
 
 // TestClusterMovesARunningSandbox: an operator (an admin key) moves a
@@ -17,9 +22,6 @@ import (
 // which now runs it, and the first node no longer has it.
 func TestClusterMovesARunningSandbox(t *testing.T) {
 	e := setup(t)
-	if onGVisor() {
-		t.Skip("gVisor sandboxes do not move between nodes (their pause keeps no memory)")
-	}
 	cl := startCluster(t)
 	bundles := t.TempDir()
 	startDaemon(t, e, "node e2e-mv1", cl.nodeArgs("e2e-mv1", "--bundle-dir", bundles)...)
@@ -71,7 +73,29 @@ func TestClusterMovesARunningSandbox(t *testing.T) {
 		t.Fatalf("placement after the move: %+v %v", p, err)
 	}
 	// Creates spread: with node 2 holding the moved sandbox, the next one
-	// goes to node 1, which has the most room.
+	// goes to node 1, which has the most room, once node 1's published
+	// status (every few seconds) no longer counts the sandbox it gave up:
+	// it counts what node 1 has.
+	reg := &cluster.Registry{Dynamic: dynamic.NewForConfigOrDie(kubetest.As(cl.cp.Config, "system:serviceaccount:airlock:airlock-control", "system:serviceaccounts", "system:serviceaccounts:airlock"))}
+	rctx, stop := context.WithCancel(t.Context())
+	regDone := make(chan error, 1)
+	go func() { regDone <- reg.Run(rctx) }()
+	defer func() {
+		stop()
+		if err := <-regDone; err != nil {
+			t.Errorf("registry: %v", err)
+		}
+	}()
+	if !testutil.WaitFor(t, 30*time.Second, func() bool {
+		for _, n := range reg.Nodes() {
+			if n.Name == "e2e-mv1" {
+				return n.Live && n.Sandboxes == aliveOn(t, e)
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("node 1's status still counts the moved sandbox: %+v", reg.Nodes())
+	}
 	code, body = cl.call(replica, key, "POST", "/v1/sandboxes", `{"timeout_s":300}`)
 	var next struct{ ID string }
 	if code != http.StatusCreated || json.Unmarshal(body, &next) != nil {
@@ -81,4 +105,21 @@ func TestClusterMovesARunningSandbox(t *testing.T) {
 	if p, err := cat.PlacementOf(t.Context(), next.ID); err != nil || p.Node != "e2e-mv1" {
 		t.Fatalf("the next create's placement: %+v %v", p, err)
 	}
+}
+
+// aliveOn counts the sandboxes of e's state dir that a node's status
+// counts (store.State.Alive: not paused, not failed).
+func aliveOn(t *testing.T, e env) int {
+	t.Helper()
+	var sbs []struct{ State store.State }
+	if err := json.Unmarshal([]byte(e.must(t, "ls", "--json")), &sbs); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, sb := range sbs {
+		if sb.State.Alive() {
+			n++
+		}
+	}
+	return n
 }

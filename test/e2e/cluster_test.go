@@ -425,9 +425,6 @@ func (c *e2eCluster) firstCreate(t *testing.T, replica, key, body string) (int, 
 // resumed.
 func TestClusterResumesAPausedSandboxOnAnotherNode(t *testing.T) {
 	e := setup(t)
-	if onGVisor() {
-		t.Skip("gVisor sandboxes do not move between nodes (their pause keeps no memory)")
-	}
 	cl := startCluster(t)
 	bundles := t.TempDir()
 	n1 := startDaemon(t, e, "node e2e-m1", cl.nodeArgs("e2e-m1", "--bundle-dir", bundles)...)

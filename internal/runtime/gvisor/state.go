@@ -73,7 +73,7 @@ func (in *instance) waitSessionsClosed(ctx context.Context, ctl *net.UnixConn) e
 	if err := ctl.SetReadDeadline(deadline); err != nil {
 		return err
 	}
-	defer ctl.SetReadDeadline(time.Time{})
+	defer func() { _ = ctl.SetReadDeadline(time.Time{}) }()
 	var buf [64]byte
 	for {
 		in.mu.Lock()
