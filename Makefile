@@ -87,6 +87,10 @@ dist: build ## dist/airlock-$(VERSION)-<os>-<arch>.tar.gz: both binaries, airloc
 test-dist: ## a temp clone of HEAD tagged v0.0.0-test: make dist (version), make install into a temp root, the unit's serve with the installed config file (TLS) answers /healthz and /v1/openapi.yaml, the Python and Go SDKs install offline
 	scripts/test-dist.sh
 
+# The tests name their runtime: qemu, and gvisor in make test's second pass
+# (the default, auto, would take gvisor for both on a host without KVM).
+test test-vm test-host test-security test-browser: export AIRLOCK_RUNTIME ?= qemu
+
 setup: deps build ## guest kernel, initramfs and the default image into the state dir
 	$(AIRLOCK) setup
 

@@ -60,7 +60,8 @@ func (o benchOptions) want(g string) bool {
 // before the error is returned.
 func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 	runs, execs := o.runs, o.execs
-	c := airlockCLI{ctx: ctx, cfg: cfg, base: []string{"--state-dir", cfg.stateDir, "--accel", cfg.accel}}
+	// qemu unless a row names its runtime (a later --runtime wins).
+	c := airlockCLI{ctx: ctx, cfg: cfg, base: []string{"--state-dir", cfg.stateDir, "--accel", cfg.accel, "--runtime", "qemu"}}
 	cli := c.run
 	m, done, err := openManager(ctx, cfg)
 	if err != nil {

@@ -65,7 +65,7 @@ func e2bBench(ctx context.Context, cfg config, dir string, runs int) ([]row, err
 		return nil, err
 	}
 	defer stopServe()
-	cli := airlockCLI{ctx: ctx, cfg: cfg, base: []string{"--state-dir", cfg.stateDir, "--accel", cfg.accel}}
+	cli := airlockCLI{ctx: ctx, cfg: cfg, base: []string{"--state-dir", cfg.stateDir, "--accel", cfg.accel, "--runtime", "qemu"}}
 	key, err := cli.run("keys", "create", "--tenant", "bench-e2b")
 	if err != nil {
 		return nil, fmt.Errorf("keys create: %w", err)

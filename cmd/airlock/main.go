@@ -142,11 +142,11 @@ func rootCmd(g *globals) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.diskReserve, "disk-reserve", "", "free space kept on the state dir's filesystem: creates, forks, pauses and snapshots that could use it are refused (e.g. 4G; 0: none; default: 5%, at least 2 GiB)")
 	hostCg := cmp.Or(os.Getenv("AIRLOCK_HOST_CGROUPS"), "auto")
 	root.PersistentFlags().StringVar(&g.hostCgroups, "host-cgroups", hostCg, "put each sandbox's VMM or sentry and its shim in a host cgroup with memory and pids limits from its size: auto (when the host's cgroups are writable), on (refuse to start without), off (env AIRLOCK_HOST_CGROUPS)")
-	rtName := os.Getenv("AIRLOCK_RUNTIME")
-	if rtName == "" {
-		rtName = "qemu"
-	}
-	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: qemu (microVMs), gvisor (runsc, no KVM needed), or auto (qemu with KVM, else gvisor; 'airlock doctor' says which) (env AIRLOCK_RUNTIME)")
+	// auto: a microVM where KVM runs one, else gVisor, which does what
+	// a microVM does here (pause, snapshots, forks, moves) and starts in
+	// a fraction of a TCG guest's time.
+	rtName := cmp.Or(os.Getenv("AIRLOCK_RUNTIME"), "auto")
+	root.PersistentFlags().StringVar(&g.runtime, "runtime", rtName, "sandbox runtime for new sandboxes: auto (qemu with KVM, else gvisor when runsc works, else qemu on TCG; 'airlock doctor' says which), qemu (microVMs) or gvisor (runsc, no KVM needed) (env AIRLOCK_RUNTIME)")
 
 	root.AddCommand(
 		runCmd(g), createCmd(g), execCmd(g), attachCmd(g), psCmd(g), shellCmd(g), cpCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g),

@@ -208,7 +208,7 @@ accel: tcg
 		"tls.key":        "/abs/key.pem",
 		"log.level":      "error",
 		"log.access":     "false",
-		"runtime":        "qemu", // default
+		"runtime":        "auto", // default
 	} {
 		if got[k] != v {
 			t.Errorf("%s = %q, want %q", k, got[k], v)

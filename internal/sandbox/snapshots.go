@@ -508,7 +508,9 @@ func (m *Manager) materialize(ctx context.Context, sn store.Snapshot, source str
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskMiB: sn.DiskMiB, TimeoutSec: int(o.Timeout / time.Second),
 		CreatedAt: now, ExpiresAt: now.Add(o.Timeout), Metadata: o.Metadata, Tenant: o.Tenant, Env: sn.Env,
 		Network: network, IdlePause: o.IdlePause, Source: source, ExecDefaults: sn.ExecDefaults,
-		Runtime: cmp.Or(man.Runtime, "qemu"), // a restore needs the runtime that saved it
+	}
+	if man.RootInState {
+		sb.Runtime = man.Runtime // a restore needs the runtime that saved it (qemu's is the default)
 	}
 	lock, err := m.newSandboxDir(sb.ID)
 	if err != nil {

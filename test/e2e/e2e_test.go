@@ -50,6 +50,15 @@ func setup(t *testing.T) env {
 // (AIRLOCK_RUNTIME=gvisor, as `make test`'s second pass sets it).
 func onGVisor() bool { return os.Getenv("AIRLOCK_RUNTIME") == "gvisor" }
 
+// The suite runs on qemu unless AIRLOCK_RUNTIME says gvisor: without it,
+// airlock's default (auto) could pick either, and the tests' expectations
+// follow runtimeName. The commands the tests run inherit it.
+func init() {
+	if os.Getenv("AIRLOCK_RUNTIME") != "gvisor" {
+		_ = os.Setenv("AIRLOCK_RUNTIME", "qemu")
+	}
+}
+
 // runtimeName is the runtime the suite's sandboxes run on.
 func runtimeName() string {
 	if onGVisor() {
