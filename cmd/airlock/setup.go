@@ -157,7 +157,15 @@ func setupCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			warnAccel(caps)
+			if caps.Accel != "kvm" {
+				// Without KVM, auto gives new sandboxes gVisor: say which
+				// runtime they get rather than warn of TCG for nothing.
+				if c := g.pickRuntime(ctx); c.name == "gvisor" {
+					fmt.Fprintf(os.Stderr, "setup: new sandboxes run on gVisor (%s)\n", c.why)
+				} else {
+					warnAccel(caps)
+				}
+			}
 			fmt.Fprintf(os.Stderr, "setup: ready in %s (state dir %s)\n", time.Since(start).Round(100*time.Millisecond), g.stateDir)
 			return nil
 		},
