@@ -477,12 +477,10 @@ func (s *shim) snapshotLive(ctx context.Context, dir string, force bool) (resp *
 // must return nil before the sandbox is marked running.
 func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 	dir := s.l.PauseDir(s.cfg.ID)
-	b, err := os.ReadFile(filepath.Join(dir, statedir.PauseManifestFile))
-	if err != nil {
+	m, err := readManifest(dir)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("paused state is missing (%v); the sandbox cannot be resumed", err)
-	}
-	var m statedir.PauseManifest
-	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.StateSHA256) != 64 {
+	} else if err != nil {
 		return nil, errors.New("paused state manifest is unreadable; the sandbox cannot be resumed")
 	}
 	if m.Runtime != "" && m.Runtime != s.cfg.Runtime.Name() {
@@ -515,12 +513,10 @@ func (s *shim) resumeSpec(spec *runtime.Spec) (verify func() error, err error) {
 // resume.
 func (s *shim) snapshotSpec(spec *runtime.Spec, sid string) (verify func() error, err error) {
 	dir := s.l.SnapshotDir(sid)
-	b, err := os.ReadFile(filepath.Join(dir, statedir.PauseManifestFile))
-	if err != nil {
+	m, err := readManifest(dir)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("the snapshot's manifest is missing (%v)", err)
-	}
-	var m statedir.PauseManifest
-	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.StateSHA256) != 64 {
+	} else if err != nil {
 		return nil, errors.New("the snapshot's manifest is unreadable")
 	}
 	if m.Runtime != s.cfg.Runtime.Name() || !m.RootInState {
@@ -528,6 +524,21 @@ func (s *shim) snapshotSpec(spec *runtime.Spec, sid string) (verify func() error
 	}
 	spec.RestoreFrom = filepath.Join(dir, statedir.PauseStateDir)
 	return checkState(spec.RestoreFrom, m, "the snapshot is corrupt (its state does not match its digest)"), nil
+}
+
+// readManifest reads dir's PauseManifest; an error wraps os.ErrNotExist
+// when there is none, and says unreadable when it is not a version 1
+// manifest with a state digest.
+func readManifest(dir string) (statedir.PauseManifest, error) {
+	var m statedir.PauseManifest
+	b, err := os.ReadFile(filepath.Join(dir, statedir.PauseManifestFile))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.StateSHA256) != 64 {
+		return m, errors.New("unreadable manifest")
+	}
+	return m, nil
 }
 
 // checkState hashes the state in dir in the background; the func it

@@ -123,26 +123,24 @@ func (in *instance) SaveState(ctx context.Context, dir string, o runtime.SaveOpt
 	if o.KeepRunning {
 		args = append(args, "--leave-running")
 	}
-	t0 := time.Now()
-	out, err := exec.CommandContext(ctx, in.rt.cfg.RunscPath, append(args, in.cid)...).CombinedOutput()
-	if err != nil {
-		err = fmt.Errorf("runsc checkpoint: %w: %s", err, lastLine(out))
-		if !o.KeepRunning {
-			// It may have stopped the sandbox halfway: end it.
-			_ = in.Kill()
-			return err
-		}
-		in.allowRedial()
-		return err
-	}
-	in.log.Debug("checkpoint", "dir", dir, "took", time.Since(t0), "live", o.KeepRunning)
-	if err := readOnly(dir); err != nil {
+	// After a failure a pause may have stopped the sandbox halfway: end it;
+	// a live save goes on, on a new session.
+	failed := func(err error) error {
 		if !o.KeepRunning {
 			_ = in.Kill()
 		} else {
 			in.allowRedial()
 		}
 		return err
+	}
+	t0 := time.Now()
+	out, err := exec.CommandContext(ctx, in.rt.cfg.RunscPath, append(args, in.cid)...).CombinedOutput()
+	if err != nil {
+		return failed(fmt.Errorf("runsc checkpoint: %w: %s", err, lastLine(out)))
+	}
+	in.log.Debug("checkpoint", "dir", dir, "took", time.Since(t0), "live", o.KeepRunning)
+	if err := readOnly(dir); err != nil {
+		return failed(err)
 	}
 	if o.KeepRunning {
 		in.allowRedial()
