@@ -87,9 +87,12 @@ dist: build ## dist/airlock-$(VERSION)-<os>-<arch>.tar.gz: both binaries, airloc
 test-dist: ## a temp clone of HEAD tagged v0.0.0-test: make dist (version), make install into a temp root, the unit's serve with the installed config file (TLS) answers /healthz and /v1/openapi.yaml, the Python and Go SDKs install offline
 	scripts/test-dist.sh
 
-# The tests name their runtime: qemu, and gvisor in make test's second pass
-# (the default, auto, would take gvisor for both on a host without KVM).
-test test-vm test-host test-security test-browser: export AIRLOCK_RUNTIME ?= qemu
+# The Go tests name their runtime: qemu, and gvisor in make test's second
+# pass (the default, auto, would take gvisor for both on a host without KVM).
+# The client suites (SDK, MCP, E2B, Playwright) run on auto, the runtime a
+# user of this host gets.
+test test-vm test-host test-security: export AIRLOCK_RUNTIME ?= qemu
+CLIENT_ENV = AIRLOCK_RUNTIME=auto AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock
 
 setup: deps build ## guest kernel, initramfs and the default image into the state dir
 	$(AIRLOCK) setup
@@ -115,14 +118,14 @@ test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -
 	# runs only here (GVISOR_ONLY).
 	AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_RUNTIME=gvisor AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 20m -skip '$(GVISOR_SKIP)' ./test/e2e/
-	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-sdk.sh
-	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-mcp.sh
-	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-e2b.sh
-	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-browser.sh
+	$(CLIENT_ENV) scripts/test-sdk.sh
+	$(CLIENT_ENV) scripts/test-mcp.sh
+	$(CLIENT_ENV) scripts/test-e2b.sh
+	$(CLIENT_ENV) scripts/test-browser.sh
 	$(MAKE) test-dist
 
 test-browser: setup ## the browser sandboxes' DevTools endpoint with unmodified Playwright and Puppeteer (builds the browser image if missing)
-	AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock scripts/test-browser.sh
+	$(CLIENT_ENV) scripts/test-browser.sh
 
 test-security: setup ## the adversarial suite: one TestThreatNNN test per threat of THREATS.md that runs here (docs/THREATS-COVERAGE.md), all tiers
 	AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \

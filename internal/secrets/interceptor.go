@@ -257,7 +257,10 @@ func (s *session) run(ctx context.Context, f Flow) error {
 	defer cancel()
 
 	var blocked *Event // a refusal decided inside the handshake
+	start := time.Now()
+	var helloAt, upstreamTook time.Duration // when the ClientHello was read; the upstream's handshake
 	leafConfig := func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		helloAt = time.Since(start)
 		name := normalizeHost(hello.ServerName)
 		s.host = name
 		block := func(reason string) error {
@@ -299,7 +302,10 @@ func (s *session) run(ctx context.Context, f Flow) error {
 			MinVersion: tls.VersionTLS12,
 			NextProtos: protos,
 		})
-		if err := s.upstream.HandshakeContext(hctx); err != nil {
+		upStart := time.Now()
+		err = s.upstream.HandshakeContext(hctx)
+		upstreamTook = time.Since(upStart)
+		if err != nil {
 			return nil, fmt.Errorf("upstream tls handshake: %w", err)
 		}
 		guestProtos := []string{"http/1.1"}
@@ -323,8 +329,16 @@ func (s *session) run(ctx context.Context, f Flow) error {
 			s.emit(*blocked)
 			return fmt.Errorf("guest tls handshake: %w: %s", ErrRefused, blocked.Reason)
 		}
-		s.emit(Event{Action: ActionError, Reason: s.scrubber().String("tls handshake: " + err.Error())})
-		return fmt.Errorf("tls handshake: %w", err)
+		// How long each part took tells a guest that gave up (EOF: a
+		// client's own handshake timeout, often a slow emulated guest)
+		// from a slow upstream.
+		took := fmt.Sprintf(" (after %s; no ClientHello)", time.Since(start).Round(time.Millisecond))
+		if helloAt > 0 {
+			took = fmt.Sprintf(" (after %s; the ClientHello at %s, the upstream's handshake %s)",
+				time.Since(start).Round(time.Millisecond), helloAt.Round(time.Millisecond), upstreamTook.Round(time.Millisecond))
+		}
+		s.emit(Event{Action: ActionError, Reason: s.scrubber().String("tls handshake: " + err.Error() + took)})
+		return fmt.Errorf("tls handshake: %w%s", err, took)
 	}
 	cancel()
 	if s.h2 {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -508,8 +509,13 @@ func TestInterceptHandshakeRefusals(t *testing.T) {
 			if got := h.seen(); len(got) != 0 {
 				t.Errorf("upstream saw %+v", got)
 			}
-			if evs := h.audit(); len(evs) != 1 || evs[0].Action != tt.action || evs[0].Host != tt.sni {
-				t.Errorf("events = %+v", evs)
+			evs := h.audit()
+			if len(evs) != 1 || evs[0].Action != tt.action || evs[0].Host != tt.sni {
+				t.Fatalf("events = %+v", evs)
+			}
+			// A failed handshake says how long each part took.
+			if tt.action == ActionError && !regexp.MustCompile(`^tls handshake: .* \(after [0-9.]+m?s; the ClientHello at [0-9.µ]+m?s, the upstream's handshake [0-9.µ]+m?s\)$`).MatchString(evs[0].Reason) {
+				t.Errorf("reason %q lacks the handshake's timings", evs[0].Reason)
 			}
 		})
 	}

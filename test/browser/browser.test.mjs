@@ -3,8 +3,9 @@
 // and of `airlock browser cdp`. Run through scripts/test-browser.sh (needs
 // AIRLOCK_TEST_STATE_DIR prepared by `airlock setup --browser`, and
 // AIRLOCK_BIN). The sandboxes run on gVisor unless AIRLOCK_RUNTIME says
-// otherwise: Chromium under QEMU without KVM takes minutes (the Go e2e
-// suite's TestBrowser covers both runtimes).
+// otherwise (make test says auto: gVisor without KVM, where Chromium under
+// QEMU takes minutes; the Go e2e suite's TestBrowser covers both runtimes
+// where KVM runs QEMU's).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";

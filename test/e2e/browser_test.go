@@ -154,8 +154,23 @@ func TestBrowser(t *testing.T) {
 	}
 	id := strings.TrimSpace(r.stdout)
 	t.Cleanup(func() { e.run(t, nil, "rm", id) })
-	if !strings.Contains(e.must(t, "inspect", id), "2048") {
-		t.Errorf("a browser sandbox without --memory should get 2048 MiB:\n%s", e.must(t, "inspect", id))
+	var info struct {
+		MemoryMB int    `json:"memory_mb"`
+		Accel    string `json:"accel"`
+	}
+	if err := json.Unmarshal([]byte(e.must(t, "inspect", id)), &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.MemoryMB != 2048 {
+		t.Errorf("a browser sandbox without --memory should get 2048 MiB, got %d", info.MemoryMB)
+	}
+	if info.Accel == "tcg" {
+		// Measured on 2 cores: Chromium under QEMU without KVM starts in
+		// 100 to 180 s, opens a tab in 5 min and its first TLS handshake
+		// outlasts its own 30 s limit (net::ERR_TIMED_OUT). Without KVM
+		// --runtime auto gives a browser gVisor, and this test runs on the
+		// gvisor pass; here it stops before Chromium starts.
+		t.Skip("Chromium on QEMU needs KVM (this guest runs under TCG); the gvisor pass runs this test")
 	}
 	startBrowser(t, e, id)
 	actx, disconnect := cdpContext(t, e, id)
@@ -222,10 +237,6 @@ func TestBrowser(t *testing.T) {
 	evs := events(t, e, id)
 	if !hasEvent(evs, "net.deny", "") || !hasEvent(evs, "net.allow", "allow[0]") || !hasEvent(evs, "browser.start", "") {
 		t.Errorf("audit trail lacks net.deny, net.allow or browser.start:\n%s", dumpEvents(evs))
-	}
-	if onGVisor() {
-		t.Log("the fork part runs on qemu only: gVisor sandboxes do not fork yet")
-		return
 	}
 	browserFork(t, e, id, ctx, disconnect, aURL)
 }
@@ -295,7 +306,8 @@ func httpListen(t *testing.T, addr string, h http.Handler) httpListener {
 // link: noVNC on the sandbox's preview host connects to the sandbox's
 // screen, and the audit trail's inbound row of the view's port carries the
 // framebuffer. gVisor only (GVISOR_ONLY): under QEMU without KVM the
-// sandbox's Chromium takes minutes to start, and TestBrowser covers qemu.
+// sandbox's Chromium takes minutes to start (TestBrowser covers qemu
+// where KVM runs it).
 func TestDashboardBrowserView(t *testing.T) {
 	e := setup(t)
 	if !onGVisor() {
