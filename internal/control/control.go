@@ -238,7 +238,8 @@ func (s *Server) createOn(w http.ResponseWriter, r *http.Request, k store.APIKey
 	}
 	lim := sandbox.KeyCaller(k, sandbox.Limits{}, "api").Limits
 	reserve := func() (store.Placement, error) {
-		return s.cfg.Store.ReservePlacement(r.Context(), store.Placement{Tenant: k.Tenant, Node: node.Name, CPUs: cpus, MemoryMiB: mem},
+		return s.cfg.Store.ReservePlacement(r.Context(), store.Placement{Tenant: k.Tenant, Node: node.Name, CPUs: cpus, MemoryMiB: mem,
+			Runtime: nodeRuntime(node), Arch: node.Arch},
 			store.PlacementQuota{MaxSandboxes: lim.MaxSandboxes, MaxVCPUs: lim.MaxVCPUs, MaxMemoryMiB: lim.MaxMemoryMiB})
 	}
 	p, err := reserve()
@@ -440,15 +441,25 @@ func (s *Server) placement(w http.ResponseWriter, r *http.Request, k store.APIKe
 	return p, node, true
 }
 
+// nodeRuntime is the runtime node's creates get: a node publishes the one
+// its sandboxes run on ("" if it publishes none or several).
+func nodeRuntime(n cluster.Node) string {
+	if len(n.Runtimes) == 1 {
+		return n.Runtimes[0]
+	}
+	return ""
+}
+
 // move has another node resume the paused sandbox of p, whose node was
 // lost, from its bundle: it places it as a create would (its CPUs and
-// memory), records the move (only one replica wins it), and has the new
-// node import the bundle. If no node can, the placement is marked lost
+// memory) on a node of its runtime and architecture (a bundle imports
+// only there), records the move (only one replica wins it), and has the
+// new node import the bundle. If no node can, the placement is marked lost
 // with the reason (an ErrFailedPrecondition). Audited as sandbox.move.
 func (s *Server) move(ctx context.Context, k store.APIKey, p store.Placement) (store.Placement, error) {
 	t0 := time.Now()
 	from := p.Node
-	to, err := s.place(ctx, cluster.Request{CPUs: p.CPUs, MemoryMiB: int64(p.MemoryMiB)})
+	to, err := s.place(ctx, cluster.Request{CPUs: p.CPUs, MemoryMiB: int64(p.MemoryMiB), Runtime: p.Runtime, Arch: p.Arch})
 	if err != nil {
 		return p, fmt.Errorf("its node %s was lost, and no node can take it now: %v", from, err)
 	}

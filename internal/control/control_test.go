@@ -781,3 +781,58 @@ func createVia(t *testing.T, call func(method, path, body string) (int, string),
 	}
 	return ids
 }
+
+// TestControlTierMovesALostNodesSandboxToItsRuntime: a paused sandbox of
+// a lost gVisor node resumes on the gVisor node, never on the qemu node
+// beside it (whose import would refuse a gVisor bundle), though the qemu
+// node has the more room; its placement records where it runs.
+func TestControlTierMovesALostNodesSandboxToItsRuntime(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme"})
+	token := strings.Repeat("t", api.MinNodeToken)
+	n1, n2, n3 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token), newFakeNode(t, "n3", token)
+	nodes := &staticNodes{nodes: []cluster.Node{
+		{Name: "n1", Address: n1.srv.URL, Live: true, Runtimes: []string{"gvisor"}, Arch: "amd64", CPUs: 8, MemoryMiB: 16384},
+		{Name: "n2", Address: n2.srv.URL, Live: false, Runtimes: []string{"qemu"}, Arch: "amd64", CPUs: 64, MemoryMiB: 256 << 10},
+		{Name: "n3", Address: n3.srv.URL, Live: false, Runtimes: []string{"gvisor"}, Arch: "amd64", CPUs: 8, MemoryMiB: 16384},
+	}}
+	s, err := New(Config{Store: st, Nodes: nodes, NodeToken: []byte(token)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	call := func(method, path, body string) (int, string) {
+		t.Helper()
+		return do(t, srv, map[string]string{"Authorization": "Bearer " + key}, method, path, body)
+	}
+	ids := createVia(t, call, 4)
+	for _, id := range ids {
+		if p, err := st.PlacementOf(ctx, id); err != nil || p.Node != "n1" || p.Runtime != "gvisor" || p.Arch != "amd64" {
+			t.Fatalf("placement of %s: %+v %v", id, p, err)
+		}
+		if code, body := call("POST", "/v1/sandboxes/"+id+"/pause", `{}`); code != http.StatusOK {
+			t.Fatalf("pause: %d %s", code, body)
+		}
+	}
+	nodes.mu.Lock()
+	nodes.nodes[0].Live, nodes.nodes[1].Live, nodes.nodes[2].Live = false, true, true
+	nodes.mu.Unlock()
+	s.OnNodeLost(cluster.Node{Name: "n1"}, "its Lease was not renewed")
+	for _, id := range ids {
+		code, body := call("POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["true"]}`)
+		if code != http.StatusOK || !strings.HasSuffix(body, "on n3") {
+			t.Fatalf("exec after n1 was lost: %d %s", code, body)
+		}
+	}
+	n2.mu.Lock()
+	defer n2.mu.Unlock()
+	if len(n2.imports) != 0 {
+		t.Fatalf("the qemu node n2 was asked to import %v", n2.imports)
+	}
+}

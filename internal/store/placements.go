@@ -47,6 +47,9 @@ type Placement struct {
 	// if it has none now).
 	BundleDigest string
 	BundleBytes  int64
+	// Runtime and Arch are those of the node it was placed on ("" if
+	// unknown): a bundle imports only on a node of both.
+	Runtime, Arch string
 }
 
 // pendingFor bounds how long a create may wait for its node (creates from
@@ -103,8 +106,8 @@ func (s *Store) ReservePlacement(ctx context.Context, p Placement, q PlacementQu
 			return p, &QuotaExceeded{Quota: c.name, Used: c.used, Max: c.max, Additional: c.more}
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO placements(id, sandbox_id, tenant, node, cpus, memory_mib, state, created) VALUES(?,NULL,?,?,?,?,?,?)`,
-		p.ID, p.Tenant, p.Node, p.CPUs, p.MemoryMiB, p.State, p.Created.UnixNano()); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO placements(id, sandbox_id, tenant, node, cpus, memory_mib, state, created, runtime, arch) VALUES(?,NULL,?,?,?,?,?,?,?,?)`,
+		p.ID, p.Tenant, p.Node, p.CPUs, p.MemoryMiB, p.State, p.Created.UnixNano(), p.Runtime, p.Arch); err != nil {
 		return p, fmt.Errorf("reserve placement: %w", err)
 	}
 	return p, tx.Commit()
@@ -132,12 +135,12 @@ func (s *Store) DeletePlacement(ctx context.Context, id string) error {
 	return nil
 }
 
-const placementCols = `id, coalesce(sandbox_id, ''), tenant, node, cpus, memory_mib, state, reason, created, bundle_digest, bundle_bytes`
+const placementCols = `id, coalesce(sandbox_id, ''), tenant, node, cpus, memory_mib, state, reason, created, bundle_digest, bundle_bytes, runtime, arch`
 
 func scanPlacement(r scanner) (Placement, error) {
 	var p Placement
 	var created int64
-	err := r.Scan(&p.ID, &p.SandboxID, &p.Tenant, &p.Node, &p.CPUs, &p.MemoryMiB, &p.State, &p.Reason, &created, &p.BundleDigest, &p.BundleBytes)
+	err := r.Scan(&p.ID, &p.SandboxID, &p.Tenant, &p.Node, &p.CPUs, &p.MemoryMiB, &p.State, &p.Reason, &created, &p.BundleDigest, &p.BundleBytes, &p.Runtime, &p.Arch)
 	p.Created = time.Unix(0, created)
 	return p, err
 }

@@ -88,3 +88,34 @@ func TestPlacements(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPlacementRuntime: a placement keeps the runtime and architecture of
+// the node it was reserved on, through its bundle and a move.
+func TestPlacementRuntime(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, catalogAt(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p, err := s.ReservePlacement(ctx, Placement{Tenant: "acme", Node: "n1", CPUs: 1, MemoryMiB: 512, Runtime: "gvisor", Arch: "arm64"}, PlacementQuota{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.BindPlacement(ctx, p.ID, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPlacementBundle(ctx, p.ID, "sha256:b", 10); err != nil {
+		t.Fatal(err)
+	}
+	if won, err := s.MovePlacement(ctx, p.ID, "n1", "n2", "sha256:b"); err != nil || !won {
+		t.Fatalf("move: %v %v", won, err)
+	}
+	got, err := s.PlacementOf(ctx, "sb1")
+	if err != nil || got.Node != "n2" || got.Runtime != "gvisor" || got.Arch != "arm64" {
+		t.Fatalf("after a move: %+v %v", got, err)
+	}
+	if ps, err := s.ListPlacements(ctx, ""); err != nil || len(ps) != 1 || ps[0].Runtime != "gvisor" || ps[0].Arch != "arm64" {
+		t.Fatalf("list: %+v %v", ps, err)
+	}
+}

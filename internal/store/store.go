@@ -337,10 +337,16 @@ var migrations = []string{
 	`ALTER TABLE placements ADD COLUMN bundle_digest TEXT NOT NULL DEFAULT '';
 	ALTER TABLE placements ADD COLUMN bundle_bytes INTEGER NOT NULL DEFAULT 0;
 	PRAGMA user_version = 16;`,
+	// v17: the runtime and architecture of the node a sandbox was placed
+	// on, so that a lost node's sandbox moves to a node that can import its
+	// bundle ('' in rows written before: any).
+	`ALTER TABLE placements ADD COLUMN runtime TEXT NOT NULL DEFAULT '';
+	ALTER TABLE placements ADD COLUMN arch TEXT NOT NULL DEFAULT '';
+	PRAGMA user_version = 17;`,
 }
 
 // schemaVersion is the version this build writes.
-const schemaVersion = 16
+const schemaVersion = 17
 
 // Open opens (creating if needed) the catalog at path: a SQLite file, or
 // a PostgreSQL database when path is a postgres:// or postgresql:// URL
