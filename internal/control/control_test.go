@@ -528,6 +528,17 @@ func TestControlTierReconcilesANodeThatComesBack(t *testing.T) {
 // and n2 (not live yet), and call, which calls it with tenant acme's key.
 func twoNodeRig(t *testing.T) (*store.Store, *Server, *fakeNode, *fakeNode, *staticNodes, func(method, path, body string) (int, string)) {
 	t.Helper()
+	st, s, fakes, nodes, call := nodeRig(t,
+		cluster.Node{Name: "n1", Live: true, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
+		cluster.Node{Name: "n2", Live: false, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384})
+	return st, s, fakes[0], fakes[1], nodes, call
+}
+
+// nodeRig is a replica on a SQLite catalog over one fake node per spec
+// (its Address set to the fake's), and call, which calls it with tenant
+// acme's key.
+func nodeRig(t *testing.T, specs ...cluster.Node) (*store.Store, *Server, []*fakeNode, *staticNodes, func(method, path, body string) (int, string)) {
+	t.Helper()
 	ctx := t.Context()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
 	if err != nil {
@@ -536,11 +547,14 @@ func twoNodeRig(t *testing.T) (*store.Store, *Server, *fakeNode, *fakeNode, *sta
 	t.Cleanup(func() { st.Close() })
 	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme"})
 	token := strings.Repeat("t", api.MinNodeToken)
-	n1, n2 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token)
-	nodes := &staticNodes{nodes: []cluster.Node{
-		{Name: "n1", Address: n1.srv.URL, Live: true, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
-		{Name: "n2", Address: n2.srv.URL, Live: false, Runtimes: []string{"qemu"}, CPUs: 8, MemoryMiB: 16384},
-	}}
+	nodes := &staticNodes{}
+	var fakes []*fakeNode
+	for _, n := range specs {
+		f := newFakeNode(t, n.Name, token)
+		n.Address = f.srv.URL
+		fakes = append(fakes, f)
+		nodes.nodes = append(nodes.nodes, n)
+	}
 	s, err := New(Config{Store: st, Nodes: nodes, NodeToken: []byte(token)})
 	if err != nil {
 		t.Fatal(err)
@@ -551,7 +565,7 @@ func twoNodeRig(t *testing.T) (*store.Store, *Server, *fakeNode, *fakeNode, *sta
 		t.Helper()
 		return do(t, srv, map[string]string{"Authorization": "Bearer " + key}, method, path, body)
 	}
-	return st, s, n1, n2, nodes, call
+	return st, s, fakes, nodes, call
 }
 
 // do makes one call to srv with headers hdr.
@@ -788,29 +802,11 @@ func createVia(t *testing.T, call func(method, path, body string) (int, string),
 // node has the more room; its placement records where it runs.
 func TestControlTierMovesALostNodesSandboxToItsRuntime(t *testing.T) {
 	ctx := t.Context()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "catalog.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	_, key, _ := st.CreateKey(ctx, store.APIKey{Tenant: "acme"})
-	token := strings.Repeat("t", api.MinNodeToken)
-	n1, n2, n3 := newFakeNode(t, "n1", token), newFakeNode(t, "n2", token), newFakeNode(t, "n3", token)
-	nodes := &staticNodes{nodes: []cluster.Node{
-		{Name: "n1", Address: n1.srv.URL, Live: true, Runtimes: []string{"gvisor"}, Arch: "amd64", CPUs: 8, MemoryMiB: 16384},
-		{Name: "n2", Address: n2.srv.URL, Live: false, Runtimes: []string{"qemu"}, Arch: "amd64", CPUs: 64, MemoryMiB: 256 << 10},
-		{Name: "n3", Address: n3.srv.URL, Live: false, Runtimes: []string{"gvisor"}, Arch: "amd64", CPUs: 8, MemoryMiB: 16384},
-	}}
-	s, err := New(Config{Store: st, Nodes: nodes, NodeToken: []byte(token)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s)
-	t.Cleanup(srv.Close)
-	call := func(method, path, body string) (int, string) {
-		t.Helper()
-		return do(t, srv, map[string]string{"Authorization": "Bearer " + key}, method, path, body)
-	}
+	st, s, fakes, nodes, call := nodeRig(t,
+		cluster.Node{Name: "n1", Live: true, Runtimes: []string{"gvisor"}, Arch: "amd64", CPUs: 8, MemoryMiB: 16384},
+		cluster.Node{Name: "n2", Live: false, Runtimes: []string{"qemu"}, Arch: "amd64", CPUs: 64, MemoryMiB: 256 << 10},
+		cluster.Node{Name: "n3", Live: false, Runtimes: []string{"gvisor"}, Arch: "amd64", CPUs: 8, MemoryMiB: 16384})
+	n2 := fakes[1]
 	ids := createVia(t, call, 4)
 	for _, id := range ids {
 		if p, err := st.PlacementOf(ctx, id); err != nil || p.Node != "n1" || p.Runtime != "gvisor" || p.Arch != "amd64" {
