@@ -267,6 +267,14 @@ func (s *contextService) startWarm(lang string) (*codeContext, error) {
 	s.createMu.Lock()
 	defer s.createMu.Unlock()
 	c := &codeContext{id: "default-" + lang, lang: lang, created: time.Now(), isDefault: true, sem: make(chan struct{}, 1)}
+	s.mu.Lock()
+	_, exists := s.contexts[c.id]
+	s.mu.Unlock()
+	if exists {
+		// Nothing would adopt it: the default context adopts a warm one
+		// only when it is created.
+		return nil, preconditionf("the default %s context exists already", lang)
+	}
 	it, err := s.start(c)
 	if err != nil {
 		return nil, err

@@ -445,5 +445,13 @@ func TestContextWarmPython(t *testing.T) {
 		if r := te.run(t, &agentv1.RunCodeRequest{Code: "1"}); r.end.GetExecutionCount() != 2 {
 			t.Errorf("the second run's execution count is %d, want 2", r.end.GetExecutionCount())
 		}
+		// Once the default context exists nothing would adopt a warm
+		// kernel: none is started.
+		if _, err := te.c.Contexts.Create(t.Context(), connect.NewRequest(&agentv1.CreateContextRequest{Language: "python", Warm: true})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Errorf("a warm start after the default context: %v", err)
+		}
+		if n := len(kernelsIn(runDir)); n != 1 {
+			t.Errorf("%d kernels run after a refused warm start, want 1", n)
+		}
 	}
 }

@@ -44,6 +44,15 @@ func (c *Client) CreateContext(ctx context.Context, spec guest.ContextSpec) (gue
 	return contextInfo(resp.Msg), nil
 }
 
+// WarmContext has the sandbox start a warm Python interpreter, kept apart
+// until its default Python context is created with no cwd or env.
+func (c *Client) WarmContext(ctx context.Context) error {
+	if _, err := c.contexts().Create(ctx, connect.NewRequest(&shimv2.CreateContextRequest{Language: "python", Warm: true})); err != nil {
+		return wireErr(ctx, "start a warm context", err)
+	}
+	return nil
+}
+
 // ListContexts returns the sandbox's code contexts.
 func (c *Client) ListContexts(ctx context.Context) ([]guest.ContextInfo, error) {
 	resp, err := c.contexts().List(ctx, connect.NewRequest(&shimv2.ListContextsRequest{}))

@@ -3,12 +3,15 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/testutil"
 )
 
 // TestCodeContexts is the acceptance test of code contexts through the
@@ -158,6 +161,25 @@ func TestCodeFirstRunFiguresAndDeath(t *testing.T) {
 	}
 }
 
+// kernelStat is Python code that prints its own process's /proc stat line.
+const kernelStat = `import os; print(open("/proc/%d/stat" % os.getpid()).read())`
+
+// startTick is a /proc/PID/stat line's start time, in clock ticks since
+// the guest booted (a template's clones count on from the template's).
+func startTick(t *testing.T, stat string) int64 {
+	t.Helper()
+	_, rest, ok := strings.Cut(stat, ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 20 {
+		t.Fatalf("not a /proc/PID/stat line: %q", stat)
+	}
+	n, err := strconv.ParseInt(f[19], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // TestCodeWarmPythonFromTemplate: a sandbox cloned from a template finds
 // its default Python kernel running already (started while the template
 // was built: before the sandbox's first exec), with random state of its
@@ -167,24 +189,8 @@ func TestCodeFirstRunFiguresAndDeath(t *testing.T) {
 func TestCodeWarmPythonFromTemplate(t *testing.T) {
 	e := setup(t)
 	a, b := e.create(t), e.create(t)
-	// Start times in clock ticks since the guest booted (the clones'
-	// clock counts on from the template's).
-	started := func(stat string) int64 {
-		t.Helper()
-		_, rest, ok := strings.Cut(stat, ") ")
-		f := strings.Fields(rest)
-		if !ok || len(f) < 20 {
-			t.Fatalf("not a /proc/PID/stat line: %q", stat)
-		}
-		n, err := strconv.ParseInt(f[19], 10, 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	const kernelStat = `import os; print(open("/proc/%d/stat" % os.getpid()).read())`
-	firstExec := started(e.must(t, "exec", a, "--", "cat", "/proc/self/stat"))
-	if kernel := started(e.must(t, "code", a, kernelStat)); kernel >= firstExec {
+	firstExec := startTick(t, e.must(t, "exec", a, "--", "cat", "/proc/self/stat"))
+	if kernel := startTick(t, e.must(t, "code", a, kernelStat)); kernel >= firstExec {
 		t.Fatalf("the kernel started at tick %d, after the sandbox's first exec (%d): not the template's", kernel, firstExec)
 	}
 	const draw = "import random; print(random.getrandbits(64))"
@@ -198,11 +204,76 @@ func TestCodeWarmPythonFromTemplate(t *testing.T) {
 	}
 	c := strings.TrimSpace(r.stdout)
 	t.Cleanup(func() { e.run(t, nil, "rm", c) })
-	firstExec = started(e.must(t, "exec", c, "--", "cat", "/proc/self/stat"))
-	if kernel := started(e.must(t, "code", c, kernelStat)); kernel <= firstExec {
+	firstExec = startTick(t, e.must(t, "exec", c, "--", "cat", "/proc/self/stat"))
+	if kernel := startTick(t, e.must(t, "code", c, kernelStat)); kernel <= firstExec {
 		t.Errorf("a sandbox with an environment got the template's kernel (started at tick %d, first exec %d)", kernel, firstExec)
 	}
 	if got := strings.TrimSpace(e.must(t, "code", c, `import os; print(os.environ.get("AIRLOCK_E2E_WARM", "unset") != "unset")`)); got != "True" {
 		t.Errorf("the kernel does not see the sandbox's environment: %q", got)
+	}
+}
+
+// TestCodeWarmPythonFromWarmPool: sandboxes that creates take from a warm
+// pool (airlock serve --warm-pool) find their default Python kernel
+// running already, with random state of their own. On qemu the pool's
+// clones carry the template's kernel; on gVisor, whose templates are
+// images, the pool starts one in each of its sandboxes.
+func TestCodeWarmPythonFromWarmPool(t *testing.T) {
+	e := setup(t)
+	key := strings.TrimSpace(e.must(t, "keys", "create", "--tenant", "e2e-warmcode"))
+	key = key[strings.LastIndex(key, "\n")+1:]
+	t.Cleanup(func() { e.run(t, nil, "keys", "revoke", key[4:14]) })
+	// warm lists the pools' sandboxes (no caller but the local admin sees
+	// them). They outlive serve, and a later serve with the same pool
+	// would take them: they are removed before and after.
+	warm := func() (ids []string) {
+		var sbs []struct {
+			ID, Tenant, State string
+		}
+		if err := json.Unmarshal([]byte(e.must(t, "ls", "--json")), &sbs); err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range sbs {
+			if sb.Tenant == "@warm" && sb.State == "running" {
+				ids = append(ids, sb.ID)
+			}
+		}
+		return ids
+	}
+	drop := func() {
+		if ids := warm(); len(ids) > 0 {
+			e.must(t, append([]string{"rm"}, ids...)...)
+		}
+	}
+	drop()
+	t.Cleanup(drop) // after serve stops (cleanups run last first)
+	s := startServe(t, e, "--warm-pool", "image=base,size=2")
+	if !testutil.WaitFor(t, 5*time.Minute, func() bool { return len(warm()) == 2 }) {
+		t.Fatalf("the pool has %d sandboxes, want 2", len(warm()))
+	}
+	var ids []string
+	for range 2 {
+		code, b := s.do(key, "POST", "/v1/sandboxes", strings.NewReader(`{}`))
+		var sb struct{ ID, Source string }
+		if code != http.StatusCreated || json.Unmarshal(b, &sb) != nil {
+			t.Fatalf("create: %d %s", code, b)
+		}
+		t.Cleanup(func() { s.do(key, "DELETE", "/v1/sandboxes/"+sb.ID, nil) })
+		if !strings.HasPrefix(sb.Source, "warm:") {
+			t.Fatalf("create did not take a warm sandbox: source %q", sb.Source)
+		}
+		ids = append(ids, sb.ID)
+	}
+	for _, id := range ids {
+		firstExec := startTick(t, e.must(t, "exec", id, "--", "cat", "/proc/self/stat"))
+		kernel := startTick(t, e.must(t, "code", id, kernelStat))
+		if kernel >= firstExec {
+			t.Fatalf("%s's kernel started at tick %d, after its first exec (%d): not the pool's", id, kernel, firstExec)
+		}
+		t.Logf("%s: its kernel started at tick %d, its first exec at %d", id, kernel, firstExec)
+	}
+	const draw = "import random; print(random.getrandbits(64))"
+	if ra, rb := e.must(t, "code", ids[0], draw), e.must(t, "code", ids[1], draw); ra == rb {
+		t.Fatalf("two sandboxes drew the same number from their kernels: %q", ra)
 	}
 }

@@ -39,7 +39,14 @@ type CreateContextRequest struct {
 	// Working directory (default: the user's home).
 	Cwd string `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	// Extra environment, "KEY=VALUE", over the sandbox's defaults.
-	Env           []string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty"`
+	Env []string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty"`
+	// Start the language's interpreter ahead of use and keep it apart
+	// until the sandbox's default context of that language asks for it
+	// with no cwd or env (its random state seeded again then): how a warm
+	// pool's sandbox on a runtime whose templates are images gets what a
+	// template saved running gives its clones. Only "python"; id, cwd and
+	// env must be empty. The answer describes the default context.
+	Warm          bool `protobuf:"varint,5,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -100,6 +107,13 @@ func (x *CreateContextRequest) GetEnv() []string {
 		return x.Env
 	}
 	return nil
+}
+
+func (x *CreateContextRequest) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
 }
 
 type ContextInfo struct {
@@ -958,12 +972,13 @@ var File_airlock_shim_v2_contexts_proto protoreflect.FileDescriptor
 
 const file_airlock_shim_v2_contexts_proto_rawDesc = "" +
 	"\n" +
-	"\x1eairlock/shim/v2/contexts.proto\x12\x0fairlock.shim.v2\"f\n" +
+	"\x1eairlock/shim/v2/contexts.proto\x12\x0fairlock.shim.v2\"z\n" +
 	"\x14CreateContextRequest\x12\x1a\n" +
 	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x10\n" +
-	"\x03env\x18\x04 \x03(\tR\x03env\"\xde\x01\n" +
+	"\x03env\x18\x04 \x03(\tR\x03env\x12\x12\n" +
+	"\x04warm\x18\x05 \x01(\bR\x04warm\"\xde\x01\n" +
 	"\vContextInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
