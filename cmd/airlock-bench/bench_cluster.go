@@ -117,20 +117,7 @@ func clusterCreateRow(ctx context.Context, m *sandbox.Manager, catalog, catWhat 
 // alone took, and where the sandbox came from (its source); it removes
 // the sandbox untimed.
 func createUntilExec(ctx context.Context, hc *http.Client, base, key string) (total, create time.Duration, source string, err error) {
-	do := func(method, path, body string, want int) ([]byte, error) {
-		req, _ := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		res, err := hc.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		if res.StatusCode != want {
-			return nil, fmt.Errorf("%s %s: %d %s", method, path, res.StatusCode, b)
-		}
-		return b, nil
-	}
+	do := apiDo(ctx, hc, base, key)
 	t := time.Now()
 	out, err := do("POST", "/v1/sandboxes", `{}`, http.StatusCreated)
 	if err != nil {
@@ -146,6 +133,25 @@ func createUntilExec(ctx context.Context, hc *http.Client, base, key string) (to
 		return 0, 0, "", err
 	}
 	return time.Since(t), create, sb.Source, nil
+}
+
+// apiDo returns a function that makes one call to the API at base with
+// key and returns its body, or an error if it answered other than want.
+func apiDo(ctx context.Context, hc *http.Client, base, key string) func(method, path, body string, want int) ([]byte, error) {
+	return func(method, path, body string, want int) ([]byte, error) {
+		req, _ := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := hc.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if res.StatusCode != want {
+			return nil, fmt.Errorf("%s %s: %d %s", method, path, res.StatusCode, b)
+		}
+		return b, nil
+	}
 }
 
 // moveRows pause a sandbox and resume it on the same node, and export it

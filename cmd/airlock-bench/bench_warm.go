@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/api"
@@ -21,7 +23,7 @@ import (
 func warmBench(ctx context.Context, m *sandbox.Manager, rtName string, runs int) ([][3]string, error) {
 	m.Runtime = func(context.Context) (string, error) { return rtName, nil }
 	defer func() { m.Runtime = func(context.Context) (string, error) { return "qemu", nil } }()
-	hostAPI, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Events: m.Store, Keys: m.Store})
+	hostAPI, err := api.New(api.Config{Sandboxes: m, Files: m, Execs: m, Contexts: m, Events: m.Store, Keys: m.Store})
 	if err != nil {
 		return nil, err
 	}
@@ -34,7 +36,7 @@ func warmBench(ctx context.Context, m *sandbox.Manager, rtName string, runs int)
 	defer func() { _ = m.Store.RevokeKey(context.WithoutCancel(ctx), k.ID) }()
 	hc := &http.Client{Timeout: 10 * time.Minute}
 
-	var cold, warm, coldPost, warmPost []time.Duration
+	var cold, warm, coldPost, warmPost, coldCode, warmCode []time.Duration
 	for range runs {
 		d, post, src, err := createUntilExec(ctx, hc, srv.URL, key)
 		if err != nil {
@@ -44,6 +46,14 @@ func warmBench(ctx context.Context, m *sandbox.Manager, rtName string, runs int)
 			return nil, fmt.Errorf("a create with no warm pool came from %q", src)
 		}
 		cold, coldPost = append(cold, d), append(coldPost, post)
+		c, src, err := createFirstCode(ctx, hc, srv.URL, key)
+		if err != nil {
+			return nil, fmt.Errorf("starting a sandbox: %w", err)
+		}
+		if src != "" {
+			return nil, fmt.Errorf("a create with no warm pool came from %q", src)
+		}
+		coldCode = append(coldCode, c)
 	}
 
 	const pool = "bench"
@@ -67,16 +77,22 @@ func warmBench(ctx context.Context, m *sandbox.Manager, rtName string, runs int)
 		return nil, err
 	}
 	var fill []time.Duration
-	for range runs {
+	filled := func() error {
 		t := time.Now()
 		if err := waitFor(ctx, 5*time.Minute, func() bool {
 			st, err := m.WarmPools(ctx)
 			return err == nil && st[pool].Ready == 1
 		}); err != nil {
 			st, _ := m.WarmPools(ctx)
-			return nil, fmt.Errorf("the warm pool did not fill (%+v): %w", st[pool], err)
+			return fmt.Errorf("the warm pool did not fill (%+v): %w", st[pool], err)
 		}
 		fill = append(fill, time.Since(t))
+		return nil
+	}
+	for range runs {
+		if err := filled(); err != nil {
+			return nil, err
+		}
 		d, post, src, err := createUntilExec(ctx, hc, srv.URL, key)
 		if err != nil {
 			return nil, fmt.Errorf("taking a warm sandbox: %w", err)
@@ -85,14 +101,57 @@ func warmBench(ctx context.Context, m *sandbox.Manager, rtName string, runs int)
 			return nil, fmt.Errorf("a create with a ready warm sandbox came from %q", src)
 		}
 		warm, warmPost = append(warm, d), append(warmPost, post)
+		if err := filled(); err != nil {
+			return nil, err
+		}
+		// A pool sandbox counts as ready once started; on gVisor its
+		// kernel may still be starting, and the first code waits for it.
+		c, src, err := createFirstCode(ctx, hc, srv.URL, key)
+		if err != nil {
+			return nil, fmt.Errorf("taking a warm sandbox: %w", err)
+		}
+		if src != "warm:"+pool {
+			return nil, fmt.Errorf("a create with a ready warm sandbox came from %q", src)
+		}
+		warmCode = append(warmCode, c)
 	}
 	w, c := median(warm), median(cold)
+	wc, cc := median(warmCode), median(coldCode)
 	return [][3]string{{
 		fmt.Sprintf("create until the first exec answers, %s, taking a warm pool's sandbox, vs starting one", rtName),
 		fmt.Sprintf("%s (%.2fx)", ms(w), float64(w)/float64(c)),
 		fmt.Sprintf("median of %d each, this host's API; starting one: %s; the create alone (POST answered): %s taking one, %s starting one; the rest is the first exec; the pool (base, 1 vCPU, 512 MiB, size 1) refilled between creates in %s (median, untimed)",
 			runs, ms(c), ms(median(warmPost)), ms(median(coldPost)), ms(median(fill))),
+	}, {
+		fmt.Sprintf("first Python code call, %s, in a sandbox taken from a warm pool, vs one started for the create", rtName),
+		fmt.Sprintf("%s (%.2fx)", ms(wc), float64(wc)/float64(cc)),
+		fmt.Sprintf("median of %d each: POST /v1/sandboxes/{id}/code print(6*7) right after the create, through this host's API; started for the create: %s", runs, ms(cc)),
 	}}, nil
+}
+
+// createFirstCode creates a sandbox through the API at base and times its
+// first code call (Python, the default context), then deletes it.
+func createFirstCode(ctx context.Context, hc *http.Client, base, key string) (time.Duration, string, error) {
+	do := apiDo(ctx, hc, base, key)
+	out, err := do("POST", "/v1/sandboxes", `{}`, http.StatusCreated)
+	if err != nil {
+		return 0, "", err
+	}
+	var sb struct{ ID, Source string }
+	if err := json.Unmarshal(out, &sb); err != nil || sb.ID == "" {
+		return 0, "", fmt.Errorf("POST /v1/sandboxes: no id in %s", out)
+	}
+	defer func() { _, _ = do("DELETE", "/v1/sandboxes/"+sb.ID, "", http.StatusNoContent) }()
+	t := time.Now()
+	out, err = do("POST", "/v1/sandboxes/"+sb.ID+"/code", `{"code":"print(6*7)"}`, http.StatusOK)
+	d := time.Since(t)
+	if err != nil {
+		return 0, "", err
+	}
+	if !strings.Contains(string(out), "42") {
+		return 0, "", fmt.Errorf("the first code call answered %s", out)
+	}
+	return d, sb.Source, nil
 }
 
 // waitFor polls cond every 20 ms until it holds, for up to d.
