@@ -76,6 +76,9 @@ type warmPools struct {
 	deleted map[string]bool // pools deleted since RunWarm started
 	kick    chan struct{}
 	started time.Time // RunWarm's start; zero before
+	// warming holds the warm sandboxes whose Python kernel is starting
+	// (warmKernel): not counted ready, and taken only when no other is.
+	warming map[string]bool
 }
 
 type warmPoolState struct {
@@ -86,7 +89,7 @@ type warmPoolState struct {
 
 func (m *Manager) warmState() *warmPools {
 	m.warmOnce.Do(func() {
-		m.warm = &warmPools{pools: map[string]*warmPoolState{}, deleted: map[string]bool{}, kick: make(chan struct{}, 1)}
+		m.warm = &warmPools{pools: map[string]*warmPoolState{}, deleted: map[string]bool{}, kick: make(chan struct{}, 1), warming: map[string]bool{}}
 	})
 	return m.warm
 }
@@ -159,7 +162,7 @@ func (m *Manager) WarmPoolsIn(sbs []store.Sandbox) map[string]WarmState {
 	}
 	for _, sb := range sbs {
 		name := sb.Metadata[warmPoolKey]
-		if p, ok := w.pools[name]; ok && sb.Tenant == WarmTenant && sb.State == store.StateRunning && p.matches(sb) {
+		if p, ok := w.pools[name]; ok && sb.Tenant == WarmTenant && sb.State == store.StateRunning && p.matches(sb) && !w.warming[sb.ID] {
 			st := out[name]
 			st.Ready++
 			out[name] = st
@@ -313,6 +316,15 @@ const warmKernelTimeout = 2 * time.Minute
 // A claim meanwhile is served: the default context waits for the warm-up
 // and adopts the kernel. An image without python3 and ipykernel has none.
 func (m *Manager) warmKernel(ctx context.Context, sb store.Sandbox) {
+	w := m.warmState()
+	w.mu.Lock()
+	w.warming[sb.ID] = true
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.warming, sb.ID)
+		w.mu.Unlock()
+	}()
 	ctx, cancel := context.WithTimeout(ctx, warmKernelTimeout)
 	defer cancel()
 	t0 := time.Now()
@@ -356,6 +368,13 @@ func (m *Manager) claimWarm(ctx context.Context, c Caller, o CreateOptions) (sto
 	if err != nil {
 		return store.Sandbox{}, false
 	}
+	// One whose kernel is still starting comes last: taking it still
+	// beats starting one (its first code waits for the rest of the start).
+	w.mu.Lock()
+	slices.SortStableFunc(sbs, func(a, b store.Sandbox) int {
+		return cmp.Compare(b2i(w.warming[a.ID]), b2i(w.warming[b.ID]))
+	})
+	w.mu.Unlock()
 	for _, sb := range sbs {
 		if sb.Tenant != WarmTenant || sb.State != store.StateRunning || !slices.Contains(names, sb.Metadata[warmPoolKey]) ||
 			sb.Runtime != rt || sb.Image != o.Image || sb.CPUs != o.CPUs || sb.MemoryMiB != o.MemoryMiB || sb.DiskMiB != o.DiskMiB || !sameLimits(sb.Network, o.Network) {
@@ -422,4 +441,11 @@ func (m *Manager) pushClaim(ctx context.Context, sb store.Sandbox, was netconf.S
 func sameLimits(a, b netconf.Spec) bool {
 	return a.RateBytes == b.RateBytes && a.MaxConns == b.MaxConns && a.ConnRate == b.ConnRate &&
 		a.DestsPerMin == b.DestsPerMin && a.UDPRate == b.UDPRate
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

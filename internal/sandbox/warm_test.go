@@ -73,13 +73,30 @@ func TestWarmPoolClaim(t *testing.T) {
 		t.Fatalf("alice gets a warm sandbox: %v", err)
 	}
 
+	// A sandbox whose warm kernel is starting is not counted ready, and a
+	// create takes another first.
+	w := r.m.warmState()
+	setWarming := func(on bool) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if on {
+			w.warming[warm[0]] = true
+		} else {
+			delete(w.warming, warm[0])
+		}
+	}
+	setWarming(true)
+	if st, err := r.m.WarmPools(ctx); err != nil || st["py"].Ready != 1 {
+		t.Fatalf("with one sandbox warming: %+v %v, want 1 ready", st["py"], err)
+	}
 	sb, err := r.m.Create(ctx, alice, CreateOptions{MemoryMiB: 256, Timeout: time.Hour, Env: map[string]string{"GREETING": "hello-warm"},
 		Metadata: map[string]string{"job": "7"}, Network: netconf.Spec{Mode: "deny", Allow: []string{"pypi.org"}}})
+	setWarming(false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(warm, sb.ID) {
-		t.Fatalf("create got %s, not one of the warm %v", sb.ID, warm)
+	if sb.ID != warm[1] {
+		t.Fatalf("create got %s, not %s (the other of %v is warming)", sb.ID, warm[1], warm)
 	}
 	row, err := r.Store.GetSandbox(ctx, sb.ID)
 	if err != nil {
