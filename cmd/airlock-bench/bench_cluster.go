@@ -119,20 +119,30 @@ func clusterCreateRow(ctx context.Context, m *sandbox.Manager, catalog, catWhat 
 func createUntilExec(ctx context.Context, hc *http.Client, base, key string) (total, create time.Duration, source string, err error) {
 	do := apiDo(ctx, hc, base, key)
 	t := time.Now()
-	out, err := do("POST", "/v1/sandboxes", `{}`, http.StatusCreated)
+	id, source, err := apiCreate(do)
 	if err != nil {
 		return 0, 0, "", err
 	}
 	create = time.Since(t)
-	var sb struct{ ID, Source string }
-	if err := json.Unmarshal(out, &sb); err != nil || sb.ID == "" {
-		return 0, 0, "", fmt.Errorf("POST /v1/sandboxes: no id in %s", out)
-	}
-	defer func() { _, _ = do("DELETE", "/v1/sandboxes/"+sb.ID, "", http.StatusNoContent) }()
-	if _, err := do("POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd":["true"]}`, http.StatusOK); err != nil {
+	defer func() { _, _ = do("DELETE", "/v1/sandboxes/"+id, "", http.StatusNoContent) }()
+	if _, err := do("POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["true"]}`, http.StatusOK); err != nil {
 		return 0, 0, "", err
 	}
-	return time.Since(t), create, sb.Source, nil
+	return time.Since(t), create, source, nil
+}
+
+// apiCreate creates a sandbox with do (apiDo) and returns its id and
+// source; the caller removes it.
+func apiCreate(do func(method, path, body string, want int) ([]byte, error)) (id, source string, err error) {
+	out, err := do("POST", "/v1/sandboxes", `{}`, http.StatusCreated)
+	if err != nil {
+		return "", "", err
+	}
+	var sb struct{ ID, Source string }
+	if err := json.Unmarshal(out, &sb); err != nil || sb.ID == "" {
+		return "", "", fmt.Errorf("POST /v1/sandboxes: no id in %s", out)
+	}
+	return sb.ID, sb.Source, nil
 }
 
 // apiDo returns a function that makes one call to the API at base with

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -133,17 +132,13 @@ func warmBench(ctx context.Context, m *sandbox.Manager, rtName string, runs int)
 // first code call (Python, the default context), then deletes it.
 func createFirstCode(ctx context.Context, hc *http.Client, base, key string) (time.Duration, string, error) {
 	do := apiDo(ctx, hc, base, key)
-	out, err := do("POST", "/v1/sandboxes", `{}`, http.StatusCreated)
+	id, source, err := apiCreate(do)
 	if err != nil {
 		return 0, "", err
 	}
-	var sb struct{ ID, Source string }
-	if err := json.Unmarshal(out, &sb); err != nil || sb.ID == "" {
-		return 0, "", fmt.Errorf("POST /v1/sandboxes: no id in %s", out)
-	}
-	defer func() { _, _ = do("DELETE", "/v1/sandboxes/"+sb.ID, "", http.StatusNoContent) }()
+	defer func() { _, _ = do("DELETE", "/v1/sandboxes/"+id, "", http.StatusNoContent) }()
 	t := time.Now()
-	out, err = do("POST", "/v1/sandboxes/"+sb.ID+"/code", `{"code":"print(6*7)"}`, http.StatusOK)
+	out, err := do("POST", "/v1/sandboxes/"+id+"/code", `{"code":"print(6*7)"}`, http.StatusOK)
 	d := time.Since(t)
 	if err != nil {
 		return 0, "", err
@@ -151,7 +146,7 @@ func createFirstCode(ctx context.Context, hc *http.Client, base, key string) (ti
 	if !strings.Contains(string(out), "42") {
 		return 0, "", fmt.Errorf("the first code call answered %s", out)
 	}
-	return d, sb.Source, nil
+	return d, source, nil
 }
 
 // waitFor polls cond every 20 ms until it holds, for up to d.

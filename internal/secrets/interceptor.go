@@ -332,10 +332,11 @@ func (s *session) run(ctx context.Context, f Flow) error {
 		// How long each part took tells a guest that gave up (EOF: a
 		// client's own handshake timeout, often a slow emulated guest)
 		// from a slow upstream.
-		took := fmt.Sprintf(" (after %s; no ClientHello)", time.Since(start).Round(time.Millisecond))
+		after := time.Since(start).Round(time.Millisecond)
+		took := fmt.Sprintf(" (after %s; no ClientHello)", after)
 		if helloAt > 0 {
 			took = fmt.Sprintf(" (after %s; the ClientHello at %s, the upstream's handshake %s)",
-				time.Since(start).Round(time.Millisecond), helloAt.Round(time.Millisecond), upstreamTook.Round(time.Millisecond))
+				after, helloAt.Round(time.Millisecond), upstreamTook.Round(time.Millisecond))
 		}
 		s.emit(Event{Action: ActionError, Reason: s.scrubber().String("tls handshake: " + err.Error() + took)})
 		return fmt.Errorf("tls handshake: %w%s", err, took)

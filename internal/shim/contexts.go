@@ -114,39 +114,30 @@ func (r *contextRelay) Create(ctx context.Context, req *connect.Request[shimv2.C
 		return nil, err
 	}
 	m := req.Msg
+	areq, step := &agentv1.CreateContextRequest{Language: "python", Warm: true}, "create a warm context"
 	if m.GetWarm() {
-		return r.createWarm(ctx, m)
-	}
-	if err := (guest.ContextSpec{ID: m.GetId(), Language: m.GetLanguage(), Cwd: m.GetCwd(), Env: m.GetEnv()}).Validate(); err != nil {
-		return nil, hostErr(err)
-	}
-	if c := m.GetCwd(); c != "" {
-		if err := ValidateGuestPath(c); err != nil {
-			return nil, invalid(fmt.Errorf("cwd: %w", err))
+		// The manager's warm pools ask, for a sandbox no caller holds yet.
+		// It gets no environment: the default context adopts it only if it
+		// is asked for with none.
+		if lang := m.GetLanguage(); (lang != "" && lang != "python") || m.GetId() != "" || m.GetCwd() != "" || len(m.GetEnv()) > 0 {
+			return nil, invalid(errors.New("only a python context with no id, cwd or env can be started warm"))
 		}
+	} else {
+		if err := (guest.ContextSpec{ID: m.GetId(), Language: m.GetLanguage(), Cwd: m.GetCwd(), Env: m.GetEnv()}).Validate(); err != nil {
+			return nil, hostErr(err)
+		}
+		if c := m.GetCwd(); c != "" {
+			if err := ValidateGuestPath(c); err != nil {
+				return nil, invalid(fmt.Errorf("cwd: %w", err))
+			}
+		}
+		areq, step = &agentv1.CreateContextRequest{
+			Language: m.GetLanguage(), Id: m.GetId(), Cwd: m.GetCwd(), Env: withDefaults(r.env.get(), m.GetEnv()),
+		}, "create context"
 	}
-	resp, err := r.agent.Contexts.Create(ctx, connect.NewRequest(&agentv1.CreateContextRequest{
-		Language: m.GetLanguage(), Id: m.GetId(), Cwd: m.GetCwd(), Env: withDefaults(r.env.get(), m.GetEnv()),
-	}))
+	resp, err := r.agent.Contexts.Create(ctx, connect.NewRequest(areq))
 	if err != nil {
-		return nil, relayErr("create context", err)
-	}
-	if err := checkInfo(resp.Msg); err != nil {
-		return nil, badGuest(err)
-	}
-	return connect.NewResponse(wireContextInfo(resp.Msg)), nil
-}
-
-// createWarm has the agent start a warm interpreter (the manager's warm
-// pools ask, for a sandbox no caller holds yet). It gets no environment:
-// the default context adopts it only if it is asked for with none.
-func (r *contextRelay) createWarm(ctx context.Context, m *shimv2.CreateContextRequest) (*connect.Response[shimv2.ContextInfo], error) {
-	if lang := m.GetLanguage(); (lang != "" && lang != "python") || m.GetId() != "" || m.GetCwd() != "" || len(m.GetEnv()) > 0 {
-		return nil, invalid(errors.New("only a python context with no id, cwd or env can be started warm"))
-	}
-	resp, err := r.agent.Contexts.Create(ctx, connect.NewRequest(&agentv1.CreateContextRequest{Language: "python", Warm: true}))
-	if err != nil {
-		return nil, relayErr("create a warm context", err)
+		return nil, relayErr(step, err)
 	}
 	if err := checkInfo(resp.Msg); err != nil {
 		return nil, badGuest(err)
