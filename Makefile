@@ -21,10 +21,12 @@ AIRLOCK := bin/airlock --state-dir $(STATE_DIR)
 # End-to-end tests the gvisor pass of `make test` leaves out (a template that
 # saves a Python kernel running: gVisor templates are images).
 GVISOR_SKIP := TestCodeWarmPythonFromTemplate
-# End-to-end tests only the gvisor pass of `make test` runs: they test the
-# browser against the dashboard, which is the same on either runtime
-# (`make test-vm` runs them on QEMU too).
-GVISOR_ONLY := TestDashboardFirefox|TestDashboardBrowserView
+# End-to-end tests only the gvisor pass of `make test` runs: their subject
+# is the same on either runtime (the dashboard, the README's examples, the
+# base image's pip), and under TCG they cost minutes (TestBaseImageHasPip
+# 151 s on qemu, TestReadmeExamples 107 s, TestDashboard 71 s). `make
+# test-vm` runs them on QEMU too.
+GVISOR_ONLY := TestDashboardFirefox|TestDashboardBrowserView|TestDashboard|TestReadmeExamples|TestBaseImageHasPip
 # Pinned tools. golangci-lint is built once per version into .cache/tools
 # (a fresh clone installs it on the first `make lint`). protoc is Debian 12's
 # protobuf-compiler (scripts/deps.sh); the Go plugins are the versions in
@@ -92,6 +94,9 @@ test-dist: ## a temp clone of HEAD tagged v0.0.0-test: make dist (version), make
 # The client suites (SDK, MCP, E2B, Playwright) run on auto, the runtime a
 # user of this host gets.
 test test-vm test-host test-security: export AIRLOCK_RUNTIME ?= qemu
+# make test's steps, each timed (scripts/step.sh) from the run's start.
+test: export MAKE_TEST_T0 := $(shell date +%s)
+STEP := scripts/step.sh
 CLIENT_ENV = AIRLOCK_RUNTIME=auto AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock
 
 setup: deps build ## guest kernel, initramfs and the default image into the state dir
@@ -101,28 +106,30 @@ demo: setup ## install, build and run a real sandbox
 	$(AIRLOCK) run -- python3 -c 'import platform; print("hello from", platform.node(), "kernel", platform.release(), "-> 6*7 =", 6*7)'
 
 test: setup test-sdk-unit ## every tier: lint, generated-code drift, unit with -race, host and vm (TCG here), SDKs, MCP, E2B and browser clients
-	$(AIRLOCK) setup --browser
-	$(MAKE) lint
-	$(MAKE) check-generate
-	$(MAKE) test-race
-	$(MAKE) test-postgres
-	$(MAKE) kube-bins
-	$(MAKE) test-fuzz-short
-	$(MAKE) test-security
+	$(STEP) "browser image" $(AIRLOCK) setup --browser
+	$(STEP) lint $(MAKE) lint
+	$(STEP) check-generate $(MAKE) check-generate
+	$(STEP) "unit, -race" $(MAKE) test-race
+	$(STEP) postgres $(MAKE) test-postgres
+	$(STEP) kube-bins $(MAKE) kube-bins
+	$(STEP) fuzz $(MAKE) test-fuzz-short
+	$(STEP) security $(MAKE) test-security
 	# Every tier, the kube one (the cluster's packages, and airlock node in
-	# test/e2e) included.
-	AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
-		$(GO) test -count=1 -timeout 40m -skip '^TestThreat|^($(GVISOR_ONLY))$$' ./...
+	# test/e2e) included. The end-to-end suite, the longest package, is
+	# named first so that it starts first (go test runs packages in the
+	# order given; the others share the second CPU with it).
+	$(STEP) "all tiers, qemu" env AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
+		$(GO) test -count=1 -timeout 40m -skip '^TestThreat|^($(GVISOR_ONLY))$$' ./test/e2e/ ./...
 	# The end-to-end suite again on the gvisor runtime, but for what needs
 	# a template saved running, which gVisor templates are not; with what
 	# runs only here (GVISOR_ONLY).
-	AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_RUNTIME=gvisor AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
+	$(STEP) "end-to-end, gvisor" env AIRLOCK_TEST_KUBE_BIN=$(KUBE_BIN) AIRLOCK_RUNTIME=gvisor AIRLOCK_TEST_ROOT=1 AIRLOCK_TEST_VM=1 AIRLOCK_TEST_STATE_DIR=$(STATE_DIR) AIRLOCK_BIN=$(CURDIR)/bin/airlock \
 		$(GO) test -count=1 -timeout 20m -skip '$(GVISOR_SKIP)' ./test/e2e/
-	$(CLIENT_ENV) scripts/test-sdk.sh
-	$(CLIENT_ENV) scripts/test-mcp.sh
-	$(CLIENT_ENV) scripts/test-e2b.sh
-	$(CLIENT_ENV) scripts/test-browser.sh
-	$(MAKE) test-dist
+	$(STEP) "Go and Python SDKs" env $(CLIENT_ENV) scripts/test-sdk.sh
+	$(STEP) "MCP clients" env $(CLIENT_ENV) scripts/test-mcp.sh
+	$(STEP) "E2B SDK" env $(CLIENT_ENV) scripts/test-e2b.sh
+	$(STEP) "Playwright and Puppeteer" env $(CLIENT_ENV) scripts/test-browser.sh
+	$(STEP) dist $(MAKE) test-dist
 
 test-browser: setup ## the browser sandboxes' DevTools endpoint with unmodified Playwright and Puppeteer (builds the browser image if missing)
 	$(CLIENT_ENV) scripts/test-browser.sh

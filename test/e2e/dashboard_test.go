@@ -31,12 +31,12 @@ import (
 // with a key, see a sandbox made through the API, open its terminal and
 // run `echo hi`, use its file browser, code cell, logs, lifecycle and live
 // audit events (dashboardSandboxPage), see the server page
-// (dashboardServerPage), pause and resume it from the list (QEMU only:
-// gVisor sandboxes cannot pause), cancel a kill, sign out; then as an
-// admin, the list by tenant and the server page. The pages must log no
-// console error (CSP violations included; the watcher is checked first).
-// Each page's first contentful paint is logged. A screenshot of each page
-// goes to $AIRLOCK_TEST_ARTEFACTS (or the test's temp dir), named in the log.
+// (dashboardServerPage), pause and resume it from the list, cancel a
+// kill, sign out; then as an admin, the list by tenant and the server
+// page. The pages must log no console error (CSP violations included; the
+// watcher is checked first). Each page's first contentful paint is logged.
+// A screenshot of each page goes to $AIRLOCK_TEST_ARTEFACTS (or the test's
+// temp dir), named in the log.
 func TestDashboard(t *testing.T) {
 	e := setup(t)
 	browser, err := exec.LookPath("chromium")
@@ -586,9 +586,8 @@ func dashboardSandboxPage(t *testing.T, s *apiServer, key, id string, bctx conte
 		poll(`(() => { const r = `+markerRow+`; const o = r && r.nextElementSibling; return !!o && o.classList.contains('exec-output') && o.querySelector('pre').textContent === 'logs-marker <i>as text</i>\n' && !o.querySelector('i'); })()`),
 		shot("3h-logs", "logs-h"))
 
-	// The lifecycle from the page: the lifetime is set (on both runtimes);
-	// a snapshot and a fork (QEMU: gVisor sandboxes cannot pause, which
-	// both start with).
+	// The lifecycle from the page: the lifetime is set, then a snapshot
+	// and a fork (both runtimes save a live sandbox).
 	run("set the lifetime",
 		chromedp.SetValue(chromedp.ID("extend"), "14400"),
 		chromedp.Click(chromedp.ID("extend-go")),
