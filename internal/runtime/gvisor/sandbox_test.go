@@ -351,6 +351,40 @@ func TestColdStart(t *testing.T) {
 	t.Logf("cold start to agent answer (Create, Start, Dial+Info, Sync): median %v of %v", ds[2], ds)
 }
 
+// TestSeccompPrecompiled: the runsc scripts/deps.sh installs carries its
+// seccomp filters precompiled (scripts/runsc-seccomp/gen.go), so neither
+// the sentry nor the gofer builds one at start: their debug logs say they
+// loaded a precompiled program, and neither says it found none.
+func TestSeccompPrecompiled(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.Debug = true })
+	spec := f.spec(t)
+	in, c := boot(t, f, spec)
+	if r := run(t, c, "", "/bin/true"); r.code != 0 {
+		t.Fatalf("true: %+v", r)
+	}
+	c.Close()
+	if err := in.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, part := range []string{"boot", "gofer"} {
+		logs, _ := filepath.Glob(filepath.Join(in.paths.logDir, "*."+part+".txt"))
+		if len(logs) == 0 {
+			t.Fatalf("no runsc %s log in %s", part, in.paths.logDir)
+		}
+		b, err := os.ReadFile(logs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte("No precompiled program found")) || !bytes.Contains(b, []byte("Loaded precompiled seccomp instructions")) {
+			line := "(it logged no seccomp program)"
+			if i := bytes.Index(b, []byte("No precompiled program found")); i >= 0 {
+				line, _, _ = strings.Cut(string(b[i:]), "\n")
+			}
+			t.Fatalf("the %s of %s built its seccomp filter at start (reinstall runsc with scripts/deps.sh): %s", part, f.rt.cfg.RunscPath, line)
+		}
+	}
+}
+
 // TestNetworkSync: the shim's Sync with a network config (what it sends
 // every sandbox) succeeds inside gVisor and leaves the NIC configured.
 func TestNetworkSync(t *testing.T) {
