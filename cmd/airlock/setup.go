@@ -87,7 +87,9 @@ func sandboxRuntime(g *globals, bc statedir.BootConfig) (runtime.Runtime, func(c
 	}
 	// AIRLOCK_RUNSC_DEBUG=1 keeps runsc's debug logs in the sandbox's
 	// run/runsc-logs/ (large: for diagnosing gVisor itself).
-	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, Logger: g.log, Debug: os.Getenv("AIRLOCK_RUNSC_DEBUG") == "1"})
+	// Sandboxes bind a copy of the agent kept by its digest, so one saved
+	// now restores with the same binary after airlock changes.
+	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, AgentDir: statedir.Layout{Root: g.stateDir}.Agents(), Logger: g.log, Debug: os.Getenv("AIRLOCK_RUNSC_DEBUG") == "1"})
 	if err != nil {
 		return nil, nil, err
 	}

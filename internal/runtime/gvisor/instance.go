@@ -44,6 +44,9 @@ type instance struct {
 	cid   string
 	paths instancePaths
 	log   *slog.Logger
+	// agentSum is the sha256 of the agent binary the sandbox runs (set
+	// before runsc starts; SaveState records it).
+	agentSum string
 
 	// procExited is closed once runsc has exited; done once everything is
 	// released and status is final.
@@ -174,7 +177,12 @@ func (in *instance) spawn() (*net.UnixConn, error) {
 			return nil, fmt.Errorf("run dir: %w", err)
 		}
 	}
-	b := bundleSpec{agent: cfg.AgentPath}
+	agent, sum, err := in.agentFor()
+	if err != nil {
+		return nil, err
+	}
+	in.agentSum = sum
+	b := bundleSpec{agent: agent}
 	if !cfg.IgnoreCgroups {
 		b.cgroupsPath = in.cgroupParent() + "/" + in.cid
 	}

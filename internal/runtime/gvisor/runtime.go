@@ -37,6 +37,13 @@ type Config struct {
 	// read-only into every sandbox at AgentPath and runs as its init.
 	// Required.
 	AgentPath string
+	// AgentDir, if set, keeps content-addressed copies of the agent
+	// binary (sha256-<hex>): sandboxes bind the copy of AgentPath, and a
+	// restore binds the one its state was saved with, so a sandbox paused,
+	// snapshotted or forked before airlock changed restores with the agent
+	// it ran. Without it sandboxes bind AgentPath, and a restore of a state
+	// saved with another agent is refused.
+	AgentDir string
 	// Platform is runsc's --platform (default "systrap").
 	Platform string
 	// DiskBytes caps each sandbox's writable layer unless its
@@ -109,6 +116,11 @@ type Runtime struct {
 	cfg Config
 	log *slog.Logger
 
+	// agent is the agent binary new sandboxes bind (AgentPath or its copy
+	// in AgentDir) and agentSum its sha256, once ownAgent found them.
+	agentMu         sync.Mutex
+	agent, agentSum string
+
 	// live counts instances started and not yet cleaned up.
 	live atomic.Int64
 
@@ -127,6 +139,19 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	return &Runtime{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// ownAgent returns the agent binary new sandboxes bind and its sha256,
+// staging it into AgentDir on first use.
+func (r *Runtime) ownAgent() (path, sum string, err error) {
+	r.agentMu.Lock()
+	defer r.agentMu.Unlock()
+	if r.agentSum == "" {
+		if r.agentSum, r.agent, err = stageAgent(r.cfg.AgentDir, r.cfg.AgentPath); err != nil {
+			return "", "", err
+		}
+	}
+	return r.agent, r.agentSum, nil
 }
 
 // Name returns "gvisor".

@@ -252,9 +252,6 @@ func runscArgs(c Config, p instancePaths, cid string, s runtime.Spec) []string {
 		args = append(args, "--pod-init-config="+filepath.Join(p.monitor, monitorConfig))
 	}
 	if s.RestoreFrom != "" {
-		if os.Getenv("XBG") == "1" {
-			return append(args, "restore", "--background", "--image-path="+s.RestoreFrom, "--bundle", p.bundle, cid)
-		}
 		return append(args, "restore", "--image-path="+s.RestoreFrom, "--bundle", p.bundle, cid)
 	}
 	return append(args, "run", "--bundle", p.bundle, cid)
