@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/netconf"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
@@ -666,7 +667,25 @@ func (m *Manager) pruneSnapshots(ctx context.Context) (int64, error) {
 		}
 		errs = append(errs, m.Store.DropHolder(ctx, store.SnapshotObj(d.Name())))
 	}
-	return freed, errors.Join(errs...)
+	n, err := m.pruneAgents()
+	return freed + n, errors.Join(append(errs, err)...)
+}
+
+// pruneAgents removes the copies of the guest agent gVisor sandboxes bind
+// (the state dir's agents/, one per airlock build that started one) that
+// no saved state names and no sandbox runs, staged over an hour ago.
+func (m *Manager) pruneAgents() (int64, error) {
+	var states, runs []string
+	sbs, _ := os.ReadDir(m.L.Sandboxes())
+	for _, d := range sbs {
+		states = append(states, filepath.Join(m.L.PauseDir(d.Name()), statedir.PauseStateDir))
+		runs = append(runs, m.L.RunDir(d.Name()))
+	}
+	snaps, _ := os.ReadDir(m.L.SnapshotsDir())
+	for _, d := range snaps {
+		states = append(states, filepath.Join(m.L.SnapshotDir(d.Name()), statedir.PauseStateDir))
+	}
+	return gvisor.PruneAgents(m.L.Agents(), gvisor.AgentsInUse(states, runs), time.Hour)
 }
 
 // DiskUsage is the bytes a sandbox's files take on the host (its disk

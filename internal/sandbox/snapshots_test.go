@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +63,26 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 	if err := os.MkdirAll(orphan, 0o711); err != nil {
 		t.Fatal(err)
 	}
+	// The gVisor agent copies the kept s2 and the orphan s4 name: the
+	// first stays, the second goes with s4.
+	agent := map[string]string{"s2": strings.Repeat("2", 64), "s4": strings.Repeat("4", 64)}
+	for id, sum := range agent {
+		if err := os.MkdirAll(filepath.Join(m.L.SnapshotDir(id), statedir.PauseStateDir), 0o711); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(m.L.SnapshotDir(id), statedir.PauseStateDir, "agent.sha256"), []byte(sum+"\n"), 0o444); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(m.L.Agents(), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(m.L.Agents(), "sha256-"+sum)
+		if err := os.WriteFile(p, []byte("agent"), 0o555); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-2 * time.Hour)
+		_ = os.Chtimes(p, old, old)
+	}
 	old := time.Now().Add(-time.Hour)
 	_ = os.Chtimes(orphan, old, old)
 	if _, err := m.PruneSnapshots(t.Context(), Local()); err != nil {
@@ -70,6 +91,11 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 	for id, want := range map[string]bool{"s1": true, "s2": true, "s3": false, "s4": false} {
 		if _, err := os.Stat(m.L.SnapshotDir(id)); (err == nil) != want {
 			t.Errorf("after prune, %s exists = %v, want %v", id, err == nil, want)
+		}
+		if sum := agent[id]; sum != "" {
+			if _, err := os.Stat(filepath.Join(m.L.Agents(), "sha256-"+sum)); (err == nil) != want {
+				t.Errorf("after prune, %s's agent copy exists = %v, want %v", id, err == nil, want)
+			}
 		}
 	}
 	// Once the sandbox is gone, child then base can go.

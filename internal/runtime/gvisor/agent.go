@@ -3,6 +3,7 @@ package gvisor
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // A sandbox's agent runs from a host file that runsc binds into it, and a
@@ -157,4 +159,74 @@ func (in *instance) agentFor() (path, sum string, err error) {
 		}
 	}
 	return "", "", fmt.Errorf("gvisor restore: the state was saved with guest agent sha256:%.12s, which this host does not have (its own is sha256:%.12s); restore it with the airlock that saved it", sum, ownSum)
+}
+
+// AgentsInUse returns the digests of the agent binaries that sandboxes may
+// bind again: those the saved states in stateDirs name (pauses,
+// snapshots) and those the runsc bundles under runDirs bind (running
+// sandboxes, which a pause or a snapshot may save).
+func AgentsInUse(stateDirs, runDirs []string) map[string]bool {
+	use := map[string]bool{}
+	for _, d := range stateDirs {
+		if b, err := os.ReadFile(filepath.Join(d, agentStateFile)); err == nil {
+			if s := strings.TrimSpace(string(b)); validSum(s) {
+				use[s] = true
+			}
+		}
+	}
+	for _, d := range runDirs {
+		b, err := os.ReadFile(filepath.Join(d, "bundle", "config.json"))
+		if err != nil {
+			continue
+		}
+		var spec struct {
+			Mounts []struct{ Destination, Source string }
+		}
+		if json.Unmarshal(b, &spec) != nil {
+			continue
+		}
+		for _, m := range spec.Mounts {
+			if s, ok := strings.CutPrefix(filepath.Base(m.Source), "sha256-"); ok && m.Destination == AgentPath && validSum(s) {
+				use[s] = true
+			}
+		}
+	}
+	return use
+}
+
+// PruneAgents removes the copies in dir (Config.AgentDir) whose digest is
+// not in use and that were made more than grace ago (a start may be
+// staging one), and the by-stat links left pointing nowhere. It returns
+// the bytes freed.
+func PruneAgents(dir string, use map[string]bool, grace time.Duration) (int64, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	} else if err != nil {
+		return 0, err
+	}
+	var freed int64
+	var errs []error
+	for _, e := range ents {
+		s, ok := strings.CutPrefix(e.Name(), "sha256-")
+		if !ok || !validSum(s) || use[s] {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil || time.Since(fi.ModTime()) < grace {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		freed += fi.Size()
+	}
+	links, _ := filepath.Glob(filepath.Join(dir, "by-stat", "*"))
+	for _, l := range links {
+		if _, err := os.Stat(l); errors.Is(err, os.ErrNotExist) {
+			_ = os.Remove(l)
+		}
+	}
+	return freed, errors.Join(errs...)
 }

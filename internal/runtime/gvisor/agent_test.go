@@ -188,3 +188,66 @@ func TestRestoreKeepsItsAgent(t *testing.T) {
 		t.Fatalf("restore without the saved agent: %v", err)
 	}
 }
+
+// TestPruneAgents: the copies a saved state names or a bundle binds stay,
+// as does one staged within the grace period; the others go, with the
+// by-stat links to them; what is freed is counted.
+func TestPruneAgents(t *testing.T) {
+	dir := t.TempDir()
+	sum := func(c string) string { return strings.Repeat(c, 64) }
+	old := time.Now().Add(-2 * time.Hour)
+	for _, c := range []string{"a", "b", "c", "d"} {
+		p := filepath.Join(dir, agentFile(sum(c)))
+		if err := os.WriteFile(p, []byte("agent "+c), 0o555); err != nil {
+			t.Fatal(err)
+		}
+		if c != "d" { // d: just staged
+			if err := os.Chtimes(p, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "by-stat"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"a", "c"} {
+		if err := os.Symlink(filepath.Join("..", agentFile(sum(c))), filepath.Join(dir, "by-stat", c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a: named by a saved state; b: bound by a running sandbox's bundle.
+	state := t.TempDir()
+	if err := os.WriteFile(filepath.Join(state, agentStateFile), []byte(sum("a")+"\n"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	run := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(run, "bundle"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg := `{"mounts":[{"destination":"/tmp","source":"tmpfs"},{"destination":"` + AgentPath + `","source":"` + filepath.Join(dir, agentFile(sum("b"))) + `"}]}`
+	if err := os.WriteFile(filepath.Join(run, "bundle", "config.json"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	use := AgentsInUse([]string{state, t.TempDir()}, []string{run, t.TempDir()})
+	if len(use) != 2 || !use[sum("a")] || !use[sum("b")] {
+		t.Fatalf("in use: %v", use)
+	}
+	freed, err := PruneAgents(dir, use, time.Hour)
+	if err != nil || freed != int64(len("agent c")) {
+		t.Fatalf("freed %d, %v", freed, err)
+	}
+	for c, want := range map[string]bool{"a": true, "b": true, "c": false, "d": true} {
+		if _, err := os.Stat(filepath.Join(dir, agentFile(sum(c)))); (err == nil) != want {
+			t.Errorf("copy %s kept = %v, want %v", c, err == nil, want)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "by-stat", "c")); err == nil {
+		t.Error("the link to the removed copy stayed")
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "by-stat", "a")); err != nil {
+		t.Errorf("the link to a kept copy went: %v", err)
+	}
+	if n, err := PruneAgents(filepath.Join(dir, "none"), nil, 0); n != 0 || err != nil {
+		t.Fatalf("a missing directory: %d %v", n, err)
+	}
+}
