@@ -104,12 +104,20 @@ func TestCodeFirstRunFiguresAndDeath(t *testing.T) {
 	if r.code != 0 || r.stdout != "21\n" {
 		t.Fatalf("first run: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
 	}
-	// Status lines come after a second of waiting: a start that took
-	// longer than two must have said so.
-	if took > 2*time.Second && !strings.Contains(r.stderr, "airlock: starting python context\n") {
-		t.Fatalf("first run took %s and said nothing on stderr: %q", took, r.stderr)
+	// Status lines come after a second of waiting for the context to
+	// start: a first run that took two seconds longer than a run that
+	// starts nothing must have said so. (The second run is the baseline of
+	// the CLI's and the exec's own time, which a busy host stretches too;
+	// on qemu the template's kernel is adopted at once.)
+	t1 := time.Now()
+	if out := e.must(t, "code", id, "x"); strings.TrimSpace(out) != "20" {
+		t.Fatalf("second run: %q", out)
 	}
-	t.Logf("first run: %s, stderr %q", took, r.stderr)
+	warm := time.Since(t1)
+	if took-warm > 2*time.Second && !strings.Contains(r.stderr, "airlock: starting python context\n") {
+		t.Fatalf("first run took %s (a second one %s) and said nothing on stderr: %q", took, warm, r.stderr)
+	}
+	t.Logf("first run: %s (a second one %s), stderr %q", took, warm, r.stderr)
 
 	dir := t.TempDir()
 	count := func() int {
