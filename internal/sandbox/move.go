@@ -18,6 +18,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/bundle"
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/qemu"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -65,9 +66,10 @@ var bundleLimits = bundle.Limits{
 	statedir.PauseStateDir + "/state.bin": 1 << 40,
 	bundleDisk:                            1 << 42,
 	// runsc's checkpoint (gVisor).
-	statedir.PauseStateDir + "/checkpoint.img": 1 << 32,
-	statedir.PauseStateDir + "/pages_meta.img": 1 << 32,
-	statedir.PauseStateDir + "/pages.img":      1 << 40,
+	statedir.PauseStateDir + "/checkpoint.img":           1 << 32,
+	statedir.PauseStateDir + "/pages_meta.img":           1 << 32,
+	statedir.PauseStateDir + "/pages.img":                1 << 40,
+	statedir.PauseStateDir + "/" + gvisor.AgentStateFile: 1 << 10,
 }
 
 // Exported is what an Export did.

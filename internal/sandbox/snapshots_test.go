@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
@@ -70,7 +71,7 @@ func TestSnapshotRefsGuardRemoval(t *testing.T) {
 		if err := os.MkdirAll(filepath.Join(m.L.SnapshotDir(id), statedir.PauseStateDir), 0o711); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(m.L.SnapshotDir(id), statedir.PauseStateDir, "agent.sha256"), []byte(sum+"\n"), 0o444); err != nil {
+		if err := os.WriteFile(filepath.Join(m.L.SnapshotDir(id), statedir.PauseStateDir, gvisor.AgentStateFile), []byte(sum+"\n"), 0o444); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.MkdirAll(m.L.Agents(), 0o700); err != nil {

@@ -21,11 +21,12 @@ import (
 // mix of two binaries (measured: "fatal: morestack on gsignal", the agent
 // gone before it spoke). So sandboxes bind a content-addressed copy of the
 // agent (Config.AgentDir), each saved state names the one it ran
-// (agentStateFile), and a restore binds that one or refuses.
+// (AgentStateFile), and a restore binds that one or refuses.
 
-// agentStateFile, in a state directory SaveState writes, holds the sha256
-// of the agent binary the sandbox ran.
-const agentStateFile = "agent.sha256"
+// AgentStateFile, in a state directory SaveState writes, holds the sha256
+// of the agent binary the sandbox ran (a bundle that moves the state
+// carries it).
+const AgentStateFile = "agent.sha256"
 
 // agentFile is the name of the copy of the agent binary with digest sum
 // in Config.AgentDir.
@@ -138,7 +139,7 @@ func (in *instance) agentFor() (path, sum string, err error) {
 	if err != nil || in.spec.RestoreFrom == "" {
 		return own, ownSum, err
 	}
-	b, err := os.ReadFile(filepath.Join(in.spec.RestoreFrom, agentStateFile))
+	b, err := os.ReadFile(filepath.Join(in.spec.RestoreFrom, AgentStateFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return own, ownSum, nil
 	}
@@ -168,7 +169,7 @@ func (in *instance) agentFor() (path, sum string, err error) {
 func AgentsInUse(stateDirs, runDirs []string) map[string]bool {
 	use := map[string]bool{}
 	for _, d := range stateDirs {
-		if b, err := os.ReadFile(filepath.Join(d, agentStateFile)); err == nil {
+		if b, err := os.ReadFile(filepath.Join(d, AgentStateFile)); err == nil {
 			if s := strings.TrimSpace(string(b)); validSum(s) {
 				use[s] = true
 			}

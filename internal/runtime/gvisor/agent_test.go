@@ -78,7 +78,7 @@ func TestAgentFor(t *testing.T) {
 	state := func(content string) string {
 		d := t.TempDir()
 		if content != "" {
-			if err := os.WriteFile(filepath.Join(d, agentStateFile), []byte(content), 0o444); err != nil {
+			if err := os.WriteFile(filepath.Join(d, AgentStateFile), []byte(content), 0o444); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -128,7 +128,7 @@ func TestRestoreKeepsItsAgent(t *testing.T) {
 	if err := in.SaveState(ctx, saved, runtime.SaveOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(filepath.Join(saved, agentStateFile)); err != nil || strings.TrimSpace(string(b)) != f.rt.agentSum {
+	if b, err := os.ReadFile(filepath.Join(saved, AgentStateFile)); err != nil || strings.TrimSpace(string(b)) != f.rt.agentSum {
 		t.Fatalf("the state's agent: %q %v, want %s", b, err, f.rt.agentSum)
 	}
 
@@ -217,7 +217,7 @@ func TestPruneAgents(t *testing.T) {
 	}
 	// a: named by a saved state; b: bound by a running sandbox's bundle.
 	state := t.TempDir()
-	if err := os.WriteFile(filepath.Join(state, agentStateFile), []byte(sum("a")+"\n"), 0o444); err != nil {
+	if err := os.WriteFile(filepath.Join(state, AgentStateFile), []byte(sum("a")+"\n"), 0o444); err != nil {
 		t.Fatal(err)
 	}
 	run := t.TempDir()

@@ -141,7 +141,7 @@ func (in *instance) SaveState(ctx context.Context, dir string, o runtime.SaveOpt
 	in.log.Debug("checkpoint", "dir", dir, "took", time.Since(t0), "live", o.KeepRunning)
 	// The agent's digest goes with the state (and into its digest): a
 	// restore binds the same binary (agent.go).
-	if err := os.WriteFile(filepath.Join(dir, agentStateFile), []byte(in.agentSum+"\n"), 0o444); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, AgentStateFile), []byte(in.agentSum+"\n"), 0o444); err != nil {
 		return failed(fmt.Errorf("gvisor save: %w", err))
 	}
 	if err := readOnly(dir); err != nil {
