@@ -32,6 +32,27 @@ const AgentStateFile = "agent.sha256"
 // in Config.AgentDir.
 func agentFile(sum string) string { return "sha256-" + sum }
 
+// agentFileSum is the digest an agentFile name (or path) carries.
+func agentFileSum(name string) (string, bool) {
+	s, ok := strings.CutPrefix(filepath.Base(name), "sha256-")
+	return s, ok && validSum(s)
+}
+
+// stateAgent is the digest of the agent a saved state in dir ran; ""
+// if the state names none (saved before airlock recorded it).
+func stateAgent(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, AgentStateFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	} else if err != nil {
+		return "", err
+	}
+	if s := strings.TrimSpace(string(b)); validSum(s) {
+		return s, nil
+	}
+	return "", errors.New("the saved state names no valid agent digest")
+}
+
 // validSum reports whether s is a lowercase hex sha256.
 func validSum(s string) bool {
 	if len(s) != 64 {
@@ -69,7 +90,7 @@ func stageAgent(dir, src string) (sum, path string, err error) {
 	byStat := filepath.Join(dir, "by-stat")
 	key := filepath.Join(byStat, fmt.Sprintf("%d.%d.%d.%d.%d", st.Dev, st.Ino, fi.Size(), fi.ModTime().UnixNano(), st.Ctim.Nano()))
 	if t, err := os.Readlink(key); err == nil {
-		if s, ok := strings.CutPrefix(filepath.Base(t), "sha256-"); ok && validSum(s) {
+		if s, ok := agentFileSum(t); ok {
 			p := filepath.Join(dir, agentFile(s))
 			if pi, err := os.Stat(p); err == nil && pi.Mode().IsRegular() && pi.Size() == fi.Size() {
 				return s, p, nil
@@ -139,19 +160,12 @@ func (in *instance) agentFor() (path, sum string, err error) {
 	if err != nil || in.spec.RestoreFrom == "" {
 		return own, ownSum, err
 	}
-	b, err := os.ReadFile(filepath.Join(in.spec.RestoreFrom, AgentStateFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return own, ownSum, nil
-	}
+	sum, err = stateAgent(in.spec.RestoreFrom)
 	if err != nil {
 		return "", "", fmt.Errorf("gvisor restore: %w", err)
 	}
-	sum = strings.TrimSpace(string(b))
-	if !validSum(sum) {
-		return "", "", errors.New("gvisor restore: the saved state names no valid agent digest")
-	}
-	if sum == ownSum {
-		return own, sum, nil
+	if sum == "" || sum == ownSum {
+		return own, ownSum, nil
 	}
 	if r.cfg.AgentDir != "" {
 		p := filepath.Join(r.cfg.AgentDir, agentFile(sum))
@@ -169,10 +183,8 @@ func (in *instance) agentFor() (path, sum string, err error) {
 func AgentsInUse(stateDirs, runDirs []string) map[string]bool {
 	use := map[string]bool{}
 	for _, d := range stateDirs {
-		if b, err := os.ReadFile(filepath.Join(d, AgentStateFile)); err == nil {
-			if s := strings.TrimSpace(string(b)); validSum(s) {
-				use[s] = true
-			}
+		if s, err := stateAgent(d); err == nil && s != "" {
+			use[s] = true
 		}
 	}
 	for _, d := range runDirs {
@@ -187,7 +199,7 @@ func AgentsInUse(stateDirs, runDirs []string) map[string]bool {
 			continue
 		}
 		for _, m := range spec.Mounts {
-			if s, ok := strings.CutPrefix(filepath.Base(m.Source), "sha256-"); ok && m.Destination == AgentPath && validSum(s) {
+			if s, ok := agentFileSum(m.Source); ok && m.Destination == AgentPath {
 				use[s] = true
 			}
 		}
@@ -209,8 +221,8 @@ func PruneAgents(dir string, use map[string]bool, grace time.Duration) (int64, e
 	var freed int64
 	var errs []error
 	for _, e := range ents {
-		s, ok := strings.CutPrefix(e.Name(), "sha256-")
-		if !ok || !validSum(s) || use[s] {
+		s, ok := agentFileSum(e.Name())
+		if !ok || use[s] {
 			continue
 		}
 		fi, err := e.Info()
