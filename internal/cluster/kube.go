@@ -65,6 +65,11 @@ type nodeStatus struct {
 	Sandboxes          int         `json:"sandboxes"`
 	Warm               []WarmReady `json:"warm,omitempty"`
 	Updated            string      `json:"updated,omitempty"`
+	// Holder is the Lease holder identity of the process that wrote this
+	// status: a node that restarts holds a new Lease before it publishes,
+	// and until it does, the status (its address above all) is the last
+	// run's.
+	Holder string `json:"holder,omitempty"`
 }
 
 func statusOf(n Node) nodeStatus {
@@ -75,14 +80,14 @@ func statusOf(n Node) nodeStatus {
 	}
 }
 
-// nodeObject is n as an AirlockNode.
-func nodeObject(namespace string, n Node) (*unstructured.Unstructured, error) {
+// nodeObject is n as an AirlockNode, written by the Lease holder holder.
+func nodeObject(namespace string, n Node, holder string) (*unstructured.Unstructured, error) {
 	spec, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&nodeSpec{Address: n.Address, Draining: n.Draining})
 	if err != nil {
 		return nil, err
 	}
 	st := statusOf(n)
-	st.Updated = time.Now().UTC().Format(time.RFC3339)
+	st.Updated, st.Holder = time.Now().UTC().Format(time.RFC3339), holder
 	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
 	if err != nil {
 		return nil, err
@@ -96,19 +101,19 @@ func nodeObject(namespace string, n Node) (*unstructured.Unstructured, error) {
 
 // nodeFromObject reads what an AirlockNode says of its node (Live and
 // the Lease's fields are the Registry's), and whether it has a status
-// yet: a node creates its object and then writes the status, a second
-// call.
-func nodeFromObject(u *unstructured.Unstructured) (Node, bool, error) {
+// yet (a node creates its object and then writes the status, a second
+// call) and which Lease holder wrote it.
+func nodeFromObject(u *unstructured.Unstructured) (n Node, published bool, holder string, err error) {
 	var spec nodeSpec
 	var st nodeStatus
 	if m, ok := u.Object["spec"].(map[string]any); ok {
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &spec); err != nil {
-			return Node{}, false, fmt.Errorf("airlocknode %s: spec: %w", u.GetName(), err)
+			return Node{}, false, "", fmt.Errorf("airlocknode %s: spec: %w", u.GetName(), err)
 		}
 	}
 	if m, ok := u.Object["status"].(map[string]any); ok {
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &st); err != nil {
-			return Node{}, false, fmt.Errorf("airlocknode %s: status: %w", u.GetName(), err)
+			return Node{}, false, "", fmt.Errorf("airlocknode %s: status: %w", u.GetName(), err)
 		}
 	}
 	return Node{
@@ -116,7 +121,7 @@ func nodeFromObject(u *unstructured.Unstructured) (Node, bool, error) {
 		Runtimes: st.Runtimes, Arch: st.Arch, Accel: st.Accel, Kernel: st.Kernel, Version: st.Version,
 		CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, AllocatedCPUs: st.AllocatedCPUs, AllocatedMemoryMiB: st.AllocatedMemoryMiB,
 		Sandboxes: st.Sandboxes, Warm: st.Warm,
-	}, st.Updated != "", nil
+	}, st.Updated != "", st.Holder, nil
 }
 
 // leaseResource is coordination.k8s.io's Lease.

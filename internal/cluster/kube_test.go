@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,6 +99,7 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 	var mu sync.Mutex
 	var losses []lossEvent
 	lives := map[string]int{}
+	liveAt := map[string]string{} // the address OnLive was given last
 	reg := &Registry{Dynamic: dynamic.NewForConfigOrDie(control),
 		OnLost: func(n Node, why string) {
 			mu.Lock()
@@ -108,6 +110,7 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			lives[n.Name]++
+			liveAt[n.Name] = n.Address
 		}}
 	livesOf := func(name string) int {
 		mu.Lock()
@@ -228,13 +231,67 @@ func TestNodesRegisterAndAreLost(t *testing.T) {
 		t.Fatalf("after n1 stopped: live %q, %d losses", liveNames(), lossCount())
 	}
 	mu.Lock()
-	defer mu.Unlock()
-	if len(losses) != 2 || losses[1].n.Name != "n1" || !strings.Contains(losses[1].why, "deleted") {
-		t.Fatalf("losses: %+v", losses)
+	lost := slices.Clone(losses)
+	mu.Unlock()
+	if len(lost) != 2 || lost[1].n.Name != "n1" || !strings.Contains(lost[1].why, "deleted") {
+		t.Fatalf("losses: %+v", lost)
 	}
-	t.Logf("a stopped node was gone %s after it stopped", losses[1].at.Sub(stopAt).Round(10*time.Millisecond))
+	t.Logf("a stopped node was gone %s after it stopped", lost[1].at.Sub(stopAt).Round(10*time.Millisecond))
 	if _, err := Place(reg.Nodes(), Request{Runtime: "gvisor", CPUs: 1, MemoryMiB: 512, Arch: "arm64"}, Limits{}, DefaultChoices, nil); err == nil {
 		t.Fatal("placed an arm64 state on amd64 nodes")
+	}
+
+	// n1 starts again at another address. It holds its new Lease before
+	// it publishes its status; until then the AirlockNode still names the
+	// old address, and a node counted live then would be called there
+	// (OnLive's reconcile was, and failed).
+	gate := make(chan struct{})
+	var gated atomic.Bool
+	restarted := Node{Address: "https://n1-again.test:7443", Runtimes: []string{"qemu"}, Arch: "amd64", Accel: "kvm",
+		Kernel: "6.1.0-test", Version: "test", CPUs: 16, MemoryMiB: 65536}
+	again := &Registrar{Dynamic: nodeDyn, Name: "n1", Status: func(ctx context.Context) (Node, error) {
+		if gated.CompareAndSwap(false, true) {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
+		}
+		return restarted, nil
+	}}
+	actx, acancel := context.WithCancel(ctx)
+	againDone := make(chan error, 1)
+	go func() { againDone <- again.Run(actx) }()
+	stopAgain := sync.OnceValue(func() error { acancel(); return <-againDone })
+	defer stopAgain() //nolint:errcheck // checked below, on the path that gets there
+	entryOf := func(name string) (lease bool, live bool, why string) {
+		reg.mu.Lock()
+		defer reg.mu.Unlock()
+		e := reg.nodes[name]
+		if e == nil {
+			return false, false, ""
+		}
+		live, why = e.live(time.Now())
+		return e.lease, live, why
+	}
+	if !testutil.WaitFor(t, 30*time.Second, func() bool { l, _, _ := entryOf("n1"); return l && gated.Load() }) {
+		t.Fatal("the registry never saw n1's new Lease")
+	}
+	if _, live, why := entryOf("n1"); live || !strings.Contains(why, "earlier run") {
+		t.Fatalf("n1 holds a new Lease under its old status: live %v (%s)", live, why)
+	}
+	close(gate)
+	if !testutil.WaitFor(t, 30*time.Second, func() bool { return livesOf("n1") == 2 }) {
+		t.Fatalf("n1 published its new status and is not live: %+v", reg.Nodes())
+	}
+	mu.Lock()
+	addr := liveAt["n1"]
+	mu.Unlock()
+	if addr != restarted.Address {
+		t.Fatalf("n1, started again, was live at %q, want %q", addr, restarted.Address)
+	}
+	t.Logf("n1 started again at a new address: live only once it published it (%s)", addr)
+	if err := stopAgain(); err != nil {
+		t.Fatalf("n1, started again: %v", err)
 	}
 
 	// An operator drains n2 and n3 (kubectl patch): no more placements,

@@ -86,7 +86,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 		if reflect.DeepEqual(statusOf(n), published) && time.Since(publishedAt) < statusEvery {
 			return
 		}
-		if err := r.publish(ctx, n); err != nil {
+		if err := r.publish(ctx, n, identity); err != nil {
 			if ctx.Err() == nil {
 				r.Log.Warn("node: publishing its AirlockNode", "err", err)
 			}
@@ -196,10 +196,10 @@ func leaseFresh(l *coordinationv1.Lease, now time.Time) (bool, time.Duration) {
 	return age < d, age
 }
 
-// publish writes n as the node's AirlockNode: created, or its spec and
-// status updated.
-func (r *Registrar) publish(ctx context.Context, n Node) error {
-	obj, err := nodeObject(r.Namespace, n)
+// publish writes n as the node's AirlockNode, as Lease holder holder:
+// created, or its spec and status updated.
+func (r *Registrar) publish(ctx context.Context, n Node, holder string) error {
+	obj, err := nodeObject(r.Namespace, n, holder)
 	if err != nil {
 		return err
 	}

@@ -47,12 +47,15 @@ type Registry struct {
 type entry struct {
 	node      Node // from the AirlockNode (zero Name: none seen yet)
 	published bool // the AirlockNode has a status
-	lease     bool // the Lease exists
-	holder    string
-	renew     time.Time // the Lease's renewTime, as written
-	observed  time.Time // when the Registry saw renew change
-	duration  time.Duration
-	wasLive   bool
+	// writer is the Lease holder that wrote the status: the node is live
+	// only when it is the Lease's holder now.
+	writer   string
+	lease    bool // the Lease exists
+	holder   string
+	renew    time.Time // the Lease's renewTime, as written
+	observed time.Time // when the Registry saw renew change
+	duration time.Duration
+	wasLive  bool
 }
 
 // checkEvery is how often the Registry looks for nodes that went silent.
@@ -249,7 +252,7 @@ func (r *Registry) nodeSeen(o any) {
 	if !ok {
 		return
 	}
-	n, published, err := nodeFromObject(u)
+	n, published, writer, err := nodeFromObject(u)
 	if err != nil {
 		r.Log.Warn("cluster registry: an AirlockNode does not parse", "err", err)
 		return
@@ -257,7 +260,7 @@ func (r *Registry) nodeSeen(o any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e := r.entryLocked(n.Name)
-	e.node, e.published = n, published
+	e.node, e.published, e.writer = n, published, writer
 }
 
 func (r *Registry) nodeGone(o any) {
@@ -271,7 +274,7 @@ func (r *Registry) nodeGone(o any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e := r.nodes[u.GetName()]; e != nil {
-		e.node, e.published = Node{}, false
+		e.node, e.published, e.writer = Node{}, false, ""
 	}
 }
 
@@ -284,6 +287,10 @@ func (e *entry) live(now time.Time) (bool, string) {
 		return false, "its AirlockNode has no status yet"
 	case !e.lease:
 		return false, "its Lease was deleted (the node stopped)"
+	case e.writer != e.holder:
+		// Restarted: its address may have changed, and calls to the old
+		// one would fail (a reconcile of a node back from a restart did).
+		return false, "its AirlockNode's status is from an earlier run of the node (Lease holder " + e.holder + ", status written by " + cmp.Or(e.writer, "(none)") + ")"
 	case now.Sub(e.observed) >= e.duration:
 		return false, fmt.Sprintf("its Lease was not renewed for %s (lease duration %s)", now.Sub(e.observed).Round(100*time.Millisecond), e.duration)
 	}
