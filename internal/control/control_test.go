@@ -465,7 +465,7 @@ func TestControlTierMovesAPausedSandboxOffALostNode(t *testing.T) {
 }
 
 // TestControlTierReconcilesANodeThatComesBack: when a lost node is live
-// again, its copy of a sandbox that moved is forgotten (its bundle
+// again (and first tried at an address it left), its copy of a sandbox that moved is forgotten (its bundle
 // stays), its sandboxes that were marked lost are placed again and
 // answer, an old sandbox with no placement is removed, and a new one (a
 // create in flight) is left alone.
@@ -492,10 +492,18 @@ func TestControlTierReconcilesANodeThatComesBack(t *testing.T) {
 	if code, body := call("POST", "/v1/sandboxes/"+moved+"/exec", `{}`); code != http.StatusOK || !strings.HasSuffix(body, "on n2") {
 		t.Fatalf("exec after the move: %d %s", code, body)
 	}
+	// OnLive is given an address n1 no longer answers at (it came back
+	// at another): the reconcile tries again with the Registry's view.
 	nodes.mu.Lock()
 	nodes.nodes[0].Live = true
 	nodes.mu.Unlock()
-	s.OnNodeLive(nodes.Nodes()[0])
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	stale := nodes.Nodes()[0]
+	stale.Address = gone.URL
+	reconcileBackoff = 10 * time.Millisecond
+	t.Cleanup(func() { reconcileBackoff = time.Second })
+	s.OnNodeLive(stale)
 	s.WaitReconciled()
 
 	n1.mu.Lock()

@@ -40,18 +40,56 @@ var controlCaller = store.APIKey{ID: "airlock-control", Tenant: "airlock-control
 // removed: past store's pending reservations' lifetime.
 const orphanAge = 31 * time.Minute
 
+// reconcileTries is how many times OnNodeLive tries a node (a node just
+// back may not answer at once), waiting reconcileBackoff, then twice that,
+// and so on, between tries.
+const reconcileTries = 5
+
+var reconcileBackoff = time.Second
+
 // OnNodeLive reconciles node n with the catalog (the Registry's OnLive),
-// in the background: the Registry's own loop must not wait on a node.
+// in the background: the Registry's own loop must not wait on a node. A
+// try that fails is made again with the node as the Registry sees it
+// then, while it stays live.
 func (s *Server) OnNodeLive(n cluster.Node) {
 	s.reconciling.Add(1)
 	go func() {
 		defer s.reconciling.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if err := s.reconcile(ctx, n); err != nil {
-			s.cfg.Log.Warn("control: reconcile a node", "node", n.Name, "err", err)
+		wait := reconcileBackoff
+		for try := 1; ; try++ {
+			err := s.reconcile(ctx, n)
+			if err == nil {
+				return
+			}
+			s.cfg.Log.Warn("control: reconcile a node", "node", n.Name, "try", try, "of", reconcileTries, "err", err)
+			if try == reconcileTries {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait *= 2
+			now, ok := s.liveNode(n.Name)
+			if !ok {
+				return // lost again: its next OnNodeLive reconciles it
+			}
+			n = now
 		}
 	}()
+}
+
+// liveNode is node name as the Registry sees it now, if it is live.
+func (s *Server) liveNode(name string) (cluster.Node, bool) {
+	for _, n := range s.cfg.Nodes.Nodes() {
+		if n.Name == name {
+			return n, n.Live
+		}
+	}
+	return cluster.Node{}, false
 }
 
 // WaitReconciled waits for the reconciliations OnNodeLive started.
