@@ -55,7 +55,7 @@ func gvisorUsable(ctx context.Context, g *globals) error {
 	if err != nil {
 		return err
 	}
-	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, Logger: g.log})
+	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, VersionCache: statedir.Layout{Root: g.stateDir}.RunscVersion(), Logger: g.log})
 	if err != nil {
 		return err
 	}

@@ -89,7 +89,8 @@ func sandboxRuntime(g *globals, bc statedir.BootConfig) (runtime.Runtime, func(c
 	// run/runsc-logs/ (large: for diagnosing gVisor itself).
 	// Sandboxes bind a copy of the agent kept by its digest, so one saved
 	// now restores with the same binary after airlock changes.
-	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, AgentDir: statedir.Layout{Root: g.stateDir}.Agents(), Logger: g.log, Debug: os.Getenv("AIRLOCK_RUNSC_DEBUG") == "1"})
+	l := statedir.Layout{Root: g.stateDir}
+	rt, err := gvisor.New(gvisor.Config{AgentPath: agent, AgentDir: l.Agents(), VersionCache: l.RunscVersion(), Logger: g.log, Debug: os.Getenv("AIRLOCK_RUNSC_DEBUG") == "1"})
 	if err != nil {
 		return nil, nil, err
 	}

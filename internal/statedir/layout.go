@@ -30,6 +30,7 @@ func (l Layout) Console(id string) string   { return filepath.Join(l.RunDir(id),
 func (l Layout) Templates() string          { return filepath.Join(l.Root, "templates") }
 func (l Layout) BootConfig() string         { return filepath.Join(l.Root, "boot.json") }
 func (l Layout) Agents() string             { return filepath.Join(l.Root, "agents") }
+func (l Layout) RunscVersion() string       { return filepath.Join(l.Root, "runsc-version") }
 func (l Layout) SnapshotsDir() string       { return filepath.Join(l.Root, "snapshots") }
 
 // SnapshotDir is snapshot id's directory: its state, disk and manifest.

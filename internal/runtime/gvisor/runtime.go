@@ -59,6 +59,10 @@ type Config struct {
 	CgroupParent string
 	// Debug keeps runsc's debug logs in Spec.RunDir/runsc-logs/.
 	Debug bool
+	// VersionCache, if set, is a file in which Probe keeps what it learnt
+	// of runsc (its version; that it is static), for the same binary:
+	// every shim probes, and `runsc --version` is a process start.
+	VersionCache string
 	// Logger receives the runtime's logs (nil: discard).
 	Logger *slog.Logger
 }
@@ -158,26 +162,21 @@ func (r *Runtime) ownAgent() (path, sum string, err error) {
 func (r *Runtime) Name() string { return "gvisor" }
 
 // Probe runs `runsc --version` and checks that runsc is static and that the
-// agent binary exists. The answer is cached once it succeeds.
+// agent binary exists. The answer is cached once it succeeds, in the
+// Runtime and in Config.VersionCache for the same runsc binary.
 func (r *Runtime) Probe(ctx context.Context) (runtime.Capabilities, error) {
 	r.probeMu.Lock()
 	defer r.probeMu.Unlock()
 	if r.probed != nil {
 		return *r.probed, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, r.cfg.RunscPath, "--version").CombinedOutput()
+	version, err := runtime.CachedVersion(ctx, r.cfg.VersionCache, r.cfg.RunscPath, r.runscVersion)
 	if err != nil {
-		return runtime.Capabilities{}, fmt.Errorf("probe runsc: %w: %s", err, bytes.TrimSpace(out))
-	}
-	if err := checkStatic(r.cfg.RunscPath); err != nil {
 		return runtime.Capabilities{}, err
 	}
 	if _, err := os.Stat(r.cfg.AgentPath); err != nil {
 		return runtime.Capabilities{}, fmt.Errorf("probe agent: %w", err)
 	}
-	version, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 	// A `go install` build says VERSION_MISSING; scripts/deps.sh records
 	// the pinned version next to the binary.
 	if b, err := os.ReadFile(r.cfg.RunscPath + ".version"); err == nil {
@@ -229,6 +228,22 @@ func sanitizeID(id string) string {
 		b = b[:40]
 	}
 	return string(b)
+}
+
+// runscVersion runs `runsc --version` and checks that runsc is static; it
+// returns the first line of the answer.
+func (r *Runtime) runscVersion(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, r.cfg.RunscPath, "--version").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("probe runsc: %w: %s", err, bytes.TrimSpace(out))
+	}
+	if err := checkStatic(r.cfg.RunscPath); err != nil {
+		return "", err
+	}
+	version, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return version, nil
 }
 
 // checkStatic fails if the ELF file at path has a program interpreter: a

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -124,28 +123,11 @@ func (r *Runtime) Probe(ctx context.Context) (runtime.Capabilities, error) {
 // from a cache in StateDir keyed by the binary's identity (every shim calls
 // this, and running the binary costs ~10 ms), else by running it.
 func (r *Runtime) version(ctx context.Context) (string, error) {
-	key := ""
-	if p, err := exec.LookPath(r.qemu); err == nil {
-		if fi, err := os.Stat(p); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				key = fmt.Sprintf("%s %d %d %d", p, fi.Size(), fi.ModTime().UnixNano(), st.Ino)
-			}
-		}
+	cache := ""
+	if r.cfg.StateDir != "" {
+		cache = filepath.Join(r.cfg.StateDir, "qemu-version")
 	}
-	cache := filepath.Join(r.cfg.StateDir, "qemu-version")
-	if b, err := os.ReadFile(cache); err == nil && key != "" {
-		if k, v, ok := strings.Cut(string(b), "\n"); ok && k == key && v != "" {
-			return v, nil
-		}
-	}
-	v, err := r.runVersion(ctx)
-	if err == nil && key != "" {
-		tmp := cache + ".tmp"
-		if os.WriteFile(tmp, []byte(key+"\n"+v), 0o600) == nil {
-			_ = os.Rename(tmp, cache)
-		}
-	}
-	return v, err
+	return runtime.CachedVersion(ctx, cache, r.qemu, r.runVersion)
 }
 
 func (r *Runtime) runVersion(ctx context.Context) (string, error) {
