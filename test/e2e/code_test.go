@@ -65,7 +65,12 @@ func TestCodeContexts(t *testing.T) {
 		t.Fatalf("bash state = %q, want \"7 /tmp\"", out)
 	}
 
+	// A new kernel starts without debugpy (kept out of its start), and
+	// code may still import it.
 	cid := strings.TrimSpace(e.must(t, "contexts", "create", "--lang", "python", id))
+	if out := strings.TrimSpace(e.must(t, "code", "--context", cid, id, "import sys\nprint('debugpy' in sys.modules)\nimport debugpy\nprint(debugpy.__name__)")); out != "False\ndebugpy" {
+		t.Fatalf("debugpy in a new kernel: %q, want False then debugpy", out)
+	}
 	e.must(t, "code", "--context", cid, id, "x = 1")
 	if out := strings.TrimSpace(e.must(t, "code", id, "x")); out != "21" {
 		t.Fatalf("default context changed by another context: %q", out)

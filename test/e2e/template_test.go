@@ -155,7 +155,7 @@ func TestTemplateBuildFromDockerfile(t *testing.T) {
 		"ls app/secret.txt secret.txt 2>&1 | grep -c 'No such'": "2",
 		// The START command runs once (the base image's template also
 		// carries a warm Python kernel, which the build inherited).
-		"ps -o args= -C python3 | grep -v ipykernel_launcher": "python3 -m http.server 8000",
+		"ps -o args= -C python3 | grep -v ipykernel": "python3 -m http.server 8000",
 	}
 	for cmd, want := range checks {
 		if got := strings.TrimSpace(remoteMust(t, e, s, alice, "exec", id, "--", "sh", "-c", cmd)); got != want {
