@@ -31,20 +31,20 @@ func median(ds []time.Duration) time.Duration {
 
 // benchOptions are the command's flags.
 type benchOptions struct {
-	runs, execs, apiConcurrent, netMiB, neighbourExecs int
-	procExecs                                          int // the process audit rows' loop
-	procRuntimes                                       []string
-	secretsReqs                                        int // the secret interceptor rows' requests
-	simSandboxes                                       int // the cluster simulation's sandboxes
-	volMiB, volFiles                                   int // the volume rows' workload
-	transferMiB                                        int64
-	only                                               []string // row groups to measure; none for all
-	e2bRuns                                            int
-	json                                               bool   // print JSON instead of the table
-	codeRuns                                           int    // fresh sandboxes per language in the first code run rows
-	density                                            int    // most idle sandboxes per runtime in the density rows
-	densityReserveMiB                                  int64  // MemAvailable the density rows keep
-	e2bDir                                             string // test/e2b: bench.mjs and the pinned SDK
+	runs, execs, apiConcurrent, warmConcurrent, netMiB, neighbourExecs int
+	procExecs                                                          int // the process audit rows' loop
+	procRuntimes                                                       []string
+	secretsReqs                                                        int // the secret interceptor rows' requests
+	simSandboxes                                                       int // the cluster simulation's sandboxes
+	volMiB, volFiles                                                   int // the volume rows' workload
+	transferMiB                                                        int64
+	only                                                               []string // row groups to measure; none for all
+	e2bRuns                                                            int
+	json                                                               bool   // print JSON instead of the table
+	codeRuns                                                           int    // fresh sandboxes per language in the first code run rows
+	density                                                            int    // most idle sandboxes per runtime in the density rows
+	densityReserveMiB                                                  int64  // MemAvailable the density rows keep
+	e2bDir                                                             string // test/e2b: bench.mjs and the pinned SDK
 }
 
 // benchGroups are the row groups --only selects from.
@@ -154,19 +154,12 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 		rows = append(rows, row{"`airlock run --runtime gvisor -- python3 -c 'print(6*7)'`", ms(median(gvD)), fmt.Sprintf("median of %d; gVisor systrap", runs)})
 	}
 
-	var bare []time.Duration
-	for range runs {
-		if !o.want("bare") {
-			break
+	if o.want("bare") {
+		if err := perRuntime("bare baselines", "bare bench", func(rtName string) ([][3]string, error) {
+			return bareBench(ctx, m, cli, bc, cfg.stateDir, rtName, runs)
+		}); err != nil {
+			return err
 		}
-		d, err := bareBoot(ctx, bc, cfg.stateDir)
-		if err != nil {
-			return fmt.Errorf("bare qemu boot: %w", err)
-		}
-		bare = append(bare, d)
-	}
-	if len(bare) > 0 {
-		rows = append(rows, row{"bare `qemu-system-x86_64` cold boot of the same kernel to agent banner", ms(median(bare)), fmt.Sprintf("median of %d, no disk, no airlock", runs)})
 	}
 
 	if o.want("pause") {
@@ -199,7 +192,7 @@ func bench(ctx context.Context, cfg config, o benchOptions) (err error) {
 
 	if o.want("warm") {
 		if err := perRuntime("warm pool", "warm bench", func(rtName string) ([][3]string, error) {
-			return warmBench(ctx, m, rtName, runs)
+			return warmBench(ctx, m, rtName, runs, o.warmConcurrent)
 		}); err != nil {
 			return err
 		}
@@ -366,6 +359,15 @@ func startBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 		execD = append(execD, time.Since(t))
 	}
 	rows = append(rows, [3]string{"exec round trip (`true`, via shim socket), " + rtName, ms(median(execD)), fmt.Sprintf("median of %d", execs)})
+	// The floor under it: what the guest itself takes to fork and exec
+	// `true` and wait for it (a shell loop, timed inside the guest).
+	spawn, err := guestSpawn(cli, ids[0])
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows, [3]string{"exec round trip, vs the guest's own fork, exec and wait of `true`, " + rtName,
+		fmt.Sprintf("%s (%.1fx)", ms(median(execD)), float64(median(execD))/float64(spawn)),
+		fmt.Sprintf("in the guest: %.1f ms per `true` (a shell loop of %d, timed in the guest); the rest is airlock's path and the guest's exec envelope", float64(spawn)/float64(time.Millisecond), guestSpawnLoop)})
 
 	time.Sleep(2 * time.Second) // let the idle guest settle
 	rss, pss := sandboxMemory(m.L.ShimLock(ids[0]))
@@ -379,6 +381,24 @@ func startBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (st
 		return nil, err
 	}
 	return append(rows, idle), nil
+}
+
+// guestSpawnLoop is how many `true`s guestSpawn times.
+const guestSpawnLoop = 100
+
+// guestSpawn is how long sandbox id's guest takes to fork, exec and wait
+// for `/bin/true`, timed inside the guest over a shell loop.
+func guestSpawn(cli func(...string) (string, error), id string) (time.Duration, error) {
+	loop := fmt.Sprintf(`s=$(date +%%s%%N); i=0; while [ $i -lt %d ]; do /bin/true; i=$((i+1)); done; e=$(date +%%s%%N); echo $(( (e-s) / %d ))`, guestSpawnLoop, guestSpawnLoop)
+	out, err := cli("exec", id, "--", "sh", "-c", loop)
+	if err != nil {
+		return 0, fmt.Errorf("the guest's spawn loop: %w", err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil || ns <= 0 {
+		return 0, fmt.Errorf("the guest's spawn loop printed %q", out)
+	}
+	return time.Duration(ns), nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }

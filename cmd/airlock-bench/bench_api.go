@@ -138,17 +138,26 @@ func apiBench(ctx context.Context, cfg config, m *sandbox.Manager, runs, concurr
 		fmt.Sprintf("%s (%.2fx)", ms(p99), float64(p99)/float64(median(single))),
 		fmt.Sprintf("all %d succeeded; p50 %s, p95 %s; %s wall for all; one at a time %s", len(ds), ms(ds[len(ds)/2]), ms(ds[len(ds)*95/100]), ms(wall), ms(median(single)))})
 
-	// Exec round trip through the API: start, stream and exit of `true`.
+	// Exec round trip through the API (start, stream and exit of `true`),
+	// alternating with the same exec through the manager and the shim
+	// socket (the start rows' exec round trip), on one sandbox.
 	id := ids[0]
-	var execD []time.Duration
+	var execD, shimD []time.Duration
 	for range max(runs, 20) {
 		t := time.Now()
 		if err := call("POST", "/v1/sandboxes/"+id+"/exec", strings.NewReader(`{"cmd":["true"]}`), nil); err != nil {
 			return nil, err
 		}
 		execD = append(execD, time.Since(t))
+		t = time.Now()
+		if err := benchTrue(ctx, m, id); err != nil {
+			return nil, err
+		}
+		shimD = append(shimD, time.Since(t))
 	}
-	rows = append(rows, row{"API exec round trip (`POST .../exec` of `true`, NDJSON to the exit)", ms(median(execD)), fmt.Sprintf("median of %d, one sandbox", len(execD))})
+	rows = append(rows, row{"API exec round trip (`POST .../exec` of `true`, NDJSON to the exit), vs via the shim socket",
+		fmt.Sprintf("%s (%.2fx)", ms(median(execD)), float64(median(execD))/float64(median(shimD))),
+		fmt.Sprintf("median of %d each, alternating, one sandbox; via the shim socket %s; target at most 1.5x", len(execD), ms(median(shimD)))})
 
 	// 200 MB up and down through the API, server memory watched.
 	src := make([]byte, 1<<20)

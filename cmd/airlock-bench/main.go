@@ -155,6 +155,7 @@ func rootCmd() *cobra.Command {
 	f.Int64Var(&o.densityReserveMiB, "density-reserve-mib", 2048, "host memory (MemAvailable, MiB) the density rows stop at")
 	f.IntVar(&o.neighbourExecs, "neighbour-execs", 30, "samples for the exec round trip beside a CPU-burning neighbour (0 skips those rows)")
 	f.IntVar(&o.apiConcurrent, "api-concurrent", 50, "concurrent creates through the HTTP API (0 skips the API rows)")
+	f.IntVar(&o.warmConcurrent, "warm-concurrent", 50, "concurrent creates from a warm pool of that size, in the warm rows (0 skips that row; at most 64)")
 	f.IntVar(&o.netMiB, "net-mib", 64, "size of each network throughput transfer (0 skips the network rows)")
 	f.IntVar(&o.procExecs, "proc-execs", 2000, "/bin/true runs of the process audit rows' exec loop (0 skips those rows)")
 	f.StringSliceVar(&o.procRuntimes, "proc-runtimes", nil, "runtimes of the process audit rows (default: qemu, and gvisor where runsc is installed)")
