@@ -39,7 +39,7 @@ const (
 	maxCode = 4 << 20
 )
 
-var contextIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var contextIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`) })
 
 // interpreters says which programs run contexts. Empty fields are looked up
 // in the context's PATH.
@@ -204,7 +204,7 @@ func (s *contextService) Create(_ context.Context, req *connect.Request[agentv1.
 		var b [12]byte // 96 bits
 		_, _ = rand.Read(b[:])
 		id = "ctx-" + hex.EncodeToString(b[:])
-	} else if !contextIDRe.MatchString(id) {
+	} else if !contextIDRe().MatchString(id) {
 		return nil, invalidf("context id must match [a-z0-9][a-z0-9-]{0,62}")
 	}
 	// The host creates a language's default context ahead of a run, to

@@ -164,7 +164,7 @@ func TestContextInterruptRestartDelete(t *testing.T) {
 	t.Parallel()
 	env := newContextEnv(t)
 	id := env.create(t, "python", "")
-	if !contextIDRe.MatchString(id) {
+	if !contextIDRe().MatchString(id) {
 		t.Fatalf("generated id %q", id)
 	}
 	env.run(t, &agentv1.RunCodeRequest{ContextId: id, Code: "y = 5"})

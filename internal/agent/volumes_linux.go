@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -18,9 +19,9 @@ import (
 const maxVolumes = 8
 
 var (
-	volumeSerial = regexp.MustCompile(`^airlock-vol[0-9]$`)
-	volumeStaged = regexp.MustCompile(`^/\.airlock-mounts/[0-9]$`)
-	volumeTag    = regexp.MustCompile(`^airlock-fs[0-9]$`)
+	volumeSerial = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^airlock-vol[0-9]$`) })
+	volumeStaged = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^/\.airlock-mounts/[0-9]$`) })
+	volumeTag    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^airlock-fs[0-9]$`) })
 )
 
 // volumeMount is a checked agentv1.VolumeMount: serial or staged is set.
@@ -50,11 +51,11 @@ func parseVolumes(in []*agentv1.VolumeMount) ([]volumeMount, error) {
 		switch {
 		case set != 1:
 			return nil, invalidf("a volume has exactly one of a serial, a staging path and a tag")
-		case v.GetStaged() != "" && !volumeStaged.MatchString(v.GetStaged()):
+		case v.GetStaged() != "" && !volumeStaged().MatchString(v.GetStaged()):
 			return nil, invalidf("volume staging path %q is not /.airlock-mounts/ and a digit", v.GetStaged())
-		case v.GetTag() != "" && !volumeTag.MatchString(v.GetTag()):
+		case v.GetTag() != "" && !volumeTag().MatchString(v.GetTag()):
 			return nil, invalidf("volume tag %q is not airlock-fs and a digit", v.GetTag())
-		case v.GetSerial() != "" && !volumeSerial.MatchString(v.GetSerial()):
+		case v.GetSerial() != "" && !volumeSerial().MatchString(v.GetSerial()):
 			return nil, invalidf("volume serial %q is not airlock-vol and a digit", v.GetSerial())
 		}
 		p := v.GetPath()

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
@@ -35,7 +36,7 @@ import (
 // PreviewTokenParam is the query parameter and cookie of a preview token.
 const PreviewTokenParam = "airlock_preview_token"
 
-var previewLabelRe = regexp.MustCompile(`^([0-9]{1,5})-([a-z2-7]{12,20})$`)
+var previewLabelRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^([0-9]{1,5})-([a-z2-7]{12,20})$`) })
 
 // validPreviewDomain checks a preview domain: a DNS name, with a port.
 func validPreviewDomain(d string) error {
@@ -66,7 +67,7 @@ func (s *Server) previewHost(h string) (previewTarget, bool) {
 	if !ok {
 		return previewTarget{}, false
 	}
-	m := previewLabelRe.FindStringSubmatch(label)
+	m := previewLabelRe().FindStringSubmatch(label)
 	if m == nil {
 		return previewTarget{}, false
 	}

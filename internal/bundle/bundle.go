@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 	"github.com/airlock-sandbox/airlock/internal/statedir"
@@ -43,14 +44,14 @@ type Ref struct {
 	Bytes   int64  `json:"bytes"`
 }
 
-var digestRe = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+var digestRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha256:[0-9a-f]{64}$`) })
 
 // Validate checks r's fields before any of them names a file.
 func (r Ref) Validate() error {
 	if err := statedir.ValidateID(r.Sandbox); err != nil {
 		return err
 	}
-	if !digestRe.MatchString(r.Digest) {
+	if !digestRe().MatchString(r.Digest) {
 		return fmt.Errorf("%w: bundle digest %q: want sha256:<64 hex digits>", errdefs.ErrInvalid, r.Digest)
 	}
 	if r.Bytes <= 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -36,11 +37,11 @@ const (
 
 // nodeName is what a node may be called: a DNS label (it names Kubernetes
 // objects), at most 58 characters so that "node-" + name is one too.
-var nodeName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,56}[a-z0-9])?$`)
+var nodeName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,56}[a-z0-9])?$`) })
 
 // ValidNodeName reports why name cannot name a node, or nil.
 func ValidNodeName(name string) error {
-	if !nodeName.MatchString(name) {
+	if !nodeName().MatchString(name) {
 		return fmt.Errorf("node name %q: lower-case letters, digits and '-', starting and ending with a letter or digit, at most 58 characters", name)
 	}
 	return nil

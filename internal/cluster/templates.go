@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"regexp"
 	"slices"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -111,8 +112,8 @@ func (t *Templates) Run(ctx context.Context) error {
 }
 
 var (
-	templateName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
-	tenantName   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	templateName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`) })
+	tenantName   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`) })
 )
 
 // templateSpecFrom decodes and checks SandboxTemplate name's spec (the
@@ -126,9 +127,9 @@ func templateSpecFrom(name string, obj map[string]any) (TemplateSpec, error) {
 		return s, fmt.Errorf("spec: %w", err)
 	}
 	switch {
-	case !templateName.MatchString(name):
+	case !templateName().MatchString(name):
 		return s, fmt.Errorf("name %q: a template's name is 1-64 characters a-z 0-9 . _ - starting with a letter or digit", name)
-	case !tenantName.MatchString(s.Tenant):
+	case !tenantName().MatchString(s.Tenant):
 		return s, fmt.Errorf("spec.tenant %q: lower-case letters, digits, '_' and '-', at most 63", s.Tenant)
 	case s.Dockerfile == "" || len(s.Dockerfile) > maxDockerfile:
 		return s, fmt.Errorf("spec.dockerfile: between 1 byte and %d KiB", maxDockerfile>>10)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"regexp"
 	"slices"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -134,7 +135,7 @@ func warmStatusStale(u *unstructured.Unstructured, node string, st WarmPoolState
 }
 
 // warmImage is what an image name may be.
-var warmImage = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var warmImage = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`) })
 
 // warmPoolSpecFrom decodes a SandboxWarmPool's spec, fills its defaults
 // and checks it (the CRD's schema checks the same; this is for an object
@@ -161,7 +162,7 @@ func warmPoolSpecFrom(obj map[string]any) (WarmPoolSpec, error) {
 		return s, fmt.Errorf("spec.perNode %d: want 0 to %d", s.PerNode, MaxWarmPerNode)
 	case s.Runtime != "" && s.Runtime != "qemu" && s.Runtime != "gvisor":
 		return s, fmt.Errorf("spec.runtime %q: want qemu, gvisor or none", s.Runtime)
-	case !warmImage.MatchString(s.Image):
+	case !warmImage().MatchString(s.Image):
 		return s, fmt.Errorf("spec.image %q: lower-case letters, digits, '.', '_' and '-', at most 63", s.Image)
 	case s.CPUs < 1 || s.CPUs > 64:
 		return s, fmt.Errorf("spec.cpus %d: want 1 to 64", s.CPUs)

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -203,7 +204,7 @@ func (c tokenCheck) WrapStreamingHandler(next connect.StreamingHandlerFunc) conn
 	}
 }
 
-var userRe = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+var userRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`) })
 
 // userOf is the guest user a request acts as: E2B's SDKs send it as
 // "Authorization: Basic base64(<user>:)" on RPCs and as the username query
@@ -213,7 +214,7 @@ func userOf(name string) (string, error) {
 	switch {
 	case name == "" || name == "root":
 		return "", nil
-	case !userRe.MatchString(name):
+	case !userRe().MatchString(name):
 		return "", fmt.Errorf("%w: user %q is not a user name", errdefs.ErrInvalid, name)
 	}
 	return name, nil

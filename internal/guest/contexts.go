@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -170,11 +171,11 @@ const (
 	LangBash       = "bash"
 )
 
-var contextIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var contextIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`) })
 
 // ValidateContextID checks a code-context id ([a-z0-9][a-z0-9-]{0,62}).
 func ValidateContextID(id string) error {
-	if !contextIDRe.MatchString(id) {
+	if !contextIDRe().MatchString(id) {
 		return fmt.Errorf("%w: context id must match [a-z0-9][a-z0-9-]{0,62}", errdefs.ErrInvalid)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -182,10 +183,10 @@ type ExecStream interface {
 	Close()
 }
 
-var execIDRe = regexp.MustCompile(`^[a-z2-7]{16}(?:[a-z2-7]{4})?$`) // 16: ids of shims started before ids grew
+var execIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z2-7]{16}(?:[a-z2-7]{4})?$`) }) // 16: ids of shims started before ids grew
 
 // ValidExecID reports whether id has the form of an exec id.
-func ValidExecID(id string) bool { return execIDRe.MatchString(id) }
+func ValidExecID(id string) bool { return execIDRe().MatchString(id) }
 
 // NewExecID returns a fresh random exec id (20 characters [a-z2-7], 100
 // bits). The shim mints them.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -67,13 +68,13 @@ type Index interface {
 	DeleteImage(ctx context.Context, name string) error
 }
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`) })
 
 // ValidName returns nil if name can name an image: 1 to 64 characters from
 // [a-z0-9._-], starting with a letter or digit. Otherwise the error wraps
 // ErrInvalid.
 func ValidName(name string) error {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return fmt.Errorf("image name %q: %w: use 1-64 characters a-z 0-9 . _ - starting with a letter or digit", name, ErrInvalid)
 	}
 	return nil
@@ -123,7 +124,7 @@ func sanitizeName(s string) string {
 	return out
 }
 
-var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+var digestRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha256:[0-9a-f]{64}$`) })
 
 // validDigest reports whether d is "sha256:" and 64 lower-case hex digits.
-func validDigest(d string) bool { return digestRE.MatchString(d) }
+func validDigest(d string) bool { return digestRE().MatchString(d) }

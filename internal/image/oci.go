@@ -634,7 +634,7 @@ func detectArchive(p string) (string, error) {
 	return "", fmt.Errorf("%w: neither a docker-save archive (manifest.json) nor an OCI layout (oci-layout, index.json)", ErrInvalid)
 }
 
-var layoutBlobRE = regexp.MustCompile(`^blobs/(sha256|sha384|sha512)/[0-9a-f]{64,128}$`)
+var layoutBlobRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^blobs/(sha256|sha384|sha512)/[0-9a-f]{64,128}$`) })
 
 // extractLayoutTar unpacks the OCI layout in the tarball at p into dir. Only
 // oci-layout, index.json and blobs/<alg>/<hex> regular files are taken;
@@ -666,7 +666,7 @@ func extractLayoutTar(ctx context.Context, p, dir string, lim Limits) error {
 			return fmt.Errorf("%w: more than %d entries", ErrLimit, lim.MaxEntries)
 		}
 		n := strings.TrimPrefix(hdr.Name, "./")
-		if hdr.Typeflag != tar.TypeReg || !(n == "oci-layout" || n == "index.json" || layoutBlobRE.MatchString(n)) {
+		if hdr.Typeflag != tar.TypeReg || !(n == "oci-layout" || n == "index.json" || layoutBlobRE().MatchString(n)) {
 			continue
 		}
 		if total += hdr.Size; hdr.Size < 0 || total > lim.MaxBytes {

@@ -32,11 +32,11 @@ var ErrHasMounts = fmt.Errorf("%w: snapshots and forks of sandboxes with volumes
 // MaxForks bounds one Fork call.
 const MaxForks = 16
 
-var snapshotName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+var snapshotName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`) })
 
 // ValidateSnapshotName checks a user-given snapshot name.
 func ValidateSnapshotName(name string) error {
-	if !snapshotName.MatchString(name) {
+	if !snapshotName().MatchString(name) {
 		return fmt.Errorf("%w: snapshot name %q: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", errdefs.ErrInvalid, name)
 	}
 	return nil

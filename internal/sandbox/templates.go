@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/archive"
@@ -108,12 +109,12 @@ type BuildEvent struct {
 	ElapsedMS int64  `json:"elapsed_ms,omitempty"`
 }
 
-var templateNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+var templateNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`) })
 
 // ValidTemplateName refuses a name that could not name an image: 1-64
 // characters a-z 0-9 . _ -, starting with a letter or digit.
 func ValidTemplateName(name string) error {
-	if !templateNameRE.MatchString(name) {
+	if !templateNameRE().MatchString(name) {
 		return fmt.Errorf("%w: template name %q: use 1-64 characters a-z 0-9 . _ - starting with a letter or digit", errdefs.ErrInvalid, name)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -42,11 +43,11 @@ const (
 	MaxMounts = runtime.MaxMounts
 )
 
-var volumeName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var volumeName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`) })
 
 // ValidateVolumeName checks a user-given volume name.
 func ValidateVolumeName(name string) error {
-	if !volumeName.MatchString(name) {
+	if !volumeName().MatchString(name) {
 		return fmt.Errorf("%w: volume name %q: 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit", errdefs.ErrInvalid, name)
 	}
 	return nil

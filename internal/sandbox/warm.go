@@ -51,7 +51,7 @@ const warmOrphanGrace = time.Minute
 // often RunWarm looks at the pools without being asked.
 const warmRetry = 10 * time.Second
 
-var warmPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+var warmPoolName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`) })
 
 // WarmPool is what a pool keeps ready: Size started sandboxes of Image
 // with CPUs and MemoryMiB (zero: the defaults of a create).
@@ -104,7 +104,7 @@ func (w *warmPools) poke() {
 // SetWarmPool creates or changes pool name. Its sandboxes of an older
 // spec are replaced; a size of 0 keeps none.
 func (m *Manager) SetWarmPool(name string, p WarmPool) error {
-	if !warmPoolName.MatchString(name) {
+	if !warmPoolName().MatchString(name) {
 		return fmt.Errorf("%w: warm pool name %q: lower-case letters, digits and '-', at most 63", errdefs.ErrInvalid, name)
 	}
 	if p.Size < 0 || p.Size > MaxWarmPool {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
 )
@@ -48,7 +49,7 @@ const ShimLockFD = 5
 
 // idRe matches sandbox IDs: 20 lowercase base32 characters (100 random
 // bits), or 12 for sandboxes made before ids grew.
-var idRe = regexp.MustCompile(`^[a-z2-7]{12}(?:[a-z2-7]{8})?$`)
+var idRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z2-7]{12}(?:[a-z2-7]{8})?$`) })
 
 // NewID returns a fresh random sandbox ID: 100 bits, so an id cannot be
 // guessed even where it is the only thing a request names.
@@ -70,7 +71,7 @@ func RandomID(n int) string {
 // ValidateID rejects anything that is not a sandbox ID, so user input never
 // becomes a path component unchecked.
 func ValidateID(id string) error {
-	if !idRe.MatchString(id) {
+	if !idRe().MatchString(id) {
 		return fmt.Errorf("%w: %q is not a sandbox id (20 characters a-z, 2-7; see `airlock ls`)", errdefs.ErrInvalid, id)
 	}
 	return nil
@@ -131,12 +132,12 @@ func (l Layout) VolumeImage(id string) string { return filepath.Join(l.VolumesDi
 // NewVolumeID returns a new volume id ("vol-" and 16 random characters).
 func NewVolumeID() string { return "vol-" + RandomID(16) }
 
-var volumeIDRe = regexp.MustCompile(`^vol-[a-z2-7]{16}$`)
+var volumeIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^vol-[a-z2-7]{16}$`) })
 
 // ValidateVolumeID checks a volume id read back from the catalog before it
 // names a file.
 func ValidateVolumeID(id string) error {
-	if !volumeIDRe.MatchString(id) {
+	if !volumeIDRe().MatchString(id) {
 		return fmt.Errorf("%w: %q is not a volume id", errdefs.ErrInvalid, id)
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/errdefs"
@@ -64,23 +65,23 @@ const maxNetLimit = 1 << 16
 var ErrBadKey = errors.New("invalid API key")
 
 var (
-	tenantRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	tenantRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`) })
 	// Keys made before 2026-11-25: al_<8 base32 id>_<32 base32 secret>.
-	keyIDRE  = regexp.MustCompile(`^[a-z2-7]{8}$`)
-	secretRE = regexp.MustCompile(`^[a-z2-7]{32}$`)
+	keyIDRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z2-7]{8}$`) })
+	secretRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z2-7]{32}$`) })
 	// Keys made since: e2b_<10 hex id><40 hex secret>, the shape the E2B
 	// SDKs up to 2.45 require of a key (/^e2b_[0-9a-f]+$/) before sending it.
-	hexKeyRE = regexp.MustCompile(`^e2b_([0-9a-f]{10})([0-9a-f]{40})$`)
-	hexIDRE  = regexp.MustCompile(`^[0-9a-f]{10}$`)
+	hexKeyRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^e2b_([0-9a-f]{10})([0-9a-f]{40})$`) })
+	hexIDRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{10}$`) })
 )
 
 // ValidKeyID reports whether id has the shape of a key id (either kind).
-func ValidKeyID(id string) bool { return keyIDRE.MatchString(id) || hexIDRE.MatchString(id) }
+func ValidKeyID(id string) bool { return keyIDRE().MatchString(id) || hexIDRE().MatchString(id) }
 
 // ValidateTenant checks a tenant name: 1-63 of [a-z0-9_-], starting with a
 // letter or digit.
 func ValidateTenant(t string) error {
-	if !tenantRE.MatchString(t) {
+	if !tenantRE().MatchString(t) {
 		return fmt.Errorf("%w: tenant must be 1-63 characters of [a-z0-9_-] starting with a letter or digit", errdefs.ErrInvalid)
 	}
 	return nil
@@ -203,13 +204,13 @@ var dummyHash = hashSecret("")
 // secret is compared in constant time.
 func (s *Store) LookupKey(ctx context.Context, key string) (APIKey, error) {
 	var id, secret string
-	if m := hexKeyRE.FindStringSubmatch(key); m != nil {
+	if m := hexKeyRE().FindStringSubmatch(key); m != nil {
 		id, secret = m[1], m[2]
 	} else {
 		rest, ok := strings.CutPrefix(key, "al_")
 		var ok2 bool
 		id, secret, ok2 = strings.Cut(rest, "_")
-		if !ok || !ok2 || !keyIDRE.MatchString(id) || !secretRE.MatchString(secret) {
+		if !ok || !ok2 || !keyIDRE().MatchString(id) || !secretRE().MatchString(secret) {
 			return APIKey{}, ErrBadKey
 		}
 	}

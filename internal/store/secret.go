@@ -6,9 +6,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"sync"
 )
 
-var secretNameRe = regexp.MustCompile(`^secret\.[a-z0-9.-]{1,64}$`)
+var secretNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^secret\.[a-z0-9.-]{1,64}$`) })
 
 // Secret returns the catalog's secret name (32 random bytes, made on first
 // use and kept): a key that every process of this state dir shares, to
@@ -16,7 +17,7 @@ var secretNameRe = regexp.MustCompile(`^secret\.[a-z0-9.-]{1,64}$`)
 // the catalog reads it, as they could read the sandboxes themselves. name
 // is "secret." and a lower-case word.
 func (s *Store) Secret(ctx context.Context, name string) ([]byte, error) {
-	if !secretNameRe.MatchString(name) {
+	if !secretNameRe().MatchString(name) {
 		return nil, fmt.Errorf("secret name %q: want secret.<word>", name)
 	}
 	b := make([]byte, 32)

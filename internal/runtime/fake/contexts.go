@@ -83,7 +83,7 @@ type codeContext struct {
 	exit      *agentv1.ContextExit // how the interpreter died; nil while alive
 }
 
-var fakeIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var fakeIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`) })
 
 func fakeLang(l string) (string, error) {
 	switch l {
@@ -118,7 +118,7 @@ func (cs *codeContexts) createLocked(id, lang, cwd string, isDefault bool) (*cod
 		cs.n++
 		id = fmt.Sprintf("ctx-%d", cs.n)
 	}
-	if !fakeIDRe.MatchString(id) {
+	if !fakeIDRe().MatchString(id) {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("bad context id"))
 	}
 	if _, ok := cs.byID[id]; ok {
@@ -394,9 +394,15 @@ func exitReason(e *agentv1.ContextExit) string {
 var errStopped = errors.New("stopped")
 
 var (
-	assignRe = regexp.MustCompile(`^(?:(?:let|const|var)\s+)?([A-Za-z_]\w*)\s*=\s*(.+)$`)
-	callRe   = regexp.MustCompile(`^(print|eprint|console\.log|sleep|time\.sleep|flood|plot|svg|exit|kill|oom|savefig)\((.*)\)$`)
-	exprRe   = regexp.MustCompile(`^([A-Za-z_]\w*|-?\d+)\s*(?:([*+\-/])\s*([A-Za-z_]\w*|-?\d+))?$`)
+	assignRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^(?:(?:let|const|var)\s+)?([A-Za-z_]\w*)\s*=\s*(.+)$`)
+	})
+	callRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^(print|eprint|console\.log|sleep|time\.sleep|flood|plot|svg|exit|kill|oom|savefig)\((.*)\)$`)
+	})
+	exprRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^([A-Za-z_]\w*|-?\d+)\s*(?:([*+\-/])\s*([A-Za-z_]\w*|-?\d+))?$`)
+	})
 )
 
 // FakePNG is the image plot() returns (a valid 4x4 PNG).
@@ -443,13 +449,13 @@ func interpret(ctx context.Context, c *codeContext, code string, out func(bool, 
 			<-ctx.Done()
 			return errStopped
 		}
-		if m := callRe.FindStringSubmatch(line); m != nil {
+		if m := callRe().FindStringSubmatch(line); m != nil {
 			if err := call(ctx, c, m[1], strings.TrimSpace(m[2]), i+1, out, result); err != nil {
 				return err
 			}
 			continue
 		}
-		if m := assignRe.FindStringSubmatch(line); m != nil && !strings.Contains(m[2], "=") {
+		if m := assignRe().FindStringSubmatch(line); m != nil && !strings.Contains(m[2], "=") {
 			v, err := eval(c, m[2], i+1)
 			if err != nil {
 				return err
@@ -539,7 +545,7 @@ func call(ctx context.Context, c *codeContext, fn, arg string, line int, out fun
 
 // eval evaluates NAME|INT [(*|+|-|/) NAME|INT].
 func eval(c *codeContext, s string, line int) (int64, error) {
-	m := exprRe.FindStringSubmatch(strings.TrimSpace(s))
+	m := exprRe().FindStringSubmatch(strings.TrimSpace(s))
 	if m == nil {
 		return 0, &codeErr{"SyntaxError", "invalid syntax", line}
 	}
@@ -582,10 +588,10 @@ func operand(c *codeContext, s string, line int) (int64, error) {
 	return v, nil
 }
 
-var bashAssignRe = regexp.MustCompile(`^([A-Za-z_]\w*)=(-?\d+)$`)
+var bashAssignRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^([A-Za-z_]\w*)=(-?\d+)$`) })
 
 func bashLine(ctx context.Context, c *codeContext, line string, out func(bool, []byte) error) error {
-	if m := bashAssignRe.FindStringSubmatch(line); m != nil {
+	if m := bashAssignRe().FindStringSubmatch(line); m != nil {
 		v, _ := strconv.ParseInt(m[2], 10, 64)
 		c.mu.Lock()
 		c.vars[m[1]] = v

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -128,7 +129,9 @@ func monotonicRaw() (int64, error) {
 	return ts.Nano(), nil
 }
 
-var kernelTSCRe = regexp.MustCompile(`tsc: (?:Refined TSC clocksource calibration: |Detected )([0-9]+)\.([0-9]{3}) MHz`)
+var kernelTSCRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`tsc: (?:Refined TSC clocksource calibration: |Detected )([0-9]+)\.([0-9]{3}) MHz`)
+})
 
 // kernelTSCkHz returns the kernel's TSC calibration from its log (the
 // refined value if there is one), or 0.
@@ -167,7 +170,7 @@ func parseKernelTSC(read func([]byte) (int, error)) int64 {
 			return khz
 		}
 		for _, line := range bytes.Split(buf[:n], []byte("\n")) {
-			if m := kernelTSCRe.FindSubmatch(line); m != nil {
+			if m := kernelTSCRe().FindSubmatch(line); m != nil {
 				mhz, _ := strconv.ParseInt(string(m[1]), 10, 64)
 				frac, _ := strconv.ParseInt(string(m[2]), 10, 64)
 				khz = mhz*1000 + frac // a later "Refined" line wins
