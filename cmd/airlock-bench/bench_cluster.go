@@ -118,17 +118,27 @@ func clusterCreateRow(ctx context.Context, m *sandbox.Manager, catalog, catWhat 
 // the sandbox untimed.
 func createUntilExec(ctx context.Context, hc *http.Client, base, key string) (total, create time.Duration, source string, err error) {
 	do := apiDo(ctx, hc, base, key)
-	t := time.Now()
-	id, source, err := apiCreate(do)
+	id, source, total, create, err := createThenExec(do)
+	if id != "" {
+		_, _ = do("DELETE", "/v1/sandboxes/"+id, "", http.StatusNoContent)
+	}
 	if err != nil {
 		return 0, 0, "", err
 	}
-	create = time.Since(t)
-	defer func() { _, _ = do("DELETE", "/v1/sandboxes/"+id, "", http.StatusNoContent) }()
-	if _, err := do("POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["true"]}`, http.StatusOK); err != nil {
-		return 0, 0, "", err
+	return total, create, source, nil
+}
+
+// createThenExec creates a sandbox with do (apiDo) and runs `true` in it:
+// its id ("" if the create failed; the caller removes it) and source, how
+// long the create and the exec took, and how long the create alone.
+func createThenExec(do func(method, path, body string, want int) ([]byte, error)) (id, source string, total, create time.Duration, err error) {
+	t := time.Now()
+	if id, source, err = apiCreate(do); err != nil {
+		return "", "", 0, 0, err
 	}
-	return time.Since(t), create, source, nil
+	create = time.Since(t)
+	_, err = do("POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["true"]}`, http.StatusOK)
+	return id, source, time.Since(t), create, err
 }
 
 // apiCreate creates a sandbox with do (apiDo) and returns its id and

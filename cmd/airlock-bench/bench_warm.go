@@ -169,12 +169,8 @@ func warmConcurrent(ctx context.Context, m *sandbox.Manager, hc *http.Client, ba
 	t = time.Now()
 	for range n {
 		go func() {
-			t := time.Now()
-			id, src, err := apiCreate(do)
-			if err == nil {
-				_, err = do("POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["true"]}`, http.StatusOK)
-			}
-			out <- res{id, src, time.Since(t), err}
+			id, src, d, _, err := createThenExec(do)
+			out <- res{id, src, d, err}
 		}()
 	}
 	var ds []time.Duration

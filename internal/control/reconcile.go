@@ -73,23 +73,13 @@ func (s *Server) OnNodeLive(n cluster.Node) {
 			case <-time.After(wait):
 			}
 			wait *= 2
-			now, ok := s.liveNode(n.Name)
+			now, ok := s.node(n.Name)
 			if !ok {
 				return // lost again: its next OnNodeLive reconciles it
 			}
 			n = now
 		}
 	}()
-}
-
-// liveNode is node name as the Registry sees it now, if it is live.
-func (s *Server) liveNode(name string) (cluster.Node, bool) {
-	for _, n := range s.cfg.Nodes.Nodes() {
-		if n.Name == name {
-			return n, n.Live
-		}
-	}
-	return cluster.Node{}, false
 }
 
 // WaitReconciled waits for the reconciliations OnNodeLive started.

@@ -30,13 +30,7 @@ func CachedVersion(ctx context.Context, cache, binary string, run func(context.C
 	if err != nil || cache == "" || key == "" || strings.Contains(v, "\n") {
 		return v, err
 	}
-	if f, err := os.CreateTemp(filepath.Dir(cache), "."+filepath.Base(cache)+".*"); err == nil {
-		_, werr := f.WriteString(key + "\n" + v)
-		if cerr := f.Close(); werr == nil && cerr == nil {
-			_ = os.Rename(f.Name(), cache)
-		}
-		_ = os.Remove(f.Name())
-	}
+	_ = WriteFileAtomic(cache, []byte(key+"\n"+v), 0o600)
 	return v, nil
 }
 
@@ -59,4 +53,25 @@ func binaryIdentity(binary string) string {
 		return ""
 	}
 	return fmt.Sprintf("%s %d %d %d", p, fi.Size(), fi.ModTime().UnixNano(), st.Ino)
+}
+
+// WriteFileAtomic writes path through a temporary file and a rename.
+func WriteFileAtomic(path string, b []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }

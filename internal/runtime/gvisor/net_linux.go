@@ -85,6 +85,9 @@ const netnsDir = "/run/netns"
 // locked thread that it switches into the namespace and back. If the
 // thread cannot switch back it stays locked, so that Go discards it.
 func inNewNetns(name string, setup func() (*os.File, error)) (*os.File, error) {
+	if err := shareNetnsDir(); err != nil {
+		return nil, err
+	}
 	goruntime.LockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
@@ -92,10 +95,6 @@ func inNewNetns(name string, setup func() (*os.File, error)) (*os.File, error) {
 		return nil, err
 	}
 	defer orig.Close()
-	if err := shareNetnsDir(); err != nil {
-		goruntime.UnlockOSThread()
-		return nil, err
-	}
 	var f *os.File
 	ns, err := netns.NewNamed(name) // the thread is now in it, or may be on error
 	if err == nil {

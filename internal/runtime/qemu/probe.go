@@ -74,7 +74,7 @@ func (r *Runtime) probeKVM(ctx context.Context, version string) (accel, reason s
 		accel, reason = "tcg", err.Error()+tcgSuffix
 	}
 	if b, err := json.Marshal(probeCache{Key: key, Accel: accel, Reason: reason}); err == nil {
-		_ = writeFileAtomic(path, b, 0o600)
+		_ = runtime.WriteFileAtomic(path, b, 0o600)
 	}
 	return accel, reason
 }

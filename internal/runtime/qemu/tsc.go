@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
 
 // TSC frequency for tsc_early_khz. Under TCG without icount the guest TSC
@@ -52,7 +54,7 @@ func hostTSCkHz(stateDir string) (int64, string, error) {
 		return 0, "", err
 	}
 	if b, err := json.Marshal(tscCache{BootID: bootID, KHz: khz, Source: src}); err == nil {
-		_ = writeFileAtomic(path, b, 0o600)
+		_ = runtime.WriteFileAtomic(path, b, 0o600)
 	}
 	return khz, src, nil
 }
@@ -187,27 +189,6 @@ func hostBootID() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
-
-// writeFileAtomic writes path through a temporary file and a rename.
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }
 
 // HostTSCkHz returns the host TSC frequency in kHz as the runtime passes it
