@@ -117,7 +117,8 @@ Environment:
   AIRLOCK_API_KEY    API key for AIRLOCK_HOST (see ` + "`airlock keys create`" + `)
   AIRLOCK_STATE_DIR  default for --state-dir
   AIRLOCK_ACCEL      default for --accel
-  AIRLOCK_HOST_CGROUPS  default for --host-cgroups`
+  AIRLOCK_HOST_CGROUPS  default for --host-cgroups
+  AIRLOCK_DISK_RESERVE  default for --disk-reserve`
 
 // rootCmd builds the command tree over g.
 func rootCmd(g *globals) *cobra.Command {
@@ -139,7 +140,7 @@ func rootCmd(g *globals) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state directory (env AIRLOCK_STATE_DIR)")
 	root.PersistentFlags().StringVar(&g.accel, "accel", accel, "acceleration: auto (KVM if a probe guest boots, else TCG), kvm or tcg (env AIRLOCK_ACCEL)")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
-	root.PersistentFlags().StringVar(&g.diskReserve, "disk-reserve", "", "free space kept on the state dir's filesystem: creates, forks, pauses and snapshots that could use it are refused (e.g. 4G; 0: none; default: 5%, at least 2 GiB)")
+	root.PersistentFlags().StringVar(&g.diskReserve, "disk-reserve", os.Getenv("AIRLOCK_DISK_RESERVE"), "free space kept on the state dir's filesystem: creates, forks, pauses and snapshots that could use it are refused (e.g. 4G; 0: none; default: 5%, at least 2 GiB) (env AIRLOCK_DISK_RESERVE)")
 	hostCg := cmp.Or(os.Getenv("AIRLOCK_HOST_CGROUPS"), "auto")
 	root.PersistentFlags().StringVar(&g.hostCgroups, "host-cgroups", hostCg, "put each sandbox's VMM or sentry and its shim in a host cgroup with memory and pids limits from its size: auto (when the host's cgroups are writable), on (refuse to start without), off (env AIRLOCK_HOST_CGROUPS)")
 	// auto: a microVM where KVM runs one, else gVisor, which does what

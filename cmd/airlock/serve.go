@@ -68,7 +68,8 @@ const serveLong = `Serve the HTTP API (sandboxes keep running when it stops).
 
 Settings come from, first to last: flags on the command line; environment
 variables (AIRLOCK_LISTEN, AIRLOCK_PREVIEW_DOMAIN, AIRLOCK_STATE_DIR,
-AIRLOCK_RUNTIME, AIRLOCK_ACCEL, AIRLOCK_HOST_CGROUPS); the config file
+AIRLOCK_RUNTIME, AIRLOCK_ACCEL, AIRLOCK_HOST_CGROUPS, AIRLOCK_DISK_RESERVE);
+the config file
 (--config or AIRLOCK_CONFIG, YAML: see /etc/airlock/airlock.yaml as
 make install writes it); built-in defaults. Config keys: version (1),
 listen, tls.cert, tls.key, preview_domain, drain, log.level, log.access,

@@ -90,7 +90,7 @@ var configKeys = []configKey{
 	{key: "runtime", flag: "runtime", env: "AIRLOCK_RUNTIME", check: oneOf("qemu", "gvisor", "auto")},
 	{key: "accel", flag: "accel", env: "AIRLOCK_ACCEL", check: oneOf("auto", "kvm", "tcg")},
 	{key: "host_cgroups", flag: "host-cgroups", env: "AIRLOCK_HOST_CGROUPS", check: oneOf("auto", "on", "off")},
-	{key: "disk_reserve", flag: "disk-reserve", check: checkReserve},
+	{key: "disk_reserve", flag: "disk-reserve", env: "AIRLOCK_DISK_RESERVE", check: checkReserve},
 	{key: "allow_host_mount", flag: "allow-host-mount", path: true, list: true},
 	{key: "template_registry", flag: "template-registry", list: true},
 }

@@ -188,12 +188,14 @@ log:
   level: error
   access: false
 accel: tcg
+disk_reserve: 8G
 `)
-	for _, k := range []string{"AIRLOCK_LISTEN", "AIRLOCK_PREVIEW_DOMAIN", "AIRLOCK_STATE_DIR", "AIRLOCK_ACCEL", "AIRLOCK_RUNTIME", "AIRLOCK_HOST_CGROUPS", "AIRLOCK_CONFIG"} {
+	for _, k := range []string{"AIRLOCK_LISTEN", "AIRLOCK_PREVIEW_DOMAIN", "AIRLOCK_STATE_DIR", "AIRLOCK_ACCEL", "AIRLOCK_RUNTIME", "AIRLOCK_HOST_CGROUPS", "AIRLOCK_DISK_RESERVE", "AIRLOCK_CONFIG"} {
 		t.Setenv(k, "")
 	}
 	t.Setenv("AIRLOCK_PREVIEW_DOMAIN", "env.example.com")
 	t.Setenv("AIRLOCK_ACCEL", "kvm")
+	t.Setenv("AIRLOCK_DISK_RESERVE", "1G")
 	got, g, err := serveSettings(t, "--config", p, "--drain", "5s")
 	if err != nil {
 		t.Fatal(err)
@@ -203,6 +205,7 @@ accel: tcg
 		"drain":          "5s",                        // flag over file
 		"preview_domain": "env.example.com",           // env over file
 		"accel":          "kvm",                       // env over file
+		"disk_reserve":   "1G",                        // env over file
 		"state_dir":      filepath.Join(dir, "state"), // relative to the file
 		"tls.cert":       filepath.Join(dir, "cert.pem"),
 		"tls.key":        "/abs/key.pem",
