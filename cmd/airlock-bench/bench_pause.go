@@ -106,6 +106,9 @@ func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (str
 	if _, err := m.Snapshot(ctx, sandbox.Local(), id, name, false); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	// The snapshot goes once the forks (whose disks it backs) are gone:
+	// deferred before their removals, it runs after them.
+	defer func() { _ = m.RemoveSnapshot(context.WithoutCancel(ctx), sandbox.Local(), "", name) }()
 	if _, err := cli("exec", id, "--", "true"); err != nil {
 		return nil, err
 	}
@@ -120,8 +123,6 @@ func forkBench(ctx context.Context, m *sandbox.Manager, cli func(...string) (str
 	for _, f := range forks {
 		defer func() { _, _ = cli("rm", f.ID) }()
 	}
-	// The snapshot goes once the forks (whose disks it backs) are gone.
-	defer func() { _ = m.RemoveSnapshot(context.WithoutCancel(ctx), sandbox.Local(), "", name) }()
 	if err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
