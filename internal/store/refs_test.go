@@ -142,96 +142,100 @@ func permutations(xs []string) [][]string {
 }
 
 // TestCollectFreesChainsWithLastHolder removes the holders of the chain in
-// every order and collects after each removal: each candidate is released
-// exactly when the last live sandbox or named snapshot that reaches it
-// goes, never before, and only once.
+// every order (each a parallel subtest on its own catalog) and collects
+// after each removal: each candidate is released exactly when the last
+// live sandbox or named snapshot that reaches it goes, never before, and
+// only once.
 func TestCollectFreesChainsWithLastHolder(t *testing.T) {
 	holders := []string{"A", "B", "C", "D", "N"}
 	for _, order := range permutations(holders) {
-		c := buildChain(t)
-		ctx := t.Context()
-		live := map[string]bool{"A": true, "B": true, "C": true, "D": true, "N": true}
-		released := map[Obj]bool{}
-		if got, err := c.s.Collect(ctx, cands); err != nil || len(got) != 0 {
-			t.Fatalf("%v: collect with every holder alive: %v, %v", order, got, err)
-		}
-		var steps []string
-		for _, h := range order {
-			// C's disk is backed by N: N goes after C (and is refused
-			// before, which is checked below).
-			if h == "N" && slices.Index(order, "C") > slices.Index(order, "N") {
-				continue
+		t.Run(strings.Join(order, ""), func(t *testing.T) {
+			t.Parallel()
+			c := buildChain(t)
+			ctx := t.Context()
+			live := map[string]bool{"A": true, "B": true, "C": true, "D": true, "N": true}
+			released := map[Obj]bool{}
+			if got, err := c.s.Collect(ctx, cands); err != nil || len(got) != 0 {
+				t.Fatalf("%v: collect with every holder alive: %v, %v", order, got, err)
 			}
-			steps = append(steps, h)
-			if h == "C" && slices.Index(order, "N") < slices.Index(order, "C") {
-				steps = append(steps, "N")
-			}
-		}
-		for step, h := range steps {
-			if h == "N" {
-				if _, err := c.s.DeleteSnapshot(ctx, "", "named"); err != nil {
-					t.Fatalf("%v: rm N: %v", order, err)
+			var steps []string
+			for _, h := range order {
+				// C's disk is backed by N: N goes after C (and is refused
+				// before, which is checked below).
+				if h == "N" && slices.Index(order, "C") > slices.Index(order, "N") {
+					continue
 				}
-			} else if err := c.s.DeleteSandbox(ctx, h); err != nil {
-				t.Fatal(err)
-			}
-			delete(live, h)
-			if live["N"] && live["C"] {
-				if _, err := c.s.DeleteSnapshot(ctx, "", "named"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-					t.Fatalf("%v: rm N while C is backed by it: %v", order, err)
+				steps = append(steps, h)
+				if h == "C" && slices.Index(order, "N") < slices.Index(order, "C") {
+					steps = append(steps, "N")
 				}
 			}
-			var roots []Obj
-			for id := range live {
-				if id == "N" {
-					roots = append(roots, objN)
-				} else {
-					roots = append(roots, SandboxObj(id))
-				}
-			}
-			keep := c.reachable(roots)
-			// The manager's candidates: fork bases with rows, templates
-			// whose files are there; the snapshots are passed always.
-			var now []Obj
-			for _, o := range cands {
-				if o.Kind == KindSnapshot || !released[o] {
-					now = append(now, o)
-				}
-			}
-			got, err := c.s.Collect(ctx, now)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var want []Obj
-			for _, o := range cands {
-				if !keep[o] && !released[o] {
-					want = append(want, o)
-					released[o] = true
-				}
-			}
-			slices.SortFunc(got, compareObj)
-			slices.SortFunc(want, compareObj)
-			if !slices.Equal(got, want) {
-				t.Fatalf("order %v, after removing %s (step %d): released %v, want %v", order, h, step, got, want)
-			}
-			// What is kept keeps its row; what went lost it.
-			for _, sid := range []string{"F1", "F2"} {
-				var n int
-				if err := c.s.db.QueryRowContext(ctx, `SELECT count(*) FROM snapshots WHERE id = ?`, sid).Scan(&n); err != nil {
+			for step, h := range steps {
+				if h == "N" {
+					if _, err := c.s.DeleteSnapshot(ctx, "", "named"); err != nil {
+						t.Fatalf("%v: rm N: %v", order, err)
+					}
+				} else if err := c.s.DeleteSandbox(ctx, h); err != nil {
 					t.Fatal(err)
 				}
-				if (n == 1) != !released[SnapshotObj(sid)] {
-					t.Fatalf("order %v step %d: %s row present = %v, released = %v", order, step, sid, n == 1, released[SnapshotObj(sid)])
+				delete(live, h)
+				if live["N"] && live["C"] {
+					if _, err := c.s.DeleteSnapshot(ctx, "", "named"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+						t.Fatalf("%v: rm N while C is backed by it: %v", order, err)
+					}
+				}
+				var roots []Obj
+				for id := range live {
+					if id == "N" {
+						roots = append(roots, objN)
+					} else {
+						roots = append(roots, SandboxObj(id))
+					}
+				}
+				keep := c.reachable(roots)
+				// The manager's candidates: fork bases with rows, templates
+				// whose files are there; the snapshots are passed always.
+				var now []Obj
+				for _, o := range cands {
+					if o.Kind == KindSnapshot || !released[o] {
+						now = append(now, o)
+					}
+				}
+				got, err := c.s.Collect(ctx, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var want []Obj
+				for _, o := range cands {
+					if !keep[o] && !released[o] {
+						want = append(want, o)
+						released[o] = true
+					}
+				}
+				slices.SortFunc(got, compareObj)
+				slices.SortFunc(want, compareObj)
+				if !slices.Equal(got, want) {
+					t.Fatalf("order %v, after removing %s (step %d): released %v, want %v", order, h, step, got, want)
+				}
+				// What is kept keeps its row; what went lost it.
+				for _, sid := range []string{"F1", "F2"} {
+					var n int
+					if err := c.s.db.QueryRowContext(ctx, `SELECT count(*) FROM snapshots WHERE id = ?`, sid).Scan(&n); err != nil {
+						t.Fatal(err)
+					}
+					if (n == 1) != !released[SnapshotObj(sid)] {
+						t.Fatalf("order %v step %d: %s row present = %v, released = %v", order, step, sid, n == 1, released[SnapshotObj(sid)])
+					}
 				}
 			}
-		}
-		if len(released) != len(cands) {
-			t.Fatalf("order %v: released %v at the end", order, released)
-		}
-		var n int
-		if err := c.s.db.QueryRowContext(ctx, `SELECT count(*) FROM refs`).Scan(&n); err != nil || n != 0 {
-			t.Fatalf("order %v: %d refs left (%v)", order, n, err)
-		}
+			if len(released) != len(cands) {
+				t.Fatalf("order %v: released %v at the end", order, released)
+			}
+			var n int
+			if err := c.s.db.QueryRowContext(ctx, `SELECT count(*) FROM refs`).Scan(&n); err != nil || n != 0 {
+				t.Fatalf("order %v: %d refs left (%v)", order, n, err)
+			}
+		})
 	}
 }
 
