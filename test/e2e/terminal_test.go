@@ -52,7 +52,9 @@ func TestTerminalWatchRename(t *testing.T) {
 		case guest.ExecExited:
 			exit = ev.Exit
 		}
-		if !typed && strings.Contains(out.String(), "size 30 100") {
+		// Typed once the whole line is out: typed earlier, the
+		// terminal's echo of it can land before the line's end.
+		if !typed && strings.Contains(strings.ReplaceAll(out.String(), "\r", ""), "size 30 100\n") {
 			typed = true
 			if err := st.Resize(guest.TermSize{Rows: 50, Cols: 132}); err != nil {
 				t.Fatal(err)
