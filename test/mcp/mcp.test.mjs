@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
 import net from "node:net";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const BIN = process.env.AIRLOCK_BIN;
@@ -145,7 +145,11 @@ async function exercise(client) {
 }
 
 test("stdio: every tool, and the session's sandboxes go with it", TIMEOUT, async () => {
-  const transport = new StdioClientTransport({ command: BIN, args: ["--state-dir", STATE, "mcp"], stderr: "inherit" });
+  // The SDK's default environment, as a user's client config gets, and
+  // the disk reserve make test sets (CI's filesystem is big and full).
+  const env = getDefaultEnvironment();
+  if (process.env.AIRLOCK_DISK_RESERVE) env.AIRLOCK_DISK_RESERVE = process.env.AIRLOCK_DISK_RESERVE;
+  const transport = new StdioClientTransport({ command: BIN, args: ["--state-dir", STATE, "mcp"], env, stderr: "inherit" });
   const client = await newClient(transport);
   let ids = [];
   try {
